@@ -1,0 +1,333 @@
+"""NVFP4: bit-exact pure-torch reference of the format nvgemm's kernels consume.
+
+Everything here is vectorised torch, runs on CPU and CUDA tensors, imports nothing but
+torch, and makes no kernel choice. The contract is ``shared/nvfp4_format.md``:
+
+* element: E2M1, codes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6, bit 3 = sign; round to nearest,
+  ties to the even code, saturating at 6 (``cvt.rn.satfinite.e2m1x2.f32``);
+* packing: two codes per byte, **even K index in the low nibble**;
+* scales: float8_e4m3fn per 16 elements along K, times one fp32 global scale;
+* swizzle: the 128x4 block layout that tcgen05 / cuBLASLt block-scaled MMA reads.
+
+Division convention for activations (``quantize_activation``): ``q = e2m1(x / S)`` with
+``S = float(sf) * input_scale`` computed in fp32 and a true IEEE division, exactly like
+ModelOpt's weight recipe.  Every nvgemm kernel that quantizes activations must match it
+bit for bit; none may multiply by an approximate reciprocal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "NVFP4",
+    "Nvfp4Format",
+    "Nvfp4Tensor",
+    "E2M1_VALUES",
+    "E2M1_MAX",
+    "E4M3_MAX",
+    "e2m1_encode",
+    "e2m1_decode",
+    "pack_e2m1",
+    "unpack_e2m1",
+    "fp8_e4m3_rne",
+    "quantize_weight",
+    "quantize_activation",
+    "dequantize",
+    "to_blocked",
+    "from_blocked",
+    "blocked_offset",
+    "blocked_numel",
+    "check_k",
+    "ceil_to",
+    "GLOBAL_DIVISOR",
+]
+
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+#: amax / (E2M1_MAX * E4M3_MAX) is ModelOpt's per-tensor scale (weight_scale_2, input_scale).
+GLOBAL_DIVISOR = E2M1_MAX * E4M3_MAX  # 2688
+#: smallest block scale ModelOpt keeps for a non-zero block (its clamp), 2**-9 = e4m3's min subnormal.
+MIN_BLOCK_SCALE = 2.0**-9
+
+# Codes 0..15 -> value.  Code 8 is -0.
+_E2M1_POS = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+E2M1_VALUES = torch.tensor(_E2M1_POS + [-v for v in _E2M1_POS], dtype=torch.float32)
+
+# Rounding boundaries between consecutive magnitudes and, for each, whether a tie goes up
+# (ties go to the even code: 0.75 -> 1.0 (code 2), 1.75 -> 2.0 (code 4), 3.5 -> 4.0 (code 6)).
+_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_TIE_UP = (False, True, False, True, False, True, False)
+
+
+@dataclass(frozen=True)
+class Nvfp4Format:
+    """Frozen description of NVFP4 as nvgemm stores and consumes it."""
+
+    element: str = "e2m1"
+    element_bits: int = 4
+    elements_per_byte: int = 2
+    low_nibble_first: bool = True  # even K index in the low nibble
+    block_size: int = 16  # elements per e4m3 scale, along K
+    scale_dtype: torch.dtype = torch.float8_e4m3fn
+    global_scale_dtype: torch.dtype = torch.float32
+    swizzle_rows: int = 128  # scale rows per swizzle tile
+    swizzle_cols: int = 4  # scale columns per swizzle tile
+    packed_dtype: torch.dtype = torch.uint8
+
+    def packed_shape(self, rows: int, k: int) -> tuple[int, int]:
+        check_k(k)
+        return (rows, k // self.elements_per_byte)
+
+    def scale_shape(self, rows: int, k: int) -> tuple[int, int]:
+        check_k(k)
+        return (rows, k // self.block_size)
+
+    def bytes_per_element(self) -> float:
+        """Weight bytes per logical element: 0.5 for the code + 1/16 for its scale = 0.5625."""
+        return 0.5 + 1.0 / self.block_size
+
+
+NVFP4 = Nvfp4Format()
+
+
+class Nvfp4Tensor(NamedTuple):
+    """A quantized NVFP4 matrix: packed codes, linear (un-swizzled) block scales, global scale."""
+
+    packed: torch.Tensor  # uint8 [..., K/2]
+    scale: torch.Tensor  # float8_e4m3fn [..., K/16], row-major, not swizzled
+    global_scale: torch.Tensor  # float32, 0-dim
+
+    @property
+    def k(self) -> int:
+        return self.packed.shape[-1] * 2
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_k(k: int, what: str = "K") -> None:
+    if k % NVFP4.block_size != 0:
+        raise ValueError(
+            f"NVFP4 needs {what} to be a multiple of {NVFP4.block_size} (one e4m3 scale per "
+            f"{NVFP4.block_size} elements along K); got {what}={k}"
+        )
+
+
+def _check_float(x: torch.Tensor, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"{name} must be float32/float16/bfloat16/float64, got {x.dtype}")
+
+
+def _check_dtype(x: torch.Tensor, dtype: torch.dtype, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+
+
+def _check_finite(x: torch.Tensor, name: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or Inf; NVFP4 has neither")
+
+
+# --------------------------------------------------------------------------- element
+
+
+def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values (already divided by their scale) -> E2M1 codes (uint8 0..15).
+
+    Round to nearest, ties to the even code, saturating at +-6; the sign bit is set for
+    every x < 0 (so -0.1 encodes as 0x8, -0), matching ModelOpt's ``_cast_fp4``.
+    """
+    _check_float(x, "x")
+    x = x.float()
+    a = x.abs()
+    code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+    for bound, tie_up in zip(_BOUNDS, _TIE_UP):
+        code += (a >= bound if tie_up else a > bound).to(torch.uint8)
+    return code | ((x < 0).to(torch.uint8) << 3)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8 0..15) -> fp32 values."""
+    _check_dtype(codes, torch.uint8, "codes")
+    return E2M1_VALUES.to(codes.device)[codes.long() & 0xF]
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """codes uint8 [..., K] -> packed uint8 [..., K/2], even K index in the low nibble."""
+    _check_dtype(codes, torch.uint8, "codes")
+    if codes.dim() < 1 or codes.shape[-1] % 2:
+        raise ValueError(f"pack_e2m1 needs an even last dimension, got shape {tuple(codes.shape)}")
+    return (codes[..., 0::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """packed uint8 [..., K/2] -> codes uint8 [..., K]."""
+    if packed.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+        packed = packed.view(torch.uint8)
+    _check_dtype(packed, torch.uint8, "packed")
+    lo = packed & 0xF
+    hi = packed >> 4
+    return torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def fp8_e4m3_rne(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> float8_e4m3fn, round to nearest even. Caller clamps to [0, 448] first."""
+    return x.float().to(torch.float8_e4m3fn)
+
+
+# --------------------------------------------------------------------------- quantize
+
+
+def _blocks(x: torch.Tensor) -> torch.Tensor:
+    k = x.shape[-1]
+    check_k(k)
+    return x.float().reshape(*x.shape[:-1], k // NVFP4.block_size, NVFP4.block_size)
+
+
+def quantize_weight(w: torch.Tensor, global_scale: torch.Tensor | None = None) -> Nvfp4Tensor:
+    """ModelOpt's NVFP4 weight recipe, bit for bit (all fp32).
+
+    1. ``ws2 = amax(W) / 2688`` (unless ``global_scale`` is given);
+    2. ``ws = e4m3(clamp(block_amax / (6 * ws2), 2**-9, 448))``; an all-zero block gets 1.0;
+    3. ``code = e2m1(W / (float(ws) * ws2))``.
+    """
+    _check_float(w, "weight")
+    if w.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(w.shape)}")
+    _check_finite(w, "weight")
+    blocks = _blocks(w)
+    if global_scale is None:
+        global_scale = blocks.abs().amax().float() / GLOBAL_DIVISOR
+    else:
+        global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=w.device).reshape(())
+    block_amax = blocks.abs().amax(dim=-1)
+    sf = (block_amax / (E2M1_MAX * global_scale)).clamp(min=MIN_BLOCK_SCALE, max=E4M3_MAX)
+    sf = torch.where(block_amax == 0, torch.ones_like(sf), sf)
+    scale = fp8_e4m3_rne(sf)
+    step = scale.float() * global_scale
+    codes = e2m1_encode(blocks / step.unsqueeze(-1)).reshape(w.shape)
+    return Nvfp4Tensor(pack_e2m1(codes), scale, global_scale.reshape(()))
+
+
+def quantize_activation(x: torch.Tensor, input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run-time activation quantization (W4A4) with a static global scale.
+
+    Per 16-block along K: ``sf = e4m3(min(block_amax / (6 * gs), 448))``,
+    ``S = float(sf) * gs``, ``q = e2m1(x / S)`` (true fp32 division). An all-zero block gets
+    sf = 0 and q = 0 (what GPU kernels emit; dequantizes to the same zeros as ModelOpt).
+
+    Returns (packed uint8 [..., K/2], scale float8_e4m3fn [..., K/16], linear layout).
+    """
+    _check_float(x, "x")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension [..., K]")
+    gs = torch.as_tensor(input_scale, dtype=torch.float32, device=x.device).reshape(())
+    blocks = _blocks(x)
+    block_amax = blocks.abs().amax(dim=-1)
+    scale = fp8_e4m3_rne((block_amax / (E2M1_MAX * gs)).clamp(max=E4M3_MAX))
+    step = scale.float() * gs
+    q = blocks / step.unsqueeze(-1)
+    q = torch.where(step.unsqueeze(-1) == 0, torch.zeros_like(q), q)
+    codes = e2m1_encode(q).reshape(x.shape)
+    return pack_e2m1(codes), scale
+
+
+def dequantize(
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    global_scale: torch.Tensor | float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``E2M1[code] * (float(sf) * gs)`` in fp32 (scales multiplied first), then cast.
+
+    ``scale`` is the linear [..., K/16] layout; ``global_scale`` may be None (=1), a scalar,
+    a 0-dim tensor, or a per-row tensor of shape [rows] (per-N-segment scales of fused shards).
+    """
+    codes = unpack_e2m1(packed)
+    _check_dtype(scale, torch.float8_e4m3fn, "scale")
+    k = codes.shape[-1]
+    check_k(k)
+    if tuple(scale.shape) != (*codes.shape[:-1], k // NVFP4.block_size):
+        raise ValueError(
+            f"scale shape {tuple(scale.shape)} does not match packed shape {tuple(packed.shape)}: "
+            f"expected {(*codes.shape[:-1], k // NVFP4.block_size)}"
+        )
+    step = scale.float()
+    if global_scale is not None:
+        gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
+        if gs.dim() == 1:
+            gs = gs.unsqueeze(-1)
+        step = step * gs
+    vals = e2m1_decode(codes).reshape(*codes.shape[:-1], k // NVFP4.block_size, NVFP4.block_size)
+    return (vals * step.unsqueeze(-1)).reshape(codes.shape).to(dtype)
+
+
+# --------------------------------------------------------------------------- swizzle
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def blocked_numel(rows: int, k_blocks: int) -> int:
+    """Bytes of a [rows, k_blocks] scale matrix in the 128x4 layout (padding included)."""
+    return _ceil_div(rows, 128) * 128 * _ceil_div(k_blocks, 4) * 4
+
+
+def blocked_offset(r, kb, k_blocks: int):
+    """Byte offset of S[r, kb] in the 128x4 swizzled layout (works on ints and tensors)."""
+    return (
+        ((r // 128) * _ceil_div(k_blocks, 4) + kb // 4) * 512
+        + (r % 32) * 16
+        + ((r // 32) % 4) * 4
+        + kb % 4
+    )
+
+
+def to_blocked(scale: torch.Tensor) -> torch.Tensor:
+    """Linear [R, Kb] scales -> flat 1-D 128x4 swizzled scales, padding zero-filled."""
+    if scale.dim() != 2:
+        raise ValueError(f"to_blocked expects a 2-D [rows, K/16] scale matrix, got shape {tuple(scale.shape)}")
+    rows, kb = scale.shape
+    rp, kp = _ceil_div(rows, 128) * 128, _ceil_div(kb, 4) * 4
+    raw = scale.view(torch.uint8) if scale.element_size() == 1 else scale
+    padded = torch.zeros((rp, kp), dtype=raw.dtype, device=scale.device)
+    padded[:rows, :kb] = raw
+    out = padded.reshape(rp // 128, 4, 32, kp // 4, 4).permute(0, 3, 2, 1, 4).reshape(-1)
+    return out.view(scale.dtype) if scale.element_size() == 1 else out
+
+
+def from_blocked(blocked: torch.Tensor, rows: int, k_blocks: int) -> torch.Tensor:
+    """Exact inverse of :func:`to_blocked`: flat swizzled scales -> linear [rows, k_blocks]."""
+    expected = blocked_numel(rows, k_blocks)
+    if blocked.dim() != 1 or blocked.numel() != expected:
+        raise ValueError(
+            f"swizzled scales for a [{rows}, {k_blocks}] matrix must be 1-D with {expected} elements "
+            f"(rows padded to 128, K/16 padded to 4); got shape {tuple(blocked.shape)}"
+        )
+    rp, kp = _ceil_div(rows, 128) * 128, _ceil_div(k_blocks, 4) * 4
+    raw = blocked.view(torch.uint8) if blocked.element_size() == 1 else blocked
+    lin = raw.reshape(rp // 128, kp // 4, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(rp, kp)
+    lin = lin[:rows, :k_blocks].contiguous()
+    return lin.view(blocked.dtype) if blocked.element_size() == 1 else lin
+
+
+def is_swizzled_numel(numel: int, rows: int, k_blocks: int) -> bool:
+    return numel == blocked_numel(rows, k_blocks)
+
+
+def ceil_to(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def global_scale_from_amax(amax: torch.Tensor | float) -> torch.Tensor:
+    return torch.as_tensor(amax, dtype=torch.float32) / GLOBAL_DIVISOR
+

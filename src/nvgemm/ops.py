@@ -65,8 +65,11 @@ def check_linear_args(
         )
     if k % NVFP4.block_size:
         raise ValueError(f"nvgemm.nvfp4_linear: K must be a multiple of 16, got K={k}")
-    if weight_scale.dtype != torch.float8_e4m3fn:
-        raise TypeError(f"nvgemm.nvfp4_linear: weight_scale must be float8_e4m3fn, got {weight_scale.dtype}")
+    if weight_scale.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(
+            f"nvgemm.nvfp4_linear: weight_scale must be float8_e4m3fn (or its raw bytes as uint8), "
+            f"got {weight_scale.dtype}"
+        )
     want = blocked_numel(n, k // NVFP4.block_size)
     if weight_scale.dim() != 1 or weight_scale.numel() != want:
         raise ValueError(
@@ -139,7 +142,7 @@ def nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, 
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     n, k = weight.shape[0], weight.shape[1] * 2
     dev = x.device
-    w_scale = from_blocked(weight_scale.to(dev), n, k // NVFP4.block_size)
+    w_scale = from_blocked(weight_scale.to(dev).view(torch.float8_e4m3fn), n, k // NVFP4.block_size)
     w = dequantize(weight.to(dev), w_scale)  # E2M1*sw, fp32 [N, K]; weight_scale_2 goes to alpha
     x2 = x.reshape(-1, k)
     if input_scale is None:

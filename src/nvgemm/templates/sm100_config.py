@@ -1,0 +1,78 @@
+"""Config space of the sm_100a NVFP4 (W4A4) block-scaled tcgen05 GEMM; pure Python, no cutlass.
+
+Knobs (per style.md, one frozen dataclass per template family):
+  tile_m      128 | 256   (256 = 2-CTA MMA: a CTA pair shares one 256-row tile)
+  tile_n      8 | 16 | 32 | 64 | 128 | 192 | 256
+  tile_k      256 (fixed: four 64-wide block-scaled MMA K steps per stage)
+  cluster_m/n 1 | 2 | 4, product <= 16
+  swap_ab     compute W·Xᵀ (weights fill the MMA's M side) and write the transposed view
+  split_k     1 | 2 | 4 | 8 ... K-slices reduced by the kernel (see the template)
+  pdl         launch with programmatic stream serialization + griddepcontrol
+  l2_prefetch prefetch weight tiles into L2 ahead of the TMA loads
+
+``can_implement(problem, config)`` is the single predicate heuristics, templates and tests use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .status import Status
+
+SM100_TILE_M = (128, 256)
+SM100_TILE_N = (8, 16, 32, 64, 128, 192, 256)
+SM100_TILE_K = 256
+SM100_CLUSTER = (1, 2, 4)
+SM100_SPLIT_K = (1, 2, 4, 8, 16)
+SM100_ARCHS = ("sm_100a", "sm_100f", "sm_103a", "sm_110a")
+
+
+@dataclass(frozen=True)
+class Sm100Nvfp4GemmConfig:
+    tile_m: int = 128
+    tile_n: int = 128
+    cluster_m: int = 1
+    cluster_n: int = 1
+    swap_ab: bool = False
+    split_k: int = 1
+    pdl: bool = True
+    l2_prefetch: bool = False
+
+    @property
+    def use_2cta(self) -> bool:
+        return self.tile_m == 256
+
+    @property
+    def tile_k(self) -> int:
+        return SM100_TILE_K
+
+    def name(self) -> str:
+        s = f"nvgemm_cutedsl_sm100_nvfp4_t{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
+        if self.swap_ab:
+            s += "_swapab"
+        if self.split_k > 1:
+            s += f"_sk{self.split_k}"
+        if self.pdl:
+            s += "_pdl"
+        if self.l2_prefetch:
+            s += "_pf"
+        return s
+
+
+def validate_config(c: Sm100Nvfp4GemmConfig) -> Status:
+    """Problem-independent constraints of the config itself."""
+    if c.tile_m not in SM100_TILE_M:
+        return Status.fail(f"tile_m={c.tile_m} not in {SM100_TILE_M}")
+    if c.tile_n not in SM100_TILE_N:
+        return Status.fail(f"tile_n={c.tile_n} not in {SM100_TILE_N}")
+    if c.cluster_m not in SM100_CLUSTER or c.cluster_n not in SM100_CLUSTER:
+        return Status.fail(f"cluster ({c.cluster_m},{c.cluster_n}) dims must be in {SM100_CLUSTER}")
+    if c.cluster_m * c.cluster_n > 16:
+        return Status.fail("cluster_m * cluster_n must be <= 16")
+    if c.use_2cta and c.cluster_m % 2:
+        return Status.fail("tile_m=256 (2-CTA MMA) needs an even cluster_m")
+    if c.tile_n < 64 and (c.tile_m != 128 or c.cluster_n != 1):
+        return Status.fail(f"narrow tile_n={c.tile_n} needs tile_m=128 and cluster_n=1")
+    if c.split_k not in SM100_SPLIT_K:
+        return Status.fail(f"split_k={c.split_k} not in {SM100_SPLIT_K}")
+    return Status.success()

@@ -196,8 +196,12 @@ def quantize_weight(w: torch.Tensor, global_scale: torch.Tensor | None = None) -
     """ModelOpt's NVFP4 weight recipe, bit for bit (all fp32).
 
     1. ``ws2 = amax(W) / 2688`` (unless ``global_scale`` is given);
-    2. ``ws = e4m3(clamp(block_amax / (6 * ws2), 2**-9, 448))``; an all-zero block gets 1.0;
+    2. ``ws = e4m3(clamp(block_amax / (6 * ws2), 2**-9, 448))``, where a quotient that is 0
+       (an all-zero block, or one that underflows) is replaced by 1.0 before the clamp;
     3. ``code = e2m1(W / (float(ws) * ws2))``.
+
+    One deliberate deviation: for an all-zero tensor ModelOpt computes 0/0 and exports NaN
+    scales; nvgemm returns codes 0, block scales 1.0 and a global scale of 0.
     """
     _check_float(w, "weight")
     if w.dim() != 2:
@@ -208,10 +212,17 @@ def quantize_weight(w: torch.Tensor, global_scale: torch.Tensor | None = None) -
         global_scale = blocks.abs().amax().float() / GLOBAL_DIVISOR
     else:
         global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=w.device).reshape(())
+    if bool(global_scale == 0):
+        # All-zero tensor. ModelOpt divides 0/0 here and exports NaN scales (code 7 = 6.0
+        # everywhere); nvgemm deliberately emits codes 0, scales 1.0, global scale 0 instead.
+        n, kb = blocks.shape[:2]
+        scale = torch.ones((n, kb), device=w.device).to(torch.float8_e4m3fn)
+        codes = torch.zeros(w.shape, dtype=torch.uint8, device=w.device)
+        return Nvfp4Tensor(pack_e2m1(codes), scale, global_scale.reshape(()))
     block_amax = blocks.abs().amax(dim=-1)
-    sf = (block_amax / (E2M1_MAX * global_scale)).clamp(min=MIN_BLOCK_SCALE, max=E4M3_MAX)
-    sf = torch.where(block_amax == 0, torch.ones_like(sf), sf)
-    scale = fp8_e4m3_rne(sf)
+    sf = block_amax / (E2M1_MAX * global_scale)
+    sf = torch.where(sf == 0, torch.ones_like(sf), sf)  # ModelOpt's rule: a zero scale becomes 1.0
+    scale = fp8_e4m3_rne(sf.clamp(min=MIN_BLOCK_SCALE, max=E4M3_MAX))
     step = scale.float() * global_scale
     codes = e2m1_encode(blocks / step.unsqueeze(-1)).reshape(w.shape)
     return Nvfp4Tensor(pack_e2m1(codes), scale, global_scale.reshape(()))

@@ -1,0 +1,83 @@
+"""Tiny ModelOpt-exported NVFP4 checkpoints, built on CPU in about a second (tests, demo, benches).
+
+``make_tiny_checkpoint`` builds a small Llama- or Qwen2-style model from an embedded config,
+quantizes it with ModelOpt (``NVFP4_DEFAULT_CFG`` or ``W4A16_NVFP4_CFG``, random calibration)
+and exports it with ModelOpt's own Hugging Face exporter. No network, no hub.
+Facts it relies on: ModelOpt's calibration runs on CPU (its fake-quant *forward* asserts CUDA,
+so nothing here runs the quantized model through ModelOpt), and the exporter needs
+``config.architectures`` set on a model built from a config.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+TINY_CONFIGS = {
+    "llama": dict(
+        arch="LlamaForCausalLM",
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=False,
+    ),
+    "qwen2": dict(
+        arch="Qwen2ForCausalLM",  # q/k/v projections carry biases
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=False,
+    ),
+}
+
+QUANT_CFGS = {"NVFP4": "NVFP4_DEFAULT_CFG", "W4A16_NVFP4": "W4A16_NVFP4_CFG"}
+
+
+def build_tiny_model(kind: str = "llama", seed: int = 0, dtype: torch.dtype = torch.bfloat16, **overrides):
+    """A randomly initialised tiny HF causal LM (bf16, eval mode)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if kind not in TINY_CONFIGS:
+        raise ValueError(f"unknown tiny model {kind!r}; have {sorted(TINY_CONFIGS)}")
+    spec = dict(TINY_CONFIGS[kind], **overrides)
+    arch = spec.pop("arch")
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[arch]
+    config = AutoConfig.for_model(model_type, **spec)
+    config.architectures = [arch]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    if kind == "qwen2":  # HF initialises biases to zero; make them matter
+        with torch.no_grad():
+            for name, mod in model.named_modules():
+                if isinstance(mod, torch.nn.Linear) and mod.bias is not None:
+                    mod.bias.normal_(0, 0.5)
+    return model
+
+
+def quantize_and_export(model, out_dir: str | Path, algo: str = "NVFP4", seed: int = 0,
+                        calib_batches: int = 2, calib_len: int = 16) -> Path:
+    """Quantize ``model`` in place with ModelOpt (random-token calibration) and export it."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+
+    if algo not in QUANT_CFGS:
+        raise ValueError(f"unknown algo {algo!r}; have {sorted(QUANT_CFGS)}")
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+
+    def forward_loop(m):
+        for _ in range(calib_batches):
+            m(torch.randint(0, vocab, (2, calib_len), generator=gen))
+
+    with torch.no_grad():
+        mtq.quantize(model, getattr(mtq, QUANT_CFGS[algo]), forward_loop)
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    export_hf_checkpoint(model, export_dir=str(out_dir))
+    return out_dir
+
+
+def make_tiny_checkpoint(out_dir: str | Path, kind: str = "llama", algo: str = "NVFP4", seed: int = 0) -> Path:
+    """Build, quantize and export a tiny checkpoint into ``out_dir``; returns the folder."""
+    return quantize_and_export(build_tiny_model(kind, seed), out_dir, algo, seed)

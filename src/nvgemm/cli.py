@@ -14,6 +14,7 @@ import sys
 # (sub-command, module)
 COMMANDS: list[tuple[str, str]] = [
     ("demo", "nvgemm.demo"),
+    ("plan", "nvgemm.heuristics.plan_cli"),
 ]
 
 

@@ -1,0 +1,153 @@
+"""``can_implement(problem, config, target) -> Status``: THE single implementability predicate.
+
+Templates, the candidate policy and the tests all call this one function. It combines
+
+1. the problem's own checks (:func:`nvgemm.heuristics.problem.validate_problem`),
+2. the config's problem-independent checks, owned by the template modules
+   (``nvgemm.templates.sm100_config.validate_config`` / ``sm90_config.validate_config``), and
+3. the problem-dependent rules below (alignment, arch, swap-AB/narrow tiles, split-K).
+
+It never raises for a bad problem or config: the answer is a ``Status`` whose ``reason`` names the
+problem (shape, alignment, arch ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nvgemm.templates import sm90_config, sm100_config
+from nvgemm.templates.sm90_config import Sm90W4A16Config
+from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig
+from nvgemm.templates.status import Status
+
+from .problem import OUT_BYTES, GemmProblem, Target, validate_problem
+
+# W4A4: one TMA row of packed FP4 must be a whole number of 16-byte units -> K % 32 == 0
+# (this also makes K/16 scale blocks whole).
+W4A4_K_ALIGN = 32
+# W4A16: 16-byte packed-FP4 weight loads -> K % 32 == 0.
+W4A16_K_ALIGN = 32
+# Tiles narrower than this on the kernel's N axis are "narrow": one tile must hold the whole
+# kernel-N extent (with swap-AB that is the token count) and cluster_n must be 1.
+NARROW_TILE_N = 64
+# swap-AB (W·Xᵀ into the transposed output) is nvgemm's decode layout: token count <= 256.
+SWAP_AB_MAX_M = 256
+# The sm90 GEMV family is the small-M bandwidth kernel.
+SM90_GEMV_MAX_M = 32
+SM90_GEMV_TILE_M = (1, 2, 4, 8, 16, 32)
+SM90_WGMMA_TILE_M = (64, 128)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _out_alignment(problem: GemmProblem) -> Status:
+    out_cols = problem.n // 2 if problem.epilogue == "silu_mul" else problem.n
+    nbytes = OUT_BYTES[problem.out_dtype]
+    if (out_cols * nbytes) % 16:
+        return Status.fail(
+            f"output row of {out_cols} {problem.out_dtype} values is {out_cols * nbytes} bytes, not a multiple "
+            f"of 16 (TMA store alignment); N must be a multiple of {16 // nbytes * (2 if problem.epilogue == 'silu_mul' else 1)}"
+        )
+    return Status.success()
+
+
+def _split_k_ok(k: int, tile_k: int, split_k: int) -> Status:
+    k_tiles = _ceil_div(k, tile_k)
+    if split_k > k_tiles:
+        return Status.fail(f"split_k={split_k} exceeds the {k_tiles} K tiles of {tile_k} (K={k})")
+    if k_tiles % split_k:
+        return Status.fail(
+            f"split_k={split_k} does not divide the {k_tiles} K tiles of {tile_k} (K={k}) into equal whole-tile slices"
+        )
+    return Status.success()
+
+
+def can_implement_sm100(problem: GemmProblem, config: Sm100Nvfp4GemmConfig) -> Status:
+    st = validate_problem(problem)
+    if not st:
+        return st
+    if problem.kind != "w4a4":
+        return Status.fail(
+            f"sm100 NVFP4 GEMM needs nvfp4 x nvfp4 (W4A4); problem is {problem.a_format} x {problem.b_format}"
+        )
+    arch = problem.target.arch
+    if arch not in sm100_config.SM100_ARCHS:
+        return Status.fail(f"arch {arch} not supported by the sm100 NVFP4 family (needs one of {sm100_config.SM100_ARCHS})")
+    st = sm100_config.validate_config(config)
+    if not st:
+        return st
+    if problem.k % W4A4_K_ALIGN:
+        return Status.fail(
+            f"K={problem.k} is not a multiple of {W4A4_K_ALIGN}: a TMA row of packed FP4 must be a multiple of 16 bytes"
+        )
+    st = _out_alignment(problem)
+    if not st:
+        return st
+    m_hi = problem.m_hi
+    if config.swap_ab and m_hi > SWAP_AB_MAX_M:
+        return Status.fail(f"swap_ab is the decode layout (M <= {SWAP_AB_MAX_M}); M upper bound is {m_hi}")
+    kernel_n = m_hi if config.swap_ab else problem.n
+    if config.tile_n < NARROW_TILE_N:
+        if kernel_n > config.tile_n:
+            what = "token count M" if config.swap_ab else "N"
+            return Status.fail(
+                f"narrow tile_n={config.tile_n} must cover the whole kernel-N extent ({what} up to {kernel_n})"
+            )
+        if config.cluster_n != 1:
+            return Status.fail(f"narrow tile_n={config.tile_n} needs cluster_n=1")
+    return _split_k_ok(problem.k, config.tile_k, config.split_k)
+
+
+def can_implement_sm90(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
+    st = validate_problem(problem)
+    if not st:
+        return st
+    if problem.kind != "w4a16":
+        return Status.fail(
+            f"sm90 W4A16 GEMM needs bf16/fp16 activations x nvfp4 weights; problem is {problem.a_format} x {problem.b_format}"
+        )
+    arch = problem.target.arch
+    if arch not in sm90_config.SM90_ARCHS:
+        return Status.fail(f"arch {arch} not supported by the sm90 W4A16 family (needs one of {sm90_config.SM90_ARCHS})")
+    st = sm90_config.validate_config(config)
+    if not st:
+        return st
+    if problem.k % W4A16_K_ALIGN:
+        return Status.fail(
+            f"K={problem.k} is not a multiple of {W4A16_K_ALIGN}: packed-FP4 weight rows are loaded in 16-byte units"
+        )
+    st = _out_alignment(problem)
+    if not st:
+        return st
+    if config.family == "gemv":
+        if problem.m_hi > SM90_GEMV_MAX_M:
+            return Status.fail(f"gemv family serves M <= {SM90_GEMV_MAX_M}; M upper bound is {problem.m_hi}")
+        if config.tile_m not in SM90_GEMV_TILE_M:
+            return Status.fail(f"gemv tile_m={config.tile_m} not in {SM90_GEMV_TILE_M}")
+        if config.tile_n % 8 or not 8 <= config.tile_n <= 256:
+            return Status.fail(f"gemv tile_n={config.tile_n} must be a multiple of 8 in [8, 256]")
+    else:
+        if config.tile_m not in SM90_WGMMA_TILE_M:
+            return Status.fail(f"wgmma tile_m={config.tile_m} not in {SM90_WGMMA_TILE_M}")
+        if config.tile_n % 16 or not 16 <= config.tile_n <= 256:
+            return Status.fail(f"wgmma tile_n={config.tile_n} must be a multiple of 16 in [16, 256]")
+        if config.num_warps not in (4, 8, 12):
+            return Status.fail(f"wgmma num_warps={config.num_warps} must be whole warpgroups (4, 8 or 12)")
+        if config.stages < 2:
+            return Status.fail(f"wgmma stages={config.stages} must be >= 2")
+    return _split_k_ok(problem.k, config.tile_k, config.split_k)
+
+
+def can_implement(problem: GemmProblem, config, target: Target | None = None) -> Status:
+    """Whether ``config`` implements ``problem`` on ``target`` (default: ``problem.target``)."""
+    if not isinstance(problem, GemmProblem):
+        return Status.fail(f"problem must be a GemmProblem, got {type(problem).__name__}")
+    if target is not None and target != problem.target:
+        problem = replace(problem, target=target)
+    if isinstance(config, Sm100Nvfp4GemmConfig):
+        return can_implement_sm100(problem, config)
+    if isinstance(config, Sm90W4A16Config):
+        return can_implement_sm90(problem, config)
+    return Status.fail(f"unknown config type {type(config).__name__}")

@@ -1,0 +1,203 @@
+"""Adapter to nvMatmulHeuristics (package ``nvMatmulHeuristics``, optional, imported lazily).
+
+What it does for the policy: rank tile/cluster/split-K choices **inside nvgemm's own sm100 config
+space** for a W4A4 problem, with a runtime estimate.
+
+* Precision string: per-operand codes ``F4`` (NVFP4), ``T`` (bf16), ``H`` (fp16), ``S`` (fp32); W4A4
+  is ``"F4F4" + out`` (``F4F4T`` for a bf16 output). nvMatmulHeuristics 0.1 has no mixed
+  bf16 x FP4 precision (``TF4T``/``F4TT`` return only empty configs), so W4A16 gets no picks.
+* K is the **logical** K (FP4 elements). PyTorch 2.15 passes the packed K/2; that halves the
+  modelled reduction and skews split-K and runtime estimates.
+* Layout ``TN_ROW_MAJOR``: both operands K-major, in either orientation (swap-AB computes
+  W[N,K] · X[M,K]ᵀ, again two K-major operands).
+* The library's CUTLASS3 model reports per-CTA tiles. A validity callback restricts it to
+  per-CTA tiles nvgemm implements (128 rows per CTA; nvgemm's tile_n and cluster sets). Split-K
+  is NOT restricted there: the library fixes one split-K per tile and rejecting it drops the
+  tile (it then returns nothing for e.g. M=6144); :mod:`nvgemm.heuristics.sm100` snaps an
+  unsupported split-K (3, 5, 6 ...) to the nearest factor nvgemm implements;
+  :mod:`nvgemm.heuristics.sm100` maps a per-CTA 128-row pick to the 1-CTA ``tile_m=128`` config
+  and, with an even cluster_m, to the 2-CTA ``tile_m=256`` config.
+* The interface, its hardware descriptor (named GPU) and backend are created once per GPU and
+  cached; results are memoised per (gpu, precision, M, N, K, count). Calls are serialised by a
+  lock (the C handle is not documented as thread-safe; Inductor compiles on several threads).
+* If the package is missing, fails to load, is disabled with ``NVGEMM_NVMMH=0``, or a query
+  raises, :func:`query` returns ``None`` and logs the reason ONCE per reason kind; the policy then
+  uses its decode rules alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+from nvgemm.templates import sm100_config
+
+from .problem import GPUS, GemmProblem, Target
+
+log = logging.getLogger("nvgemm.heuristics")
+
+PRECISION_CODES = {"nvfp4": "F4", "bf16": "T", "fp16": "H", "fp32": "S"}
+# Fallback named GPU per arch when the target carries no GPU name.
+_ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_110a": "B200", "sm_90a": "H100"}
+
+_VALID_TILE_N = frozenset(sm100_config.SM100_TILE_N)
+_VALID_CLUSTER = frozenset(sm100_config.SM100_CLUSTER)
+PER_CTA_TILE_M = 128
+
+
+@dataclass(frozen=True)
+class NvmmhPick:
+    """One nvMatmulHeuristics answer, in its per-CTA key space."""
+
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+    split_k: int
+    runtime_us: float
+    rank: int
+
+
+def precision_string(a_format: str, b_format: str, out_dtype: str) -> str | None:
+    """nvMatmulHeuristics precision for a problem's formats, or None when it has none."""
+    if a_format == "nvfp4" and b_format == "nvfp4" and out_dtype in ("bf16", "fp16", "fp32"):
+        return f"F4F4{PRECISION_CODES[out_dtype]}"
+    return None  # W4A16 (bf16/fp16 x nvfp4): no mixed-input precision in nvMatmulHeuristics 0.1
+
+
+def problem_dims(problem: GemmProblem, swap_ab: bool) -> tuple[int, int, int]:
+    """(M, N, K) handed to nvMatmulHeuristics: kernel orientation, LOGICAL K, M upper bound."""
+    m = problem.m_hi
+    return (problem.n, m, problem.k) if swap_ab else (m, problem.n, problem.k)
+
+
+def nvmmh_gpu_name(target: Target) -> str | None:
+    gpu = target.gpu or _ARCH_DEFAULT_GPU.get(target.arch)
+    return GPUS[gpu].nvmmh_gpu if gpu in GPUS else None
+
+
+# ---- lazy state --------------------------------------------------------------------------------
+_lock = threading.RLock()
+_module = None  # the imported nvMatmulHeuristics module
+_unavailable: str | None = None  # reason, once known
+_handles: dict[str, tuple] = {}  # gpu enum name -> (interface, backend, callback)
+_logged: set[str] = set()
+
+
+def _log_once(kind: str, msg: str, *args) -> None:
+    if kind not in _logged:
+        _logged.add(kind)
+        log.warning("nvgemm_cutedsl: " + msg, *args)
+
+
+def reset() -> None:
+    """Forget the import result, handles, memoised answers and log-once flags (tests)."""
+    global _module, _unavailable
+    with _lock:
+        _module = None
+        _unavailable = None
+        _handles.clear()
+        _logged.clear()
+        _query_cached.cache_clear()
+
+
+def _load():
+    global _module, _unavailable
+    if _module is not None or _unavailable is not None:
+        return _module
+    if os.environ.get("NVGEMM_NVMMH", "1") == "0":
+        _unavailable = "disabled by NVGEMM_NVMMH=0"
+    else:
+        try:
+            import nvMatmulHeuristics as mod
+
+            _module = mod
+        except Exception as e:  # ImportError, or the shared library failing to load
+            _unavailable = f"cannot import nvMatmulHeuristics ({type(e).__name__}: {e})"
+    if _unavailable:
+        _log_once("unavailable", "%s; candidate policy uses nvgemm's decode rules only", _unavailable)
+    return _module
+
+
+def available() -> bool:
+    with _lock:
+        return _load() is not None
+
+
+def unavailable_reason() -> str | None:
+    with _lock:
+        _load()
+        return _unavailable
+
+
+def _validity(kernel_ptr, _problem_ptr) -> int:
+    k = kernel_ptr.contents
+    return int(
+        k.cta[0] == PER_CTA_TILE_M
+        and k.cta[1] in _VALID_TILE_N
+        and k.cluster[0] in _VALID_CLUSTER
+        and k.cluster[1] in _VALID_CLUSTER
+        and k.cluster[0] * k.cluster[1] <= 16
+    )
+
+
+def _handle(gpu: str | None):
+    key = gpu or "default"
+    h = _handles.get(key)
+    if h is None:
+        mod = _module
+        lh = mod.NvMatmulHeuristicsInterfaceEx(
+            backend=mod.NvMatmulHeuristicsTarget.CUTLASS3,
+            flags=mod.NvMatmulHeuristicsFlags.PERF_MODEL_BASED_AUTO_TUNING,
+            load_discovery_implicitly=True,
+            gpu=getattr(mod.NvMatmulHeuristicsNvidiaGpu, gpu) if gpu else None,
+        )
+        backend = lh.createBackend(mod.NvMatmulHeuristicsTarget.CUTLASS3)
+        lh.setBackendCallbackProperty(
+            backend, mod.NvMatmulHeuristicsBackendPropertyCallbackKind.KERNEL_ADDITIONAL_VALIDITY_CHECK, _validity
+        )
+        h = _handles[key] = (lh, backend)
+    return h
+
+
+@lru_cache(maxsize=4096)
+def _query_cached(gpu: str | None, precision: str, m: int, n: int, k: int, count: int) -> tuple[NvmmhPick, ...]:
+    mod = _module
+    lh, backend = _handle(gpu)
+    layout = mod.NvMatmulHeuristicsMatmulLayout.TN_ROW_MAJOR
+    problem = lh.makeNvMatmulHeuristicsProblem(m, n, k, layout)
+    raw = lh.getEx(problem, count, backend, precision=precision)
+    best: dict[tuple, float] = {}
+    for r in raw:
+        c = r["kernel"]
+        if not c.cta_tile_m:  # the library returns zeroed configs for an unknown precision
+            continue
+        key = (c.cta_tile_m, c.cta_tile_n, c.cluster_m, c.cluster_n, c.split_k)
+        rt = float(r["runtime"]) * 1e6
+        if key not in best or rt < best[key]:
+            best[key] = rt  # tile_k / stages / warp tiles differ only inside the CUTLASS3 model
+    ordered = sorted(best.items(), key=lambda kv: (kv[1], kv[0]))
+    return tuple(NvmmhPick(*key, runtime_us=rt, rank=i) for i, (key, rt) in enumerate(ordered))
+
+
+def query(problem: GemmProblem, swap_ab: bool, count: int = 6) -> tuple[NvmmhPick, ...] | None:
+    """nvMatmulHeuristics' ranked picks for ``problem`` in one orientation.
+
+    Returns None when the library is unavailable or failed (logged once); an empty tuple when it
+    has no precision for the formats or found nothing in nvgemm's space.
+    """
+    with _lock:
+        if _load() is None:
+            return None
+        precision = precision_string(problem.a_format, problem.b_format, problem.out_dtype)
+        if precision is None:
+            return ()
+        m, n, k = problem_dims(problem, swap_ab)
+        try:
+            return _query_cached(nvmmh_gpu_name(problem.target), precision, m, n, k, count)
+        except Exception as e:  # a C-library or ctypes failure must not break compilation
+            _log_once("query", "nvMatmulHeuristics query failed (%s: %s); using decode rules only", type(e).__name__, e)
+            return None

@@ -1,0 +1,141 @@
+"""``nvgemm plan``: print the candidate policy's answer per layer GEMM and token count.
+
+Examples::
+
+    nvgemm plan --model Llama-3.1-8B --gpu B200 --m 1,8,32,128
+    nvgemm plan --shape 6144,4096 --shape 4096,14336 --gpu GB200 --m 1,64
+    nvgemm plan --model Qwen3-32B --gpu B200 --m-range 1,256      # dynamic-batch buckets
+    nvgemm plan --model Mistral-7B --gpu H100 --m 1,16            # W4A16 on Hopper
+    nvgemm plan --model Llama-3.1-8B --m 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _int_list(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError("empty list")
+    return vals
+
+
+def _pair(s: str) -> tuple[int, int]:
+    vals = _int_list(s)
+    if len(vals) != 2:
+        raise argparse.ArgumentTypeError(f"expected two comma-separated integers, got {s!r}")
+    return vals[0], vals[1]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "plan",
+        help="show the kernel candidates nvgemm would autotune for a model's GEMMs",
+        description="Per layer GEMM and token count M, print the ranked candidate configs, why each was "
+        "included, and nvMatmulHeuristics' runtime estimate where it has one.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense)")
+    src.add_argument("--shape", action="append", type=_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
+    p.add_argument("--gpu", default="B200", help="named GPU: B200, GB200, B300, H100, H200 (default B200)")
+    p.add_argument("--sm-count", type=int, default=None, help="override the GPU's SM count")
+    p.add_argument("--from-device", action="store_true", help="read arch and SM count from the live CUDA device")
+    mm = p.add_mutually_exclusive_group()
+    mm.add_argument("--m", type=_int_list, default=[1, 8, 32, 128], help="token counts (default 1,8,32,128)")
+    mm.add_argument("--m-range", type=_pair, metavar="LO,HI", help="dynamic batch: candidates per M bucket of LO..HI")
+    p.add_argument("--format", choices=("auto", "w4a4", "w4a16"), default="auto",
+                   help="w4a4 = nvfp4 x nvfp4, w4a16 = bf16 x nvfp4 (auto: w4a4 on Blackwell, w4a16 on Hopper)")
+    p.add_argument("--out-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--max-candidates", type=int, default=8)
+    p.add_argument("--no-nvmmh", action="store_true", help="decode rules only (skip nvMatmulHeuristics)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+    return p
+
+
+def _problems(args):
+    from .presets import get_preset
+    from .problem import GemmProblem, Target
+
+    target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
+    fmt = args.format
+    if fmt == "auto":
+        fmt = "w4a16" if target.family == "sm90" else "w4a4"
+    a_format = "nvfp4" if fmt == "w4a4" else "bf16"
+    if args.model:
+        preset = get_preset(args.model)
+        layers = [(lg.name, lg.n, lg.k) for lg in preset.layers]
+        title = f"{preset.name} ({preset.source})"
+    else:
+        layers = [(f"shape{i}", n, k) for i, (n, k) in enumerate(args.shape)]
+        title = "ad-hoc shapes"
+    base = [
+        (name, GemmProblem(n=n, k=k, m=1, a_format=a_format, out_dtype=args.out_dtype, target=target))
+        for name, n, k in layers
+    ]
+    return title, target, fmt, base
+
+
+def run(args) -> int:
+    from . import nvmmh
+    from .policy import bucket_candidates, candidates, problem_status
+
+    try:
+        title, target, fmt, base = _problems(args)
+    except (KeyError, ValueError, RuntimeError) as e:
+        print(f"nvgemm plan: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    if args.max_candidates < 1:
+        print("nvgemm plan: --max-candidates must be >= 1", file=sys.stderr)
+        return 2
+    use_nvmmh = not args.no_nvmmh
+    rows = []
+    for layer, prob in base:
+        if args.m_range:
+            per = bucket_candidates(prob.with_m_range(*args.m_range), args.max_candidates, use_nvmmh=use_nvmmh)
+            items = [(f"{lo}..{hi}", prob.with_m_range(lo, hi), cands) for (lo, hi), cands in per]
+            if not items:
+                items = [(f"{args.m_range[0]}..{args.m_range[1]}", prob.with_m_range(*args.m_range), [])]
+        else:
+            items = []
+            for m in args.m:
+                pm = prob.with_m(m)
+                items.append((str(m), pm, candidates(pm, args.max_candidates, use_nvmmh=use_nvmmh)
+                              if problem_status(pm) else []))
+        for mlabel, pm, cands in items:
+            st = problem_status(pm)
+            rows.append(
+                {
+                    "layer": layer,
+                    "m": mlabel,
+                    "n": pm.n,
+                    "k": pm.k,
+                    "status": "ok" if st else st.reason,
+                    "candidates": [
+                        {"rank": i + 1, "config": c.name, "est_runtime_us": c.est_runtime_us, "reason": c.reason}
+                        for i, c in enumerate(cands)
+                    ],
+                }
+            )
+    lib = "on" if use_nvmmh and nvmmh.available() else f"off ({nvmmh.unavailable_reason() or 'disabled by --no-nvmmh'})"
+    if args.json:
+        print(json.dumps({"title": title, "target": target.__dict__, "format": fmt, "nvmmh": lib, "rows": rows}, indent=1))
+        return 0
+    print(f"nvgemm plan: {title}")
+    print(f"target {target.gpu or '?'} {target.arch} {target.sm_count} SMs, {fmt}, out {args.out_dtype}, "
+          f"nvMatmulHeuristics {lib}, cap {args.max_candidates}")
+    for r in rows:
+        print(f"\n[{r['layer']}] M={r['m']} N={r['n']} K={r['k']}")
+        if r["status"] != "ok":
+            print(f"  no candidates: {r['status']}")
+            continue
+        for c in r["candidates"]:
+            est = f"{c['est_runtime_us']:8.2f} us" if c["est_runtime_us"] is not None else "       - us"
+            print(f"  {c['rank']:2d}. {c['config']:<62s} {est}  {c['reason']}")
+    return 0

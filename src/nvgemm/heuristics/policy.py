@@ -1,0 +1,120 @@
+"""The bounded, shape-aware candidate policy: ``candidates(problem)`` and the M buckets.
+
+* :func:`candidates` returns at most ``max_candidates`` (default 8) ranked :class:`Candidate`s
+  (config, reason, nvMatmulHeuristics runtime estimate or None) for one problem. Deterministic:
+  the same problem (and the same nvMatmulHeuristics availability) gives the same list.
+  An invalid problem gives ``[]``; :func:`problem_status` says why (never an exception).
+* :func:`m_buckets` gives the dynamic-batch split points that Inductor range dispatch uses; they
+  follow the policy's bands and narrow tile sizes, so one bucket = one kernel choice.
+* :func:`bucket_candidates` runs the policy once per bucket of an M range; a candidate chosen for
+  a bucket is implementable for every M in it (narrow tiles cover the bucket's upper bound).
+
+Family selection: W4A4 (nvfp4 x nvfp4) on sm_100a/sm_100f/sm_103a/sm_110a -> :mod:`.sm100`;
+W4A16 (bf16/fp16 x nvfp4) on sm_90a -> :mod:`.sm90`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nvgemm.templates.sm90_config import Sm90W4A16Config
+from nvgemm.templates.sm100_config import SM100_ARCHS, Sm100Nvfp4GemmConfig
+from nvgemm.templates.status import Status
+
+from . import sm90, sm100
+from .implementable import can_implement
+from .problem import Candidate, GemmProblem, validate_problem
+
+log = logging.getLogger("nvgemm.heuristics")
+
+DEFAULT_MAX_CANDIDATES = 8
+# Upper bounds of the M buckets: narrow token tiles 8/16/32, then the policy bands.
+BUCKET_BOUNDS = (8, 16, 32, 64, 128, 256, 512, 1024)
+
+_FAMILIES = {"w4a4": ("sm100", "sm_100a/sm_100f/sm_103a/sm_110a"), "w4a16": ("sm90", "sm_90a")}
+
+
+def family_of(problem: GemmProblem) -> str | None:
+    fam = _FAMILIES.get(problem.kind, (None,))[0]
+    if fam == "sm100" and problem.target.arch in SM100_ARCHS:
+        return "sm100"
+    if fam == "sm90" and problem.target.family == "sm90":
+        return "sm90"
+    return None
+
+
+def problem_status(problem: GemmProblem) -> Status:
+    """Why (not) this problem has nvgemm candidates: shape, formats, arch, K alignment."""
+    st = validate_problem(problem)
+    if not st:
+        return st
+    fam = family_of(problem)
+    if fam is None:
+        want = _FAMILIES[problem.kind][1]
+        return Status.fail(
+            f"no nvgemm kernel family for {problem.kind} on {problem.target.arch} ({problem.kind} needs {want})"
+        )
+    # The family's most permissive config carries every problem-only rule (K and N alignment).
+    probe = Sm100Nvfp4GemmConfig() if fam == "sm100" else Sm90W4A16Config(
+        family="wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=4
+    )
+    if fam == "sm90" and problem.m_hi <= 32:
+        probe = Sm90W4A16Config()
+    return can_implement(problem, probe)
+
+
+def candidates(
+    problem: GemmProblem, max_candidates: int = DEFAULT_MAX_CANDIDATES, *, use_nvmmh: bool = True
+) -> list[Candidate]:
+    """Ranked, capped candidate configs for ``problem`` ([] when it cannot be implemented)."""
+    if max_candidates < 1:
+        raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+    st = problem_status(problem)
+    if not st:
+        log.debug("nvgemm_cutedsl: no candidates for %s: %s", problem, st.reason)
+        return []
+    if family_of(problem) == "sm100":
+        return sm100.candidates(problem, max_candidates, use_nvmmh=use_nvmmh)
+    return sm90.candidates(problem, max_candidates, use_nvmmh=use_nvmmh)
+
+
+def m_buckets(max_m: int = 256) -> list[tuple[int, int]]:
+    """Contiguous inclusive (lo, hi) buckets covering 1..max_m without gaps or overlap.
+
+    Bounds 8, 16, 32 (narrow token tiles), 64, 128, 256 (policy bands), 512, 1024, then doubling.
+    """
+    if max_m < 1:
+        raise ValueError(f"max_m must be >= 1, got {max_m}")
+    out: list[tuple[int, int]] = []
+    lo = 1
+    bounds = list(BUCKET_BOUNDS)
+    while bounds[-1] < max_m:
+        bounds.append(bounds[-1] * 2)
+    for b in bounds:
+        hi = min(b, max_m)
+        out.append((lo, hi))
+        if hi == max_m:
+            break
+        lo = hi + 1
+    return out
+
+
+def bucket_for(m: int, buckets: list[tuple[int, int]]) -> tuple[int, int]:
+    for lo, hi in buckets:
+        if lo <= m <= hi:
+            return (lo, hi)
+    raise ValueError(f"M={m} is outside the buckets {buckets[0][0]}..{buckets[-1][1]}")
+
+
+def bucket_candidates(
+    problem: GemmProblem, max_candidates: int = DEFAULT_MAX_CANDIDATES, *, use_nvmmh: bool = True
+) -> list[tuple[tuple[int, int], list[Candidate]]]:
+    """Per-bucket candidates for a dynamic-M problem (``m_range``) or an exact M (one bucket)."""
+    lo, hi = (problem.m_lo, problem.m_hi) if validate_problem(problem) else (1, 0)
+    out = []
+    for blo, bhi in m_buckets(hi) if hi >= 1 else []:
+        if bhi < lo:
+            continue
+        sub = problem.with_m_range(max(blo, lo), bhi)
+        out.append(((max(blo, lo), bhi), candidates(sub, max_candidates, use_nvmmh=use_nvmmh)))
+    return out

@@ -1,0 +1,236 @@
+"""GEMM problem descriptor and target description used by the candidate policy.
+
+A :class:`GemmProblem` is ``out[M, N] = epilogue(A[M, K] @ B[N, K]^T)`` where
+
+* ``M`` is the token count: exact (``m=8``) or a range for dynamic batch (``m_range=(9, 16)``,
+  inclusive). A kernel chosen for a range must be correct for every M in it.
+* ``N`` is the weight's output features and ``K`` the **logical** reduction length (FP4 elements,
+  not the packed byte count K/2 of the ``uint8``/``float4_e2m1fn_x2`` storage).
+* ``a_format``/``b_format`` are the operand formats: ``"nvfp4"`` x ``"nvfp4"`` is W4A4,
+  ``"bf16"|"fp16"`` x ``"nvfp4"`` is weight-only W4A16.
+* ``out_dtype`` is ``"bf16" | "fp16" | "fp32"`` (a ``torch.dtype`` is accepted and normalised).
+* ``epilogue`` is the activation of the layer's ``EpilogueSpec`` (``none|silu|gelu_tanh|silu_mul``),
+  the only epilogue part that constrains tiling (``silu_mul`` pairs column halves).
+* ``target`` names the arch and SM count. It comes from a GPU name table (:data:`GPUS`); a live
+  device is read only when asked (:meth:`Target.from_device`), never at import.
+
+Pure Python: importing this module touches no GPU and imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from nvgemm.templates.status import Status
+
+OUT_DTYPES = ("bf16", "fp16", "fp32")
+OPERAND_FORMATS = ("nvfp4", "bf16", "fp16")
+EPILOGUES = ("none", "silu", "gelu_tanh", "silu_mul")
+
+# Output element sizes in bytes.
+OUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    arch: str  # the CuTeDSL target arch string
+    sm_count: int
+    nvmmh_gpu: str  # member name of nvMatmulHeuristics.NvMatmulHeuristicsNvidiaGpu
+    note: str = ""
+
+
+# Named GPUs (per-GPU values; GB200/GB300 superchips are counted per Blackwell GPU).
+GPUS: dict[str, GpuSpec] = {
+    "B200": GpuSpec("B200", "sm_100a", 148, "B200"),
+    "GB200": GpuSpec("GB200", "sm_100a", 148, "GB200_NVL"),
+    "B300": GpuSpec(
+        "B300", "sm_103a", 148, "GB300_NVL",
+        note="SM count as published for B200-class parts; pass sm_count= or Target.from_device() to override",
+    ),
+    "H100": GpuSpec("H100", "sm_90a", 132, "H100_SXM"),
+    "H200": GpuSpec("H200", "sm_90a", 132, "H200_SXM"),
+}
+
+_GPU_ALIASES = {"GB300": "B300", "H100_SXM": "H100", "H200_SXM": "H200", "B200_SXM": "B200"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the kernel runs: CuTeDSL arch string, SM count and (optionally) the GPU name."""
+
+    arch: str
+    sm_count: int
+    gpu: str | None = None
+
+    @staticmethod
+    def from_gpu(name: str, sm_count: int | None = None) -> "Target":
+        key = _GPU_ALIASES.get(name.upper(), name.upper())
+        if key not in GPUS:
+            raise ValueError(f"nvgemm_cutedsl: unknown GPU {name!r}; known: {', '.join(GPUS)}")
+        spec = GPUS[key]
+        return Target(spec.arch, sm_count if sm_count is not None else spec.sm_count, spec.name)
+
+    @staticmethod
+    def from_device(index: int = 0) -> "Target":
+        """Read arch and SM count from a live CUDA device. Only called when explicitly asked."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("nvgemm_cutedsl: Target.from_device() needs a CUDA device; none is visible")
+        props = torch.cuda.get_device_properties(index)
+        major, minor = props.major, props.minor
+        arch = f"sm_{major}{minor}a" if major in (9, 10) else f"sm_{major}{minor}"
+        gpu = None
+        for name in sorted(GPUS, key=len, reverse=True):  # "GB200" before "B200"
+            if GPUS[name].arch == arch and name in props.name.upper():
+                gpu = name
+                break
+        return Target(arch, int(props.multi_processor_count), gpu)
+
+    @property
+    def family(self) -> str:
+        """``"sm100"`` (datacenter Blackwell: sm_100/103/110), ``"sm90"`` or ``"other"``."""
+        if self.arch.startswith(("sm_100", "sm_103", "sm_110")):
+            return "sm100"
+        if self.arch.startswith("sm_90"):
+            return "sm90"
+        return "other"
+
+
+def _norm_dtype(d) -> str:
+    if isinstance(d, str):
+        s = d.lower().replace("torch.", "")
+        return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}.get(s, s)
+    return _norm_dtype(str(d))
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    n: int
+    k: int
+    m: int | None = None
+    m_range: tuple[int, int] | None = None
+    a_format: str = "nvfp4"
+    b_format: str = "nvfp4"
+    out_dtype: str = "bf16"
+    epilogue: str = "none"
+    target: Target = field(default_factory=lambda: Target.from_gpu("B200"))
+
+    def __post_init__(self):
+        object.__setattr__(self, "out_dtype", _norm_dtype(self.out_dtype))
+        object.__setattr__(self, "a_format", _norm_dtype(self.a_format))
+        object.__setattr__(self, "b_format", _norm_dtype(self.b_format))
+        if self.m_range is not None:
+            object.__setattr__(self, "m_range", (int(self.m_range[0]), int(self.m_range[1])))
+
+    # ---- views -------------------------------------------------------------------------------
+    @property
+    def m_lo(self) -> int:
+        return self.m if self.m is not None else self.m_range[0]
+
+    @property
+    def m_hi(self) -> int:
+        """Largest token count the kernel must serve (the exact M, or the range's upper bound)."""
+        return self.m if self.m is not None else self.m_range[1]
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.m is None
+
+    @property
+    def kind(self) -> str:
+        """``"w4a4"`` (NVFP4 x NVFP4), ``"w4a16"`` (bf16/fp16 x NVFP4) or ``"unsupported"``."""
+        if self.b_format != "nvfp4":
+            return "unsupported"
+        if self.a_format == "nvfp4":
+            return "w4a4"
+        if self.a_format in ("bf16", "fp16"):
+            return "w4a16"
+        return "unsupported"
+
+    def with_m(self, m: int) -> "GemmProblem":
+        return replace(self, m=m, m_range=None)
+
+    def with_m_range(self, lo: int, hi: int) -> "GemmProblem":
+        return replace(self, m=None, m_range=(lo, hi))
+
+    def describe(self) -> str:
+        mm = str(self.m) if self.m is not None else f"{self.m_range[0]}..{self.m_range[1]}"
+        return (
+            f"M={mm} N={self.n} K={self.k} {self.kind} out={self.out_dtype} epilogue={self.epilogue} "
+            f"{self.target.arch}x{self.target.sm_count}SM"
+        )
+
+
+def validate_problem(p: GemmProblem) -> Status:
+    """Problem-only checks shared by every family (no config involved). Never raises."""
+    if (p.m is None) == (p.m_range is None):
+        return Status.fail("give exactly one of m (exact token count) or m_range=(lo, hi)")
+    if p.m is not None and (not isinstance(p.m, int) or p.m <= 0):
+        return Status.fail(f"M must be a positive int, got M={p.m!r}")
+    if p.m_range is not None:
+        lo, hi = p.m_range
+        if lo <= 0 or hi < lo:
+            return Status.fail(f"m_range must satisfy 1 <= lo <= hi, got {p.m_range}")
+    if not isinstance(p.n, int) or p.n <= 0:
+        return Status.fail(f"N must be a positive int, got N={p.n!r}")
+    if not isinstance(p.k, int) or p.k <= 0:
+        return Status.fail(f"K must be a positive int, got K={p.k!r}")
+    if p.a_format not in OPERAND_FORMATS or p.b_format not in OPERAND_FORMATS:
+        return Status.fail(f"operand formats must be in {OPERAND_FORMATS}, got A={p.a_format} B={p.b_format}")
+    if p.kind == "unsupported":
+        return Status.fail(
+            f"unsupported operand formats A={p.a_format} x B={p.b_format} (nvgemm: nvfp4 x nvfp4, or bf16/fp16 x nvfp4)"
+        )
+    if p.out_dtype not in OUT_DTYPES:
+        return Status.fail(f"out_dtype must be one of {OUT_DTYPES}, got {p.out_dtype!r}")
+    if p.epilogue not in EPILOGUES:
+        return Status.fail(f"epilogue must be one of {EPILOGUES}, got {p.epilogue!r}")
+    if p.epilogue == "silu_mul" and p.n % 2:
+        return Status.fail(f"silu_mul needs an even number of GEMM output columns, got N={p.n}")
+    if p.target.sm_count <= 0:
+        return Status.fail(f"target SM count must be positive, got {p.target.sm_count}")
+    return Status.success()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One policy answer: a config, why it was included, and nvMatmulHeuristics' estimate if any."""
+
+    config: object
+    reason: str
+    est_runtime_us: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name()
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+SPLIT_K_CHOICES = (2, 4, 8, 16)
+MIN_K_TILES_PER_SLICE = 2
+
+
+def choose_split_k(ctas: int, k: int, tile_k: int, sm_count: int, allowed=SPLIT_K_CHOICES) -> int:
+    """Split-K factor that fills the GPU when ``ctas`` output tiles leave most SMs idle, else 1.
+
+    "Most SMs idle" means ctas * 2 <= sm_count. Among factors that split the K tiles into equal
+    whole-tile slices of at least MIN_K_TILES_PER_SLICE tiles, pick the best wave efficiency
+    (ctas*s / (waves*sm_count), rounded to 2 digits); ties go to the smaller factor (less reduction).
+    """
+    if ctas * 2 > sm_count:
+        return 1
+    k_tiles = ceil_div(k, tile_k)
+    best = (round(ctas / (ceil_div(ctas, sm_count) * sm_count), 2), 1)
+    for s in allowed:
+        if k_tiles % s or k_tiles // s < MIN_K_TILES_PER_SLICE:
+            continue
+        total = ctas * s
+        eff = round(total / (ceil_div(total, sm_count) * sm_count), 2)
+        if eff > best[0]:
+            best = (eff, s)
+    return best[1]

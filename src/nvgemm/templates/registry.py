@@ -42,6 +42,10 @@ The ``@cute.jit`` host function must annotate every parameter so ``export_to_c``
 header: tensors ``cute.Tensor``, pointers ``cute.Pointer``, scalars ``cutlass.Int32`` /
 ``cutlass.Int64`` / ``cutlass.Float32``, and the stream ``cuda.CUstream`` (``import
 cuda.bindings.driver as cuda``); an unannotated stream fails at export with "Unsupported argument".
+CuTeDSL evaluates those annotations when the kernel is defined, in the defining module's globals: a
+module with ``from __future__ import annotations`` must import ``cutlass``/``cute`` at module level
+(keep such modules out of the warm path), or define the kernels inside ``compile()`` in a module
+without that future import (see ``nvgemm/runtime/aot_selftest.py``).
 
 Rules: read hardware numbers (``spec.hw.sm_count``, ``spec.hw.max_active_clusters``) and the arch
 from the spec, never from the device; read nvgemm codegen switches with ``spec.env("NVGEMM_...")``,

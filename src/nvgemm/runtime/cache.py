@@ -1,0 +1,329 @@
+"""On-disk kernel cache: AOT-linked kernels keyed by CompileSpec, safe across processes.
+
+Layout (``root`` = ``NVGEMM_CACHE_DIR``, else the repo checkout's top-level ``kernels_cache/`` when
+it exists, else ``$XDG_CACHE_HOME/nvgemm/kernels``)::
+
+    root/<fingerprint id>/fingerprint.json      versions + kernel-source hash behind the id
+    root/<fingerprint id>/<key>/kernel.so       linked library (only needs libcudart.so.13)
+                               /kernel.o, kernel.h, shim.c   export_to_c output + shim (for audits)
+                               /meta.json       ABI, symbols, spec, timings, sha256 of every file,
+                                                and a sha256 of itself (the commit marker)
+    root/<fingerprint id>/<key>.lock            per-key flock
+
+Writers build into a private temp dir next to the entry and ``os.rename`` it into place while
+holding the per-key exclusive lock, re-checking inside the lock, so N processes asking for the same
+key compile it once. Readers need no lock: a published entry is immutable. A truncated or
+bit-flipped file fails its checksum: it is reported once per process (``warnings`` + log), moved
+aside and rebuilt. An entry from another toolchain / nvgemm source version lives under another
+fingerprint id, so it is simply a miss. Warm loads never import cutlass.
+
+When cutlass-dsl is not installed (a serving box), lookups accept entries from any fingerprint whose
+kernel-source hash matches this nvgemm (the DSL version that built them cannot be known here, and
+the linked library does not depend on it); misses raise instead of compiling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from nvgemm.templates.registry import CompileSpec, abi_from_json
+
+from .compile_spec import KEY_VERSION, compile_key, fingerprint, spec_json
+
+log = logging.getLogger("nvgemm_cutedsl.cache")
+
+ENTRY_FILES = ("kernel.so", "kernel.o", "kernel.h", "shim.c")
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("NVGEMM_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    repo_cache = _REPO_ROOT / "kernels_cache"
+    if repo_cache.is_dir() and (_REPO_ROOT / "pyproject.toml").is_file():
+        return repo_cache
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nvgemm" / "kernels"
+
+
+def _sha256_file(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _meta_digest(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+class CacheMiss(LookupError):
+    pass
+
+
+class CorruptEntry(Exception):
+    pass
+
+
+@dataclass
+class CacheResult:
+    key: str
+    status: str  # "cached" | "compiled" | "failed"
+    path: Path | None = None
+    meta: dict | None = None
+    error: str = ""
+    seconds: float = 0.0
+
+
+def _dsl_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cutlass") is not None
+
+
+class KernelCache:
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root).expanduser() if root is not None else default_cache_dir()
+        self.fid, self.fingerprint_info = fingerprint()
+        self._mem: dict[str, Any] = {}
+        self._mem_lock = threading.Lock()
+        self._reported: set[str] = set()
+        self.stats = {"compiled": 0, "loaded": 0, "corrupt": 0, "miss": 0}
+
+    # ---- paths -------------------------------------------------------------------------
+    def fp_dir(self, fid: str | None = None) -> Path:
+        return self.root / (fid or self.fid)
+
+    def key(self, spec: CompileSpec, fid: str | None = None) -> str:
+        return compile_key(spec, fid or self.fid)
+
+    def entry_dir(self, spec: CompileSpec) -> Path:
+        return self.fp_dir() / self.key(spec)
+
+    @contextlib.contextmanager
+    def _lock(self, fid: str, key: str) -> Iterator[None]:
+        d = self.fp_dir(fid)
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / f"{key}.lock", "a+") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def _write_fingerprint(self) -> None:
+        p = self.fp_dir() / "fingerprint.json"
+        if not p.exists():
+            tmp = p.with_name(f".fingerprint.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(self.fingerprint_info, indent=1, sort_keys=True))
+            os.replace(tmp, p)
+
+    # ---- verification --------------------------------------------------------------------
+    def read_entry(self, d: Path, key: str, fid: str, *, full: bool = False) -> dict:
+        """Metadata of a published entry; CacheMiss if absent or from another version, CorruptEntry if damaged."""
+        mp = d / "meta.json"
+        try:
+            raw = mp.read_bytes()
+        except FileNotFoundError:
+            raise CacheMiss(key) from None
+        try:
+            doc = json.loads(raw)
+            payload, digest = doc["payload"], doc["sha256"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptEntry(f"meta.json unreadable ({type(e).__name__})") from None
+        if _meta_digest(payload) != digest:
+            raise CorruptEntry("meta.json checksum mismatch")
+        if payload.get("key_version") != KEY_VERSION or payload.get("fingerprint") != fid or payload.get("key") != key:
+            raise CacheMiss(f"{key}: entry from another nvgemm/toolchain version")
+        from .aot import AOT_ABI_VERSION
+
+        if payload.get("abi_version") != AOT_ABI_VERSION:
+            raise CacheMiss(f"{key}: AOT ABI version {payload.get('abi_version')} != {AOT_ABI_VERSION}")
+        for name in ENTRY_FILES if full else ("kernel.so",):
+            fp = d / name
+            want = payload["files"].get(name)
+            try:
+                size = fp.stat().st_size
+            except FileNotFoundError:
+                raise CorruptEntry(f"{name} missing") from None
+            if want is None or size != want["size"]:
+                raise CorruptEntry(f"{name} size {size} != recorded {want and want['size']} (truncated?)")
+            if _sha256_file(fp) != want["sha256"]:
+                raise CorruptEntry(f"{name} checksum mismatch")
+        return payload
+
+    def _report_corrupt(self, key: str, d: Path, why: str) -> None:
+        self.stats["corrupt"] += 1
+        if key not in self._reported:
+            self._reported.add(key)
+            msg = f"nvgemm_cutedsl: corrupt kernel cache entry {d}: {why}; rebuilding it"
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+    def _quarantine(self, d: Path) -> None:
+        trash = d.with_name(f".trash-{d.name}-{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            os.rename(d, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # ---- lookup / build ------------------------------------------------------------------
+    def _candidate_fids(self) -> list[str]:
+        if self.fingerprint_info.get("cutlass_dsl") is not None:
+            return [self.fid]
+        # No DSL here: accept any fingerprint built from these kernel sources (newest first).
+        out = [self.fid]
+        if self.root.is_dir():
+            cands = []
+            for p in self.root.glob("*/fingerprint.json"):
+                try:
+                    info = json.loads(p.read_text())
+                except (OSError, ValueError):
+                    continue
+                if (
+                    info.get("kernel_sources") == self.fingerprint_info["kernel_sources"]
+                    and info.get("key_version") == KEY_VERSION
+                    and p.parent.name != self.fid
+                ):
+                    cands.append((p.stat().st_mtime, p.parent.name))
+            out += [f for _, f in sorted(cands, reverse=True)]
+        return out
+
+    def lookup(self, spec: CompileSpec) -> tuple[str, Path, dict] | None:
+        """(key, entry dir, meta) of a valid entry, or None. Corrupt entries are reported and removed."""
+        for fid in self._candidate_fids():
+            key = self.key(spec, fid)
+            d = self.fp_dir(fid) / key
+            try:
+                return key, d, self.read_entry(d, key, fid)
+            except CacheMiss:
+                continue
+            except CorruptEntry:
+                with self._lock(fid, key):
+                    try:  # re-check: another process may have rebuilt or removed it meanwhile
+                        return key, d, self.read_entry(d, key, fid)
+                    except CacheMiss:
+                        continue
+                    except CorruptEntry as e2:
+                        self._report_corrupt(key, d, str(e2))
+                        self._quarantine(d)
+        return None
+
+    def ensure(self, spec: CompileSpec) -> CacheResult:
+        """Make sure ``spec`` has a valid entry: 'cached' if it had, 'compiled' if built now, or 'failed'."""
+        t0 = time.perf_counter()
+        hit = self.lookup(spec)
+        if hit is not None:
+            return CacheResult(hit[0], "cached", hit[1], hit[2], seconds=time.perf_counter() - t0)
+        key = self.key(spec)
+        d = self.fp_dir() / key
+        if not _dsl_available():
+            return CacheResult(
+                key, "failed", error="not in the kernel cache and cutlass-dsl is not installed: run `nvgemm precompile`"
+            )
+        with self._lock(self.fid, key):
+            try:
+                meta = self.read_entry(d, key, self.fid)
+                return CacheResult(key, "cached", d, meta, seconds=time.perf_counter() - t0)
+            except CacheMiss:
+                pass
+            except CorruptEntry as e:
+                self._report_corrupt(key, d, str(e))
+                self._quarantine(d)
+            try:
+                meta = self._build_locked(spec, key, d)
+            except Exception as e:  # a kernel that cannot build is reported, not fatal to the caller
+                log.warning("nvgemm_cutedsl: building %s failed: %s", spec.name(), e)
+                return CacheResult(key, "failed", error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
+        self.stats["compiled"] += 1
+        return CacheResult(key, "compiled", d, meta, seconds=time.perf_counter() - t0)
+
+    def _build_locked(self, spec: CompileSpec, key: str, d: Path) -> dict:
+        from .aot import build_artifacts
+
+        self._write_fingerprint()
+        tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:16]}-", dir=self.fp_dir()))
+        try:
+            info = build_artifacts(spec, tmp, key)
+            files = {n: {"size": (tmp / n).stat().st_size, "sha256": _sha256_file(tmp / n)} for n in ENTRY_FILES}
+            payload = {
+                "key_version": KEY_VERSION,
+                "fingerprint": self.fid,
+                "key": key,
+                "spec": json.loads(spec_json(spec)),
+                "files": files,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **info,
+            }
+            doc = {"payload": payload, "sha256": _meta_digest(payload)}
+            with open(tmp / "meta.json", "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o755)
+            try:
+                os.rename(tmp, d)
+            except OSError as e:
+                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                self._quarantine(d)  # a stale/invalid dir we hold the lock for
+                os.rename(tmp, d)
+            return payload
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def get(self, spec: CompileSpec, *, build: bool = True):
+        """The loaded :class:`~nvgemm.runtime.aot.AotKernel` for ``spec`` (compiling on a miss if allowed)."""
+        from .aot import AotKernel
+
+        key = self.key(spec)
+        k = self._mem.get(key)
+        if k is not None:
+            return k
+        hit = self.lookup(spec)
+        if hit is None:
+            if not build:
+                self.stats["miss"] += 1
+                raise CacheMiss(f"{spec.name()} is not in the kernel cache {self.root}")
+            r = self.ensure(spec)
+            if r.status == "failed":
+                raise RuntimeError(f"nvgemm_cutedsl: no kernel for {spec.name()}: {r.error}")
+            hit = (r.key, r.path, r.meta)
+        _, d, meta = hit
+        kern = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=meta.get("kernel_name", ""))
+        self.stats["loaded"] += 1
+        with self._mem_lock:
+            self._mem.setdefault(key, kern)
+        return self._mem[key]
+
+
+_DEFAULT: KernelCache | None = None
+
+
+def default_cache() -> KernelCache:
+    global _DEFAULT
+    root = default_cache_dir()
+    if _DEFAULT is None or _DEFAULT.root != root:
+        _DEFAULT = KernelCache(root)
+    return _DEFAULT
+
+
+__all__ = ["CacheMiss", "CacheResult", "CorruptEntry", "KernelCache", "default_cache", "default_cache_dir"]

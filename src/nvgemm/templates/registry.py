@@ -117,7 +117,9 @@ OPERAND_FORMATS = ("nvfp4", "bf16", "fp16", "fp8_e4m3", "fp32")
 MAJORS = ("k", "m", "n")
 
 # template_id -> module that registers it on import (imported only when compiling).
-BUILTIN_TEMPLATE_MODULES: dict[str, str] = {}
+BUILTIN_TEMPLATE_MODULES: dict[str, str] = {
+    "sm100_nvfp4_gemm": "nvgemm.templates.sm100_nvfp4_gemm",
+}
 
 COMPILE_LOCK = threading.RLock()
 """Held around every ``cute.compile``: CuTeDSL's AST preprocessor is not thread-safe."""

@@ -84,7 +84,8 @@ class Sm100Nvfp4GemmKernel:
 
     :param config: tile / cluster / swap / split-K / PDL / prefetch knobs (validated).
     :param epilogue: the epilogue spec (alpha kind, bias, activation, residual, out dtype).
-    :param feature_along_m: per-feature vectors are indexed by the MMA row (swap-AB).
+    :param max_active_clusters: clusters resident at once on the target (SM count / cluster
+        size for these 1-CTA-per-SM kernels); sizes the persistent grid. Explicit, never probed.
     :param bias_dtype / residual_dtype: element types of those operands (torch dtypes).
     """
 
@@ -92,10 +93,14 @@ class Sm100Nvfp4GemmKernel:
         self,
         config: Sm100Nvfp4GemmConfig,
         epilogue: EpilogueSpec,
+        max_active_clusters: int,
         bias_dtype=None,
         residual_dtype=None,
     ):
         validate_config(config).raise_if_failed("sm100 nvfp4 config")
+        if max_active_clusters < 1:
+            raise ValueError(f"nvgemm_cutedsl: max_active_clusters must be >= 1, got {max_active_clusters}")
+        self.max_active_clusters = int(max_active_clusters)
         if epilogue.gated:
             raise ValueError("nvgemm_cutedsl: silu_mul is not implemented in the sm100 kernel")
         self.config = config
@@ -231,7 +236,6 @@ class Sm100Nvfp4GemmKernel:
         m: cutlass.Int32,
         n: cutlass.Int32,
         k: cutlass.Int32,
-        max_active_clusters: cutlass.Constexpr,
         stream: cuda.CUstream,
     ):
         """Host side: tensors from raw pointers + runtime (m, n, k), TMA atoms, smem, grid, launch.
@@ -297,7 +301,7 @@ class Sm100Nvfp4GemmKernel:
         sched_params = utils.PersistentTileSchedulerParams(
             (num_tiles_m, num_tiles_n, self.split_k), (*self.cluster_shape_mn, 1)
         )
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_active_clusters)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, self.max_active_clusters)
 
         # Split-K workspace: fp32 [tiles_m * tiles_n, S, tile_n, 128] (tile-major, coalesced).
         mWs = cute.make_tensor(workspace_ptr, cute.make_layout(
@@ -737,6 +741,8 @@ class Sm100Nvfp4GemmKernel:
 
         m_size = mC_mnl.shape[0]
         n_size = mC_mnl.shape[1]
+        # split-K: the atomic's result, broadcast from thread 0 to the 128 epilogue threads
+        sFlag = cute.make_tensor(storage.splitk_flag.ptr, cute.make_layout(1))
 
         tile_sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
@@ -779,9 +785,9 @@ class Sm100Nvfp4GemmKernel:
                 if tidx == 0:
                     old = cute.arch.atomic_add(mCnt.iterator + cta_tile_id, cutlass.Int32(1),
                                                sem="acq_rel", scope="gpu")
-                    storage.splitk_flag = old
+                    sFlag[0] = old
                 self.epilog_sync_barrier.arrive_and_wait()
-                arrived = storage.splitk_flag
+                arrived = sFlag[0]
                 # 2) the last split reduces all partials in the fixed order 0..S-1.
                 if arrived == self.split_k - 1:
                     cute.arch.fence_acq_rel_gpu()
@@ -831,62 +837,94 @@ class Sm100Nvfp4GemmKernel:
                 mC[r, c, 0] = y.to(self.c_dtype)
 
 
-def make_kernel(config: Sm100Nvfp4GemmConfig, epilogue: EpilogueSpec, bias_dtype=None, residual_dtype=None):
-    return Sm100Nvfp4GemmKernel(config, epilogue, bias_dtype, residual_dtype)
+# ---------------------------------------------------------------------- template (kernels cache)
+
+TEMPLATE_ID = "sm100_nvfp4_gemm"
+
+_CUTE_DTYPE_NAME = {"bfloat16": "BFloat16", "float16": "Float16", "float32": "Float32"}
 
 
-# ---------------------------------------------------------------------- compile (no GPU needed)
-
-_TORCH_TO_CUTE = None
-
-
-def _fake_args(kernel: Sm100Nvfp4GemmKernel):
-    """Null pointers + dynamic Int32 sizes: compiling never touches a device, and one compile
-    serves every (m, n, k) (they are runtime arguments, not part of the cache key)."""
-    from cutlass.cute.runtime import make_ptr
-
-    gmem = cute.AddressSpace.gmem
-    return (
-        make_ptr(kernel.a_dtype, 0, gmem, assumed_align=16),
-        make_ptr(kernel.b_dtype, 0, gmem, assumed_align=16),
-        make_ptr(kernel.sf_dtype, 0, gmem, assumed_align=16),
-        make_ptr(kernel.sf_dtype, 0, gmem, assumed_align=16),
-        make_ptr(kernel.c_dtype, 0, gmem, assumed_align=16),
-        make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
-        make_ptr(kernel.bias_dtype, 0, gmem, assumed_align=4),
-        make_ptr(kernel.residual_dtype, 0, gmem, assumed_align=4),
-        make_ptr(cutlass.Float32, 0, gmem, assumed_align=16),
-        make_ptr(cutlass.Int32, 0, gmem, assumed_align=4),
-        cutlass.Int32(128),
-        cutlass.Int32(128),
-        cutlass.Int32(256),
-    )
+def _dtype_name(dt) -> str:
+    return _CUTE_DTYPE_NAME[str(dt).replace("torch.", "")]
 
 
-def compile_sm100_nvfp4_gemm(
-    config: Sm100Nvfp4GemmConfig,
-    epilogue: EpilogueSpec,
-    *,
-    max_active_clusters: int,
-    arch: str = "sm_100a",
-    bias_dtype=None,
-    residual_dtype=None,
-    keep_ptx: bool = False,
-    extra_options: str = "",
-):
-    """Compile one kernel for ``arch`` without a GPU; returns the DSL's compiled callable
-    (``.__ptx__`` holds the PTX when ``keep_ptx``; ``export_to_c`` writes an object file).
+def default_max_active_clusters(config: Sm100Nvfp4GemmConfig, sm_count: int) -> int:
+    """One CTA per SM (the kernel uses ~all of smem and TMEM): SM count / cluster size."""
+    return max(1, sm_count // (config.cluster_m * config.cluster_n))
 
-    The call ABI of the result is ``(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr,
-    bias_ptr, residual_ptr, workspace_ptr, counter_ptr, m, n, k, stream)``.
+
+class Sm100Nvfp4GemmTemplate:
+    """:class:`nvgemm.templates.registry.KernelTemplate` of :class:`Sm100Nvfp4GemmKernel`.
+
+    C ABI (in order): pointers ``a, b, sfa, sfb, c, alpha, bias, residual, workspace,
+    counters``, int32 ``m, n, k`` (the MMA problem; swap-AB: m = N, n = tokens), stream.
+    Bias and residual are in the output dtype; unused pointers may be 0.
     """
-    if arch not in ("sm_100a", "sm_100f", "sm_103a"):
-        raise ValueError(f"nvgemm_cutedsl: the sm100 NVFP4 kernel targets sm_100a/sm_100f/sm_103a, got {arch!r}")
-    kernel = Sm100Nvfp4GemmKernel(config, epilogue, bias_dtype, residual_dtype)
-    stream = cuda.CUstream(0)
-    opts = f"--gpu-arch {arch}"
-    if keep_ptx:
-        opts += " --keep-ptx"
-    if extra_options:
-        opts += " " + extra_options
-    return cute.compile(kernel, *_fake_args(kernel), max_active_clusters, stream, options=opts)
+
+    template_id = TEMPLATE_ID
+    config_type = Sm100Nvfp4GemmConfig
+    archs = ("sm_100a", "sm_100f", "sm_103a")
+
+    def can_implement(self, spec) -> "Status":
+        from .status import Status
+
+        st = validate_config(spec.config)
+        if not st:
+            return st
+        if spec.a_format != "nvfp4" or spec.b_format != "nvfp4":
+            return Status.fail(f"sm100 NVFP4 GEMM needs nvfp4 x nvfp4 operands, got {spec.a_format} x {spec.b_format}")
+        if spec.a_major != "k" or spec.b_major != "k":
+            return Status.fail(f"packed FP4 operands must be K-major, got a_major={spec.a_major} b_major={spec.b_major}")
+        if spec.epilogue.gated:
+            return Status.fail("silu_mul is not implemented in the sm100 NVFP4 kernel")
+        if spec.arch not in self.archs:
+            return Status.fail(f"sm100 NVFP4 GEMM targets {self.archs}, not {spec.arch}")
+        return Status.success()
+
+    def abi(self, spec):
+        from .registry import PointerArg, ScalarArg, StreamArg
+
+        out = _dtype_name(spec.epilogue.out_dtype)
+        out_align = 4 if out == "Float32" else 2
+        return (
+            PointerArg("a", "Float4E2M1FN", assumed_align=16),
+            PointerArg("b", "Float4E2M1FN", assumed_align=16),
+            PointerArg("sfa", "Float8E4M3FN", assumed_align=16),
+            PointerArg("sfb", "Float8E4M3FN", assumed_align=16),
+            PointerArg("c", out, assumed_align=out_align),
+            PointerArg("alpha", "Float32", assumed_align=4),
+            PointerArg("bias", out, assumed_align=out_align),
+            PointerArg("residual", out, assumed_align=out_align),
+            PointerArg("workspace", "Float32", assumed_align=16),
+            PointerArg("counters", "Int32", assumed_align=4),
+            ScalarArg("m", "int32"),
+            ScalarArg("n", "int32"),
+            ScalarArg("k", "int32"),
+            StreamArg("stream"),
+        )
+
+    def make_kernel(self, spec) -> Sm100Nvfp4GemmKernel:
+        self.can_implement(spec).raise_if_failed(spec.name())
+        mac = spec.hw.max_active_clusters or default_max_active_clusters(spec.config, spec.hw.sm_count)
+        return Sm100Nvfp4GemmKernel(spec.config, spec.epilogue, mac)
+
+    def compile(self, spec, *, keep_ptx: bool = False):
+        from .registry import compile_for_target, fake_args
+
+        return compile_for_target(self.make_kernel(spec), fake_args(self.abi(spec)), spec,
+                                  "--keep-ptx" if keep_ptx else "")
+
+
+def compile_sm100_nvfp4_gemm(spec, *, keep_ptx: bool = False):
+    """Compile one kernel for ``spec.arch`` without a GPU (``.__ptx__`` holds the PTX when
+    ``keep_ptx``); refuses, with the reason, a spec the template cannot implement."""
+    return TEMPLATE.compile(spec, keep_ptx=keep_ptx)
+
+
+def _register():
+    from .registry import register_template
+
+    return register_template(Sm100Nvfp4GemmTemplate(), replace=True)
+
+
+TEMPLATE = _register()

@@ -78,6 +78,8 @@ def can_implement_sm100(problem: GemmProblem, config: Sm100Nvfp4GemmConfig) -> S
     st = sm100_config.validate_config(config)
     if not st:
         return st
+    if problem.epilogue == "silu_mul":
+        return Status.fail("silu_mul is not implemented in the sm100 NVFP4 kernel (templates/sm100_nvfp4_gemm.py)")
     if problem.k % W4A4_K_ALIGN:
         return Status.fail(
             f"K={problem.k} is not a multiple of {W4A4_K_ALIGN}: a TMA row of packed FP4 must be a multiple of 16 bytes"

@@ -23,7 +23,7 @@ from nvgemm.templates.status import Status
 
 from . import sm90, sm100
 from .implementable import can_implement
-from .problem import Candidate, GemmProblem, validate_problem
+from .problem import Candidate, GemmProblem, Target, as_gemm_problem, validate_problem
 
 log = logging.getLogger("nvgemm.heuristics")
 
@@ -64,11 +64,18 @@ def problem_status(problem: GemmProblem) -> Status:
 
 
 def candidates(
-    problem: GemmProblem, max_candidates: int = DEFAULT_MAX_CANDIDATES, *, use_nvmmh: bool = True
+    problem, max_candidates: int = DEFAULT_MAX_CANDIDATES, *, use_nvmmh: bool = True, target: Target | None = None
 ) -> list[Candidate]:
-    """Ranked, capped candidate configs for ``problem`` ([] when it cannot be implemented)."""
+    """Ranked, capped candidate configs for ``problem`` ([] when it cannot be implemented).
+
+    ``problem`` is a :class:`GemmProblem` or a ``runtime.backends.LinearProblem`` (its target then
+    comes from ``target`` or the named GPU of its CUDA capability; no capability -> []).
+    """
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+    problem = as_gemm_problem(problem, target)
+    if problem is None:
+        return []
     st = problem_status(problem)
     if not st:
         log.debug("nvgemm_cutedsl: no candidates for %s: %s", problem, st.reason)

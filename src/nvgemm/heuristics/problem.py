@@ -206,6 +206,45 @@ class Candidate:
     def name(self) -> str:
         return self.config.name()
 
+    @property
+    def backend(self) -> str:
+        """The ``nvgemm.runtime.backends`` backend that runs this config."""
+        return BACKEND_OF_CONFIG.get(type(self.config).__name__, "unknown")
+
+
+BACKEND_OF_CONFIG = {"Sm100Nvfp4GemmConfig": "cutedsl_sm100", "Sm90W4A16Config": "cutedsl_sm90"}
+
+# Default named GPU per CUDA capability (used when a problem comes with a capability only).
+GPU_OF_CAPABILITY = {(10, 0): "B200", (10, 3): "B300", (9, 0): "H100"}
+
+
+def as_gemm_problem(obj, target: Target | None = None) -> GemmProblem | None:
+    """A :class:`GemmProblem` from a GemmProblem or a ``nvgemm.runtime.backends.LinearProblem``
+    (duck-typed: ``m, n, k, capability, weight_only, x_dtype, out_dtype, activation``).
+
+    The target is ``target`` if given, else the named GPU of the capability (B200 for (10, 0),
+    B300 for (10, 3), H100 for (9, 0)); None when neither is known (e.g. a CPU problem).
+    """
+    if isinstance(obj, GemmProblem):
+        return obj if target is None else replace(obj, target=target)
+    if target is None:
+        cap = getattr(obj, "capability", None)
+        gpu = GPU_OF_CAPABILITY.get(tuple(cap)) if cap is not None else None
+        if gpu is None:
+            return None
+        target = Target.from_gpu(gpu)
+    weight_only = bool(getattr(obj, "weight_only", False))
+    return GemmProblem(
+        n=int(obj.n),
+        k=int(obj.k),
+        m=int(obj.m),
+        a_format=_norm_dtype(getattr(obj, "x_dtype", "bf16")) if weight_only else "nvfp4",
+        b_format="nvfp4",
+        out_dtype=_norm_dtype(getattr(obj, "out_dtype", "bf16")),
+        epilogue=getattr(obj, "activation", "none") or "none",
+        target=target,
+    )
+
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)

@@ -1,0 +1,164 @@
+"""Host side of the sm100 NVFP4 kernel (nvgemm.runtime.sm100_launch), tested on CPU.
+
+``prepare_sm100_args`` builds the kernel's arguments (activation quantization to swizzled
+scales, swap-AB operand/scale roles and the transposed output view, alpha, split-K buffers);
+``kernel_view_ref`` evaluates the kernel's math on exactly those arguments. Both must agree
+with the emulated op (the reference every kernel is tested against).
+
+Tolerance: both sides decode the same exact operands (E2M1 x e4m3 products are exact in
+fp32) and sum K products in fp32; only the summation order differs (A@B^T vs (B@A^T)^T), a
+difference <= K * 2^-24 * sum|a*b| — far below half an output ulp, so at most a one-ulp flip
+of the final rounding: rtol = one ulp of the output dtype, atol = K*2^-24*max|acc| slack.
+"""
+
+import hashlib
+import itertools
+
+import pytest
+import torch
+
+import nvgemm  # noqa: F401  (registers the ops)
+from nvgemm.epilogues import EpilogueSpec, epilogue_ref
+from nvgemm.formats import quantize_weight, to_blocked
+from nvgemm.ops import nvfp4_linear_emulated
+from nvgemm.runtime.backends import LinearProblem
+from nvgemm.runtime.sm100_launch import (
+    kernel_view_ref,
+    prepare_sm100_args,
+    splitk_workspace_shape,
+    supports,
+)
+from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig
+
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+@pytest.fixture
+def seed(request):
+    s = int(hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8], 16)
+    torch.manual_seed(s)
+    return s
+
+
+def make_call(m, n, k, *, vector_alpha, bias, residual, activation, out_dtype=torch.bfloat16):
+    x = torch.randn(m, k).to(out_dtype)
+    q = quantize_weight(torch.randn(n, k) * 0.1)
+    ws2 = q.global_scale * (torch.linspace(0.5, 2.0, n) if vector_alpha else 1.0)
+    ins = (x.float().abs().max() / 2688).reshape(())
+    b = torch.randn(n).to(out_dtype) if bias else None
+    r = torch.randn(m, n).to(out_dtype) if residual else None
+    return (x, q.packed, to_blocked(q.scale), ws2.float(), ins, b, r, activation, out_dtype)
+
+
+CONFIGS = [
+    Sm100Nvfp4GemmConfig(tile_n=128),
+    Sm100Nvfp4GemmConfig(tile_n=64, split_k=2),
+    Sm100Nvfp4GemmConfig(tile_n=32, swap_ab=True),
+    Sm100Nvfp4GemmConfig(tile_n=8, swap_ab=True, split_k=2),
+    Sm100Nvfp4GemmConfig(tile_m=256, cluster_m=2, tile_n=128),
+]
+EPIS = list(itertools.product([False, True], [False, True], [False, True], ["none", "silu", "gelu_tanh"]))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name())
+@pytest.mark.parametrize("vector_alpha,bias,residual,activation", EPIS)
+def test_prepared_args_match_emulated(cfg, vector_alpha, bias, residual, activation, seed):
+    # ragged: M not a tile multiple, N=80 not a multiple of 64/128, K=288 not a multiple of 256
+    m = 5  # <= every narrow tile_n used with swap-AB here
+    n, k = 80, 288
+    call = make_call(m, n, k, vector_alpha=vector_alpha, bias=bias, residual=residual, activation=activation)
+    args = prepare_sm100_args(*call, cfg)
+    if cfg.swap_ab:
+        assert (args.m, args.n) == (n, m) and args.a.data_ptr() == call[1].data_ptr()
+    else:
+        assert (args.m, args.n) == (m, n) and args.b.data_ptr() == call[1].data_ptr()
+    assert args.kernel_c_view().shape == (args.m, args.n)
+    got = kernel_view_ref(args)
+    want = nvfp4_linear_emulated(*call)
+    assert not torch.isnan(got).any()
+    acc_scale = want.float().abs().max().item() + 1.0
+    torch.testing.assert_close(got.float(), want.float(), rtol=ULP[torch.bfloat16], atol=k * 2.0**-24 * acc_scale * 4)
+
+
+def test_alpha_is_input_scale_times_weight_scale_2(seed):
+    call = make_call(3, 64, 256, vector_alpha=True, bias=False, residual=False, activation="none")
+    args = prepare_sm100_args(*call, Sm100Nvfp4GemmConfig(tile_n=64))
+    assert args.alpha.dtype == torch.float32 and args.alpha.shape == (64,)
+    torch.testing.assert_close(args.alpha, call[4].float() * call[3], rtol=0, atol=0)
+    call = make_call(3, 64, 256, vector_alpha=False, bias=False, residual=False, activation="none")
+    args = prepare_sm100_args(*call, Sm100Nvfp4GemmConfig(tile_n=64))
+    assert args.alpha.shape == (1,) and args.alpha.item() == (call[4] * call[3]).item()
+
+
+def test_swap_ab_swaps_scale_roles(seed):
+    call = make_call(2, 128, 256, vector_alpha=False, bias=False, residual=False, activation="none")
+    plain = prepare_sm100_args(*call, Sm100Nvfp4GemmConfig(tile_n=128))
+    swap = prepare_sm100_args(*call, Sm100Nvfp4GemmConfig(tile_n=8, swap_ab=True))
+    assert torch.equal(plain.sfa.view(torch.uint8), swap.sfb.view(torch.uint8))  # activation scales
+    assert torch.equal(plain.sfb.view(torch.uint8), swap.sfa.view(torch.uint8))  # weight scales
+    assert swap.kernel_c_view().stride() == (1, 128)  # column-major C of the kernel
+
+
+def test_splitk_buffers():
+    cfg = Sm100Nvfp4GemmConfig(tile_n=64, split_k=4, cluster_m=2)
+    ws, tiles = splitk_workspace_shape(130, 100, cfg)
+    assert tiles == 2 * 2  # ceil(130/128)=2 (round to cluster_m 2), ceil(100/64)=2
+    assert ws == tiles * 4 * 64 * 128
+    call = make_call(130, 128, 1024, vector_alpha=False, bias=False, residual=False, activation="none")
+    args = prepare_sm100_args(*call, Sm100Nvfp4GemmConfig(tile_n=64, split_k=4))
+    assert args.counters.dtype == torch.int32 and int(args.counters.abs().sum()) == 0
+    assert args.workspace.numel() >= splitk_workspace_shape(130, 128, args.config)[0]
+
+
+@pytest.mark.parametrize(
+    "mutate,cfg,match",
+    [
+        (lambda c: c.__setitem__(4, None), Sm100Nvfp4GemmConfig(), "needs input_scale"),
+        (lambda c: c.__setitem__(7, "silu_mul"), Sm100Nvfp4GemmConfig(), "silu_mul"),
+        (lambda c: None, Sm100Nvfp4GemmConfig(tile_n=8, swap_ab=True), "narrow tile_n=8"),
+        (lambda c: None, Sm100Nvfp4GemmConfig(split_k=8), "split_k=8 exceeds"),
+        (lambda c: c.__setitem__(5, torch.randn(64)), Sm100Nvfp4GemmConfig(), "bias dtype"),
+    ],
+)
+def test_prepare_rejects_with_reason(mutate, cfg, match, seed):
+    call = list(make_call(16, 64, 512, vector_alpha=False, bias=False, residual=False, activation="none"))
+    mutate(call)
+    with pytest.raises(ValueError, match=match):
+        prepare_sm100_args(*call, cfg)
+
+
+def _lp(device_type, cap, **kw):
+    d = dict(m=4, n=64, k=256, device_type=device_type, capability=cap, weight_only=False, x_dtype=torch.bfloat16,
+             out_dtype=torch.bfloat16, alpha="scalar", bias=False, activation="none", residual=False)
+    d.update(kw)
+    return LinearProblem(**d)
+
+
+def test_backend_only_on_sm100():
+    assert "CUDA" in supports(_lp("cpu", None))
+    assert "sm_100" in supports(_lp("cuda", (9, 0)))
+    assert "sm_100" in supports(_lp("cuda", (12, 0)))
+    assert supports(_lp("cuda", (10, 0))) is None
+    assert supports(_lp("cuda", (10, 3))) is None
+    assert "W4A16" in supports(_lp("cuda", (10, 0), weight_only=True))
+    assert "silu_mul" in supports(_lp("cuda", (10, 0), activation="silu_mul"))
+
+
+def test_cpu_dispatch_never_selects_sm100(seed):
+    from nvgemm.runtime.backends import select_backend
+
+    assert select_backend(_lp("cpu", None)).name == "emulated"
+
+
+@pytest.mark.parametrize("alpha,bias,act,res", list(itertools.product(["none", "scalar", "vector"], [False, True],
+                                                                        ["none", "silu", "gelu_tanh"], [False, True])))
+def test_cute_apply_reference_is_epilogue_ref(alpha, bias, act, res, seed):
+    cute_apply = pytest.importorskip("nvgemm.epilogues.cute_apply")
+    spec = EpilogueSpec(alpha=alpha, bias=bias, activation=act, residual=res)
+    acc = torch.randn(7, 24) * 10
+    a = torch.rand(()) if alpha == "scalar" else torch.rand(24)
+    b = torch.randn(24).to(torch.bfloat16)
+    r = torch.randn(7, 24).to(torch.bfloat16)
+    got = cute_apply.CuteEpilogue(spec).reference(acc, a, b, r)
+    want = epilogue_ref(acc, spec, a if alpha != "none" else None, b, r)
+    assert torch.equal(got, want)

@@ -70,6 +70,10 @@ nvgemm links ``name.o`` + a generated C shim + the DSL wheel's ``libcuda_dialect
 * ``int32_t nvgemm_aot_launch(void **args, int32_t num_args)``: calls the launcher; returns the
   launcher's ``int32`` result (a ``cudaError_t``; 0 = success).
 
+ABI argument names must equal the ``@cute.jit`` parameter names (the build checks names, order and
+C types against the exported header; names are the only guard against two same-typed pointers or
+scalars declared in swapped order).
+
 ``args`` has one slot per ABI argument, in ABI order, plus a final slot pointing at an ``int32_t``
 that receives the result (``num_args = len(abi) + 1``). Slot contents by argument kind:
 
@@ -119,7 +123,24 @@ MAJORS = ("k", "m", "n")
 # template_id -> module that registers it on import (imported only when compiling).
 BUILTIN_TEMPLATE_MODULES: dict[str, str] = {
     "sm100_nvfp4_gemm": "nvgemm.templates.sm100_nvfp4_gemm",
+    "sm90_w4a16_gemv": "nvgemm.templates.sm90_w4a16_gemv",
 }
+
+# Config class name -> template id (a callable of the config when one config type spans templates).
+# The policy yields configs; precompile / the runtime map them to templates through this table.
+CONFIG_TEMPLATE_IDS: dict[str, Any] = {
+    "Sm100Nvfp4GemmConfig": "sm100_nvfp4_gemm",
+    "Sm90W4A16Config": lambda c: f"sm90_w4a16_{c.family}",
+}
+
+
+def template_id_for_config(config: Any) -> str:
+    """The template id that compiles ``config`` (KeyError naming the config type when none does)."""
+    entry = CONFIG_TEMPLATE_IDS.get(type(config).__name__)
+    if entry is None:
+        raise KeyError(f"no kernel template is declared for config type {type(config).__name__}")
+    return entry(config) if callable(entry) else entry
+
 
 COMPILE_LOCK = threading.RLock()
 """Held around every ``cute.compile``: CuTeDSL's AST preprocessor is not thread-safe."""
@@ -475,6 +496,7 @@ __all__ = [
     "ABI_DTYPE_BITS",
     "AbiArg",
     "BUILTIN_TEMPLATE_MODULES",
+    "CONFIG_TEMPLATE_IDS",
     "COMPILE_LOCK",
     "CompileSpec",
     "DEFAULT_HW",
@@ -494,5 +516,6 @@ __all__ = [
     "get_template",
     "register_template",
     "registered_template_ids",
+    "template_id_for_config",
     "unregister_template",
 ]

@@ -1,0 +1,276 @@
+"""ModelOpt-exported tiny Llama / Qwen2 checkpoints load into nvgemm and match an independent reference."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from _reference import ref_linear_fp64
+from safetensors.torch import load_file, save_file
+
+pytest.importorskip("modelopt")
+pytest.importorskip("transformers")
+
+from nvgemm import NVFP4Linear  # noqa: E402
+from nvgemm.formats import Nvfp4Tensor, from_blocked, quantize_weight, to_blocked  # noqa: E402
+from nvgemm.modelopt import CheckpointError, load_modelopt_checkpoint, read_quant_config  # noqa: E402
+from nvgemm.testing import make_tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    return {(kind, algo): make_tiny_checkpoint(root / f"{kind}_{algo}", kind, algo)
+            for kind in ("llama", "qwen2") for algo in ("NVFP4", "W4A16_NVFP4")}
+
+
+class RefLinear(torch.nn.Module):
+    """fp64 dequantize-and-matmul straight from the safetensors tensors (no nvgemm code path)."""
+
+    def __init__(self, sd, prefix):
+        super().__init__()
+        self.q = Nvfp4Tensor(sd[f"{prefix}.weight"], sd[f"{prefix}.weight_scale"], sd[f"{prefix}.weight_scale_2"])
+        self.ws2 = sd[f"{prefix}.weight_scale_2"].float()
+        self.ins = sd.get(f"{prefix}.input_scale")
+        self.bias = sd.get(f"{prefix}.bias")
+
+    def forward(self, x):
+        y, _ = ref_linear_fp64(x, self.q, self.ws2, self.ins, self.bias, None, "none", x.dtype)
+        return y.to(x.dtype)
+
+
+def reference_model(ckpt: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sd = load_file(str(ckpt / "model.safetensors"))
+    config = AutoConfig.from_pretrained(str(ckpt))
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    quantized = set()
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, torch.nn.Linear) and f"{name}.weight_scale" in sd:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, RefLinear(sd, name))
+            quantized.add(name)
+    plain = {k: v for k, v in sd.items() if k.rsplit(".", 1)[0] not in quantized}
+    missing, unexpected = model.load_state_dict(plain, strict=False)
+    assert not unexpected, unexpected
+    return model
+
+
+# Tolerance: both sides compute every quantized linear from the same bytes; nvgemm in fp32 (the
+# emulated op), the reference in fp64, each rounding the layer output to bf16 once. They agree
+# except where the fp32 sum lands on the other side of a bf16 rounding boundary (1 ulp, 2^-8
+# relative); such a flip can move later activation codes and propagates through two layers.
+# Measured max |diff| / max |logit| here is ~0 (most runs bit-identical); the bound allows a few
+# flips: 2% of the logit range, while a wrong scale, code or layout gives O(100%).
+LOGIT_RTOL = 0.02
+
+
+@pytest.mark.parametrize("algo", ["NVFP4", "W4A16_NVFP4"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_logits_match_independent_reference(ckpts, kind, algo):
+    ckpt = ckpts[(kind, algo)]
+    model = load_modelopt_checkpoint(ckpt)
+    n_q = sum(isinstance(m, NVFP4Linear) for m in model.modules())
+    assert n_q == 14  # 2 layers x (q, k, v, o, gate, up, down)
+    assert all(m.weight_only == (algo == "W4A16_NVFP4") for m in model.modules() if isinstance(m, NVFP4Linear))
+    if kind == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    ref = reference_model(ckpt)
+    ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = model(ids).logits.float()
+        want = ref(ids).logits.float()
+    assert torch.isfinite(got).all()
+    diff = (got - want).abs().max().item()
+    assert diff <= LOGIT_RTOL * want.abs().max().item(), diff
+    # the quantized model is a different function from the bf16 one: the check has teeth
+    assert model.model.layers[0].mlp.down_proj.last_path == "emulated"
+
+
+def test_exclude_modules_honoured(ckpts):
+    model = load_modelopt_checkpoint(ckpts[("llama", "NVFP4")])
+    assert type(model.lm_head) is torch.nn.Linear
+    assert model.lm_head.weight.dtype == torch.bfloat16
+
+
+# ----------------------------------------------------------------------- editing checkpoints
+
+
+def _copy(ckpt: Path, tmp: Path) -> Path:
+    dst = tmp / "edited"
+    shutil.copytree(ckpt, dst)
+    return dst
+
+
+def _edit_tensors(ckpt: Path, fn) -> None:
+    sd = load_file(str(ckpt / "model.safetensors"))
+    fn(sd)
+    save_file(sd, str(ckpt / "model.safetensors"))
+
+
+def _edit_json(path: Path, fn) -> None:
+    d = json.loads(path.read_text())
+    fn(d)
+    path.write_text(json.dumps(d))
+
+
+P = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize(
+    "edit,msg",
+    [
+        (lambda sd: sd.pop(f"{P}.weight_scale_2"), f"missing tensor {P}.weight_scale_2"),
+        (lambda sd: sd.pop(f"{P}.input_scale"), f"missing tensor {P}.input_scale"),
+        (lambda sd: sd.update({f"{P}.extra_thing": torch.zeros(1)}), f"unexpected tensor {P}.extra_thing"),
+        (lambda sd: sd.update({f"{P}.weight": sd[f"{P}.weight"][:, :-1].contiguous()}), f"tensor {P}.weight: shape"),
+        (lambda sd: sd.update({f"{P}.weight_scale": sd[f"{P}.weight_scale"].float()}), f"tensor {P}.weight_scale: dtype"),
+        (lambda sd: sd.update({f"{P}.weight_scale": sd[f"{P}.weight_scale"].view(torch.uint8).reshape(-1)[:-3].contiguous()}),
+         "unknown scale format"),
+        (lambda sd: sd.update({f"{P}.weight_scale_2": torch.tensor([1.0, 2.0])}), "expected a scalar"),
+        (lambda sd: sd.update({f"{P}.input_scale": torch.tensor(-1.0)}), "not a positive finite scale"),
+        (lambda sd: sd.pop("model.norm.weight"), "missing tensor model.norm.weight"),
+        (lambda sd: sd.update({"model.norm.weight": torch.zeros(7, dtype=torch.bfloat16)}), "tensor model.norm.weight: shape"),
+    ],
+)
+def test_bad_tensors_named(ckpts, tmp_path, edit, msg):
+    ck = _copy(ckpts[("llama", "NVFP4")], tmp_path)
+    _edit_tensors(ck, edit)
+    with pytest.raises(CheckpointError, match=msg.replace(".", r"\.").replace("(", r"\(")):
+        load_modelopt_checkpoint(ck)
+
+
+def test_weight_only_with_input_scale_is_refused(ckpts, tmp_path):
+    ck = _copy(ckpts[("llama", "W4A16_NVFP4")], tmp_path)
+    _edit_tensors(ck, lambda sd: sd.update({f"{P}.input_scale": torch.tensor(0.01)}))
+    with pytest.raises(CheckpointError, match="weight-only"):
+        load_modelopt_checkpoint(ck)
+
+
+def test_unknown_algo_and_foreign_method(ckpts, tmp_path):
+    ck = _copy(ckpts[("llama", "NVFP4")], tmp_path)
+    _edit_json(ck / "hf_quant_config.json", lambda d: d["quantization"].update(quant_algo="FP8"))
+    with pytest.raises(CheckpointError, match="quant_algo 'FP8' is not NVFP4"):
+        load_modelopt_checkpoint(ck)
+    (ck / "hf_quant_config.json").unlink()
+    _edit_json(ck / "config.json", lambda d: d["quantization_config"].update(quant_method="gptq"))
+    with pytest.raises(CheckpointError, match="quant_method 'gptq'"):
+        read_quant_config(ck)
+
+
+def test_mixed_precision_map(ckpts, tmp_path):
+    """MIXED_PRECISION: per-layer algos; W4A16 layers drop their input_scale, unlisted layers stay bf16."""
+    ck = _copy(ckpts[("llama", "NVFP4")], tmp_path)
+    sd = load_file(str(ck / "model.safetensors"))
+    layers = sorted({k.rsplit(".", 1)[0] for k in sd if k.endswith(".weight_scale")})
+    wo = [l for l in layers if "mlp" in l]
+    plain = "model.layers.1.self_attn.o_proj"
+    # make one layer unquantized: dequantize it into a bf16 weight
+    q = Nvfp4Tensor(sd[f"{plain}.weight"], sd[f"{plain}.weight_scale"], sd[f"{plain}.weight_scale_2"])
+    from nvgemm.formats import dequantize
+
+    sd[f"{plain}.weight"] = dequantize(*q).to(torch.bfloat16)
+    for s in ("weight_scale", "weight_scale_2", "input_scale"):
+        sd.pop(f"{plain}.{s}")
+    for l in wo:
+        sd.pop(f"{l}.input_scale")
+    save_file(sd, str(ck / "model.safetensors"))
+    qmap = {l: {"quant_algo": "W4A16_NVFP4" if l in wo else "NVFP4", "group_size": 16} for l in layers if l != plain}
+    _edit_json(ck / "hf_quant_config.json", lambda d: d["quantization"].update(
+        quant_algo="MIXED_PRECISION", quantized_layers=qmap))
+    model = load_modelopt_checkpoint(ck)
+    mods = dict(model.named_modules())
+    assert type(mods[plain]) is torch.nn.Linear
+    assert all(mods[l].weight_only for l in wo)
+    assert not mods["model.layers.0.self_attn.q_proj"].weight_only
+    ref = reference_model(ck)
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got, want = model(ids).logits.float(), ref(ids).logits.float()
+    assert (got - want).abs().max().item() <= LOGIT_RTOL * want.abs().max().item()
+
+
+def test_compressed_tensors_converted(ckpts, tmp_path):
+    """compressed-tensors nvfp4-pack-quantized: divisor global scales become multipliers."""
+    src = ckpts[("llama", "NVFP4")]
+    ck = _copy(src, tmp_path)
+    (ck / "hf_quant_config.json").unlink()
+    sd = load_file(str(ck / "model.safetensors"))
+    layers = sorted({k.rsplit(".", 1)[0] for k in sd if k.endswith(".weight_scale")})
+    for l in layers:
+        sd[f"{l}.weight_packed"] = sd.pop(f"{l}.weight")
+        sd[f"{l}.weight_global_scale"] = (1.0 / sd.pop(f"{l}.weight_scale_2")).reshape(1)
+        sd[f"{l}.input_global_scale"] = (1.0 / sd.pop(f"{l}.input_scale")).reshape(1)
+    save_file(sd, str(ck / "model.safetensors"))
+    group = {"weights": {"num_bits": 4, "type": "float", "group_size": 16},
+             "input_activations": {"num_bits": 4, "type": "float", "group_size": 16}, "targets": ["Linear"]}
+    _edit_json(ck / "config.json", lambda d: d.update(quantization_config={
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+        "config_groups": {"group_0": group}, "ignore": ["lm_head"]}))
+    model = load_modelopt_checkpoint(ck)
+    orig = load_modelopt_checkpoint(src)
+    a, b = model.model.layers[0].self_attn.q_proj, orig.model.layers[0].self_attn.q_proj
+    assert torch.equal(a.weight, b.weight)
+    # 1/(1/x) in fp32 is within 1 ulp of x
+    torch.testing.assert_close(a.weight_scale_2, b.weight_scale_2, rtol=2.0**-23, atol=0)
+    torch.testing.assert_close(a.input_scale, b.input_scale, rtol=2.0**-23, atol=0)
+    _edit_json(ck / "config.json", lambda d: d["quantization_config"].update(format="pack-quantized"))
+    with pytest.raises(CheckpointError, match="'pack-quantized' is not NVFP4"):
+        load_modelopt_checkpoint(ck)
+
+
+def test_preswizzled_scales_unswizzled_exactly(ckpts, tmp_path):
+    src = ckpts[("qwen2", "NVFP4")]
+    ck = _copy(src, tmp_path)
+    _edit_tensors(ck, lambda sd: sd.update({f"{P}.weight_scale": to_blocked(sd[f"{P}.weight_scale"]).view(torch.uint8)}))
+    a = load_modelopt_checkpoint(ck).model.layers[0].self_attn.q_proj
+    b = load_modelopt_checkpoint(src).model.layers[0].self_attn.q_proj
+    assert torch.equal(a.weight_scale.view(torch.uint8), b.weight_scale.view(torch.uint8))
+
+
+# ----------------------------------------------------------------------- fused shards
+
+
+def _layer(n, k, scale_mult, ins, bias=True):
+    lin = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.mul_(scale_mult)
+    return NVFP4Linear.from_linear(lin, input_scale=ins)
+
+
+@pytest.mark.parametrize("w4a4", [True, False])
+def test_fuse_unequal_global_scales_exact(w4a4, seed):
+    ins = 0.004 if w4a4 else None
+    shards = [_layer(64, 96, m, ins) for m in (1.0, 7.0, 0.3)]
+    ws2 = [float(s.weight_scale_2) for s in shards]
+    assert len(set(ws2)) == 3
+    fused = NVFP4Linear.fuse(shards)
+    assert fused.weight_scale_2.shape == (192,)
+    x = torch.randn(4, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        want = torch.cat([s(x) for s in shards], dim=-1)
+        got = fused(x)
+    # same codes, same scales, same fp32 math per column: bit-identical
+    assert torch.equal(got, want)
+
+
+def test_fuse_equal_scales_stays_scalar_and_unequal_inputs_refused():
+    a = _layer(32, 64, 1.0, 0.01)
+    b = NVFP4Linear.from_tensors(a.weight, from_blocked(a.weight_scale, 32, 4), a.weight_scale_2, a.input_scale, a.bias)
+    assert NVFP4Linear.fuse([a, b]).weight_scale_2.dim() == 0
+    c = _layer(32, 64, 1.0, 0.02)
+    with pytest.raises(ValueError, match="unequal input_scale"):
+        NVFP4Linear.fuse([a, c])
+
+
+def test_from_linear_is_modelopt_recipe(seed):
+    lin = torch.nn.Linear(64, 48, bias=False)
+    mod = NVFP4Linear.from_linear(lin)
+    q = quantize_weight(lin.weight.detach())
+    assert torch.equal(mod.weight, q.packed) and mod.weight_only
+    torch.testing.assert_close(mod.dequantized_weight(), lin.weight.detach(), rtol=0.5, atol=float(lin.weight.abs().max()) / 6)

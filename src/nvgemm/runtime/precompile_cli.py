@@ -1,0 +1,319 @@
+"""``nvgemm precompile``: build every kernel the policy would try, ahead of time, into the kernel cache.
+
+Examples::
+
+    nvgemm precompile --model Llama-3.1-8B --arch sm_100a,sm_90a
+    nvgemm precompile --checkpoint ./Llama-3.1-8B-NVFP4 --arch sm_100a --m-buckets 8,16,32,64,128,256
+    nvgemm precompile --model Qwen3-32B --arch sm_100a --jobs 4 --cache-dir /srv/kernels_cache
+    nvgemm precompile --selftest --arch sm_90a,sm_100a      # toolchain check with a tiny kernel
+    nvgemm precompile --model Mistral-7B --dry-run           # list the kernels, compile nothing
+
+For each arch, layer GEMM (N, K) and M bucket, the candidate policy (``nvgemm.heuristics``) names
+up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.templates.registry.CompileSpec`
+(duplicates across layers/buckets collapse: shapes are dynamic, not part of the key). Specs already
+in the cache are skipped; the rest compile in ``--jobs`` worker processes. No GPU is needed: the
+arch is explicit and SM counts come from ``--gpu`` (default: B200 for sm_100a, H100 for sm_90a).
+
+Exit status: 0 when every kernel is compiled or cached, 3 when some failed (listed with reasons),
+2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
+
+
+def _int_list(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return vals
+
+
+def _pair(s: str) -> tuple[int, int]:
+    v = _int_list(s)
+    if len(v) != 2:
+        raise argparse.ArgumentTypeError(f"expected N,K, got {s!r}")
+    return v[0], v[1]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "precompile",
+        help="compile every kernel candidate for a model ahead of time (no GPU needed)",
+        description="Compile, export and link every kernel the candidate policy would try for a model's "
+        "GEMMs into the kernel cache, so serving never compiles. Re-running on a full cache compiles nothing.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model preset (see `nvgemm plan --help`)")
+    src.add_argument("--checkpoint", type=Path, help="NVFP4 checkpoint directory (safetensors); shapes are read "
+                     "from the tensor headers only")
+    src.add_argument("--shape", action="append", type=_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
+    src.add_argument("--selftest", action="store_true", help="build the tiny AOT selftest kernel (toolchain check)")
+    p.add_argument("--arch", default="sm_100a,sm_90a", help="comma-separated target arches (default sm_100a,sm_90a)")
+    p.add_argument("--gpu", default=None, help="named GPU for SM counts (default per arch: B200 / B300 / H100)")
+    p.add_argument("--sm-count", type=int, default=None, help="override the SM count")
+    p.add_argument("--m-buckets", type=_int_list, default=None, metavar="B1,B2,...",
+                   help="upper bounds of the M buckets (default: the policy's buckets up to --max-m)")
+    p.add_argument("--max-m", type=int, default=256, help="largest token count to serve (default 256)")
+    p.add_argument("--out-dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--max-candidates", type=int, default=8)
+    p.add_argument("--no-nvmmh", action="store_true", help="decode rules only (skip nvMatmulHeuristics)")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(4, CPUs))")
+    p.add_argument("--cache-dir", type=Path, default=None, help="cache root (default NVGEMM_CACHE_DIR or kernels_cache/)")
+    p.add_argument("--template-module", action="append", default=[],
+                   help="extra module that registers kernel templates (imported in every worker)")
+    p.add_argument("--dry-run", action="store_true", help="list the kernels and whether they are cached; compile nothing")
+    p.add_argument("--json", type=Path, default=None, help="also write the summary as JSON to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+# ---- which kernels -------------------------------------------------------------------------
+
+
+def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
+    """(name, N, K) of the NVFP4 linears in a safetensors checkpoint, from the headers only.
+
+    A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``.
+    Identical (N, K) shapes are reported once, named after the first layer that has them.
+    """
+    files = sorted(Path(ckpt).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {ckpt}")
+    tensors: dict[str, dict] = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        tensors.update({k: v for k, v in header.items() if k != "__metadata__"})
+    seen: dict[tuple[int, int], str] = {}
+    for name in sorted(tensors):
+        if not name.endswith(".weight"):
+            continue
+        t = tensors[name]
+        base = name[: -len(".weight")]
+        if t.get("dtype") != "U8" or len(t.get("shape", ())) != 2 or f"{base}.weight_scale" not in tensors:
+            continue
+        nk = (int(t["shape"][0]), int(t["shape"][1]) * 2)
+        short = ".".join(p for p in base.split(".") if not p.isdigit() and p not in ("model", "layers"))
+        seen.setdefault(nk, short)
+    if not seen:
+        raise ValueError(f"no NVFP4 linear weights (uint8 .weight + .weight_scale) found in {ckpt}")
+    return [(name, n, k) for (n, k), name in seen.items()]
+
+
+def _layers(args) -> tuple[str, list[tuple[str, int, int]]]:
+    if args.model:
+        from nvgemm.heuristics.presets import get_preset
+
+        preset = get_preset(args.model)
+        return preset.name, [(lg.name, lg.n, lg.k) for lg in preset.layers]
+    if args.checkpoint:
+        return str(args.checkpoint), checkpoint_shapes(args.checkpoint)
+    return "ad-hoc shapes", [(f"shape{i}", n, k) for i, (n, k) in enumerate(args.shape)]
+
+
+def _buckets(args) -> list[tuple[int, int]]:
+    from nvgemm.heuristics import m_buckets
+
+    if not args.m_buckets:
+        return m_buckets(args.max_m)
+    out, lo = [], 1
+    for hi in sorted(set(args.m_buckets)):
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
+
+
+def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str]]]:
+    """(title, [(label, CompileSpec)], [(label, reason) of problems without candidates])."""
+    from nvgemm.epilogues.spec import EpilogueSpec
+    from nvgemm.heuristics import GemmProblem, Target, candidates, problem_status
+    from nvgemm.runtime.compile_spec import capture_codegen_env
+    from nvgemm.templates.registry import CompileSpec, HardwareSpec, template_id_for_config
+
+    arches = [a.strip() for a in args.arch.split(",") if a.strip()]
+    env = capture_codegen_env()
+    import torch
+
+    epi = EpilogueSpec(alpha="scalar", out_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.out_dtype])
+    specs: dict[object, str] = {}
+    skipped: list[tuple[str, str]] = []
+    if args.selftest:
+        from nvgemm.runtime.aot_selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
+        from nvgemm.templates.registry import DEFAULT_HW
+
+        for arch in arches:
+            for threads in (128, 256):
+                s = CompileSpec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=threads), EpilogueSpec(),
+                                arch, DEFAULT_HW[arch], a_format="bf16", b_format="bf16", codegen_env=env)
+                specs.setdefault(s, f"selftest t{threads} {arch}")
+        return "selftest", list((lbl, s) for s, lbl in specs.items()), skipped
+    title, layers = _layers(args)
+    buckets = _buckets(args)
+    for arch in arches:
+        gpu = args.gpu or ARCH_DEFAULT_GPU.get(arch)
+        if gpu is None:
+            raise ValueError(f"no default GPU for arch {arch}; pass --gpu")
+        target = Target.from_gpu(gpu, args.sm_count)
+        if target.arch != arch:
+            target = Target(arch, target.sm_count, target.gpu)
+        a_format = "bf16" if target.family == "sm90" else "nvfp4"
+        hw = HardwareSpec(sm_count=target.sm_count)
+        for layer, n, k in layers:
+            base = GemmProblem(n=n, k=k, m=1, a_format=a_format, out_dtype=args.out_dtype, target=target)
+            for lo, hi in buckets:
+                prob = base.with_m_range(lo, hi)
+                label = f"{layer} N={n} K={k} M={lo}..{hi} {arch}"
+                st = problem_status(prob)
+                if not st:
+                    skipped.append((label, st.reason))
+                    continue
+                for c in candidates(prob, args.max_candidates, use_nvmmh=not args.no_nvmmh):
+                    s = CompileSpec(
+                        template_id_for_config(c.config), c.config, epi, arch, hw,
+                        a_format=a_format, b_format="nvfp4", codegen_env=env,
+                    )
+                    specs.setdefault(s, label)
+    return title, list((lbl, s) for s, lbl in specs.items()), skipped
+
+
+# ---- workers -------------------------------------------------------------------------------
+
+_WORKER_CACHE = None
+
+
+def _init_worker(root: str, modules: list[str]) -> None:
+    global _WORKER_CACHE
+    import importlib
+
+    for m in modules:
+        importlib.import_module(m)
+    from nvgemm.runtime.cache import KernelCache
+
+    _WORKER_CACHE = KernelCache(root)
+
+
+def _build_one(spec):
+    return _WORKER_CACHE.ensure(spec)
+
+
+def run(args) -> int:
+    from nvgemm.runtime.cache import KernelCache, default_cache_dir
+
+    if args.max_candidates < 1 or (args.jobs is not None and args.jobs < 1) or args.max_m < 1:
+        print("nvgemm precompile: --max-candidates, --jobs and --max-m must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        title, specs, skipped = plan_specs(args)
+    except (KeyError, ValueError) as e:
+        print(f"nvgemm precompile: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    cache = KernelCache(root)
+    t_start = time.perf_counter()
+    results: dict[str, object] = {}
+    todo = []
+    for label, spec in specs:
+        hit = cache.lookup(spec)
+        if hit is not None:
+            results[spec.name()] = ("cached", label, "", 0.0, None)
+        else:
+            todo.append((label, spec))
+    print(f"nvgemm precompile: {title}: {len(specs)} kernels for {args.arch} -> {cache.fp_dir()}"
+          f" ({len(specs) - len(todo)} cached, {len(todo)} to build)", file=sys.stderr)
+    if args.dry_run:
+        for label, spec in specs:
+            state = "cached" if spec.name() in results else "missing"
+            print(f"  {state:7s} {spec.template_id:18s} {spec.name()}  [{label}]")
+        return 0
+    if todo:
+        jobs = args.jobs or int(os.environ.get("NVGEMM_PRECOMPILE_JOBS", 0)) or min(4, os.cpu_count() or 1)
+        jobs = min(jobs, len(todo))
+        bar = None
+        if not args.quiet:
+            try:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(todo), desc="precompile", unit="kernel", file=sys.stderr)
+            except ImportError:
+                bar = None
+        modules = list(args.template_module)
+        if args.selftest:
+            modules.append("nvgemm.runtime.aot_selftest")
+
+        def record(label, spec, r):
+            results[spec.name()] = (r.status, label, r.error, r.seconds, (r.meta or {}).get("timings_s"))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{spec.name()[:48]} {r.status}")
+            elif not args.quiet:
+                print(f"  [{len(results)}/{len(specs)}] {r.status:8s} {spec.name()}", file=sys.stderr)
+
+        if jobs == 1:
+            _init_worker(str(root), modules)
+            for label, spec in todo:
+                record(label, spec, _build_one(spec))
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                     initargs=(str(root), modules)) as ex:
+                futs = {ex.submit(_build_one, spec): (label, spec) for label, spec in todo}
+                for f in as_completed(futs):
+                    label, spec = futs[f]
+                    try:
+                        r = f.result()
+                    except Exception as e:  # a crashed worker: report the kernel as failed
+                        from nvgemm.runtime.cache import CacheResult
+
+                        r = CacheResult("", "failed", error=f"worker crashed: {type(e).__name__}: {e}")
+                    record(label, spec, r)
+        if bar is not None:
+            bar.close()
+    counts = Counter(v[0] for v in results.values())
+    failed = {k: v for k, v in results.items() if v[0] == "failed"}
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for name, v in failed.items():
+        by_reason[v[2].splitlines()[0] if v[2] else "unknown"].append(name)
+    compile_times = sorted(v[4]["compile"] for v in results.values() if v[0] == "compiled" and v[4])
+    wall = time.perf_counter() - t_start
+    print(f"\nnvgemm precompile summary ({title}, {args.arch}, {wall:.1f} s):")
+    print(f"  compiled {counts['compiled']}, cached {counts['cached']}, failed {counts['failed']}")
+    if compile_times:
+        med = compile_times[len(compile_times) // 2]
+        print(f"  compile time per kernel: median {med:.2f} s, max {compile_times[-1]:.2f} s")
+    for reason, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        print(f"  failed x{len(names)}: {reason}")
+        for nm in names[:3]:
+            print(f"      {nm}")
+        if len(names) > 3:
+            print(f"      ... and {len(names) - 3} more")
+    for label, reason in skipped[:5]:
+        print(f"  no candidates for {label}: {reason}")
+    if len(skipped) > 5:
+        print(f"  ... {len(skipped) - 5} more problems without candidates")
+    if args.json:
+        doc = {
+            "title": title, "arch": args.arch, "cache": str(cache.fp_dir()), "wall_s": wall,
+            "counts": dict(counts), "skipped": skipped,
+            "kernels": {k: {"status": v[0], "label": v[1], "error": v[2], "seconds": v[3], "timings_s": v[4]}
+                        for k, v in results.items()},
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    return 3 if failed else 0

@@ -1,0 +1,187 @@
+"""Compile-only tests of the sm_100a NVFP4 kernel (no GPU): it compiles for the core path and
+the decode/split-K/2-CTA/cluster variants, the PTX carries the block-scaled FP4 MMA, PDL's
+griddepcontrol appears exactly when ``pdl`` is on, the alpha load exactly when alpha is
+folded, and configs the predicates reject never reach the compiler.
+
+Fast subset for CI (~2-4 s per kernel on 2 cores); the full sweep over every config the policy
+emits is ``python bench/compile_sweep_sm100.py``.
+"""
+
+import os
+
+# Pin the target before cutlass is imported anywhere in this process (the compile call also
+# passes --gpu-arch explicitly); keep DSL dumps out of the working tree.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
+if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
+
+import functools
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from nvgemm.epilogues import EpilogueSpec  # noqa: E402
+from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
+from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_config import validate_config  # noqa: E402
+
+pytestmark = pytest.mark.compile_only
+
+TID = "sm100_nvfp4_gemm"
+MMA_RE = re.compile(r"tcgen05\.mma\.cta_group::([12])\.kind::mxf4nvf4\.block_scale\.block16")
+SCALAR = EpilogueSpec(alpha="scalar")
+
+
+@functools.lru_cache(maxsize=None)
+def ptx_of(cfg: C, epi: EpilogueSpec = SCALAR) -> str:
+    spec = make_spec(TID, cfg, "sm_100a", epilogue=epi)
+    assert check_spec(spec), check_spec(spec).reason
+    f = get_template(TID).compile(spec, keep_ptx=True)
+    ptx = f.__ptx__
+    assert ptx and ".target sm_100a" in ptx
+    return ptx
+
+
+def count(ptx: str, s: str) -> int:
+    return ptx.count(s)
+
+
+FAST = [
+    C(tile_n=128, pdl=True),
+    C(tile_n=128, pdl=False),
+    C(tile_n=64),
+    C(tile_n=256),
+    C(tile_n=192),
+    C(tile_n=8, swap_ab=True),
+    C(tile_n=32, swap_ab=True, cluster_m=2),
+    C(tile_n=16, swap_ab=True, split_k=4, l2_prefetch=True),
+    C(tile_n=128, split_k=2),
+    C(tile_m=256, tile_n=128, cluster_m=2),
+    C(tile_n=128, cluster_m=2, cluster_n=2),
+]
+
+
+@pytest.mark.parametrize("cfg", FAST, ids=lambda c: c.name())
+def test_compiles_with_block_scaled_fp4_mma(cfg):
+    ptx = ptx_of(cfg)
+    ctas = {m.group(1) for m in MMA_RE.finditer(ptx)}
+    assert ctas == {"2" if cfg.use_2cta else "1"}, ctas
+    # scale factors go smem -> TMEM with tcgen05.cp, accumulators come back with tcgen05.ld
+    assert "tcgen05.cp." in ptx and "tcgen05.ld." in ptx
+    assert "cp.async.bulk.tensor" in ptx  # TMA loads
+    n_wait, n_launch = count(ptx, "griddepcontrol.wait"), count(ptx, "griddepcontrol.launch_dependents")
+    if cfg.pdl:
+        # TMA warp (activations) + epilogue warps (alpha/bias/residual/workspace); every role
+        # releases the dependents once its part of the main loop is done.
+        assert n_wait == 2 and n_launch == 3, (n_wait, n_launch)
+    else:
+        assert n_wait == 0 and n_launch == 0, (n_wait, n_launch)
+    prefetch = count(ptx, "cp.async.bulk.prefetch.tensor")
+    if not cfg.pdl and not cfg.l2_prefetch:
+        assert prefetch == 0
+    if cfg.l2_prefetch:
+        assert prefetch >= 4  # A, B, SFA, SFB one stage ahead
+    if cfg.cluster_m * cfg.cluster_n > 1:
+        assert ".multicast::cluster" in ptx
+
+
+def test_pdl_wait_precedes_activation_loads_and_follows_weight_prefetch():
+    ptx = ptx_of(C(tile_n=128, pdl=True))
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("cp.async.bulk.prefetch.tensor") < wait < ptx.index("cp.async.bulk.tensor")
+
+
+def _global_loads(ptx: str) -> int:
+    return len(re.findall(r"\bld\.global(\.\w+)*\.(b32|f32)\b", ptx))
+
+
+def test_alpha_load_only_when_folded():
+    cfg = C(tile_n=64)
+    none = ptx_of(cfg, EpilogueSpec(alpha="none"))
+    scalar = ptx_of(cfg, EpilogueSpec(alpha="scalar"))
+    assert _global_loads(none) == 0
+    assert _global_loads(scalar) == 1  # alpha[0], once per CTA (outside the tile loop)
+    vector = ptx_of(cfg, EpilogueSpec(alpha="vector"))
+    assert _global_loads(vector) >= 32  # alpha[feature] per stored element of a sub-tile
+
+
+def test_full_epilogue_swap_ab_fp16():
+    epi = EpilogueSpec(alpha="vector", bias=True, activation="gelu_tanh", residual=True, out_dtype=torch.float16)
+    ptx = ptx_of(C(tile_n=16, swap_ab=True), epi)
+    assert MMA_RE.search(ptx)
+    assert "tanh" in ptx or "ex2" in ptx  # the GELU-tanh transcendental
+
+
+def test_silu_epilogue():
+    ptx = ptx_of(C(tile_n=128, pdl=False), EpilogueSpec(alpha="scalar", bias=True, activation="silu"))
+    assert "ex2" in ptx  # exp(-y) of SiLU
+
+
+def test_splitk_has_deterministic_reduction_machinery():
+    ptx = ptx_of(C(tile_n=128, split_k=2))
+    # one acq_rel atomic per (tile, split) on the per-tile counter (PTX's default scope is .gpu)
+    assert re.search(r"atom(\.global)?\.acq_rel(\.gpu)?\.add\.[us]32", ptx)
+    assert count(ptx, "fence.acq_rel.gpu") >= 2  # publish partials / acquire before reducing
+    assert _global_loads(ptx) >= 1 + 2 * 32  # alpha + S=2 partials per element of a sub-tile
+
+
+def _policy_configs(max_configs: int):
+    heur = pytest.importorskip("nvgemm.heuristics")
+    from nvgemm.heuristics.problem import GemmProblem, Target
+
+    seen = []
+    for m, n, k in ((1, 4096, 4096), (16, 6144, 4096), (128, 4096, 14336)):
+        prob = GemmProblem(n=n, k=k, m=m, target=Target.from_gpu("B200"))
+        for cand in heur.candidates(prob, use_nvmmh=False):
+            if cand.config not in seen:
+                seen.append(cand.config)
+    return seen[:max_configs]
+
+
+def test_policy_emitted_configs_compile():
+    """A few of the policy's candidates (the full list: bench/compile_sweep_sm100.py)."""
+    cfgs = _policy_configs(4)
+    assert cfgs
+    for cfg in cfgs:
+        assert MMA_RE.search(ptx_of(cfg))
+
+
+def test_invalid_config_gets_reason_and_never_compiles(monkeypatch):
+    import cutlass.cute as cute
+
+    def boom(*a, **k):
+        raise AssertionError("an invalid config reached cute.compile")
+
+    monkeypatch.setattr(cute, "compile", boom)
+    bad = [
+        (C(tile_n=24), "tile_n=24"),
+        (C(tile_m=256, cluster_m=1), "even cluster_m"),
+        (C(tile_n=16, tile_m=256, cluster_m=2), "narrow tile_n"),
+        (C(split_k=3), "split_k=3"),
+    ]
+    for cfg, why in bad:
+        st = validate_config(cfg)
+        assert not st and why in st.reason, st
+        spec = make_spec(TID, cfg, "sm_100a", epilogue=SCALAR)
+        st = check_spec(spec)
+        assert not st and why in st.reason
+        with pytest.raises(ValueError, match=re.escape(why)):
+            get_template(TID).compile(spec)
+    # epilogue the kernel does not implement: refused with a reason, before compiling
+    spec = make_spec(TID, C(), "sm_100a", epilogue=EpilogueSpec(activation="silu_mul"))
+    assert "silu_mul" in check_spec(spec).reason
+    with pytest.raises(ValueError, match="silu_mul"):
+        get_template(TID).compile(spec)
+    # and the problem-level predicate refuses problem/config mismatches with a reason
+    from nvgemm.heuristics import can_implement
+    from nvgemm.heuristics.problem import GemmProblem, Target
+
+    prob = GemmProblem(n=4096, k=4096, m=64, target=Target.from_gpu("B200"))
+    st = can_implement(prob, C(tile_n=8, swap_ab=True))
+    assert not st and "narrow tile_n=8" in st.reason

@@ -133,12 +133,14 @@ def test_split_k_when_sms_idle():
 
 
 def test_choose_split_k_by_hand():
-    # ctas, K, sm -> expected (wave efficiency worked out by hand)
-    assert choose_split_k(32, 4096, 256, 148) == 4  # s=4: 128/148=.86; s=8: 256/296=.86 (tie -> 4)
-    assert choose_split_k(48, 4096, 256, 148) == 8  # s=2,4: .65; s=8: 384/444=.86
+    # cost = waves * (K tiles per slice + 1), worked out by hand; K tiles of 256
+    assert choose_split_k(32, 4096, 256, 148) == 4  # 16 tiles: s1 17, s2 9, s4 5, s8 2*3=6
+    assert choose_split_k(48, 4096, 256, 148) == 2  # s2 9, s4 2*5=10, s8 3*3=9 (tie -> 2)
+    assert choose_split_k(64, 8192, 256, 148) == 2  # 32 tiles: s2 17, s4 2*9=18, s8 4*5=20, s16 7*3=21
     assert choose_split_k(100, 4096, 256, 148) == 1  # 100*2 > 148: SMs are not mostly idle
     assert choose_split_k(32, 512, 256, 148) == 1  # 2 K tiles: a split would leave < 2 tiles per slice
-    assert choose_split_k(32, 3072, 256, 148) == 4  # 12 K tiles: s=2 (.43), s=4 (.86); 8 does not divide 12
+    assert choose_split_k(32, 3072, 256, 148) == 4  # 12 tiles: s2 7, s4 4; 8 does not divide 12
+    assert choose_split_k(8, 28672, 256, 132) == 16  # 112 tiles: s2 57, s4 29, s8 15, s16 8
 
 
 def test_bands_cover_256_to_1024():
@@ -283,7 +285,14 @@ def test_can_implement_rules_by_hand():
     assert "unknown config type" in can_implement(p, object()).reason
     assert "problem must be a GemmProblem" in can_implement(None, C()).reason
     hp = GemmProblem(n=4096, k=4096, m=64, a_format="bf16", target=H100)
-    assert "gemv family serves M <= 32" in can_implement(hp, Sm90W4A16Config()).reason
+    assert can_implement(hp, Sm90W4A16Config())  # gemv serves M > tile_m with more grid rows
+    assert "exceeds the 128 16-byte K vectors" in can_implement(hp, Sm90W4A16Config(split_k=129)).reason
+    assert can_implement(hp, Sm90W4A16Config(split_k=128))
+    gated = GemmProblem(n=4096, k=4096, m=1, a_format="bf16", epilogue="silu_mul", target=H100)
+    assert can_implement(gated, Sm90W4A16Config(tile_n=8))  # gated gemv pairs rows n and n+N/2 per CTA
+    assert "tile_m" in can_implement(hp, Sm90W4A16Config(family="wgmma", tile_m=32, tile_k=64, stages=2)).reason
+    assert "K=4100" in can_implement(GemmProblem(n=4096, k=4100, m=1, a_format="bf16", target=H100),
+                                     Sm90W4A16Config()).reason
     # the target argument overrides the problem's
     assert "sm_90a" in can_implement(p, C(), target=H100).reason
 

@@ -32,10 +32,6 @@ W4A16_K_ALIGN = 32
 NARROW_TILE_N = 64
 # swap-AB (W·Xᵀ into the transposed output) is nvgemm's decode layout: token count <= 256.
 SWAP_AB_MAX_M = 256
-# The sm90 GEMV family is the small-M bandwidth kernel.
-SM90_GEMV_MAX_M = 32
-SM90_GEMV_TILE_M = (1, 2, 4, 8, 16, 32)
-SM90_WGMMA_TILE_M = (64, 128)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -120,25 +116,19 @@ def can_implement_sm90(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
         return Status.fail(
             f"K={problem.k} is not a multiple of {W4A16_K_ALIGN}: packed-FP4 weight rows are loaded in 16-byte units"
         )
+    if config.family == "gemv":
+        # tile shapes, warps, stages and pdl are checked by sm90_config.validate_config; the kernel
+        # serves any M (M > tile_m adds grid rows), ragged K splits (in 16-byte vectors) and any N
+        # (element-wise predicated stores, no TMA).
+        if problem.epilogue == "silu_mul" and config.tile_n % 2:
+            return Status.fail(f"silu_mul needs an even gemv tile_n, got {config.tile_n}")
+        vectors = problem.k // 32
+        if config.split_k > vectors:
+            return Status.fail(f"split_k={config.split_k} exceeds the {vectors} 16-byte K vectors per row (K={problem.k})")
+        return Status.success()
     st = _out_alignment(problem)
     if not st:
         return st
-    if config.family == "gemv":
-        if problem.m_hi > SM90_GEMV_MAX_M:
-            return Status.fail(f"gemv family serves M <= {SM90_GEMV_MAX_M}; M upper bound is {problem.m_hi}")
-        if config.tile_m not in SM90_GEMV_TILE_M:
-            return Status.fail(f"gemv tile_m={config.tile_m} not in {SM90_GEMV_TILE_M}")
-        if config.tile_n % 8 or not 8 <= config.tile_n <= 256:
-            return Status.fail(f"gemv tile_n={config.tile_n} must be a multiple of 8 in [8, 256]")
-    else:
-        if config.tile_m not in SM90_WGMMA_TILE_M:
-            return Status.fail(f"wgmma tile_m={config.tile_m} not in {SM90_WGMMA_TILE_M}")
-        if config.tile_n % 16 or not 16 <= config.tile_n <= 256:
-            return Status.fail(f"wgmma tile_n={config.tile_n} must be a multiple of 16 in [16, 256]")
-        if config.num_warps not in (4, 8, 12):
-            return Status.fail(f"wgmma num_warps={config.num_warps} must be whole warpgroups (4, 8 or 12)")
-        if config.stages < 2:
-            return Status.fail(f"wgmma stages={config.stages} must be >= 2")
     return _split_k_ok(problem.k, config.tile_k, config.split_k)
 
 

@@ -55,11 +55,7 @@ def problem_status(problem: GemmProblem) -> Status:
             f"no nvgemm kernel family for {problem.kind} on {problem.target.arch} ({problem.kind} needs {want})"
         )
     # The family's most permissive config carries every problem-only rule (K and N alignment).
-    probe = Sm100Nvfp4GemmConfig() if fam == "sm100" else Sm90W4A16Config(
-        family="wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=4
-    )
-    if fam == "sm90" and problem.m_hi <= 32:
-        probe = Sm90W4A16Config()
+    probe = Sm100Nvfp4GemmConfig() if fam == "sm100" else Sm90W4A16Config()
     return can_implement(problem, probe)
 
 

@@ -255,21 +255,23 @@ MIN_K_TILES_PER_SLICE = 2
 
 
 def choose_split_k(ctas: int, k: int, tile_k: int, sm_count: int, allowed=SPLIT_K_CHOICES) -> int:
-    """Split-K factor that fills the GPU when ``ctas`` output tiles leave most SMs idle, else 1.
+    """Split-K factor for an output of ``ctas`` tiles when they would leave most SMs idle, else 1.
 
-    "Most SMs idle" means ctas * 2 <= sm_count. Among factors that split the K tiles into equal
-    whole-tile slices of at least MIN_K_TILES_PER_SLICE tiles, pick the best wave efficiency
-    (ctas*s / (waves*sm_count), rounded to 2 digits); ties go to the smaller factor (less reduction).
+    "Most SMs idle" means ctas * 2 <= sm_count. Candidates are the factors that split the
+    ceil(K/tile_k) K tiles into equal whole-tile slices of at least MIN_K_TILES_PER_SLICE tiles.
+    Cost model (persistent kernel, one work unit per CTA slot): waves * (K tiles per slice + 1),
+    where waves = ceil(ctas * s / sm_count) and the +1 charges each work unit one K-tile
+    equivalent for pipeline fill/drain, the fp32 partial store and the reduction. The cheapest
+    factor wins; ties go to the smaller factor.
     """
     if ctas * 2 > sm_count:
         return 1
     k_tiles = ceil_div(k, tile_k)
-    best = (round(ctas / (ceil_div(ctas, sm_count) * sm_count), 2), 1)
+    best_cost, best_s = ceil_div(ctas, sm_count) * (k_tiles + 1), 1
     for s in allowed:
         if k_tiles % s or k_tiles // s < MIN_K_TILES_PER_SLICE:
             continue
-        total = ctas * s
-        eff = round(total / (ceil_div(total, sm_count) * sm_count), 2)
-        if eff > best[0]:
-            best = (eff, s)
-    return best[1]
+        cost = ceil_div(ctas * s, sm_count) * (k_tiles // s + 1)
+        if cost < best_cost:
+            best_cost, best_s = cost, s
+    return best_s

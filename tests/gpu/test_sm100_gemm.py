@@ -1,0 +1,167 @@
+"""sm_100a NVFP4 kernel vs the emulated op, on a Blackwell (sm_100-family) GPU.
+
+NOT RUN YET: no Blackwell GPU was available when this was written; these tests are skipped
+elsewhere (markers ``gpu`` + ``sm100``) and are ready to run on a B200/GB200/B300.
+
+Every test draws fresh random inputs (seeded from the test id), poisons the output with NaN
+before the launch (so an unwritten element fails), and compares against
+``nvgemm.ops.nvfp4_linear_emulated`` on the same device.
+
+Tolerance (element-wise): the kernel and the reference multiply the same exact operands
+(E2M1 x e4m3 products are exact in fp32) and differ only in the fp32 summation order of the
+MMA, bounded by ``4 * K * 2^-24 * |alpha| * sum_k |a*b|`` (4x slack for the tensor core's
+internal accumulation order), propagated through the epilogue (SiLU/GELU have slope <= 1.13,
+so x1.2), plus one ulp of the output dtype for the final rounding and 8 fp32 ulps for
+exp/tanh.
+"""
+
+import functools
+import itertools
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
+
+from nvgemm.epilogues import EpilogueSpec  # noqa: E402
+from nvgemm.formats import dequantize, from_blocked, quantize_weight, to_blocked  # noqa: E402
+from nvgemm.ops import nvfp4_linear_emulated  # noqa: E402
+from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+
+ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def _arch():
+    major, minor = torch.cuda.get_device_capability()
+    return {0: "sm_100a", 3: "sm_103a"}.get(minor, "sm_100f")
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(cfg: C, epi: EpilogueSpec):
+    """In-process JIT (the AOT cache path is covered by test_through_op_and_cache)."""
+    from nvgemm.runtime.sm100_launch import compile_spec_for
+    from nvgemm.templates.registry import get_template
+
+    props = torch.cuda.get_device_properties(0)
+    spec = compile_spec_for(cfg, epi, _arch(), props.multi_processor_count)
+    return get_template("sm100_nvfp4_gemm").compile(spec)
+
+
+def run_kernel(args):
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass.cute.runtime import make_ptr
+
+    import cutlass.cute as cute
+
+    k = compiled(args.config, args.spec)
+    g = cute.AddressSpace.gmem
+    odt = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[args.spec.out_dtype]
+
+    def p(t, dt, al):
+        return make_ptr(dt, t.data_ptr() if t is not None else 0, g, assumed_align=al)
+
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    k(p(args.a, cutlass.Float4E2M1FN, 16), p(args.b, cutlass.Float4E2M1FN, 16),
+      p(args.sfa, cutlass.Float8E4M3FN, 16), p(args.sfb, cutlass.Float8E4M3FN, 16),
+      p(args.out, odt, 2), p(args.alpha, cutlass.Float32, 4), p(args.bias, odt, 2),
+      p(args.residual, odt, 2), p(args.workspace, cutlass.Float32, 16), p(args.counters, cutlass.Int32, 4),
+      cutlass.Int32(args.m), cutlass.Int32(args.n), cutlass.Int32(args.k), stream)
+    torch.cuda.synchronize()
+    return args.out
+
+
+def make_call(m, n, k, *, vector_alpha, bias, residual, activation, out_dtype):
+    dev = "cuda"
+    x = (torch.randn(m, k, device=dev) * 2).to(out_dtype)
+    q = quantize_weight(torch.randn(n, k, device=dev) * 0.1)
+    ws2 = q.global_scale * (torch.linspace(0.5, 2.0, n, device=dev) if vector_alpha else 1.0)
+    ins = (x.float().abs().max() / 2688).reshape(())
+    b = torch.randn(n, device=dev).to(out_dtype) if bias else None
+    r = torch.randn(m, n, device=dev).to(out_dtype) if residual else None
+    return (x, q.packed, to_blocked(q.scale), ws2.float(), ins, b, r, activation, out_dtype)
+
+
+def check(cfg, m, n, k, *, vector_alpha=False, bias=False, residual=False, activation="none",
+          out_dtype=torch.bfloat16):
+    from nvgemm.runtime.sm100_launch import prepare_sm100_args
+
+    call = make_call(m, n, k, vector_alpha=vector_alpha, bias=bias, residual=residual, activation=activation,
+                     out_dtype=out_dtype)
+    args = prepare_sm100_args(*call, cfg)
+    args.out.fill_(float("nan"))  # poison
+    got = run_kernel(args)
+    want = nvfp4_linear_emulated(*call)
+    assert not torch.isnan(got).any(), "kernel left output elements unwritten"
+    kb = k // 16
+    A = dequantize(args.a, from_blocked(args.sfa, args.m, kb)).abs()
+    B = dequantize(args.b, from_blocked(args.sfb, args.n, kb)).abs()
+    sumabs = A @ B.t()
+    if cfg.swap_ab:
+        sumabs = sumabs.t()
+    alpha = (call[4] * call[3]).abs().reshape(1, -1) if vector_alpha else (call[4] * call[3]).abs()
+    bound = 1.2 * 4 * k * 2.0**-24 * alpha * sumabs + ULP[out_dtype] * want.float().abs() + 2.0**-20
+    err = (got.float() - want.float()).abs()
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"max excess error {worst:.3g} over the bound ({cfg.name()}, m={m} n={n} k={k})"
+    return got, args
+
+
+CORE = [C(tile_n=t, pdl=p) for t in (64, 128, 192, 256) for p in (True, False)]
+DECODE = [C(tile_n=t, swap_ab=True) for t in (8, 16, 32)] + [C(tile_n=32, swap_ab=True, cluster_m=2),
+                                                             C(tile_n=8, swap_ab=True, l2_prefetch=True)]
+SPLITK = [C(tile_n=128, split_k=2), C(tile_n=64, split_k=4), C(tile_n=16, swap_ab=True, split_k=4)]
+BIG = [C(tile_m=256, tile_n=128, cluster_m=2), C(tile_m=256, tile_n=256, cluster_m=2),
+       C(tile_n=128, cluster_m=2, cluster_n=2), C(tile_n=128, cluster_m=4)]
+
+
+@pytest.mark.parametrize("cfg", CORE, ids=lambda c: c.name())
+@pytest.mark.parametrize("mnk", [(1, 256, 512), (200, 640, 1024), (37, 200, 288)], ids=lambda t: "m%d-n%d-k%d" % t)
+def test_core(cfg, mnk, seed):
+    check(cfg, *mnk)
+
+
+@pytest.mark.parametrize("cfg", DECODE, ids=lambda c: c.name())
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("nk", [(4096, 4096), (200, 288)], ids=lambda t: "n%d-k%d" % t)  # ragged N and K tails
+def test_swap_ab_decode(cfg, m, nk, seed):
+    check(cfg, m, *nk)
+
+
+@pytest.mark.parametrize("cfg", SPLITK, ids=lambda c: c.name())
+def test_split_k_correct_and_deterministic(cfg, seed):
+    m = 5 if cfg.swap_ab else 64
+    got, args = check(cfg, m, 512, 4096)
+    assert int(args.counters.abs().sum()) == 0, "split-K counters must be left at zero"
+    first = got.clone()
+    args.out.fill_(float("nan"))
+    again = run_kernel(args)
+    assert torch.equal(first.view(torch.int16), again.view(torch.int16)), "split-K result is not bitwise reproducible"
+
+
+@pytest.mark.parametrize("cfg", BIG, ids=lambda c: c.name())
+def test_2cta_and_clusters(cfg, seed):
+    check(cfg, 300, 1024, 2048)
+
+
+EPI = list(itertools.product([False, True], [False, True], ["none", "silu", "gelu_tanh"], [False, True],
+                             [torch.bfloat16, torch.float16]))
+
+
+@pytest.mark.parametrize("vector_alpha,bias,activation,residual,out_dtype", EPI)
+@pytest.mark.parametrize("cfg", [C(tile_n=128), C(tile_n=16, swap_ab=True)], ids=lambda c: c.name())
+def test_epilogue_combinations(cfg, vector_alpha, bias, activation, residual, out_dtype, seed):
+    m = 9 if cfg.swap_ab else 130
+    check(cfg, m, 384, 512, vector_alpha=vector_alpha, bias=bias, residual=residual, activation=activation,
+          out_dtype=out_dtype)
+
+
+def test_through_op_and_cache(monkeypatch, tmp_path, seed):
+    """torch.ops.nvgemm.nvfp4_linear dispatches to cutedsl_sm100 (AOT kernel cache) on sm_100."""
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NVGEMM_BACKEND", "cutedsl_sm100")
+    call = make_call(4, 1024, 1024, vector_alpha=False, bias=True, residual=True, activation="silu",
+                     out_dtype=torch.bfloat16)
+    got = torch.ops.nvgemm.nvfp4_linear(*call)
+    want = nvfp4_linear_emulated(*call)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 * ULP[torch.bfloat16], atol=1e-2)

@@ -1,9 +1,24 @@
 """Config space of the sm_90a NVFP4 weight-only (W4A16) kernels; pure Python, no cutlass.
 
 Two families (see the Hopper templates):
-  "gemv"   small M (1..32): bandwidth kernel, split-K, 16-byte weight loads, in-register
-           FP4 -> bf16 decode.
-  "wgmma"  larger M: dequantize weight tiles to bf16 in shared memory, WGMMA.
+
+``"gemv"`` (``sm90_w4a16_gemv.py``) small M (1..32): bandwidth kernel, split-K, 16-byte weight
+loads, in-register FP4 -> fp32 decode. Field meanings for this family:
+
+    tile_m     activation rows per CTA (1, 2, 4, 8, 16, 32); M > tile_m adds grid rows that
+               re-read the weights (served by L2 when they fit)
+    tile_n     weight rows (GEMM output columns) per CTA, a multiple of 8 in [8, 128]; a CTA
+               walks them in register passes of ``max(1, 8 // tile_m)`` rows
+    tile_k     K elements the CTA streams per main-loop step = 32 (a 16-byte vector) x
+               threads x vectors-per-thread (1, 2 or 4): 4096 / 8192 / 16384 for 4 warps
+    split_k    CTAs along K (partials in an fp32 workspace, fixed-order reduction kernel)
+    num_warps  1, 2, 4 or 8 warps per CTA, all splitting K
+    stages     1 (the step's loads are all issued before the first use; no smem pipeline)
+    pdl        must be False (programmatic dependent launch is not implemented)
+
+``"wgmma"`` larger M: dequantize weight tiles to bf16 in shared memory, WGMMA. Not implemented
+yet: :func:`validate_config` accepts its shape space so the policy can describe it, and the
+runtime never selects it (no template is registered under ``sm90_w4a16_wgmma``).
 """
 
 from __future__ import annotations
@@ -15,17 +30,23 @@ from .status import Status
 SM90_FAMILIES = ("gemv", "wgmma")
 SM90_ARCHS = ("sm_90a",)
 
+GEMV_TILE_M = (1, 2, 4, 8, 16, 32)
+GEMV_WARPS = (1, 2, 4, 8)
+GEMV_MAX_VEC_PER_THREAD = 4
+#: Elements one thread streams per 16-byte weight load.
+GEMV_VEC_ELEMS = 32
+
 
 @dataclass(frozen=True)
 class Sm90W4A16Config:
     family: str = "gemv"
-    tile_m: int = 8  # gemv: activation rows per CTA; wgmma: 64 | 128
-    tile_n: int = 64  # output columns (weight rows) per CTA
-    tile_k: int = 256  # logical K elements per main-loop step
+    tile_m: int = 1  # gemv: activation rows per CTA; wgmma: 64 | 128
+    tile_n: int = 8  # output columns (weight rows) per CTA
+    tile_k: int = 4096  # gemv: K elements per CTA main-loop step (32 * threads * vectors per thread)
     split_k: int = 1
     num_warps: int = 4
-    stages: int = 2
-    pdl: bool = True
+    stages: int = 1
+    pdl: bool = False
 
     def name(self) -> str:
         s = (
@@ -38,14 +59,73 @@ class Sm90W4A16Config:
             s += "_pdl"
         return s
 
+    @property
+    def threads(self) -> int:
+        return 32 * self.num_warps
+
+    @property
+    def vec_per_thread(self) -> int:
+        """gemv: 16-byte weight vectors per thread per row per main-loop step."""
+        return self.tile_k // (GEMV_VEC_ELEMS * self.threads)
+
+
+def gemv_passes(c: Sm90W4A16Config) -> tuple[int, int]:
+    """(weight rows, activation rows) of one register pass of the gemv kernel."""
+    rp = max(1, 8 // c.tile_m)
+    while rp > 1 and c.tile_n % rp:
+        rp //= 2
+    return rp, min(c.tile_m, 4)
+
+
+def _validate_gemv(c: Sm90W4A16Config) -> Status:
+    if c.tile_m not in GEMV_TILE_M:
+        return Status.fail(f"gemv tile_m={c.tile_m} not in {GEMV_TILE_M}")
+    if c.tile_n % 8 or not 8 <= c.tile_n <= 128:
+        return Status.fail(f"gemv tile_n={c.tile_n} must be a multiple of 8 in [8, 128]")
+    if c.tile_n * c.tile_m > 1024:
+        return Status.fail(f"gemv tile_n*tile_m={c.tile_n * c.tile_m} > 1024 (shared-memory totals)")
+    if c.num_warps not in GEMV_WARPS:
+        return Status.fail(f"gemv num_warps={c.num_warps} not in {GEMV_WARPS}")
+    step = GEMV_VEC_ELEMS * c.threads
+    if c.tile_k % step or not 1 <= c.tile_k // step <= GEMV_MAX_VEC_PER_THREAD:
+        return Status.fail(
+            f"gemv tile_k={c.tile_k} must be 32*threads*v = {step}*v with v in 1..{GEMV_MAX_VEC_PER_THREAD} "
+            f"(one 16-byte weight vector = 32 elements per thread per load)"
+        )
+    rp, mp = gemv_passes(c)
+    if c.vec_per_thread * (4 * rp + 16 * mp) > 96:
+        return Status.fail(
+            f"gemv tile_k={c.tile_k} with tile_m={c.tile_m}: {c.vec_per_thread} vectors x ({rp} weight rows + "
+            f"{mp} activation rows) per pass need too many registers"
+        )
+    if c.stages != 1:
+        return Status.fail(f"gemv stages={c.stages}: the gemv kernel has no shared-memory pipeline (use 1)")
+    if c.pdl:
+        return Status.fail("gemv pdl=True: programmatic dependent launch is not implemented")
+    return Status.success()
+
+
+def _validate_wgmma(c: Sm90W4A16Config) -> Status:
+    if c.tile_m not in (64, 128):
+        return Status.fail(f"wgmma tile_m={c.tile_m} not in (64, 128)")
+    if c.tile_n % 16 or not 16 <= c.tile_n <= 256:
+        return Status.fail(f"wgmma tile_n={c.tile_n} must be a multiple of 16 in [16, 256]")
+    if c.num_warps not in (4, 8, 12):
+        return Status.fail(f"wgmma num_warps={c.num_warps} must be whole warpgroups (4, 8 or 12)")
+    if c.tile_k % 64:
+        return Status.fail(f"wgmma tile_k={c.tile_k} must be a multiple of 64")
+    if c.stages < 2:
+        return Status.fail(f"wgmma stages={c.stages} must be >= 2")
+    return Status.success()
+
 
 def validate_config(c: Sm90W4A16Config) -> Status:
     if c.family not in SM90_FAMILIES:
         return Status.fail(f"family={c.family!r} not in {SM90_FAMILIES}")
     if c.split_k < 1:
         return Status.fail(f"split_k={c.split_k} must be >= 1")
-    if c.num_warps not in (1, 2, 4, 8, 12):
-        return Status.fail(f"num_warps={c.num_warps} unsupported")
     if c.tile_k % 32:
         return Status.fail(f"tile_k={c.tile_k} must be a multiple of 32 (16-byte packed-FP4 loads)")
-    return Status.success()
+    if c.family == "gemv":
+        return _validate_gemv(c)
+    return _validate_wgmma(c)

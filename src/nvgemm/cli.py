@@ -15,6 +15,8 @@ import sys
 COMMANDS: list[tuple[str, str]] = [
     ("demo", "nvgemm.demo"),
     ("plan", "nvgemm.heuristics.plan_cli"),
+    ("precompile", "nvgemm.runtime.precompile_cli"),
+    ("bench", "nvgemm.bench_cli"),
 ]
 
 

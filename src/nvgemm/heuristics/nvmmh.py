@@ -10,10 +10,11 @@ space** for a W4A4 problem, with a runtime estimate.
   modelled reduction and skews split-K and runtime estimates.
 * Layout ``TN_ROW_MAJOR``: both operands K-major, in either orientation (swap-AB computes
   W[N,K] · X[M,K]ᵀ, again two K-major operands).
-* The library's CUTLASS3 model reports per-CTA tiles. A validity callback restricts it to
-  per-CTA tiles nvgemm implements (128 rows per CTA; nvgemm's tile_n and cluster sets). Split-K
-  is NOT restricted there: the library fixes one split-K per tile and rejecting it drops the
-  tile (it then returns nothing for e.g. M=6144); :mod:`nvgemm.heuristics.sm100` snaps an
+* The library's CUTLASS3 model reports per-CTA tiles. The backend property
+  CTA_TILE_M_DIV_REQUIREMENT=128 restricts its search to 128-row CTAs (nvgemm's only per-CTA
+  height); answers outside nvgemm's tile_n / cluster sets are dropped. Split-K is NOT
+  restricted: the library fixes one split-K per tile and rejecting it drops the tile (it then
+  returns nothing for e.g. M=6144); :mod:`nvgemm.heuristics.sm100` snaps an
   unsupported split-K (3, 5, 6 ...) to the nearest factor nvgemm implements;
   :mod:`nvgemm.heuristics.sm100` maps a per-CTA 128-row pick to the 1-CTA ``tile_m=128`` config
   and, with an even cluster_m, to the 2-CTA ``tile_m=256`` config.
@@ -79,6 +80,8 @@ def nvmmh_gpu_name(target: Target) -> str | None:
     return GPUS[gpu].nvmmh_gpu if gpu in GPUS else None
 
 
+generation = 0  # bumped by reset(); part of the policy's memo key
+
 # ---- lazy state --------------------------------------------------------------------------------
 _lock = threading.RLock()
 _module = None  # the imported nvMatmulHeuristics module
@@ -95,8 +98,9 @@ def _log_once(kind: str, msg: str, *args) -> None:
 
 def reset() -> None:
     """Forget the import result, handles, memoised answers and log-once flags (tests)."""
-    global _module, _unavailable
+    global _module, _unavailable, generation
     with _lock:
+        generation += 1
         _module = None
         _unavailable = None
         _handles.clear()
@@ -133,21 +137,27 @@ def unavailable_reason() -> str | None:
         return _unavailable
 
 
+def _in_space(tile_m: int, tile_n: int, cluster_m: int, cluster_n: int) -> bool:
+    return (
+        tile_m == PER_CTA_TILE_M
+        and tile_n in _VALID_TILE_N
+        and cluster_m in _VALID_CLUSTER
+        and cluster_n in _VALID_CLUSTER
+        and cluster_m * cluster_n <= 16
+    )
+
+
 def _validity(kernel_ptr, _problem_ptr) -> int:
     k = kernel_ptr.contents
-    return int(
-        k.cta[0] == PER_CTA_TILE_M
-        and k.cta[1] in _VALID_TILE_N
-        and k.cluster[0] in _VALID_CLUSTER
-        and k.cluster[1] in _VALID_CLUSTER
-        and k.cluster[0] * k.cluster[1] <= 16
-    )
+    return int(_in_space(k.cta[0], k.cta[1], k.cluster[0], k.cluster[1]))
 
 
 def _handle(gpu: str | None):
     key = gpu or "default"
     h = _handles.get(key)
     if h is None:
+        import ctypes
+
         mod = _module
         lh = mod.NvMatmulHeuristicsInterfaceEx(
             backend=mod.NvMatmulHeuristicsTarget.CUTLASS3,
@@ -156,9 +166,20 @@ def _handle(gpu: str | None):
             gpu=getattr(mod.NvMatmulHeuristicsNvidiaGpu, gpu) if gpu else None,
         )
         backend = lh.createBackend(mod.NvMatmulHeuristicsTarget.CUTLASS3)
-        lh.setBackendCallbackProperty(
-            backend, mod.NvMatmulHeuristicsBackendPropertyCallbackKind.KERNEL_ADDITIONAL_VALIDITY_CHECK, _validity
-        )
+        # Per-CTA tile_m must be a multiple of 128: a native backend property, about half the CPU
+        # time of the Python validity callback (which is called once per considered kernel). The
+        # rest of nvgemm's space (tile_n, cluster) is filtered on the answers; the callback is the
+        # fallback if the property cannot be set.
+        try:
+            req = ctypes.c_int(PER_CTA_TILE_M)
+            lh.setBackendValueProperty(
+                backend, mod.NvMatmulHeuristicsBackendProperty.CTA_TILE_M_DIV_REQUIREMENT,
+                ctypes.byref(req), ctypes.sizeof(req),
+            )
+        except Exception:
+            lh.setBackendCallbackProperty(
+                backend, mod.NvMatmulHeuristicsBackendPropertyCallbackKind.KERNEL_ADDITIONAL_VALIDITY_CHECK, _validity
+            )
         h = _handles[key] = (lh, backend)
     return h
 
@@ -173,8 +194,8 @@ def _query_cached(gpu: str | None, precision: str, m: int, n: int, k: int, count
     best: dict[tuple, float] = {}
     for r in raw:
         c = r["kernel"]
-        if not c.cta_tile_m:  # the library returns zeroed configs for an unknown precision
-            continue
+        if not _in_space(c.cta_tile_m, c.cta_tile_n, c.cluster_m, c.cluster_n):
+            continue  # includes the zeroed configs the library returns for an unknown precision
         key = (c.cta_tile_m, c.cta_tile_n, c.cluster_m, c.cluster_n, c.split_k)
         rt = float(r["runtime"]) * 1e6
         if key not in best or rt < best[key]:

@@ -2,7 +2,8 @@
 
 * :func:`candidates` returns at most ``max_candidates`` (default 8) ranked :class:`Candidate`s
   (config, reason, nvMatmulHeuristics runtime estimate or None) for one problem. Deterministic:
-  the same problem (and the same nvMatmulHeuristics availability) gives the same list.
+  the same problem (and the same nvMatmulHeuristics availability) gives the same list. Answers
+  are memoised per (problem, cap, use_nvmmh) until ``nvmmh.reset()``.
   An invalid problem gives ``[]``; :func:`problem_status` says why (never an exception).
 * :func:`m_buckets` gives the dynamic-batch split points that Inductor range dispatch uses; they
   follow the policy's bands and narrow tile sizes, so one bucket = one kernel choice.
@@ -16,12 +17,13 @@ W4A16 (bf16/fp16 x nvfp4) on sm_90a -> :mod:`.sm90`.
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 
 from nvgemm.templates.sm90_config import Sm90W4A16Config
 from nvgemm.templates.sm100_config import SM100_ARCHS, Sm100Nvfp4GemmConfig
 from nvgemm.templates.status import Status
 
-from . import sm90, sm100
+from . import nvmmh, sm90, sm100
 from .implementable import can_implement
 from .problem import Candidate, GemmProblem, Target, as_gemm_problem, validate_problem
 
@@ -72,13 +74,25 @@ def candidates(
     problem = as_gemm_problem(problem, target)
     if problem is None:
         return []
+    try:
+        return list(_candidates_memo(problem, max_candidates, use_nvmmh, nvmmh.generation))
+    except TypeError:  # an unhashable field value: compute without the memo
+        return list(_candidates_uncached(problem, max_candidates, use_nvmmh))
+
+
+@lru_cache(maxsize=8192)
+def _candidates_memo(problem: GemmProblem, max_candidates: int, use_nvmmh: bool, _generation: int):
+    return _candidates_uncached(problem, max_candidates, use_nvmmh)
+
+
+def _candidates_uncached(problem: GemmProblem, max_candidates: int, use_nvmmh: bool) -> tuple[Candidate, ...]:
     st = problem_status(problem)
     if not st:
         log.debug("nvgemm_cutedsl: no candidates for %s: %s", problem, st.reason)
-        return []
+        return ()
     if family_of(problem) == "sm100":
-        return sm100.candidates(problem, max_candidates, use_nvmmh=use_nvmmh)
-    return sm90.candidates(problem, max_candidates, use_nvmmh=use_nvmmh)
+        return tuple(sm100.candidates(problem, max_candidates, use_nvmmh=use_nvmmh))
+    return tuple(sm90.candidates(problem, max_candidates, use_nvmmh=use_nvmmh))
 
 
 def m_buckets(max_m: int = 256) -> list[tuple[int, int]]:

@@ -20,6 +20,7 @@ Pure Python: importing this module touches no GPU and imports no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from nvgemm.templates.status import Status
 
@@ -165,6 +166,18 @@ class GemmProblem:
 
 def validate_problem(p: GemmProblem) -> Status:
     """Problem-only checks shared by every family (no config involved). Never raises."""
+    try:
+        return _validate_problem_cached(p)
+    except TypeError:  # unhashable field values (e.g. a list for m_range): check uncached
+        return _validate_problem(p)
+
+
+@lru_cache(maxsize=8192)
+def _validate_problem_cached(p: GemmProblem) -> Status:
+    return _validate_problem(p)
+
+
+def _validate_problem(p: GemmProblem) -> Status:
     if (p.m is None) == (p.m_range is None):
         return Status.fail("give exactly one of m (exact token count) or m_range=(lo, hi)")
     if p.m is not None and (not isinstance(p.m, int) or p.m <= 0):

@@ -42,7 +42,8 @@ from .problem import Candidate, GemmProblem, ceil_div, choose_split_k
 C = Sm100Nvfp4GemmConfig
 NARROW_TILES = (8, 16, 32)
 SWAP_MIN_N = 128
-NVMMH_COUNT = 6
+NVMMH_COUNT = 4
+NVMMH_COUNT_DECODE = 4
 # Weight bytes above which a decode GEMM streams its weights from HBM (L2 cannot hold them across
 # calls): an L2-prefetch variant of the primary decode tile is then worth measuring.
 PREFETCH_MIN_WEIGHT_BYTES = 8 << 20
@@ -78,12 +79,13 @@ class _Builder:
         self.seen: set = set()
 
     def _push(self, lst, cfg, reason):
-        if cfg in self.seen or not can_implement(self.p, cfg):
-            return
-        self.seen.add(cfg)
-        lst.append(Candidate(cfg, reason))
+        if cfg not in self.seen:
+            self.seen.add(cfg)
+            lst.append(Candidate(cfg, reason))
 
     def add(self, cfg: Sm100Nvfp4GemmConfig, reason: str, *, split: bool = True) -> None:
+        if cfg in self.seen or not can_implement(self.p, cfg):
+            return
         km, kn = kernel_dims(self.p, cfg.swap_ab)
         ctas = cta_count(cfg, km, kn)
         sm = self.p.target.sm_count
@@ -175,8 +177,14 @@ def _main_orientation_swap(problem: GemmProblem) -> bool:
     return problem.m_hi <= 128 and problem.n >= SWAP_MIN_N
 
 
-def nvmmh_candidates(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[Candidate] | None:
-    """nvMatmulHeuristics picks mapped into nvgemm configs (None when the library is unavailable)."""
+def nvmmh_candidates(problem: GemmProblem, count: int | None = None) -> list[Candidate] | None:
+    """nvMatmulHeuristics picks mapped into nvgemm configs (None when the library is unavailable).
+
+    ``count`` defaults to NVMMH_COUNT_DECODE for M <= 64 (the merge takes one library pick per two
+    rules there) and NVMMH_COUNT otherwise; each returned config costs the library one runtime
+    estimate, so a small count keeps a policy call near 1 ms."""
+    if count is None:
+        count = NVMMH_COUNT_DECODE if problem.m_hi <= 64 else NVMMH_COUNT
     swap = _main_orientation_swap(problem)
     picks = nvmmh.query(problem, swap, count)
     if picks is None:
@@ -211,12 +219,17 @@ def nvmmh_candidates(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[Can
 def _snap_split_k(problem: GemmProblem, base: Sm100Nvfp4GemmConfig, split_k: int) -> Sm100Nvfp4GemmConfig | None:
     """The library's split-K if nvgemm implements it, else the nearest implementable factor
     (ties to the smaller), else None."""
-    options = sorted({1, *SM100_SPLIT_K}, key=lambda s: (abs(s - split_k), s))
-    for s in options:
-        cfg = replace(base, split_k=s)
-        if can_implement(problem, cfg):
-            return cfg
-    return None
+    if not can_implement(problem, base):  # split_k=1: every problem/tile rule except the split rule
+        return None
+    k_tiles = ceil_div(problem.k, SM100_TILE_K)
+    for s in sorted({1, *SM100_SPLIT_K}, key=lambda s: (abs(s - split_k), s)):
+        if s == 1:
+            return base
+        if s <= k_tiles and k_tiles % s == 0:
+            cfg = replace(base, split_k=s)
+            if can_implement(problem, cfg):
+                return cfg
+    return base
 
 
 def _pattern(m_hi: int) -> str:

@@ -79,13 +79,16 @@ def quantize_nvfp4_triton(
     pdl: bool | None = None,
     config: tuple[int, int, int] | None = None,
     kernel=None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize x [M, K] (bf16/fp16/fp32, K % 16 == 0) with the static ``input_scale``.
 
     Returns (packed uint8 [M, K/2], scales float8_e4m3fn): 1-D 128x4-swizzled
     (``blocked_numel(M, K/16)`` bytes) when ``swizzle``, else linear [M, K/16].
     ``pdl``: launch with programmatic dependent launch (default: on for sm_90+).
-    ``kernel``: the jitted kernel to launch (tests pass an interpreter-built copy).
+    ``kernel``: the jitted kernel to launch instead of :func:`quantize_nvfp4_kernel`.
+    ``out``: preallocated (packed, scales) to write (e.g. static buffers for CUDA graphs); every
+    byte of both, swizzle padding included, is overwritten.
     """
     kernel = kernel or quantize_nvfp4_kernel
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -104,11 +107,18 @@ def quantize_nvfp4_triton(
     input_scale = input_scale.to(dev).reshape(1)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    packed = torch.empty((m, k // 2), dtype=torch.uint8, device=dev)
-    if swizzle:
-        scale = torch.empty((blocked_numel(m, k // 16),), dtype=torch.uint8, device=dev)
+    scale_shape = (blocked_numel(m, k // 16),) if swizzle else (m, k // 16)
+    if out is None:
+        packed = torch.empty((m, k // 2), dtype=torch.uint8, device=dev)
+        scale = torch.empty(scale_shape, dtype=torch.uint8, device=dev)
     else:
-        scale = torch.empty((m, k // 16), dtype=torch.uint8, device=dev)
+        packed, scale = out
+        if packed.dtype != torch.uint8 or tuple(packed.shape) != (m, k // 2) or packed.stride(-1) != 1:
+            raise ValueError(f"nvgemm quantize_nvfp4: out[0] must be uint8 {(m, k // 2)} with unit K stride")
+        if scale.element_size() != 1 or tuple(scale.shape) != scale_shape or not scale.is_contiguous():
+            raise ValueError(f"nvgemm quantize_nvfp4: out[1] must be a contiguous 1-byte tensor of shape {scale_shape}")
+        check_device(kernel, x, packed, scale, op="nvgemm quantize_nvfp4")
+        scale = scale.view(torch.uint8)
     if scale.numel() == 0:
         return packed, scale.view(torch.float8_e4m3fn)
     block_m, block_k, num_warps = config or quantize_config(m, k, swizzle, is_interpreted(kernel))

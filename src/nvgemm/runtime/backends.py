@@ -54,7 +54,11 @@ _BUILTINS_LOADED = False
 _WARNED: set[str] = set()
 
 #: Modules that register kernel backends when imported; missing optional deps are skipped.
-_BUILTIN_MODULES: tuple[str, ...] = ("nvgemm.runtime.sm100_launch", "nvgemm.triton_kernels.registry")
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "nvgemm.runtime.sm100_launch",
+    "nvgemm.runtime.sm90_launch",
+    "nvgemm.triton_kernels.registry",
+)
 
 
 def register_backend(backend: Backend) -> None:

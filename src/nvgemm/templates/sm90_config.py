@@ -30,6 +30,27 @@ from .status import Status
 SM90_FAMILIES = ("gemv", "wgmma")
 SM90_ARCHS = ("sm_90a",)
 
+#: gemv weight re-layout: where each element of a 32-bit weight word (8 E2M1 codes, K order,
+#: little-endian bytes) lives after ``nvgemm.runtime.sm90_launch.relayout_weight``: element e ->
+#: (bit of the lsb of its 3 magnitude bits, bit of its sign). Pair j = elements (2j, 2j+1)
+#: decodes to fp16x2 register j holding E2M1 * 2**-14 (magnitude at fp16 bits 11..9, sign 15):
+#:   j=0: w & 0x8E008E00
+#:   j=1: (w << 3) & 0x8E008E00
+#:   j=2: ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)
+#:   j=3: ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)
+WORD_LAYOUT = (
+    (9, 15),
+    (25, 31),
+    (6, 12),
+    (22, 28),
+    (0, 13),
+    (16, 29),
+    (3, 14),
+    (19, 30),
+)
+#: The decode yields E2M1 * 2**-14; the epilogue multiplies the accumulator by 2**14 (exact).
+DECODE_UNSCALE = 16384.0
+
 GEMV_TILE_M = (1, 2, 4, 8, 16, 32)
 GEMV_WARPS = (1, 2, 4, 8)
 GEMV_MAX_VEC_PER_THREAD = 4

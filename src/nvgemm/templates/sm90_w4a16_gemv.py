@@ -9,7 +9,7 @@ Operands (what :mod:`nvgemm.runtime.sm90_launch` prepares once, at weight-load t
 --------------------------------------------------------------------------------
 * ``mW``  uint8 ``[N, K/2]``: the packed E2M1 codes, K-contiguous rows, **bit-permuted inside each
   32-bit word** (8 elements) so that each pair of elements decodes to an fp16x2 register with one
-  or two shift/mask operations (see :data:`WORD_LAYOUT`; :func:`nvgemm.runtime.sm90_launch.relayout_weight`
+  or two shift/mask operations (see :data:`nvgemm.templates.sm90_config.WORD_LAYOUT`; :func:`nvgemm.runtime.sm90_launch.relayout_weight`
   writes it and ``restore_weight`` is its exact inverse). Rows are not reordered, so each warp's
   16-byte loads of one row are contiguous: 512 bytes per warp per load, fully coalesced.
 * ``mS``  uint8 ``[N, K/16]``: the e4m3 block scales in the **linear** row-major layout (the op's
@@ -76,30 +76,8 @@ from .registry import (
     fake_args,
     register_template,
 )
-from .sm90_config import SM90_ARCHS, Sm90W4A16Config, gemv_passes, validate_config
+from .sm90_config import DECODE_UNSCALE, SM90_ARCHS, WORD_LAYOUT, Sm90W4A16Config, gemv_passes, validate_config
 from .status import Status
-
-#: Where each element of a 32-bit weight word lives after the re-layout (used by the host
-#: re-layout and documented here next to the decode that depends on it). Element ``e`` (0..7,
-#: K order) of the word -> (bit position of its 3 magnitude bits' lsb, bit position of its sign).
-#: Pair j = elements (2j, 2j+1) decodes to fp16x2 register j:
-#:   j=0: w & 0x8E008E00                         (mags at 9 / 25, signs at 15 / 31)
-#:   j=1: (w << 3) & 0x8E008E00                  (mags at 6 / 22, signs at 12 / 28)
-#:   j=2: ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)   (mags at 0 / 16, signs at 13 / 29)
-#:   j=3: ((w << 6) & 0x0E000E00) | ((w << 1) & 0x80008000)   (mags at 3 / 19, signs at 14 / 30)
-WORD_LAYOUT = (
-    (9, 15),
-    (25, 31),
-    (6, 12),
-    (22, 28),
-    (0, 13),
-    (16, 29),
-    (3, 14),
-    (19, 30),
-)
-
-#: 2**14: the decode computes E2M1 * 2**-14; the epilogue multiplies it back (exact).
-DECODE_UNSCALE = 16384.0
 
 _TORCH_TO_ABI = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 _X_FORMATS = {"bf16": "BFloat16", "fp16": "Float16"}

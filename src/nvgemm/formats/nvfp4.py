@@ -37,6 +37,7 @@ __all__ = [
     "quantize_weight",
     "quantize_activation",
     "dequantize",
+    "decode_packed",
     "to_blocked",
     "from_blocked",
     "blocked_offset",
@@ -147,11 +148,43 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     """
     _check_float(x, "x")
     x = x.float()
+    # code magnitude = number of boundaries crossed: a > b, or a >= b where ties go up; in fp32
+    # a >= b is a > nextafter(b, 0), so every test is one strict comparison
     a = x.abs()
-    code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
-    for bound, tie_up in zip(_BOUNDS, _TIE_UP):
-        code += (a >= bound if tie_up else a > bound).to(torch.uint8)
-    return code | ((x < 0).to(torch.uint8) << 3)
+    bounds = _bucket_bounds(x.device).tolist()
+    code = (a > bounds[0]).to(torch.uint8)
+    for b in bounds[1:]:
+        code.add_(a > b)
+    return code.bitwise_or_((x < 0).to(torch.uint8) << 3)
+
+
+_BUCKET_BOUNDS: dict[torch.device, torch.Tensor] = {}
+_PAIR_LUT: dict[torch.device, torch.Tensor] = {}
+
+
+def _bucket_bounds(device: torch.device) -> torch.Tensor:
+    if device not in _BUCKET_BOUNDS:
+        b = torch.tensor(_BOUNDS, dtype=torch.float32)
+        down = torch.nextafter(b, torch.zeros_like(b))
+        _BUCKET_BOUNDS[device] = torch.where(torch.tensor(_TIE_UP), down, b).to(device)
+    return _BUCKET_BOUNDS[device]
+
+
+def _pair_lut(device: torch.device) -> torch.Tensor:
+    """[256, 2] fp32: a packed byte -> (value of its low nibble, value of its high nibble)."""
+    if device not in _PAIR_LUT:
+        byte = torch.arange(256)
+        _PAIR_LUT[device] = torch.stack((E2M1_VALUES[byte & 0xF], E2M1_VALUES[byte >> 4]), dim=-1).to(device)
+    return _PAIR_LUT[device]
+
+
+def decode_packed(packed: torch.Tensor) -> torch.Tensor:
+    """packed uint8 [..., K/2] -> fp32 E2M1 values [..., K] (one table lookup per byte)."""
+    if packed.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+        packed = packed.view(torch.uint8)
+    _check_dtype(packed, torch.uint8, "packed")
+    vals = _pair_lut(packed.device)[packed.int()]
+    return vals.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
@@ -262,14 +295,14 @@ def dequantize(
     ``scale`` is the linear [..., K/16] layout; ``global_scale`` may be None (=1), a scalar,
     a 0-dim tensor, or a per-row tensor of shape [rows] (per-N-segment scales of fused shards).
     """
-    codes = unpack_e2m1(packed)
+    vals = decode_packed(packed)
     _check_dtype(scale, torch.float8_e4m3fn, "scale")
-    k = codes.shape[-1]
+    k = vals.shape[-1]
     check_k(k)
-    if tuple(scale.shape) != (*codes.shape[:-1], k // NVFP4.block_size):
+    if tuple(scale.shape) != (*vals.shape[:-1], k // NVFP4.block_size):
         raise ValueError(
             f"scale shape {tuple(scale.shape)} does not match packed shape {tuple(packed.shape)}: "
-            f"expected {(*codes.shape[:-1], k // NVFP4.block_size)}"
+            f"expected {(*vals.shape[:-1], k // NVFP4.block_size)}"
         )
     step = scale.float()
     if global_scale is not None:
@@ -277,8 +310,9 @@ def dequantize(
         if gs.dim() == 1:
             gs = gs.unsqueeze(-1)
         step = step * gs
-    vals = e2m1_decode(codes).reshape(*codes.shape[:-1], k // NVFP4.block_size, NVFP4.block_size)
-    return (vals * step.unsqueeze(-1)).reshape(codes.shape).to(dtype)
+    shape = vals.shape
+    vals = vals.reshape(*shape[:-1], k // NVFP4.block_size, NVFP4.block_size)
+    return (vals * step.unsqueeze(-1)).reshape(shape).to(dtype)
 
 
 # --------------------------------------------------------------------------- swizzle

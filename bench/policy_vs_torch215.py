@@ -123,11 +123,12 @@ def torch_candidates(m: int, n: int, k: int, use_nvmmh: bool = True) -> tuple[li
 def nvgemm_candidates(m: int, n: int, k: int, target: Target, use_nvmmh: bool = True) -> list[tuple]:
     cands = candidates(GemmProblem(n=n, k=k, m=m, target=target), use_nvmmh=use_nvmmh)
     return [(c.config.swap_ab, c.config.tile_m, c.config.tile_n, c.config.cluster_m, c.config.cluster_n,
-             c.config.l2_prefetch, c.config.split_k) for c in cands]
+             c.config.l2_prefetch, c.config.split_k, "L" if c.reason.startswith("nvMatmulHeuristics") else "R")
+            for c in cands]
 
 
 def fmt(c: tuple) -> str:
-    swap, tm, tn, cm, cn, pf, sk = c
+    swap, tm, tn, cm, cn, pf, sk = c[:7]
     s = f"{'S' if swap else 'N'}{tm}x{tn}c{cm}{cn}"
     if sk > 1:
         s += f"k{sk}"
@@ -140,15 +141,19 @@ def explain(m, n, k, tc, nc, target) -> str:
     notes = []
     key = lambda c: c[:6]  # noqa: E731  (split-K is nvgemm-only; compare the rest)
     tkeys, nkeys = {key(c) for c in tc}, {key(c) for c in nc}
-    n_split = sum(c[6] > 1 for c in nc)
-    if n_split:
-        c0 = next(c for c in nc if c[6] > 1)
+    rule_split = [c for c in nc if c[6] > 1 and c[7] == "R"]
+    lib_split = [c for c in nc if c[6] > 1 and c[7] == "L"]
+    if rule_split:
+        c0 = rule_split[0]
         from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C
 
         cfg = C(c0[1], c0[2], c0[3], c0[4], swap_ab=c0[0])
         tiles = cta_count(cfg, *kernel_dims(GemmProblem(n=n, k=k, m=m, target=target), cfg.swap_ab))
-        notes.append(f"split-K in {n_split} nvgemm candidates ({fmt(c0)}: {tiles} tiles on {target.sm_count} SMs); "
-                     "torch has none")
+        notes.append(f"SM-fill split-K in {len(rule_split)} nvgemm candidates ({fmt(c0)}: {tiles} output tiles "
+                     f"on {target.sm_count} SMs); torch has no split-K")
+    if lib_split:
+        notes.append(f"{len(lib_split)} nvMatmulHeuristics picks keep the library's split-K "
+                     "(torch's config key drops split_k, so it runs such picks unsplit)")
     tnarrow = sorted({c[2] for c in tc if c[0] and c[2] < 64})
     nnarrow = sorted({c[2] for c in nc if c[0] and c[2] < 64})
     if tnarrow != nnarrow:
@@ -222,6 +227,39 @@ def main() -> int:
        "`c41` = cluster 4x1, `k4` = split-K 4, `p` = L2-prefetch variant. Torch's list is native family "
        "then swap family in its own order; nvgemm's is ranked. Torch's PDL column is `use_nvfp4_pdl`; nvgemm "
        "sets `pdl=True` on every config.")
+    pr("")
+    # ---- summary (computed from the rows below) ----
+    tcounts = [len(r[4]) for r in rows]
+    ncounts = [len(r[5]) for r in rows]
+    split_rows = [r for r in rows if any(c[6] > 1 and c[7] == "R" for c in r[5])]
+    m16 = [r for r in rows if r[1] == 16]
+    m16_torch16 = sum(any(c[0] and c[2] == 16 for c in r[4]) for r in m16)
+    m16_ng16 = sum(r[5][0][2] == 16 and r[5][0][0] for r in m16)
+    m512 = [r for r in rows if r[1] == 512]
+    dec = [r for r in rows if r[1] <= 32]
+    tight = sum(r[5][0][0] and r[5][0][2] == min(t for t in (8, 16, 32) if t >= r[1]) for r in dec)
+    fb_t = sum(decode_shaped(r[4], r[1]) for r in fallback)
+    fb_n = sum(decode_shaped(r[5], r[1]) for r in fallback)
+    pr("## Summary\n")
+    pr(f"- List sizes: torch {min(tcounts)}-{max(tcounts)} candidates per GEMM (more than 8 in "
+       f"{sum(t > 8 for t in tcounts)} of {len(rows)} rows; the EFC bucket would add more), nvgemm "
+       f"{min(ncounts)}-{max(ncounts)} (hard cap 8).")
+    pr(f"- Decode M <= 32 ({len(dec)} rows): nvgemm's first candidate is swap-AB with the tightest narrow token "
+       f"tile covering M in {tight}; torch adds the same 8/16/32 family, but its 8/16 tiles only for M <= 8: at "
+       f"M=16 torch offers a 16-wide tile in {m16_torch16} of {len(m16)} rows, nvgemm ranks it first in {m16_ng16}.")
+    pr(f"- Split-K: torch 2.15 has none. nvgemm adds SM-fill split-K in {len(split_rows)} of {len(rows)} rows "
+       "(output tiles < half the SMs, e.g. the 4096- and 8192-wide o/down projections at decode).")
+    pr(f"- 256 < M <= 1024: at M=512 torch returns {sorted({len(r[4]) for r in m512})} candidate(s) "
+       "(nvMatmulHeuristics top-3 by per-CTA key, no targeted configs, no swap-AB); nvgemm returns "
+       f"{sorted({len(r[5]) for r in m512})}: wave-efficiency-ranked 2-CTA/1-CTA native tiles plus library picks.")
+    pr(f"- Without nvMatmulHeuristics (M in 1, 8, 32): torch's lists hold {fb_t} decode-shaped candidates in total "
+       f"(it falls back to the first 10 primary kernels of its pool); nvgemm's hold {fb_n}.")
+    pr("- nvMatmulHeuristics inputs: torch passes the packed K/2 and no hardware descriptor (default model), and "
+       "drops the library's split-K from its key; nvgemm passes the logical K, the named GPU's descriptor "
+       "(B200 here) and keeps or snaps the split-K. Picks therefore differ even for the same shape.")
+    pr("- PDL: torch enables it by shape (`use_nvfp4_pdl`, column below); nvgemm's configs all carry pdl=True "
+       "(the config default); a shape-dependent PDL choice is left to the runtime and is not measured.")
+    pr("- None of these lists has been timed on a GPU; which policy picks faster kernels is not measured here.")
     pr("")
     pr("## Without nvMatmulHeuristics (decode band)\n")
     pr("torch 2.15 returns the first 10 primary kernels of its pool (no targeted decode configs); nvgemm's "

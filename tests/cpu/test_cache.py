@@ -430,3 +430,23 @@ def test_four_processes_fill_the_same_keys_once(tmp_path):
     for d in entries:
         assert kc.read_entry(d, d.name, kc.fid, full=True)["key"] == d.name
     assert not [p for p in fp.iterdir() if p.name.startswith((".build", ".trash", ".fingerprint"))]
+
+
+def test_get_loads_once_and_respects_build_false(kc, monkeypatch):
+    made = []
+
+    class FakeKernel:
+        def __init__(self, path, abi, name=""):
+            made.append((Path(path).name, abi, name))
+
+    monkeypatch.setattr(aot, "AotKernel", FakeKernel)
+    s = _spec()
+    with pytest.raises(cache_mod.CacheMiss):
+        kc.get(s, build=False)
+    k1 = kc.get(s)
+    k2 = kc.get(_spec())  # an equal spec object
+    assert k1 is k2 and len(made) == 1
+    assert made[0] == ("kernel.so", ABI, s.name()) and kc.stats["compiled"] == 1
+    fresh = cache_mod.KernelCache(kc.root)  # another process: loads from disk, compiles nothing
+    fresh.get(s, build=False)
+    assert fresh.stats == {"compiled": 0, "loaded": 1, "corrupt": 0, "miss": 0}

@@ -102,6 +102,7 @@ class KernelCache:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         self.fid, self.fingerprint_info = fingerprint()
         self._mem: dict[str, Any] = {}
+        self._by_spec: dict[CompileSpec, Any] = {}
         self._mem_lock = threading.Lock()
         self._reported: set[str] = set()
         self.stats = {"compiled": 0, "loaded": 0, "corrupt": 0, "miss": 0}
@@ -294,9 +295,13 @@ class KernelCache:
         """The loaded :class:`~nvgemm.runtime.aot.AotKernel` for ``spec`` (compiling on a miss if allowed)."""
         from .aot import AotKernel
 
+        k = self._by_spec.get(spec)  # warm calls: one dict lookup, no hashing of the spec
+        if k is not None:
+            return k
         key = self.key(spec)
         k = self._mem.get(key)
         if k is not None:
+            self._by_spec[spec] = k
             return k
         hit = self.lookup(spec)
         if hit is None:
@@ -311,8 +316,9 @@ class KernelCache:
         kern = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=meta.get("kernel_name", ""))
         self.stats["loaded"] += 1
         with self._mem_lock:
-            self._mem.setdefault(key, kern)
-        return self._mem[key]
+            kern = self._mem.setdefault(key, kern)
+            self._by_spec[spec] = kern
+        return kern
 
 
 _DEFAULT: KernelCache | None = None

@@ -269,9 +269,13 @@ def environment_header(command: str) -> str:
     except (ValueError, OSError):
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    try:
+        load = ", load average at start %.1f / %.1f / %.1f (shared box: other jobs inflate timings)" % os.getloadavg()
+    except OSError:
+        load = ""
     return "\n".join([
         f"* date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"* machine: {os.cpu_count()} CPU cores ({cpu}){mem}, {gpu}",
+        f"* machine: {os.cpu_count()} CPU cores ({cpu}){mem}, {gpu}{load}",
         f"* versions: nvgemm {ver('nvgemm')}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
         f"nvidia-cutlass-dsl {ver('nvidia-cutlass-dsl')}, Python {platform.python_version()}",
         f"* command: `{command}`",

@@ -380,3 +380,22 @@ def test_named_gpus():
     assert Target.from_gpu("B200", sm_count=140).sm_count == 140
     with pytest.raises(ValueError, match="unknown GPU"):
         Target.from_gpu("A100")
+
+
+def test_malformed_inputs_give_reasons():
+    assert "m_range must be a (lo, hi) pair" in problem_status(GemmProblem(n=64, k=64, m_range=(5,))).reason
+    assert "give exactly one of m" in problem_status(GemmProblem(n=64, k=64)).reason
+    assert "M must be a positive int" in problem_status(GemmProblem(n=64, k=64, m=1.5)).reason
+    assert "N must be a positive int" in problem_status(GemmProblem(n="4096", k=64, m=1)).reason
+    assert "unsupported operand formats" in problem_status(GemmProblem(n=64, k=64, m=1, a_format="fp16",
+                                                                       b_format="bf16")).reason
+
+
+def test_from_device_needs_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        Target.from_device()
+

@@ -123,7 +123,11 @@ class GemmProblem:
         object.__setattr__(self, "a_format", _norm_dtype(self.a_format))
         object.__setattr__(self, "b_format", _norm_dtype(self.b_format))
         if self.m_range is not None:
-            object.__setattr__(self, "m_range", (int(self.m_range[0]), int(self.m_range[1])))
+            try:
+                lo, hi = self.m_range
+                object.__setattr__(self, "m_range", (int(lo), int(hi)))
+            except (TypeError, ValueError):
+                pass  # left as given; validate_problem names the problem
 
     # ---- views -------------------------------------------------------------------------------
     @property
@@ -183,6 +187,8 @@ def _validate_problem(p: GemmProblem) -> Status:
     if p.m is not None and (not isinstance(p.m, int) or p.m <= 0):
         return Status.fail(f"M must be a positive int, got M={p.m!r}")
     if p.m_range is not None:
+        if not (isinstance(p.m_range, tuple) and len(p.m_range) == 2 and all(isinstance(v, int) for v in p.m_range)):
+            return Status.fail(f"m_range must be a (lo, hi) pair of ints, got {p.m_range!r}")
         lo, hi = p.m_range
         if lo <= 0 or hi < lo:
             return Status.fail(f"m_range must satisfy 1 <= lo <= hi, got {p.m_range}")

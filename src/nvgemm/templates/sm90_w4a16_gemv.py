@@ -321,7 +321,7 @@ class Sm90W4A16GemvKernel:
         if v_hi <= v_lo:
             n_iter = 0
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         sRed = smem.allocate_tensor(Float32, cute.make_layout((RP * MP, NWARP), stride=(NWARP, 1)), 16)
         sTot = smem.allocate_tensor(Float32, cute.make_layout((TN * TM,)), 16)
 
@@ -519,10 +519,21 @@ class Sm90W4A16GemvTemplate:
             StreamArg("stream"),
         )
 
-    def compile(self, spec: CompileSpec):
+    def compile(self, spec: CompileSpec, *, keep_ptx: bool = False):
+        """``cute.compile`` for ``spec.arch`` (no GPU). With ``keep_ptx`` (and ``CUTE_DSL_DUMP_DIR``
+        set) the result's ``__ptx__`` holds the PTX text."""
         self.can_implement(spec).raise_if_failed(spec.name())
         kernel = Sm90W4A16GemvKernel(spec.config, spec.epilogue, spec.a_format)
-        return compile_for_target(kernel, fake_args(self.abi(spec)), spec)
+        return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
+
+
+def embedded_cubin(compiled) -> bytes:
+    """The device binary (fatbin container with the sm_90a cubin) embedded in a compiled function,
+    for SASS inspection with ``cuobjdump --dump-sass`` (no GPU needed)."""
+    for op in compiled.ir_module.body.operations:
+        if op.operation.name == "llvm.mlir.global" and str(op.attributes["sym_name"]) == '"kernels_binary"':
+            return bytes(op.attributes["value"].value_bytes)
+    raise LookupError("no embedded kernels_binary in the compiled module")
 
 
 def workspace_numel(config: Sm90W4A16Config, m: int, n: int) -> int:
@@ -539,5 +550,6 @@ __all__ = [
     "TEMPLATE",
     "WORD_LAYOUT",
     "decode_word",
+    "embedded_cubin",
     "workspace_numel",
 ]

@@ -1,0 +1,165 @@
+"""Compile-only tests of the sm_90a W4A16 gemv kernel (no GPU).
+
+* representative configs compile for sm_90a across the epilogue space (scalar/vector alpha, bias,
+  silu / gelu_tanh / silu_mul, residual, bf16/fp16/fp32 out, split-K with its reduce kernel);
+* the PTX streams the weight with 16-byte ``ld.global.nc.L1::no_allocate.v4`` loads (one per weight
+  row of a register pass), decodes scales with ``cvt.rn.f16x2.e4m3x2`` and uses no local memory;
+* the SASS (cuobjdump, when available) has ``LDG.E...128`` weight loads and no LDL/STL spills;
+* the first gemv candidate the policy emits for Llama-3.1-8B / 3.3-70B decode shapes compiles;
+* configs the predicates reject never reach the compiler.
+
+The CI subset is ~8 kernels at 2-8 s each; every config the policy emits over the model shapes is
+compiled by ``python bench/compile_sweep_sm90.py``.
+"""
+
+import os
+
+# Pin the target before cutlass is imported anywhere in this process (compiles also pass
+# --gpu-arch sm_90a explicitly); keep DSL dumps out of the working tree.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
+
+import functools
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from nvgemm.epilogues import EpilogueSpec  # noqa: E402
+from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.runtime.sm90_launch import pick_config  # noqa: E402
+from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
+from nvgemm.templates.sm90_config import Sm90W4A16Config as C  # noqa: E402
+from nvgemm.templates.sm90_config import gemv_passes  # noqa: E402
+
+pytestmark = pytest.mark.compile_only
+
+TID = "sm90_w4a16_gemv"
+WEIGHT_LD = "ld.global.nc.L1::no_allocate.v4.b32"
+SCALAR = EpilogueSpec(alpha="scalar")
+
+
+def _spec(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
+    return make_spec(TID, cfg, "sm_90a", epilogue=epi, a_format=x)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
+    spec = _spec(cfg, epi, x)
+    st = check_spec(spec)
+    assert st, st.reason
+    return get_template(TID).compile(spec, keep_ptx=True)
+
+
+def ptx_of(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16") -> str:
+    ptx = compiled(cfg, epi, x).__ptx__
+    assert ptx and ".target sm_90a" in ptx
+    return ptx
+
+
+def _cuobjdump() -> str | None:
+    exe = shutil.which("cuobjdump")
+    if exe:
+        return exe
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(p) if p.exists() else None
+    except ImportError:
+        return None
+
+
+def sass_of(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16") -> str:
+    exe = _cuobjdump()
+    if exe is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton's bundled copy) for the SASS check")
+    from nvgemm.templates.sm90_w4a16_gemv import embedded_cubin
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.fatbin"
+        f.write_bytes(embedded_cubin(compiled(cfg, epi, x)))
+        return subprocess.run([exe, "--dump-sass", str(f)], check=True, capture_output=True, text=True).stdout
+
+
+def _main_kernel_ptx(ptx: str) -> str:
+    """The PTX of the main (streaming) kernel: the .entry whose body has the weight loads."""
+    entries = re.split(r"(?=\.visible \.entry|\.entry )", ptx)
+    main = [e for e in entries if WEIGHT_LD in e]
+    assert len(main) == 1
+    return main[0]
+
+
+FAST = [
+    (C(tile_m=1, tile_n=8, tile_k=4096, num_warps=4), SCALAR, "bf16"),
+    (C(tile_m=1, tile_n=16, tile_k=8192, num_warps=4), EpilogueSpec(alpha="vector", bias=True), "bf16"),
+    (C(tile_m=2, tile_n=8, tile_k=2048, num_warps=2, split_k=2),
+     EpilogueSpec(alpha="scalar", activation="silu", out_dtype=torch.float16), "fp16"),
+    (C(tile_m=4, tile_n=16, tile_k=4096, num_warps=4),
+     EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True), "bf16"),
+    (C(tile_m=8, tile_n=8, tile_k=8192, num_warps=8),
+     EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.float32), "bf16"),
+]
+
+
+@pytest.mark.parametrize("cfg,epi,x", FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
+def test_compiles_and_streams_16_byte_weight_loads(cfg, epi, x):
+    ptx = ptx_of(cfg, epi, x)
+    body = _main_kernel_ptx(ptx)
+    rp, _ = gemv_passes(cfg)
+    # one 16-byte weight load per (row of a pass, vector per thread) in the unrolled step
+    assert body.count(WEIGHT_LD) == rp * cfg.vec_per_thread
+    assert "cvt.rn.f16x2.e4m3x2" in body  # block scales decoded in registers
+    assert "ld.global.nc.v4.b32" in body  # 16-byte activation loads
+    assert ".local" not in ptx, "register arrays must not go to local memory"
+    if cfg.split_k > 1:
+        assert ptx.count(".entry") == 2  # + the fixed-order split-K reduce kernel
+    else:
+        assert ptx.count(".entry") == 1
+
+
+def test_sass_has_128_bit_loads_and_no_spills():
+    cfg, epi, x = FAST[0]
+    sass = sass_of(cfg, epi, x)
+    assert "arch = sm_90a" in sass
+    assert len(re.findall(r"LDG\.E\.NA\.128\.CONSTANT", sass)) == gemv_passes(cfg)[0] * cfg.vec_per_thread
+    assert re.search(r"\bLDL\b|\bSTL\b", sass) is None
+
+
+@pytest.mark.parametrize("n,k", [(28672, 4096), (4096, 14336), (57344, 8192)])
+def test_policy_first_candidate_compiles(n, k):
+    cfg = pick_config(1, n, k, torch.bfloat16, "none", 132)
+    body = _main_kernel_ptx(ptx_of(cfg))
+    assert WEIGHT_LD in body
+
+
+@pytest.mark.parametrize(
+    "cfg,why",
+    [
+        (C(tile_n=12), "multiple of 8"),
+        (C(pdl=True), "pdl"),
+        (C(stages=2), "stages"),
+        (C(tile_k=2048, num_warps=4), "tile_k"),
+        (C(tile_m=3), "tile_m"),
+        (C(family="wgmma", tile_m=64, tile_n=128, tile_k=64, stages=4), "gemv family"),
+    ],
+)
+def test_rejected_configs_never_compile(cfg, why):
+    st = check_spec(_spec(cfg))
+    assert not st and why in st.reason
+    with pytest.raises(ValueError, match="cannot be implemented"):
+        get_template(TID).compile(_spec(cfg))
+
+
+def test_fp32_activations_rejected():
+    spec = make_spec(TID, C(), "sm_90a", epilogue=SCALAR, a_format="fp32")
+    assert "bf16 or fp16" in check_spec(spec).reason

@@ -14,8 +14,10 @@ Two sources, merged into one ranked, capped, deterministic list:
     > 1024      the same ranking over the large tiles.
 
     In every band, split-K is added when the output tiles would leave most SMs idle
-    (CTAs <= SMs/2): the factor with the best wave efficiency that splits K into equal whole
-    256-wide tile slices (:func:`nvgemm.heuristics.problem.choose_split_k`).
+    (CTAs <= SMs/2): the factor with the lowest waves x (K tiles per slice + 1) among those that
+    split K into equal slices of >= 2 whole 256-wide tiles
+    (:func:`nvgemm.heuristics.problem.choose_split_k`). The split variant takes the rule's place;
+    the band's first tile also stays in unsplit right after it.
 
 (b) nvMatmulHeuristics picks (:mod:`nvgemm.heuristics.nvmmh`) for the problem in the band's main
     orientation (swap-AB for M <= 128, native above), with the logical K and the correct

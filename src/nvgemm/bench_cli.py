@@ -167,6 +167,7 @@ def cache_timings(model: str, ms: list[int], arches: list[str], cache_dir: Path 
                      "compile_s": t.get("compile") if r.status == "compiled" else None,
                      "export_s": t.get("export") if r.status == "compiled" else None,
                      "link_s": t.get("link") if r.status == "compiled" else None,
+                     "compile_cpu_s": ((r.meta or {}).get("cpu_s") or {}).get("compile") if r.status == "compiled" else None,
                      "so_bytes": (r.path / "kernel.so").stat().st_size if r.path else None})
         print(f"  {r.status:8s} {r.seconds:6.2f} s  {spec.name()}  [{label}]", file=sys.stderr)
     cold_s = time.perf_counter() - t_all
@@ -216,7 +217,9 @@ def cache_timings_markdown(res: dict, header: str = "") -> str:
         f"candidate per (arch, layer, M), plus the AOT selftest kernels.",
         "",
         f"* kernels: {len(rows)}; built {len(built)}, failed {sum(r['status'] == 'failed' for r in rows)}",
-        f"* compile (cute.compile) s: {_stats([r['compile_s'] for r in built])}; goal <= 3 s",
+        f"* compile (cute.compile) wall s: {_stats([r['compile_s'] for r in built])}; CPU s: "
+        f"{_stats([r['compile_cpu_s'] for r in built if r.get('compile_cpu_s') is not None])}; goal <= 3 s "
+        f"(the first compile in a process includes CuTeDSL's one-time initialisation)",
         f"* full build (compile + export_to_c + gcc link + checksums) s: {_stats([r['build_s'] for r in built])}",
         f"* warm re-run: {res['warm_rerun_compiled']} compiles (statuses {res['warm_rerun_statuses']}); goal 0",
         f"* warm load per kernel, fresh process with `import cutlass` blocked (checksum + dlopen + symbols) ms: "
@@ -224,15 +227,16 @@ def cache_timings_markdown(res: dict, header: str = "") -> str:
         f"{res['probe'].get('import_s') or 0:.2f} s, cache init (fingerprint + libcudart preload) {res['probe'].get('cache_init_s') or 0:.3f} s; "
         f"cutlass imported: {res['probe'].get('cutlass_imported')}",
         "",
-        "| kernel | template | arch | for | status | compile s | export s | link s | .so KB | warm load ms |",
+        "| kernel | template | arch | for | status | compile s (CPU s) | export s | link s | .so KB | warm load ms |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         f = lambda v, fmt: (fmt % v) if isinstance(v, (int, float)) else "-"  # noqa: E731
         out.append(
             f"| `{r['kernel']}` | {r['template']} | {r['arch']} | {r['label']} | {r['status']} | "
-            f"{f(r['compile_s'], '%.2f')} | {f(r['export_s'], '%.2f')} | {f(r['link_s'], '%.2f')} | "
-            f"{f(r['so_bytes'] and r['so_bytes'] / 1024, '%.0f')} | {f(r.get('load_ms'), '%.2f')} |"
+            f"{f(r['compile_s'], '%.2f')} ({f(r.get('compile_cpu_s'), '%.2f')}) | {f(r['export_s'], '%.2f')} | {f(r['link_s'], '%.2f')} | "
+            f"{f(r['so_bytes'] and r['so_bytes'] / 1024, '%.0f')} | "
+            f"{f(r.get('load_ms'), '%.2f') if not isinstance(r.get('load_ms'), str) else r['load_ms'][:60]} |"
         )
     fails = {}
     for r in rows:

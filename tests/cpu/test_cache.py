@@ -424,11 +424,13 @@ def test_four_processes_fill_the_same_keys_once(tmp_path):
     assert sum(s.count("compiled") for s in statuses) == 7
     assert all(st in ("compiled", "cached") for s in statuses for st in s)
     kc = cache_mod.KernelCache(tmp_path / "kc")
-    fp = kc.fp_dir()  # the subprocesses share this checkout, hence this fingerprint
+    fps = [p.parent for p in (tmp_path / "kc").glob("*/fingerprint.json")]
+    assert len(fps) == 1  # all four processes computed one fingerprint
+    fp = fps[0]
     entries = [d for d in fp.iterdir() if d.is_dir()]
     assert len(entries) == 7
     for d in entries:
-        assert kc.read_entry(d, d.name, kc.fid, full=True)["key"] == d.name
+        assert kc.read_entry(d, d.name, fp.name, full=True)["key"] == d.name
     assert not [p for p in fp.iterdir() if p.name.startswith((".build", ".trash", ".fingerprint"))]
 
 

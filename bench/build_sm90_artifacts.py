@@ -1,0 +1,115 @@
+"""Build every sm90 W4A16 kernel the H200 check needs, here (no GPU), into a carryable kernel cache.
+
+    python bench/build_sm90_artifacts.py [--out build/sm90_gpu_check] [--jobs 2]
+
+For each case of ``bench/sm90_suite.py`` (timed Llama-3.1-8B / 3.3-70B layer shapes at M = 1..64
+and the numerics cases) it picks the config the runtime would pick (``pick_config``) or the case's
+forced config, builds the compile spec exactly as the runtime does (``compile_spec_for``, with an
+empty codegen environment), and fills a :class:`nvgemm.runtime.cache.KernelCache` rooted at
+``--out`` through the AOT path (``export_to_c`` -> object -> ``gcc -shared`` with the DSL's static
+runtime and libcudart). ``--out/manifest.json`` maps each case to its config and entry, so
+``bench/gpu_check.py`` loads the same ``kernel.so`` files on the H200 without cutlass-dsl.
+
+Rebuild after any change under src/nvgemm/templates or src/nvgemm/epilogues (the cache's source
+fingerprint changes, and the device refuses entries built from other sources). The folder is
+git-ignored (``build/``); carry it to the device machine (a few MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def _load_suite():
+    spec = importlib.util.spec_from_file_location("sm90_suite", ROOT / "bench" / "sm90_suite.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sm90_suite"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def case_config(case, suite):
+    from nvgemm.runtime.sm90_launch import pick_config
+    from nvgemm.templates.sm90_config import Sm90W4A16Config
+
+    if case.config is not None:
+        return Sm90W4A16Config(**case.config)
+    return pick_config(case.m, case.n, case.k, case.torch_x_dtype, case.activation, suite.SM_COUNT)
+
+
+def case_epilogue(case):
+    from nvgemm.epilogues.spec import EpilogueSpec
+
+    return EpilogueSpec(
+        alpha="vector" if case.vector_alpha else "scalar",
+        bias=case.bias,
+        activation=case.activation,
+        residual=case.residual,
+        out_dtype=case.torch_out_dtype,
+    )
+
+
+def case_spec(case, suite, config=None):
+    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.runtime.sm90_launch import ARCH, TEMPLATE_ID, _X_FORMAT
+    from nvgemm.templates.registry import HardwareSpec
+
+    config = config or case_config(case, suite)
+    return make_spec(TEMPLATE_ID, config, ARCH, epilogue=case_epilogue(case), hw=HardwareSpec(sm_count=suite.SM_COUNT),
+                     a_format=_X_FORMAT[case.torch_x_dtype], b_format="nvfp4", environ={})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "build" / "sm90_gpu_check"))
+    args = ap.parse_args()
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import torch  # noqa: F401
+
+    from nvgemm.runtime.cache import KernelCache
+
+    suite = _load_suite()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = KernelCache(out)
+    entries, built = [], {}
+    t0 = time.time()
+    failed = 0
+    for case in suite.all_cases():
+        cfg = case_config(case, suite)
+        spec = case_spec(case, suite, cfg)
+        key = cache.key(spec)
+        if key not in built:
+            r = cache.ensure(spec)
+            built[key] = r
+            print(f"{r.status:9s} {r.seconds:6.1f}s  {spec.name()}", flush=True)
+            if r.status == "failed":
+                failed += 1
+                print(f"          {r.error}", flush=True)
+        r = built[key]
+        entries.append({
+            "case": case.to_json(),
+            "config": dataclasses.asdict(cfg),
+            "spec_name": spec.name(),
+            "key": key,
+            "entry": str(Path(r.path).relative_to(out)) if r.path else None,
+            "status": r.status,
+        })
+    (out / "manifest.json").write_text(json.dumps({"fingerprint": cache.fid, "entries": entries}, indent=1))
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"{len(built)} kernels for {len(entries)} cases in {time.time() - t0:.0f}s; {size / 2**20:.1f} MiB in {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

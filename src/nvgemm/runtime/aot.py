@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nvgemm.templates.registry import (
+    COMPILE_LOCK,
     AbiArg,
     CompileSpec,
     PointerArg,
@@ -283,7 +284,8 @@ def build_artifacts(spec: CompileSpec, out_dir: Path, key: str) -> dict[str, Any
     t1, c1 = time.perf_counter(), time.process_time()
     _prepare_export()
     try:
-        compiled.export_to_c(str(out_dir), "kernel", function_prefix=prefix)
+        with COMPILE_LOCK:  # the MLIR execution engine behind export is not known to be thread-safe
+            compiled.export_to_c(str(out_dir), "kernel", function_prefix=prefix)
     except Exception as e:
         raise AotBuildError(f"export_to_c of {spec.name()} failed: {type(e).__name__}: {e}") from e
     header = (out_dir / "kernel.h").read_text()

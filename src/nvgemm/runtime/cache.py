@@ -47,6 +47,7 @@ from .compile_spec import KEY_VERSION, compile_key, fingerprint, spec_json
 log = logging.getLogger("nvgemm_cutedsl.cache")
 
 ENTRY_FILES = ("kernel.so", "kernel.o", "kernel.h", "shim.c")
+_REPORTED: set[str] = set()
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -104,7 +105,6 @@ class KernelCache:
         self._mem: dict[str, Any] = {}
         self._by_spec: dict[CompileSpec, Any] = {}
         self._mem_lock = threading.Lock()
-        self._reported: set[str] = set()
         self.stats = {"compiled": 0, "loaded": 0, "corrupt": 0, "miss": 0}
 
     # ---- paths -------------------------------------------------------------------------
@@ -171,8 +171,8 @@ class KernelCache:
 
     def _report_corrupt(self, key: str, d: Path, why: str) -> None:
         self.stats["corrupt"] += 1
-        if key not in self._reported:
-            self._reported.add(key)
+        if str(d) not in _REPORTED:  # once per entry per process, however many caches point at it
+            _REPORTED.add(str(d))
             msg = f"nvgemm_cutedsl: corrupt kernel cache entry {d}: {why}; rebuilding it"
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=3)

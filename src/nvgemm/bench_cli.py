@@ -130,6 +130,7 @@ _LOAD_PROBE = textwrap.dedent(
     specs = pickle.load(open(sys.argv[1], "rb"))
     t0 = time.perf_counter()
     kc = KernelCache(sys.argv[2])
+    kc.fid = sys.argv[3]               # the builder's fingerprint (the shared tree may change mid-run)
     from nvgemm.runtime.aot import preload_cudart
     preload_cudart()                   # once per process (torch on a GPU box has usually done it)
     t_init = time.perf_counter() - t0
@@ -182,7 +183,7 @@ def cache_timings(model: str, ms: list[int], arches: list[str], cache_dir: Path 
         with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
             pickle.dump([s for _, s in ok], f)
         try:
-            r = subprocess.run([sys.executable, "-c", _LOAD_PROBE, f.name, str(cache_dir)],
+            r = subprocess.run([sys.executable, "-c", _LOAD_PROBE, f.name, str(cache_dir), kc.fid],
                                capture_output=True, text=True, timeout=600)
             if r.returncode != 0:
                 raise RuntimeError(f"load probe failed: {r.stderr[-2000:]}")

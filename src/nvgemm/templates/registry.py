@@ -67,8 +67,10 @@ nvgemm links ``name.o`` + a generated C shim + the DSL wheel's ``libcuda_dialect
 * ``int32_t nvgemm_aot_abi_version(void)`` -> 1,
 * ``int32_t nvgemm_aot_load(void)``: init + load the embedded cubin on every visible device; returns a
   ``cudaError_t`` (0 = success). Must run once per process before the first launch.
-* ``int32_t nvgemm_aot_launch(void **args, int32_t num_args)``: calls the launcher; returns the
-  launcher's ``int32`` result (a ``cudaError_t``; 0 = success).
+* ``int32_t nvgemm_aot_launch(void **args, int32_t num_args)``: zeroes the result slot, calls the
+  launcher, returns the ``int32`` it left there (0 = success; nvgemm raises on anything else). It
+  returns -1 without launching when ``num_args`` is not ``len(abi) + 1``. (Launching has not been run
+  on a GPU yet: the selftest in tests/compile/test_aot.py does so when a GPU is present.)
 
 ABI argument names must equal the ``@cute.jit`` parameter names (the build checks names, order and
 C types against the exported header; names are the only guard against two same-typed pointers or

@@ -1,0 +1,33 @@
+"""`nvgemm demo` end to end on CPU (ModelOpt quantize + export, nvgemm load, greedy decode)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("modelopt")
+
+from nvgemm.cli import main  # noqa: E402
+from nvgemm.testing import make_tiny_checkpoint  # noqa: E402
+
+
+def test_demo_builtin_model(capsys):
+    rc = main(["demo", "--tokens", "3", "--prompt-len", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "quantized and exported with ModelOpt" in out
+    assert re.search(r"per-token latency median [0-9.]+ ms", out)
+    for layer in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        assert re.search(rf"{layer}\s+emulated x4", out), out
+    worst = float(re.search(r"worst max\|diff\|/max\|ref\| = ([0-9.e+-]+)", out).group(1))
+    assert worst <= 2.0**-7
+    assert out.rstrip().endswith("OK")
+
+
+def test_demo_on_a_checkpoint_weight_only(tmp_path, capsys):
+    ckpt = make_tiny_checkpoint(tmp_path / "ck", "qwen2", "W4A16_NVFP4")
+    rc = main(["demo", "--checkpoint", str(ckpt), "--tokens", "2", "--batch", "2", "--prompt-len", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "quant_algo W4A16_NVFP4" in out and "quantized and exported" not in out

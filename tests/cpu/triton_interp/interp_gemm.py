@@ -20,42 +20,9 @@ import torch
 from nvgemm.formats import dequantize, from_blocked, quantize_activation, quantize_weight, to_blocked
 from nvgemm.ops import nvfp4_linear_emulated
 from nvgemm.triton_kernels.gemm_w4a16 import nvfp4_linear_triton
+from nvfp4_cases import error_bound
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
-
-U32 = 2.0**-24
-OUT_ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 0.0}
-OUT_TINY = {torch.bfloat16: 2.0**-126, torch.float16: 2.0**-24, torch.float32: 2.0**-126}
-
-
-def error_bound(x, q, ws2, input_scale, bias, activation, out_dtype, ref32):
-    """Element-wise bound on |kernel - reference| (see module docstring)."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if input_scale is not None:
-        a = dequantize(*quantize_activation(x2, input_scale)).double()
-        alpha = (input_scale.double() * ws2.double()).abs()
-    else:
-        a = x2.double()
-        alpha = ws2.double().abs()
-    w = dequantize(q.packed, q.scale).double()
-    mag = (a.abs() @ w.abs().t()) * alpha
-    pre = (a @ w.t()) * (input_scale.double() * ws2.double() if input_scale is not None else ws2.double())
-    if bias is not None:
-        pre = pre + bias.double()
-    e_pre = 2 * k * U32 * mag + 4 * U32 * pre.abs()
-    if activation == "none":
-        e = e_pre
-    elif activation in ("silu", "gelu_tanh"):
-        e = 1.13 * e_pre + 8 * U32 * pre.abs()
-    else:
-        n2 = pre.shape[-1] // 2
-        g, u = pre[:, :n2], pre[:, n2:]
-        eg, eu = e_pre[:, :n2] + 8 * U32 * g.abs(), e_pre[:, n2:]
-        e = 1.1 * eg * (u.abs() + eu) + torch.nn.functional.silu(g).abs() * eu
-    r = ref32.reshape(e.shape).double()
-    return (e + 2 * U32 * r.abs() + OUT_ULP[out_dtype] * r.abs() + OUT_TINY[out_dtype]).reshape(ref32.shape)
-
 
 CASES = [  # m, n, k, activation, x dtype, out dtype, w4a4, vector alpha, bias, residual, config
     (1, 48, 64, "none", torch.bfloat16, torch.bfloat16, False, False, False, False, None),

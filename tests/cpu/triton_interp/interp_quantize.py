@@ -20,11 +20,9 @@ from nvgemm.triton_kernels._common import e2m1_decode as tk_e2m1_decode
 from nvgemm.triton_kernels._common import e2m1_encode as tk_e2m1_encode
 from nvgemm.triton_kernels._common import e4m3_rne, e4m3_to_f32, f32_to_bf16_rne, is_interpreted
 from nvgemm.triton_kernels.quantize import quantize_nvfp4_kernel, quantize_nvfp4_triton
+from nvfp4_cases import BOUNDS, adversarial
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
-
-BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # e2m1 rounding boundaries (exact ties)
-
 
 def test_kernel_is_interpreted():
     assert is_interpreted(quantize_nvfp4_kernel)
@@ -133,46 +131,6 @@ def test_tilings(config, swizzle, seed):
     """Several programs along M and K; swizzled tiles straddle the K/16-to-4 and row-to-128 padding."""
     x = torch.randn(9, 80).bfloat16()
     assert_same_bytes(x, torch.tensor(0.02), swizzle, config)
-
-
-def _step(v: torch.Tensor, up: bool) -> torch.Tensor:
-    """Next representable value of v's (16-bit) dtype away from (up) or towards zero."""
-    bits = v.view(torch.int16)
-    return (bits + (1 if up else -1)).view(v.dtype)
-
-
-def adversarial(dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of 16-blocks that hit every rounding rule; gs = 2**-4 so every S = sf * gs is exact.
-
-    For an e4m3 value sf, a block containing 6*sf*gs has v = amax / (6 gs) = sf exactly, so the
-    block scale is sf and q = x / S is exactly t for x = t*S: ties at every e2m1 boundary, then
-    the same values one dtype-ulp above and below.
-    """
-    gs = 2.0**-4
-    rows = []
-    for sf in (2.0**-9, 3 * 2.0**-9, 2.0**-6, 0.375, 1.0, 1.125, 3.25, 13.0, 240.0, 448.0):
-        s = sf * gs
-        t = torch.tensor(BOUNDS, dtype=torch.float64)
-        ties = torch.cat([torch.tensor([6.0]), t, -t, torch.tensor([-6.0])]) * s
-        tie_blk = ties.to(dtype)
-        assert torch.equal(tie_blk.double(), ties), "tie values must be exact in the dtype"
-        up = torch.cat([tie_blk[:1], _step(tie_blk[1:8], True), _step(tie_blk[8:15], True), tie_blk[15:]])
-        down = torch.cat([tie_blk[:1], _step(tie_blk[1:8], False), _step(tie_blk[8:15], False), tie_blk[15:]])
-        rows.append(torch.cat([tie_blk, up, down, tie_blk.flip(0)]))
-    sat = 448 * 6 * gs
-    specials = [
-        torch.zeros(16),  # all-zero block -> sf 0, q 0
-        torch.full((16,), -0.0),  # negative zeros -> still code 0 (no sign)
-        torch.tensor([sat] + [sat * 0.999] * 7 + [-sat * 1.001] * 8),  # around the saturation point
-        torch.tensor([sat * 40] + [1.0] * 15),  # sf clamps at 448: codes saturate at 6
-        torch.tensor([1000.0] + [0.01, -0.01] * 7 + [-0.001]),  # single outlier: the rest -> +-0 codes
-        torch.tensor([2.0**-16] * 8 + [-(2.0**-16)] * 8),  # v = amax/(6gs) < 2**-10: sf 0, all codes 0
-        torch.tensor([2.0**-12] + [-(2.0**-13)] * 15),  # e4m3-subnormal block scales
-        torch.randn(16) * 2.0**-14,  # tiny (fp16 subnormal) values
-    ]
-    rows.append(torch.cat(specials[:4]).to(dtype))
-    rows.append(torch.cat(specials[4:]).to(dtype))
-    return torch.stack(rows), torch.tensor(gs)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -63,22 +63,26 @@ def main() -> int:
             fails.append((cfg.name(), f"rejected: {st.reason}"))
             continue
         t0 = time.perf_counter()
+        c0 = time.process_time()
         try:
             f = tpl.compile(spec, keep_ptx=True)
         except Exception as e:  # report every failure, keep sweeping
             fails.append((cfg.name(), f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
             continue
         dt = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         ptx = f.__ptx__ or ""
         ok = bool(mma.search(ptx)) and (("griddepcontrol.wait" in ptx) == cfg.pdl)
         if warm is None:
             warm = dt
-        rows.append((cfg.name(), dt, ok))
-        print(f"[{i + 1}/{len(cfgs)}] {cfg.name()}: {dt:.2f} s ptx_ok={ok}", flush=True)
+        rows.append((cfg.name(), dt, cpu, ok))
+        print(f"[{i + 1}/{len(cfgs)}] {cfg.name()}: wall {dt:.2f} s cpu {cpu:.2f} s ptx_ok={ok}", flush=True)
         if not ok:
             fails.append((cfg.name(), "PTX check failed"))
-    times = sorted(t for _, t, _ in rows[1:]) or [warm or 0.0]
+    times = sorted(t for _, t, _, _ in rows[1:]) or [warm or 0.0]
+    cpus = sorted(c for _, _, c, _ in rows[1:]) or [0.0]
     med = times[len(times) // 2]
+    cmed = cpus[len(cpus) // 2]
     lines = [
         "# sm100 NVFP4 kernel: compile times (sm_100a, no GPU)",
         "",
@@ -87,17 +91,20 @@ def main() -> int:
         f"- versions: python {platform.python_version()}, nvidia-cutlass-dsl {cutlass.__version__ if hasattr(cutlass, '__version__') else '4.8.1'}, torch {torch.__version__}",
         f"- command: `python bench/compile_sweep_sm100.py{' --limit %d' % a.limit if a.limit else ''}`",
         f"- configs: every candidate of the policy (nvgemm.heuristics.candidates, nvMatmulHeuristics on) for {len(SHAPES)} shapes + 3 extras; epilogue alpha=scalar, bf16 out",
-        f"- compiled: {len(rows)}, failed/rejected: {len(fails)}; median {med:.2f} s, max {max(times):.2f} s (first compile of the process: {warm or 0:.2f} s)",
+        f"- compiled: {len(rows)}, failed/rejected: {len(fails)}",
+        f"- wall time per kernel: median {med:.2f} s, max {max(times):.2f} s (first compile of the process: {warm or 0:.2f} s)",
+        f"- CPU time of the compiling process per kernel (robust to other jobs on the box): median {cmed:.2f} s, max {max(cpus):.2f} s",
+        f"- load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times include waiting for the CPU)",
         "",
-        "| config | compile s | PTX ok |",
-        "|---|---|---|",
-    ] + [f"| {n} | {t:.2f} | {'yes' if ok else 'NO'} |" for n, t, ok in rows]
+        "| config | wall s | CPU s | PTX ok |",
+        "|---|---|---|---|",
+    ] + [f"| {n} | {t:.2f} | {c:.2f} | {'yes' if ok else 'NO'} |" for n, t, c, ok in rows]
     if fails:
         lines += ["", "## failures / rejections", ""] + [f"- {n}: {why}" for n, why in fails]
     open(a.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines[:8]))
     return 1 if any(w != "PTX check failed" and not w.startswith("rejected") for _, w in fails) or any(
-        not ok for _, _, ok in rows) else 0
+        not ok for _, _, _, ok in rows) else 0
 
 
 if __name__ == "__main__":

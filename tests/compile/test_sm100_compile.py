@@ -87,6 +87,9 @@ def test_compiles_with_block_scaled_fp4_mma(cfg):
         assert prefetch == 0
     if cfg.l2_prefetch:
         assert prefetch >= 4  # A, B, SFA, SFB one stage ahead
+    if not cfg.swap_ab:
+        # full sub-tiles of the row-major output leave as 16-byte vector stores
+        assert "st.global.v4.b32" in ptx
     if cfg.cluster_m * cfg.cluster_n > 1:
         assert ".multicast::cluster" in ptx
 

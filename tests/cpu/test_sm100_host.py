@@ -60,8 +60,16 @@ CONFIGS = [
 EPIS = list(itertools.product([False, True], [False, True], [False, True], ["none", "silu", "gelu_tanh"]))
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name())
-@pytest.mark.parametrize("vector_alpha,bias,residual,activation", EPIS)
+# every epilogue combination for the native and the swap-AB layout; a spread for the rest
+CASES = [(c, e) for c in (CONFIGS[0], CONFIGS[2]) for e in EPIS] + [
+    (c, e) for c in (CONFIGS[1], CONFIGS[3], CONFIGS[4]) for e in (EPIS[0], EPIS[-1], EPIS[len(EPIS) // 2 + 1])
+]
+
+
+@pytest.mark.parametrize(
+    "cfg,vector_alpha,bias,residual,activation", [(c, *e) for c, e in CASES],
+    ids=[f"{c.name()}-{'-'.join(map(str, e))}" for c, e in CASES],
+)
 def test_prepared_args_match_emulated(cfg, vector_alpha, bias, residual, activation, seed):
     # ragged: M not a tile multiple, N=80 not a multiple of 64/128, K=288 not a multiple of 256
     m = 5  # <= every narrow tile_n used with swap-AB here
@@ -118,6 +126,8 @@ def test_splitk_buffers():
         (lambda c: None, Sm100Nvfp4GemmConfig(tile_n=8, swap_ab=True), "narrow tile_n=8"),
         (lambda c: None, Sm100Nvfp4GemmConfig(split_k=8), "split_k=8 exceeds"),
         (lambda c: c.__setitem__(5, torch.randn(64)), Sm100Nvfp4GemmConfig(), "bias dtype"),
+        (lambda c: c.__setitem__(1, c[1][:60]) or c.__setitem__(2, to_blocked(torch.ones(60, 32).to(torch.float8_e4m3fn))),
+         Sm100Nvfp4GemmConfig(), "multiple of 16 bytes"),
     ],
 )
 def test_prepare_rejects_with_reason(mutate, cfg, match, seed):
@@ -142,6 +152,7 @@ def test_backend_only_on_sm100():
     assert supports(_lp("cuda", (10, 3))) is None
     assert "W4A16" in supports(_lp("cuda", (10, 0), weight_only=True))
     assert "silu_mul" in supports(_lp("cuda", (10, 0), activation="silu_mul"))
+    assert "16 bytes" in supports(_lp("cuda", (10, 0), n=60))
 
 
 def test_cpu_dispatch_never_selects_sm100(seed):

@@ -120,6 +120,12 @@ def prepare_sm100_args(
     n, k = weight.shape[0], weight.shape[1] * 2
     if k % 32:
         raise ValueError(f"nvgemm_cutedsl sm100: K={k} must be a multiple of 32 (16-byte TMA rows of packed FP4)")
+    ob = torch.empty((), dtype=spec.out_dtype).element_size()
+    if (n * ob) % 16:
+        raise ValueError(
+            f"nvgemm_cutedsl sm100: output rows of N={n} {spec.out_dtype} values are not a multiple of 16 bytes "
+            f"(N must be a multiple of {16 // ob})"
+        )
     dev = x.device
     x2 = x.reshape(-1, k)
     tokens = x2.shape[0]
@@ -239,6 +245,9 @@ def supports(p: LinearProblem) -> Optional[str]:
         return "silu_mul is not implemented in the sm100 kernel"
     if p.k % 32:
         return f"K={p.k} is not a multiple of 32"
+    ob = torch.empty((), dtype=p.out_dtype).element_size()
+    if (p.n * ob) % 16:
+        return f"N={p.n}: output rows must be a multiple of 16 bytes"
     if p.bias and p.x_dtype != p.out_dtype:
         return "bias/residual must be in the output dtype"
     return None

@@ -252,7 +252,13 @@ class Sm100Nvfp4GemmKernel:
         mA = cute.make_tensor(a_ptr, cute.make_ordered_layout((m, kk, 1), order=(1, 0, 2)))
         mB = cute.make_tensor(b_ptr, cute.make_ordered_layout((n, kk, 1), order=(1, 0, 2)))
         c_order = (0, 1, 2) if self.config.swap_ab else (1, 0, 2)
-        mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m, n, 1), order=c_order))
+        # 16-byte output rows (the launcher checks N * out_bytes % 16 == 0): full sub-tiles of
+        # the row-major output are stored with 16-byte vector stores.
+        c_div = 16 * 8 // self.c_dtype.width
+        if cutlass.const_expr(self.config.swap_ab):
+            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((cute.assume(m, divby=c_div), n, 1), order=c_order))
+        else:
+            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m, cute.assume(n, divby=c_div), 1), order=c_order))
         mR = cute.make_tensor(residual_ptr, cute.make_ordered_layout((m, n, 1), order=c_order))
         feat = m if self.feature_along_m else n
         mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat))
@@ -730,8 +736,12 @@ class Sm100Nvfp4GemmKernel:
         tTR_tAcc_base = thr_t2r.partition_S(tAcc_epi)
         cC_epi = cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)], self.epi_tile)
         tTR_cC_all = thr_t2r.partition_D(cC_epi)
+        gC = cute.local_tile(mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
+        gC_epi = cute.flat_divide(thr_mma.partition_C(gC)[((None, None), 0, 0, None, None, None)], self.epi_tile)
+        tTR_gC_all = thr_t2r.partition_D(gC_epi)
         tTR_rAcc = cute.make_rmem_tensor(tTR_cC_all[(None, None, None, 0, 0, 0, 0, 0)].shape, self.acc_dtype)
         tTR_rSum = cute.make_rmem_tensor(tTR_rAcc.shape, self.acc_dtype)
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
 
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
@@ -757,6 +767,8 @@ class Sm100Nvfp4GemmKernel:
             tTR_tAcc = cute.group_modes(tTR_tAcc, 3, cute.rank(tTR_tAcc))
             tTR_cC = tTR_cC_all[(None, None, None, None, None, *mma_coord)]
             tTR_cC = cute.group_modes(tTR_cC, 3, cute.rank(tTR_cC))
+            tTR_gC = tTR_gC_all[(None, None, None, None, None, *mma_coord)]
+            tTR_gC = cute.group_modes(tTR_gC, 3, cute.rank(tTR_gC))
             cta_tile_id = coord[0] * num_tiles_n + coord[1]
 
             acc_pipeline.consumer_wait(acc_state)
@@ -765,8 +777,8 @@ class Sm100Nvfp4GemmKernel:
             if cutlass.const_expr(self.split_k == 1):
                 for st in cutlass.range(subtile_cnt):
                     cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    self._store_subtile(tTR_rAcc, tTR_cC[(None, None, None, st)], mC_mnl, mR_mnl,
-                                        mAlpha, mBias, alpha_s, m_size, n_size)
+                    self._store_subtile(tTR_rAcc, tTR_rC, tTR_cC[(None, None, None, st)], tTR_gC[(None, None, None, st)],
+                                        mC_mnl, mR_mnl, mAlpha, mBias, alpha_s, m_size, n_size)
                 cute.arch.fence_view_async_tmem_load()
                 acc_pipeline.consumer_release(acc_state)
             else:
@@ -797,11 +809,13 @@ class Sm100Nvfp4GemmKernel:
                             r, c, _l = cs[i]
                             rl = r - coord[0] * self.cta_tile_shape_mnk[0]
                             cl = c - coord[1] * self.cta_tile_shape_mnk[1]
+                            # fixed order 0, 1, ..., S-1 (a rolled loop keeps code size flat in S)
                             s_acc = mWs[rl, cl, 0, cta_tile_id]
-                            for s in cutlass.range_constexpr(1, self.split_k):
+                            for s in cutlass.range(1, self.split_k, unroll=1):
                                 s_acc = s_acc + mWs[rl, cl, s, cta_tile_id]
                             tTR_rSum[i] = s_acc
-                        self._store_subtile(tTR_rSum, cs, mC_mnl, mR_mnl, mAlpha, mBias, alpha_s, m_size, n_size)
+                        self._store_subtile(tTR_rSum, tTR_rC, cs, tTR_gC[(None, None, None, st)], mC_mnl, mR_mnl,
+                                            mAlpha, mBias, alpha_s, m_size, n_size)
                     if tidx == 0:
                         mCnt[cta_tile_id] = cutlass.Int32(0)
                 self.epilog_sync_barrier.arrive_and_wait()
@@ -816,25 +830,44 @@ class Sm100Nvfp4GemmKernel:
         tmem.free(acc_tmem_ptr)
 
     @cute.jit
-    def _store_subtile(self, rAcc, cs, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size):
-        """Epilogue on one register sub-tile, predicated on the (ragged) problem bounds."""
+    def _store_subtile(self, rAcc, rC, cs, gC_sub, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size):
+        """Epilogue on one register sub-tile (fp32 -> one rounding), then the store: a thread's
+        sub-tile of a row-major output is one contiguous row segment, stored with 16-byte vector
+        stores when it is entirely inside the (ragged) problem; otherwise, and for the
+        column-major swap-AB output (where lanes own consecutive features, so scalar stores
+        coalesce across the warp), element-wise predicated stores."""
+        all_in = cutlass.Boolean(True)
         for i in cutlass.range_constexpr(cute.size(rAcc)):
             r, c, _l = cs[i]
-            if r < m_size and c < n_size:
-                feat = c
-                if cutlass.const_expr(self.feature_along_m):
-                    feat = r
-                alpha = alpha_s
+            inb = (r < m_size) & (c < n_size)
+            all_in = all_in & inb
+            feat = c
+            if cutlass.const_expr(self.feature_along_m):
+                feat = r
+            alpha = alpha_s
+            bias = cutlass.Float32(0.0)
+            res = cutlass.Float32(0.0)
+            if inb:
                 if cutlass.const_expr(self.spec.alpha == "vector"):
                     alpha = mAlpha[feat].to(cutlass.Float32)
-                bias = cutlass.Float32(0.0)
                 if cutlass.const_expr(self.spec.bias):
                     bias = mBias[feat].to(cutlass.Float32)
-                res = cutlass.Float32(0.0)
                 if cutlass.const_expr(self.spec.residual):
                     res = mR[r, c, 0].to(cutlass.Float32)
-                y = self.epi.apply(rAcc[i], alpha, bias, res)
-                mC[r, c, 0] = y.to(self.c_dtype)
+            rC[i] = self.epi.apply(rAcc[i], alpha, bias, res).to(self.c_dtype)
+        if cutlass.const_expr(self.feature_along_m):
+            for i in cutlass.range_constexpr(cute.size(rAcc)):
+                r, c, _l = cs[i]
+                if (r < m_size) & (c < n_size):
+                    mC[r, c, 0] = rC[i]
+        else:
+            if all_in:
+                cute.autovec_copy(rC, gC_sub)
+            else:
+                for i in cutlass.range_constexpr(cute.size(rAcc)):
+                    r, c, _l = cs[i]
+                    if (r < m_size) & (c < n_size):
+                        mC[r, c, 0] = rC[i]
 
 
 # ---------------------------------------------------------------------- template (kernels cache)
@@ -891,7 +924,7 @@ class Sm100Nvfp4GemmTemplate:
             PointerArg("b_ptr", "Float4E2M1FN", assumed_align=16),
             PointerArg("sfa_ptr", "Float8E4M3FN", assumed_align=16),
             PointerArg("sfb_ptr", "Float8E4M3FN", assumed_align=16),
-            PointerArg("c_ptr", out, assumed_align=out_align),
+            PointerArg("c_ptr", out, assumed_align=16),  # allocated by the launcher: 16-byte aligned
             PointerArg("alpha_ptr", "Float32", assumed_align=4),
             PointerArg("bias_ptr", out, assumed_align=out_align),
             PointerArg("residual_ptr", out, assumed_align=out_align),

@@ -85,8 +85,13 @@ def main() -> int:
     entries, built = [], {}
     t0 = time.time()
     failed = 0
+    uses = []
     for case in suite.all_cases():
-        cfg = case_config(case, suite)
+        uses.append((case, case_config(case, suite)))
+        if case.config is not None:  # the op path (tests/gpu) picks the policy's config for it
+            policy = dataclasses.replace(case, name=case.name + ".policy", config=None)
+            uses.append((policy, case_config(policy, suite)))
+    for case, cfg in uses:
         spec = case_spec(case, suite, cfg)
         key = cache.key(spec)
         if key not in built:
@@ -105,6 +110,13 @@ def main() -> int:
             "entry": str(Path(r.path).relative_to(out)) if r.path else None,
             "status": r.status,
         })
+    import shutil
+
+    for stale in out.iterdir():  # entries of other source/toolchain fingerprints: never used again
+        if stale.is_dir() and stale.name != cache.fid:
+            shutil.rmtree(stale)
+        elif stale.suffix == ".lock" or (stale.is_file() and stale.name not in ("manifest.json",)):
+            stale.unlink()
     (out / "manifest.json").write_text(json.dumps({"fingerprint": cache.fid, "entries": entries}, indent=1))
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(built)} kernels for {len(entries)} cases in {time.time() - t0:.0f}s; {size / 2**20:.1f} MiB in {out}")

@@ -313,7 +313,7 @@ def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, s
     tm = 1
     while tm < min(m, 8):
         tm *= 2
-    return Sm90W4A16Config(family="gemv", tile_m=tm, tile_n=8 if tm <= 2 else 16, tile_k=4096, num_warps=4)
+    return Sm90W4A16Config(family="gemv", tile_m=tm, tile_n=16, tile_k=4096, num_warps=4)
 
 
 def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int = 132):

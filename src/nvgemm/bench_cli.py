@@ -13,7 +13,9 @@ copies to exceed twice the L2 cache (decode reads weights from HBM, not L2):
 * ``nvgemm``: ``torch.ops.nvgemm.nvfp4_linear`` (the full op: activation quantization + GEMM on
   Blackwell W4A4; bf16 activations on Hopper W4A16), reporting which backend ran. When only the
   emulated reference backend is available the column says so instead of timing the reference;
-* ``cublas_nvfp4``: ``torch._scaled_mm`` on pre-quantized NVFP4 operands (GEMM only), sm_100 only;
+* ``cublas_nvfp4``: ``torch._scaled_mm`` on pre-quantized NVFP4 operands, then ``* alpha`` (the
+  global scales; eager PyTorch needs that second kernel), sm_100 only; activation quantization is
+  not timed here, while the nvgemm column includes it;
 * ``bf16``: ``torch.matmul(x, W.T)`` with the unquantized bf16 weight;
 * ``fp8``: ``torch._scaled_mm`` with per-tensor-scaled e4m3 operands (Hopper only);
 * ``roofline``: NVFP4 weight bytes (N*K/2 codes + N*K/16 scales) / measured HBM bandwidth
@@ -435,7 +437,8 @@ def gpu_markdown(res: dict, header: str = "") -> str:
     out += [
         f"{res['gpu']} ({res['arch']}), measured HBM bandwidth {res['bandwidth_gbs']:.0f} GB/s (1 GiB D2D copy); "
         f"CUDA graphs of {res['iters']} calls over rotated weight copies (> 2x L2 {res['l2_mb']:.0f} MB), best of {res['reps']}.",
-        "nvgemm = full `nvgemm::nvfp4_linear` op; cublas_nvfp4 = `torch._scaled_mm` GEMM only on pre-quantized operands.",
+        "nvgemm = full `nvgemm::nvfp4_linear` op (incl. activation quantization on W4A4); cublas_nvfp4 = "
+        "`torch._scaled_mm` on pre-quantized operands followed by `* alpha`.",
         "",
         "| layer | N | K | M | nvgemm us (backend) | cuBLAS NVFP4 us | bf16 us | FP8 us | roofline us | nvgemm / roofline |",
         "|---|---|---|---|---|---|---|---|---|---|",

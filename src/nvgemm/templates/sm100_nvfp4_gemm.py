@@ -58,7 +58,6 @@ nothing is probed at import. One compile serves every M, N and K (they are runti
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
 
 import cuda.bindings.driver as cuda
 import cutlass

@@ -37,36 +37,20 @@ def _arch():
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(cfg: C, epi: EpilogueSpec):
-    """In-process JIT (the AOT cache path is covered by test_through_op_and_cache)."""
+def kernel_for(cfg: C, epi: EpilogueSpec):
+    """The production path: compile for this device's arch (explicit hardware numbers), export,
+    link and load through the kernel cache (``nvgemm.runtime.cache``)."""
+    from nvgemm.runtime.cache import default_cache
     from nvgemm.runtime.sm100_launch import compile_spec_for
-    from nvgemm.templates.registry import get_template
 
     props = torch.cuda.get_device_properties(0)
-    spec = compile_spec_for(cfg, epi, _arch(), props.multi_processor_count)
-    return get_template("sm100_nvfp4_gemm").compile(spec)
+    return default_cache().get(compile_spec_for(cfg, epi, _arch(), props.multi_processor_count))
 
 
 def run_kernel(args):
-    import cuda.bindings.driver as cuda
-    import cutlass
-    from cutlass.cute.runtime import make_ptr
+    from nvgemm.runtime.sm100_launch import launch_sm100
 
-    import cutlass.cute as cute
-
-    k = compiled(args.config, args.spec)
-    g = cute.AddressSpace.gmem
-    odt = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[args.spec.out_dtype]
-
-    def p(t, dt, al):
-        return make_ptr(dt, t.data_ptr() if t is not None else 0, g, assumed_align=al)
-
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    k(p(args.a, cutlass.Float4E2M1FN, 16), p(args.b, cutlass.Float4E2M1FN, 16),
-      p(args.sfa, cutlass.Float8E4M3FN, 16), p(args.sfb, cutlass.Float8E4M3FN, 16),
-      p(args.out, odt, 2), p(args.alpha, cutlass.Float32, 4), p(args.bias, odt, 2),
-      p(args.residual, odt, 2), p(args.workspace, cutlass.Float32, 16), p(args.counters, cutlass.Int32, 4),
-      cutlass.Int32(args.m), cutlass.Int32(args.n), cutlass.Int32(args.k), stream)
+    launch_sm100(args, kernel_for(args.config, args.spec), torch.cuda.current_stream())
     torch.cuda.synchronize()
     return args.out
 
@@ -157,7 +141,11 @@ def test_epilogue_combinations(cfg, vector_alpha, bias, activation, residual, ou
 
 
 def test_through_op_and_cache(monkeypatch, tmp_path, seed):
-    """torch.ops.nvgemm.nvfp4_linear dispatches to cutedsl_sm100 (AOT kernel cache) on sm_100."""
+    """torch.ops.nvgemm.nvfp4_linear dispatches to cutedsl_sm100 (policy-chosen config) on sm_100.
+
+    Tolerance: the same bound as check() would give is not available through the op, so this
+    uses 2 output ulps relative plus 1e-2 absolute (|out| ~ 1-10 here, K=1024 fp32 order
+    differences are ~1e-4); the exact-bound tests above cover the kernel itself."""
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NVGEMM_BACKEND", "cutedsl_sm100")
     call = make_call(4, 1024, 1024, vector_alpha=False, bias=True, residual=True, activation="silu",

@@ -61,11 +61,11 @@ def case_epilogue(case):
 
 def case_spec(case, suite, config=None):
     from nvgemm.runtime.compile_spec import make_spec
-    from nvgemm.runtime.sm90_launch import ARCH, TEMPLATE_ID, _X_FORMAT
+    from nvgemm.runtime.sm90_launch import ARCH, _X_FORMAT, template_id_of
     from nvgemm.templates.registry import HardwareSpec
 
     config = config or case_config(case, suite)
-    return make_spec(TEMPLATE_ID, config, ARCH, epilogue=case_epilogue(case), hw=HardwareSpec(sm_count=suite.SM_COUNT),
+    return make_spec(template_id_of(config), config, ARCH, epilogue=case_epilogue(case), hw=HardwareSpec(sm_count=suite.SM_COUNT),
                      a_format=_X_FORMAT[case.torch_x_dtype], b_format="nvfp4", environ={})
 
 

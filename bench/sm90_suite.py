@@ -22,7 +22,7 @@ LLAMA_SHAPES = {
     "70b.gate_up": (57344, 8192),
     "70b.down": (8192, 28672),
 }
-TIMING_M = (1, 2, 4, 8, 16, 32, 64)
+TIMING_M = (1, 2, 4, 8, 16, 32, 64, 128)
 SM_COUNT = 132  # H100 SXM / H200
 
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -77,7 +77,15 @@ def numeric_cases() -> list[Case]:
              config=dict(gemv, tile_m=8, tile_n=16, split_k=2)),
         Case("w4a4.qdq.m1", 1, 4096, 4096, w4a4=True),
         Case("w4a4.qdq.m9.fp16", 9, 6144, 4096, w4a4=True, x_dtype="fp16", out_dtype="fp16"),
-        Case("m100.tile8", 100, 4096, 4096),  # M > 32: gemv with tile_m=8 over M tiles
+        Case("m100.k4128.gemv8", 100, 1000, 4128),  # M > 32, K % 64 != 0: gemv with tile_m=8 over M tiles
+        # WGMMA family (M > 32)
+        Case("wgmma.m48.ragged", 48, 1000, 4096),
+        Case("wgmma.m200.silu_mul.res", 200, 8192, 4096, activation="silu_mul", bias=True, residual=True),
+        Case("wgmma.m96.fp16.gelu.vector", 96, 2048, 2048, activation="gelu_tanh", vector_alpha=True,
+             x_dtype="fp16", out_dtype="fp16"),
+        Case("wgmma.m64.splitk3", 64, 1024, 8192,
+             config=dict(family="wgmma", tile_m=64, tile_n=64, tile_k=64, split_k=3, num_warps=4, stages=2)),
+        Case("wgmma.m130.w4a4", 130, 4096, 4096, w4a4=True),
     ]
 
 

@@ -163,3 +163,69 @@ def test_rejected_configs_never_compile(cfg, why):
 def test_fp32_activations_rejected():
     spec = make_spec(TID, C(), "sm_90a", epilogue=SCALAR, a_format="fp32")
     assert "bf16 or fp16" in check_spec(spec).reason
+
+
+# --------------------------------------------------------------------------- WGMMA family
+
+WG = "sm90_w4a16_wgmma"
+
+
+@functools.lru_cache(maxsize=None)
+def wg_compiled(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
+    spec = make_spec(WG, cfg, "sm_90a", epilogue=epi, a_format=x)
+    st = check_spec(spec)
+    assert st, st.reason
+    return get_template(WG).compile(spec, keep_ptx=True)
+
+
+WG_FAST = [
+    (C(family="wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=2), SCALAR, "bf16", 128),
+    (C(family="wgmma", tile_m=128, tile_n=128, tile_k=64, num_warps=8, stages=2),
+     EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True), "bf16", 128),
+    (C(family="wgmma", tile_m=64, tile_n=64, tile_k=64, num_warps=4, stages=2, split_k=3),
+     EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.float16), "fp16", 64),
+]
+
+
+@pytest.mark.parametrize("cfg,epi,x,n", WG_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
+def test_wgmma_family_compiles_with_wgmma_instructions(cfg, epi, x, n):
+    f = wg_compiled(cfg, epi, x)
+    ptx = f.__ptx__
+    assert ptx and ".target sm_90a" in ptx
+    kind = "bf16" if x == "bf16" else "f16"
+    # 4 x k16 per 64-deep K step, per warpgroup-wide instruction m64nNk16
+    assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.{kind}\.{kind}", ptx)) == 4
+    assert "fence.proxy.async.shared::cta" in ptx  # generic-proxy smem stores before the tensor cores read
+    assert "wgmma.fence" in ptx and "wgmma.commit_group" in ptx and "wgmma.wait_group" in ptx
+    assert WEIGHT_LD in ptx
+    assert ".local" not in ptx
+    assert ptx.count(".entry") == (2 if cfg.split_k > 1 else 1)
+
+
+def test_wgmma_sass_has_hgmma():
+    exe = _cuobjdump()
+    if exe is None:
+        pytest.skip("no cuobjdump for the SASS check")
+    from nvgemm.templates.sm90_w4a16_gemv import embedded_cubin
+
+    cfg, epi, x, n = WG_FAST[0]
+    with tempfile.TemporaryDirectory() as d:
+        fp = Path(d) / "k.fatbin"
+        fp.write_bytes(embedded_cubin(wg_compiled(cfg, epi, x)))
+        sass = subprocess.run([exe, "--dump-sass", str(fp)], check=True, capture_output=True, text=True).stdout
+    assert len(re.findall(r"HGMMA\.64x128x16\.F32\.BF16", sass)) == 4
+    assert re.search(r"\bLDL\b|\bSTL\b", sass) is None
+
+
+@pytest.mark.parametrize(
+    "cfg,why",
+    [
+        (C(family="wgmma", tile_m=64, tile_n=256, tile_k=64, num_warps=4, stages=2), "tile_n"),
+        (C(family="wgmma", tile_m=64, tile_n=128, tile_k=128, num_warps=4, stages=2), "tile_k"),
+        (C(family="wgmma", tile_m=128, tile_n=128, tile_k=64, num_warps=4, stages=2), "warpgroup"),
+        (C(), "wgmma family"),
+    ],
+)
+def test_wgmma_rejected_configs(cfg, why):
+    st = check_spec(make_spec(WG, cfg, "sm_90a", epilogue=SCALAR, a_format="bf16"))
+    assert not st and why in st.reason

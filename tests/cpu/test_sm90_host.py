@@ -142,6 +142,8 @@ def test_kernel_view_matches_emulated(seed, case):
     ref = nvfp4_linear_emulated(x, packed, ws, ws2, input_scale, bias, res, act, odt)
 
     cfg = Sm90W4A16Config(family="gemv", tile_m=1, tile_n=8, tile_k=4096, split_k=split, num_warps=4)
+    if m > 32:  # the WGMMA family takes the same arguments
+        cfg = Sm90W4A16Config(family="wgmma", tile_m=64, tile_n=64, tile_k=64, split_k=split, num_warps=4, stages=2)
     prepared = prepare_sm90_weight(packed, ws, ws2)
     args = prepare_sm90_args(x, prepared, input_scale, bias, res, act, odt, cfg)
     assert args.out.shape == (m, n_out) and args.out.dtype == out_dt
@@ -205,8 +207,11 @@ def test_backend_selected_on_sm90_only():
 
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32, 64, 200])
 @pytest.mark.parametrize("n,k", [(28672, 4096), (4096, 14336), (1024, 8192), (57344, 8192)])
-def test_pick_config_is_valid_gemv(m, n, k):
+def test_pick_config_family_by_m(m, n, k):
+    fam = "gemv" if m <= 32 else "wgmma"
     cfg = pick_config(m, n, k, torch.bfloat16, "none", 132)
-    assert cfg.family == "gemv" and validate_config(cfg), cfg
+    assert cfg.family == fam and validate_config(cfg), cfg
     cfg = pick_config(m, n, k, torch.bfloat16, "silu_mul", 132)
-    assert cfg.tile_n % 2 == 0 and validate_config(cfg)
+    assert cfg.family == fam and cfg.tile_n % 2 == 0 and validate_config(cfg)
+    if m > 32:  # K not a multiple of the WGMMA K step: the gemv kernel over M tiles
+        assert pick_config(m, n, k + 32, torch.bfloat16, "none", 132).family == "gemv"

@@ -54,7 +54,7 @@ from .backends import Backend, LinearProblem, register_backend, warn_once
 
 log = logging.getLogger("nvgemm_cutedsl.sm90")
 
-TEMPLATE_ID = "sm90_w4a16_gemv"
+TEMPLATE_ID = "sm90_w4a16_gemv"  # the gemv family; template_id_of(config) in general
 ARCH = "sm_90a"
 BACKEND_NAME = "cutedsl_sm90"
 PRIORITY = 90
@@ -292,9 +292,18 @@ def kernel_view_ref(args: Sm90Args, config: Sm90W4A16Config) -> torch.Tensor:
 # --------------------------------------------------------------------------- config / launch
 
 
+def wgmma_config(m: int) -> Sm90W4A16Config:
+    """The WGMMA family's config for M > 32: one warpgroup per 64 rows, 128 columns, K step 64."""
+    tm = 64 if m <= 64 else 128
+    return Sm90W4A16Config(family="wgmma", tile_m=tm, tile_n=128, tile_k=64, num_warps=4 * tm // 64, stages=2)
+
+
 def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, sm_count: int) -> Sm90W4A16Config:
-    """First gemv candidate of the heuristics for this problem (a fixed tile_m=8 config above M=32)."""
+    """M <= 32: the heuristics' first gemv candidate; M > 32: the WGMMA family (K % 64 == 0), else
+    the gemv kernel with tile_m=8 over M tiles."""
     if m > GEMV_MAX_M_POLICY:
+        if k % 64 == 0:
+            return wgmma_config(m)
         return Sm90W4A16Config(family="gemv", tile_m=8, tile_n=16, tile_k=4096, num_warps=4)
     try:
         from ..heuristics import candidates
@@ -316,11 +325,15 @@ def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, s
     return Sm90W4A16Config(family="gemv", tile_m=tm, tile_n=16, tile_k=4096, num_warps=4)
 
 
+def template_id_of(config: Sm90W4A16Config) -> str:
+    return f"sm90_w4a16_{config.family}"
+
+
 def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int = 132):
     from ..templates.registry import HardwareSpec
     from .compile_spec import make_spec
 
-    return make_spec(TEMPLATE_ID, config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
+    return make_spec(template_id_of(config), config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
                      a_format=_X_FORMAT[x_dtype], b_format="nvfp4")
 
 

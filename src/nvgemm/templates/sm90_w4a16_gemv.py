@@ -187,7 +187,42 @@ def decode_word(w: Int32):
 # ---------------------------------------------------------------------------------------------
 
 
-class Sm90W4A16GemvKernel:
+class Sm90EpilogueMixin:
+    """The fp32 epilogue shared by the sm90 W4A16 kernels (needs ``self.epi``, ``self.gated``,
+    ``self.out_dtype``). Accumulators arrive as ``sum E2M1 * 2**-14 * s * x`` (gemv) or already
+    scaled (``unscale=1``)."""
+
+    unscale = DECODE_UNSCALE
+
+    @cute.jit
+    def store_epilogue(self, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
+                       mi: Int32, feat: Int32, row_g: Int32, acc_g: Float32, row_u: Int32, acc_u: Float32):
+        """fp32 epilogue of one output element, in the spec's order; one rounding at the store."""
+        y = acc_g * Float32(self.unscale)
+        yu = acc_u * Float32(self.unscale)
+        if cutlass.const_expr(self.epi.alpha == "scalar"):
+            a = mAlpha[0]
+            y = y * a
+            yu = yu * a
+        if cutlass.const_expr(self.epi.alpha == "vector"):
+            y = y * mAlpha[row_g]
+            if cutlass.const_expr(self.gated):
+                yu = yu * mAlpha[row_u]
+        if cutlass.const_expr(self.epi.bias):
+            y = y + mBias[row_g]
+            if cutlass.const_expr(self.gated):
+                yu = yu + mBias[row_u]
+        if cutlass.const_expr(self.gated):
+            y = Activation("silu_mul").apply_gated(y, yu)
+        if cutlass.const_expr(self.epi.activation in ("silu", "gelu_tanh")):
+            y = Activation(self.epi.activation).apply(y)
+        if cutlass.const_expr(self.epi.residual):
+            y = y + mRes[mi, feat].to(Float32)
+        mOut[mi, feat] = y.to(self.out_dtype)
+
+
+
+class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
     """Small-M NVFP4 weight-only GEMV for sm_90a (see the module docstring)."""
 
     def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
@@ -247,32 +282,6 @@ class Sm90W4A16GemvKernel:
             feat = bx * self.tile_n + r
             row = feat
         return row, feat
-
-    @cute.jit
-    def store_epilogue(self, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
-                       mi: Int32, feat: Int32, row_g: Int32, acc_g: Float32, row_u: Int32, acc_u: Float32):
-        """fp32 epilogue of one output element, in the spec's order; one rounding at the store."""
-        y = acc_g * Float32(DECODE_UNSCALE)
-        yu = acc_u * Float32(DECODE_UNSCALE)
-        if cutlass.const_expr(self.epi.alpha == "scalar"):
-            a = mAlpha[0]
-            y = y * a
-            yu = yu * a
-        if cutlass.const_expr(self.epi.alpha == "vector"):
-            y = y * mAlpha[row_g]
-            if cutlass.const_expr(self.gated):
-                yu = yu * mAlpha[row_u]
-        if cutlass.const_expr(self.epi.bias):
-            y = y + mBias[row_g]
-            if cutlass.const_expr(self.gated):
-                yu = yu + mBias[row_u]
-        if cutlass.const_expr(self.gated):
-            y = Activation("silu_mul").apply_gated(y, yu)
-        if cutlass.const_expr(self.epi.activation in ("silu", "gelu_tanh")):
-            y = Activation(self.epi.activation).apply(y)
-        if cutlass.const_expr(self.epi.residual):
-            y = y + mRes[mi, feat].to(Float32)
-        mOut[mi, feat] = y.to(self.out_dtype)
 
     # ----------------------------------------------------------------------------- main kernel
     @cute.kernel

@@ -59,9 +59,11 @@ def dtype_kind(dtype: torch.dtype) -> int:
 
 @triton.jit
 def f32_to_bf16_rne(y):
-    """fp32 -> bf16, round to nearest even (finite inputs), identical on GPU and interpreter."""
+    """fp32 -> bf16, round to nearest even (inf stays inf, NaN stays a quiet NaN), identical on
+    GPU and interpreter."""
     bits = y.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = (tl.where(is_nan, bits | 0x400000, bits + 0x7FFF + ((bits >> 16) & 1))) >> 16
     return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 

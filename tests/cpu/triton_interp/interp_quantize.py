@@ -79,6 +79,22 @@ def test_device_helpers_match_torch():
     assert torch.equal(bfo.view(torch.int16), v.to(torch.bfloat16).view(torch.int16))
 
 
+@triton.jit
+def _bf16_kernel(v_ptr, o_ptr, N, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(o_ptr + o, f32_to_bf16_rne(tl.load(v_ptr + o, mask=o < N)), mask=o < N)
+
+
+def test_bf16_rounding_keeps_inf_and_nan():
+    v = torch.tensor([float("inf"), -float("inf"), float("nan"), -float("nan"), 3.4e38, -3.4e38])
+    nan_bits = torch.tensor([0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    v = torch.cat([v, nan_bits])
+    out = torch.empty(v.numel(), dtype=torch.bfloat16)
+    _bf16_kernel[(1,)](v, out, v.numel(), BLOCK=16)
+    ref = v.to(torch.bfloat16)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out[~ref.isnan()], ref[~ref.isnan()])
+
+
 # --------------------------------------------------------------------------- quantizer
 
 

@@ -1,0 +1,122 @@
+"""Programmatic dependent launch from an nvgemm GEMM into the Inductor Triton kernel consuming it.
+
+PyTorch 2.15's selective PDL (``TritonKernel._enable_pdl_codegen``, ``codegen/triton.py``) gives a
+Triton kernel ``tl.extra.cuda.gdc_wait()`` before its first dependent access and
+``launch_pdl=True`` when ``scheduler.previous_node`` -- the node generated just before it on the
+same stream -- is a PDL-enabled NVGEMM (``NVUniversalGemmScheduling.is_pdl_enabled_template``)
+whose output it reads. It never fires for nvgemm for two reasons, both verified in the 2.15
+sources:
+
+1. ``is_pdl_enabled_template`` recognises only ``NVUniversalGemmBuffer`` / an NVGEMM
+   ``MultiTemplateBuffer``;
+2. ``Scheduler._codegen`` records a node as "previous" only when all its nodes are plain
+   ``SchedulerNode`` s; after an extern kernel (which is what an inlined nvgemm choice op is)
+   ``previous_node`` is ``None``.
+
+:func:`install` patches, while nvgemm is enabled and only then, (1) the predicate to also accept
+an nvgemm producer, and (2) ``Scheduler.previous_node`` (a property) so that, when the loop
+would set it to ``None`` right after generating an nvgemm producer, it keeps that producer.
+Every other Triton kernel is unaffected: ``triton.enable_pdl`` stays off and PyTorch's own
+conditions (single-launch kernel, same stream, a real data dependency on the producer's output,
+``nvgemm_pdl != "0"``, sm_90+) still apply. :func:`uninstall` restores the originals.
+
+Correctness does not depend on the producer triggering early: ``griddepcontrol.wait`` returns
+once the preceding grid has completed or triggered, so a consumer launched with PDL after a
+producer that never calls ``launch_dependents`` merely gains nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("nvgemm_cutedsl")
+
+_SAVED: dict = {}
+_PENDING = "_nvgemm_cutedsl_pending_producer"
+_PREV = "_nvgemm_cutedsl_previous_node"
+
+
+def _choice_op():
+    return torch.ops.nvgemm.nvfp4_linear_choice.default
+
+
+def producer_choice(node) -> str | None:
+    """The choice key when scheduler ``node`` is (the output of) an nvgemm GEMM that uses PDL."""
+    from torch._inductor import ir
+    from torch._inductor.scheduler import ExternKernelSchedulerNode
+
+    if not isinstance(node, ExternKernelSchedulerNode):
+        return None
+    k = node.node
+    if isinstance(k, ir.MultiOutput) and k.inputs:
+        k = k.inputs[0]
+    if not isinstance(k, ir.FallbackKernel):
+        return None
+    if getattr(k, "op_overload", None) is not _choice_op():
+        return None
+    choice = k.constant_args[-1] if k.constant_args and isinstance(k.constant_args[-1], str) else None
+    if choice is None:
+        choice = (getattr(k, "kwargs", None) or {}).get("choice")
+    if not isinstance(choice, str):
+        return None
+    # Kernel backends launch with PDL; the emulated reference (a chain of torch ops) and
+    # cuBLASLt gain nothing from it, so their consumers are left alone.
+    if not choice.startswith("backend:") or choice == "backend:emulated":
+        return None
+    return choice
+
+
+def install() -> None:
+    if _SAVED:
+        return
+    from torch._inductor.codegen.nv_universal_gemm.nv_universal_gemm_scheduling import NVUniversalGemmScheduling
+    from torch._inductor.scheduler import Scheduler
+
+    orig_pred = NVUniversalGemmScheduling.__dict__["is_pdl_enabled_template"]
+    orig_extern = Scheduler.codegen_extern_call
+    had_prev_attr = "previous_node" in Scheduler.__dict__
+    _SAVED.update(pred=orig_pred, extern=orig_extern, had_prev=had_prev_attr,
+                  prev=Scheduler.__dict__.get("previous_node"))
+
+    def is_pdl_enabled_template(node) -> bool:
+        return orig_pred.__func__(node) or producer_choice(node) is not None
+
+    def codegen_extern_call(self, scheduler_node):
+        out = orig_extern(self, scheduler_node)
+        self.__dict__[_PENDING] = scheduler_node if producer_choice(scheduler_node) is not None else None
+        return out
+
+    def _get_prev(self):
+        return self.__dict__.get(_PREV)
+
+    def _set_prev(self, value):
+        pending = self.__dict__.pop(_PENDING, None)
+        if value is None and pending is not None:
+            value = pending
+            log.debug("nvgemm_cutedsl: PDL chain from %s into the next Triton kernel", pending.get_name())
+        self.__dict__[_PREV] = value
+
+    NVUniversalGemmScheduling.is_pdl_enabled_template = staticmethod(is_pdl_enabled_template)
+    Scheduler.codegen_extern_call = codegen_extern_call
+    Scheduler.previous_node = property(_get_prev, _set_prev)
+
+
+def uninstall() -> None:
+    if not _SAVED:
+        return
+    from torch._inductor.codegen.nv_universal_gemm.nv_universal_gemm_scheduling import NVUniversalGemmScheduling
+    from torch._inductor.scheduler import Scheduler
+
+    NVUniversalGemmScheduling.is_pdl_enabled_template = _SAVED["pred"]
+    Scheduler.codegen_extern_call = _SAVED["extern"]
+    if _SAVED["had_prev"]:
+        Scheduler.previous_node = _SAVED["prev"]
+    else:
+        del Scheduler.previous_node
+    _SAVED.clear()
+
+
+def installed() -> bool:
+    return bool(_SAVED)

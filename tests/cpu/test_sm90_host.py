@@ -125,7 +125,8 @@ CASES = [
     (2, 128, 384, "silu_mul", True, False, False, torch.bfloat16, None, False, 3),
     (7, 48, 224, "none", False, True, False, torch.bfloat16, torch.float32, False, 1),
     (4, 64, 512, "none", False, False, False, torch.bfloat16, None, True, 1),  # W4A4 via qdq
-    (33, 40, 96, "silu_mul", False, True, True, torch.float16, torch.float16, True, 1),
+    (33, 40, 128, "silu_mul", False, True, True, torch.float16, torch.float16, True, 1),
+    (70, 96, 192, "gelu_tanh", True, False, False, torch.bfloat16, None, False, 2),
 ]
 
 
@@ -215,3 +216,11 @@ def test_pick_config_family_by_m(m, n, k):
     assert cfg.family == fam and cfg.tile_n % 2 == 0 and validate_config(cfg)
     if m > 32:  # K not a multiple of the WGMMA K step: the gemv kernel over M tiles
         assert pick_config(m, n, k + 32, torch.bfloat16, "none", 132).family == "gemv"
+
+
+def test_wgmma_needs_k_multiple_of_64():
+    packed, ws, ws2 = _layer(16, 96)
+    p = prepare_sm90_weight(packed, ws, ws2)
+    cfg = Sm90W4A16Config(family="wgmma", tile_m=64, tile_n=64, tile_k=64, num_warps=4, stages=2)
+    with pytest.raises(ValueError, match="K % 64"):
+        prepare_sm90_args(torch.randn(40, 96).bfloat16(), p, None, None, None, "none", None, cfg)

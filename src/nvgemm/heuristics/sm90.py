@@ -16,8 +16,9 @@ K, stages 1, no PDL. Rules:
     split-K    when the CTAs leave most SMs idle (:func:`nvgemm.heuristics.problem.choose_split_k`,
                in whole tile_k steps)
 
-``wgmma`` (larger M) is described by the config space but has no template yet; it is emitted only
-when :data:`WGMMA_AVAILABLE` is set. Every emitted config passes ``can_implement``.
+``wgmma`` (larger M, template ``sm90_w4a16_wgmma``) is emitted first for M > 32 when
+:data:`WGMMA_AVAILABLE` is set (the gemv candidates follow as fallbacks). Every emitted config
+passes ``can_implement``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .implementable import can_implement
 from .problem import Candidate, GemmProblem, ceil_div, choose_split_k
 
 W = Sm90W4A16Config
-WGMMA_AVAILABLE = False
+WGMMA_AVAILABLE = True
 GEMV_MAX_TILE_M = 8
 
 
@@ -60,6 +61,11 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
             seen.add(cfg)
             out.append(Candidate(cfg, reason))
 
+    if WGMMA_AVAILABLE and m > 32:
+        tmw = 64 if m <= 64 else 128
+        warps = 4 if tmw == 64 else 8
+        add(W("wgmma", tmw, 128, 64, num_warps=warps, stages=4, pdl=False), f"M={m}: wgmma {tmw}x128")
+        add(W("wgmma", tmw, 256, 64, num_warps=warps, stages=3, pdl=False), f"M={m}: wgmma {tmw}x256")
     tm = min(_next_pow2(m), GEMV_MAX_TILE_M)
     band = f"decode M<={tm}" if m <= GEMV_MAX_TILE_M else f"M={m}: gemv in {ceil_div(m, tm)} row groups"
     add(_gemv(tm, 16, 4), f"{band}: gemv tile_m={tm}, 16 weight rows x 4 warps along K")
@@ -70,11 +76,6 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     add(_gemv(tm, 16, 4, v=2), f"{band}: gemv, 2 vectors per thread in flight")
     add(_gemv(tm, 16, 2), f"{band}: gemv, 2 warps (tile_k 2048, more CTAs per SM)")
     add(_gemv(tm, 8, 1), f"{band}: gemv, 1 warp per CTA (tile_k 1024)")
-    if WGMMA_AVAILABLE and m > 32:
-        tmw = 64 if m <= 64 else 128
-        warps = 4 if tmw == 64 else 8
-        add(W("wgmma", tmw, 128, 64, num_warps=warps, stages=4, pdl=False), f"M={m}: wgmma {tmw}x128")
-        add(W("wgmma", tmw, 256, 64, num_warps=warps, stages=3, pdl=False), f"M={m}: wgmma {tmw}x256")
     return out
 
 

@@ -231,6 +231,8 @@ def prepare_sm90_args(
 ) -> Sm90Args:
     """One ``nvfp4_linear`` call -> kernel arguments (pure torch; works on CPU for tests)."""
     validate_config(config).raise_if_failed("sm90 config")
+    if config.family == "wgmma" and prepared.k % 64:
+        raise ValueError(f"nvgemm_cutedsl sm90: the wgmma family needs K % 64 == 0, got K={prepared.k}")
     if x.dtype not in _X_FORMAT:
         raise TypeError(f"nvgemm_cutedsl sm90: x must be bfloat16 or float16, got {x.dtype}")
     n, k = prepared.n, prepared.k
@@ -293,18 +295,15 @@ def kernel_view_ref(args: Sm90Args, config: Sm90W4A16Config) -> torch.Tensor:
 
 
 def wgmma_config(m: int) -> Sm90W4A16Config:
-    """The WGMMA family's config for M > 32: one warpgroup per 64 rows, 128 columns, K step 64."""
+    """The WGMMA family's default for M > 32 (the policy's first wgmma candidate): one warpgroup per
+    64 rows, 128 columns, K step 64."""
     tm = 64 if m <= 64 else 128
-    return Sm90W4A16Config(family="wgmma", tile_m=tm, tile_n=128, tile_k=64, num_warps=4 * tm // 64, stages=2)
+    return Sm90W4A16Config(family="wgmma", tile_m=tm, tile_n=128, tile_k=64, num_warps=4 * tm // 64, stages=4)
 
 
 def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, sm_count: int) -> Sm90W4A16Config:
-    """M <= 32: the heuristics' first gemv candidate; M > 32: the WGMMA family (K % 64 == 0), else
-    the gemv kernel with tile_m=8 over M tiles."""
-    if m > GEMV_MAX_M_POLICY:
-        if k % 64 == 0:
-            return wgmma_config(m)
-        return Sm90W4A16Config(family="gemv", tile_m=8, tile_n=16, tile_k=4096, num_warps=4)
+    """The heuristics' first candidate this runtime can run (gemv for M <= 32, WGMMA above when
+    K % 64 == 0); without the policy: :func:`wgmma_config` for M > 32, else a default gemv config."""
     try:
         from ..heuristics import candidates
         from ..heuristics.problem import GemmProblem, Target
@@ -313,12 +312,17 @@ def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, s
                            epilogue=activation, target=Target(arch=ARCH, sm_count=sm_count))
         for c in candidates(prob, use_nvmmh=False):
             cfg = c.config
-            if isinstance(cfg, Sm90W4A16Config) and cfg.family == "gemv" and validate_config(cfg):
-                if activation == "silu_mul" and cfg.tile_n % 2:
-                    continue
-                return cfg
-    except (ImportError, ValueError, TypeError) as e:  # policy unavailable: fall back to the default
-        log.info("nvgemm_cutedsl sm90: heuristics failed (%s); using the default gemv config", e)
+            if not isinstance(cfg, Sm90W4A16Config) or not validate_config(cfg):
+                continue
+            if cfg.family == "wgmma" and (k % 64 or m <= GEMV_MAX_M_POLICY):
+                continue
+            if activation == "silu_mul" and cfg.tile_n % (32 if cfg.family == "wgmma" else 2):
+                continue
+            return cfg
+    except (ImportError, ValueError, TypeError) as e:  # policy unavailable: fall back to the defaults
+        log.info("nvgemm_cutedsl sm90: heuristics failed (%s); using the default config", e)
+    if m > GEMV_MAX_M_POLICY and k % 64 == 0:
+        return wgmma_config(m)
     tm = 1
     while tm < min(m, 8):
         tm *= 2

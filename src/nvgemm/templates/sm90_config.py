@@ -16,9 +16,11 @@ loads, in-register FP4 -> fp32 decode. Field meanings for this family:
     stages     1 (the step's loads are all issued before the first use; no smem pipeline)
     pdl        must be False (programmatic dependent launch is not implemented)
 
-``"wgmma"`` larger M: dequantize weight tiles to bf16 in shared memory, WGMMA. Not implemented
-yet: :func:`validate_config` accepts its shape space so the policy can describe it, and the
-runtime never selects it (no template is registered under ``sm90_w4a16_wgmma``).
+``"wgmma"`` (``sm90_w4a16_wgmma.py``) larger M: dequantize weight tiles to bf16/fp16 in shared
+memory, WGMMA with fp32 accumulators. Fields: tile_m 64 | 128 (one warpgroup per 64 rows, so
+num_warps = tile_m / 16), tile_n a multiple of 16 in [16, 128], tile_k 64, stages >= 2 (the
+current kernel has a single shared-memory stage; the field is kept for the pipelined version),
+split_k >= 1, pdl False.
 """
 
 from __future__ import annotations
@@ -129,14 +131,18 @@ def _validate_gemv(c: Sm90W4A16Config) -> Status:
 def _validate_wgmma(c: Sm90W4A16Config) -> Status:
     if c.tile_m not in (64, 128):
         return Status.fail(f"wgmma tile_m={c.tile_m} not in (64, 128)")
-    if c.tile_n % 16 or not 16 <= c.tile_n <= 256:
-        return Status.fail(f"wgmma tile_n={c.tile_n} must be a multiple of 16 in [16, 256]")
-    if c.num_warps not in (4, 8, 12):
-        return Status.fail(f"wgmma num_warps={c.num_warps} must be whole warpgroups (4, 8 or 12)")
-    if c.tile_k % 64:
-        return Status.fail(f"wgmma tile_k={c.tile_k} must be a multiple of 64")
+    if c.tile_n % 16 or not 16 <= c.tile_n <= 128:
+        return Status.fail(f"wgmma tile_n={c.tile_n} must be a multiple of 16 in [16, 128] (fp32 tile staged in smem)")
+    if c.num_warps != 4 * c.tile_m // 64:
+        return Status.fail(
+            f"wgmma num_warps={c.num_warps}: the kernel runs one warpgroup per 64 rows ({4 * c.tile_m // 64} warps)"
+        )
+    if c.tile_k != 64:
+        return Status.fail(f"wgmma tile_k={c.tile_k}: the kernel steps K by 64 (4 WGMMA k-steps)")
     if c.stages < 2:
         return Status.fail(f"wgmma stages={c.stages} must be >= 2")
+    if c.pdl:
+        return Status.fail("wgmma pdl=True: programmatic dependent launch is not implemented")
     return Status.success()
 
 

@@ -126,6 +126,18 @@ def test_silu_epilogue():
     assert "ex2" in ptx  # exp(-y) of SiLU
 
 
+def test_gated_silu_mul_epilogue():
+    """silu_mul on interleaved gate/up rows: pairs meet in one thread (native) or in adjacent
+    lanes, exchanged with one butterfly shuffle (swap-AB)."""
+    epi = EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True)
+    native = ptx_of(C(tile_n=128, pdl=False), epi)
+    swapped = ptx_of(C(tile_n=16, swap_ab=True, pdl=False), epi)
+    assert MMA_RE.search(native) and MMA_RE.search(swapped)
+    assert "shfl.sync.bfly" not in native
+    assert count(swapped, "shfl.sync.bfly") == 16  # one per element of a 16-column sub-tile
+    assert "ex2" in native and "ex2" in swapped
+
+
 def test_splitk_has_deterministic_reduction_machinery():
     ptx = ptx_of(C(tile_n=128, split_k=2))
     # one acq_rel atomic per (tile, split) on the per-tile counter (PTX's default scope is .gpu)
@@ -176,10 +188,10 @@ def test_invalid_config_gets_reason_and_never_compiles(monkeypatch):
         assert not st and why in st.reason
         with pytest.raises(ValueError, match=re.escape(why)):
             get_template(TID).compile(spec)
-    # epilogue the kernel does not implement: refused with a reason, before compiling
-    spec = make_spec(TID, C(), "sm_100a", epilogue=EpilogueSpec(activation="silu_mul"))
-    assert "silu_mul" in check_spec(spec).reason
-    with pytest.raises(ValueError, match="silu_mul"):
+    # operand formats the template does not implement: refused with a reason, before compiling
+    spec = make_spec(TID, C(), "sm_100a", epilogue=SCALAR, a_format="bf16")
+    assert "nvfp4 x nvfp4" in check_spec(spec).reason
+    with pytest.raises(ValueError, match="nvfp4 x nvfp4"):
         get_template(TID).compile(spec)
     # and the problem-level predicate refuses problem/config mismatches with a reason
     from nvgemm.heuristics import can_implement

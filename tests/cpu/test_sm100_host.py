@@ -46,7 +46,8 @@ def make_call(m, n, k, *, vector_alpha, bias, residual, activation, out_dtype=to
     ws2 = q.global_scale * (torch.linspace(0.5, 2.0, n) if vector_alpha else 1.0)
     ins = (x.float().abs().max() / 2688).reshape(())
     b = torch.randn(n).to(out_dtype) if bias else None
-    r = torch.randn(m, n).to(out_dtype) if residual else None
+    n_out = n // 2 if activation == "silu_mul" else n
+    r = torch.randn(m, n_out).to(out_dtype) if residual else None
     return (x, q.packed, to_blocked(q.scale), ws2.float(), ins, b, r, activation, out_dtype)
 
 
@@ -57,7 +58,7 @@ CONFIGS = [
     Sm100Nvfp4GemmConfig(tile_n=8, swap_ab=True, split_k=2),
     Sm100Nvfp4GemmConfig(tile_m=256, cluster_m=2, tile_n=128),
 ]
-EPIS = list(itertools.product([False, True], [False, True], [False, True], ["none", "silu", "gelu_tanh"]))
+EPIS = list(itertools.product([False, True], [False, True], [False, True], ["none", "silu", "gelu_tanh", "silu_mul"]))
 
 
 # every epilogue combination for the native and the swap-AB layout; a spread for the rest
@@ -73,14 +74,16 @@ CASES = [(c, e) for c in (CONFIGS[0], CONFIGS[2]) for e in EPIS] + [
 def test_prepared_args_match_emulated(cfg, vector_alpha, bias, residual, activation, seed):
     # ragged: M not a tile multiple, N=80 not a multiple of 64/128, K=288 not a multiple of 256
     m = 5  # <= every narrow tile_n used with swap-AB here
-    n, k = 80, 288
+    n, k = 160, 288  # gated output width 80 (16-byte rows)
     call = make_call(m, n, k, vector_alpha=vector_alpha, bias=bias, residual=residual, activation=activation)
     args = prepare_sm100_args(*call, cfg)
-    if cfg.swap_ab:
-        assert (args.m, args.n) == (n, m) and args.a.data_ptr() == call[1].data_ptr()
-    else:
-        assert (args.m, args.n) == (m, n) and args.b.data_ptr() == call[1].data_ptr()
-    assert args.kernel_c_view().shape == (args.m, args.n)
+    gated = activation == "silu_mul"
+    weight_operand = args.a if cfg.swap_ab else args.b
+    assert (args.m, args.n) == ((n, m) if cfg.swap_ab else (m, n))
+    # the weight is passed through untouched, or (gated) as its cached interleaved copy
+    assert (weight_operand.data_ptr() == call[1].data_ptr()) != gated
+    want_view = ((args.m // 2, args.n) if cfg.swap_ab else (args.m, args.n // 2)) if gated else (args.m, args.n)
+    assert args.kernel_c_view().shape == want_view
     got = kernel_view_ref(args)
     want = nvfp4_linear_emulated(*call)
     assert not torch.isnan(got).any()
@@ -122,7 +125,6 @@ def test_splitk_buffers():
     "mutate,cfg,match",
     [
         (lambda c: c.__setitem__(4, None), Sm100Nvfp4GemmConfig(), "needs input_scale"),
-        (lambda c: c.__setitem__(7, "silu_mul"), Sm100Nvfp4GemmConfig(), "silu_mul"),
         (lambda c: None, Sm100Nvfp4GemmConfig(tile_n=8, swap_ab=True), "narrow tile_n=8"),
         (lambda c: None, Sm100Nvfp4GemmConfig(split_k=8), "split_k=8 exceeds"),
         (lambda c: c.__setitem__(5, torch.randn(64)), Sm100Nvfp4GemmConfig(), "bias dtype"),
@@ -151,7 +153,14 @@ def test_backend_only_on_sm100():
     assert supports(_lp("cuda", (10, 0))) is None
     assert supports(_lp("cuda", (10, 3))) is None
     assert "W4A16" in supports(_lp("cuda", (10, 0), weight_only=True))
-    assert "silu_mul" in supports(_lp("cuda", (10, 0), activation="silu_mul"))
+    # silu_mul: the kernel implements it; the backend follows the candidate policy's verdict
+    r = supports(_lp("cuda", (10, 0), n=256, activation="silu_mul"))
+    from nvgemm.heuristics import candidates
+    from nvgemm.heuristics.problem import GemmProblem, Target
+
+    has = bool(candidates(GemmProblem(n=256, k=256, m=4, epilogue="silu_mul", target=Target.from_gpu("B200")),
+                          use_nvmmh=False))
+    assert (r is None) == has, r
     assert "16 bytes" in supports(_lp("cuda", (10, 0), n=60))
 
 
@@ -173,3 +182,26 @@ def test_cute_apply_reference_is_epilogue_ref(alpha, bias, act, res, seed):
     got = cute_apply.CuteEpilogue(spec).reference(acc, a, b, r)
     want = epilogue_ref(acc, spec, a if alpha != "none" else None, b, r)
     assert torch.equal(got, want)
+
+
+def test_gate_up_interleave_roundtrip(seed):
+    from nvgemm.formats import from_blocked
+    from nvgemm.runtime.sm100_launch import gate_up_permutation, interleave_gate_up
+
+    n, k = 256, 512
+    q = quantize_weight(torch.randn(n, k))
+    ws = to_blocked(q.scale)
+    ws2 = torch.rand(n)
+    bias = torch.randn(n).to(torch.bfloat16)
+    w_i, s_i, w2_i, b_i = interleave_gate_up(q.packed, ws, ws2, bias)
+    perm = gate_up_permutation(n)
+    assert perm[:4].tolist() == [0, n // 2, 1, n // 2 + 1]
+    assert torch.equal(w_i[2], q.packed[1]) and torch.equal(w_i[3], q.packed[n // 2 + 1])
+    lin = from_blocked(s_i, n, k // 16)
+    assert torch.equal(lin[1].view(torch.uint8), q.scale[n // 2].view(torch.uint8))
+    assert torch.equal(w2_i[1], ws2[n // 2]) and torch.equal(b_i[0], bias[0])
+    again = interleave_gate_up(q.packed, ws, ws2, bias)  # cached packed copy is reused
+    assert again[0].data_ptr() == w_i.data_ptr()
+    # a different weight object never hits another one's entry, even with equal storage ids
+    other = q.packed.clone()
+    assert interleave_gate_up(other, ws, ws2, bias)[0].data_ptr() != w_i.data_ptr()

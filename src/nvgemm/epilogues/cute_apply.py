@@ -148,6 +148,25 @@ class CuteEpilogue:
             y = ResidualAdd().apply(y, residual)
         return y
 
+    @cute.jit
+    def apply_pre(self, acc: cutlass.Float32, alpha: cutlass.Float32, bias: cutlass.Float32) -> cutlass.Float32:
+        """The part before the activation (alpha, bias): what a gated epilogue applies to the gate
+        and the up value separately before :meth:`Activation.apply_gated` combines them."""
+        y = acc
+        if cutlass.const_expr(self.spec.alpha != "none"):
+            y = AlphaFold(self.spec.alpha).apply(y, alpha)
+        if cutlass.const_expr(self.spec.bias):
+            y = BiasAdd().apply(y, bias)
+        return y
+
+    @cute.jit
+    def apply_post(self, y: cutlass.Float32, residual: cutlass.Float32) -> cutlass.Float32:
+        """The part after the activation (residual); the caller casts once."""
+        r = y
+        if cutlass.const_expr(self.spec.residual):
+            r = ResidualAdd().apply(y, residual)
+        return r
+
     def reference(self, acc: torch.Tensor, alpha=None, bias=None, residual=None) -> torch.Tensor:
         """Composition of the functors' references; equals ``epilogue_ref`` (tested)."""
         y = acc.float()

@@ -11,7 +11,11 @@ through :func:`kernel_view_ref` (the kernel's math expressed on the prepared arg
 * swap-AB: A = weight / weight scales, B = activations / activation scales, MMA problem
   (m, n) = (N, M); the output buffer [M, N] row-major is the kernel's column-major C;
 * split-K: an fp32 workspace [tiles, S, tile_n, 128] and int32 per-tile counters that must
-  be zero at launch (the kernel resets them), cached per (device, stream).
+  be zero at launch (the kernel resets them), cached per (device, stream);
+* silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
+  interleaved copy of a weight is made once and cached (keyed by the weight's storage and
+  version), which costs one extra copy of each gate_up weight in device memory. A loader
+  that stores gate_up pre-interleaved would avoid that copy (not done).
 
 The backend ``cutedsl_sm100`` registers with ``nvgemm.runtime.backends``; its ``supports()``
 requires a CUDA device of the sm_100 family (capability 10.x), so on CPU and other GPUs it is
@@ -21,7 +25,9 @@ explicit arch with explicit hardware numbers.
 
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -96,6 +102,44 @@ def _splitk_buffers(device: torch.device, m: int, n: int, config: Sm100Nvfp4Gemm
     return ws, cnt
 
 
+def gate_up_permutation(n: int, device=None) -> torch.Tensor:
+    """GEMM row order of an interleaved gate_up weight: row 2j = gate j, row 2j+1 = up j."""
+    if n % 2:
+        raise ValueError(f"silu_mul needs an even number of GEMM rows, got N={n}")
+    h = n // 2
+    idx = torch.arange(h, device=device)
+    return torch.stack([idx, idx + h], dim=1).reshape(-1)
+
+
+_GATED_LOCK = threading.Lock()
+_GATED_CACHE: dict[tuple, tuple] = {}
+
+
+def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
+    """(weight, swizzled weight_scale, weight_scale_2, bias) with gate/up rows interleaved.
+
+    The packed weight and its (re-swizzled) scales are cached per weight storage + version;
+    per-N vectors (weight_scale_2, bias) are permuted per call (they are small)."""
+    from ..formats import from_blocked, to_blocked
+
+    n, kb = weight.shape[0], weight.shape[1] * 2 // NVFP4.block_size
+    perm = gate_up_permutation(n, weight.device)
+    key = (id(weight), weight._version, id(weight_scale), weight_scale._version)
+    with _GATED_LOCK:
+        hit = _GATED_CACHE.get(key)
+    # the entry must belong to these very tensor objects (ids are reused after a tensor dies)
+    if hit is None or hit[0]() is not weight or hit[1]() is not weight_scale:
+        w_i = weight[perm].contiguous()
+        s_i = to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
+        hit = (weakref.ref(weight), weakref.ref(weight_scale), w_i, s_i)
+        with _GATED_LOCK:
+            _GATED_CACHE[key] = hit
+        weakref.finalize(weight, _GATED_CACHE.pop, key, None)  # drop the copy with its source
+    w2 = weight_scale_2[perm] if weight_scale_2.dim() == 1 else weight_scale_2
+    b = bias[perm] if bias is not None else None
+    return hit[2], hit[3], w2, b
+
+
 def prepare_sm100_args(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -115,16 +159,15 @@ def prepare_sm100_args(
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     if input_scale is None:
         raise ValueError("nvgemm_cutedsl sm100: the W4A4 kernel needs input_scale (W4A16 is not this kernel)")
-    if spec.gated:
-        raise ValueError("nvgemm_cutedsl sm100: silu_mul is not implemented in the sm100 kernel")
     n, k = weight.shape[0], weight.shape[1] * 2
     if k % 32:
         raise ValueError(f"nvgemm_cutedsl sm100: K={k} must be a multiple of 32 (16-byte TMA rows of packed FP4)")
     ob = torch.empty((), dtype=spec.out_dtype).element_size()
-    if (n * ob) % 16:
+    n_out = spec.out_features(n)
+    if (n_out * ob) % 16:
         raise ValueError(
-            f"nvgemm_cutedsl sm100: output rows of N={n} {spec.out_dtype} values are not a multiple of 16 bytes "
-            f"(N must be a multiple of {16 // ob})"
+            f"nvgemm_cutedsl sm100: output rows of {n_out} {spec.out_dtype} values are not a multiple of 16 bytes "
+            f"(the output width must be a multiple of {16 // ob})"
         )
     dev = x.device
     x2 = x.reshape(-1, k)
@@ -144,7 +187,10 @@ def prepare_sm100_args(
 
     alpha = (input_scale.float().reshape(()).to(dev) * weight_scale_2.float().to(dev)).reshape(-1).contiguous()
 
-    out = torch.empty((tokens, n), dtype=spec.out_dtype, device=dev)
+    if spec.gated:
+        wq, ws_, w2, bias = interleave_gate_up(wq, ws_, weight_scale_2, bias)
+        alpha = (input_scale.float().reshape(()).to(dev) * w2.float().to(dev)).reshape(-1).contiguous()
+    out = torch.empty((tokens, n_out), dtype=spec.out_dtype, device=dev)
     bias_k = None
     if bias is not None:
         if bias.dtype != spec.out_dtype:
@@ -156,7 +202,7 @@ def prepare_sm100_args(
             raise ValueError(
                 f"nvgemm_cutedsl sm100: residual dtype {residual.dtype} must equal the output dtype {spec.out_dtype}"
             )
-        res_k = residual.reshape(tokens, n).contiguous()
+        res_k = residual.reshape(tokens, n_out).contiguous()
 
     if config.swap_ab:
         a, sfa, b, sfb, m_k, n_k = wq, ws_, xq, xs, n, tokens
@@ -193,7 +239,12 @@ def kernel_view_ref(args: Sm100Args) -> torch.Tensor:
         y = y * args.alpha.reshape(shape)
     if args.spec.bias:
         y = y + args.bias.float().reshape(shape)
-    y = apply_activation_ref(y, args.spec.activation)
+    if args.spec.gated:
+        # interleaved features: 2j = gate j, 2j+1 = up j (along the MMA rows when swap-AB)
+        g, u = (y[0::2], y[1::2]) if args.config.swap_ab else (y[:, 0::2], y[:, 1::2])
+        y = g * torch.sigmoid(g) * u
+    else:
+        y = apply_activation_ref(y, args.spec.activation)
     if args.spec.residual:
         r = args.residual.float()
         y = y + (r.t() if args.config.swap_ab else r)
@@ -241,31 +292,42 @@ def supports(p: LinearProblem) -> Optional[str]:
         return f"needs an sm_100-family GPU (capability 10.x), got {p.capability}"
     if p.weight_only:
         return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
-    if p.activation == "silu_mul":
-        return "silu_mul is not implemented in the sm100 kernel"
     if p.k % 32:
         return f"K={p.k} is not a multiple of 32"
     ob = torch.empty((), dtype=p.out_dtype).element_size()
-    if (p.n * ob) % 16:
-        return f"N={p.n}: output rows must be a multiple of 16 bytes"
+    n_out = p.n // 2 if p.activation == "silu_mul" else p.n
+    if (n_out * ob) % 16:
+        return f"output width {n_out}: output rows must be a multiple of 16 bytes"
     if p.bias and p.x_dtype != p.out_dtype:
         return "bias/residual must be in the output dtype"
+    # the same predicate the policy uses (sm_count only ranks candidates; 148 = B200)
+    if _policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, arch_of(p.capability), 148) is None:
+        return f"the sm100 candidate policy has no implementable config (M={p.m} N={p.n} K={p.k} {p.activation})"
     return None
 
 
-def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm100Nvfp4GemmConfig:
+_OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _policy_config(m, n, k, out_dtype, activation, arch, sm_count) -> Optional[Sm100Nvfp4GemmConfig]:
+    """The policy's first candidate (deterministic; nvMatmulHeuristics off on the eager path)."""
     from ..heuristics import candidates
     from ..heuristics.problem import GemmProblem, Target
 
-    m = x.numel() // x.shape[-1]
-    arch = arch_of(capability)
-    out = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[spec.out_dtype]
-    prob = GemmProblem(n=weight.shape[0], k=weight.shape[1] * 2, m=m, out_dtype=out, epilogue=spec.activation,
+    prob = GemmProblem(n=n, k=k, m=m, out_dtype=_OUT_NAMES[out_dtype], epilogue=activation,
                        target=Target(arch=arch, sm_count=sm_count))
     cands = candidates(prob, use_nvmmh=False)
-    if not cands:
-        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for {prob.describe()}")
-    return cands[0].config
+    return cands[0].config if cands else None
+
+
+def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm100Nvfp4GemmConfig:
+    m = x.numel() // x.shape[-1]
+    cfg = _policy_config(m, weight.shape[0], weight.shape[1] * 2, spec.out_dtype, spec.activation,
+                         arch_of(capability), sm_count)
+    if cfg is None:
+        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={weight.shape[0]}")
+    return cfg
 
 
 def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):

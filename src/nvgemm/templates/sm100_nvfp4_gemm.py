@@ -50,7 +50,13 @@ Constraints (see ``nvgemm.templates.sm100_config``: ``validate_config`` / ``kern
     tile_m 128 (1-CTA) or 256 (2-CTA, cluster_m even); tile_n in 8..256 (< 64 only with
     tile_m 128, cluster_n 1 and a single N tile: N <= tile_n); tile_k 256; K % 32 == 0
     (16-byte TMA rows of packed FP4); ragged M/N/K tails are handled by TMA zero-fill and
-    predicated stores. ``silu_mul`` is not implemented in this kernel.
+    predicated stores.
+
+Gated SiLU-mul (``activation="silu_mul"``)
+    needs the gate/up weight rows **interleaved** (GEMM row 2j = gate j, 2j+1 = up j; see
+    ``nvgemm.runtime.sm100_launch.interleave_gate_up``), so a gate and its up value meet in one
+    thread (adjacent accumulator columns) or in adjacent lanes (swap-AB: one shuffle). The
+    output has N/2 features; alpha/bias apply per GEMM row before the activation.
 
 Hardware numbers (target arch, SM count via ``max_active_clusters``) are explicit arguments;
 nothing is probed at import. One compile serves every M, N and K (they are runtime Int32s).
@@ -100,8 +106,7 @@ class Sm100Nvfp4GemmKernel:
         if max_active_clusters < 1:
             raise ValueError(f"nvgemm_cutedsl: max_active_clusters must be >= 1, got {max_active_clusters}")
         self.max_active_clusters = int(max_active_clusters)
-        if epilogue.gated:
-            raise ValueError("nvgemm_cutedsl: silu_mul is not implemented in the sm100 kernel")
+        self.gated = epilogue.gated
         self.config = config
         self.spec = epilogue
         self.epi = CuteEpilogue(epilogue)
@@ -254,11 +259,19 @@ class Sm100Nvfp4GemmKernel:
         # 16-byte output rows (the launcher checks N * out_bytes % 16 == 0): full sub-tiles of
         # the row-major output are stored with 16-byte vector stores.
         c_div = 16 * 8 // self.c_dtype.width
+        # gated: the output has half the GEMM's features (rows when swap-AB, else columns)
+        m_out = m
+        n_out = n
+        if cutlass.const_expr(self.gated):
+            if cutlass.const_expr(self.config.swap_ab):
+                m_out = m // 2
+            else:
+                n_out = n // 2
         if cutlass.const_expr(self.config.swap_ab):
-            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((cute.assume(m, divby=c_div), n, 1), order=c_order))
+            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((cute.assume(m_out, divby=c_div), n, 1), order=c_order))
         else:
-            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m, cute.assume(n, divby=c_div), 1), order=c_order))
-        mR = cute.make_tensor(residual_ptr, cute.make_ordered_layout((m, n, 1), order=c_order))
+            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m, cute.assume(n_out, divby=c_div), 1), order=c_order))
+        mR = cute.make_tensor(residual_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
         feat = m if self.feature_along_m else n
         mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat))
         mBias = cute.make_tensor(bias_ptr, cute.make_layout(feat))
@@ -344,7 +357,7 @@ class Sm100Nvfp4GemmKernel:
         self.kernel(
             tiled_mma, tiled_mma_sfb,
             tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
-            mC, mR, mAlpha, mBias, mWs, mCnt,
+            mC, mR, mAlpha, mBias, mWs, mCnt, m, n,
             self.cluster_layout_vmnk, self.cluster_layout_sfb_vmnk,
             self.a_smem_layout_staged, self.b_smem_layout_staged,
             self.sfa_smem_layout_staged, self.sfb_smem_layout_staged,
@@ -389,6 +402,8 @@ class Sm100Nvfp4GemmKernel:
         mBias: cute.Tensor,
         mWs: cute.Tensor,
         mCnt: cute.Tensor,
+        m_gemm: cutlass.Int32,
+        n_gemm: cutlass.Int32,
         cluster_layout_vmnk: cute.Layout,
         cluster_layout_sfb_vmnk: cute.Layout,
         a_smem_layout_staged: cute.ComposedLayout,
@@ -513,6 +528,7 @@ class Sm100Nvfp4GemmKernel:
             self._epilogue_warps(
                 tiled_mma, thr_mma, tmem, acc_pipeline, sched_params, tCtAcc_fake,
                 mC_mnl, mR_mnl, mAlpha, mBias, mWs, mCnt, storage, tidx, use_2cta, v_size, num_tiles_n,
+                m_gemm, n_gemm,
             )
 
     # ------------------------------------------------------------------ roles
@@ -713,14 +729,15 @@ class Sm100Nvfp4GemmKernel:
     def _epilogue_warps(
         self, tiled_mma, thr_mma, tmem, acc_pipeline, sched_params, tCtAcc_fake,
         mC_mnl, mR_mnl, mAlpha, mBias, mWs, mCnt, storage, tidx, use_2cta, v_size, num_tiles_n,
+        m_gemm, n_gemm,
     ):
         tmem.allocate(self.num_tmem_alloc_cols)
         tmem.wait_for_alloc()
         acc_tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
 
-        # Coordinates of every accumulator element: identity tensor partitioned like C.
-        cC = cute.make_identity_tensor(mC_mnl.shape)
+        # Coordinates of every accumulator element (GEMM frame): identity tensor partitioned like C.
+        cC = cute.make_identity_tensor((m_gemm, n_gemm, 1))
         gcC = cute.local_tile(cC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
         tCcC = thr_mma.partition_C(gcC)
 
@@ -735,6 +752,7 @@ class Sm100Nvfp4GemmKernel:
         tTR_tAcc_base = thr_t2r.partition_S(tAcc_epi)
         cC_epi = cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)], self.epi_tile)
         tTR_cC_all = thr_t2r.partition_D(cC_epi)
+        # (gated outputs are half-width: their stores are element-wise, this view is unused)
         gC = cute.local_tile(mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
         gC_epi = cute.flat_divide(thr_mma.partition_C(gC)[((None, None), 0, 0, None, None, None)], self.epi_tile)
         tTR_gC_all = thr_t2r.partition_D(gC_epi)
@@ -748,8 +766,8 @@ class Sm100Nvfp4GemmKernel:
         if cutlass.const_expr(self.spec.alpha == "scalar"):
             alpha_s = mAlpha[0].to(cutlass.Float32)
 
-        m_size = mC_mnl.shape[0]
-        n_size = mC_mnl.shape[1]
+        m_size = m_gemm
+        n_size = n_gemm
         # split-K: the atomic's result, broadcast from thread 0 to the 128 epilogue threads
         sFlag = cute.make_tensor(storage.splitk_flag.ptr, cute.make_layout(1))
 
@@ -835,6 +853,56 @@ class Sm100Nvfp4GemmKernel:
         stores when it is entirely inside the (ragged) problem; otherwise, and for the
         column-major swap-AB output (where lanes own consecutive features, so scalar stores
         coalesce across the warp), element-wise predicated stores."""
+        if cutlass.const_expr(self.gated):
+            self._store_subtile_gated(rAcc, cs, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size)
+        else:
+            self._store_subtile_plain(rAcc, rC, cs, gC_sub, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size)
+
+    @cute.jit
+    def _gathered_pre(self, acc, feat, inb, mAlpha, mBias, alpha_s):
+        """alpha and bias of GEMM feature ``feat`` applied to ``acc`` (operand loads predicated)."""
+        alpha = alpha_s
+        bias = cutlass.Float32(0.0)
+        if inb:
+            if cutlass.const_expr(self.spec.alpha == "vector"):
+                alpha = mAlpha[feat].to(cutlass.Float32)
+            if cutlass.const_expr(self.spec.bias):
+                bias = mBias[feat].to(cutlass.Float32)
+        return self.epi.apply_pre(acc, alpha, bias)
+
+    @cute.jit
+    def _store_subtile_gated(self, rAcc, cs, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size):
+        """silu(gate) * up on interleaved GEMM features (2j = gate j, 2j+1 = up j)."""
+        act = self.epi.activation
+        if cutlass.const_expr(self.feature_along_m):
+            # swap-AB: features are rows = lanes; the up value sits in the odd neighbour lane.
+            for i in cutlass.range_constexpr(cute.size(rAcc)):
+                r, c, _l = cs[i]
+                inb = (r < m_size) & (c < n_size)
+                y = self._gathered_pre(rAcc[i], r, inb, mAlpha, mBias, alpha_s)
+                up = cute.arch.shuffle_sync_bfly(y, offset=1)
+                if inb & (r % 2 == 0):
+                    res = cutlass.Float32(0.0)
+                    if cutlass.const_expr(self.spec.residual):
+                        res = mR[r // 2, c, 0].to(cutlass.Float32)
+                    v = self.epi.apply_post(act.apply_gated(y, up), res)
+                    mC[r // 2, c, 0] = v.to(self.c_dtype)
+        else:
+            # features are columns: a thread's adjacent accumulator registers hold gate and up.
+            for i in cutlass.range_constexpr(0, cute.size(rAcc), 2):
+                r, c, _l = cs[i]
+                inb = (r < m_size) & (c < n_size)
+                g = self._gathered_pre(rAcc[i], c, inb, mAlpha, mBias, alpha_s)
+                u = self._gathered_pre(rAcc[i + 1], c + 1, inb, mAlpha, mBias, alpha_s)
+                if inb:
+                    res = cutlass.Float32(0.0)
+                    if cutlass.const_expr(self.spec.residual):
+                        res = mR[r, c // 2, 0].to(cutlass.Float32)
+                    v = self.epi.apply_post(act.apply_gated(g, u), res)
+                    mC[r, c // 2, 0] = v.to(self.c_dtype)
+
+    @cute.jit
+    def _store_subtile_plain(self, rAcc, rC, cs, gC_sub, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size):
         all_in = cutlass.Boolean(True)
         for i in cutlass.range_constexpr(cute.size(rAcc)):
             r, c, _l = cs[i]
@@ -907,8 +975,6 @@ class Sm100Nvfp4GemmTemplate:
             return Status.fail(f"sm100 NVFP4 GEMM needs nvfp4 x nvfp4 operands, got {spec.a_format} x {spec.b_format}")
         if spec.a_major != "k" or spec.b_major != "k":
             return Status.fail(f"packed FP4 operands must be K-major, got a_major={spec.a_major} b_major={spec.b_major}")
-        if spec.epilogue.gated:
-            return Status.fail("silu_mul is not implemented in the sm100 NVFP4 kernel")
         if spec.arch not in self.archs:
             return Status.fail(f"sm100 NVFP4 GEMM targets {self.archs}, not {spec.arch}")
         return Status.success()

@@ -98,6 +98,9 @@ def test_pdl_wait_precedes_activation_loads_and_follows_weight_prefetch():
     ptx = ptx_of(C(tile_n=128, pdl=True))
     wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("cp.async.bulk.prefetch.tensor") < wait < ptx.index("cp.async.bulk.tensor")
+    # the epilogue warps' wait precedes their first global load (alpha) and store (output)
+    wait2 = ptx.index("griddepcontrol.wait", wait + 1)
+    assert wait2 < ptx.index("ld.global") and wait2 < ptx.index("st.global")
 
 
 def _global_loads(ptx: str) -> int:

@@ -104,6 +104,10 @@ def variant_cases() -> list[Case]:
             for tn, tk, w in variants:
                 cfg = dict(family="gemv", tile_m=tm, tile_n=tn, tile_k=tk, split_k=1, num_warps=w, stages=1, pdl=False)
                 out.append(Case(f"{shape}.m{m}.v{tn}x{tk}w{w}", m, n, k, config=cfg, timed=True))
+        # where does the WGMMA family overtake the gemv kernel? (the policy switches at M > 32)
+        for m in (8, 16, 32):
+            cfg = dict(family="wgmma", tile_m=64, tile_n=128, tile_k=64, split_k=1, num_warps=4, stages=4, pdl=False)
+            out.append(Case(f"{shape}.m{m}.wgmma64x128", m, n, k, config=cfg, timed=True))
     return out
 
 

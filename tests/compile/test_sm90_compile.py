@@ -184,6 +184,8 @@ WG_FAST = [
      EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True), "bf16", 128),
     (C(family="wgmma", tile_m=64, tile_n=64, tile_k=64, num_warps=4, stages=2, split_k=3),
      EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.float16), "fp16", 64),
+    # fewer weight vectors per K step (16 x 2) than threads (256)
+    (C(family="wgmma", tile_m=128, tile_n=16, tile_k=64, num_warps=8, stages=2), SCALAR, "bf16", 16),
 ]
 
 

@@ -195,8 +195,11 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
                     sA[(r, kc * 8 + 2 * j, 0)] = lo.to(self.ab_dtype)
                     sA[(r, kc * 8 + 2 * j + 1, 0)] = hi.to(self.ab_dtype)
             # ---- B: weights, one 16-byte vector (32 elements, 2 scale blocks) per task
-            for c in cutlass.range_constexpr(BN * (BK // 32) // NT):
+            for c in cutlass.range_constexpr((BN * (BK // 32) + NT - 1) // NT):
                 task = c * NT + tidx
+                # with fewer tasks than threads the surplus threads redo the last one (same value,
+                # same address: a benign duplicate store), keeping the loop free of divergence
+                task = cutlass.min(task, BN * (BK // 32) - 1)
                 r = task // (BK // 32)
                 vh = task % (BK // 32)
                 row, feat = self.gemm_row(n_out, bx, r)

@@ -18,3 +18,25 @@ def load_modelopt_checkpoint(*args, **kwargs):
     from .modelopt import load_modelopt_checkpoint as _load
 
     return _load(*args, **kwargs)
+
+
+# Inductor integration (opt-in; nvgemm.inductor imports torch._inductor only inside enable()).
+def enable(*args, **kwargs):
+    """Route NVFP4 linears in ``torch.compile`` graphs through nvgemm; see :func:`nvgemm.inductor.enable`."""
+    from .inductor import enable as _enable
+
+    return _enable(*args, **kwargs)
+
+
+def disable():
+    """Undo :func:`enable`; PyTorch's own behaviour is restored."""
+    from .inductor import disable as _disable
+
+    return _disable()
+
+
+def enabled(*args, **kwargs):
+    """Context manager: ``with nvgemm.enabled(): ...`` (see :func:`nvgemm.inductor.enabled`)."""
+    from .inductor import enabled as _enabled
+
+    return _enabled(*args, **kwargs)

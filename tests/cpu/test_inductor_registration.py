@@ -1,0 +1,143 @@
+"""Opt-in registration: nothing at import, enable/disable/enabled restore PyTorch's own state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import nvgemm
+import nvgemm.inductor as ni
+from nvgemm.inductor import choices as ch
+from nvgemm.runtime.backends import LinearProblem
+
+
+def test_import_does_not_touch_inductor():
+    code = (
+        "import sys, nvgemm, nvgemm.inductor; "
+        "bad = [m for m in sys.modules if m.startswith('torch._inductor')]; "
+        "assert not bad, bad[:5]; "
+        "from torch._inductor import config, lowering; "
+        "assert config.post_grad_custom_pre_pass is None; "
+        "assert torch_ops_ok() if False else True"
+    ).replace("assert torch_ops_ok() if False else True", "import torch; "
+              "assert torch.ops.nvgemm.nvfp4_linear.default not in lowering.user_lowerings")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _inductor_state():
+    from torch._inductor import config
+    from torch._inductor.codegen.nv_universal_gemm.nv_universal_gemm_scheduling import NVUniversalGemmScheduling
+    from torch._inductor.lowering import user_lowerings
+    from torch._inductor.scheduler import Scheduler
+
+    return (
+        config.post_grad_custom_pre_pass,
+        user_lowerings.get(torch.ops.nvgemm.nvfp4_linear.default),
+        NVUniversalGemmScheduling.__dict__["is_pdl_enabled_template"],
+        Scheduler.__dict__.get("codegen_extern_call"),
+        "previous_node" in Scheduler.__dict__,
+    )
+
+
+def test_enable_disable_roundtrip_and_context_manager():
+    before = _inductor_state()
+    assert not ni.is_enabled()
+    nvgemm.enable()
+    nvgemm.enable()  # idempotent
+    st = _inductor_state()
+    assert ni.is_enabled()
+    assert st[0] is not None and st[1] is not None and st[4]
+    assert st[1].__name__ == "nvgemm_cutedsl_lowering"
+    nvgemm.disable()
+    nvgemm.disable()
+    assert _inductor_state() == before
+    with nvgemm.enabled():
+        assert ni.is_enabled()
+    assert not ni.is_enabled() and _inductor_state() == before
+
+
+def test_user_pass_is_kept_and_ours_runs_first():
+    from torch._inductor import config
+
+    calls = []
+
+    def user_pass(graph):
+        calls.append(graph)
+
+    with torch._inductor.config.patch(post_grad_custom_pre_pass=user_pass):
+        with nvgemm.enabled():
+            p = config.post_grad_custom_pre_pass
+            assert isinstance(p, list) and p[1] is user_pass and type(p[0]).__name__ == "NvgemmCapturePass"
+            assert isinstance(p[0].uuid(), bytes)
+        assert config.post_grad_custom_pre_pass is user_pass
+
+
+def test_old_torch_is_refused(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.14.1+cu128")
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.15.*2\.14\.1"):
+        nvgemm.enable()
+    assert not ni.is_enabled()
+
+
+def _problem(**kw):
+    base = dict(m=4, n=256, k=128, device_type="cpu", capability=None, weight_only=False,
+                x_dtype=torch.bfloat16, out_dtype=torch.bfloat16, alpha="scalar", bias=False,
+                activation="none", residual=False)
+    base.update(kw)
+    return LinearProblem(**base)
+
+
+def test_candidates_policy():
+    cpu = ch.candidates(_problem())
+    assert cpu[-1].key == ch.EMULATED  # always present, always last
+    assert all(c.key != ch.CUBLASLT for c in cpu)
+    b200 = _problem(device_type="cuda", capability=(10, 0))
+    assert ch.cublaslt_supported(b200) is None
+    assert "W4A4" in ch.cublaslt_supported(_problem(device_type="cuda", capability=(10, 0), weight_only=True))
+    assert "sm_100" in ch.cublaslt_supported(_problem(device_type="cuda", capability=(9, 0)))
+    assert ch.CUBLASLT in [c.key for c in ch.candidates(b200)]
+    assert [c.key for c in ch.candidates(b200, allowed={"emulated"})] == [ch.EMULATED]
+
+
+def test_choice_keys_and_arg_rebuild():
+    c = ch.Candidate("backend:cutedsl_sm100:nvgemm_cutedsl_sm100_nvfp4_t128x8x256_c1x1_swapab_pdl")
+    assert (c.kind, c.backend, c.config) == ("backend", "cutedsl_sm100", "nvgemm_cutedsl_sm100_nvfp4_t128x8x256_c1x1_swapab_pdl")
+    x, w, ws, ws2, b = (torch.empty(1) for _ in range(5))
+    args = ch.linear_args_from((x, w, ws, ws2, b), {"input_scale": None, "residual": None, "activation": "silu",
+                                                    "out_dtype": None})
+    assert args[0] is x and args[4] is None and args[5] is b and args[7] == "silu"
+    with pytest.raises(ValueError, match="unexpected tensor"):
+        ch.linear_args_from((x, w, ws, ws2, b, b, b), {"input_scale": None, "activation": "none", "out_dtype": None})
+
+
+def test_split_points_follow_heuristics_buckets():
+    from nvgemm.inductor.lowering import DEFAULT_SPLIT_POINTS, split_points
+
+    pts = split_points()
+    assert pts == sorted(pts) and pts[0] >= 1
+    try:
+        from nvgemm.heuristics import m_buckets
+    except ImportError:
+        assert pts == list(DEFAULT_SPLIT_POINTS)
+    else:
+        assert pts == [hi for _, hi in m_buckets()]
+
+
+def test_choice_op_runs_named_backend_and_rejects_unknown():
+    from nvgemm.formats import quantize_weight, to_blocked
+    from nvgemm.ops import nvfp4_linear_emulated
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    q = quantize_weight(torch.randn(32, 64, generator=g))
+    ins = torch.tensor(0.002)
+    args = (x, q.packed, to_blocked(q.scale), q.global_scale, ins, None, None, "none", None)
+    out = torch.ops.nvgemm.nvfp4_linear_choice(*args, "backend:emulated")
+    assert torch.equal(out, nvfp4_linear_emulated(*args))
+    with pytest.raises(RuntimeError, match="not registered"):
+        torch.ops.nvgemm.nvfp4_linear_choice(*args, "backend:no_such_backend")
+    with pytest.raises(ValueError, match="unknown choice"):
+        torch.ops.nvgemm.nvfp4_linear_choice(*args, "bogus")

@@ -39,6 +39,7 @@ from ``nvgemm.templates.sm90_w4a16_gemv``; on a box without cutlass-dsl they mus
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -301,6 +302,7 @@ def wgmma_config(m: int) -> Sm90W4A16Config:
     return Sm90W4A16Config(family="wgmma", tile_m=tm, tile_n=128, tile_k=64, num_warps=4 * tm // 64, stages=4)
 
 
+@functools.lru_cache(maxsize=4096)
 def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, sm_count: int) -> Sm90W4A16Config:
     """The heuristics' first candidate this runtime can run (gemv for M <= 32, WGMMA above when
     K % 64 == 0); without the policy: :func:`wgmma_config` for M > 32, else a default gemv config."""
@@ -364,10 +366,17 @@ def supports(p: LinearProblem) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _kernel_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int):
+    """The loaded kernel for one (config, epilogue, dtype): spec hashing and cache lookup once."""
+    from .cache import default_cache
+
+    return default_cache().get(compile_spec_for(config, spec, x_dtype, sm_count))
+
+
 def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
     """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only)."""
     from ..ops import check_linear_args, nvfp4_linear_emulated
-    from .cache import default_cache
 
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     if residual is not None and residual.dtype != spec.out_dtype:
@@ -382,7 +391,7 @@ def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residua
     config = pick_config(m, n, k, x.dtype, activation, props.multi_processor_count)
     prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2)
     args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
-    kernel = default_cache().get(compile_spec_for(config, args.spec, x.dtype, props.multi_processor_count))
+    kernel = _kernel_for(config, args.spec, x.dtype, props.multi_processor_count)
     launch_sm90(args, kernel, torch.cuda.current_stream(dev))
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 

@@ -46,11 +46,14 @@ Split-K (``config.split_k = S > 1``)
     resets the counter to 0 for the next launch. The sum order does not depend on arrival
     order, so the result is deterministic (bitwise run-to-run) and deadlock-free (nobody spins).
 
-Constraints (see ``nvgemm.templates.sm100_config``: ``validate_config`` / ``kernel_constraints``)
+Constraints (config: ``nvgemm.templates.sm100_config.validate_config``; problem:
+``nvgemm.heuristics.can_implement`` and the launcher's checks)
     tile_m 128 (1-CTA) or 256 (2-CTA, cluster_m even); tile_n in 8..256 (< 64 only with
     tile_m 128, cluster_n 1 and a single N tile: N <= tile_n); tile_k 256; K % 32 == 0
-    (16-byte TMA rows of packed FP4); ragged M/N/K tails are handled by TMA zero-fill and
-    predicated stores.
+    (16-byte TMA rows of packed FP4); output rows a multiple of 16 bytes; split_k <= the
+    number of 256-wide K tiles. Ragged M/N/K tails are handled by TMA zero-fill and
+    predicated stores; full row-major sub-tiles are stored with 16-byte vector stores.
+    The C output is written with plain stores (no TMA store, no smem staging).
 
 Gated SiLU-mul (``activation="silu_mul"``)
     needs the gate/up weight rows **interleaved** (GEMM row 2j = gate j, 2j+1 = up j; see

@@ -180,3 +180,50 @@ def test_nvfp4_linear_calls_are_normalised_to_2d_positional():
     out = gm(*args)
     assert out.shape == (1, M, N)
     assert torch.equal(out, nvfp4_linear_emulated(x3, w, ws, ws2, ins, b, None, "none", None))
+
+
+def _post_grad_on_fake_cuda(fn, shapes):
+    """Trace ``fn`` on fake CUDA tensors and run Inductor's post-grad passes (no GPU needed)."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.fx_passes.post_grad import post_grad_passes
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fm = FakeTensorMode()
+    with fm:
+        args = [torch.empty(s, dtype=d, device="cuda") for s, d in shapes]
+    gm = make_fx(fn, decomposition_table=select_decomp_table())(*args)
+    with V.set_fake_mode(fm):
+        post_grad_passes(gm, is_inference=True)
+    return gm
+
+
+def test_claimed_before_pytorchs_fold_and_pytorchs_fold_when_disabled():
+    """The pre-pass runs before PyTorch 2.15's ``mul(_scaled_mm, alpha)`` fold; disabled, the fold is PyTorch's."""
+    import nvgemm.inductor as ni
+    from nvgemm.formats import blocked_numel
+
+    def f(x, w, ws, ins, alpha):
+        y = _scaled(x, w, ws, ins) * alpha
+        return y.float().sum(-1)  # a reduction consumer: the case PyTorch folds early
+
+    shapes = [((M, K), torch.bfloat16), ((N, K // 2), torch.uint8), ((blocked_numel(N, K // 16),), torch.float8_e4m3fn),
+              ((), torch.float32), ((), torch.float32)]
+    patch = dict(max_autotune=True, max_autotune_gemm_backends="NVGEMM,ATEN")
+    with torch._inductor.config.patch(patch):
+        fused = counters["inductor"]["scaled_mm_output_scale_fused"]
+        gm = _post_grad_on_fake_cuda(f, shapes)
+        assert counters["inductor"]["scaled_mm_output_scale_fused"] == fused + 1  # PyTorch's own fold
+        mm = [n for n in gm.graph.nodes if n.target is aten._scaled_mm.default]
+        assert len(mm) == 1
+        scale_result = mm[0].kwargs.get("scale_result", mm[0].args[5] if len(mm[0].args) > 5 else None)
+        assert scale_result is not None  # alpha became _scaled_mm's native output scale
+        assert torch.ops.nvgemm.nvfp4_linear.default not in _targets(gm)
+
+        claimed = counters["nvgemm_cutedsl"]["scaled_mm_claimed"]
+        with ni.enabled():
+            gm = _post_grad_on_fake_cuda(f, shapes)
+        assert counters["inductor"]["scaled_mm_output_scale_fused"] == fused + 1  # unchanged: ours came first
+        assert counters["nvgemm_cutedsl"]["scaled_mm_claimed"] == claimed + 1
+        assert aten._scaled_mm.default not in _targets(gm)
+        assert torch.ops.nvgemm.nvfp4_linear.default in _targets(gm)

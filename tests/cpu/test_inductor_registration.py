@@ -18,12 +18,8 @@ def test_import_does_not_touch_inductor():
     code = (
         "import sys, nvgemm, nvgemm.inductor; "
         "bad = [m for m in sys.modules if m.startswith('torch._inductor')]; "
-        "assert not bad, bad[:5]; "
-        "from torch._inductor import config, lowering; "
-        "assert config.post_grad_custom_pre_pass is None; "
-        "assert torch_ops_ok() if False else True"
-    ).replace("assert torch_ops_ok() if False else True", "import torch; "
-              "assert torch.ops.nvgemm.nvfp4_linear.default not in lowering.user_lowerings")
+        "assert not bad, bad[:5]"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -32,22 +32,32 @@ after the loads is fp32, so the only difference to the emulated op is the summat
 
 Work decomposition
 ------------------
-* CTA = ``num_warps`` warps that split K: per main-loop step a thread handles ``U = tile_k /
-  (32 * threads)`` 16-byte vectors (32 elements each) of each of the CTA's ``tile_n`` weight rows,
-  for all ``tile_m`` activation rows. All ``U * tile_n`` weight loads (``ld.global.nc.L1::
-  no_allocate.v4``) and the activation loads of a step are issued before the first use.
-  The activations of a vector are loaded once and reused for all ``tile_n`` rows.
+* CTA = ``num_warps`` warps that split K. The CTA's ``tile_n`` weight rows x ``tile_m`` activation
+  rows are walked in register passes of ``RP = max(1, 8 // tile_m)`` weight rows x ``MP =
+  min(tile_m, 4)`` activation rows (:func:`~nvgemm.templates.sm90_config.gemv_passes`); each pass
+  streams its rows' K range. Per main-loop step a thread handles ``U = tile_k / (32 * threads)``
+  16-byte vectors (32 elements each) of each of the pass's rows: all ``U * RP`` weight loads
+  (``ld.global.nc.L1::no_allocate.v4``), their scale loads and the activation loads of the step
+  are issued before the first use, and each activation vector is converted once and reused for
+  the RP rows.
 * grid = (ceil(N_out / features per CTA), split_k, ceil(M / tile_m)); ``split_k > 1`` splits K
   across CTAs: partial sums go to ``mWork`` (no atomics), and a second kernel sums the splits in a
   fixed order and runs the epilogue (deterministic).
-* End of the K loop: warp butterfly reduction, one cross-warp pass through 4 KB of shared memory,
-  then the epilogue (:mod:`nvgemm.epilogues.cute_apply` functors: alpha -> bias -> activation ->
-  residual, fp32, one rounding at the store).
+* End of each pass: warp butterfly reduction, then a fixed-order sum across warps through shared
+  memory into the CTA's ``tile_n x tile_m`` totals; then the epilogue
+  (:class:`Sm90EpilogueMixin`, with the :mod:`nvgemm.epilogues.cute_apply` activations: alpha ->
+  bias -> activation -> residual, fp32, one rounding at the store).
 * ``silu_mul`` (gated): a CTA takes ``tile_n/2`` gate rows and the matching ``tile_n/2`` up rows
   (``n`` and ``n + N/2``), so the gate and the up of one output feature meet in one CTA.
 
-Constraints (``can_implement``): K % 32 == 0 (16-byte rows), ``tile_k`` a multiple of ``32 *
-threads``, ``tile_n * tile_m <= threads``, ``tile_m <= 8`` (registers), even ``tile_n`` when gated.
+Cost model (from the SASS, M = 1): ~3.9 issued instructions per weight element (fp16->fp32
+conversion, shift/mask decode, FFMA), i.e. an issue floor of the same size as the HBM floor on an
+H200; for tile_m >= 8 the scalar FMAs dominate and the WGMMA family should take over (to be
+measured: ``bench/gpu_check.py``).
+
+Constraints (:func:`~nvgemm.templates.sm90_config.validate_config` and ``can_implement``): K % 32
+== 0 at run time (16-byte rows), ``tile_k = 32 * threads * U`` with U in 1..4 within a register
+budget, ``tile_n`` a multiple of 8 (even halves when gated), bf16/fp16 activations.
 
 This module imports cutlass; it is imported only when a kernel is compiled (never at
 ``import nvgemm``), through :data:`nvgemm.templates.registry.BUILTIN_TEMPLATE_MODULES`.

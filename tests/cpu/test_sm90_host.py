@@ -224,3 +224,15 @@ def test_wgmma_needs_k_multiple_of_64():
     cfg = Sm90W4A16Config(family="wgmma", tile_m=64, tile_n=64, tile_k=64, num_warps=4, stages=2)
     with pytest.raises(ValueError, match="K % 64"):
         prepare_sm90_args(torch.randn(40, 96).bfloat16(), p, None, None, None, "none", None, cfg)
+
+
+def test_e2m1_times_every_e4m3_scale_is_exact_in_bf16_and_fp16():
+    """The WGMMA family stores ``(E2M1 * 2**-14) * s * 2**14`` (fp32) into bf16/fp16 shared memory,
+    and W4A4 runs on ``E2M1 * s_x`` in the activation dtype: both rely on every E2M1 x e4m3 product
+    being exact in bf16 and fp16. Checked for all 16 codes x all 127 non-negative finite e4m3 values."""
+    codes = E2M1_VALUES.double()  # 16
+    s = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()  # 0 .. 448
+    exact = codes[:, None] * s[None, :]  # fp64: exact
+    kernel_f32 = ((codes * 2.0**-14).float()[:, None] * s.float()[None, :]) * 16384.0
+    for dt in (torch.bfloat16, torch.float16):
+        assert torch.equal(kernel_f32.to(dt).double(), exact), dt

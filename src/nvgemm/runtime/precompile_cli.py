@@ -257,7 +257,10 @@ def run(args) -> int:
             modules.append("nvgemm.runtime.aot_selftest")
 
         def record(label, spec, r):
-            results[spec.name()] = (r.status, label, r.error, r.seconds, (r.meta or {}).get("timings_s"))
+            meta = r.meta or {}
+            t = meta.get("timings_s")
+            results[spec.name()] = (r.status, label, r.error, r.seconds,
+                                    {**t, "compile_cpu": (meta.get("cpu_s") or {}).get("compile")} if t else None)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(f"{spec.name()[:48]} {r.status}")
@@ -297,7 +300,10 @@ def run(args) -> int:
     print(f"  compiled {counts['compiled']}, cached {counts['cached']}, failed {counts['failed']}")
     if compile_times:
         med = compile_times[len(compile_times) // 2]
-        print(f"  compile time per kernel: median {med:.2f} s, max {compile_times[-1]:.2f} s")
+        cpu = sorted(v[4]["compile_cpu"] for v in results.values()
+                     if v[0] == "compiled" and v[4] and v[4].get("compile_cpu") is not None)
+        cpu_txt = f"; CPU time median {cpu[len(cpu) // 2]:.2f} s, max {cpu[-1]:.2f} s" if cpu else ""
+        print(f"  compile time per kernel: wall median {med:.2f} s, max {compile_times[-1]:.2f} s{cpu_txt}")
     for reason, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
         print(f"  failed x{len(names)}: {reason}")
         for nm in names[:3]:

@@ -59,7 +59,7 @@ class _CacheRunner(check.Runner):
     """gpu_check's runner, but kernels come from the runtime's kernel cache by compile spec."""
 
     def __init__(self):
-        super().__init__(Path("."), cpu_selftest=False)
+        super().__init__(Path("."), cpu_selftest=True)  # no manifest: kernels come from the cache
         self.cpu = False
 
     def config(self, case):

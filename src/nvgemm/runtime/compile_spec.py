@@ -46,13 +46,17 @@ CODEGEN_ENV_PREFIXES = ("NVGEMM_", "CUTE_DSL_", "CUTE_EXPERIMENTAL_DSL_")
 # keyed) and CUTE_DSL_LIBS (runtime library paths).
 NON_CODEGEN_ENV = frozenset(
     {
-        # nvgemm runtime / tooling
+        # nvgemm runtime / tooling: which kernel is chosen, never how one is generated. (A switch
+        # listed here must not change a template's code; add new non-codegen NVGEMM_* switches here,
+        # or serving with them set misses every precompiled kernel.)
         "NVGEMM_CACHE_DIR",
         "NVGEMM_LOG",
         "NVGEMM_LOG_LEVEL",
         "NVGEMM_PRECOMPILE_JOBS",
-        "NVGEMM_DISABLE_CACHE",
-        "NVGEMM_BACKEND",
+        "NVGEMM_BACKEND",  # eager backend override (runtime/backends.py)
+        "NVGEMM_NVMMH",  # nvMatmulHeuristics on/off: ranks candidates (heuristics/nvmmh.py)
+        "NVGEMM_INDUCTOR_CHOICES",  # restricts Inductor choice kinds (inductor/choices.py)
+        "NVGEMM_PDL",  # Triton kernels' PDL toggle; CuTeDSL PDL is the config's `pdl` field
         # cutlass-dsl diagnostics, paths, caches
         "CUTE_DSL_ARCH",
         "CUTE_DSL_LIBS",

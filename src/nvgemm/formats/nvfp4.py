@@ -233,8 +233,9 @@ def quantize_weight(w: torch.Tensor, global_scale: torch.Tensor | None = None) -
        (an all-zero block, or one that underflows) is replaced by 1.0 before the clamp;
     3. ``code = e2m1(W / (float(ws) * ws2))``.
 
-    One deliberate deviation: for an all-zero tensor ModelOpt computes 0/0 and exports NaN
-    scales; nvgemm returns codes 0, block scales 1.0 and a global scale of 0.
+    One deliberate deviation: when the global scale is 0 (an all-zero tensor, or one whose
+    amax / 2688 underflows fp32), ModelOpt divides by it and exports NaN or saturated codes;
+    nvgemm returns codes 0, block scales 1.0 and a global scale of 0 (both dequantize to 0).
     """
     _check_float(w, "weight")
     if w.dim() != 2:
@@ -248,8 +249,8 @@ def quantize_weight(w: torch.Tensor, global_scale: torch.Tensor | None = None) -
     else:
         global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=w.device).reshape(())
     if bool(global_scale == 0):
-        # All-zero tensor. ModelOpt divides 0/0 here and exports NaN scales (code 7 = 6.0
-        # everywhere); nvgemm deliberately emits codes 0, scales 1.0, global scale 0 instead.
+        # All-zero tensor (or amax/2688 underflowed). ModelOpt divides by 0 here and exports NaN
+        # or saturated codes; nvgemm deliberately emits codes 0, scales 1.0, global scale 0.
         n, kb = blocks.shape[:2]
         scale = torch.ones((n, kb), device=w.device).to(torch.float8_e4m3fn)
         codes = torch.zeros(w.shape, dtype=torch.uint8, device=w.device)
@@ -258,9 +259,11 @@ def quantize_weight(w: torch.Tensor, global_scale: torch.Tensor | None = None) -
     sf = torch.where(sf == 0, torch.ones_like(sf), sf)  # ModelOpt's rule: a zero scale becomes 1.0
     scale = fp8_e4m3_rne(sf.clamp(min=MIN_BLOCK_SCALE, max=E4M3_MAX))
     step = scale.float() * global_scale
-    # |W| / step encoded, then the sign of W: the same codes as e2m1_encode(W / step), one pass fewer
-    codes = e2m1_encode(mag.div_(step.unsqueeze(-1)))
-    codes.bitwise_or_((blocks < 0).to(torch.uint8) << 3)
+    # |W| / step encoded, then the sign: the same codes as e2m1_encode(W / step), where a negative
+    # quotient that underflows to -0.0 gets no sign bit (ModelOpt's `x < 0` on the quotient)
+    q = mag.div_(step.unsqueeze(-1))
+    codes = e2m1_encode(q)
+    codes.bitwise_or_(((blocks < 0) & (q > 0)).to(torch.uint8) << 3)
     return Nvfp4Tensor(pack_e2m1(codes.reshape(w.shape)), scale, global_scale.reshape(()))
 
 

@@ -32,7 +32,7 @@ ARCHS = ("sm_90a", "sm_100a")
 
 def _spec(arch: str, threads: int = 128):
     return make_spec(st.SELFTEST_TEMPLATE_ID, st.SelftestConfig(threads=threads), arch,
-                     a_format="bf16", b_format="bf16", environ={})
+                     a_format="bf16", b_format="bf16")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ LOADER = textwrap.dedent(
     kc = KernelCache({root!r})
     out = {{}}
     for arch in {archs!r}:
-        spec = make_spec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=128), arch, a_format="bf16", b_format="bf16", environ={{}})
+        spec = make_spec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=128), arch, a_format="bf16", b_format="bf16")
         t0 = time.perf_counter()
         k = kc.get(spec, build=False)
         ms = (time.perf_counter() - t0) * 1e3
@@ -211,7 +211,7 @@ CONCURRENT = textwrap.dedent(
     from nvgemm.runtime.compile_spec import make_spec
     from nvgemm.runtime.aot_selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
     kc = KernelCache({root!r})
-    specs = [make_spec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=t), a, a_format="bf16", b_format="bf16", environ={{}})
+    specs = [make_spec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=t), a, a_format="bf16", b_format="bf16")
              for a in ("sm_90a", "sm_100a") for t in (64, 128)]
     print(json.dumps([kc.ensure(s).status for s in (specs if {idx} % 2 else specs[::-1])]))
     """

@@ -452,3 +452,10 @@ def test_get_loads_once_and_respects_build_false(kc, monkeypatch):
     fresh = cache_mod.KernelCache(kc.root)  # another process: loads from disk, compiles nothing
     fresh.get(s, build=False)
     assert fresh.stats == {"compiled": 0, "loaded": 1, "corrupt": 0, "miss": 0}
+
+
+def test_build_refuses_spec_captured_under_other_dsl_switches(monkeypatch):
+    monkeypatch.delenv("CUTE_DSL_LINEINFO", raising=False)
+    spec = _spec(codegen_env=(("CUTE_DSL_LINEINFO", "1"),))
+    with pytest.raises(aot.AotBuildError, match="CUTE_DSL_LINEINFO"):
+        aot.build_artifacts(spec, Path("/nonexistent"), "0" * 64)

@@ -268,6 +268,17 @@ def build_artifacts(spec: CompileSpec, out_dir: Path, key: str) -> dict[str, Any
 
     Returns the metadata the loader needs (ABI, symbol names) plus timings. Needs cutlass; no GPU.
     """
+    from .compile_spec import capture_codegen_env
+
+    # cutlass-dsl reads its CUTE_DSL_* switches from this process's environment, not from the spec:
+    # refuse to build an entry whose key claims switches the compiler will not see (or vice versa).
+    here = {k: v for k, v in capture_codegen_env() if not k.startswith("NVGEMM_")}
+    keyed = {k: v for k, v in spec.codegen_env if not k.startswith("NVGEMM_")}
+    if here != keyed:
+        raise AotBuildError(
+            f"{spec.name()}: the spec was captured with DSL switches {keyed} but this process has {here}; "
+            "compile where the environment matches (nvgemm precompile workers inherit the parent's)"
+        )
     st = check_spec(spec)
     if not st:
         raise AotBuildError(f"{spec.template_id}: cannot compile {spec.name()}: {st.reason}")

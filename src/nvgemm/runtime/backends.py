@@ -107,10 +107,81 @@ def warn_once(key: str, msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def select_backend(problem: LinearProblem) -> Backend:
+# ---------------------------------------------------------------------------- first-use check
+#
+# nvgemm ships kernels that could only be compiled, not run, where they were written (sm_100a
+# above all). Before a kernel backend serves a problem for the first time on a device, it runs
+# that problem once on random data and is compared with the emulated op; a backend that
+# disagrees (or raises) is disabled for that problem with one warning, and the next backend
+# (ultimately the emulated one) serves it. A wrong kernel therefore costs speed, never silent
+# garbage. ``NVGEMM_SELFCHECK=0`` turns the check off. It is skipped while a CUDA graph is
+# being captured (warm-up before capture runs it).
+
+_CHECKED: dict[tuple, str | None] = {}
+#: ||kernel - emulated|| / ||emulated|| allowed: both use identical quantized operands, so they
+#: differ by fp32 summation order and one output rounding (<= 2^-8 relative per element in
+#: bf16); a wrong kernel is off by O(1).
+SELFCHECK_RTOL = 2.0**-6
+
+
+def _selfcheck_inputs(problem: LinearProblem, device: torch.device):
+    from ..formats import quantize_weight, to_blocked
+
+    gen = torch.Generator(device="cpu").manual_seed(1234)
+    w = torch.randn(problem.n, problem.k, generator=gen)
+    q = quantize_weight(w)
+    x = torch.randn(problem.m, problem.k, generator=gen)
+    ws2 = q.global_scale.reshape(())
+    if problem.alpha == "vector":
+        ws2 = ws2 * torch.linspace(0.5, 2.0, problem.n)
+    ins = None if problem.weight_only else (x.abs().amax() / 2688).reshape(())
+    n_out = problem.n // 2 if problem.activation == "silu_mul" else problem.n
+    bias = torch.randn(problem.n, generator=gen) if problem.bias else None
+    res = torch.randn(problem.m, n_out, generator=gen) if problem.residual else None
+    xd = problem.x_dtype
+
+    def to(t, dtype=None):
+        return None if t is None else t.to(device=device, dtype=dtype or t.dtype)
+
+    return (to(x, xd), to(q.packed), to(to_blocked(q.scale)), to(ws2), to(ins), to(bias, xd), to(res, xd),
+            problem.activation, problem.out_dtype)
+
+
+def _selfcheck(backend: Backend, problem: LinearProblem) -> str | None:
+    """None if ``backend`` agrees with the emulated op on ``problem``'s shape and kind."""
+    if os.environ.get("NVGEMM_SELFCHECK", "1") == "0":
+        return None
+    if problem.device_type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device(problem.device_type)
+    key = (backend.name, problem, str(device))
+    if key in _CHECKED:
+        return _CHECKED[key]
+    emulated = _REGISTRY["emulated"]
+    try:
+        args = _selfcheck_inputs(problem, device)
+        got = backend.run(*args).float()
+        want = emulated.run(*args).float()
+        err = float((got - want).norm() / want.norm().clamp_min(1e-30))
+        bad = not bool(torch.isfinite(got).all()) or err > SELFCHECK_RTOL
+        verdict = f"disagrees with the emulated op (relative error {err:.3g})" if bad else None
+    except Exception as e:  # a kernel failing to launch must not take the op down with it
+        verdict = f"raised {type(e).__name__}: {e}"
+    _CHECKED[key] = verdict
+    if verdict is not None:
+        warn_once(f"selfcheck-{backend.name}-{problem}",
+                  f"nvgemm_cutedsl: backend {backend.name} {verdict} on {problem}; disabled for this problem")
+    return verdict
+
+
+def select_backend(problem: LinearProblem, check: bool = True) -> Backend:
     """The backend the op will run for ``problem`` (deterministic).
 
     ``NVGEMM_BACKEND=<name>`` forces one backend (an error if it cannot run the problem).
+    With ``check`` a kernel backend passes the first-use check above before it is chosen.
     """
     forced = os.environ.get("NVGEMM_BACKEND", "").strip()
     all_b = backends()
@@ -125,6 +196,8 @@ def select_backend(problem: LinearProblem) -> Backend:
     reasons = []
     for b in all_b:
         reason = b.supports(problem)
+        if reason is None and check and b.name != "emulated":
+            reason = _selfcheck(b, problem)
         if reason is None:
             if b.name == "emulated" and problem.device_type == "cuda":
                 warn_once(

@@ -62,6 +62,9 @@ def timing_cases() -> list[Case]:
     return [Case(f"{nm}.m{m}", m, n, k, timed=True) for nm, (n, k) in LLAMA_SHAPES.items() for m in TIMING_M]
 
 
+MMA = dict(family="mma", tile_m=8, tile_n=16, tile_k=512, split_k=1, num_warps=4, stages=1, pdl=False)
+
+
 def numeric_cases() -> list[Case]:
     """Numerics beyond the timed (plain-epilogue) cases: every epilogue part, fp16, W4A4 (qdq),
     split-K (forced), ragged N / M tails and K not a multiple of the CTA step."""
@@ -86,6 +89,13 @@ def numeric_cases() -> list[Case]:
         Case("wgmma.m64.splitk3", 64, 1024, 8192,
              config=dict(family="wgmma", tile_m=64, tile_n=64, tile_k=64, split_k=3, num_warps=4, stages=2)),
         Case("wgmma.m130.w4a4", 130, 4096, 4096, w4a4=True),
+        # small-M tensor-core family (mma.sync; not chosen by the runtime until measured)
+        Case("mma.m5.ragged", 5, 1000, 4096, config=dict(MMA, tile_m=8, tile_n=16)),
+        Case("mma.m20.silu_mul.res.splitk", 20, 8192, 4096, activation="silu_mul", bias=True, residual=True,
+             config=dict(MMA, tile_m=16, tile_n=32, split_k=2)),
+        Case("mma.m32.fp16.gelu.vector", 32, 2048, 8192, activation="gelu_tanh", vector_alpha=True, x_dtype="fp16",
+             out_dtype="fp16", config=dict(MMA, tile_m=32, tile_n=16, num_warps=8, tile_k=1024)),
+        Case("mma.m3.w4a4.k14336", 3, 4096, 14336, w4a4=True, config=dict(MMA, tile_m=8, tile_n=16, tile_k=1024)),
     ]
 
 
@@ -104,10 +114,15 @@ def variant_cases() -> list[Case]:
             for tn, tk, w in variants:
                 cfg = dict(family="gemv", tile_m=tm, tile_n=tn, tile_k=tk, split_k=1, num_warps=w, stages=1, pdl=False)
                 out.append(Case(f"{shape}.m{m}.v{tn}x{tk}w{w}", m, n, k, config=cfg, timed=True))
-        # where does the WGMMA family overtake the gemv kernel? (the policy switches at M > 32)
+        # where do the tensor-core families overtake the gemv kernel? (the policy switches at M > 32)
         for m in (8, 16, 32):
             cfg = dict(family="wgmma", tile_m=64, tile_n=128, tile_k=64, split_k=1, num_warps=4, stages=4, pdl=False)
             out.append(Case(f"{shape}.m{m}.wgmma64x128", m, n, k, config=cfg, timed=True))
+        for m in (1, 4, 8, 16, 32):
+            tm = max(8, m)
+            for tn, w, u in ((16, 4, 1), (32, 4, 2), (16, 8, 1)):
+                cfg = dict(MMA, tile_m=tm, tile_n=tn, tile_k=128 * w * u, num_warps=w)
+                out.append(Case(f"{shape}.m{m}.mma{tn}w{w}u{u}", m, n, k, config=cfg, timed=True))
     return out
 
 

@@ -231,3 +231,75 @@ def test_wgmma_sass_has_hgmma():
 def test_wgmma_rejected_configs(cfg, why):
     st = check_spec(make_spec(WG, cfg, "sm_90a", epilogue=SCALAR, a_format="bf16"))
     assert not st and why in st.reason
+
+
+# --------------------------------------------------------------------------- small-M tensor-core (mma) family
+
+MM = "sm90_w4a16_mma"
+
+
+@functools.lru_cache(maxsize=None)
+def mm_compiled(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
+    spec = make_spec(MM, cfg, "sm_90a", epilogue=epi, a_format=x)
+    st = check_spec(spec)
+    assert st, st.reason
+    return get_template(MM).compile(spec, keep_ptx=True)
+
+
+MM_FAST = [
+    (C(family="mma", tile_m=8, tile_n=16, tile_k=512, num_warps=4, stages=1), SCALAR, "bf16"),
+    (C(family="mma", tile_m=16, tile_n=32, tile_k=1024, num_warps=4, stages=1, split_k=2),
+     EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True), "bf16"),
+    (C(family="mma", tile_m=32, tile_n=16, tile_k=1024, num_warps=8, stages=1),
+     EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.float16), "fp16"),
+]
+
+
+@pytest.mark.parametrize("cfg,epi,x", MM_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
+def test_mma_family_compiles_with_tensor_core_mma(cfg, epi, x):
+    ptx = mm_compiled(cfg, epi, x).__ptx__
+    assert ptx and ".target sm_90a" in ptx
+    kind = "bf16" if x == "bf16" else "f16"
+    u = cfg.tile_k // (128 * cfg.num_warps)
+    # 8 k16 steps per 128-element chunk, per 8-row activation group, per chunk in flight
+    n_mma = len(re.findall(rf"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.{kind}\.{kind}\.f32", ptx))
+    assert n_mma == 8 * (cfg.tile_m // 8) * u
+    assert ptx.count(WEIGHT_LD) == 2 * u  # rows g and g + 8, one 16-byte vector each per chunk
+    assert f"cvt.rn.{kind}x2.f32" in ptx  # exact E2M1*scale operands
+    assert ".local" not in ptx
+
+
+def test_mma_sass_has_hmma_and_no_spills():
+    exe = _cuobjdump()
+    if exe is None:
+        pytest.skip("no cuobjdump for the SASS check")
+    from nvgemm.templates.sm90_w4a16_gemv import embedded_cubin
+
+    cfg, epi, x = MM_FAST[0]
+    with tempfile.TemporaryDirectory() as d:
+        fp = Path(d) / "k.fatbin"
+        fp.write_bytes(embedded_cubin(mm_compiled(cfg, epi, x)))
+        sass = subprocess.run([exe, "--dump-sass", str(fp)], check=True, capture_output=True, text=True).stdout
+    assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) == 8
+    assert len(re.findall(r"LDG\.E\.NA\.128\.CONSTANT", sass)) == 2
+    assert re.search(r"\bLDL\b|\bSTL\b", sass) is None
+
+
+@pytest.mark.parametrize(
+    "cfg,why",
+    [
+        (C(family="mma", tile_m=4, tile_n=16, tile_k=512, num_warps=4, stages=1), "tile_m"),
+        (C(family="mma", tile_m=8, tile_n=24, tile_k=512, num_warps=4, stages=1), "tile_n"),
+        (C(family="mma", tile_m=8, tile_n=16, tile_k=4096, num_warps=4, stages=1), "tile_k"),
+    ],
+)
+def test_mma_rejected_configs(cfg, why):
+    st = check_spec(make_spec(MM, cfg, "sm_90a", epilogue=SCALAR, a_format="bf16"))
+    assert not st and why in st.reason
+
+
+def test_mma_gated_needs_whole_16_row_halves():
+    cfg = C(family="mma", tile_m=8, tile_n=16, tile_k=512, num_warps=4, stages=1)
+    st = check_spec(make_spec(MM, cfg, "sm_90a", epilogue=EpilogueSpec(alpha="scalar", activation="silu_mul"),
+                              a_format="bf16"))
+    assert not st and "tile_n % 32" in st.reason

@@ -234,6 +234,8 @@ def prepare_sm90_args(
     validate_config(config).raise_if_failed("sm90 config")
     if config.family == "wgmma" and prepared.k % 64:
         raise ValueError(f"nvgemm_cutedsl sm90: the wgmma family needs K % 64 == 0, got K={prepared.k}")
+    if config.family == "mma" and prepared.k % 128:
+        raise ValueError(f"nvgemm_cutedsl sm90: the mma family needs K % 128 == 0, got K={prepared.k}")
     if x.dtype not in _X_FORMAT:
         raise TypeError(f"nvgemm_cutedsl sm90: x must be bfloat16 or float16, got {x.dtype}")
     n, k = prepared.n, prepared.k
@@ -317,6 +319,8 @@ def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, s
             if not isinstance(cfg, Sm90W4A16Config) or not validate_config(cfg):
                 continue
             if cfg.family == "wgmma" and (k % 64 or m <= GEMV_MAX_M_POLICY):
+                continue
+            if cfg.family == "mma":  # not chosen until measured on an H100/H200 (bench/gpu_check.py)
                 continue
             if activation == "silu_mul" and cfg.tile_n % (32 if cfg.family == "wgmma" else 2):
                 continue

@@ -16,6 +16,11 @@ loads, in-register FP4 -> fp32 decode. Field meanings for this family:
     stages     1 (the step's loads are all issued before the first use; no smem pipeline)
     pdl        must be False (programmatic dependent launch is not implemented)
 
+``"mma"`` (``sm90_w4a16_mma.py``) M of 4..32 on the tensor cores (mma.sync m16n8k16, weight as the
+16-row operand, same operand layout as gemv): tile_m 8 | 16 | 32 (groups of 8 activation rows),
+tile_n a multiple of 16 in [16, 128], tile_k = 128 * num_warps * U (U 1..2), stages 1, pdl False.
+Not chosen by the policy or the runtime until measured (``bench/gpu_check.py`` times it).
+
 ``"wgmma"`` (``sm90_w4a16_wgmma.py``) larger M: dequantize weight tiles to bf16/fp16 in shared
 memory, WGMMA with fp32 accumulators. Fields: tile_m 64 | 128 (one warpgroup per 64 rows, so
 num_warps = tile_m / 16), tile_n a multiple of 16 in [16, 128], tile_k 64, stages >= 2 (the
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 
 from .status import Status
 
-SM90_FAMILIES = ("gemv", "wgmma")
+SM90_FAMILIES = ("gemv", "wgmma", "mma")
 SM90_ARCHS = ("sm_90a",)
 
 #: gemv weight re-layout: where each element of a 32-bit weight word (8 E2M1 codes, K order,
@@ -54,6 +59,9 @@ WORD_LAYOUT = (
 DECODE_UNSCALE = 16384.0
 
 GEMV_TILE_M = (1, 2, 4, 8, 16, 32)
+MMA_TILE_M = (8, 16, 32)
+#: K elements one warp consumes per mma-family chunk (4 lanes x 32-element vectors).
+MMA_CHUNK = 128
 GEMV_WARPS = (1, 2, 4, 8)
 GEMV_MAX_VEC_PER_THREAD = 4
 #: Elements one thread streams per 16-byte weight load.
@@ -146,6 +154,23 @@ def _validate_wgmma(c: Sm90W4A16Config) -> Status:
     return Status.success()
 
 
+def _validate_mma(c: Sm90W4A16Config) -> Status:
+    if c.tile_m not in MMA_TILE_M:
+        return Status.fail(f"mma tile_m={c.tile_m} not in {MMA_TILE_M} (groups of 8 activation rows)")
+    if c.tile_n % 16 or not 16 <= c.tile_n <= 128:
+        return Status.fail(f"mma tile_n={c.tile_n} must be a multiple of 16 in [16, 128]")
+    if c.num_warps not in GEMV_WARPS:
+        return Status.fail(f"mma num_warps={c.num_warps} not in {GEMV_WARPS}")
+    step = MMA_CHUNK * c.num_warps
+    if c.tile_k % step or not 1 <= c.tile_k // step <= 2:
+        return Status.fail(f"mma tile_k={c.tile_k} must be {MMA_CHUNK}*warps*U = {step}*U with U in 1..2")
+    if c.stages != 1:
+        return Status.fail(f"mma stages={c.stages}: no shared-memory pipeline (use 1)")
+    if c.pdl:
+        return Status.fail("mma pdl=True: programmatic dependent launch is not implemented")
+    return Status.success()
+
+
 def validate_config(c: Sm90W4A16Config) -> Status:
     if c.family not in SM90_FAMILIES:
         return Status.fail(f"family={c.family!r} not in {SM90_FAMILIES}")
@@ -155,4 +180,6 @@ def validate_config(c: Sm90W4A16Config) -> Status:
         return Status.fail(f"tile_k={c.tile_k} must be a multiple of 32 (16-byte packed-FP4 loads)")
     if c.family == "gemv":
         return _validate_gemv(c)
+    if c.family == "mma":
+        return _validate_mma(c)
     return _validate_wgmma(c)

@@ -1,0 +1,326 @@
+"""sm_90a NVFP4 weight-only (W4A16) small-M tensor-core family ("mma"), in CuTeDSL.
+
+    out[m, f] = epilogue( alpha * sum_k x[m, k] * (E2M1[q[n, k]] * s[n, k // 16]) )
+
+For decode batches of M = 4..32 the scalar gemv kernel pays one FFMA per weight element per
+activation row; this family hands the products to the tensor cores (``mma.sync.m16n8k16``, fp32
+accumulate) with the **weight as the 16-row A operand** (swap-AB: 16 weight rows x 8 activation
+rows per instruction), so the per-element cost is the decode alone (~3 instructions, independent
+of M up to 8 and shared by every 8-row activation group above that).
+
+Operands: exactly the gemv family's (same re-laid-out weight bytes, linear scales, same C ABI;
+``nvgemm.runtime.sm90_launch`` prepares them). No extra layout is needed because the MMA's k
+order inside a 16-wide step is free as long as A and B agree: lane (g = lane / 4, q = lane % 4)
+loads 32 consecutive elements (one 16-byte vector) of weight rows g and g + 8 at K offset 32q of a
+128-element chunk, and in MMA step s (0..7) supplies its elements 4s..4s+3 at the fragment
+positions of logical k {2q, 2q+1, 2q+8, 2q+9}; its B fragment is the same four K positions of
+activation row g (two raw bf16x2 / f16x2 words, no conversion). Over the 4 lanes of a group and
+the 8 steps every k of the chunk is used exactly once. The weight's two scales per vector are the
+gemv layout's one 2-byte load.
+
+Decode (exact): fp16x2 ``E2M1 * 2**-14`` (gemv bit trick) -> 2 x fp32 -> times ``s * 2**14``
+-> ``cvt.rn.{bf16x2,f16x2}.f32``: E2M1 x e4m3 needs at most 6 significant bits and lies in
+[2**-10, 2688], so the operand is exact in bf16 and fp16 and the tensor core's fp32 products are
+the emulated op's products.
+
+Work decomposition: a CTA takes ``tile_n`` weight rows (groups of 16; gate then up halves for
+``silu_mul``) and ``tile_m`` activation rows (groups of 8); its ``num_warps`` warps split K in
+128-element chunks (``U = tile_k / (128 * warps)`` chunks per warp per step, all loads issued
+first). Warp partial tiles are summed in a fixed order through shared memory, then the shared
+fp32 epilogue (:class:`~nvgemm.templates.sm90_w4a16_gemv.Sm90EpilogueMixin`, unscale 1) or, with
+``split_k > 1``, the fp32 workspace and the gemv family's fixed-order reduce kernel.
+
+Constraints: K % 128 == 0 at run time (checked by the runtime), tile_m 8 | 16 | 32, tile_n a
+multiple of 16 in [16, 128], tile_k = 128 * warps * U with U in 1..2.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from nvgemm.epilogues.spec import EpilogueSpec
+
+from .registry import CompileSpec, compile_for_target, fake_args, register_template
+from .sm90_config import MMA_CHUNK, SM90_ARCHS, Sm90W4A16Config, validate_config
+from .sm90_w4a16_gemv import (
+    _X_FORMATS,
+    Sm90EpilogueMixin,
+    Sm90W4A16GemvKernel,
+    Sm90W4A16GemvTemplate,
+    _asm,
+    decode_word,
+    e4m3x2_to_f32x2,
+    f16x2_to_f32x2,
+    ld_cached_v4,
+    ld_stream_u16,
+    ld_stream_v4,
+)
+from .status import Status
+
+
+@dsl_user_op
+def pack2(lo: Float32, hi: Float32, to_bf16: bool, *, loc=None, ip=None) -> Int32:
+    """Two fp32 -> one bf16x2 / f16x2 register, ``lo`` in the low half (round to nearest even)."""
+    ins = "cvt.rn.bf16x2.f32" if to_bf16 else "cvt.rn.f16x2.f32"
+    r = _asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+             f"{ins} $0, $1, $2;", "=r,f,f", loc, ip)
+    return Int32(r)
+
+
+@dsl_user_op
+def mma_16816(a, b, c, is_bf16: bool, *, loc=None, ip=None):
+    """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}`` : D = A(16x16) B(16x8) + C, fp32 C/D."""
+    kind = "bf16" if is_bf16 else "f16"
+    st = llvm.StructType.get_literal([T.f32()] * 4)
+    ops = [Int32(v).ir_value(loc=loc, ip=ip) for v in (*a, *b)] + [Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    r = _asm(st, ops,
+             f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+             "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", loc, ip)
+    return [Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+class Sm90W4A16MmaKernel(Sm90EpilogueMixin):
+    """Small-M tensor-core kernel (see the module docstring)."""
+
+    unscale = 1.0  # A holds E2M1 * scale exactly
+
+    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
+        validate_config(config).raise_if_failed("sm90 mma config")
+        self.cfg = config
+        self.epi = epilogue
+        self.x_is_bf16 = x_format == "bf16"
+        self.tile_m, self.tile_n = config.tile_m, config.tile_n
+        self.threads = 32 * config.num_warps
+        self.chunks = config.tile_k // (MMA_CHUNK * config.num_warps)  # U: chunks per warp per step
+        self.split_k = config.split_k
+        self.gated = epilogue.activation == "silu_mul"
+        self.feat_per_cta = self.tile_n // 2 if self.gated else self.tile_n
+        helper = Sm90W4A16GemvKernel(Sm90W4A16Config(split_k=max(2, config.split_k)), epilogue, x_format)
+        self.out_dtype = helper.out_dtype
+        helper.unscale = 1.0  # the partials in the workspace carry no decode factor
+        self.reduce_kernel = helper.reduce_kernel
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        mAlpha: cute.Tensor,
+        mBias: cute.Tensor,
+        mRes: cute.Tensor,
+        mOut: cute.Tensor,
+        mWork: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        m = mX.shape[0]
+        n = mW.shape[0]
+        n_out = mOut.shape[1]
+        grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
+        grid_m = (m + self.tile_m - 1) // self.tile_m
+        self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork).launch(
+            grid=(grid_n, self.split_k, grid_m), block=(self.threads, 1, 1), stream=stream
+        )
+        if cutlass.const_expr(self.split_k > 1):
+            total = m * n_out
+            self.reduce_kernel(mAlpha, mBias, mRes, mOut, mWork, n).launch(
+                grid=((total + 127) // 128, 1, 1), block=(128, 1, 1), stream=stream
+            )
+
+    @cute.jit
+    def gemm_row(self, n_out: Int32, bx: Int32, r: Int32):
+        if cutlass.const_expr(self.gated):
+            h = self.tile_n // 2
+            feat = bx * h + r % h
+            row = feat + (r // h) * n_out
+        else:
+            feat = bx * self.tile_n + r
+            row = feat
+        return row, feat
+
+    @cute.kernel
+    def kernel(
+        self,
+        mX: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        mAlpha: cute.Tensor,
+        mBias: cute.Tensor,
+        mRes: cute.Tensor,
+        mOut: cute.Tensor,
+        mWork: cute.Tensor,
+    ):
+        TM, TN, U = self.tile_m, self.tile_n, self.chunks
+        NW = self.cfg.num_warps
+        MG = TM // 8  # activation groups of 8 (MMA n)
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, bs, bm = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        g = lane // 4
+        q = lane % 4
+
+        m = mX.shape[0]
+        k = mX.shape[1]
+        n = mW.shape[0]
+        n_out = mOut.shape[1]
+        nchunk = k // MMA_CHUNK
+
+        x_base = mX.iterator.toint()
+        w_base = mW.iterator.toint()
+        s_base = mS.iterator.toint()
+        x_rs = Int64(mX.stride[0]) * 2
+        w_rs = Int64(mW.stride[0])
+        s_rs = Int64(mS.stride[0])
+
+        cps = (nchunk + self.split_k - 1) // self.split_k
+        c_lo = bs * cps
+        c_hi = cutlass.min(nchunk, c_lo + cps)
+        n_iter = (c_hi - c_lo + NW * U - 1) // (NW * U)
+        if c_hi <= c_lo:
+            n_iter = 0
+
+        smem = cutlass.memory.SmemAllocator()
+        # per-warp partial tiles [warp][16 weight rows][TM activation rows], then CTA totals
+        sPart = smem.allocate_tensor(Float32, cute.make_layout((NW, 16, TM), stride=(16 * (TM + 1), TM + 1, 1)), 16)
+        sTot = smem.allocate_tensor(Float32, cute.make_layout((TN, TM), stride=(TM + 1, 1)), 16)
+
+        # activation rows of this lane's B fragments (clamped: loads stay in bounds, results dropped)
+        x_row = []
+        for mg in cutlass.range_constexpr(MG):
+            mr = cutlass.min(bm * TM + mg * 8 + g, m - 1)
+            x_row.append(x_base + Int64(mr) * x_rs)
+
+        for rg in cutlass.range(TN // 16, unroll=1):
+            row_lo, _f0 = self.gemm_row(n_out, bx, rg * 16 + g)
+            row_hi, _f1 = self.gemm_row(n_out, bx, rg * 16 + g + 8)
+            w_lo = w_base + Int64(cutlass.min(row_lo, n - 1)) * w_rs
+            w_hi = w_base + Int64(cutlass.min(row_hi, n - 1)) * w_rs
+            s_lo = s_base + Int64(cutlass.min(row_lo, n - 1)) * s_rs
+            s_hi = s_base + Int64(cutlass.min(row_hi, n - 1)) * s_rs
+
+            acc = cute.make_rmem_tensor((MG * 4,), Float32)
+            acc.fill(0.0)
+            for it in cutlass.range(n_iter, unroll=1):
+                base = c_lo + it * (NW * U)
+                wv = []
+                sv = []
+                xv = []
+                ok = []
+                for u in cutlass.range_constexpr(U):
+                    c = base + u * NW + warp
+                    ok.append(c < c_hi)
+                    cc = Int64(cutlass.min(c, nchunk - 1))
+                    vec = cc * 4 + q  # this lane's 16-byte vector inside the 128-element chunk
+                    wv.append((ld_stream_v4(w_lo + vec * 16), ld_stream_v4(w_hi + vec * 16)))
+                    sv.append((ld_stream_u16(s_lo + vec * 2), ld_stream_u16(s_hi + vec * 2)))
+                    for mg in cutlass.range_constexpr(MG):
+                        xa = x_row[mg] + vec * 64
+                        xv.append(ld_cached_v4(xa) + ld_cached_v4(xa + 16) + ld_cached_v4(xa + 32)
+                                  + ld_cached_v4(xa + 48))
+                for u in cutlass.range_constexpr(U):
+                    # A operands of the 8 MMA steps, for rows g (lo) and g + 8 (hi): E2M1 * s, exact
+                    a_words = []
+                    for h in cutlass.range_constexpr(2):
+                        sc0, sc1 = e4m3x2_to_f32x2(sv[u][h])
+                        f0 = sc0 * Float32(16384.0)
+                        f1 = sc1 * Float32(16384.0)
+                        words = []
+                        for wi in cutlass.range_constexpr(4):
+                            f = f0 if wi < 2 else f1
+                            hs = decode_word(wv[u][h][wi])
+                            for j in cutlass.range_constexpr(4):
+                                lo, hi = f16x2_to_f32x2(hs[j])
+                                words.append(pack2(lo * f, hi * f, self.x_is_bf16))
+                        a_words.append(words)  # 16 words = elements (0,1), (2,3), ... (30,31)
+                    for mg in cutlass.range_constexpr(MG):
+                        xw = xv[u * MG + mg]  # 16 words: elements (0,1) ... (30,31) of row g
+                        d = [acc[mg * 4 + i] for i in range(4)]
+                        for s in cutlass.range_constexpr(8):
+                            a = (a_words[0][2 * s], a_words[1][2 * s], a_words[0][2 * s + 1], a_words[1][2 * s + 1])
+                            b = (xw[2 * s], xw[2 * s + 1])
+                            d = mma_16816(a, b, d, self.x_is_bf16)
+                        for i in cutlass.range_constexpr(4):
+                            acc[mg * 4 + i] = cutlass.select_(ok[u], d[i], acc[mg * 4 + i])
+
+            # D fragment: c0, c1 = (weight row g, act rows 2q, 2q+1), c2, c3 = (row g + 8, same)
+            for mg in cutlass.range_constexpr(MG):
+                for i in cutlass.range_constexpr(4):
+                    sPart[warp, g + 8 * (i // 2), mg * 8 + 2 * q + i % 2] = acc[mg * 4 + i]
+            cute.arch.sync_threads()
+            for e in cutlass.range(tidx, 16 * TM, self.threads):
+                r = e // TM
+                mi = e % TM
+                t = sPart[0, r, mi]
+                for w in cutlass.range_constexpr(1, NW):
+                    t = t + sPart[w, r, mi]
+                sTot[rg * 16 + r, mi] = t
+            cute.arch.sync_threads()
+
+        if cutlass.const_expr(self.split_k == 1):
+            n_feat = self.feat_per_cta
+            for i in cutlass.range(tidx, n_feat * TM, self.threads):
+                r = i // TM
+                mi = i % TM
+                m_glob = bm * TM + mi
+                feat = bx * n_feat + r
+                if m_glob < m and feat < n_out:
+                    if cutlass.const_expr(self.gated):
+                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r, mi],
+                                            feat + n_out, sTot[r + n_feat, mi])
+                    else:
+                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r, mi],
+                                            feat, Float32(0.0))
+        else:
+            for i in cutlass.range(tidx, TN * TM, self.threads):
+                r = i // TM
+                mi = i % TM
+                m_glob = bm * TM + mi
+                row, feat = self.gemm_row(n_out, bx, r)
+                if m_glob < m and feat < n_out:
+                    mWork[(bs * m + m_glob) * n + row] = sTot[r, mi]
+
+
+class Sm90W4A16MmaTemplate(Sm90W4A16GemvTemplate):
+    """Registry entry of the small-M tensor-core family (``template_id = "sm90_w4a16_mma"``); same ABI."""
+
+    template_id = "sm90_w4a16_mma"
+    config_type = Sm90W4A16Config
+    archs = SM90_ARCHS
+
+    def can_implement(self, spec: CompileSpec) -> Status:
+        c = spec.config
+        if not isinstance(c, Sm90W4A16Config):
+            return Status.fail(f"expects Sm90W4A16Config, got {type(c).__name__}")
+        st = validate_config(c)
+        if not st:
+            return st
+        if c.family != "mma":
+            return Status.fail(f"family={c.family!r}: this template is the mma family")
+        if spec.arch not in SM90_ARCHS:
+            return Status.fail(f"arch {spec.arch} is not one of {SM90_ARCHS}")
+        if spec.a_format not in _X_FORMATS:
+            return Status.fail(f"a_format (activations) must be bf16 or fp16, got {spec.a_format}")
+        if spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
+            return Status.fail("weights must be nvfp4, both operands K-major")
+        if spec.epilogue.gated and c.tile_n % 32:
+            return Status.fail(f"silu_mul needs tile_n % 32 == 0 (16-row gate and up groups), got {c.tile_n}")
+        if spec.epilogue.alpha == "none":
+            return Status.fail("weight-only NVFP4 always has a global scale: alpha must be scalar or vector")
+        return Status.success()
+
+    def compile(self, spec: CompileSpec, *, keep_ptx: bool = False):
+        self.can_implement(spec).raise_if_failed(spec.name())
+        kernel = Sm90W4A16MmaKernel(spec.config, spec.epilogue, spec.a_format)
+        return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
+
+
+TEMPLATE = register_template(Sm90W4A16MmaTemplate(), replace=True)
+
+__all__ = ["Sm90W4A16MmaKernel", "Sm90W4A16MmaTemplate", "TEMPLATE", "mma_16816", "pack2"]

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 from pathlib import Path
 
@@ -237,9 +238,7 @@ def test_packed_fp4_binding_doubles_inner_mode():
 
 
 def test_pack_fills_slots_per_calling_convention():
-    k = aot.AotKernel.__new__(aot.AotKernel)  # packing only; no library needed
-    k.abi, k.name = ABI, "t"
-    k._structs = {a.name: aot.tensor_struct_type(a) for a in ABI if isinstance(a, TensorArg)}
+    k = aot.AotKernel.packer(ABI, "t")  # packing only; no library needed
     a = torch.zeros(3, 64, dtype=torch.uint8)
     out = torch.zeros(16, 4096, dtype=torch.bfloat16)[:5]
     scale = torch.ones(1)
@@ -254,6 +253,18 @@ def test_pack_fills_slots_per_calling_convention():
     assert ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_void_p)).contents.value == scale.data_ptr()
     assert ctypes.cast(slots[5], ctypes.POINTER(ctypes.c_void_p)).contents.value == 0xABC0
     assert ctypes.cast(slots[6], ctypes.POINTER(ctypes.c_int32)).contents.value == 0
+    # Refilled in place per call; another thread packs into its own buffers.
+    slots2, _ = k.pack(a[:2], out, 2.0, 9, None, 0x10, check_device=False)
+    assert ctypes.addressof(slots2) == ctypes.addressof(slots)
+    assert ctypes.cast(slots[0], ctypes.POINTER(k._structs["mA"])).contents.dynamic_shapes[0] == 2
+    assert ctypes.cast(slots[3], ctypes.POINTER(ctypes.c_int64)).contents.value == 9
+    assert ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_void_p)).contents.value is None  # NULL pointer
+    other = []
+    t = threading.Thread(target=lambda: other.append(k.pack(a, out, 0.5, 7, scale, 0, check_device=False)[0]))
+    t.start()
+    t.join()
+    assert ctypes.addressof(other[0]) != ctypes.addressof(slots)
+    assert ctypes.cast(slots[3], ctypes.POINTER(ctypes.c_int64)).contents.value == 9  # untouched by the thread
     with pytest.raises(ValueError, match="CUDA tensor"):
         k.pack(a, out, 0.5, 7, scale, 0)
     with pytest.raises(TypeError, match="takes 6 arguments"):

@@ -368,13 +368,55 @@ def tensor_layout(arg: TensorArg, t: Any) -> tuple[list[int], list[int]]:
     return shape, stride
 
 
+def _tensor_filler(a: TensorArg):
+    """Fast per-call binder of a torch tensor to ``a``'s descriptor (same checks as tensor_layout)."""
+    rank, bits, align = len(a.shape), a.elem_bits, a.assumed_align
+    static_shape = [(d, w) for d, w in enumerate(a.shape) if isinstance(w, int)]
+    dyn_shape = [(j, d, a.shape[d].divisibility) for j, d in enumerate(a.dyn_shape_modes)]
+    static_stride = [(d, w) for d, w in enumerate(a.stride) if isinstance(w, int)]
+    dyn_stride = [(j, d, a.stride[d].divisibility) for j, d in enumerate(a.dyn_stride_modes)]
+
+    def fill(obj, t, check_device: bool) -> None:
+        if check_device and not t.is_cuda:
+            raise ValueError(f"{a.name}: expected a CUDA tensor, got device {t.device}")
+        if t.dim() != rank or t.element_size() * 8 != bits:
+            shape, stride = tensor_layout(a, t)  # packed sub-byte data, or a wrong rank (raises)
+        else:
+            shape, stride = t.shape, t.stride()
+            for d, w in static_shape:
+                if shape[d] != w:
+                    raise ValueError(f"{a.name}: mode {d} must be {w} ({a.dtype} elements), got {shape[d]}")
+            for d, w in static_stride:
+                if stride[d] != w and shape[d] > 1:
+                    raise ValueError(f"{a.name}: stride of mode {d} must be {w}, got {stride[d]} (shape {tuple(shape)})")
+        ptr = t.data_ptr()
+        if ptr % align:
+            raise ValueError(f"{a.name}: data pointer must be {align}-byte aligned")
+        obj.data = ptr
+        if dyn_shape:
+            ds = obj.dynamic_shapes
+            for j, d, div in dyn_shape:
+                v = shape[d]
+                if v % div:
+                    raise ValueError(f"{a.name}: mode {d} = {v} must be divisible by {div}")
+                ds[j] = v
+        if dyn_stride:
+            dt = obj.dynamic_strides
+            for j, d, div in dyn_stride:
+                v = stride[d]
+                if v % div:
+                    raise ValueError(f"{a.name}: stride of mode {d} = {v} must be divisible by {div}")
+                dt[j] = v
+
+    return fill
+
+
 class AotKernel:
     """A linked kernel library opened with ctypes; :meth:`launch` packs torch tensors per the ABI."""
 
     def __init__(self, so_path: str | os.PathLike, abi: tuple[AbiArg, ...], name: str = ""):
+        self._init_packing(abi, name or Path(so_path).stem)
         self.path = str(so_path)
-        self.abi = tuple(abi)
-        self.name = name or Path(so_path).stem
         preload_cudart()
         self._lib = ctypes.CDLL(self.path)  # RTLD_LOCAL: identical shim symbol names never clash
         for sym in ENTRY_SYMBOLS:
@@ -388,9 +430,22 @@ class AotKernel:
         self._launch = self._lib.nvgemm_aot_launch
         self._launch.restype = ctypes.c_int32
         self._launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32]
-        self._structs = {a.name: tensor_struct_type(a) for a in self.abi if isinstance(a, TensorArg)}
         self._loaded = False
         self._load_lock = threading.Lock()
+
+    def _init_packing(self, abi: tuple[AbiArg, ...], name: str) -> None:
+        self.abi = tuple(abi)
+        self.name = name
+        self._structs = {a.name: tensor_struct_type(a) for a in self.abi if isinstance(a, TensorArg)}
+        self._fillers = [_tensor_filler(a) if isinstance(a, TensorArg) else None for a in self.abi]
+        self._tls = threading.local()
+
+    @classmethod
+    def packer(cls, abi: tuple[AbiArg, ...], name: str = "packer") -> "AotKernel":
+        """An instance that can only :meth:`pack` (no library): for tests and tools."""
+        k = cls.__new__(cls)
+        k._init_packing(abi, name)
+        return k
 
     def ensure_loaded(self) -> None:
         """Load the embedded cubin on every visible device (once per process)."""
@@ -403,45 +458,50 @@ class AotKernel:
                     raise RuntimeError(f"nvgemm_cutedsl: loading {self.name} onto the GPU failed: cudaError {rc}")
                 self._loaded = True
 
+    def _new_pack_state(self) -> tuple[Any, list[Any]]:
+        objs: list[Any] = []
+        for a in self.abi:
+            if isinstance(a, TensorArg):
+                objs.append(self._structs[a.name]())
+            elif isinstance(a, ScalarArg):
+                objs.append(_CT_SCALAR[a.ctype]())
+            else:  # PointerArg, StreamArg: a void* slot
+                objs.append(ctypes.c_void_p())
+        objs.append(ctypes.c_int32(0))
+        slots = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
+        return slots, objs
+
     def pack(self, *values: Any, check_device: bool = True) -> tuple[Any, list[Any]]:
-        """The ``void *args[]`` array for ``values`` (one per ABI argument) plus the objects it points to."""
+        """The ``void *args[]`` array for ``values`` (one per ABI argument) plus the objects it points to.
+
+        The array and its targets are preallocated per thread and refilled on each call (a launch
+        copies the arguments before returning), so packing allocates nothing.
+        """
         if len(values) != len(self.abi):
             raise TypeError(f"{self.name} takes {len(self.abi)} arguments {[a.name for a in self.abi]}, got {len(values)}")
-        keep: list[Any] = []
-        slots = (ctypes.c_void_p * (len(self.abi) + 1))()
-        for i, (a, v) in enumerate(zip(self.abi, values)):
-            if isinstance(a, TensorArg):
-                if check_device and not v.is_cuda:
-                    raise ValueError(f"{a.name}: expected a CUDA tensor, got device {v.device}")
-                shape, stride = tensor_layout(a, v)
-                ptr = v.data_ptr()
-                if ptr % a.assumed_align:
-                    raise ValueError(f"{a.name}: data pointer must be {a.assumed_align}-byte aligned")
-                s = self._structs[a.name]()
-                s.data = ptr
-                for j, d in enumerate(a.dyn_shape_modes):
-                    s.dynamic_shapes[j] = shape[d]
-                for j, d in enumerate(a.dyn_stride_modes):
-                    s.dynamic_strides[j] = stride[d]
-                obj = s
+        state = getattr(self._tls, "state", None)
+        if state is None:
+            state = self._tls.state = self._new_pack_state()
+        slots, objs = state
+        for a, v, obj, fill in zip(self.abi, values, objs, self._fillers):
+            if fill is not None:
+                fill(obj, v, check_device)
             elif isinstance(a, ScalarArg):
-                obj = _CT_SCALAR[a.ctype](v)
+                obj.value = v
             elif isinstance(a, PointerArg):
-                addr = v if isinstance(v, int) else v.data_ptr()
+                addr = 0 if v is None else v if isinstance(v, int) else v.data_ptr()
                 if addr % a.assumed_align:
                     raise ValueError(f"{a.name}: pointer must be {a.assumed_align}-byte aligned")
-                obj = ctypes.c_void_p(addr)
+                if check_device and addr and not isinstance(v, int) and not v.is_cuda:
+                    raise ValueError(f"{a.name}: expected a CUDA tensor, got device {v.device}")
+                obj.value = addr
             else:  # StreamArg
                 handle = v if isinstance(v, int) else getattr(v, "cuda_stream", None)
                 if handle is None:
                     raise TypeError(f"{a.name}: expected a torch.cuda.Stream or a raw cudaStream_t int, got {v!r}")
-                obj = ctypes.c_void_p(handle)
-            keep.append(obj)
-            slots[i] = ctypes.addressof(obj)
-        ret = ctypes.c_int32(0)
-        keep.append(ret)
-        slots[len(self.abi)] = ctypes.addressof(ret)
-        return slots, keep
+                obj.value = handle
+        objs[-1].value = 0
+        return slots, objs
 
     def launch(self, *values: Any) -> None:
         """Enqueue the kernel on the stream given for its StreamArg (e.g. ``torch.cuda.current_stream()``)."""

@@ -292,6 +292,8 @@ def _normalise_linear(graph: fx.Graph, node: fx.Node) -> bool:
         return True
     if changed:
         node.args, node.kwargs = tuple(args), {}
+        # Inductor re-normalises against the eager (pre-rewrite) call; our form is authoritative.
+        node.meta.pop("eager_input_vals", None)
     return changed
 
 

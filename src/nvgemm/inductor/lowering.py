@@ -119,6 +119,12 @@ def problem_from_ir(args: list) -> LinearProblem:
     )
 
 
+def _has_unbacked(expr) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return not isinstance(expr, int) and bool(free_unbacked_symbols(expr))
+
+
 def _config_generator(_fake_tensors: dict) -> list:
     from torch._inductor.kernel.custom_op import CustomOpConfig
 
@@ -202,6 +208,9 @@ def build_lowering(allowed: Optional[set[str]] = None):
     def nvgemm_cutedsl_lowering(*args, **kwargs):
         from torch._inductor import ir
 
+        from torch._dynamo.utils import counters
+
+        counters["nvgemm_cutedsl"]["lowered"] += 1
         full = normalise_call(args, kwargs)
         # Kernels read x row-major; the autotuner needs every input as a buffer with a layout.
         full[0] = ir.ExternKernel.require_contiguous(full[0])
@@ -215,6 +224,16 @@ def build_lowering(allowed: Optional[set[str]] = None):
             problem.n, problem.k, "W4A16" if problem.weight_only else "W4A4", len(cands), pts,
             [c.key for c in cands],
         )
+        m_expr = full[0].get_size()[0]
+        if len(cands) > 1 and _has_unbacked(m_expr):
+            # Inductor's subgraph autotuning cannot take unbacked sizes (SubgraphChoiceCaller
+            # asserts). Use the policy's first kernel candidate for every M, untimed.
+            log.warning(
+                "nvgemm_cutedsl: M is unbacked (%s); Inductor cannot autotune subgraphs over unbacked "
+                "sizes, using the policy's first candidate %s untimed. Mark the batch dim with "
+                "torch._dynamo.mark_dynamic (backed) to autotune per M range.", m_expr, cands[0].key,
+            )
+            cands = cands[:1]
         if len(cands) == 1:
             # Nothing to tune (e.g. CPU: only the emulated reference): call it directly, no
             # per-range tracing.

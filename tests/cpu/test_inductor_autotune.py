@@ -1,0 +1,136 @@
+"""Autotuning over nvgemm candidates on CPU: benchmarking, M-range dispatch, winners persisted on disk.
+
+CPU has one real candidate (the emulated reference). To exercise the autotuner, the tests
+register a second, correct but deliberately slow backend (``test_slow``: the emulated op plus a
+5 ms sleep; priority below the emulated one so eager dispatch never picks it). The autotuner must
+benchmark both, pick the emulated one, and record the result so a *second process* compiling the
+same graph does not benchmark again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.utils import fresh_cache, run_and_get_code
+
+import nvgemm
+from nvgemm.formats import quantize_weight, to_blocked
+from nvgemm.ops import nvfp4_linear_emulated
+
+SLOW_BACKEND = textwrap.dedent(
+    """
+    import time
+    from nvgemm.ops import nvfp4_linear_emulated
+    from nvgemm.runtime.backends import Backend, register_backend
+    CALLS = {"n": 0}
+    def _slow(*args):
+        CALLS["n"] += 1
+        time.sleep(0.005)
+        return nvfp4_linear_emulated(*args)
+    register_backend(Backend(name="test_slow", priority=-2000, supports=lambda p: None, run=_slow))
+    """
+)
+
+
+def _operands(m: int, n: int = 32, k: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    q = quantize_weight(torch.randn(n, k, generator=g) * 0.1)
+    return x, q.packed, to_blocked(q.scale), q.global_scale, torch.tensor(0.002)
+
+
+def _child_code() -> str:
+    """The same compile as the test below, in a fresh process; prints what it benchmarked."""
+    return textwrap.dedent(
+        """
+        import json, torch
+        {slow}
+        import nvgemm
+        from nvgemm.inductor import lowering
+        lowering.split_points = lambda: [8]
+        from torch._dynamo.utils import counters
+        from torch._inductor.utils import run_and_get_code
+        import sys; sys.path.insert(0, {here!r})
+        from test_inductor_autotune import _operands
+        x3, w, ws, ws2, ins = _operands(3)
+        def f(x):
+            return torch.ops.nvgemm.nvfp4_linear(x, w, ws, ws2, ins)
+        patch = {{"max_autotune_gemm_backends": "ATEN", "test_configs.force_no_impl_grouping": True}}
+        with torch._inductor.config.patch(patch), nvgemm.enabled():
+            torch._dynamo.mark_dynamic(x3, 0, min=2, max=256)
+            out, codes = run_and_get_code(torch.compile(f, mode="max-autotune", fullgraph=True), x3)
+        final = [c for c in codes if "true_graph" in c and "benchmark_nvgemm_cutedsl" not in c]
+        print(json.dumps({{"calls": CALLS["n"], "lowered": counters["nvgemm_cutedsl"]["lowered"],
+                           "emulated": bool(final) and "backend:emulated" in final[0],
+                           "slow": any("backend:test_slow" in c for c in final)}}))
+        """
+    ).format(slow=SLOW_BACKEND, here=os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_range_dispatch_autotunes_each_range_serves_all_m_and_persists(monkeypatch, tmp_path):
+    """Dynamic M: one compile; each M range autotuned; a runtime torch.cond picks the range; the
+    timings land in the on-disk autotune cache, so a second process does not benchmark again."""
+    ns: dict = {}
+    exec(SLOW_BACKEND, ns)
+    from nvgemm.inductor import lowering
+    from nvgemm.runtime.backends import unregister_backend
+
+    monkeypatch.setattr(lowering, "split_points", lambda: [8])  # two ranges: [1, 8], [9, inf)
+    try:
+        torch._dynamo.reset()
+        counters.clear()
+        x3, w, ws, ws2, ins = _operands(3)
+
+        def f(x):
+            return torch.ops.nvgemm.nvfp4_linear(x, w, ws, ws2, ins)
+
+        patch = dict(max_autotune_gemm_backends="ATEN")
+        # Keep one branch per range even though both pick the same winner, so the torch.cond
+        # dispatch itself is generated and exercised.
+        patch["test_configs.force_no_impl_grouping"] = True
+        with fresh_cache(dir=str(tmp_path), delete=False), torch._inductor.config.patch(patch), nvgemm.enabled():
+            cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            cf = torch.compile(f, mode="max-autotune", fullgraph=True)
+            # Backed dynamic M (Inductor's subgraph autotuning cannot take unbacked sizes).
+            torch._dynamo.mark_dynamic(x3, 0, min=2, max=256)
+            out3, codes = run_and_get_code(cf, x3)
+            assert ns["CALLS"]["n"] > 0  # the slow candidate was benchmarked
+            stats_after_first = dict(counters["stats"])  # includes torch.cond's own branch tracing
+            outs = {3: out3}
+            for m in (17, 40, 8, 2):  # both ranges, both sides of the split
+                xm = _operands(m)[0]
+                torch._dynamo.mark_dynamic(xm, 0, min=2, max=256)
+                outs[m] = cf(xm)
+        # run_and_get_code also returns the candidates' benchmark modules; the graph is the one with
+        # the per-range branches of the M dispatch.
+        finals = [c for c in codes if "true_graph" in c and "benchmark_nvgemm_cutedsl" not in c]
+        assert len(finals) == 1, len(codes)
+        code = finals[0]
+        assert any("backend:test_slow" in c for c in codes)  # it was a benchmarked candidate
+        assert dict(counters["stats"]) == stats_after_first  # no recompile for M = 17, 40, 8, 2
+        assert counters["nvgemm_cutedsl"]["lowered"] == 1, dict(counters["nvgemm_cutedsl"])  # no re-autotune
+        assert "backend:emulated" in code and "backend:test_slow" not in code
+        assert "cond" in code.lower()  # the M-range dispatch
+        # choice names say nvgemm_cutedsl, one autotune per M range
+        for rng in ("range_1_8", "range_9_inf"):
+            assert any(f"nvgemm_cutedsl_nvfp4_linear_{rng}_nvgemm_cutedsl_linear" in c for c in codes), rng
+        for m, out in outs.items():
+            xm = x3 if m == 3 else _operands(m)[0]
+            assert torch.equal(out, nvfp4_linear_emulated(xm, w, ws, ws2, ins, None, None, "none", None)), m
+    finally:
+        unregister_backend("test_slow")
+
+    # A second process with the same cache dir and the FX-graph cache off lowers the graph again;
+    # the autotune cache answers both ranges, nothing is benchmarked, the same winner is compiled.
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+               TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    p = subprocess.run([sys.executable, "-c", _child_code()], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    second = json.loads(p.stdout.strip().splitlines()[-1])
+    assert second == {"calls": 0, "lowered": 1, "emulated": True, "slow": False}, second

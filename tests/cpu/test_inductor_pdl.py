@@ -53,6 +53,9 @@ def _fake_cuda_device():
             ("torch._dynamo.device_interface.CudaInterface.Worker.get_device_properties", lambda *a, **k: props),
         ):
             st.enter_context(um.patch(target, value))
+        # has_triton() is cached process-wide (False on this machine); answer it for this
+        # context only (the scheduler imported the name).
+        st.enter_context(um.patch("torch._inductor.scheduler.has_triton", lambda *a, **k: True))
         yield
 
 

@@ -152,8 +152,8 @@ def _selfcheck(backend: Backend, problem: LinearProblem) -> str | None:
     if os.environ.get("NVGEMM_SELFCHECK", "1") == "0":
         return None
     if problem.device_type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return None
+        if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+            return None  # a hypothetical problem (planning on a GPU-less host), or mid-capture
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device(problem.device_type)

@@ -50,6 +50,8 @@ def _child(args) -> dict:
     from nvgemm.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama
 
     dev = torch.device(args.device)
+    if dev.type == "cpu":
+        torch.set_num_threads(args.threads)  # fewer OpenMP threads than cores: less noise on a shared box
     cfg = TinyLlamaConfig(layers=args.layers, **PRESETS[args.preset])
     model = TinyNvfp4Llama(cfg, seed=0).to(dev)
     batches = [int(b) for b in args.batches.split(",")]
@@ -113,9 +115,11 @@ def _child(args) -> dict:
 
 def _run(args, mode: str, cache_dir: str) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"))
+    if args.device == "cpu":
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no compile-worker pool competing with the timed steps
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--device", args.device, "--preset", args.preset,
            "--layers", str(args.layers), "--batches", args.batches, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--dynamic", args.dynamic]
+           "--warmup", str(args.warmup), "--dynamic", args.dynamic, "--threads", str(args.threads)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{mode} failed:\n{p.stderr[-4000:]}")
@@ -146,6 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--threads", type=int, default=1, help="CPU: torch.set_num_threads in each run")
     ap.add_argument("--dynamic", default=None, choices=("unbacked", "backed"),
                     help="how the batch dim is marked dynamic (default: unbacked on CPU, backed on CUDA, "
                          "where nvgemm autotunes per M range)")
@@ -159,6 +164,7 @@ def main(argv=None) -> int:
         return 0
 
     rows = []
+    load0 = os.getloadavg()
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory(prefix="nvgemm_bench_") as cache:
             cold = _run(args, mode, cache)
@@ -168,7 +174,8 @@ def main(argv=None) -> int:
 
     batches = [int(b) for b in args.batches.split(",")]
     print(f"# decode step, {args.preset} x {args.layers} layer(s), device {args.device}, dynamic batch ({args.dynamic})")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {_versions()}")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {_versions()}; "
+          f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
     print("# command: python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])))
     print()
     head = "| mode | TTFT cold (s) | TTFT warm cache (s) | " + " | ".join(f"step B={b} (ms)" for b in batches) + \

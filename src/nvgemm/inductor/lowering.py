@@ -16,6 +16,12 @@ Built on ``torch._inductor.kernel.custom_op.register_custom_op_autotuning`` (2.1
   weights), as PyTorch does for its own NVFP4 NVGEMM (``cudagraph_unroll`` and
   ``cudagraph_cold_cache_input_indices`` on the benchmark request).
 
+Shortcuts: with one candidate (e.g. on CPU, where only the emulated reference runs) or outside
+``max-autotune`` (policy's first pick, like Inductor's own GEMMs), the choice op is emitted
+directly with no tracing or benchmarking. Inductor's subgraph autotuning cannot take *unbacked*
+sizes, so an unbacked M also gets the policy's first pick (mark the batch with
+``torch._dynamo.mark_dynamic`` to autotune per range).
+
 This module imports ``torch._inductor``; only :mod:`nvgemm.inductor.registration` imports it,
 from ``nvgemm.enable()``.
 """
@@ -225,6 +231,11 @@ def build_lowering(allowed: Optional[set[str]] = None):
             [c.key for c in cands],
         )
         m_expr = full[0].get_size()[0]
+        from torch._inductor import config as inductor_config
+
+        if len(cands) > 1 and not (inductor_config.max_autotune or inductor_config.max_autotune_gemm):
+            # Like Inductor's own GEMMs: benchmark only under max-autotune; otherwise the policy's pick.
+            cands = cands[:1]
         if len(cands) > 1 and _has_unbacked(m_expr):
             # Inductor's subgraph autotuning cannot take unbacked sizes (SubgraphChoiceCaller
             # asserts). Use the policy's first kernel candidate for every M, untimed.

@@ -399,3 +399,23 @@ def test_from_device_needs_cuda():
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         Target.from_device()
 
+
+
+def test_config_names_round_trip_for_autotuned_choices():
+    """Autotuned code names kernel configs; the backends parse the names back exactly."""
+    from nvgemm.heuristics import candidates
+    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.templates.sm90_config import config_from_name as sm90_from_name
+    from nvgemm.templates.sm100_config import config_from_name as sm100_from_name
+
+    seen = 0
+    for gpu, parse in (("B200", sm100_from_name), ("H200", sm90_from_name)):
+        for m in (1, 8, 32, 64, 256, 1000):
+            prob = GemmProblem(n=6144, k=4096, m=m, target=Target.from_gpu(gpu),
+                               **({} if gpu == "B200" else {"a_format": "bf16"}))
+            for c in candidates(prob):
+                assert parse(c.config.name()) == c.config
+                seen += 1
+    assert seen > 20
+    with pytest.raises(ValueError, match="not an sm100"):
+        sm100_from_name("nvgemm_cutedsl_sm100_nvfp4_t128x8")

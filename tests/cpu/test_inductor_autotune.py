@@ -134,3 +134,25 @@ def test_range_dispatch_autotunes_each_range_serves_all_m_and_persists(monkeypat
     assert p.returncode == 0, p.stderr[-3000:]
     second = json.loads(p.stdout.strip().splitlines()[-1])
     assert second == {"calls": 0, "lowered": 1, "emulated": True, "slow": False}, second
+
+
+def test_kernel_backends_offer_one_choice_per_policy_config():
+    """On a (hypothetical) B200 / H200 the autotuner sees each policy config of the CuTeDSL backend."""
+    import torch
+
+    from nvgemm.inductor.choices import candidates as choice_candidates
+    from nvgemm.runtime.backends import LinearProblem
+    from nvgemm.templates.sm90_config import config_from_name as sm90_from_name
+    from nvgemm.templates.sm100_config import config_from_name as sm100_from_name
+
+    for cap, name, parse, weight_only in (((10, 0), "cutedsl_sm100", sm100_from_name, False),
+                                          ((9, 0), "cutedsl_sm90", sm90_from_name, True)):
+        p = LinearProblem(m=4, n=4096, k=4096, device_type="cuda", capability=cap, weight_only=weight_only,
+                          x_dtype=torch.bfloat16, out_dtype=torch.bfloat16, alpha="scalar", bias=False,
+                          activation="none", residual=False)
+        keys = [c for c in choice_candidates(p) if c.backend == name]
+        assert len(keys) >= 2, keys
+        for c in keys:
+            assert c.config is not None
+            parse(c.config)  # the backend can rebuild the exact config it is asked to run
+        assert choice_candidates(p)[-1].key == "backend:emulated"

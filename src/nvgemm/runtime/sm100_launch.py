@@ -330,8 +330,12 @@ def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm
     return cfg
 
 
-def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only)."""
+def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
+              config=None):
+    """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only).
+
+    ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
+    """
     from ..ops import check_linear_args
     from .cache import default_cache
 
@@ -339,7 +343,12 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
     dev = x.device
     props = torch.cuda.get_device_properties(dev)
     cap = (props.major, props.minor)
-    config = _pick_config(x, weight, spec, props.multi_processor_count, cap)
+    if config is None:
+        config = _pick_config(x, weight, spec, props.multi_processor_count, cap)
+    elif isinstance(config, str):
+        from ..templates.sm100_config import config_from_name
+
+        config = config_from_name(config)
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
                               out_dtype, config, stream_id=stream.cuda_stream)

@@ -378,8 +378,12 @@ def _kernel_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtyp
     return default_cache().get(compile_spec_for(config, spec, x_dtype, sm_count))
 
 
-def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only)."""
+def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
+             config=None):
+    """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only).
+
+    ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
+    """
     from ..ops import check_linear_args, nvfp4_linear_emulated
 
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
@@ -392,7 +396,12 @@ def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residua
     props = torch.cuda.get_device_properties(dev)
     n, k = weight.shape[0], weight.shape[1] * 2
     m = x.numel() // k
-    config = pick_config(m, n, k, x.dtype, activation, props.multi_processor_count)
+    if config is None:
+        config = pick_config(m, n, k, x.dtype, activation, props.multi_processor_count)
+    elif isinstance(config, str):
+        from ..templates.sm90_config import config_from_name
+
+        config = config_from_name(config)
     prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2)
     args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
     kernel = _kernel_for(config, args.spec, x.dtype, props.multi_processor_count)

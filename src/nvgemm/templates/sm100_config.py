@@ -15,6 +15,7 @@ Knobs (per style.md, one frozen dataclass per template family):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .status import Status
@@ -57,6 +58,21 @@ class Sm100Nvfp4GemmConfig:
         if self.l2_prefetch:
             s += "_pf"
         return s
+
+
+_NAME_RE = re.compile(
+    r"nvgemm_cutedsl_sm100_nvfp4_t(\d+)x(\d+)x256_c(\d+)x(\d+)(_swapab)?(?:_sk(\d+))?(_pdl)?(_pf)?"
+)
+
+
+def config_from_name(name: str) -> Sm100Nvfp4GemmConfig:
+    """Inverse of :meth:`Sm100Nvfp4GemmConfig.name` (autotuned code names its kernel config)."""
+    m = _NAME_RE.fullmatch(name)
+    if m is None:
+        raise ValueError(f"not an sm100 NVFP4 config name: {name!r}")
+    tm, tn, cm, cn, swap, sk, pdl, pf = m.groups()
+    return Sm100Nvfp4GemmConfig(tile_m=int(tm), tile_n=int(tn), cluster_m=int(cm), cluster_n=int(cn),
+                                swap_ab=bool(swap), split_k=int(sk or 1), pdl=bool(pdl), l2_prefetch=bool(pf))
 
 
 def validate_config(c: Sm100Nvfp4GemmConfig) -> Status:

@@ -30,6 +30,7 @@ split_k >= 1, pdl False.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .status import Status
@@ -169,6 +170,19 @@ def _validate_mma(c: Sm90W4A16Config) -> Status:
     if c.pdl:
         return Status.fail("mma pdl=True: programmatic dependent launch is not implemented")
     return Status.success()
+
+
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_w4a16_([a-z]+)_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?")
+
+
+def config_from_name(name: str) -> Sm90W4A16Config:
+    """Inverse of :meth:`Sm90W4A16Config.name` (autotuned code names its kernel config)."""
+    m = _NAME_RE.fullmatch(name)
+    if m is None:
+        raise ValueError(f"not an sm90 W4A16 config name: {name!r}")
+    fam, tm, tn, tk, nw, st, sk, pdl = m.groups()
+    return Sm90W4A16Config(family=fam, tile_m=int(tm), tile_n=int(tn), tile_k=int(tk), split_k=int(sk or 1),
+                           num_warps=int(nw), stages=int(st), pdl=bool(pdl))
 
 
 def validate_config(c: Sm90W4A16Config) -> Status:

@@ -44,16 +44,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from .cli import int_list
 
-
-def _int_list(s: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return vals
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -63,7 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Decode GEMM benchmark over a model preset's layer shapes and token counts.",
     )
     p.add_argument("--model", default="Llama-3.1-8B", help="model preset (default Llama-3.1-8B)")
-    p.add_argument("--m", type=_int_list, default=[1, 8, 32, 128], help="token counts (default 1,8,32,128)")
+    p.add_argument("--m", type=int_list, default=[1, 8, 32, 128], help="token counts (default 1,8,32,128)")
     p.add_argument("--iters", type=int, default=64, help="GEMM calls per CUDA graph (default 64)")
     p.add_argument("--reps", type=int, default=7, help="graph replays; the best is reported (default 7)")
     p.add_argument("--arch", default="sm_100a,sm_90a", help="CPU mode: target arches to compile (default sm_100a,sm_90a)")

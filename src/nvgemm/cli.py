@@ -20,6 +20,25 @@ COMMANDS: list[tuple[str, str]] = [
 ]
 
 
+def int_list(s: str) -> list[int]:
+    """argparse type: a comma-separated list of positive integers (token counts, buckets)."""
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return vals
+
+
+def int_pair(s: str) -> tuple[int, int]:
+    """argparse type: two comma-separated positive integers (N,K or LO,HI)."""
+    v = int_list(s)
+    if len(v) != 2:
+        raise argparse.ArgumentTypeError(f"expected two comma-separated integers, got {s!r}")
+    return v[0], v[1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nvgemm",

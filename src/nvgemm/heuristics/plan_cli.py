@@ -14,23 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from ..cli import int_list, int_pair
 
 
-def _int_list(s: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not vals:
-        raise argparse.ArgumentTypeError("empty list")
-    return vals
-
-
-def _pair(s: str) -> tuple[int, int]:
-    vals = _int_list(s)
-    if len(vals) != 2:
-        raise argparse.ArgumentTypeError(f"expected two comma-separated integers, got {s!r}")
-    return vals[0], vals[1]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,13 +28,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense)")
-    src.add_argument("--shape", action="append", type=_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
+    src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
     p.add_argument("--gpu", default="B200", help="named GPU: B200, GB200, B300, H100, H200 (default B200)")
     p.add_argument("--sm-count", type=int, default=None, help="override the GPU's SM count")
     p.add_argument("--from-device", action="store_true", help="read arch and SM count from the live CUDA device")
     mm = p.add_mutually_exclusive_group()
-    mm.add_argument("--m", type=_int_list, default=[1, 8, 32, 128], help="token counts (default 1,8,32,128)")
-    mm.add_argument("--m-range", type=_pair, metavar="LO,HI", help="dynamic batch: candidates per M bucket of LO..HI")
+    mm.add_argument("--m", type=int_list, default=[1, 8, 32, 128], help="token counts (default 1,8,32,128)")
+    mm.add_argument("--m-range", type=int_pair, metavar="LO,HI", help="dynamic batch: candidates per M bucket of LO..HI")
     p.add_argument("--format", choices=("auto", "w4a4", "w4a16"), default="auto",
                    help="w4a4 = nvfp4 x nvfp4, w4a16 = bf16 x nvfp4 (auto: w4a4 on Blackwell, w4a16 on Hopper)")
     p.add_argument("--out-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")

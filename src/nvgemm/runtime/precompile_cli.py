@@ -28,25 +28,11 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from ..cli import int_list, int_pair
 
 ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
 
 
-def _int_list(s: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return vals
-
-
-def _pair(s: str) -> tuple[int, int]:
-    v = _int_list(s)
-    if len(v) != 2:
-        raise argparse.ArgumentTypeError(f"expected N,K, got {s!r}")
-    return v[0], v[1]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -60,12 +46,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("--model", help="model preset (see `nvgemm plan --help`)")
     src.add_argument("--checkpoint", type=Path, help="NVFP4 checkpoint directory (safetensors); shapes are read "
                      "from the tensor headers only")
-    src.add_argument("--shape", action="append", type=_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
+    src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
     src.add_argument("--selftest", action="store_true", help="build the tiny AOT selftest kernel (toolchain check)")
     p.add_argument("--arch", default="sm_100a,sm_90a", help="comma-separated target arches (default sm_100a,sm_90a)")
     p.add_argument("--gpu", default=None, help="named GPU for SM counts (default per arch: B200 / B300 / H100)")
     p.add_argument("--sm-count", type=int, default=None, help="override the SM count")
-    p.add_argument("--m-buckets", type=_int_list, default=None, metavar="B1,B2,...",
+    p.add_argument("--m-buckets", type=int_list, default=None, metavar="B1,B2,...",
                    help="upper bounds of the M buckets (default: the policy's buckets up to --max-m)")
     p.add_argument("--max-m", type=int, default=256, help="largest token count to serve (default 256)")
     p.add_argument("--out-dtype", choices=("bf16", "fp16"), default="bf16")

@@ -42,7 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _greedy(model, ids, n_tokens, step_fn=None):
     import torch
 
-    step = step_fn or model
+    step = step_fn if step_fn is not None else model
     times, out = [], []
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -51,6 +51,12 @@ def _greedy(model, ids, n_tokens, step_fn=None):
         prefill = time.perf_counter() - t0
         pkv, nxt = res.past_key_values, res.logits[:, -1].argmax(-1, keepdim=True)
         logits = [res.logits[:, -1].float()]
+        if step_fn is not None:  # decode steps run compiled: eager paths recorded by the prefill are stale
+            from .linear import NVFP4Linear
+
+            for mod in model.modules():
+                if isinstance(mod, NVFP4Linear):
+                    mod.last_path = None
         out.append(nxt)
         for _ in range(n_tokens - 1):
             t0 = time.perf_counter()
@@ -107,7 +113,7 @@ def run(args) -> int:
         from . import enable
 
         enable()
-        step_fn = torch.compile(model, mode="max-autotune", dynamic=False)
+        step_fn = torch.compile(model, mode="max-autotune", dynamic=True)
 
     captured: dict[str, tuple] = {}
 
@@ -127,7 +133,7 @@ def run(args) -> int:
     worst, worst_name = 0.0, ""
     for name, mod in model.named_modules():
         if isinstance(mod, NVFP4Linear):
-            kinds.setdefault(name.rsplit(".", 1)[-1], Counter())[mod.last_path or "compiled"] += 1
+            kinds.setdefault(name.rsplit(".", 1)[-1], Counter())[mod.last_path or "torch.compile (nvgemm)"] += 1
             if name in captured:
                 x, y = captured[name]
                 want = dequant_linear_of(mod)(x).float()

@@ -197,12 +197,125 @@ def decode_word(w: Int32):
 # ---------------------------------------------------------------------------------------------
 
 
+def out_dtype_of(epilogue: EpilogueSpec):
+    """The cutlass dtype of the output (and residual) tensors of an epilogue spec."""
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
+            torch.float32: cutlass.Float32}[epilogue.out_dtype]
+
+
 class Sm90EpilogueMixin:
-    """The fp32 epilogue shared by the sm90 W4A16 kernels (needs ``self.epi``, ``self.gated``,
+    """What the sm90 W4A16 kernels share: the common fields (:meth:`init_common`), the host launch
+    with the fixed-order split-K reduce (:meth:`__call__`, :meth:`launch_reduce`), the CTA's weight
+    row -> (GEMM row, feature) map (:meth:`gemm_row`) and the fp32 epilogue of the CTA's tile
+    (:meth:`store_tile`, :meth:`store_epilogue`; needs ``self.epi``, ``self.gated``,
     ``self.out_dtype``). Accumulators arrive as ``sum E2M1 * 2**-14 * s * x`` (gemv) or already
     scaled (``unscale=1``)."""
 
     unscale = DECODE_UNSCALE
+
+    def init_common(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str, family: str):
+        """Validate ``config`` and set the fields every family uses."""
+        validate_config(config).raise_if_failed(f"sm90 {family} config")
+        self.cfg = config
+        self.epi = epilogue
+        self.x_is_bf16 = x_format == "bf16"
+        self.threads = 32 * config.num_warps
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.split_k = config.split_k
+        self.gated = epilogue.activation == "silu_mul"
+        self.feat_per_cta = self.tile_n // 2 if self.gated else self.tile_n
+        self.out_dtype = out_dtype_of(epilogue)
+
+    def use_gemv_reduce(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str):
+        """Take the gemv family's fixed-order split-K reduce kernel, told that these partials carry
+        no 2**-14 decode factor (the tensor-core families)."""
+        reducer = Sm90W4A16GemvKernel(Sm90W4A16Config(split_k=max(2, config.split_k)), epilogue, x_format)
+        reducer.unscale = 1.0
+        self.reduce_kernel = reducer.reduce_kernel
+
+    # ----------------------------------------------------------------------------- host
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        mAlpha: cute.Tensor,
+        mBias: cute.Tensor,
+        mRes: cute.Tensor,
+        mOut: cute.Tensor,
+        mWork: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        m = mX.shape[0]
+        n_out = mOut.shape[1]
+        grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
+        grid_m = (m + self.tile_m - 1) // self.tile_m
+        self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork).launch(
+            grid=(grid_n, self.split_k, grid_m), block=(self.threads, 1, 1), stream=stream
+        )
+        self.launch_reduce(mX, mW, mAlpha, mBias, mRes, mOut, mWork, stream)
+
+    @cute.jit
+    def launch_reduce(self, mX: cute.Tensor, mW: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor,
+                      mRes: cute.Tensor, mOut: cute.Tensor, mWork: cute.Tensor, stream: cuda.CUstream):
+        """With ``split_k > 1``: the fixed-order reduce + epilogue over the workspace, after the main kernel."""
+        if cutlass.const_expr(self.split_k > 1):
+            m = mX.shape[0]
+            n = mW.shape[0]
+            n_out = mOut.shape[1]
+            total = m * n_out
+            self.reduce_kernel(mAlpha, mBias, mRes, mOut, mWork, n).launch(
+                grid=((total + 127) // 128, 1, 1), block=(128, 1, 1), stream=stream
+            )
+
+    # ----------------------------------------------------------------------------- device helpers
+    @cute.jit
+    def gemm_row(self, n_out: Int32, bx: Int32, r: Int32):
+        """(GEMM row, output feature) of the CTA's r-th weight row (gate rows then up rows when gated)."""
+        if cutlass.const_expr(self.gated):
+            h = self.tile_n // 2
+            feat = bx * h + r % h
+            row = feat + (r // h) * n_out
+        else:
+            feat = bx * self.tile_n + r
+            row = feat
+        return row, feat
+
+    def tile_coord(self, i: Int32, rows: int):
+        """Element i of a CTA tile of ``rows`` weight rows x ``tile_m`` activation rows -> (r, mi),
+        activation rows fastest."""
+        return i // self.tile_m, i % self.tile_m
+
+    @cute.jit
+    def store_tile(self, sTot: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
+                   mOut: cute.Tensor, mWork: cute.Tensor, m: Int32, n: Int32, n_out: Int32,
+                   tidx: Int32, bx: Int32, bs: Int32, bm: Int32):
+        """The CTA's fp32 totals ``sTot[r, mi]`` (r: its ``tile_n`` weight rows, gate then up when
+        gated; mi: its ``tile_m`` activation rows) -> the epilogue, or with ``split_k > 1`` raw
+        partials to the workspace. Threads walk the tile in :meth:`tile_coord` order."""
+        TM = self.tile_m
+        if cutlass.const_expr(self.split_k == 1):
+            n_feat = self.feat_per_cta
+            for i in cutlass.range(tidx, n_feat * TM, self.threads):
+                r, mi = self.tile_coord(i, n_feat)
+                m_glob = bm * TM + mi
+                feat = bx * n_feat + r
+                if m_glob < m and feat < n_out:
+                    if cutlass.const_expr(self.gated):
+                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r, mi],
+                                            feat + n_out, sTot[r + n_feat, mi])
+                    else:
+                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r, mi],
+                                            feat, Float32(0.0))
+        else:
+            for i in cutlass.range(tidx, self.tile_n * TM, self.threads):
+                r, mi = self.tile_coord(i, self.tile_n)
+                m_glob = bm * TM + mi
+                row, feat = self.gemm_row(n_out, bx, r)
+                if m_glob < m and feat < n_out:
+                    mWork[(bs * m + m_glob) * n + row] = sTot[r, mi]
 
     @cute.jit
     def store_epilogue(self, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
@@ -231,67 +344,14 @@ class Sm90EpilogueMixin:
         mOut[mi, feat] = y.to(self.out_dtype)
 
 
-
 class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
     """Small-M NVFP4 weight-only GEMV for sm_90a (see the module docstring)."""
 
     def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
-        validate_config(config).raise_if_failed("sm90 gemv config")
-        self.cfg = config
-        self.epi = epilogue
-        self.x_is_bf16 = x_format == "bf16"
-        self.threads = 32 * config.num_warps
-        self.tile_m = config.tile_m
-        self.tile_n = config.tile_n
+        self.init_common(config, epilogue, x_format, "gemv")
         self.vec_per_thread = config.tile_k // (32 * self.threads)  # U
         # register budget: a pass holds RP weight rows x MP activation rows of fp32 operands
         self.rows_per_pass, self.m_per_pass = gemv_passes(config)
-        self.split_k = config.split_k
-        self.gated = epilogue.activation == "silu_mul"
-        self.feat_per_cta = self.tile_n // 2 if self.gated else self.tile_n
-        self.out_dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
-                          torch.float32: cutlass.Float32}[epilogue.out_dtype]
-
-    # ----------------------------------------------------------------------------- host
-    @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mS: cute.Tensor,
-        mAlpha: cute.Tensor,
-        mBias: cute.Tensor,
-        mRes: cute.Tensor,
-        mOut: cute.Tensor,
-        mWork: cute.Tensor,
-        stream: cuda.CUstream,
-    ):
-        m = mX.shape[0]
-        n = mW.shape[0]
-        n_out = mOut.shape[1]
-        grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
-        grid_m = (m + self.tile_m - 1) // self.tile_m
-        self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork).launch(
-            grid=(grid_n, self.split_k, grid_m), block=(self.threads, 1, 1), stream=stream
-        )
-        if cutlass.const_expr(self.split_k > 1):
-            total = m * n_out
-            self.reduce_kernel(mAlpha, mBias, mRes, mOut, mWork, n).launch(
-                grid=((total + 127) // 128, 1, 1), block=(128, 1, 1), stream=stream
-            )
-
-    # ----------------------------------------------------------------------------- helpers
-    @cute.jit
-    def gemm_row(self, n_out: Int32, bx: Int32, r: Int32):
-        """(GEMM row, output feature) of the CTA's r-th weight row (gate rows then up rows when gated)."""
-        if cutlass.const_expr(self.gated):
-            h = self.tile_n // 2
-            feat = bx * h + r % h
-            row = feat + (r // h) * n_out
-        else:
-            feat = bx * self.tile_n + r
-            row = feat
-        return row, feat
 
     # ----------------------------------------------------------------------------- main kernel
     @cute.kernel
@@ -342,7 +402,7 @@ class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
 
         smem = cutlass.memory.SmemAllocator()
         sRed = smem.allocate_tensor(Float32, cute.make_layout((RP * MP, NWARP), stride=(NWARP, 1)), 16)
-        sTot = smem.allocate_tensor(Float32, cute.make_layout((TN * TM,)), 16)
+        sTot = smem.allocate_tensor(Float32, cute.make_layout((TN, TM), stride=(TM, 1)), 16)
 
         for pw in cutlass.range(TN // RP, unroll=1):
           for mp in cutlass.range(TM // MP, unroll=1):
@@ -424,38 +484,11 @@ class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
                 t = sRed[tidx, 0]
                 for w in cutlass.range_constexpr(1, NWARP):
                     t = t + sRed[tidx, w]
-                # sTot[r * TM + mi] for r = pw*RP + tidx // MP, mi = mp*MP + tidx % MP
-                sTot[(pw * RP + tidx // MP) * TM + mp * MP + tidx % MP] = t
+                sTot[pw * RP + tidx // MP, mp * MP + tidx % MP] = t
             cute.arch.sync_threads()
 
         # ---- epilogue (or raw partials to the split-K workspace)
-        if cutlass.const_expr(self.split_k == 1):
-            n_feat = self.feat_per_cta
-            for i in cutlass.range(tidx, n_feat * TM, NT):
-                r = i // TM
-                mi = i % TM
-                m_glob = bm * TM + mi
-                feat = bx * n_feat + r
-                if m_glob < m and feat < n_out:
-                    if cutlass.const_expr(self.gated):
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r * TM + mi],
-                                            feat + n_out, sTot[(r + n_feat) * TM + mi])
-                    else:
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r * TM + mi],
-                                            feat, Float32(0.0))
-        else:
-            for i in cutlass.range(tidx, TN * TM, NT):
-                r = i // TM
-                mi = i % TM
-                m_glob = bm * TM + mi
-                feat = bx * TN + r
-                row = feat
-                if cutlass.const_expr(self.gated):
-                    h = TN // 2
-                    feat = bx * h + r % h
-                    row = feat + (r // h) * n_out
-                if m_glob < m and feat < n_out:
-                    mWork[(bs * m + m_glob) * n + row] = sTot[i]
+        self.store_tile(sTot, mAlpha, mBias, mRes, mOut, mWork, m, n, n_out, tidx, bx, bs, bm)
 
     # ----------------------------------------------------------------------------- split-K reduce
     @cute.kernel
@@ -499,6 +532,12 @@ class Sm90W4A16GemvTemplate:
     template_id = "sm90_w4a16_gemv"
     config_type = Sm90W4A16Config
     archs = SM90_ARCHS
+    family = "gemv"
+    kernel_class = Sm90W4A16GemvKernel
+
+    def gated_tile_n_problem(self, tile_n: int) -> str | None:
+        """Why ``tile_n`` cannot hold whole gate and up halves for ``silu_mul`` (None: it can)."""
+        return f"silu_mul needs an even tile_n, got {tile_n}" if tile_n % 2 else None
 
     def can_implement(self, spec: CompileSpec) -> Status:
         c = spec.config
@@ -507,16 +546,16 @@ class Sm90W4A16GemvTemplate:
         st = validate_config(c)
         if not st:
             return st
-        if c.family != "gemv":
-            return Status.fail(f"family={c.family!r}: this template is the gemv family")
+        if c.family != self.family:
+            return Status.fail(f"family={c.family!r}: this template is the {self.family} family")
         if spec.arch not in SM90_ARCHS:
             return Status.fail(f"arch {spec.arch} is not one of {SM90_ARCHS}")
         if spec.a_format not in _X_FORMATS:
             return Status.fail(f"a_format (activations) must be bf16 or fp16, got {spec.a_format}")
         if spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
             return Status.fail("weights must be nvfp4, both operands K-major")
-        if spec.epilogue.gated and c.tile_n % 2:
-            return Status.fail(f"silu_mul needs an even tile_n, got {c.tile_n}")
+        if spec.epilogue.gated and (why := self.gated_tile_n_problem(c.tile_n)):
+            return Status.fail(why)
         if spec.epilogue.alpha == "none":
             return Status.fail("weight-only NVFP4 always has a global scale: alpha must be scalar or vector")
         return Status.success()
@@ -542,7 +581,7 @@ class Sm90W4A16GemvTemplate:
         """``cute.compile`` for ``spec.arch`` (no GPU). With ``keep_ptx`` (and ``CUTE_DSL_DUMP_DIR``
         set) the result's ``__ptx__`` holds the PTX text."""
         self.can_implement(spec).raise_if_failed(spec.name())
-        kernel = Sm90W4A16GemvKernel(spec.config, spec.epilogue, spec.a_format)
+        kernel = self.kernel_class(spec.config, spec.epilogue, spec.a_format)
         return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
 
 

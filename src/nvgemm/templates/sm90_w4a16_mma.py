@@ -36,7 +36,6 @@ multiple of 16 in [16, 128], tile_k = 128 * warps * U with U in 1..2.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
@@ -45,12 +44,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
-from .registry import CompileSpec, compile_for_target, fake_args, register_template
-from .sm90_config import MMA_CHUNK, SM90_ARCHS, Sm90W4A16Config, validate_config
+from .registry import register_template
+from .sm90_config import MMA_CHUNK, Sm90W4A16Config
 from .sm90_w4a16_gemv import (
-    _X_FORMATS,
     Sm90EpilogueMixin,
-    Sm90W4A16GemvKernel,
     Sm90W4A16GemvTemplate,
     _asm,
     decode_word,
@@ -60,7 +57,6 @@ from .sm90_w4a16_gemv import (
     ld_stream_u16,
     ld_stream_v4,
 )
-from .status import Status
 
 
 @dsl_user_op
@@ -91,58 +87,9 @@ class Sm90W4A16MmaKernel(Sm90EpilogueMixin):
     unscale = 1.0  # A holds E2M1 * scale exactly
 
     def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
-        validate_config(config).raise_if_failed("sm90 mma config")
-        self.cfg = config
-        self.epi = epilogue
-        self.x_is_bf16 = x_format == "bf16"
-        self.tile_m, self.tile_n = config.tile_m, config.tile_n
-        self.threads = 32 * config.num_warps
+        self.init_common(config, epilogue, x_format, "mma")
         self.chunks = config.tile_k // (MMA_CHUNK * config.num_warps)  # U: chunks per warp per step
-        self.split_k = config.split_k
-        self.gated = epilogue.activation == "silu_mul"
-        self.feat_per_cta = self.tile_n // 2 if self.gated else self.tile_n
-        helper = Sm90W4A16GemvKernel(Sm90W4A16Config(split_k=max(2, config.split_k)), epilogue, x_format)
-        self.out_dtype = helper.out_dtype
-        helper.unscale = 1.0  # the partials in the workspace carry no decode factor
-        self.reduce_kernel = helper.reduce_kernel
-
-    @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mS: cute.Tensor,
-        mAlpha: cute.Tensor,
-        mBias: cute.Tensor,
-        mRes: cute.Tensor,
-        mOut: cute.Tensor,
-        mWork: cute.Tensor,
-        stream: cuda.CUstream,
-    ):
-        m = mX.shape[0]
-        n = mW.shape[0]
-        n_out = mOut.shape[1]
-        grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
-        grid_m = (m + self.tile_m - 1) // self.tile_m
-        self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork).launch(
-            grid=(grid_n, self.split_k, grid_m), block=(self.threads, 1, 1), stream=stream
-        )
-        if cutlass.const_expr(self.split_k > 1):
-            total = m * n_out
-            self.reduce_kernel(mAlpha, mBias, mRes, mOut, mWork, n).launch(
-                grid=((total + 127) // 128, 1, 1), block=(128, 1, 1), stream=stream
-            )
-
-    @cute.jit
-    def gemm_row(self, n_out: Int32, bx: Int32, r: Int32):
-        if cutlass.const_expr(self.gated):
-            h = self.tile_n // 2
-            feat = bx * h + r % h
-            row = feat + (r // h) * n_out
-        else:
-            feat = bx * self.tile_n + r
-            row = feat
-        return row, feat
+        self.use_gemv_reduce(config, epilogue, x_format)
 
     @cute.kernel
     def kernel(
@@ -263,62 +210,18 @@ class Sm90W4A16MmaKernel(Sm90EpilogueMixin):
                 sTot[rg * 16 + r, mi] = t
             cute.arch.sync_threads()
 
-        if cutlass.const_expr(self.split_k == 1):
-            n_feat = self.feat_per_cta
-            for i in cutlass.range(tidx, n_feat * TM, self.threads):
-                r = i // TM
-                mi = i % TM
-                m_glob = bm * TM + mi
-                feat = bx * n_feat + r
-                if m_glob < m and feat < n_out:
-                    if cutlass.const_expr(self.gated):
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r, mi],
-                                            feat + n_out, sTot[r + n_feat, mi])
-                    else:
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sTot[r, mi],
-                                            feat, Float32(0.0))
-        else:
-            for i in cutlass.range(tidx, TN * TM, self.threads):
-                r = i // TM
-                mi = i % TM
-                m_glob = bm * TM + mi
-                row, feat = self.gemm_row(n_out, bx, r)
-                if m_glob < m and feat < n_out:
-                    mWork[(bs * m + m_glob) * n + row] = sTot[r, mi]
+        self.store_tile(sTot, mAlpha, mBias, mRes, mOut, mWork, m, n, n_out, tidx, bx, bs, bm)
 
 
 class Sm90W4A16MmaTemplate(Sm90W4A16GemvTemplate):
     """Registry entry of the small-M tensor-core family (``template_id = "sm90_w4a16_mma"``); same ABI."""
 
     template_id = "sm90_w4a16_mma"
-    config_type = Sm90W4A16Config
-    archs = SM90_ARCHS
+    family = "mma"
+    kernel_class = Sm90W4A16MmaKernel
 
-    def can_implement(self, spec: CompileSpec) -> Status:
-        c = spec.config
-        if not isinstance(c, Sm90W4A16Config):
-            return Status.fail(f"expects Sm90W4A16Config, got {type(c).__name__}")
-        st = validate_config(c)
-        if not st:
-            return st
-        if c.family != "mma":
-            return Status.fail(f"family={c.family!r}: this template is the mma family")
-        if spec.arch not in SM90_ARCHS:
-            return Status.fail(f"arch {spec.arch} is not one of {SM90_ARCHS}")
-        if spec.a_format not in _X_FORMATS:
-            return Status.fail(f"a_format (activations) must be bf16 or fp16, got {spec.a_format}")
-        if spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
-            return Status.fail("weights must be nvfp4, both operands K-major")
-        if spec.epilogue.gated and c.tile_n % 32:
-            return Status.fail(f"silu_mul needs tile_n % 32 == 0 (16-row gate and up groups), got {c.tile_n}")
-        if spec.epilogue.alpha == "none":
-            return Status.fail("weight-only NVFP4 always has a global scale: alpha must be scalar or vector")
-        return Status.success()
-
-    def compile(self, spec: CompileSpec, *, keep_ptx: bool = False):
-        self.can_implement(spec).raise_if_failed(spec.name())
-        kernel = Sm90W4A16MmaKernel(spec.config, spec.epilogue, spec.a_format)
-        return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
+    def gated_tile_n_problem(self, tile_n: int) -> str | None:
+        return f"silu_mul needs tile_n % 32 == 0 (16-row gate and up groups), got {tile_n}" if tile_n % 32 else None
 
 
 TEMPLATE = register_template(Sm90W4A16MmaTemplate(), replace=True)

@@ -39,12 +39,10 @@ from cutlass.tensor_utils import LayoutEnum
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
-from .registry import CompileSpec, compile_for_target, fake_args, register_template
-from .sm90_config import SM90_ARCHS, Sm90W4A16Config, validate_config
+from .registry import register_template
+from .sm90_config import Sm90W4A16Config
 from .sm90_w4a16_gemv import (
-    _X_FORMATS,
     Sm90EpilogueMixin,
-    Sm90W4A16GemvKernel,
     Sm90W4A16GemvTemplate,
     bf16x2_to_f32x2,
     decode_word,
@@ -54,7 +52,6 @@ from .sm90_w4a16_gemv import (
     ld_stream_u16,
     ld_stream_v4,
 )
-from .status import Status
 
 BK = 64  # K elements per main-loop step (4 WGMMA k-steps of 16)
 
@@ -65,22 +62,9 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
     unscale = 1.0  # B holds E2M1 * scale exactly; no decode factor left in the accumulator
 
     def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
-        validate_config(config).raise_if_failed("sm90 wgmma config")
-        self.cfg = config
-        self.epi = epilogue
-        self.x_is_bf16 = x_format == "bf16"
+        self.init_common(config, epilogue, x_format, "wgmma")
         self.ab_dtype = cutlass.BFloat16 if self.x_is_bf16 else cutlass.Float16
-        self.bm, self.bn = config.tile_m, config.tile_n
-        self.threads = 32 * config.num_warps
-        self.split_k = config.split_k
-        self.gated = epilogue.activation == "silu_mul"
-        self.feat_per_cta = self.bn // 2 if self.gated else self.bn
-        self.out_dtype = Sm90W4A16GemvKernel(
-            Sm90W4A16Config(), epilogue, x_format).out_dtype  # same dtype mapping as the gemv family
-        # the gemv family's fixed-order split-K reduce, told that these partials carry no 2**-14
-        reducer = Sm90W4A16GemvKernel(Sm90W4A16Config(split_k=max(2, config.split_k)), epilogue, x_format)
-        reducer.unscale = 1.0
-        self.reduce_kernel = reducer.reduce_kernel
+        self.use_gemv_reduce(config, epilogue, x_format)
 
     # ----------------------------------------------------------------------------- host
     @cute.jit
@@ -98,35 +82,23 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
     ):
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.bm // 64, 1, 1), (64, self.bn),
+            (self.tile_m // 64, 1, 1), (64, self.tile_n),
         )
-        tiler = (self.bm, self.bn, BK)
+        tiler = (self.tile_m, self.tile_n, BK)
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, self.ab_dtype, 1)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, self.ab_dtype, 1)
         m = mX.shape[0]
-        n = mW.shape[0]
         n_out = mOut.shape[1]
         grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
-        grid_m = (m + self.bm - 1) // self.bm
+        grid_m = (m + self.tile_m - 1) // self.tile_m
         self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork, tiled_mma, sA_layout, sB_layout).launch(
             grid=(grid_n, self.split_k, grid_m), block=(self.threads, 1, 1), stream=stream
         )
-        if cutlass.const_expr(self.split_k > 1):
-            total = m * n_out
-            self.reduce_kernel(mAlpha, mBias, mRes, mOut, mWork, n).launch(
-                grid=((total + 127) // 128, 1, 1), block=(128, 1, 1), stream=stream
-            )
+        self.launch_reduce(mX, mW, mAlpha, mBias, mRes, mOut, mWork, stream)
 
-    @cute.jit
-    def gemm_row(self, n_out: Int32, bx: Int32, r: Int32):
-        if cutlass.const_expr(self.gated):
-            h = self.bn // 2
-            feat = bx * h + r % h
-            row = feat + (r // h) * n_out
-        else:
-            feat = bx * self.bn + r
-            row = feat
-        return row, feat
+    def tile_coord(self, i: Int32, rows: int):
+        """Weight rows fastest (consecutive threads store consecutive features of one output row)."""
+        return i % rows, i // rows
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
@@ -144,7 +116,7 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
         sA_layout: cute.ComposedLayout,
         sB_layout: cute.ComposedLayout,
     ):
-        BM, BN, NT = self.bm, self.bn, self.threads
+        BM, BN, NT = self.tile_m, self.tile_n, self.threads
         tidx, _, _ = cute.arch.thread_idx()
         bx, bs, bm = cute.arch.block_idx()
 
@@ -156,7 +128,8 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
         smem = cutlass.memory.SmemAllocator()
         sA = smem.allocate_tensor(self.ab_dtype, sA_layout.outer, 1024, swizzle=sA_layout.inner)
         sB = smem.allocate_tensor(self.ab_dtype, sB_layout.outer, 1024, swizzle=sB_layout.inner)
-        sC = smem.allocate_tensor(Float32, cute.make_layout((BM, BN), stride=(BN + 1, 1)), 16)
+        # fp32 tile indexed sC[n, m], laid out as a row-major [BM, BN + 1] array
+        sC = smem.allocate_tensor(Float32, cute.make_layout((BN, BM), stride=(1, BN + 1)), 16)
 
         thr_mma = tiled_mma.get_slice(tidx)
         tCsA = thr_mma.partition_A(sA)
@@ -232,64 +205,20 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
         tCcC = thr_mma.partition_C(cC)
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             mi, ni = tCcC[i]
-            sC[mi, ni] = acc[i]
+            sC[ni, mi] = acc[i]
         cute.arch.sync_threads()
-        if cutlass.const_expr(self.split_k == 1):
-            n_feat = self.feat_per_cta
-            for i in cutlass.range(tidx, BM * n_feat, NT):
-                mi = i // n_feat
-                r = i % n_feat
-                m_glob = bm * BM + mi
-                feat = bx * n_feat + r
-                if m_glob < m and feat < n_out:
-                    if cutlass.const_expr(self.gated):
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sC[mi, r],
-                                            feat + n_out, sC[mi, r + n_feat])
-                    else:
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, m_glob, feat, feat, sC[mi, r],
-                                            feat, Float32(0.0))
-        else:
-            for i in cutlass.range(tidx, BM * BN, NT):
-                mi = i // BN
-                r = i % BN
-                m_glob = bm * BM + mi
-                row, feat = self.gemm_row(n_out, bx, r)
-                if m_glob < m and feat < n_out:
-                    mWork[(bs * m + m_glob) * n + row] = sC[mi, r]
+        self.store_tile(sC, mAlpha, mBias, mRes, mOut, mWork, m, n, n_out, tidx, bx, bs, bm)
 
 
 class Sm90W4A16WgmmaTemplate(Sm90W4A16GemvTemplate):
     """Registry entry of the WGMMA family (``template_id = "sm90_w4a16_wgmma"``); same C ABI as gemv."""
 
     template_id = "sm90_w4a16_wgmma"
-    config_type = Sm90W4A16Config
-    archs = SM90_ARCHS
+    family = "wgmma"
+    kernel_class = Sm90W4A16WgmmaKernel
 
-    def can_implement(self, spec: CompileSpec) -> Status:
-        c = spec.config
-        if not isinstance(c, Sm90W4A16Config):
-            return Status.fail(f"expects Sm90W4A16Config, got {type(c).__name__}")
-        st = validate_config(c)
-        if not st:
-            return st
-        if c.family != "wgmma":
-            return Status.fail(f"family={c.family!r}: this template is the wgmma family")
-        if spec.arch not in SM90_ARCHS:
-            return Status.fail(f"arch {spec.arch} is not one of {SM90_ARCHS}")
-        if spec.a_format not in _X_FORMATS:
-            return Status.fail(f"a_format (activations) must be bf16 or fp16, got {spec.a_format}")
-        if spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
-            return Status.fail("weights must be nvfp4, both operands K-major")
-        if spec.epilogue.gated and c.tile_n % 32:
-            return Status.fail(f"silu_mul needs tile_n % 32 == 0 (gate and up halves), got {c.tile_n}")
-        if spec.epilogue.alpha == "none":
-            return Status.fail("weight-only NVFP4 always has a global scale: alpha must be scalar or vector")
-        return Status.success()
-
-    def compile(self, spec: CompileSpec, *, keep_ptx: bool = False):
-        self.can_implement(spec).raise_if_failed(spec.name())
-        kernel = Sm90W4A16WgmmaKernel(spec.config, spec.epilogue, spec.a_format)
-        return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
+    def gated_tile_n_problem(self, tile_n: int) -> str | None:
+        return f"silu_mul needs tile_n % 32 == 0 (gate and up halves), got {tile_n}" if tile_n % 32 else None
 
 
 TEMPLATE = register_template(Sm90W4A16WgmmaTemplate(), replace=True)

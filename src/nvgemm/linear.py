@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from .formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_weight, to_blocked
-from .ops import check_linear_args, problem_of
-from .runtime.backends import select_backend
+from .ops import check_linear_args
+from .runtime.backends import last_selected
 
 
 class NVFP4Linear(nn.Module):
@@ -150,15 +150,11 @@ class NVFP4Linear(nn.Module):
     # ------------------------------------------------------------------ compute
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        args = (x, self.weight, self.weight_scale, self.weight_scale_2, self.input_scale, self.bias, residual,
-                self.activation, None)
+        out = torch.ops.nvgemm.nvfp4_linear(x, self.weight, self.weight_scale, self.weight_scale_2,
+                                            self.input_scale, self.bias, residual, self.activation, None)
         if not torch.compiler.is_compiling():
-            spec = check_linear_args(*args)
-            self.last_path = select_backend(
-                problem_of(x, self.weight, self.weight_scale_2, self.input_scale, self.bias, residual,
-                           self.activation, spec)
-            ).name
-        return torch.ops.nvgemm.nvfp4_linear(*args)
+            self.last_path = last_selected()
+        return out
 
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K] = E2M1 * block scale * weight_scale_2 (the reference weight)."""

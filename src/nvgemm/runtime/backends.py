@@ -52,6 +52,7 @@ _REGISTRY: dict[str, Backend] = {}
 _LOCK = threading.Lock()
 _BUILTINS_LOADED = False
 _WARNED: set[str] = set()
+_LAST = threading.local()  # the backend select_backend chose most recently, per thread
 
 #: Modules that register kernel backends when imported; missing optional deps are skipped.
 _BUILTIN_MODULES: tuple[str, ...] = (
@@ -177,7 +178,18 @@ def _selfcheck(backend: Backend, problem: LinearProblem) -> str | None:
     return verdict
 
 
+def last_selected() -> str | None:
+    """Name of the backend the most recent eager ``nvfp4_linear`` in this thread ran on."""
+    return getattr(_LAST, "name", None)
+
+
 def select_backend(problem: LinearProblem, check: bool = True) -> Backend:
+    b = _select_backend(problem, check)
+    _LAST.name = b.name
+    return b
+
+
+def _select_backend(problem: LinearProblem, check: bool = True) -> Backend:
     """The backend the op will run for ``problem`` (deterministic).
 
     ``NVGEMM_BACKEND=<name>`` forces one backend (an error if it cannot run the problem).

@@ -120,22 +120,28 @@ def _asm(ret_type, operands, text, constraints, loc, ip):
     )
 
 
+def _ld_v4(addr: Int64, ins: str, loc, ip):
+    """One 16-byte load ``ins {4 x b32}, [addr]`` -> four 32-bit words."""
+    st = llvm.StructType.get_literal([T.i32()] * 4)
+    r = _asm(st, [Int64(addr).ir_value(loc=loc, ip=ip)], f"{ins} {{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r,l", loc, ip)
+    return [Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
 @dsl_user_op
 def ld_stream_v4(addr: Int64, *, loc=None, ip=None):
     """16-byte read-only load that bypasses L1 (the weight stream is read exactly once)."""
-    st = llvm.StructType.get_literal([T.i32()] * 4)
-    r = _asm(st, [Int64(addr).ir_value(loc=loc, ip=ip)],
-             "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", loc, ip)
-    return [Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
+    return _ld_v4(addr, "ld.global.nc.L1::no_allocate.v4.b32", loc, ip)
 
 
 @dsl_user_op
 def ld_cached_v4(addr: Int64, *, loc=None, ip=None):
     """16-byte read-only load through L1 (activations: re-read by every CTA)."""
-    st = llvm.StructType.get_literal([T.i32()] * 4)
-    r = _asm(st, [Int64(addr).ir_value(loc=loc, ip=ip)],
-             "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", loc, ip)
-    return [Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
+    return _ld_v4(addr, "ld.global.nc.v4.b32", loc, ip)
+
+
+def ld_cached_x64(addr: Int64):
+    """64 bytes (32 bf16/fp16 activations) as four 16-byte loads through L1 -> 16 words, in order."""
+    return ld_cached_v4(addr) + ld_cached_v4(addr + 16) + ld_cached_v4(addr + 32) + ld_cached_v4(addr + 48)
 
 
 @dsl_user_op
@@ -190,6 +196,21 @@ def decode_word(w: Int32):
     h2 = ((w << 9) & mask_mag) | ((w << 2) & mask_sgn)
     h3 = ((w << 6) & mask_mag) | ((w << 1) & mask_sgn)
     return h0, h1, h2, h3
+
+
+def decode_word_f32(w: Int32):
+    """One re-laid-out weight word -> its 8 elements as fp32 ``E2M1 * 2**-14``, in K order."""
+    vals = []
+    for h in decode_word(w):
+        lo, hi = f16x2_to_f32x2(h)
+        vals.append(lo)
+        vals.append(hi)
+    return vals
+
+
+def x_to_f32x2(v: Int32, is_bf16: bool):
+    """An activation register (bf16x2 or f16x2) -> (low, high) fp32, exact."""
+    return bf16x2_to_f32x2(v) if is_bf16 else f16x2_to_f32x2(v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,9 +457,7 @@ class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
                         wv.append(ld_stream_v4(w_row[rr] + vc * 16))
                         sv.append(ld_stream_u16(s_row[rr] + vc * 2))
                     for mi in cutlass.range_constexpr(MP):
-                        xa = x_row[mi] + vc * 64
-                        xv.append(ld_cached_v4(xa) + ld_cached_v4(xa + 16) + ld_cached_v4(xa + 32)
-                                  + ld_cached_v4(xa + 48))
+                        xv.append(ld_cached_x64(x_row[mi] + vc * 64))
                 # ---- decode + fp32 FMAs
                 for u in cutlass.range_constexpr(U):
                     for blk in cutlass.range_constexpr(2):
@@ -448,10 +467,7 @@ class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
                             words = xv[u * MP + mi]
                             vals = []
                             for j in cutlass.range_constexpr(8):
-                                if cutlass.const_expr(self.x_is_bf16):
-                                    lo, hi = bf16x2_to_f32x2(words[blk * 8 + j])
-                                else:
-                                    lo, hi = f16x2_to_f32x2(words[blk * 8 + j])
+                                lo, hi = x_to_f32x2(words[blk * 8 + j], self.x_is_bf16)
                                 vals.append(lo)
                                 vals.append(hi)
                             xf.append(vals)
@@ -462,11 +478,7 @@ class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
                                 sc = sc1
                             wf = []
                             for wi in cutlass.range_constexpr(2):
-                                hs = decode_word(wv[u * RP + rr][blk * 2 + wi])
-                                for j in cutlass.range_constexpr(4):
-                                    lo, hi = f16x2_to_f32x2(hs[j])
-                                    wf.append(lo)
-                                    wf.append(hi)
+                                wf += decode_word_f32(wv[u * RP + rr][blk * 2 + wi])
                             for mi in cutlass.range_constexpr(MP):
                                 bsum = wf[0] * xf[mi][0]
                                 for e in cutlass.range_constexpr(1, 16):
@@ -608,6 +620,7 @@ __all__ = [
     "TEMPLATE",
     "WORD_LAYOUT",
     "decode_word",
+    "decode_word_f32",
     "embedded_cubin",
     "workspace_numel",
 ]

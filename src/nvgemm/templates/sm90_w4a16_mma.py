@@ -50,10 +50,9 @@ from .sm90_w4a16_gemv import (
     Sm90EpilogueMixin,
     Sm90W4A16GemvTemplate,
     _asm,
-    decode_word,
+    decode_word_f32,
     e4m3x2_to_f32x2,
-    f16x2_to_f32x2,
-    ld_cached_v4,
+    ld_cached_x64,
     ld_stream_u16,
     ld_stream_v4,
 )
@@ -168,9 +167,7 @@ class Sm90W4A16MmaKernel(Sm90EpilogueMixin):
                     wv.append((ld_stream_v4(w_lo + vec * 16), ld_stream_v4(w_hi + vec * 16)))
                     sv.append((ld_stream_u16(s_lo + vec * 2), ld_stream_u16(s_hi + vec * 2)))
                     for mg in cutlass.range_constexpr(MG):
-                        xa = x_row[mg] + vec * 64
-                        xv.append(ld_cached_v4(xa) + ld_cached_v4(xa + 16) + ld_cached_v4(xa + 32)
-                                  + ld_cached_v4(xa + 48))
+                        xv.append(ld_cached_x64(x_row[mg] + vec * 64))
                 for u in cutlass.range_constexpr(U):
                     # A operands of the 8 MMA steps, for rows g (lo) and g + 8 (hi): E2M1 * s, exact
                     a_words = []
@@ -181,10 +178,9 @@ class Sm90W4A16MmaKernel(Sm90EpilogueMixin):
                         words = []
                         for wi in cutlass.range_constexpr(4):
                             f = f0 if wi < 2 else f1
-                            hs = decode_word(wv[u][h][wi])
+                            e = decode_word_f32(wv[u][h][wi])
                             for j in cutlass.range_constexpr(4):
-                                lo, hi = f16x2_to_f32x2(hs[j])
-                                words.append(pack2(lo * f, hi * f, self.x_is_bf16))
+                                words.append(pack2(e[2 * j] * f, e[2 * j + 1] * f, self.x_is_bf16))
                         a_words.append(words)  # 16 words = elements (0,1), (2,3), ... (30,31)
                     for mg in cutlass.range_constexpr(MG):
                         xw = xv[u * MG + mg]  # 16 words: elements (0,1) ... (30,31) of row g

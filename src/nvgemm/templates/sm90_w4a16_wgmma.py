@@ -44,13 +44,12 @@ from .sm90_config import Sm90W4A16Config
 from .sm90_w4a16_gemv import (
     Sm90EpilogueMixin,
     Sm90W4A16GemvTemplate,
-    bf16x2_to_f32x2,
-    decode_word,
+    decode_word_f32,
     e4m3x2_to_f32x2,
-    f16x2_to_f32x2,
     ld_cached_v4,
     ld_stream_u16,
     ld_stream_v4,
+    x_to_f32x2,
 )
 
 BK = 64  # K elements per main-loop step (4 WGMMA k-steps of 16)
@@ -161,10 +160,7 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
                 mr = cutlass.min(bm * BM + r, m - 1)  # rows past M: clamped loads, results dropped
                 words = ld_cached_v4(x_base + Int64(mr) * x_rs + Int64(kt * BK + kc * 8) * 2)
                 for j in cutlass.range_constexpr(4):
-                    if cutlass.const_expr(self.x_is_bf16):
-                        lo, hi = bf16x2_to_f32x2(words[j])
-                    else:
-                        lo, hi = f16x2_to_f32x2(words[j])
+                    lo, hi = x_to_f32x2(words[j], self.x_is_bf16)
                     sA[(r, kc * 8 + 2 * j, 0)] = lo.to(self.ab_dtype)
                     sA[(r, kc * 8 + 2 * j + 1, 0)] = hi.to(self.ab_dtype)
             # ---- B: weights, one 16-byte vector (32 elements, 2 scale blocks) per task
@@ -182,13 +178,10 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
                 sc0, sc1 = e4m3x2_to_f32x2(ld_stream_u16(s_base + Int64(rc) * s_rs + v * 2))
                 for wi in cutlass.range_constexpr(4):
                     sc = sc0 if wi < 2 else sc1
-                    hs = decode_word(wv[wi])
-                    for j in cutlass.range_constexpr(4):
-                        lo, hi = f16x2_to_f32x2(hs[j])
-                        kk = vh * 32 + wi * 8 + 2 * j
+                    e = decode_word_f32(wv[wi])
+                    for j in cutlass.range_constexpr(8):
                         # E2M1 * 2**-14 * s * 2**14 = E2M1 * s, exact in fp32 and in the bf16/fp16 store
-                        sB[(r, kk, 0)] = (lo * sc * Float32(16384.0)).to(self.ab_dtype)
-                        sB[(r, kk + 1, 0)] = (hi * sc * Float32(16384.0)).to(self.ab_dtype)
+                        sB[(r, vh * 32 + wi * 8 + j, 0)] = (e[j] * sc * Float32(16384.0)).to(self.ab_dtype)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_threads()
             # ---- WGMMA over the 64-deep K step

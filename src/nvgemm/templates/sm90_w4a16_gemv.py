@@ -304,6 +304,24 @@ class Sm90EpilogueMixin:
             row = feat
         return row, feat
 
+    def operand_bases(self, mX: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor):
+        """Base addresses and row strides in bytes of the activations, packed weights and scales:
+        ``(x_base, w_base, s_base, x_rs, w_rs, s_rs)``."""
+        return (mX.iterator.toint(), mW.iterator.toint(), mS.iterator.toint(),
+                Int64(mX.stride[0]) * 2, Int64(mW.stride[0]), Int64(mS.stride[0]))
+
+    @cute.jit
+    def split_range(self, total: Int32, bs: Int32, step: int):
+        """Split ``bs``'s share ``[lo, hi)`` of ``total`` K units (vectors, chunks, tiles) and the
+        number of main-loop steps of ``step`` units that cover it (0 for an empty share)."""
+        per_split = (total + self.split_k - 1) // self.split_k
+        lo = bs * per_split
+        hi = cutlass.min(total, lo + per_split)
+        n_iter = (hi - lo + step - 1) // step
+        if hi <= lo:
+            n_iter = 0
+        return lo, hi, n_iter
+
     def tile_coord(self, i: Int32, rows: int):
         """Element i of a CTA tile of ``rows`` weight rows x ``tile_m`` activation rows -> (r, mi),
         activation rows fastest."""
@@ -406,20 +424,8 @@ class Sm90W4A16GemvKernel(Sm90EpilogueMixin):
         n_out = mOut.shape[1]
         kv = k // 32  # 16-byte weight vectors per row
 
-        x_base = mX.iterator.toint()
-        w_base = mW.iterator.toint()
-        s_base = mS.iterator.toint()
-        x_rs = Int64(mX.stride[0]) * 2  # bytes
-        w_rs = Int64(mW.stride[0])
-        s_rs = Int64(mS.stride[0])
-
-        # K range of this split (in vectors)
-        vps = (kv + self.split_k - 1) // self.split_k
-        v_lo = bs * vps
-        v_hi = cutlass.min(kv, v_lo + vps)
-        n_iter = (v_hi - v_lo + NT * U - 1) // (NT * U)
-        if v_hi <= v_lo:
-            n_iter = 0
+        x_base, w_base, s_base, x_rs, w_rs, s_rs = self.operand_bases(mX, mW, mS)
+        v_lo, v_hi, n_iter = self.split_range(kv, bs, NT * U)  # K range of this split (in vectors)
 
         smem = cutlass.memory.SmemAllocator()
         sRed = smem.allocate_tensor(Float32, cute.make_layout((RP * MP, NWARP), stride=(NWARP, 1)), 16)

@@ -118,19 +118,8 @@ class Sm90W4A16MmaKernel(Sm90EpilogueMixin):
         n_out = mOut.shape[1]
         nchunk = k // MMA_CHUNK
 
-        x_base = mX.iterator.toint()
-        w_base = mW.iterator.toint()
-        s_base = mS.iterator.toint()
-        x_rs = Int64(mX.stride[0]) * 2
-        w_rs = Int64(mW.stride[0])
-        s_rs = Int64(mS.stride[0])
-
-        cps = (nchunk + self.split_k - 1) // self.split_k
-        c_lo = bs * cps
-        c_hi = cutlass.min(nchunk, c_lo + cps)
-        n_iter = (c_hi - c_lo + NW * U - 1) // (NW * U)
-        if c_hi <= c_lo:
-            n_iter = 0
+        x_base, w_base, s_base, x_rs, w_rs, s_rs = self.operand_bases(mX, mW, mS)
+        c_lo, c_hi, n_iter = self.split_range(nchunk, bs, NW * U)
 
         smem = cutlass.memory.SmemAllocator()
         # per-warp partial tiles [warp][16 weight rows][TM activation rows], then CTA totals

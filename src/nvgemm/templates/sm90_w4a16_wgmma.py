@@ -138,17 +138,8 @@ class Sm90W4A16WgmmaKernel(Sm90EpilogueMixin):
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
         acc.fill(0.0)
 
-        x_base = mX.iterator.toint()
-        w_base = mW.iterator.toint()
-        s_base = mS.iterator.toint()
-        x_rs = Int64(mX.stride[0]) * 2
-        w_rs = Int64(mW.stride[0])
-        s_rs = Int64(mS.stride[0])
-
-        kt_total = k // BK
-        kps = (kt_total + self.split_k - 1) // self.split_k
-        kt_lo = bs * kps
-        kt_hi = cutlass.min(kt_total, kt_lo + kps)
+        x_base, w_base, s_base, x_rs, w_rs, s_rs = self.operand_bases(mX, mW, mS)
+        kt_lo, kt_hi, _ = self.split_range(k // BK, bs, 1)
 
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         for kt in cutlass.range(kt_lo, kt_hi, unroll=1):

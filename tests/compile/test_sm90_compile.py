@@ -48,20 +48,20 @@ WEIGHT_LD = "ld.global.nc.L1::no_allocate.v4.b32"
 SCALAR = EpilogueSpec(alpha="scalar")
 
 
-def _spec(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
-    return make_spec(TID, cfg, "sm_90a", epilogue=epi, a_format=x)
+def _spec(tid: str, cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
+    return make_spec(tid, cfg, "sm_90a", epilogue=epi, a_format=x)
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
-    spec = _spec(cfg, epi, x)
+def compiled(tid: str, cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
+    spec = _spec(tid, cfg, epi, x)
     st = check_spec(spec)
     assert st, st.reason
-    return get_template(TID).compile(spec, keep_ptx=True)
+    return get_template(tid).compile(spec, keep_ptx=True)
 
 
-def ptx_of(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16") -> str:
-    ptx = compiled(cfg, epi, x).__ptx__
+def ptx_of(tid: str, cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16") -> str:
+    ptx = compiled(tid, cfg, epi, x).__ptx__
     assert ptx and ".target sm_90a" in ptx
     return ptx
 
@@ -79,7 +79,7 @@ def _cuobjdump() -> str | None:
         return None
 
 
-def sass_of(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16") -> str:
+def sass_of(tid: str, cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16") -> str:
     exe = _cuobjdump()
     if exe is None:
         pytest.skip("no cuobjdump (CUDA toolkit or triton's bundled copy) for the SASS check")
@@ -87,7 +87,7 @@ def sass_of(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16") -> str:
 
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "k.fatbin"
-        f.write_bytes(embedded_cubin(compiled(cfg, epi, x)))
+        f.write_bytes(embedded_cubin(compiled(tid, cfg, epi, x)))
         return subprocess.run([exe, "--dump-sass", str(f)], check=True, capture_output=True, text=True).stdout
 
 
@@ -113,7 +113,7 @@ FAST = [
 
 @pytest.mark.parametrize("cfg,epi,x", FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
 def test_compiles_and_streams_16_byte_weight_loads(cfg, epi, x):
-    ptx = ptx_of(cfg, epi, x)
+    ptx = ptx_of(TID, cfg, epi, x)
     body = _main_kernel_ptx(ptx)
     rp, _ = gemv_passes(cfg)
     # one 16-byte weight load per (row of a pass, vector per thread) in the unrolled step
@@ -129,7 +129,7 @@ def test_compiles_and_streams_16_byte_weight_loads(cfg, epi, x):
 
 def test_sass_has_128_bit_loads_and_no_spills():
     cfg, epi, x = FAST[0]
-    sass = sass_of(cfg, epi, x)
+    sass = sass_of(TID, cfg, epi, x)
     assert "arch = sm_90a" in sass
     assert len(re.findall(r"LDG\.E\.NA\.128\.CONSTANT", sass)) == gemv_passes(cfg)[0] * cfg.vec_per_thread
     assert re.search(r"\bLDL\b|\bSTL\b", sass) is None
@@ -138,7 +138,7 @@ def test_sass_has_128_bit_loads_and_no_spills():
 @pytest.mark.parametrize("n,k", [(28672, 4096), (4096, 14336), (57344, 8192)])
 def test_policy_first_candidate_compiles(n, k):
     cfg = pick_config(1, n, k, torch.bfloat16, "none", 132)
-    body = _main_kernel_ptx(ptx_of(cfg))
+    body = _main_kernel_ptx(ptx_of(TID, cfg))
     assert WEIGHT_LD in body
 
 
@@ -154,28 +154,20 @@ def test_policy_first_candidate_compiles(n, k):
     ],
 )
 def test_rejected_configs_never_compile(cfg, why):
-    st = check_spec(_spec(cfg))
+    st = check_spec(_spec(TID, cfg))
     assert not st and why in st.reason
     with pytest.raises(ValueError, match="cannot be implemented"):
-        get_template(TID).compile(_spec(cfg))
+        get_template(TID).compile(_spec(TID, cfg))
 
 
 def test_fp32_activations_rejected():
-    spec = make_spec(TID, C(), "sm_90a", epilogue=SCALAR, a_format="fp32")
+    spec = _spec(TID, C(), x="fp32")
     assert "bf16 or fp16" in check_spec(spec).reason
 
 
 # --------------------------------------------------------------------------- WGMMA family
 
 WG = "sm90_w4a16_wgmma"
-
-
-@functools.lru_cache(maxsize=None)
-def wg_compiled(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
-    spec = make_spec(WG, cfg, "sm_90a", epilogue=epi, a_format=x)
-    st = check_spec(spec)
-    assert st, st.reason
-    return get_template(WG).compile(spec, keep_ptx=True)
 
 
 WG_FAST = [
@@ -191,9 +183,7 @@ WG_FAST = [
 
 @pytest.mark.parametrize("cfg,epi,x,n", WG_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
 def test_wgmma_family_compiles_with_wgmma_instructions(cfg, epi, x, n):
-    f = wg_compiled(cfg, epi, x)
-    ptx = f.__ptx__
-    assert ptx and ".target sm_90a" in ptx
+    ptx = ptx_of(WG, cfg, epi, x)
     kind = "bf16" if x == "bf16" else "f16"
     # 4 x k16 per 64-deep K step, per warpgroup-wide instruction m64nNk16
     assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.{kind}\.{kind}", ptx)) == 4
@@ -205,16 +195,8 @@ def test_wgmma_family_compiles_with_wgmma_instructions(cfg, epi, x, n):
 
 
 def test_wgmma_sass_has_hgmma():
-    exe = _cuobjdump()
-    if exe is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    from nvgemm.templates.sm90_w4a16_gemv import embedded_cubin
-
     cfg, epi, x, n = WG_FAST[0]
-    with tempfile.TemporaryDirectory() as d:
-        fp = Path(d) / "k.fatbin"
-        fp.write_bytes(embedded_cubin(wg_compiled(cfg, epi, x)))
-        sass = subprocess.run([exe, "--dump-sass", str(fp)], check=True, capture_output=True, text=True).stdout
+    sass = sass_of(WG, cfg, epi, x)
     assert len(re.findall(r"HGMMA\.64x128x16\.F32\.BF16", sass)) == 4
     assert re.search(r"\bLDL\b|\bSTL\b", sass) is None
 
@@ -229,21 +211,13 @@ def test_wgmma_sass_has_hgmma():
     ],
 )
 def test_wgmma_rejected_configs(cfg, why):
-    st = check_spec(make_spec(WG, cfg, "sm_90a", epilogue=SCALAR, a_format="bf16"))
+    st = check_spec(_spec(WG, cfg))
     assert not st and why in st.reason
 
 
 # --------------------------------------------------------------------------- small-M tensor-core (mma) family
 
 MM = "sm90_w4a16_mma"
-
-
-@functools.lru_cache(maxsize=None)
-def mm_compiled(cfg: C, epi: EpilogueSpec = SCALAR, x: str = "bf16"):
-    spec = make_spec(MM, cfg, "sm_90a", epilogue=epi, a_format=x)
-    st = check_spec(spec)
-    assert st, st.reason
-    return get_template(MM).compile(spec, keep_ptx=True)
 
 
 MM_FAST = [
@@ -257,8 +231,7 @@ MM_FAST = [
 
 @pytest.mark.parametrize("cfg,epi,x", MM_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
 def test_mma_family_compiles_with_tensor_core_mma(cfg, epi, x):
-    ptx = mm_compiled(cfg, epi, x).__ptx__
-    assert ptx and ".target sm_90a" in ptx
+    ptx = ptx_of(MM, cfg, epi, x)
     kind = "bf16" if x == "bf16" else "f16"
     u = cfg.tile_k // (128 * cfg.num_warps)
     # 8 k16 steps per 128-element chunk, per 8-row activation group, per chunk in flight
@@ -270,16 +243,8 @@ def test_mma_family_compiles_with_tensor_core_mma(cfg, epi, x):
 
 
 def test_mma_sass_has_hmma_and_no_spills():
-    exe = _cuobjdump()
-    if exe is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    from nvgemm.templates.sm90_w4a16_gemv import embedded_cubin
-
     cfg, epi, x = MM_FAST[0]
-    with tempfile.TemporaryDirectory() as d:
-        fp = Path(d) / "k.fatbin"
-        fp.write_bytes(embedded_cubin(mm_compiled(cfg, epi, x)))
-        sass = subprocess.run([exe, "--dump-sass", str(fp)], check=True, capture_output=True, text=True).stdout
+    sass = sass_of(MM, cfg, epi, x)
     assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) == 8
     assert len(re.findall(r"LDG\.E\.NA\.128\.CONSTANT", sass)) == 2
     assert re.search(r"\bLDL\b|\bSTL\b", sass) is None
@@ -294,12 +259,11 @@ def test_mma_sass_has_hmma_and_no_spills():
     ],
 )
 def test_mma_rejected_configs(cfg, why):
-    st = check_spec(make_spec(MM, cfg, "sm_90a", epilogue=SCALAR, a_format="bf16"))
+    st = check_spec(_spec(MM, cfg))
     assert not st and why in st.reason
 
 
 def test_mma_gated_needs_whole_16_row_halves():
     cfg = C(family="mma", tile_m=8, tile_n=16, tile_k=512, num_warps=4, stages=1)
-    st = check_spec(make_spec(MM, cfg, "sm_90a", epilogue=EpilogueSpec(alpha="scalar", activation="silu_mul"),
-                              a_format="bf16"))
+    st = check_spec(_spec(MM, cfg, EpilogueSpec(alpha="scalar", activation="silu_mul")))
     assert not st and "tile_n % 32" in st.reason

@@ -10,9 +10,14 @@ No network. ``--checkpoint DIR`` runs an existing exported checkpoint instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
+import logging
+import re
 import statistics
 import tempfile
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -39,17 +44,69 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+#: Warnings raised *inside third-party code* on the demo's path, silenced for the demo only (never
+#: globally, never in the library): (logger or warning module, message prefix, why it is not ours).
+THIRD_PARTY_NOISE = (
+    ("torch.jit._script", "`torch.jit.script` is deprecated",
+     "ModelOpt 0.47 calls torch.jit.script at import (modelopt/torch/quantization/tensor_quant.py)"),
+    ("modelopt.torch", "transformers ",
+     "ModelOpt 0.47 warns that transformers >= 5.15 is outside its tested range; nvgemm's tests check "
+     "the exported bytes and logits with the installed transformers"),
+    ("transformers.configuration_utils", "`torch_dtype` is deprecated",
+     "ModelOpt's HF exporter reads config.torch_dtype (modelopt/torch/export/unified_export_hf.py)"),
+    ("torch.utils.cpp_extension", "No CUDA runtime is found",
+     "torch.utils.cpp_extension, imported by ModelOpt, logs this on every GPU-less machine"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.prefixes)
+
+
+@contextlib.contextmanager
+def quiet_third_party():
+    """Silence exactly :data:`THIRD_PARTY_NOISE` for the duration of the demo (restored on exit)."""
+    with warnings.catch_warnings():
+        installed = []
+        for where, prefix, _why in THIRD_PARTY_NOISE:
+            warnings.filterwarnings("ignore", message=re.escape(prefix), module=re.escape(where))
+            logger, filt = logging.getLogger(where), _DropMessages((prefix,))
+            logger.addFilter(filt)
+            installed.append((logger, filt))
+        try:
+            yield
+        finally:
+            for logger, filt in installed:
+                logger.removeFilter(filt)
+
+
+def _cache_name(model) -> str:
+    """The KV-cache keyword of the model's forward: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(res, name: str):
+    return res[name] if name in res else getattr(res, name)
+
+
 def _greedy(model, ids, n_tokens, step_fn=None):
     import torch
 
     step = step_fn if step_fn is not None else model
+    kv = _cache_name(model)
     times, out = [], []
     with torch.no_grad():
         t0 = time.perf_counter()
         res = model(input_ids=ids, use_cache=True)
         _sync(ids)
         prefill = time.perf_counter() - t0
-        pkv, nxt = res.past_key_values, res.logits[:, -1].argmax(-1, keepdim=True)
+        pkv, nxt = _cache_of(res, kv), res.logits[:, -1].argmax(-1, keepdim=True)
         logits = [res.logits[:, -1].float()]
         if step_fn is not None:  # decode steps run compiled: eager paths recorded by the prefill are stale
             from .linear import NVFP4Linear
@@ -60,10 +117,10 @@ def _greedy(model, ids, n_tokens, step_fn=None):
         out.append(nxt)
         for _ in range(n_tokens - 1):
             t0 = time.perf_counter()
-            res = step(input_ids=nxt, past_key_values=pkv, use_cache=True)
+            res = step(input_ids=nxt, use_cache=True, **{kv: pkv})
             _sync(ids)
             times.append(time.perf_counter() - t0)
-            pkv, nxt = res.past_key_values, res.logits[:, -1].argmax(-1, keepdim=True)
+            pkv, nxt = _cache_of(res, kv), res.logits[:, -1].argmax(-1, keepdim=True)
             logits.append(res.logits[:, -1].float())
             out.append(nxt)
     return torch.cat(out, dim=1), logits, prefill, times
@@ -77,6 +134,11 @@ def _sync(t):
 
 
 def run(args) -> int:
+    with quiet_third_party():
+        return _run(args)
+
+
+def _run(args) -> int:
     import torch
 
     from .linear import NVFP4Linear

@@ -71,11 +71,74 @@ def test_user_pass_is_kept_and_ours_runs_first():
         assert config.post_grad_custom_pre_pass is user_pass
 
 
-def test_old_torch_is_refused(monkeypatch):
-    monkeypatch.setattr(torch, "__version__", "2.14.1+cu128")
-    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.15.*2\.14\.1"):
+def _fake_missing(monkeypatch, **reasons):
+    """Make the named compat pieces probe as missing (the rest probe the running torch)."""
+    from nvgemm.inductor import compat
+
+    real = compat.Piece.missing
+
+    def missing(self):
+        return reasons[self.name] if self.name in reasons else real(self)
+
+    monkeypatch.setattr(compat.Piece, "missing", missing)
+
+
+def test_missing_required_piece_is_refused_by_name(monkeypatch):
+    before = _inductor_state()
+    _fake_missing(monkeypatch, custom_op_autotuning="no range dispatch (simulated)")
+    with pytest.raises(RuntimeError, match=r"custom_op_autotuning .*torch >= 2\.13 has it.*simulated"):
         nvgemm.enable()
-    assert not ni.is_enabled()
+    assert not ni.is_enabled() and _inductor_state() == before
+    # the rest of nvgemm keeps working on such a torch
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    lin = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(64, 32, dtype=torch.bfloat16))
+    assert lin(x).shape == (3, 32)
+
+
+def test_missing_optional_pdl_hook_warns_once_and_enables_without_it(monkeypatch):
+    from torch._inductor.scheduler import Scheduler
+
+    from nvgemm.inductor import registration
+
+    monkeypatch.setattr(registration, "_WARNED", set())
+    _fake_missing(monkeypatch, pdl_hook="no selective PDL (simulated)")
+    prev_node = Scheduler.__dict__.get("previous_node")
+    with pytest.warns(RuntimeWarning, match=r"no PDL chain .*torch >= 2\.15.*simulated"):
+        nvgemm.enable()
+    try:
+        assert ni.is_enabled() and registration._STATE["pdl"] is False
+        assert Scheduler.__dict__.get("previous_node") is prev_node  # PDL hook not installed
+    finally:
+        nvgemm.disable()
+
+
+def test_probes_match_the_documented_first_release():
+    """Each piece is present exactly on the torch releases the compat table says (runs per CI torch)."""
+    from packaging.version import Version
+
+    from nvgemm.inductor import compat
+
+    rel = Version(torch.__version__.split("+")[0]).release[:2]
+    state = compat.probe()
+    for p in compat.PIECES:
+        since = tuple(int(v) for v in p.since.split("."))
+        assert (state[p.name] is None) == (rel >= since), (p.name, torch.__version__, state[p.name])
+    assert "custom_op_autotuning" in compat.report()
+
+
+def test_scaled_mm_claim_defaults_to_where_pytorch_folds(monkeypatch):
+    from nvgemm.inductor import compat, registration
+
+    with nvgemm.enabled():
+        assert registration._STATE["claim_scaled_mm"] is compat.available("scaled_mm_fold")
+    _fake_missing(monkeypatch, scaled_mm_fold="no fold (simulated)")
+    with nvgemm.enabled():
+        assert registration._STATE["claim_scaled_mm"] is False
+    nvgemm.enable(claim_scaled_mm=True)
+    try:
+        assert registration._STATE["claim_scaled_mm"] is True
+    finally:
+        nvgemm.disable()
 
 
 def _problem(**kw):

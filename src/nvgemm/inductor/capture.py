@@ -300,11 +300,11 @@ def _normalise_linear(graph: fx.Graph, node: fx.Node) -> bool:
 # --------------------------------------------------------------------------- the pass
 
 
-def capture_nvfp4_linears(graph: fx.Graph) -> None:
-    """Run both rewrites on ``graph`` in place."""
+def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True) -> None:
+    """Run both rewrites on ``graph`` in place (the first only when ``claim_scaled_mm``)."""
     claimed = False
     for node in list(graph.nodes):
-        if _is_call(node, aten._scaled_mm.default):
+        if claim_scaled_mm and _is_call(node, aten._scaled_mm.default):
             try:
                 claimed |= _try_claim_scaled_mm(graph, node)
             except Exception as e:  # a pattern we cannot claim must never break compilation
@@ -318,19 +318,20 @@ def capture_nvfp4_linears(graph: fx.Graph) -> None:
     graph.lint()
 
 
-def make_pass():
+def make_pass(claim_scaled_mm: bool = True):
     """The ``CustomGraphPass`` object Inductor calls (its ``uuid`` enters the FX-graph cache key)."""
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
     class NvgemmCapturePass(CustomGraphPass):
         def __call__(self, graph: fx.Graph) -> None:
-            capture_nvfp4_linears(graph)
+            capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm)
 
         def uuid(self) -> Any:
             import nvgemm.inductor.capture as cap
             import nvgemm.inductor.choices as ch
             import nvgemm.inductor.lowering as low
 
-            return get_hash_for_files((cap.__file__, ch.__file__, low.__file__), "nvgemm_cutedsl-capture-v1")
+            salt = f"nvgemm_cutedsl-capture-v1-claim{int(claim_scaled_mm)}"
+            return get_hash_for_files((cap.__file__, ch.__file__, low.__file__), salt)
 
     return NvgemmCapturePass()

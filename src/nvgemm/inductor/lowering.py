@@ -1,6 +1,7 @@
 """Autotuned lowering of ``nvgemm::nvfp4_linear`` with M-range dispatch.
 
-Built on ``torch._inductor.kernel.custom_op.register_custom_op_autotuning`` (2.15):
+Built on ``torch._inductor.kernel.custom_op.register_custom_op_autotuning`` (torch >= 2.13; the
+pieces used are probed in :mod:`nvgemm.inductor.compat`):
 
 * every candidate from :func:`nvgemm.inductor.choices.candidates` becomes a ``CustomOpConfig``
   whose decomposition is one call of ``nvgemm::nvfp4_linear_choice(..., choice=<key>)``;
@@ -14,7 +15,8 @@ Built on ``torch._inductor.kernel.custom_op.register_custom_op_autotuning`` (2.1
 * on CUDA the candidates are benchmarked the way decode runs: inside a CUDA graph, 16 calls per
   graph, with the weight and weight-scale inputs rotated through copies larger than L2 (cold
   weights), as PyTorch does for its own NVFP4 NVGEMM (``cudagraph_unroll`` and
-  ``cudagraph_cold_cache_input_indices`` on the benchmark request).
+  ``cudagraph_cold_cache_input_indices`` on the benchmark request; torch >= 2.15, Inductor's
+  default benchmarking before that).
 
 Shortcuts: with one candidate (e.g. on CPU, where only the emulated reference runs) or outside
 ``max-autotune`` (policy's first pick, like Inductor's own GEMMs), the choice op is emitted
@@ -185,10 +187,15 @@ def build_lowering(allowed: Optional[set[str]] = None):
     from torch._inductor.kernel.custom_op import register_custom_op_autotuning
     from torch._inductor.lowering import user_lowerings
 
+    from . import compat
+
     op = torch.ops.nvgemm.nvfp4_linear.default
     previous = user_lowerings.get(op)
     pts = split_points()
     inner = {}
+    # the emulated candidate is the explicit fallback; before 2.15 the eager op is one more choice
+    extra = {"include_fallback": False} if compat.available("include_fallback") else {}
+    decode_policy = compat.available("decode_benchmark_policy")
     try:
         for device_kind, cudagraphs in (("cpu", False), ("cuda", True)):
             for dynamic in (True, False):
@@ -202,7 +209,7 @@ def build_lowering(allowed: Optional[set[str]] = None):
                                  if dynamic else None),
                     split_points=list(pts) if dynamic else None,
                     benchmark_with_cudagraphs=cudagraphs,
-                    include_fallback=False,  # the emulated candidate is the explicit fallback
+                    **extra,
                 )
                 inner[device_kind, dynamic] = user_lowerings[op]
     finally:
@@ -256,7 +263,7 @@ def build_lowering(allowed: Optional[set[str]] = None):
         tok = _CURRENT.set({"problem": problem, "candidates": cands})
         try:
             dynamic = not isinstance(full[0].get_size()[0], int) and not full[0].get_size()[0].is_number
-            if problem.device_type == "cuda":
+            if problem.device_type == "cuda" and decode_policy:
                 with _decode_benchmark_policy():
                     return inner["cuda", dynamic](*full)
             return inner["cpu", dynamic](*full)

@@ -10,6 +10,11 @@ Nothing happens at import. :func:`enable` installs, and :func:`disable` removes 
 
 With nvgemm disabled, Inductor compiles ``nvgemm::nvfp4_linear`` as an opaque fallback kernel
 (the eager op) and ``_scaled_mm * alpha`` is PyTorch's own business.
+
+Which torch releases: :mod:`nvgemm.inductor.compat` probes every Inductor piece used here.
+Missing required pieces (custom-op autotuning with M-range dispatch, the post-grad pre-pass) make
+:func:`enable` raise with the piece and the release that has it; missing optional ones (the PDL
+hook, the decode benchmark policy) are skipped with one warning each.
 """
 
 from __future__ import annotations
@@ -23,40 +28,52 @@ import torch
 
 log = logging.getLogger("nvgemm_cutedsl")
 
-MIN_TORCH = (2, 15)
 _LOCK = threading.RLock()
 _STATE: dict = {}
 
 
-def _torch_release() -> tuple[int, ...]:
-    from packaging.version import Version
+def check_torch_version() -> dict:
+    """Probe the Inductor pieces nvgemm uses; raise naming any missing required one.
 
-    return Version(torch.__version__.split("+")[0]).release
+    Returns ``{piece: None if usable else reason}`` (see :mod:`nvgemm.inductor.compat`).
+    """
+    from . import compat
 
-
-def check_torch_version() -> None:
-    rel = _torch_release()
-    if rel[:2] < MIN_TORCH:
-        raise RuntimeError(
-            f"nvgemm_cutedsl: the TorchInductor integration needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} "
-            f"(register_custom_op_autotuning with range dispatch, post_grad_custom_pre_pass ordering, "
-            f"selective PDL); this is torch {torch.__version__}"
-        )
+    return compat.check_required()
 
 
 def is_enabled() -> bool:
     return bool(_STATE)
 
 
-def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True) -> None:
+def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
+           claim_scaled_mm: Optional[bool] = None) -> None:
     """Route NVFP4 linears in ``torch.compile`` graphs through nvgemm (idempotent).
 
     ``choices`` restricts the autotuning candidates by kind (backend names such as
     ``"cutedsl_sm100"``, ``"triton_w4a16"``, ``"emulated"``, or ``"cublaslt"``); the default is the
     policy for the device (``NVGEMM_INDUCTOR_CHOICES`` overrides). ``pdl=False`` leaves Triton
-    consumers without programmatic dependent launch.
+    consumers without programmatic dependent launch. ``claim_scaled_mm`` rewrites hand-written
+    NVFP4 ``torch._scaled_mm(...) * alpha (+ bias)`` chains into nvgemm's op; the default (None)
+    does so only where PyTorch itself folds that chain (torch >= 2.15), so on older torch such a
+    chain keeps its ATen meaning unless you ask.
     """
-    check_torch_version()
+    from . import compat
+
+    state = check_torch_version()
+    unchecked = compat.unchecked_release()
+    if unchecked:
+        _warn_once(unchecked)
+    if pdl and state["pdl_hook"] is not None:
+        _warn_once(f"nvgemm_cutedsl: no PDL chain into Triton consumers on torch {torch.__version__} "
+                   f"(selective PDL is in torch >= {compat.BY_NAME['pdl_hook'].since}): {state['pdl_hook']}")
+        pdl = False
+    if state["decode_benchmark_policy"] is not None and torch.cuda.is_available():
+        _warn_once(f"nvgemm_cutedsl: candidates are benchmarked with Inductor's default timing on torch "
+                   f"{torch.__version__}, not 16 calls per CUDA graph with cold weights (torch >= "
+                   f"{compat.BY_NAME['decode_benchmark_policy'].since}): {state['decode_benchmark_policy']}")
+    if claim_scaled_mm is None:
+        claim_scaled_mm = state["scaled_mm_fold"] is None
     with _LOCK:
         if _STATE:
             disable()
@@ -72,14 +89,29 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True) -> None:
             allowed.add("emulated")
         prev_pass = config.post_grad_custom_pre_pass
         prev_lowering = user_lowerings.get(op)
-        the_pass = capture.make_pass()
+        the_pass = capture.make_pass(claim_scaled_mm=claim_scaled_mm)
         existing = [] if prev_pass is None else list(prev_pass) if isinstance(prev_pass, (list, tuple)) else [prev_pass]
         config.post_grad_custom_pre_pass = [the_pass, *existing] if existing else the_pass
         user_lowerings[op] = lowering.build_lowering(allowed)
         if pdl:
             pdl_mod.install()
-        _STATE.update(prev_pass=prev_pass, prev_lowering=prev_lowering, the_pass=the_pass, pdl=pdl)
-        log.info("nvgemm_cutedsl: enabled (M split points %s, pdl=%s)", user_lowerings[op].split_points, pdl)
+        _STATE.update(prev_pass=prev_pass, prev_lowering=prev_lowering, the_pass=the_pass, pdl=pdl,
+                      claim_scaled_mm=claim_scaled_mm)
+        log.info("nvgemm_cutedsl: enabled (M split points %s, pdl=%s, claim _scaled_mm*alpha=%s)",
+                 user_lowerings[op].split_points, pdl, claim_scaled_mm)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg in _WARNED:
+        return
+    _WARNED.add(msg)
+    import warnings
+
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    log.warning(msg)
 
 
 def disable() -> None:
@@ -110,13 +142,13 @@ def disable() -> None:
 
 
 @contextlib.contextmanager
-def enabled(choices: Optional[Iterable[str]] = None, pdl: bool = True):
+def enabled(choices: Optional[Iterable[str]] = None, pdl: bool = True, claim_scaled_mm: Optional[bool] = None):
     """``with nvgemm.enabled(): torch.compile(...)(...)`` -- enable for the block, then restore."""
     was = dict(_STATE)
-    enable(choices=choices, pdl=pdl)
+    enable(choices=choices, pdl=pdl, claim_scaled_mm=claim_scaled_mm)
     try:
         yield
     finally:
         disable()
         if was:
-            enable(pdl=was["pdl"])
+            enable(pdl=was["pdl"], claim_scaled_mm=was["claim_scaled_mm"])

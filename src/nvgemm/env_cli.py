@@ -1,0 +1,69 @@
+"""``nvgemm env``: what this installation has -- versions, the GPU, and the Inductor pieces per torch.
+
+Prints the versions nvgemm depends on, whether each is inside the supported range, the CUDA
+device (if any) and which nvgemm kernel family serves it, and the table of TorchInductor pieces
+the ``nvgemm.enable()`` integration uses on the running torch (:mod:`nvgemm.inductor.compat`).
+Exit status 0 when every dependency is inside the supported range, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+
+#: (distribution, lowest supported version, why the floor is there)
+SUPPORTED = (
+    ("torch", "2.11", "lowest release the CPU suite passes on; see the README"),
+    ("nvidia-cutlass-dsl", "4.8.0", "every policy config compiles with 4.8.0 (vLLM 0.33's pin) and 4.8.1"),
+    ("nvidia-modelopt", "0.47", "checkpoint layout and quantizer recipe checked byte-exact against 0.47"),
+    ("transformers", "4.57", "lowest release ModelOpt 0.47 supports"),
+)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("env", help="versions, GPU and the TorchInductor pieces available on this install",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=run)
+    return p
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def check_versions() -> list[tuple[str, str | None, str, bool]]:
+    """``(distribution, installed or None, floor, inside the range)`` for every dependency above."""
+    from packaging.version import Version
+
+    rows = []
+    for dist, floor, _why in SUPPORTED:
+        have = _version(dist)
+        ok = have is not None and Version(have.split("+")[0]) >= Version(floor)
+        rows.append((dist, have, floor, ok))
+    return rows
+
+
+def run(args) -> int:
+    import torch
+
+    rows = check_versions()
+    print("nvgemm", _version("nvgemm") or "(not installed)")
+    for dist, have, floor, ok in rows:
+        print(f"  {dist:<20} {have or 'missing':<16} supported >= {floor}{'' if ok else '   <-- outside the range'}")
+    for dist in ("triton", "nvidia-matmul-heuristics"):
+        print(f"  {dist:<20} {_version(dist) or 'missing'}")
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        family = {(10, 0): "cutedsl_sm100 (W4A4)", (9, 0): "cutedsl_sm90 (W4A16)"}.get(cap, "triton_w4a16 / emulated")
+        print(f"GPU: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}): nvgemm kernels {family}")
+    else:
+        print("GPU: none (every linear runs on the emulated backend; kernels can still be compiled "
+              "ahead of time with `nvgemm precompile --arch ...`)")
+    from .inductor import compat
+
+    print("TorchInductor integration (nvgemm.enable()):")
+    print(compat.report())
+    return 0 if all(ok for *_, ok in rows) else 1

@@ -13,7 +13,7 @@ import importlib.metadata as md
 
 #: (distribution, lowest supported version, why the floor is there)
 SUPPORTED = (
-    ("torch", "2.11", "lowest release the CPU suite passes on; see the README"),
+    ("torch", "2.11", "lowest release checked (CPU suite); the first with custom-op autotuning by M range"),
     ("nvidia-cutlass-dsl", "4.8.0", "every policy config compiles with 4.8.0 (vLLM 0.33's pin) and 4.8.1"),
     ("nvidia-modelopt", "0.47", "checkpoint layout and quantizer recipe checked byte-exact against 0.47"),
     ("transformers", "4.57", "lowest release ModelOpt 0.47 supports"),

@@ -1,8 +1,9 @@
 """Autotuning over nvgemm candidates on CPU: benchmarking, M-range dispatch, winners persisted on disk.
 
 CPU has one real candidate (the emulated reference). To exercise the autotuner, the tests
-register a second, correct but deliberately slow backend (``test_slow``: the emulated op plus a
-5 ms sleep; priority below the emulated one so eager dispatch never picks it). The autotuner must
+register a second, correct but deliberately slow backend (``test_slow``: the emulated op computed
+three times plus a 5 ms sleep, so it loses by far more than timing noise on a loaded 2-core box;
+priority below the emulated one so eager dispatch never picks it). The autotuner must
 benchmark both, pick the emulated one, and record the result so a *second process* compiling the
 same graph does not benchmark again.
 """
@@ -32,6 +33,8 @@ SLOW_BACKEND = textwrap.dedent(
     def _slow(*args):
         CALLS["n"] += 1
         time.sleep(0.005)
+        for _ in range(2):
+            nvfp4_linear_emulated(*args)
         return nvfp4_linear_emulated(*args)
     register_backend(Backend(name="test_slow", priority=-2000, supports=lambda p: None, run=_slow))
     """
@@ -61,13 +64,17 @@ def _child_code() -> str:
         x3, w, ws, ws2, ins = _operands(3)
         def f(x):
             return torch.ops.nvgemm.nvfp4_linear(x, w, ws, ws2, ins)
-        patch = {{"max_autotune_gemm_backends": "ATEN", "test_configs.force_no_impl_grouping": True}}
+        patch = {{"max_autotune_gemm_backends": "ATEN"}}
+        if hasattr(torch._inductor.config.test_configs, "force_no_impl_grouping"):
+            patch["test_configs.force_no_impl_grouping"] = True
         with torch._inductor.config.patch(patch), nvgemm.enabled():
             torch._dynamo.mark_dynamic(x3, 0, min=2, max=256)
             out, codes = run_and_get_code(torch.compile(f, mode="max-autotune", fullgraph=True), x3)
-        final = [c for c in codes if "true_graph" in c and "benchmark_nvgemm_cutedsl" not in c]
+        final = [c for c in codes if ("nvfp4_linear_choice" in c or "nvfp4_linear_autotune" in c)
+                 and "benchmark_nvgemm_cutedsl" not in c and "nvgemm_cutedsl_nvfp4_linear_range" not in c]
         print(json.dumps({{"calls": CALLS["n"], "lowered": counters["nvgemm_cutedsl"]["lowered"],
-                           "emulated": bool(final) and "backend:emulated" in final[0],
+                           "emulated": bool(final) and ("backend:emulated" in final[0]
+                                                        or "nvfp4_linear_autotune.default(" in final[0]),
                            "slow": any("backend:test_slow" in c for c in final)}}))
         """
     ).format(slow=SLOW_BACKEND, here=os.path.dirname(os.path.abspath(__file__)))
@@ -92,8 +99,9 @@ def test_range_dispatch_autotunes_each_range_serves_all_m_and_persists(monkeypat
 
         patch = dict(max_autotune_gemm_backends="ATEN")
         # Keep one branch per range even though both pick the same winner, so the torch.cond
-        # dispatch itself is generated and exercised.
-        patch["test_configs.force_no_impl_grouping"] = True
+        # dispatch itself is generated and exercised (torch < 2.12 has no grouping to turn off).
+        if hasattr(torch._inductor.config.test_configs, "force_no_impl_grouping"):
+            patch["test_configs.force_no_impl_grouping"] = True
         with fresh_cache(dir=str(tmp_path), delete=False), torch._inductor.config.patch(patch), nvgemm.enabled():
             cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
             cf = torch.compile(f, mode="max-autotune", fullgraph=True)
@@ -109,14 +117,21 @@ def test_range_dispatch_autotunes_each_range_serves_all_m_and_persists(monkeypat
                 outs[m] = cf(xm)
         # run_and_get_code also returns the candidates' benchmark modules; the graph is the one with
         # the per-range branches of the M dispatch.
-        finals = [c for c in codes if "true_graph" in c and "benchmark_nvgemm_cutedsl" not in c]
+        finals = [c for c in codes if ("nvfp4_linear_choice" in c or "nvfp4_linear_autotune" in c)
+                  and "benchmark_nvgemm_cutedsl" not in c and "nvgemm_cutedsl_nvfp4_linear_range" not in c]
         assert len(finals) == 1, len(codes)
         code = finals[0]
+        grouping_can_be_disabled = hasattr(torch._inductor.config.test_configs, "force_no_impl_grouping")
         assert any("backend:test_slow" in c for c in codes)  # it was a benchmarked candidate
         assert dict(counters["stats"]) == stats_after_first  # no recompile for M = 17, 40, 8, 2
         assert counters["nvgemm_cutedsl"]["lowered"] == 1, dict(counters["nvgemm_cutedsl"])  # no re-autotune
-        assert "backend:emulated" in code and "backend:test_slow" not in code
-        assert "cond" in code.lower()  # the M-range dispatch
+        # the winner: the emulated candidate, or -- on torch < 2.15, where Inductor adds the op's eager
+        # implementation as one more choice -- that eager op (nvgemm's own dispatch: emulated on CPU)
+        assert "backend:emulated" in code or "nvfp4_linear_autotune.default(" in code
+        assert "backend:test_slow" not in code
+        if grouping_can_be_disabled:
+            assert "cond" in code.lower()  # the M-range dispatch
+        # (torch 2.11 always merges ranges with the same winner into one inlined call)
         # choice names say nvgemm_cutedsl, one autotune per M range
         for rng in ("range_1_8", "range_9_inf"):
             assert any(f"nvgemm_cutedsl_nvfp4_linear_{rng}_nvgemm_cutedsl_linear" in c for c in codes), rng

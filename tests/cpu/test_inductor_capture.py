@@ -199,9 +199,13 @@ def _post_grad_on_fake_cuda(fn, shapes):
 
 
 def test_claimed_before_pytorchs_fold_and_pytorchs_fold_when_disabled():
-    """The pre-pass runs before PyTorch 2.15's ``mul(_scaled_mm, alpha)`` fold; disabled, the fold is PyTorch's."""
+    """The pre-pass runs before PyTorch's ``mul(_scaled_mm, alpha)`` fold (torch >= 2.15); disabled, or on a
+    torch without the fold and no explicit ``claim_scaled_mm=True``, the chain stays PyTorch's."""
     import nvgemm.inductor as ni
     from nvgemm.formats import blocked_numel
+    from nvgemm.inductor import compat
+
+    has_fold = compat.available("scaled_mm_fold")
 
     def f(x, w, ws, ins, alpha):
         y = _scaled(x, w, ws, ins) * alpha
@@ -213,17 +217,25 @@ def test_claimed_before_pytorchs_fold_and_pytorchs_fold_when_disabled():
     with torch._inductor.config.patch(patch):
         fused = counters["inductor"]["scaled_mm_output_scale_fused"]
         gm = _post_grad_on_fake_cuda(f, shapes)
-        assert counters["inductor"]["scaled_mm_output_scale_fused"] == fused + 1  # PyTorch's own fold
         mm = [n for n in gm.graph.nodes if n.target is aten._scaled_mm.default]
         assert len(mm) == 1
-        scale_result = mm[0].kwargs.get("scale_result", mm[0].args[5] if len(mm[0].args) > 5 else None)
-        assert scale_result is not None  # alpha became _scaled_mm's native output scale
         assert torch.ops.nvgemm.nvfp4_linear.default not in _targets(gm)
+        if has_fold:
+            assert counters["inductor"]["scaled_mm_output_scale_fused"] == fused + 1  # PyTorch's own fold
+            scale_result = mm[0].kwargs.get("scale_result", mm[0].args[5] if len(mm[0].args) > 5 else None)
+            assert scale_result is not None  # alpha became _scaled_mm's native output scale
 
         claimed = counters["nvgemm_cutedsl"]["scaled_mm_claimed"]
-        with ni.enabled():
+        with ni.enabled():  # default: claim only where PyTorch folds
             gm = _post_grad_on_fake_cuda(f, shapes)
-        assert counters["inductor"]["scaled_mm_output_scale_fused"] == fused + 1  # unchanged: ours came first
-        assert counters["nvgemm_cutedsl"]["scaled_mm_claimed"] == claimed + 1
+        assert counters["nvgemm_cutedsl"]["scaled_mm_claimed"] == claimed + int(has_fold)
+        assert (aten._scaled_mm.default in _targets(gm)) is not has_fold
+        if has_fold:
+            assert counters["inductor"]["scaled_mm_output_scale_fused"] == fused + 1  # unchanged: ours came first
+
+        with ni.enabled(claim_scaled_mm=True):  # asked for: claimed on every torch
+            gm = _post_grad_on_fake_cuda(f, shapes)
+        assert counters["nvgemm_cutedsl"]["scaled_mm_claimed"] == claimed + int(has_fold) + 1
         assert aten._scaled_mm.default not in _targets(gm)
         assert torch.ops.nvgemm.nvfp4_linear.default in _targets(gm)
+        assert counters["inductor"]["scaled_mm_output_scale_fused"] == fused + int(has_fold)

@@ -25,27 +25,62 @@ CPU_PATCH = {"max_autotune_gemm_backends": "ATEN", "emulate_precision_casts": Tr
 
 def _mark_batch_dynamic(ids, k, v):
     # Unbacked batch: B=1 would otherwise specialise (Inductor's view lowering guards on size 1).
-    torch._dynamo.decorators.mark_unbacked(ids, 0, min=1, max=256)
-    torch._dynamo.decorators.mark_unbacked(k, 1, min=1, max=256)
-    torch._dynamo.decorators.mark_unbacked(v, 1, min=1, max=256)
+    # torch 2.11's mark_unbacked takes no bounds (an unbacked size has no hint to specialise on).
+    import inspect
+
+    mark = torch._dynamo.decorators.mark_unbacked
+    bounds = {"min": 1, "max": 256} if "min" in inspect.signature(mark).parameters else {}
+    mark(ids, 0, **bounds)
+    mark(k, 1, **bounds)
+    mark(v, 1, **bounds)
+
+
+def _torch_release() -> tuple[int, ...]:
+    from packaging.version import Version
+
+    return Version(torch.__version__.split("+")[0]).release[:2]
+
+
+#: torch 2.11/2.12's Inductor CPU code rounds some bf16 pointwise ops differently from eager even
+#: with emulate_precision_casts; the NVFP4 activation quantizer is discontinuous, so one flipped
+#: bf16 rounding moves an e2m1 code. Measured on 2.12.1 with nvgemm *disabled*: compiled vs eager
+#: logits differ by 8% of the logit scale. There the reference is the same model compiled without
+#: nvgemm (nvgemm::nvfp4_linear as Inductor's opaque fallback), i.e. the same activations reach the
+#: GEMM and only nvgemm's lowering differs.
+EAGER_MATCHES_COMPILED = _torch_release() >= (2, 13)
+
+
+def _reference_outputs(model, batches):
+    if EAGER_MATCHES_COMPILED:
+        return [model(*inp) for inp in batches]
+    torch._dynamo.reset()
+    with fresh_cache(), torch._inductor.config.patch(CPU_PATCH):
+        plain = torch.compile(model, mode="max-autotune", fullgraph=True)
+        outs = []
+        for ids, k, v in batches:
+            _mark_batch_dynamic(ids, k, v)
+            outs.append(plain(ids, k, v))
+    return outs
 
 
 def test_tiny_llama_dynamic_batch_decode_compiles_once_and_matches_eager():
     model = TinyNvfp4Llama(TinyLlamaConfig(layers=1))
+    batches = []
+    for b in (1, 3, 8, 17):
+        k, v = model.make_cache(b, seed=b)
+        batches.append(((torch.arange(b) * 37 + 5) % model.cfg.vocab, k, v))
+    refs = _reference_outputs(model, batches)
     torch._dynamo.reset()
     counters.clear()
     with fresh_cache(), torch._inductor.config.patch(CPU_PATCH), nvgemm.enabled():
         compiled = torch.compile(model, mode="max-autotune", fullgraph=True)
-        for i, b in enumerate((1, 3, 8, 17)):
-            ids = (torch.arange(b) * 37 + 5) % model.cfg.vocab
-            k, v = model.make_cache(b, seed=b)
+        for i, ((ids, k, v), ref) in enumerate(zip(batches, refs)):
             _mark_batch_dynamic(ids, k, v)
             if i == 0:
                 out, codes = run_and_get_code(compiled, ids, k, v)
                 code = "\n".join(codes)
             else:
                 out = compiled(ids, k, v)
-            ref = model(ids, k, v)
             # Same emulated GEMM code eager and compiled; what may differ is fp32 summation order
             # in the fp32 lm_head matmul (K=128) and SDPA: ~K * eps_fp32 relative (1.5e-5), far
             # below 1e-3 of the logit scale. (Observed: bit-identical.)
@@ -82,7 +117,8 @@ def test_scaled_mm_linear_compiles_and_runs_on_cpu(alpha_form, bias):
         lin(x)  # no CPU kernel for FP4 _scaled_mm: proves the compiled result is nvgemm's
     torch._dynamo.reset()
     before = counters["nvgemm_cutedsl"]["scaled_mm_claimed"]
-    with fresh_cache(), torch._inductor.config.patch(CPU_PATCH), nvgemm.enabled():
+    # claim_scaled_mm=True: the default claims only where PyTorch has its own fold (torch >= 2.15)
+    with fresh_cache(), torch._inductor.config.patch(CPU_PATCH), nvgemm.enabled(claim_scaled_mm=True):
         out = torch.compile(f, mode="max-autotune", fullgraph=True)(x)
     assert counters["nvgemm_cutedsl"]["scaled_mm_claimed"] == before + 1
     y = ref_lin(x)  # the same weights through nvgemm.NVFP4Linear

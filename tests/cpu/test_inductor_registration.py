@@ -25,14 +25,20 @@ def test_import_does_not_touch_inductor():
 
 def _inductor_state():
     from torch._inductor import config
-    from torch._inductor.codegen.nv_universal_gemm.nv_universal_gemm_scheduling import NVUniversalGemmScheduling
-    from torch._inductor.lowering import user_lowerings
     from torch._inductor.scheduler import Scheduler
 
+    from nvgemm.inductor import compat
+
+    try:
+        from torch._inductor.codegen.nv_universal_gemm.nv_universal_gemm_scheduling import NVUniversalGemmScheduling
+
+        pdl_pred = NVUniversalGemmScheduling.__dict__.get("is_pdl_enabled_template")
+    except ImportError:  # torch < 2.14 has no in-tree NVGEMM scheduling
+        pdl_pred = None
     return (
         config.post_grad_custom_pre_pass,
-        user_lowerings.get(torch.ops.nvgemm.nvfp4_linear.default),
-        NVUniversalGemmScheduling.__dict__["is_pdl_enabled_template"],
+        compat.lowering_table().get(torch.ops.nvgemm.nvfp4_linear.default),
+        pdl_pred,
         Scheduler.__dict__.get("codegen_extern_call"),
         "previous_node" in Scheduler.__dict__,
     )
@@ -45,7 +51,9 @@ def test_enable_disable_roundtrip_and_context_manager():
     nvgemm.enable()  # idempotent
     st = _inductor_state()
     assert ni.is_enabled()
-    assert st[0] is not None and st[1] is not None and st[4]
+    from nvgemm.inductor import compat
+
+    assert st[0] is not None and st[1] is not None and st[4] == compat.available("pdl_hook")
     assert st[1].__name__ == "nvgemm_cutedsl_lowering"
     nvgemm.disable()
     nvgemm.disable()
@@ -86,7 +94,7 @@ def _fake_missing(monkeypatch, **reasons):
 def test_missing_required_piece_is_refused_by_name(monkeypatch):
     before = _inductor_state()
     _fake_missing(monkeypatch, custom_op_autotuning="no range dispatch (simulated)")
-    with pytest.raises(RuntimeError, match=r"custom_op_autotuning .*torch >= 2\.13 has it.*simulated"):
+    with pytest.raises(RuntimeError, match=r"custom_op_autotuning .*torch >= 2\.11 has it.*simulated"):
         nvgemm.enable()
     assert not ni.is_enabled() and _inductor_state() == before
     # the rest of nvgemm keeps working on such a torch
@@ -164,12 +172,43 @@ def test_candidates_policy():
 def test_choice_keys_and_arg_rebuild():
     c = ch.Candidate("backend:cutedsl_sm100:nvgemm_cutedsl_sm100_nvfp4_t128x8x256_c1x1_swapab_pdl")
     assert (c.kind, c.backend, c.config) == ("backend", "cutedsl_sm100", "nvgemm_cutedsl_sm100_nvfp4_t128x8x256_c1x1_swapab_pdl")
-    x, w, ws, ws2, b = (torch.empty(1) for _ in range(5))
-    args = ch.linear_args_from((x, w, ws, ws2, b), {"input_scale": None, "residual": None, "activation": "silu",
+    x, w, ws, ws2, b, r = (torch.empty(1) for _ in range(6))
+    # W4A16 with a bias: the packed form puts the bias first, no None before a present tensor
+    full = [x, w, ws, ws2, None, b, None, "silu", None]
+    packed = ch.pack_linear_args(full)
+    assert packed[4] is b and packed[5] is None and packed[6] is None and packed[7] == "bias"
+    # what the autotuner passes: present tensors positionally, the rest by name
+    args = ch.linear_args_from((x, w, ws, ws2, b), {"t1": None, "t2": None, "slots": "bias", "activation": "silu",
                                                     "out_dtype": None})
-    assert args[0] is x and args[4] is None and args[5] is b and args[7] == "silu"
+    assert args[0] is x and args[4] is None and args[5] is b and args[6] is None and args[7] == "silu"
+    assert ch.unpack_linear_args(*ch.pack_linear_args([x, w, ws, ws2, None, None, r, "none", None])) == \
+        [x, w, ws, ws2, None, None, r, "none", None]
     with pytest.raises(ValueError, match="unexpected tensor"):
-        ch.linear_args_from((x, w, ws, ws2, b, b, b), {"input_scale": None, "activation": "none", "out_dtype": None})
+        ch.linear_args_from((x, w, ws, ws2, b, b, b, b), {"slots": "input_scale,bias,residual", "activation": "none",
+                                                          "out_dtype": None})
+    with pytest.raises(ValueError, match="bad slots"):
+        ch.unpack_linear_args(x, w, ws, ws2, b, None, None, "bias,bias", "none", None)
+
+
+def test_autotune_op_eager_matches_the_linear_with_gapped_optionals():
+    """The op torch < 2.15 benchmarks as its fallback: present optionals packed, gaps (W4A16 + bias) exact."""
+    from nvgemm.formats import quantize_weight, to_blocked
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    q = quantize_weight(torch.randn(32, 64, generator=g) * 0.1)
+    bias = torch.randn(32, generator=g).to(torch.bfloat16)
+    res = torch.randn(3, 32, generator=g).to(torch.bfloat16)
+    for ins, b, r in ((None, bias, None), (torch.tensor(0.002), None, res), (None, bias, res)):
+        full = [x, q.packed, to_blocked(q.scale), q.global_scale, ins, b, r, "silu", None]
+        want = torch.ops.nvgemm.nvfp4_linear(*full)
+        got = torch.ops.nvgemm.nvfp4_linear_autotune(*ch.pack_linear_args(full), choice=ch.EMULATED)
+        assert torch.equal(got, want)
+        # Inductor's 2.11-2.14 fallback call: tensors positionally, every other argument by name
+        packed = ch.pack_linear_args(full)
+        tensors = [a for a in packed[:7] if a is not None]
+        kw = {n: a for n, a in zip(ch.AUTOTUNE_ARG_NAMES, packed) if not isinstance(a, torch.Tensor)}
+        assert torch.equal(torch.ops.nvgemm.nvfp4_linear_autotune(*tensors, **kw, choice=ch.EMULATED), want)
 
 
 def test_split_points_follow_heuristics_buckets():

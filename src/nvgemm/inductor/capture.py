@@ -49,7 +49,8 @@ aten = torch.ops.aten
 COUNTER = "nvgemm_cutedsl"
 _FP4 = torch.float4_e2m1fn_x2
 _E4M3 = torch.float8_e4m3fn
-_VIEW_OPS = (aten.view.dtype, aten.alias.default)
+# ops that only re-label a tensor (make_fx on torch 2.11 inserts detach after view.dtype)
+_VIEW_OPS = (aten.view.dtype, aten.alias.default, aten.detach.default)
 
 
 def _val(n: Any):

@@ -205,6 +205,36 @@ def _(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, acti
     return x.new_empty((*x.shape[:-1], spec.out_features(n)), dtype=spec.out_dtype)
 
 
+#: Optional tensor arguments of ``nvfp4_linear``, in schema order (packed by :func:`pack_linear_args`).
+OPTIONAL_TENSORS = ("input_scale", "bias", "residual")
+
+
+def pack_linear_args(args: list) -> list:
+    """``nvfp4_linear``'s nine arguments -> ``nvfp4_linear_autotune``'s (present optionals first).
+
+    Inductor's custom-op autotuning (torch 2.11-2.14) calls the op's eager fallback with the tensor
+    inputs *positionally* and every ``None`` by name; an absent optional tensor before a present one
+    (W4A16 with a bias, a residual without a bias) would shift the positions. The autotuned op
+    therefore takes the present optional tensors packed into ``t0..t2`` and names them in ``slots``.
+    """
+    present = [(n, a) for n, a in zip(OPTIONAL_TENSORS, args[4:7]) if a is not None]
+    ts = [a for _, a in present] + [None] * (3 - len(present))
+    return [*args[:4], *ts, ",".join(n for n, _ in present), args[7], args[8]]
+
+
+def unpack_linear_args(x, weight, weight_scale, weight_scale_2, t0, t1, t2, slots: str, activation, out_dtype) -> list:
+    """Inverse of :func:`pack_linear_args`."""
+    names = [n for n in slots.split(",") if n]
+    if len(set(names)) != len(names) or not set(names) <= set(OPTIONAL_TENSORS):
+        raise ValueError(f"nvgemm_cutedsl: bad slots {slots!r}")
+    opt = dict(zip(names, (t0, t1, t2)))
+    return [x, weight, weight_scale, weight_scale_2, *(opt.get(n) for n in OPTIONAL_TENSORS), activation, out_dtype]
+
+
+AUTOTUNE_ARG_NAMES = ("x", "weight", "weight_scale", "weight_scale_2", "t0", "t1", "t2", "slots", "activation",
+                      "out_dtype")
+
+
 def linear_args_from(tensors: tuple, kwargs: dict) -> list:
     """Rebuild ``nvfp4_linear``'s positional arguments from the autotuner's split form.
 
@@ -214,15 +244,48 @@ def linear_args_from(tensors: tuple, kwargs: dict) -> list:
     """
     it = iter(tensors)
     out = []
-    for name in LINEAR_ARG_NAMES:
+    for name in AUTOTUNE_ARG_NAMES:
         out.append(kwargs[name] if name in kwargs else next(it))
     rest = list(it)
     if rest:
         raise ValueError(f"nvgemm_cutedsl: {len(rest)} unexpected tensor arguments")
-    return out
+    return unpack_linear_args(*out)
 
 
 def nvgemm_cutedsl_linear(*tensors, choice: str, **kwargs):
     """Decomposition used for every candidate: one call of the choice op (an opaque kernel)."""
     args = linear_args_from(tensors, kwargs)
     return torch.ops.nvgemm.nvfp4_linear_choice(*args, choice)
+
+
+@torch.library.custom_op("nvgemm::nvfp4_linear_autotune", mutates_args=())
+def nvfp4_linear_autotune(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    t0: Optional[torch.Tensor] = None,
+    t1: Optional[torch.Tensor] = None,
+    t2: Optional[torch.Tensor] = None,
+    slots: str = "",
+    activation: str = "none",
+    out_dtype: Optional[torch.dtype] = None,
+    choice: str = "",
+) -> torch.Tensor:
+    """The op nvgemm's lowering autotunes: ``nvfp4_linear`` with packed optionals (:func:`pack_linear_args`).
+
+    Every autotuning candidate decomposes into one ``nvfp4_linear_choice`` call. The eager body
+    is Inductor's extra "fallback" choice on torch < 2.15 (no ``include_fallback=False``): with
+    ``choice=""`` it is exactly eager ``nvgemm::nvfp4_linear`` (the runtime's own backend pick).
+    """
+    args = unpack_linear_args(x, weight, weight_scale, weight_scale_2, t0, t1, t2, slots, activation, out_dtype)
+    if not choice:
+        return torch.ops.nvgemm.nvfp4_linear(*args)
+    return nvfp4_linear_choice(*args, choice)
+
+
+@nvfp4_linear_autotune.register_fake
+def _(x, weight, weight_scale, weight_scale_2, t0=None, t1=None, t2=None, slots="", activation="none",
+      out_dtype=None, choice=""):
+    args = unpack_linear_args(x, weight, weight_scale, weight_scale_2, t0, t1, t2, slots, activation, out_dtype)
+    return torch.ops.nvgemm.nvfp4_linear_choice(*args, choice or EMULATED)

@@ -27,7 +27,7 @@ import torch
 log = logging.getLogger("nvgemm_cutedsl")
 
 #: torch releases on which every probe below was run and the integration's CPU tests passed.
-CHECKED_TORCH = ("2.13.0", "2.14.0", "2.15.0")
+CHECKED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.0", "2.15.0")
 
 
 def _torch_release() -> tuple[int, ...]:
@@ -68,16 +68,35 @@ _AUTOTUNE = "torch._inductor.kernel.custom_op.register_custom_op_autotuning"
 
 
 def _probe_custom_op_autotuning() -> Optional[str]:
-    need = {"config_generator", "name", "input_gen_fns", "dispatch_on", "split_points", "benchmark_with_cudagraphs"}
+    need = {"config_generator", "name", "input_gen_fns", "dispatch_on", "split_points"}
     missing = need - _params(_AUTOTUNE)
     if missing:
         return f"{_AUTOTUNE} lacks {sorted(missing)}"
     _attr("torch._inductor.kernel.custom_op.CustomOpConfig")
     if "range_upper_bound" not in inspect.getsource(_attr("torch._inductor.kernel.custom_op")):
         return "custom-op autotuning has no range dispatch (dispatch_on range_upper_bound)"
-    _attr("torch._inductor.lowering.user_lowerings")
+    lowering_table()
     _attr("torch._inductor.lowering.fallback_handler")
     return None
+
+
+def lowering_table() -> dict:
+    """The table custom-op autotuning registers into, which nvgemm's lowering goes into too.
+
+    torch >= 2.12: ``torch._inductor.lowering.user_lowerings`` (checked before the built-in
+    lowerings); 2.11: the built-in ``lowerings`` dict itself (custom ops have no entry there, so
+    nvgemm's takes the place of Inductor's fallback).
+    """
+    from torch._inductor import lowering
+
+    table = getattr(lowering, "user_lowerings", None)
+    return table if table is not None else lowering.lowerings
+
+
+def _probe_cudagraph_benchmarking() -> Optional[str]:
+    if "benchmark_with_cudagraphs" in _params(_AUTOTUNE):
+        return None
+    return f"{_AUTOTUNE} has no benchmark_with_cudagraphs"
 
 
 def _probe_post_grad_pre_pass() -> Optional[str]:
@@ -146,12 +165,16 @@ class Piece:
 
 PIECES: tuple[Piece, ...] = (
     Piece("custom_op_autotuning",
-          "register_custom_op_autotuning with config_generator, M-range dispatch (dispatch_on with "
-          "range_upper_bound, split_points) and CUDA-graph benchmarking; user_lowerings",
-          "2.13", True, "enable() raises", _probe_custom_op_autotuning),
+          "register_custom_op_autotuning with config_generator and M-range dispatch (dispatch_on with "
+          "range_upper_bound, split_points); its lowering table (user_lowerings, or lowerings on 2.11)",
+          "2.11", True, "enable() raises", _probe_custom_op_autotuning),
     Piece("post_grad_pre_pass",
           "config.post_grad_custom_pre_pass with CustomGraphPass (runs before Inductor's pattern passes)",
-          "2.13", True, "enable() raises", _probe_post_grad_pre_pass),
+          "2.11", True, "enable() raises", _probe_post_grad_pre_pass),
+    Piece("cudagraph_benchmarking",
+          "register_custom_op_autotuning(benchmark_with_cudagraphs=True): candidates timed inside CUDA graphs",
+          "2.12", False, "candidates are timed with Inductor's default (eager) benchmarking (one warning)",
+          _probe_cudagraph_benchmarking),
     Piece("pdl_hook",
           "selective PDL into Triton consumers (NVUniversalGemmScheduling.is_pdl_enabled_template, "
           "TritonKernel._enable_pdl_codegen, Scheduler.previous_node)",

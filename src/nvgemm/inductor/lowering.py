@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import re
 from typing import Any, Optional
 
 import torch
@@ -95,7 +96,7 @@ def _gen_like(fake: torch.Tensor) -> torch.Tensor:
     return torch.randn(shape, dtype=fake.dtype, device=dev)
 
 
-INPUT_GEN_FNS = {name: _gen_like for name in _choices.LINEAR_ARG_NAMES[:7]}
+INPUT_GEN_FNS = {name: _gen_like for name in _choices.AUTOTUNE_ARG_NAMES[:7]}
 
 
 # --------------------------------------------------------------------------- problem from IR
@@ -133,15 +134,38 @@ def _has_unbacked(expr) -> bool:
     return not isinstance(expr, int) and bool(free_unbacked_symbols(expr))
 
 
+def _decomposition(tensor_names: Optional[tuple[str, ...]], choice: str):
+    """One candidate's decomposition: a single ``nvfp4_linear_choice(..., choice)`` call.
+
+    The choice is baked into the function (not a config parameter): torch 2.11-2.14 build the
+    op's eager fallback choice with the first candidate's parameters, and 2.11 puts parameter
+    values into generated variable names. The name is a plain identifier for the same reason.
+    Every release passes the present tensor arguments positionally and the rest by name; torch
+    2.11 maps ``input_gen_fns`` (keyed by argument name) to input positions through the
+    decomposition's signature (2.12+ uses the op schema), so the signature names those tensors.
+    """
+    import inspect
+
+    def nvgemm_cutedsl_linear(*tensors, **kwargs):
+        return _choices.nvgemm_cutedsl_linear(*tensors, choice=choice, **kwargs)
+
+    name = "nvgemm_cutedsl_linear_" + re.sub(r"\W", "_", choice)
+    nvgemm_cutedsl_linear.__name__ = nvgemm_cutedsl_linear.__qualname__ = name
+    P = inspect.Parameter
+    names = tensor_names if tensor_names is not None else _choices.AUTOTUNE_ARG_NAMES[:4]
+    nvgemm_cutedsl_linear.__signature__ = inspect.Signature(
+        [P(n, P.POSITIONAL_ONLY) for n in names] + [P("kwargs", P.VAR_KEYWORD)]
+    )
+    return nvgemm_cutedsl_linear
+
+
 def _config_generator(_fake_tensors: dict) -> list:
     from torch._inductor.kernel.custom_op import CustomOpConfig
 
     cur = _CURRENT.get()
     if cur is None:  # not called through our wrapper: only the reference
-        keys = [_choices.EMULATED]
-    else:
-        keys = [c.key for c in cur["candidates"]]
-    return [CustomOpConfig(_choices.nvgemm_cutedsl_linear, choice=k) for k in keys]
+        return [CustomOpConfig(_decomposition(None, _choices.EMULATED))]
+    return [CustomOpConfig(_decomposition(cur["tensor_names"], c.key)) for c in cur["candidates"]]
 
 
 # --------------------------------------------------------------------------- GPU benchmark policy
@@ -183,32 +207,35 @@ def normalise_call(args: tuple, kwargs: dict) -> list:
 
 
 def build_lowering(allowed: Optional[set[str]] = None):
-    """Return the ``user_lowerings`` entry for ``nvgemm::nvfp4_linear`` (without installing it)."""
+    """Return the lowering-table entry for ``nvgemm::nvfp4_linear`` (without installing it)."""
     from torch._inductor.kernel.custom_op import register_custom_op_autotuning
-    from torch._inductor.lowering import user_lowerings
 
     from . import compat
 
-    op = torch.ops.nvgemm.nvfp4_linear.default
+    user_lowerings = compat.lowering_table()
+    # Autotuning is registered on nvfp4_linear_autotune (packed optionals, see
+    # choices.pack_linear_args); nvfp4_linear's own lowering packs and calls it.
+    op = torch.ops.nvgemm.nvfp4_linear_autotune.default
     previous = user_lowerings.get(op)
     pts = split_points()
     inner = {}
     # the emulated candidate is the explicit fallback; before 2.15 the eager op is one more choice
     extra = {"include_fallback": False} if compat.available("include_fallback") else {}
+    graphs = compat.available("cudagraph_benchmarking")
     decode_policy = compat.available("decode_benchmark_policy")
     try:
         for device_kind, cudagraphs in (("cpu", False), ("cuda", True)):
             for dynamic in (True, False):
                 # Static M: one autotune at that M. Dynamic M: one per range + torch.cond.
                 register_custom_op_autotuning(
-                    op,
+                    _choices.nvfp4_linear_autotune,  # the CustomOpDef: every release takes it (2.11 nothing else)
                     config_generator=_config_generator,
                     name=NAME,
                     input_gen_fns=INPUT_GEN_FNS,
                     dispatch_on=({"tensor_name": "x", "dim": 0, "range_upper_bound": RANGE_UPPER_BOUND}
                                  if dynamic else None),
                     split_points=list(pts) if dynamic else None,
-                    benchmark_with_cudagraphs=cudagraphs,
+                    **({"benchmark_with_cudagraphs": cudagraphs} if graphs else {}),
                     **extra,
                 )
                 inner[device_kind, dynamic] = user_lowerings[op]
@@ -230,6 +257,8 @@ def build_lowering(allowed: Optional[set[str]] = None):
         for i in range(1, 7):
             if full[i] is not None:
                 full[i] = ir.ExternKernel.realize_input(full[i])
+                if isinstance(full[i], ir.StorageBox):  # torch 2.11 takes only TensorBox/Buffer as tensors
+                    full[i] = ir.TensorBox(full[i])
         problem = problem_from_ir(full)
         cands = _choices.candidates(problem, allowed)
         log.info(
@@ -260,13 +289,15 @@ def build_lowering(allowed: Optional[set[str]] = None):
             return fallback_handler(torch.ops.nvgemm.nvfp4_linear_choice.default, add_to_fallback_set=False)(
                 *full, cands[0].key
             )
-        tok = _CURRENT.set({"problem": problem, "candidates": cands})
+        packed = _choices.pack_linear_args(full)
+        names = tuple(n for n, a in zip(_choices.AUTOTUNE_ARG_NAMES[:7], packed[:7]) if a is not None)
+        tok = _CURRENT.set({"problem": problem, "candidates": cands, "tensor_names": names})
         try:
             dynamic = not isinstance(full[0].get_size()[0], int) and not full[0].get_size()[0].is_number
             if problem.device_type == "cuda" and decode_policy:
                 with _decode_benchmark_policy():
-                    return inner["cuda", dynamic](*full)
-            return inner["cpu", dynamic](*full)
+                    return inner["cuda", dynamic](*packed)
+            return inner["cpu", dynamic](*packed)
         finally:
             _CURRENT.reset(tok)
 

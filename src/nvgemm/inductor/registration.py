@@ -5,7 +5,7 @@ Nothing happens at import. :func:`enable` installs, and :func:`disable` removes 
 * the capture pass (:mod:`nvgemm.inductor.capture`) at the front of
   ``torch._inductor.config.post_grad_custom_pre_pass`` (kept as a list with any user passes);
 * the autotuned lowering (:mod:`nvgemm.inductor.lowering`) in
-  ``torch._inductor.lowering.user_lowerings[nvgemm::nvfp4_linear]``;
+  ``torch._inductor.lowering.user_lowerings[nvgemm::nvfp4_linear]`` (the ``lowerings`` table on 2.11);
 * the PDL chain into Triton consumers (:mod:`nvgemm.inductor.pdl`).
 
 With nvgemm disabled, Inductor compiles ``nvgemm::nvfp4_linear`` as an opaque fallback kernel
@@ -68,7 +68,10 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
         _warn_once(f"nvgemm_cutedsl: no PDL chain into Triton consumers on torch {torch.__version__} "
                    f"(selective PDL is in torch >= {compat.BY_NAME['pdl_hook'].since}): {state['pdl_hook']}")
         pdl = False
-    if state["decode_benchmark_policy"] is not None and torch.cuda.is_available():
+    if state["cudagraph_benchmarking"] is not None and torch.cuda.is_available():
+        _warn_once(f"nvgemm_cutedsl: candidates are timed outside CUDA graphs on torch {torch.__version__} "
+                   f"(torch >= {compat.BY_NAME['cudagraph_benchmarking'].since} times them in graphs, as decode runs)")
+    elif state["decode_benchmark_policy"] is not None and torch.cuda.is_available():
         _warn_once(f"nvgemm_cutedsl: candidates are benchmarked with Inductor's default timing on torch "
                    f"{torch.__version__}, not 16 calls per CUDA graph with cold weights (torch >= "
                    f"{compat.BY_NAME['decode_benchmark_policy'].since}): {state['decode_benchmark_policy']}")
@@ -78,11 +81,10 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
         if _STATE:
             disable()
         from torch._inductor import config
-        from torch._inductor.lowering import user_lowerings
-
         from . import capture, lowering, pdl as pdl_mod
         from .choices import EMULATED  # noqa: F401  (registers nvgemm::nvfp4_linear_choice)
 
+        user_lowerings = compat.lowering_table()
         op = torch.ops.nvgemm.nvfp4_linear.default
         allowed = set(choices) if choices is not None else None
         if allowed is not None:
@@ -120,10 +122,10 @@ def disable() -> None:
         if not _STATE:
             return
         from torch._inductor import config
-        from torch._inductor.lowering import user_lowerings
 
-        from . import pdl as pdl_mod
+        from . import compat, pdl as pdl_mod
 
+        user_lowerings = compat.lowering_table()
         op = torch.ops.nvgemm.nvfp4_linear.default
         cur = config.post_grad_custom_pre_pass
         the_pass = _STATE["the_pass"]

@@ -234,6 +234,10 @@ def test_gemv_geometry_by_hand():
     assert (g8.ctas, g8.passes_per_cta) == (2 * 1792, 32)
     # 66 MB of weights > 80 % of the 50 MB L2: the second M tile reads them from DRAM again
     assert close(g8.dram_bytes, 2 * g8.weight_bytes + 16 * 4096 * 2 + 16 * 28672 * 2)
+    # re-reads from L2: the CTA's second M pass (1/2 of its iterations); the weights do not fit L2
+    assert close(g8.l2_reread_fraction, 0.5)
+    # 9.4 MB fits: the second M tile hits L2 too -> 1 - (1/2 pass) x (1/2 tile) = 0.75
+    assert close(GemvFacts().geometry(c8, 16, 4096, 4096, H200).l2_reread_fraction, 0.75)
 
 
 def test_sm100_stages_tmem_and_splitk_reduce_by_hand():

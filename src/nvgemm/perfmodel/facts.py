@@ -132,6 +132,7 @@ class Geometry:
     persistent: bool = False
     pdl: bool = False
     resident_ctas: int | None = None  # forced residency (persistent: 1 CTA per SM)
+    l2_reread_fraction: float = 0.0  # share of main-loop iterations whose stream loads hit L2 (re-reads)
     note: str = ""
 
 

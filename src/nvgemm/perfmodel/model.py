@@ -21,7 +21,9 @@ serial latency chain (Little's law)
     *sass_chain*: CTAs run in waves of ``resident CTAs per SM x SMs``; one main-loop step of a
     CTA takes ``max(T1(L), w x issue cycles, q x bytes per step / per-SM fabric)`` where
     ``T1(L) = chain_base + round_trips x L`` is the single-warp time of one iteration replayed
-    from the SASS control bits (:func:`.sass.loop_cycles`), ``w`` the warps sharing a
+    from the SASS control bits (:func:`.sass.loop_cycles`; iterations that re-read weights
+    still in L2 -- a CTA's second M pass, later M tiles of weights that fit L2 -- take the L2
+    latency: ``L`` is blended by the family's ``l2_reread_fraction``), ``w`` the warps sharing a
     scheduler and ``q`` the resident CTAs (the standard multithreading bound: warps hide each
     other's latency until the scheduler is full). A CTA = iterations x step + per-pass and fixed
     overhead at ``w`` x their instructions + in-kernel split-K round trips. Full waves at full
@@ -159,7 +161,8 @@ def _sass_chain_cycles(facts: KernelFacts, geo: Geometry, hw: Hardware, occ: Occ
     fabric = hw.sm_fabric_bytes_per_clk
     bytes_iter = geo.stream_bytes_per_iter + geo.other_bytes_per_iter
     issue_iter = facts.loop_issue_cycles or facts.loop_instrs
-    t1 = facts.chain_cycles(lat)
+    f = geo.l2_reread_fraction  # re-read iterations wait for L2, not DRAM
+    t1 = facts.chain_cycles(f * l2 + (1.0 - f) * lat)
     trips = geo.splitk.dependent_l2_trips if geo.splitk and geo.splitk.kind != "kernel" else 0.0
 
     def cta_cycles(q: int) -> float:
@@ -197,7 +200,7 @@ def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFac
         geo = fam.geometry(config, m, n, k, hw)
     occ = occupancy(facts, geo, hw)
     notes: list[str] = []
-    if facts.source != "table":
+    if facts.source.startswith(("table (", "estimate")):
         notes.append(f"static facts: {facts.source}")
     if occ.ctas_per_sm == 0:
         raise ValueError(f"{config.name()}: does not fit on an SM ({occ.limiter})")

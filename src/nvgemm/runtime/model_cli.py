@@ -115,14 +115,17 @@ def format_estimate(e, base=None) -> list[str]:
     lines.append(f"  weight stream {e.weight_tbs[1]:.2f}-{e.weight_tbs[0]:.2f} TB/s = "
                  f"{e.pct_of_achievable[1]:.0f}-{e.pct_of_achievable[0]:.0f}% of achievable, "
                  f"{e.pct_of_peak[1]:.0f}-{e.pct_of_peak[0]:.0f}% of peak")
+    avg = sorted(e.inflight_avg_per_sm)
     lines.append(f"  weight bytes in flight per SM: peak {e.inflight_peak_per_sm / 1024:.1f} KB, time-averaged "
-                 f"{e.inflight_avg_per_sm[0] / 1024:.1f}-{e.inflight_avg_per_sm[1] / 1024:.1f} KB, Little's law needs "
+                 f"{avg[0] / 1024:.1f}-{avg[1] / 1024:.1f} KB, Little's law needs "
                  f"{e.inflight_needed_per_sm[0] / 1024:.1f}-{e.inflight_needed_per_sm[1] / 1024:.1f} KB")
     if base is not None:
         lines.append(f"  bf16 cuBLAS (model) {_r(base.total_us)} us -> nvgemm is "
                      f"{base.total_us[0] / e.total_us[1]:.2f}-{base.total_us[1] / e.total_us[0]:.2f}x bf16 speed")
     for note in e.notes:
         lines.append(f"  note: {note}")
+    if f.source == "sass":
+        lines[1] = lines[1].replace("static facts: sass", "static facts: compiled now (SASS)")
     return lines
 
 

@@ -6,7 +6,9 @@ All three stream the same operands (``runtime/sm90_launch.py``): re-laid-out E2M
 ``LDG.E.NA.*`` (the stream-load pattern). Activations are ``ld.global.nc`` through L1
 (``LDG.E.128.CONSTANT`` without ``.NA``), modelled at L2 latency and not counted as DRAM bytes
 more than once. Grid = (N tiles, split_k, M tiles): M tiles run last, so with ``grid_m > 1`` the
-weights come from DRAM again unless they fit in L2 (taken as 80 % of its capacity).
+weights come from DRAM again unless they fit in L2 (taken as 80 % of its capacity); re-reads that
+hit L2 (later M tiles of weights that fit, a gemv CTA's second M pass) wait for the L2 latency
+(``Geometry.l2_reread_fraction``).
 
 Normalisation (weight elements one thread consumes per main-loop iteration):
 
@@ -56,10 +58,22 @@ def _weight_bytes(n: int, k: int) -> float:
     return n * k * NVFP4_BYTES
 
 
+def _fits_l2(n: int, k: int, hw: Hardware) -> bool:
+    return _weight_bytes(n, k) <= L2_REUSE_FRACTION * hw.l2_mb * 1e6
+
+
 def _dram(n: int, k: int, m: int, grid_m: int, hw: Hardware, out_bytes: int = 2, work: float = 0.0) -> float:
     w = _weight_bytes(n, k)
-    reread = grid_m if (grid_m > 1 and w > L2_REUSE_FRACTION * hw.l2_mb * 1e6) else 1
+    reread = 1 if (grid_m == 1 or _fits_l2(n, k, hw)) else grid_m
     return w * reread + m * k * 2 + m * n * out_bytes + work
+
+
+def _l2_reread(n: int, k: int, grid_m: int, m_passes: int, hw: Hardware) -> float:
+    """Share of main-loop iterations that re-read weights from L2: every M pass after a CTA's
+    first, and (when the weights fit L2) every M tile after the first."""
+    in_cta = (m_passes - 1) / m_passes
+    first_tile = 1.0 / grid_m if _fits_l2(n, k, hw) else 1.0
+    return 1.0 - (1.0 - in_cta) * first_tile
 
 
 def _splitk(c: Sm90W4A16Config, m: int, n: int) -> tuple[SplitKReduce | None, float, int]:
@@ -115,6 +129,7 @@ class GemvFacts(_Sm90Base):
             stream_bytes_per_iter=rp * nt * u * 16 * (1 + 1 / 8), other_bytes_per_iter=mp * nt * u * 64,
             dram_bytes=_dram(n, k, m, grid_m, hw, work=ws), weight_bytes=_weight_bytes(n, k),
             extra_launches=extra, aux_kernels=self._aux(), splitk=sk,
+            l2_reread_fraction=_l2_reread(n, k, grid_m, c.tile_m // mp, hw),
         )
 
     def table_configs(self) -> list:
@@ -166,6 +181,7 @@ class MmaFacts(_Sm90Base):
             dram_bytes=_dram(n, k, m, grid_m, hw, work=ws), weight_bytes=_weight_bytes(n, k),
             extra_launches=extra, aux_kernels=self._aux(), splitk=sk,
             tensor_flops=2.0 * grid_m * c.tile_m * grid_n * c.tile_n * k, tensor_tflops=hw.bf16_tflops * hw.mma_sync_fraction,
+            l2_reread_fraction=_l2_reread(n, k, grid_m, 1, hw),
         )
 
     def table_configs(self) -> list:
@@ -215,6 +231,7 @@ class WgmmaFacts(_Sm90Base):
             dram_bytes=_dram(n, k, m, grid_m, hw, work=ws), weight_bytes=_weight_bytes(n, k),
             extra_launches=extra, aux_kernels=self._aux(), splitk=sk,
             tensor_flops=2.0 * grid_m * c.tile_m * grid_n * c.tile_n * k, tensor_tflops=hw.bf16_tflops,
+            l2_reread_fraction=_l2_reread(n, k, grid_m, 1, hw),
         )
 
     def table_configs(self) -> list:

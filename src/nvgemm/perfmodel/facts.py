@@ -37,7 +37,11 @@ Adding a family (what a kernel helper does)
         def geometry(self, config, m, n, k, hw): ... # -> Geometry
         def shape_problem(self, config, m, n, k): ...# why the config cannot run (M, N, K), or None
 
-then list the configs to tabulate in :func:`FamilyFacts.table_configs` and regenerate the table
+optionally ``parse_name(name)`` (config name -> config, for the table and the CLI; needed when
+the family has its own config class), ``estimate_static(config)`` (facts without SASS), ``extra_facts(config, compiled,
+funcs)`` (family extras the SASS tool stores, e.g. stages) with ``dynamic_smem = True`` when the
+kernel's shared memory is dynamic, and ``search_space(m)`` (configs ``nvgemm.perfmodel.best``
+searches); then list the configs to tabulate in :func:`FamilyFacts.table_configs` and regenerate the table
 (``nvgemm model --regen-table``). Families in this package: ``families/sm90.py`` (gemv, mma,
 wgmma) and ``families/sm100.py`` (the tcgen05 block-scaled GEMM). Imports here stay below
 ``nvgemm.heuristics``: templates' pure-Python config modules and the standard library only.
@@ -161,6 +165,10 @@ class FamilyFacts:
         raise NotImplementedError
 
     def shape_problem(self, config, m: int, n: int, k: int) -> str | None:
+        return None
+
+    def parse_name(self, name: str):
+        """The config a table key / CLI name stands for if this family owns it, else None."""
         return None
 
     def estimate_static(self, config) -> KernelFacts | None:

@@ -37,6 +37,7 @@ from nvgemm.templates.sm90_config import (
     MMA_CHUNK,
     MMA_TILE_M,
     Sm90W4A16Config,
+    config_from_name,
     gemv_passes,
     validate_config,
 )
@@ -52,6 +53,18 @@ HOST_AUX_KERNELS = 2
 #: fraction of L2 a streamed weight may occupy and still be re-read from L2 by later M tiles
 L2_REUSE_FRACTION = 0.8
 SM90_SPLITS = (1, 2, 4, 8)
+
+
+def _variants(bases, tile_ns, splits=SM90_SPLITS) -> list:
+    """Every valid (base config x tile_n x split_k) variant; ``tile_ns=None`` keeps the base's tile_n."""
+    out = []
+    for base in bases:
+        for tn in tile_ns or (base.tile_n,):
+            for s in splits:
+                c = replace(base, tile_n=tn, split_k=s)
+                if validate_config(c):
+                    out.append(c)
+    return out
 
 
 def _weight_bytes(n: int, k: int) -> float:
@@ -97,6 +110,13 @@ class _Sm90Base(FamilyFacts):
 
     def loop_key(self, config):
         return (self.name, config.tile_m, config.tile_k, config.num_warps)
+
+    def parse_name(self, name: str):
+        try:
+            c = config_from_name(name)
+        except ValueError:
+            return None
+        return c if self.matches(c) else None
 
     def _aux(self) -> int:
         return HOST_AUX_KERNELS
@@ -144,14 +164,7 @@ class GemvFacts(_Sm90Base):
 
     def search_space(self, m: int) -> list:
         """Configs the model searches for its best pick at token count ``m``."""
-        out = []
-        for base in self.table_configs():
-            for tn in (8, 16, 32, 64):
-                for s in SM90_SPLITS:
-                    c = replace(base, tile_n=tn, split_k=s)
-                    if validate_config(c):
-                        out.append(c)
-        return out
+        return _variants(self.table_configs(), (8, 16, 32, 64))
 
 
 @register_family
@@ -195,14 +208,7 @@ class MmaFacts(_Sm90Base):
         return out
 
     def search_space(self, m: int) -> list:
-        out = []
-        for base in self.table_configs():
-            for tn in (16, 32, 64, 128):
-                for s in SM90_SPLITS:
-                    c = replace(base, tile_n=tn, split_k=s)
-                    if validate_config(c):
-                        out.append(c)
-        return out
+        return _variants(self.table_configs(), (16, 32, 64, 128))
 
 
 @register_family
@@ -244,13 +250,7 @@ class WgmmaFacts(_Sm90Base):
         return out
 
     def search_space(self, m: int) -> list:
-        out = []
-        for base in self.table_configs():
-            for s in SM90_SPLITS:
-                c = replace(base, split_k=s)
-                if validate_config(c):
-                    out.append(c)
-        return out
+        return _variants(self.table_configs(), None)
 
 
 __all__ = ["GemvFacts", "HOST_AUX_KERNELS", "MmaFacts", "NVFP4_BYTES", "WgmmaFacts"]

@@ -17,6 +17,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("plan", "nvgemm.heuristics.plan_cli"),
     ("precompile", "nvgemm.runtime.precompile_cli"),
     ("bench", "nvgemm.bench_cli"),
+    ("model", "nvgemm.runtime.model_cli"),
     ("env", "nvgemm.env_cli"),
 ]
 

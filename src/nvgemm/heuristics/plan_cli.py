@@ -24,7 +24,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "plan",
         help="show the kernel candidates nvgemm would autotune for a model's GEMMs",
         description="Per layer GEMM and token count M, print the ranked candidate configs, why each was "
-        "included, and nvMatmulHeuristics' runtime estimate where it has one.",
+        "included, and a time: nvMatmulHeuristics' runtime estimate where it has one, else nvgemm's CPU "
+        "performance model (a range, labelled 'model'; not a measurement).",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense)")
@@ -68,6 +69,34 @@ def _problems(args):
     return title, target, fmt, base
 
 
+def _model_gpu(target) -> str | None:
+    """The performance model's hardware description for a plan target (None: none)."""
+    from nvgemm.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS
+
+    if target.gpu and target.gpu.upper() in GPUS:
+        return target.gpu.upper()
+    return DEFAULT_GPU_OF_ARCH.get(target.arch)
+
+
+def _model_us(config, pm, gpu, sm_count):
+    """(low, high) modelled microseconds of ``config`` on ``pm`` (its largest M), or None."""
+    from nvgemm.perfmodel import estimate_us
+
+    if gpu is None:
+        return None
+    r = estimate_us(config, pm.m_hi, pm.n, pm.k, gpu, sm_count)
+    return [round(r[0], 2), round(r[1], 2)] if r is not None else None
+
+
+def _time_column(c) -> str:
+    if c["est_runtime_us"] is not None:
+        return f"{c['est_runtime_us']:8.2f} us (nvMMH)"
+    if c.get("model_us") is not None:
+        lo, hi = c["model_us"]
+        return f"{f'{lo:.1f}-{hi:.1f}':>11s} us (model)"
+    return f"{'-':>11s} us        "
+
+
 def run(args) -> int:
     from . import nvmmh
     from .policy import bucket_candidates, candidates, problem_status
@@ -81,6 +110,7 @@ def run(args) -> int:
         print("nvgemm plan: --max-candidates must be >= 1", file=sys.stderr)
         return 2
     use_nvmmh = not args.no_nvmmh
+    model_gpu = _model_gpu(target)
     rows = []
     for layer, prob in base:
         if args.m_range:
@@ -104,24 +134,28 @@ def run(args) -> int:
                     "k": pm.k,
                     "status": "ok" if st else st.reason,
                     "candidates": [
-                        {"rank": i + 1, "config": c.name, "est_runtime_us": c.est_runtime_us, "reason": c.reason}
+                        {"rank": i + 1, "config": c.name, "est_runtime_us": c.est_runtime_us,
+                         "model_us": _model_us(c.config, pm, model_gpu, target.sm_count), "reason": c.reason}
                         for i, c in enumerate(cands)
                     ],
                 }
             )
     lib = "on" if use_nvmmh and nvmmh.available() else f"off ({nvmmh.unavailable_reason() or 'disabled by --no-nvmmh'})"
     if args.json:
-        print(json.dumps({"title": title, "target": target.__dict__, "format": fmt, "nvmmh": lib, "rows": rows}, indent=1))
+        print(json.dumps({"title": title, "target": target.__dict__, "format": fmt, "nvmmh": lib,
+                          "model_gpu": model_gpu, "model_note": "model_us: CPU performance model, not a measurement",
+                          "rows": rows}, indent=1))
         return 0
     print(f"nvgemm plan: {title}")
     print(f"target {target.gpu or '?'} {target.arch} {target.sm_count} SMs, {fmt}, out {args.out_dtype}, "
           f"nvMatmulHeuristics {lib}, cap {args.max_candidates}")
+    print(f"time: nvMatmulHeuristics' estimate (nvMMH), else nvgemm's CPU performance model on "
+          f"{model_gpu or 'no modelled GPU'} (model: a low-high range per call, not a measurement)")
     for r in rows:
         print(f"\n[{r['layer']}] M={r['m']} N={r['n']} K={r['k']}")
         if r["status"] != "ok":
             print(f"  no candidates: {r['status']}")
             continue
         for c in r["candidates"]:
-            est = f"{c['est_runtime_us']:8.2f} us" if c["est_runtime_us"] is not None else "       - us"
-            print(f"  {c['rank']:2d}. {c['config']:<62s} {est}  {c['reason']}")
+            print(f"  {c['rank']:2d}. {c['config']:<62s} {_time_column(c)}  {c['reason']}")
     return 0

@@ -1,0 +1,1 @@
+"""Built-in family facts (registered on first use of :mod:`nvgemm.perfmodel.facts`)."""

@@ -1,0 +1,122 @@
+"""Hardware numbers the performance model uses, with their sources and ranges.
+
+Every number that is uncertain is a ``(low, high)`` range; the model reports a time range by
+running once with the optimistic end of every range and once with the pessimistic end. Nothing
+here is measured by nvgemm: these are published figures and stated assumptions. A GPU measurement
+overrides any model output.
+
+H200 (SXM, sm_90a) -- the brief's constants
+    132 SMs, 4 warp schedulers per SM, 1.98 GHz boost clock, HBM3e 4.8 TB/s peak of which
+    4.3 TB/s is taken as achievable by a streaming read (~90 %), 50 MB L2.
+    DRAM latency 1200-2000 cycles (unloaded ~600 ns is ~1200 cycles; the upper end covers
+    queueing when every SM streams). L2 hit latency 270-550 cycles (near / far partition, loaded).
+    Per-SM fabric: 64 B/clock from L2/DRAM into one SM (an assumption; it only limits configs that
+    leave most SMs idle). Fixed cost of one kernel launched from a CUDA graph: 1.5-2.5 us
+    (launch, CTA rasterisation, prologue and tail; the review_sm90_sass.md assumption). A tiny
+    extra kernel in the same graph (a ``torch.zeros`` fill): 1.0-2.0 us.
+    Tensor cores: 989 TFLOPS dense bf16 (wgmma); mma.sync is assumed to reach ~2/3 of that.
+H100 (SXM)
+    as H200 with HBM3 3.35 TB/s peak, 3.0 TB/s achievable (~90 %).
+B200 (sm_100a) -- "as best known"
+    148 SMs (2 dies x 74; chipsandcheese.com "Nvidia's B200: Keeping the CUDA Juggernaut
+    Rolling"), 4 schedulers per SM, ~1.965 GHz max SM clock (similar to H100 SXM per the same
+    article), HBM3e 8 TB/s peak (NVIDIA B200 datasheet) of which 85 % = 6.8 TB/s is taken as
+    achievable (anchors.md: the best published bf16 GEMV-like streams reach 5.75-6 TB/s incl. their
+    fixed costs). L2 126 MB split across the dies; L2 hit ~150 ns inside a partition
+    (~300 cycles) and slower across the die boundary: 300-700 cycles. DRAM latency 1400-2400
+    cycles (higher than Hopper: cross-die hop; an assumption). Fixed cost per launch 1.5-2.5 us;
+    with PDL (``griddepcontrol``) the prologue overlaps the previous kernel: 0.3-0.7 us less
+    (an assumption; anchors.md reports a 3.5-6.5 us floor for small NVFP4 GEMMs *including*
+    activation quantization). Tensor cores: ~9 PFLOPS dense FP4 (NVIDIA NVFP4 blog, quoted in
+    anchors.md), 2.25 PFLOPS dense bf16.
+GB200 / B300: B200's numbers (GB200 per GPU; B300 keeps 8 TB/s) -- coarse stand-ins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    arch: str
+    sm_count: int
+    schedulers_per_sm: int
+    clock_ghz: float
+    peak_bw_tbs: float
+    achievable_bw_tbs: float
+    l2_mb: float
+    dram_latency: tuple[float, float]  # cycles (low, high)
+    l2_latency: tuple[float, float]  # cycles (low, high)
+    sm_fabric_bytes_per_clk: float  # L2/DRAM -> one SM
+    launch_us: tuple[float, float]  # fixed cost per kernel in a CUDA graph
+    aux_kernel_us: tuple[float, float]  # a tiny extra kernel (fill) in the same graph
+    pdl_saving_us: tuple[float, float]  # launch-cost reduction with programmatic dependent launch
+    regs_per_sm: int = 65536
+    max_threads_per_sm: int = 2048
+    max_ctas_per_sm: int = 32
+    smem_per_sm: int = 233472  # bytes usable by CTAs (228 KB)
+    smem_reserved_per_cta: int = 1024
+    bf16_tflops: float = 989.0  # dense, tensor cores (wgmma / tcgen05)
+    mma_sync_fraction: float = 0.66  # mma.sync vs the wgmma peak (assumption)
+    fp4_tflops: float = 0.0  # dense block-scaled FP4 (sm100)
+    source: str = ""
+
+    @property
+    def clock_hz(self) -> float:
+        return self.clock_ghz * 1e9
+
+    @property
+    def achievable_bw(self) -> float:
+        """Bytes per second."""
+        return self.achievable_bw_tbs * 1e12
+
+    def cycles_to_us(self, cycles: float) -> float:
+        return cycles / self.clock_hz * 1e6
+
+    def little_bytes_per_sm(self, latency_cycles: float) -> float:
+        """Bytes one SM must keep in flight to pull its share of the achievable bandwidth."""
+        return self.achievable_bw / self.sm_count * latency_cycles / self.clock_hz
+
+
+_HOPPER = dict(
+    arch="sm_90a", sm_count=132, schedulers_per_sm=4, clock_ghz=1.98, l2_mb=50.0,
+    dram_latency=(1200.0, 2000.0), l2_latency=(270.0, 550.0), sm_fabric_bytes_per_clk=64.0,
+    launch_us=(1.5, 2.5), aux_kernel_us=(1.0, 2.0), pdl_saving_us=(0.3, 0.7), bf16_tflops=989.0,
+)
+
+GPUS: dict[str, Hardware] = {
+    "H200": Hardware(name="H200", peak_bw_tbs=4.8, achievable_bw_tbs=4.3,
+                     source="brief constants; review_sm90_sass.md", **_HOPPER),
+    "H100": Hardware(name="H100", peak_bw_tbs=3.35, achievable_bw_tbs=3.0,
+                     source="H100 SXM datasheet (3.35 TB/s); 90 % achievable as on H200", **_HOPPER),
+    "B200": Hardware(
+        name="B200", arch="sm_100a", sm_count=148, schedulers_per_sm=4, clock_ghz=1.965, peak_bw_tbs=8.0,
+        achievable_bw_tbs=6.8, l2_mb=126.0, dram_latency=(1400.0, 2400.0), l2_latency=(300.0, 700.0),
+        sm_fabric_bytes_per_clk=64.0, launch_us=(1.5, 2.5), aux_kernel_us=(1.0, 2.0), pdl_saving_us=(0.3, 0.7),
+        bf16_tflops=2250.0, fp4_tflops=9000.0,
+        source="NVIDIA B200 datasheet (8 TB/s); chipsandcheese B200 article (148 SMs, L2, clocks); "
+        "achievable fraction and latencies assumed",
+    ),
+}
+GPUS["GB200"] = Hardware(**{**GPUS["B200"].__dict__, "name": "GB200", "source": "B200 numbers (per GPU)"})
+GPUS["B300"] = Hardware(**{**GPUS["B200"].__dict__, "name": "B300", "arch": "sm_103a",
+                           "source": "B200 numbers as a stand-in"})
+
+#: The GPU a bare arch string is modelled on.
+DEFAULT_GPU_OF_ARCH = {"sm_90a": "H200", "sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300"}
+
+
+def get_hardware(name: str, sm_count: int | None = None) -> Hardware:
+    """The model's description of a named GPU (``sm_count`` overrides the SM count)."""
+    key = name.upper().replace("_SXM", "")
+    if key not in GPUS:
+        raise KeyError(f"nvgemm perfmodel: no hardware description for {name!r}; known: {', '.join(GPUS)}")
+    hw = GPUS[key]
+    if sm_count is not None and sm_count != hw.sm_count:
+        hw = Hardware(**{**hw.__dict__, "sm_count": int(sm_count)})
+    return hw
+
+
+__all__ = ["DEFAULT_GPU_OF_ARCH", "GPUS", "Hardware", "get_hardware"]

@@ -1,0 +1,275 @@
+"""The compiling half of the performance model: config -> compiled kernel -> SASS -> facts.
+
+For one config this compiles the family's template for its arch (no GPU; ``cute.compile`` with
+``--gpu-arch``), extracts the embedded cubin, disassembles it with ``cuobjdump --dump-sass`` and
+``--dump-resource-usage`` (the CUDA toolkit's, else the copy Triton ships under
+``triton/backends/nvidia/bin``), and reduces it to :class:`nvgemm.perfmodel.facts.KernelFacts`
+with :mod:`nvgemm.perfmodel.sass` (main loop, issue cycles, serial DRAM round trips per iteration
+replayed from the control bits, registers, spills, shared memory) plus the family's extras.
+
+All kernels are compiled with one reference epilogue -- :data:`REFERENCE_EPILOGUE` (scalar alpha,
+no bias/activation/residual, bf16 out; bf16 activations for W4A16) -- so the table describes the
+main loop, which the epilogue does not change.
+
+:func:`regenerate_table` recompiles every config the families list
+(:meth:`~nvgemm.perfmodel.facts.FamilyFacts.table_configs`) plus every config the candidate
+policy emits for the Llama-3.1-8B / 3.3-70B decode shapes, and writes
+``src/nvgemm/perfmodel/sass_facts.json`` (``nvgemm model --regen-table``; ~3 s per kernel).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..perfmodel import sass as S
+from ..perfmodel.facts import FamilyFacts, KernelFacts, family_for, registered_families
+from ..perfmodel.hardware import DEFAULT_GPU_OF_ARCH, get_hardware
+from ..perfmodel.table import TABLE_PATH, clear_cache
+
+#: (N, K) of the Llama-3.1-8B and Llama-3.3-70B decode GEMMs the model reports on.
+LLAMA_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+                (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))
+SM90_M = (1, 2, 4, 8, 16, 32, 64)
+SM100_M = (1, 2, 4, 8, 16, 32)
+REGEN_COMMAND = "nvgemm model --regen-table"
+
+
+def reference_epilogue():
+    from ..epilogues.spec import EpilogueSpec
+
+    return EpilogueSpec(alpha="scalar")
+
+
+def find_cuobjdump() -> str | None:
+    exe = shutil.which("cuobjdump")
+    if exe:
+        return exe
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(p) if p.exists() else None
+    except ImportError:
+        return None
+
+
+def _tool_version(exe: str) -> str:
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\S+),", out) or re.search(r"cuda_(\S+)\.r", out)
+    return m.group(1) if m else "unknown"
+
+
+def compile_config(config, arch: str | None = None):
+    """Compile ``config`` with the reference epilogue for its family's arch (no GPU)."""
+    os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="nvgemm_cute_dump_"))
+    from ..templates.registry import check_spec, get_template
+    from .compile_spec import make_spec
+
+    fam = _family(config)
+    arch = arch or fam.arch
+    a_format = "bf16" if fam.arch.startswith("sm_90") else "nvfp4"
+    spec = make_spec(fam.template_id(config), config, arch, epilogue=reference_epilogue(), a_format=a_format)
+    st = check_spec(spec)
+    if not st:
+        raise ValueError(f"{config.name()}: cannot be implemented: {st.reason}")
+    return get_template(spec.template_id).compile(spec)
+
+
+def _family(config) -> FamilyFacts:
+    fam = family_for(config)
+    if fam is None:
+        raise ValueError(f"no performance-model family owns {type(config).__name__} ({config!r})")
+    return fam
+
+
+def dump_sass(compiled) -> tuple[str, str]:
+    """(``cuobjdump --dump-sass`` text, ``--dump-resource-usage`` text) of a compiled kernel."""
+    from ..templates.sm90_w4a16_gemv import embedded_cubin  # generic: any compiled CuTeDSL module
+
+    exe = find_cuobjdump()
+    if exe is None:
+        raise RuntimeError("no cuobjdump (CUDA toolkit, or triton's bundled copy) to disassemble the kernel")
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.fatbin"
+        f.write_bytes(embedded_cubin(compiled))
+        sass = subprocess.run([exe, "--dump-sass", str(f)], check=True, capture_output=True, text=True).stdout
+        res = subprocess.run([exe, "--dump-resource-usage", str(f)], check=True, capture_output=True, text=True).stdout
+    return sass, res
+
+
+def dynamic_smem_bytes(compiled) -> int:
+    """Dynamic shared memory the host side launches the kernel with: the largest i64 constant of
+    the host module in (16 KiB, 227 KiB] (the launch-config value; a heuristic read of the IR --
+    the compile test checks it against the family's stage arithmetic)."""
+    txt = str(compiled.ir_module)
+    vals = [int(v) for v in re.findall(r"llvm\.mlir\.constant\((\d+) : i64\)", txt)]
+    vals = [v for v in vals if 16384 < v <= 232448]
+    return max(vals) if vals else 0
+
+
+def facts_from_sass(config, sass_text: str, res_text: str, arch: str | None = None, compiled=None) -> KernelFacts:
+    """Reduce a SASS listing of ``config``'s kernel to :class:`KernelFacts` (no compile)."""
+    fam = _family(config)
+    arch = arch or fam.arch
+    hw = get_hardware(DEFAULT_GPU_OF_ARCH.get(arch, "H200"))
+    funcs = S.parse_sass(sass_text, res_text)
+    fn = S.find_function(funcs, fam.stream_load)
+    loop = S.main_loop(fn, fam.stream_load)
+    ldl, stl = S.spills(fn.instrs)
+    extra = {}
+    if fam.dynamic_smem and compiled is not None:
+        extra["dynamic_smem"] = dynamic_smem_bytes(compiled)
+    extra.update(fam.extra_facts(config, compiled, funcs))
+    if loop is None:  # no loop (fully unrolled): treat the whole function as one iteration
+        body_ = fn.instrs
+        outer = None
+    else:
+        body_ = S.body(fn, loop)
+        outer = S.enclosing_loop(fn, loop)
+    ldl_l, stl_l = S.spills(body_)
+    n_loop = len(S.counted(body_))
+    n_outer = len(S.counted(S.body(fn, outer))) if outer is not None else n_loop
+    n_all = len(S.counted(fn.instrs))
+    base, rt = S.chain_coefficients(body_, fam.stream_load, hw.dram_latency[0], hw.dram_latency[1],
+                                    hw.l2_latency[0])
+    smem = (fn.shared or 0) + int(extra.get("dynamic_smem", 0))
+    if loop is not None:
+        extra["loop_offsets"] = [hex(fn.instrs[loop.start].offset), hex(fn.instrs[loop.end].offset)]
+    extra["kernel"] = fn.name[:120]
+    extra["functions"] = len(funcs)
+    return KernelFacts(
+        config=config.name(), arch=arch, family=fam.name, regs=fn.regs or 0, smem_bytes=smem,
+        local_bytes=fn.local or 0, ldl=ldl, stl=stl, ldl_loop=ldl_l, stl_loop=stl_l,
+        loop_instrs=n_loop, loop_issue_cycles=S.issue_cycles(body_), pass_instrs=n_outer - n_loop,
+        fixed_instrs=n_all - n_outer, chain_base=round(base, 1), round_trips=round(rt, 3),
+        stream_loads=S.count_matching(body_, fam.stream_load),
+        elems_per_thread_iter=float(fam.elems_per_thread_iter(config)),
+        histogram=S.opcode_histogram(body_), extra=extra, source="sass",
+    )
+
+
+def derive_facts(config, arch: str | None = None) -> tuple[KernelFacts, str]:
+    """Compile ``config``, read its SASS, return (facts, SASS text)."""
+    compiled = compile_config(config, arch)
+    sass, res = dump_sass(compiled)
+    return facts_from_sass(config, sass, res, arch, compiled), sass
+
+
+# ------------------------------------------------------------------------------------ table
+
+
+def policy_configs(arch: str) -> list:
+    """Every config the candidate policy emits for the Llama decode shapes on ``arch``."""
+    from ..heuristics import candidates
+    from ..heuristics.problem import GemmProblem, Target
+
+    if arch.startswith("sm_90"):
+        target, a_format, ms = Target.from_gpu("H200"), "bf16", SM90_M
+    else:
+        target, a_format, ms = Target.from_gpu("B200"), "nvfp4", SM100_M
+    out, seen = [], set()
+    for n, k in LLAMA_SHAPES:
+        for m in ms:
+            prob = GemmProblem(n=n, k=k, m=m, a_format=a_format, target=target)
+            for c in candidates(prob, use_nvmmh=False):
+                if c.config not in seen:
+                    seen.add(c.config)
+                    out.append(c.config)
+    return out
+
+
+def table_configs(archs=("sm_90a", "sm_100a")) -> list:
+    """Families' table configs plus the policy's configs, de-duplicated, in a stable order."""
+    out, seen = [], set()
+    for fam in registered_families():
+        if fam.arch not in archs:
+            continue
+        for c in fam.table_configs():
+            if c not in seen:
+                seen.add(c)
+                out.append(c)
+    for arch in archs:
+        for c in policy_configs(arch):
+            if c not in seen and family_for(c) is not None:
+                seen.add(c)
+                out.append(c)
+    return out
+
+
+def table_header() -> dict:
+    exe = find_cuobjdump()
+    return {
+        "what": "static SASS facts per kernel config (MODEL input; see nvgemm.perfmodel)",
+        "cutlass_dsl": importlib.metadata.version("nvidia-cutlass-dsl"),
+        "cuobjdump": _tool_version(exe) if exe else "none",
+        "epilogue": "alpha=scalar, no bias/activation/residual, bf16 out; W4A16 activations bf16",
+        "generated": datetime.date.today().isoformat(),
+        "command": REGEN_COMMAND,
+    }
+
+
+def regenerate_table(configs=None, path: Path | None = None, archs=("sm_90a", "sm_100a"), log=print) -> dict:
+    """Compile ``configs`` (default :func:`table_configs` of ``archs``), derive their facts, and
+    rewrite the table's entries of ``archs`` (other archs' entries are kept); with an explicit
+    ``configs`` list only those entries are added or replaced."""
+    full = configs is None
+    configs = table_configs(archs) if full else list(configs)
+    entries: dict[str, dict] = {}
+    for i, c in enumerate(configs):
+        fam = _family(c)
+        try:
+            facts, _ = derive_facts(c)
+        except Exception as e:  # noqa: BLE001 -- one failing config must not lose the others
+            log(f"[{i + 1}/{len(configs)}] {c.name()}: FAILED ({type(e).__name__}: {e})")
+            continue
+        entries.setdefault(fam.arch, {})[c.name()] = facts.to_json()
+        log(f"[{i + 1}/{len(configs)}] {c.name()}: regs {facts.regs}, loop {facts.loop_instrs} instr, "
+            f"{facts.round_trips:.2f} round trips/iter")
+    p = Path(path) if path is not None else TABLE_PATH
+    # a full regeneration replaces the archs' entries; an explicit config list updates just those
+    old = json.loads(p.read_text())["entries"] if p.exists() else {}
+    merged = {a: dict(e) for a, e in old.items() if not (full and a in archs)}
+    for a, e in entries.items():
+        merged.setdefault(a, {}).update(e)
+    table = {"header": table_header(), "entries": {a: dict(sorted(e.items())) for a, e in sorted(merged.items())}}
+    p.write_text(format_table(table))
+    clear_cache()
+    return table
+
+
+def format_table(table: dict) -> str:
+    """The table as JSON with one line per entry (short files, one-line diffs per kernel)."""
+    out = ["{", f' "header": {json.dumps(table["header"])},', ' "entries": {']
+    archs = list(table["entries"].items())
+    for ai, (arch, entries) in enumerate(archs):
+        out.append(f"  {json.dumps(arch)}: {{")
+        items = list(entries.items())
+        for i, (name, d) in enumerate(items):
+            out.append(f"   {json.dumps(name)}: {json.dumps(d)}{',' if i < len(items) - 1 else ''}")
+        out.append("  }" + ("," if ai < len(archs) - 1 else ""))
+    out += [" }", "}"]
+    return "\n".join(out) + "\n"
+
+
+__all__ = [
+    "LLAMA_SHAPES",
+    "REGEN_COMMAND",
+    "compile_config",
+    "derive_facts",
+    "dump_sass",
+    "dynamic_smem_bytes",
+    "facts_from_sass",
+    "find_cuobjdump",
+    "format_table",
+    "policy_configs",
+    "regenerate_table",
+    "table_configs",
+]

@@ -1,0 +1,113 @@
+"""Compile-only check of the committed SASS facts table (``nvgemm/perfmodel/sass_facts.json``).
+
+Re-derives the static facts of a representative subset of the table's entries -- compile for the
+entry's arch (no GPU), disassemble with cuobjdump, reduce with ``nvgemm.perfmodel.sass`` -- and
+fails when the SASS and the table disagree beyond the tolerances below, so a kernel regression
+(more instructions, more registers, spills, a second wave of loads, fewer pipeline stages) fails
+CI. Regenerate the table after an intended change: ``nvgemm model --regen-table``.
+
+Subset (7 kernels, ~3-5 s each on 2 cores): the policy's M=1 / M=4 / M=8-16 gemv picks (the last
+spills in its loop), the mma and wgmma families, and two sm100 decode tiles (one split-K with
+its reduction). ``NVGEMM_PERFMODEL_FULL=1`` checks every entry of the table instead (~10 min).
+
+Tolerances: registers, spill counts, shared memory and stages exact (ptxas is deterministic for a
+fixed toolchain; the table header names the cutlass-dsl version it was generated with); main-loop
+instruction counts within 2 % and serial round trips within 0.25 (room for a cuobjdump/ptxas patch
+release that reorders a few instructions without changing the kernel's character).
+"""
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
+
+import importlib.metadata  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("cutlass")
+
+from nvgemm.perfmodel.facts import KernelFacts, family_for  # noqa: E402
+from nvgemm.perfmodel.families import sm100 as F100  # noqa: E402
+from nvgemm.perfmodel.table import load_table, parse_config_name  # noqa: E402
+from nvgemm.runtime import sass_tool  # noqa: E402
+from nvgemm.templates.sm90_config import Sm90W4A16Config as C90  # noqa: E402
+from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C100  # noqa: E402
+
+pytestmark = pytest.mark.compile_only
+
+if sass_tool.find_cuobjdump() is None:
+    pytest.skip("no cuobjdump (CUDA toolkit or triton's bundled copy)", allow_module_level=True)
+
+TABLE = load_table()
+REGEN = "regenerate with `nvgemm model --regen-table` if the change is intended"
+
+SUBSET = [
+    C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4),
+    C90("gemv", tile_m=4, tile_n=16, tile_k=4096, num_warps=4),
+    C90("gemv", tile_m=8, tile_n=16, tile_k=4096, num_warps=4),
+    C90("mma", tile_m=8, tile_n=16, tile_k=512, num_warps=4),
+    C90("wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=4),
+    C100(128, 8, swap_ab=True),
+    C100(128, 16, swap_ab=True, split_k=2),
+]
+
+
+def _entries():
+    if os.environ.get("NVGEMM_PERFMODEL_FULL") == "1":
+        return [parse_config_name(name) for arch in TABLE["entries"].values() for name in arch]
+    return SUBSET
+
+
+def _table_facts(cfg) -> KernelFacts:
+    fam = family_for(cfg)
+    entry = TABLE["entries"].get(fam.arch, {}).get(cfg.name())
+    assert entry is not None, f"{cfg.name()} is not in the table; {REGEN}"
+    return KernelFacts.from_json(entry)
+
+
+def test_table_generated_with_this_cutlass_dsl():
+    assert TABLE["header"]["cutlass_dsl"] == importlib.metadata.version("nvidia-cutlass-dsl"), REGEN
+
+
+@pytest.mark.parametrize("cfg", _entries(), ids=lambda c: c.name())
+def test_sass_matches_table(cfg):
+    want = _table_facts(cfg)
+    got, _ = sass_tool.derive_facts(cfg)
+    name = cfg.name()
+    assert got.regs == want.regs, f"{name}: {got.regs} registers, table {want.regs}; {REGEN}"
+    assert (got.ldl, got.stl, got.ldl_loop, got.stl_loop) == (want.ldl, want.stl, want.ldl_loop, want.stl_loop), (
+        f"{name}: spills changed; {REGEN}")
+    assert got.smem_bytes == want.smem_bytes, f"{name}: shared memory {got.smem_bytes} B, table {want.smem_bytes}"
+    assert abs(got.loop_instrs - want.loop_instrs) <= 0.02 * want.loop_instrs, (
+        f"{name}: main loop {got.loop_instrs} instructions, table {want.loop_instrs}; {REGEN}")
+    assert abs(got.loop_issue_cycles - want.loop_issue_cycles) <= 0.02 * want.loop_issue_cycles
+    assert abs(got.round_trips - want.round_trips) <= 0.25, (
+        f"{name}: {got.round_trips} serial DRAM round trips per iteration, table {want.round_trips}; {REGEN}")
+    for key in ("stages", "tmem_cols", "rolled_reduce"):
+        assert got.extra.get(key) == want.extra.get(key), f"{name}: {key} {got.extra.get(key)} vs table"
+
+
+def test_same_main_loop_for_same_loop_key():
+    """The table's fallback: configs with equal loop keys (here tile_n 16 vs 32 with split-K) compile
+    to the same main loop up to ptxas noise (measured: 1040 vs 1047 instructions, 116 vs 118
+    registers): within 2 % instructions, the same round trips, registers within one 8-register
+    allocation granule."""
+    a = sass_tool.derive_facts(C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4))[0]
+    b = sass_tool.derive_facts(C90("gemv", tile_m=1, tile_n=32, tile_k=4096, num_warps=4, split_k=2))[0]
+    assert abs(a.loop_instrs - b.loop_instrs) <= 0.02 * a.loop_instrs
+    assert abs(a.round_trips - b.round_trips) <= 0.25 and abs(a.regs - b.regs) <= 8
+
+
+@pytest.mark.parametrize("cfg", [C100(128, 16, swap_ab=True, split_k=2), C100(256, 64, 2, 1, swap_ab=True),
+                                 C100(128, 128, 1, 1)], ids=lambda c: c.name())
+def test_sm100_stage_arithmetic_matches_the_launch(cfg):
+    """The family's stage formula against the dynamic shared memory the compiled host code launches
+    with: stages x stage bytes fits, with at most the reserved 2 KB on top."""
+    compiled = sass_tool.compile_config(cfg)
+    dyn = sass_tool.dynamic_smem_bytes(compiled)
+    st, sb = F100.num_stages(cfg), F100.stage_bytes(cfg)["total"]
+    assert st * sb <= dyn <= st * sb + F100.SMEM_RESERVED, (cfg.name(), dyn, st, sb)

@@ -61,3 +61,26 @@ def test_register_swaps_only_the_modelopt_nvfp4_configs(monkeypatch):
     assert get_quantization_config("modelopt_fp4") is NvgemmModelOptNvFp4Config
     assert get_quantization_config("modelopt_mixed") is NvgemmModelOptMixedPrecisionConfig
     assert get_quantization_config("modelopt").__module__.startswith("vllm.")  # FP8 stays vLLM's
+
+
+def test_warmup_covers_every_cuda_graph_size_and_bucket(monkeypatch):
+    """On a GPU, warm-up resolves each capture size vLLM will graph and each M-bucket bound up to the
+    token budget; with enforce_eager no graph is captured, so only the buckets."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nvgemm.heuristics import m_buckets
+    from nvgemm.vllm import method
+
+    def cfg(eager):
+        return SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 24, 48, 200]),
+                               model_config=SimpleNamespace(enforce_eager=eager),
+                               scheduler_config=SimpleNamespace(max_num_batched_tokens=2048))
+
+    buckets = {hi for _, hi in m_buckets(2048)}
+    monkeypatch.setattr(method.V, "get_current_vllm_config_or_none", lambda: cfg(False))
+    assert method.warmup_token_counts(torch.device("cuda")) == sorted(buckets | {1, 2, 4, 24, 48, 200})
+    monkeypatch.setattr(method.V, "get_current_vllm_config_or_none", lambda: cfg(True))
+    assert method.warmup_token_counts(torch.device("cuda")) == sorted(buckets)
+    assert method.warmup_token_counts(torch.device("cpu")) == [1]

@@ -159,7 +159,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                                 arch, DEFAULT_HW[arch], a_format="bf16", b_format="bf16", codegen_env=env)
                 specs.setdefault(s, f"selftest t{threads} {arch}")
         return "selftest", list((lbl, s) for s, lbl in specs.items()), skipped
-    if args.vllm:
+    if getattr(args, "vllm", False):
         return _vllm_specs(args, arches)
     title, layers = _layers(args)
     buckets = _buckets(args)

@@ -80,17 +80,4 @@ def load():
     from vllm.model_executor.layers.quantization.utils.quant_utils import kNvfp4Dynamic, kNvfp4Static
     from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
 
-    return SimpleNamespace(
-        get_current_vllm_config_or_none=get_current_vllm_config_or_none,
-        LinearBase=LinearBase,
-        LinearMethodBase=LinearMethodBase,
-        register_weight_loader_v2_supported_method=register_weight_loader_v2_supported_method,
-        register_quantization_config=register_quantization_config,
-        ModelOptLinearMethod=ModelOptLinearMethod,
-        ModelOptMixedPrecisionConfig=ModelOptMixedPrecisionConfig,
-        ModelOptNvFp4Config=ModelOptNvFp4Config,
-        kNvfp4Dynamic=kNvfp4Dynamic,
-        kNvfp4Static=kNvfp4Static,
-        ModelWeightParameter=ModelWeightParameter,
-        PerTensorScaleParameter=PerTensorScaleParameter,
-    )
+    return SimpleNamespace(**{k: v for k, v in locals().items() if k != "SimpleNamespace"})

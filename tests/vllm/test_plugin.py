@@ -37,7 +37,7 @@ def test_opt_in_rejects_garbage():
 
 @pytest.mark.parametrize("version", ["0.31.2", "0.33.1", "0.34.0", "unknown"])
 def test_untested_vllm_is_a_clear_error(version):
-    with pytest.raises(_compat.UnsupportedVllmError, match=rf"found vLLM {version}.*0\.32\.0 and 0\.33\.0"):
+    with pytest.raises(_compat.UnsupportedVllmError, match=rf"0\.32\.0 and 0\.33\.0, found vLLM {version}"):
         _compat.check_version(version)
 
 

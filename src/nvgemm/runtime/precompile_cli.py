@@ -7,6 +7,12 @@ Examples::
     nvgemm precompile --model Qwen3-32B --arch sm_100a --jobs 4 --cache-dir /srv/kernels_cache
     nvgemm precompile --selftest --arch sm_90a,sm_100a      # toolchain check with a tiny kernel
     nvgemm precompile --model Mistral-7B --dry-run           # list the kernels, compile nothing
+    nvgemm precompile --checkpoint ./Llama-NVFP4 --vllm --tp 2 --arch sm_100a --max-m 8192
+
+With ``--vllm`` (needs ``--checkpoint``) the list is exactly what ``vllm serve`` with nvgemm's plugin
+runs: vLLM's fused q/k/v and gate/up layers, per-rank shapes for ``--tp``, each layer's epilogue
+(scalar or per-column alpha, bias), and for every token count 1..``--max-m`` (set it to vLLM's
+``--max-num-batched-tokens``) the one kernel the runtime dispatch picks (no autotuning candidates).
 
 For each arch, layer GEMM (N, K) and M bucket, the candidate policy (``nvgemm.heuristics``) names
 up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.templates.registry.CompileSpec`
@@ -54,7 +60,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--m-buckets", type=int_list, default=None, metavar="B1,B2,...",
                    help="upper bounds of the M buckets (default: the policy's buckets up to --max-m)")
     p.add_argument("--max-m", type=int, default=256, help="largest token count to serve (default 256)")
-    p.add_argument("--out-dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--out-dtype", choices=("bf16", "fp16"), default="bf16",
+                   help="output (with --vllm also activation) dtype (default bf16)")
+    p.add_argument("--vllm", action="store_true",
+                   help="with --checkpoint: exactly the kernels `vllm serve` with nvgemm's plugin runs (see above)")
+    p.add_argument("--tp", type=int, default=1, help="with --vllm: vLLM's --tensor-parallel-size (default 1)")
     p.add_argument("--max-candidates", type=int, default=8)
     p.add_argument("--no-nvmmh", action="store_true", help="decode rules only (skip nvMatmulHeuristics)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(4, CPUs))")
@@ -149,6 +159,8 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                                 arch, DEFAULT_HW[arch], a_format="bf16", b_format="bf16", codegen_env=env)
                 specs.setdefault(s, f"selftest t{threads} {arch}")
         return "selftest", list((lbl, s) for s, lbl in specs.items()), skipped
+    if getattr(args, "vllm", False):
+        return _vllm_specs(args, arches)
     title, layers = _layers(args)
     buckets = _buckets(args)
     for arch in arches:
@@ -176,6 +188,45 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                     )
                     specs.setdefault(s, label)
     return title, list((lbl, s) for s, lbl in specs.items()), skipped
+
+
+ARCH_CAPABILITY = {"sm_100a": (10, 0), "sm_100f": (10, 0), "sm_103a": (10, 3), "sm_90a": (9, 0)}
+
+
+def _vllm_specs(args, arches):
+    """The kernels nvgemm's vLLM plugin dispatches for a checkpoint (``--vllm``)."""
+    import torch
+
+    from nvgemm.heuristics import Target
+    from nvgemm.runtime.backends import LinearProblem
+    from nvgemm.runtime.serving_plan import plan, vllm_gemms
+
+    if not args.checkpoint:
+        raise ValueError("--vllm needs --checkpoint")
+    if args.tp < 1:
+        raise ValueError("--tp must be >= 1")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.out_dtype]
+    gemms = vllm_gemms(args.checkpoint, args.tp)
+    specs: dict[object, str] = {}
+    skipped: list[tuple[str, str]] = []
+    for arch in arches:
+        if arch not in ARCH_CAPABILITY:
+            raise ValueError(f"--vllm: unknown arch {arch}; have {sorted(ARCH_CAPABILITY)}")
+        sm_count = args.sm_count or Target.from_gpu(args.gpu or ARCH_DEFAULT_GPU[arch]).sm_count
+        for g in dict.fromkeys(gemms):
+            label = f"{g.layer} N={g.n} K={g.k} tp={args.tp} {arch}"
+            backends_used = set()
+            for m in range(1, args.max_m + 1):
+                p = LinearProblem(m=m, n=g.n, k=g.k, device_type="cuda", capability=ARCH_CAPABILITY[arch],
+                                  weight_only=g.weight_only, x_dtype=dtype, out_dtype=dtype, alpha=g.alpha,
+                                  bias=g.bias, activation="none", residual=False)
+                choice = plan(p, sm_count)
+                backends_used.add(choice.backend)
+                if choice.spec is not None:
+                    specs.setdefault(choice.spec, f"{label} M={m}")
+            if backends_used <= {"emulated", "triton_w4a16"}:
+                skipped.append((label, f"served by {', '.join(sorted(backends_used))} (no CuTeDSL kernel to build)"))
+    return f"{args.checkpoint} (vLLM, tp={args.tp})", list((lbl, s) for s, lbl in specs.items()), skipped
 
 
 # ---- workers -------------------------------------------------------------------------------

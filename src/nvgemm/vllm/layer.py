@@ -1,0 +1,189 @@
+"""What one vLLM linear layer becomes in nvgemm terms (pure torch: no vLLM import).
+
+vLLM hands a quantized linear layer to its quant method as one (possibly fused) weight: q/k/v or
+gate/up shards concatenated along N, each shard with its own checkpoint ``weight_scale_2`` and
+(W4A4) ``input_scale``. :func:`plan_gemms` turns that into the fewest exact
+``nvgemm::nvfp4_linear`` calls:
+
+* all shards share ``input_scale`` (always true for ModelOpt exports, which equalize it) ->
+  **one GEMM**; its ``weight_scale_2`` is a scalar when the shards' are equal (ModelOpt's case:
+  the scalar-alpha kernels) and otherwise a per-output-column vector (the exact per-column alpha;
+  no re-quantization);
+* shards with different ``input_scale`` (independently quantized shards) cannot share one
+  activation quantization, so each run of adjacent shards with equal ``input_scale`` becomes its
+  own GEMM and the outputs are concatenated; still exact.
+
+This is the checkpoint's math, shard by shard: ``out[:, shard] = alpha_s * deq(q(x, is_s)) @
+deq(W_s).T + b_s`` (nvgemm's format contract), which vLLM's own loader only approximates when
+shard scales differ (it keeps ``max(weight_scale_2)`` and ``max(input_scale)``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+from ..formats import NVFP4, to_blocked
+from ..runtime.serving_plan import shard_runs
+
+log = logging.getLogger("nvgemm_cutedsl.vllm")
+
+
+@dataclass
+class Gemm:
+    """One ``nvfp4_linear`` call covering output rows ``[start, stop)`` of the layer's weight."""
+
+    start: int
+    stop: int
+    weight_scale: torch.Tensor  # 1-D 128x4-swizzled e4m3 of rows [start, stop)
+    weight_scale_2: torch.Tensor  # fp32 () or (stop - start,)
+    input_scale: torch.Tensor | None  # fp32 () ; None = weight-only (W4A16)
+
+    @property
+    def alpha(self) -> str:
+        return "vector" if self.weight_scale_2.dim() == 1 else "scalar"
+
+
+def _per_shard(t: torch.Tensor, shards: int, name: str, layer: str) -> torch.Tensor:
+    t = t.detach().float().reshape(-1)
+    if t.numel() == 1 and shards > 1:
+        t = t.expand(shards)
+    if t.numel() != shards:
+        raise ValueError(f"nvgemm vLLM layer {layer}: {name} has {t.numel()} values for {shards} shards")
+    if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+        raise ValueError(f"nvgemm vLLM layer {layer}: {name} = {t.tolist()} is not a positive finite scale "
+                         "(was it loaded? the checkpoint may store this layer unquantized)")
+    return t
+
+
+def plan_gemms(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor | None,
+    widths: Sequence[int],
+    layer: str = "?",
+) -> list[Gemm]:
+    """Split a (fused) layer into exact GEMMs; see the module docstring.
+
+    ``weight`` uint8 [N, K/2]; ``weight_scale`` e4m3 [N, K/16] (linear layout, as in the
+    checkpoint); ``weight_scale_2`` / ``input_scale`` one fp32 value per shard; ``widths`` the
+    shards' output sizes (sum N).
+    """
+    if weight.dtype != torch.uint8 or weight.dim() != 2:
+        raise ValueError(f"nvgemm vLLM layer {layer}: weight must be uint8 [N, K/2], got {weight.dtype} "
+                         f"{tuple(weight.shape)}")
+    n, k = weight.shape[0], weight.shape[1] * 2
+    if k % NVFP4.block_size:
+        raise ValueError(f"nvgemm vLLM layer {layer}: per-rank K={k} is not a multiple of {NVFP4.block_size}")
+    if tuple(weight_scale.shape) != (n, k // NVFP4.block_size) or weight_scale.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"nvgemm vLLM layer {layer}: weight_scale must be float8_e4m3fn {(n, k // 16)}, got "
+                         f"{weight_scale.dtype} {tuple(weight_scale.shape)}")
+    widths = [int(w) for w in widths]
+    if sum(widths) != n or any(w <= 0 for w in widths):
+        raise ValueError(f"nvgemm vLLM layer {layer}: shard widths {widths} do not add up to N={n}")
+    if bool(torch.isnan(weight_scale.float()).any()):
+        raise ValueError(f"nvgemm vLLM layer {layer}: weight_scale was never loaded (NaN); the checkpoint "
+                         "likely stores this layer unquantized: list it in exclude_modules")
+    shards = len(widths)
+    ws2 = _per_shard(weight_scale_2, shards, "weight_scale_2", layer)
+    ins = None if input_scale is None else _per_shard(input_scale, shards, "input_scale", layer)
+    bounds = [0]
+    for w in widths:
+        bounds.append(bounds[-1] + w)
+
+    gemms = []
+    for run, per_column in shard_runs(ws2.tolist(), None if ins is None else ins.tolist()):
+        start, stop = bounds[run[0]], bounds[run[-1] + 1]
+        if per_column:
+            w2_t = torch.cat([ws2[s].expand(widths[s]) for s in run]).contiguous()
+        else:
+            w2_t = ws2[run[0]].clone().reshape(())
+        gemms.append(Gemm(start, stop, to_blocked(weight_scale[start:stop].contiguous()), w2_t.to(weight.device),
+                          None if ins is None else ins[run[0]].clone().reshape(()).to(weight.device)))
+    return gemms
+
+
+def run_gemms(x: torch.Tensor, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None) -> torch.Tensor:
+    """The layer's output: one ``nvgemm::nvfp4_linear`` per GEMM, concatenated along N."""
+    outs = []
+    for g in gemms:
+        w = weight if (g.start == 0 and g.stop == weight.shape[0]) else weight[g.start:g.stop]
+        b = None if bias is None else (bias if w is weight else bias[g.start:g.stop])
+        outs.append(torch.ops.nvgemm.nvfp4_linear(x, w, g.weight_scale, g.weight_scale_2, g.input_scale, b,
+                                                  None, "none", None))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+# ---------------------------------------------------------------------------------------- warm-up
+
+
+def problems_of(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
+                m_values: Iterable[int]):
+    """``(gemm index, gemm, LinearProblem)`` of every (GEMM, M) the layer will run."""
+    from ..runtime.backends import LinearProblem
+
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    for gi, g in enumerate(gemms):
+        for m in m_values:
+            yield gi, g, LinearProblem(m=int(m), n=g.stop - g.start, k=k, device_type=device.type, capability=cap,
+                                   weight_only=g.input_scale is None, x_dtype=x_dtype, out_dtype=x_dtype,
+                                   alpha=g.alpha, bias=bias, activation="none", residual=False)
+
+
+_WARMED: set = set()  # problems already resolved in this process (kernel compiled/loaded, workspaces sized)
+
+
+def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None,
+            x_dtype: torch.dtype, m_values: Sequence[int]) -> list[tuple[int, object, str]]:
+    """Resolve every kernel the layer will use for the token counts ``m_values``, now.
+
+    For each (GEMM, M): the runtime selects its backend, which on a GPU runs the first-use check
+    (compiles or loads the kernel from the kernel cache), and the layer runs once at that M so
+    per-weight caches (e.g. the sm90 weight re-layout) and split-K workspaces exist before any CUDA
+    graph is captured. Problems already warmed in this process (another layer of the same shape) are
+    only re-run once per layer for the per-weight caches. The emulated op (e.g. on a CPU device) has
+    nothing to resolve, so only the selection is made. Returns ``(gemm index, LinearProblem, backend name)``.
+    """
+    from ..runtime.backends import select_backend
+
+    device = weight.device
+    k = weight.shape[1] * 2
+    chosen = []
+    ran_layer = False
+    for gi, g, p in problems_of(gemms, k, device, x_dtype, bias is not None, m_values):
+        backend = select_backend(p)
+        chosen.append((gi, p, backend.name))
+        if backend.name == "emulated":  # nothing to compile, cache or size
+            continue
+        key = (p, str(device))
+        if key in _WARMED and ran_layer:
+            continue
+        x = torch.zeros((p.m, k), dtype=x_dtype, device=device)
+        run_gemms(x, weight, [g], None if bias is None else bias)
+        _WARMED.add(key)
+        ran_layer = True
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return chosen
+
+
+def describe_choices(chosen: Sequence[tuple[int, object, str]]) -> str:
+    """``M=1..8: cutedsl_sm100; M=16..512: triton_w4a16`` (per GEMM when a layer has several)."""
+    by_gemm: dict[int, list[tuple[int, str]]] = {}
+    for gi, p, name in chosen:
+        by_gemm.setdefault(gi, []).append((p.m, name))
+    parts = []
+    for gi in sorted(by_gemm):
+        runs: list[list] = []
+        for m, name in sorted(by_gemm[gi]):
+            if runs and runs[-1][2] == name:
+                runs[-1][1] = m
+            else:
+                runs.append([m, m, name])
+        txt = "; ".join(f"M={a}{'' if a == b else f'..{b}'}: {name}" for a, b, name in runs)
+        parts.append(txt if len(by_gemm) == 1 else f"gemm {gi}: {txt}")
+    return " | ".join(parts)

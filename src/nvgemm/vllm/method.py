@@ -1,0 +1,223 @@
+"""nvgemm's vLLM quant method and quantization configs (imported only after the version check).
+
+:class:`NvgemmNvFp4LinearMethod` serves one NVFP4 (W4A4) or W4A16_NVFP4 linear layer through
+``torch.ops.nvgemm.nvfp4_linear``:
+
+* ``create_weights`` registers the parameters vLLM's own NVFP4 scheme registers (same names,
+  shapes, dtypes and parameter classes), so vLLM's loaders fill them unchanged, including fused
+  q/k/v and gate/up shards and tensor-parallel slices: ``weight`` uint8 [N, K/2], ``weight_scale``
+  e4m3 [N, K/16], ``weight_scale_2`` and (W4A4) ``input_scale`` with one value per shard.
+* ``process_weights_after_loading`` keeps each shard's scales (:func:`nvgemm.vllm.layer.plan_gemms`:
+  scalar alpha when shards agree, per-column alpha or separate GEMMs when they do not), swizzles
+  the block scales once, warms up every kernel the layer will use (before vLLM captures CUDA
+  graphs) and logs once which backend serves the layer and why a faster one does not.
+* ``apply`` is one ``nvfp4_linear`` per GEMM: traceable by torch.compile (the op has a fake
+  implementation) and free of allocations other than the op's own output.
+
+The configs subclass vLLM's ModelOpt configs, so checkpoint parsing, exclusions, MoE and KV-cache
+handling stay vLLM's; only the linear layers vLLM resolves to NVFP4 are swapped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from . import _compat
+from .layer import describe_choices, plan_gemms, run_gemms, warm_up
+
+log = logging.getLogger("nvgemm_cutedsl.vllm")
+
+V = _compat.load()
+
+#: Write every linear call's inputs and output to this folder (debugging and tests; slow).
+DUMP_ENV = "NVGEMM_VLLM_DUMP"
+_DUMP_COUNTER = itertools.count()
+
+
+def warmup_token_counts(device: torch.device) -> list[int]:
+    """Token counts to resolve before serving: every CUDA-graph capture size vLLM will use, plus the
+    upper bound of each of the policy's M buckets up to the scheduler's token budget (eager batches).
+    On a CPU device nothing is compiled, so one count (1) only selects the backend for the log."""
+    if device.type != "cuda":
+        return [1]
+    from ..heuristics import m_buckets
+
+    cfg = V.get_current_vllm_config_or_none()
+    sizes: set[int] = set()
+    budget = 256
+    if cfg is not None:
+        cc = cfg.compilation_config
+        if not cfg.model_config.enforce_eager:
+            sizes.update(int(s) for s in (cc.cudagraph_capture_sizes or []))
+        budget = int(cfg.scheduler_config.max_num_batched_tokens)
+    sizes.update(hi for _, hi in m_buckets(budget))
+    return sorted(sizes)
+
+
+def _passed_over(problem, chosen: str) -> list[str]:
+    """Why each higher-priority backend does not serve ``problem``."""
+    from ..runtime.backends import _CHECKED, backends
+
+    out = []
+    for b in backends():
+        if b.name == chosen:
+            break
+        reason = b.supports(problem) or _CHECKED.get((b.name, problem, str(_device_of(problem)))) or "first-use check"
+        out.append(f"{b.name}: {reason}")
+    return out
+
+
+def _device_of(problem) -> torch.device:
+    if problem.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(problem.device_type)
+
+
+@V.register_weight_loader_v2_supported_method
+class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
+    """NVFP4 / W4A16_NVFP4 linear layer served by ``nvgemm::nvfp4_linear`` (see the module docstring)."""
+
+    def __init__(self, weight_only: bool, prefix: str, group_size: int = 16):
+        if group_size != 16:
+            raise ValueError(f"nvgemm: layer {prefix} has NVFP4 group_size {group_size}; NVFP4 uses 16")
+        self.weight_only = weight_only
+        self.prefix = prefix
+        self.gemms = []
+        self.dump_dir = os.environ.get(DUMP_ENV) or None
+
+    def create_weights(self, layer, input_size_per_partition: int, output_partition_sizes: list[int],
+                       input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs):
+        del input_size, output_size
+        k, widths = int(input_size_per_partition), [int(w) for w in output_partition_sizes]
+        n = sum(widths)
+        if k % 16:
+            raise ValueError(
+                f"nvgemm: layer {self.prefix}: per-rank in_features {k} is not a multiple of 16 (one NVFP4 scale "
+                "block must not straddle two tensor-parallel ranks); use a tensor-parallel size that divides "
+                "in_features / 16")
+        wl = extra_weight_attrs.get("weight_loader")
+        layer.logical_widths = widths
+        layer.input_size_per_partition = k
+        layer.output_size_per_partition = n
+        shards = len(widths)
+        layer.register_parameter("weight", V.ModelWeightParameter(
+            data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0, weight_loader=wl))
+        layer.register_parameter("weight_scale", V.ModelWeightParameter(
+            data=torch.full((n, k // 16), float("nan"), dtype=torch.float32).to(torch.float8_e4m3fn),
+            input_dim=1, output_dim=0, weight_loader=wl))
+        layer.register_parameter("weight_scale_2", V.PerTensorScaleParameter(
+            data=torch.full((shards,), float("nan"), dtype=torch.float32), weight_loader=wl))
+        # W4A16 layers also accept a (legacy) input_scale, as vLLM does; it is dropped after loading
+        layer.register_parameter("input_scale", V.PerTensorScaleParameter(
+            data=torch.full((shards,), float("nan"), dtype=torch.float32), weight_loader=wl))
+
+    def process_weights_after_loading(self, layer) -> None:
+        weight = layer.weight.data
+        ins = None
+        if not self.weight_only:
+            ins = layer.input_scale.data
+        elif not bool(torch.isnan(layer.input_scale.data).all()):
+            log.warning("nvgemm_cutedsl: %s is W4A16_NVFP4 but its checkpoint has an input_scale; ignored "
+                        "(weight-only layers do not quantize activations)", self.prefix)
+        self.gemms = plan_gemms(weight, layer.weight_scale.data, layer.weight_scale_2.data, ins,
+                                layer.logical_widths, self.prefix)
+        for name in ("weight_scale", "weight_scale_2", "input_scale"):
+            delattr(layer, name)
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        for i, g in enumerate(self.gemms):  # visible in named_buffers(), moved with the module
+            layer.register_buffer(f"nvgemm_weight_scale_{i}", g.weight_scale, persistent=False)
+            layer.register_buffer(f"nvgemm_weight_scale_2_{i}", g.weight_scale_2, persistent=False)
+            if g.input_scale is not None:
+                layer.register_buffer(f"nvgemm_input_scale_{i}", g.input_scale, persistent=False)
+        bias = getattr(layer, "bias", None)
+        x_dtype = bias.dtype if bias is not None and bias.dtype in (torch.bfloat16, torch.float16) else \
+            _model_dtype()
+        chosen = warm_up(self.prefix, weight, self.gemms, bias, x_dtype, warmup_token_counts(weight.device))
+        self._log(layer, weight, bias, x_dtype, chosen)
+
+    def _log(self, layer, weight, bias, x_dtype, chosen) -> None:
+        k = weight.shape[1] * 2
+        kinds = ", ".join(f"N={g.stop - g.start} alpha {'per-column' if g.alpha == 'vector' else 'scalar'}"
+                          + ("" if g.input_scale is None else f" input_scale {float(g.input_scale):.4g}")
+                          for g in self.gemms)
+        first = {}  # backend -> the first problem it serves
+        for _gi, p, name in chosen:
+            first.setdefault(name, p)
+        fallbacks = []
+        for name, p in first.items():
+            passed = _passed_over(p, name)
+            if passed:
+                fallbacks.append(f"{name} because " + "; ".join(passed))
+        config = _configs(first)
+        log.info("nvgemm_cutedsl: vLLM layer %s (%s, K=%d, shards %s, %d GEMM%s: %s) served by %s%s%s",
+                 self.prefix, "W4A16" if self.weight_only else "W4A4", k, list(layer.logical_widths),
+                 len(self.gemms), "" if len(self.gemms) == 1 else "s", kinds, describe_choices(chosen),
+                 f"; configs {config}" if config else "", f"; fallback: {' | '.join(fallbacks)}" if fallbacks else "")
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = run_gemms(x, layer.weight, self.gemms, bias)
+        if self.dump_dir is not None and not torch.compiler.is_compiling():
+            self._dump(layer, x, bias, out)
+        return out
+
+    def _dump(self, layer, x, bias, out) -> None:
+        d = Path(self.dump_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        rank = int(getattr(layer, "tp_rank", 0))
+        torch.save({"layer": self.prefix, "rank": rank, "tp_size": int(getattr(layer, "tp_size", 1)),
+                    "x": x.detach().cpu(), "bias": None if bias is None else bias.detach().cpu(),
+                    "out": out.detach().cpu()},
+                   d / f"{self.prefix}.rank{rank}.pid{os.getpid()}.{next(_DUMP_COUNTER)}.pt")
+
+
+def _model_dtype() -> torch.dtype:
+    cfg = V.get_current_vllm_config_or_none()
+    dt = getattr(getattr(cfg, "model_config", None), "dtype", None)
+    return dt if dt in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def _configs(first: dict) -> str:
+    """Kernel config names the CuTeDSL backends pick (at the first M each backend serves)."""
+    from ..runtime.serving_plan import kernel_config
+
+    names = []
+    for name, p in first.items():
+        cfg = kernel_config(name, p)
+        if cfg:
+            names.append(f"{name}@M={p.m}: {cfg}")
+    return ", ".join(names)
+
+
+def _nvgemm_method(method, layer, prefix: str):
+    """Swap vLLM's NVFP4 linear method for nvgemm's; anything else is returned unchanged."""
+    if not isinstance(method, V.ModelOptLinearMethod) or not isinstance(layer, V.LinearBase):
+        return method
+    spec = method.spec
+    if spec.weight != V.kNvfp4Static or spec.activation not in (None, V.kNvfp4Dynamic):
+        return method
+    return NvgemmNvFp4LinearMethod(weight_only=spec.activation is None, prefix=prefix,
+                                   group_size=method.ctx.group_size or 16)
+
+
+class NvgemmModelOptNvFp4Config(V.ModelOptNvFp4Config):
+    """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with linear layers served by nvgemm."""
+
+    def get_quant_method(self, layer, prefix: str):
+        return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)
+
+
+class NvgemmModelOptMixedPrecisionConfig(V.ModelOptMixedPrecisionConfig):
+    """``modelopt_mixed`` (MIXED_PRECISION) with its NVFP4 / W4A16_NVFP4 linear layers served by nvgemm."""
+
+    def get_quant_method(self, layer, prefix: str):
+        return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)
+
+
+def register_configs() -> None:
+    V.register_quantization_config("modelopt_fp4")(NvgemmModelOptNvFp4Config)
+    V.register_quantization_config("modelopt_mixed")(NvgemmModelOptMixedPrecisionConfig)

@@ -1,0 +1,36 @@
+"""Serve a checkpoint with a real vLLM engine (CPU build) and write the generated tokens and logprobs.
+
+Run as a script (vLLM spawns processes, so this must not be imported by pytest):
+    python tests/vllm/_serve.py CKPT TP OUT.json
+The caller sets NVGEMM_VLLM=1 (the opt-in) and NVGEMM_VLLM_DUMP (every nvgemm linear call is saved).
+"""
+
+import json
+import sys
+
+PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 42], [17, 250, 3]]
+MAX_TOKENS = 4
+LOGPROBS = 5
+
+
+def main() -> None:
+    ckpt, tp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=ckpt, skip_tokenizer_init=True, enforce_eager=True,
+              tensor_parallel_size=tp, dtype="bfloat16", max_model_len=64, max_num_seqs=4, seed=0,
+              distributed_executor_backend="uni" if tp == 1 else "mp")
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=LOGPROBS, detokenize=False)
+    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params)
+    doc = []
+    for prompt, r in zip(PROMPTS, results):
+        o = r.outputs[0]
+        doc.append({"prompt": prompt, "token_ids": list(o.token_ids),
+                    "logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in o.logprobs]})
+    with open(out, "w") as f:
+        json.dump(doc, f)
+
+
+if __name__ == "__main__":
+    main()

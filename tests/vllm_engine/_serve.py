@@ -1,7 +1,7 @@
 """Serve a checkpoint with a real vLLM engine (CPU build) and write the generated tokens and logprobs.
 
 Run as a script (vLLM spawns processes, so this must not be imported by pytest):
-    python tests/vllm/_serve.py CKPT TP OUT.json
+    python tests/vllm_engine/_serve.py CKPT TP OUT.json
 The caller sets NVGEMM_VLLM=1 (the opt-in) and NVGEMM_VLLM_DUMP (every nvgemm linear call is saved).
 """
 

@@ -1,4 +1,4 @@
-"""tests/vllm: a real vLLM engine (CPU build) serving tiny ModelOpt exports through nvgemm's plugin.
+"""tests/vllm_engine: a real vLLM engine (CPU build) serving tiny ModelOpt exports through nvgemm's plugin.
 
 Every test module here starts with ``pytest.importorskip("vllm")``: the main suite (no vLLM) skips
 them; ``.ci/vllm_e2e`` runs them in their own environment and fails if any was skipped.
@@ -70,7 +70,7 @@ def make_mixed(w4a4: Path, w4a16: Path, dst: Path) -> Path:
 
 
 def serve(ckpt: Path, tp: int, work: Path) -> tuple[list, Path, str]:
-    """Run tests/vllm/_serve.py; returns (results, dump folder, engine log)."""
+    """Run tests/vllm_engine/_serve.py; returns (results, dump folder, engine log)."""
     tag = f"{ckpt.name}_tp{tp}"
     dump, out = work / f"dump_{tag}", work / f"{tag}.json"
     env = dict(os.environ, **ENGINE_ENV, NVGEMM_VLLM_DUMP=str(dump))

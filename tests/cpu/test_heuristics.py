@@ -28,7 +28,7 @@ from nvgemm.heuristics import (
 from nvgemm.heuristics.presets import PRESETS, get_preset
 from nvgemm.heuristics.problem import as_gemm_problem, choose_split_k
 from nvgemm.templates.sm90_config import Sm90W4A16Config
-from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
 
 B200 = Target.from_gpu("B200")
 H100 = Target.from_gpu("H100")
@@ -406,7 +406,7 @@ def test_config_names_round_trip_for_autotuned_choices():
     from nvgemm.heuristics import candidates
     from nvgemm.heuristics.problem import GemmProblem, Target
     from nvgemm.templates.sm90_config import config_from_name as sm90_from_name
-    from nvgemm.templates.sm100_config import config_from_name as sm100_from_name
+    from nvgemm.templates.sm100.config import config_from_name as sm100_from_name
 
     seen = 0
     for gpu, parse in (("B200", sm100_from_name), ("H200", sm90_from_name)):

@@ -1,4 +1,5 @@
-"""Host side of the sm100 NVFP4 kernel (nvgemm.runtime.sm100_launch), tested on CPU.
+"""Host side of the sm100 NVFP4 family (nvgemm.templates.sm100.launch / validity / occupancy and
+the nvgemm.runtime.sm100_backend wiring), tested on CPU.
 
 ``prepare_sm100_args`` builds the kernel's arguments (activation quantization to swizzled
 scales, swap-AB operand/scale roles and the transposed output view, alpha, split-K buffers);
@@ -22,13 +23,18 @@ from nvgemm.epilogues import EpilogueSpec, epilogue_ref
 from nvgemm.formats import quantize_weight, to_blocked
 from nvgemm.ops import nvfp4_linear_emulated
 from nvgemm.runtime.backends import LinearProblem
-from nvgemm.runtime.sm100_launch import (
-    kernel_view_ref,
-    prepare_sm100_args,
-    splitk_workspace_shape,
-    supports,
-)
-from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig
+from nvgemm.ops import check_linear_args
+from nvgemm.runtime.sm100_backend import supports
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100.launch import kernel_view_ref, splitk_workspace_shape
+from nvgemm.templates.sm100.launch import prepare_sm100_args as _prepare
+
+
+def prepare_sm100_args(*call_and_cfg, **kw):
+    """The launcher on one ``nvfp4_linear`` call (validated by the op's own checker first)."""
+    *call, cfg = call_and_cfg
+    spec = check_linear_args(*call)
+    return _prepare(*call[:7], spec, cfg, **kw)
 
 ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
@@ -186,7 +192,7 @@ def test_cute_apply_reference_is_epilogue_ref(alpha, bias, act, res, seed):
 
 def test_gate_up_interleave_roundtrip(seed):
     from nvgemm.formats import from_blocked
-    from nvgemm.runtime.sm100_launch import gate_up_permutation, interleave_gate_up
+    from nvgemm.templates.sm100.launch import gate_up_permutation, interleave_gate_up
 
     n, k = 256, 512
     q = quantize_weight(torch.randn(n, k))

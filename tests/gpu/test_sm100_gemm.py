@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.formats import dequantize, from_blocked, quantize_weight, to_blocked  # noqa: E402
 from nvgemm.ops import nvfp4_linear_emulated  # noqa: E402
-from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 
 ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
@@ -41,14 +41,14 @@ def kernel_for(cfg: C, epi: EpilogueSpec):
     """The production path: compile for this device's arch (explicit hardware numbers), export,
     link and load through the kernel cache (``nvgemm.runtime.cache``)."""
     from nvgemm.runtime.cache import default_cache
-    from nvgemm.runtime.sm100_launch import compile_spec_for
+    from nvgemm.runtime.sm100_backend import compile_spec_for
 
     props = torch.cuda.get_device_properties(0)
     return default_cache().get(compile_spec_for(cfg, epi, _arch(), props.multi_processor_count))
 
 
 def run_kernel(args):
-    from nvgemm.runtime.sm100_launch import launch_sm100
+    from nvgemm.runtime.sm100_backend import launch_sm100
 
     launch_sm100(args, kernel_for(args.config, args.spec), torch.cuda.current_stream())
     torch.cuda.synchronize()
@@ -69,7 +69,7 @@ def make_call(m, n, k, *, vector_alpha, bias, residual, activation, out_dtype):
 
 def check(cfg, m, n, k, *, vector_alpha=False, bias=False, residual=False, activation="none",
           out_dtype=torch.bfloat16):
-    from nvgemm.runtime.sm100_launch import prepare_sm100_args
+    from nvgemm.runtime.sm100_backend import prepare_sm100_args
 
     call = make_call(m, n, k, vector_alpha=vector_alpha, bias=bias, residual=residual, activation=activation,
                      out_dtype=out_dtype)

@@ -239,6 +239,15 @@ def test_invalid_config_gets_reason_and_never_compiles(monkeypatch):
         assert not st and why in st.reason
         with pytest.raises(ValueError, match=re.escape(why)):
             get_template(TID).compile(spec)
+    # a native gated tile_n=8 kernel would write 4-column output sub-tiles (under the TMA-store
+    # epilogue's 8): refused by the kernel and by the problem rule
+    from nvgemm.templates.sm100.validity import can_implement_problem
+
+    gated = EpilogueSpec(alpha="scalar", activation="silu_mul", out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="narrower than 8 columns"):
+        get_template(TID).compile(make_spec(TID, C(tile_n=8), "sm_100a", epilogue=gated))
+    st = can_implement_problem(C(tile_n=8), m=4, n=8, k=256, out_bytes=4, activation="silu_mul")
+    assert not st and "use tile_n >= 16" in st.reason
     # operand formats the template does not implement: refused with a reason, before compiling
     spec = make_spec(TID, C(), "sm_100a", epilogue=SCALAR, a_format="bf16")
     assert "nvfp4 x nvfp4" in check_spec(spec).reason

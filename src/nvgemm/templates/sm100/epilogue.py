@@ -22,9 +22,10 @@ Epilogue math per element (fp32, fixed order; one rounding at the store):
 per thread, its row) or once per sub-tile as vectors (native), never per element.
 
 Stores
-    native tiles whose output sub-tile row is >= 16 bytes: registers -> swizzled smem stage ->
-    one TMA bulk tensor store per sub-tile (two smem stages; TMA clips ragged M/N edges);
-    otherwise (swap-AB, and gated native tile_n=8) element-wise predicated global stores.
+    native tiles: registers -> swizzled smem stage -> one TMA bulk tensor store per sub-tile (two
+    smem stages; TMA clips ragged M/N edges). A sub-tile must be >= 8 output columns wide (the
+    smem layout's minimum): gated native tiles need tile_n >= 16 (the validity rule says so).
+    swap-AB tiles: element-wise predicated global stores, coalesced across the warp.
 
 Split-K (S > 1)
     each split publishes its fp32 partial to a **thread-major** workspace
@@ -71,8 +72,7 @@ class Sm100EpilogueMixin:
         self.out_w = self.epi_n // 2 if (self.gated and not self.feature_along_m) else self.epi_n
         self.out_cta_n = self.cta_tile_shape_mnk[1] // 2 if (self.gated and not self.feature_along_m) else (
             self.cta_tile_shape_mnk[1])
-        c_bytes = self.c_dtype.width // 8
-        self.use_tma_store = (not self.feature_along_m) and self.out_w * c_bytes >= 16
+        self.use_tma_store = not self.feature_along_m
         self.num_c_stage = 2 if self.use_tma_store else 0
         self.c_smem_layout_staged = None
         if self.use_tma_store:
@@ -363,7 +363,7 @@ class Sm100EpilogueMixin:
             if cutlass.const_expr(self.spec.residual):
                 self._load_residual_row(rRes, gR_sub, cs, mR, row_in, m_size, n_size)
             self._native_math(rAcc, rC, rAlpha, rBias, rRes, alpha_s)
-            if cutlass.const_expr(self.use_tma_store):
+            if cutlass.const_expr(self.use_tma_store):  # always, for native tiles
                 buf = num_stores % self.num_c_stage
                 cute.copy(tiled_copy_r2s, tiled_copy_r2s.retile(rC), tRS_sC[(None, None, None, buf)])
                 # make the smem writes visible to the TMA (async) proxy, then one thread stores
@@ -375,8 +375,6 @@ class Sm100EpilogueMixin:
                     c_pipeline.producer_acquire()  # the other stage is free again
                 self.epilog_sync_barrier.arrive_and_wait()
                 num_stores = num_stores + 1
-            else:
-                self._store_native_elementwise(rC, cs, mC, m_size, n_size)
         return num_stores
 
     @cute.jit
@@ -420,16 +418,6 @@ class Sm100EpilogueMixin:
         if cutlass.const_expr(self.spec.bias):
             return rBias[i].to(cutlass.Float32)
         return cutlass.Float32(0.0)
-
-    @cute.jit
-    def _store_native_elementwise(self, rC, cs, mC, m_size, n_size):
-        """Fallback for output rows under 16 bytes per sub-tile (gated tile_n=8): predicated stores."""
-        r0, c0, _l = cs[0]
-        oc0 = c0 // 2 if cutlass.const_expr(self.gated) else c0
-        n_out = n_size // 2 if cutlass.const_expr(self.gated) else n_size
-        for j in cutlass.range_constexpr(self.out_w):
-            if (r0 < m_size) & (oc0 + j < n_out):
-                mC[r0, oc0 + j, 0] = rC[j]
 
     @cute.jit
     def _store_swap_ab(self, rAcc, cs, mC, mR, alpha_r, bias_r, m_size, n_size):

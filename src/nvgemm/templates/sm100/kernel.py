@@ -92,6 +92,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from ...epilogues.cute_apply import CuteEpilogue, _cute_dtype
 from ...epilogues.spec import EpilogueSpec
 from .config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, validate_config
+from .validity import MIN_TMA_STORE_COLS
 from .epilogue import Sm100EpilogueMixin
 
 SF_VEC_SIZE = 16
@@ -142,6 +143,12 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         self.split_k = config.split_k
         self.pdl = config.pdl
         self.l2_prefetch = config.l2_prefetch
+
+        if not config.swap_ab and min(config.tile_n, 32) // (2 if self.gated else 1) < MIN_TMA_STORE_COLS:
+            raise ValueError(
+                f"nvgemm_cutedsl: {config.name()} with {epilogue.activation} writes output sub-tiles narrower than "
+                f"{MIN_TMA_STORE_COLS} columns (the TMA-store epilogue's minimum; gated native tiles need tile_n >= 16)"
+            )
 
         self.epilog_warp_id = (0, 1, 2, 3)
         self.mma_warp_id = 4

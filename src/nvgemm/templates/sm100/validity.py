@@ -21,6 +21,9 @@ NARROW_TILE_N = 64
 # swap-AB (W·Xᵀ into the transposed output) is nvgemm's decode layout: token count <= 256.
 SWAP_AB_MAX_M = 256
 ACTIVATIONS = ("none", "silu", "gelu_tanh", "silu_mul")
+# Native tiles store (128 x columns) output sub-tiles with TMA from a swizzled smem stage, whose
+# layout needs >= 8 columns: a 32-wide (or tile_n-wide) sub-tile, halved for gated outputs.
+MIN_TMA_STORE_COLS = 8
 
 
 def k_tiles(k: int) -> int:
@@ -66,6 +69,11 @@ def can_implement_problem(
     if config.swap_ab and m > SWAP_AB_MAX_M:
         return Status.fail(f"swap_ab is the decode layout (M <= {SWAP_AB_MAX_M}); M upper bound is {m}")
     kernel_n = m if config.swap_ab else n
+    if not config.swap_ab and min(config.tile_n, 32) // (2 if gated else 1) < MIN_TMA_STORE_COLS:
+        return Status.fail(
+            f"gated native tile_n={config.tile_n} writes {config.tile_n // 2}-column output sub-tiles; the TMA-store "
+            f"epilogue needs >= {MIN_TMA_STORE_COLS} (use tile_n >= 16)"
+        )
     if config.tile_n < NARROW_TILE_N:
         if kernel_n > config.tile_n:
             what = "token count M" if config.swap_ab else "N"
@@ -77,4 +85,4 @@ def can_implement_problem(
     return Status.success()
 
 
-__all__ = ["K_ALIGN", "NARROW_TILE_N", "SWAP_AB_MAX_M", "can_implement_problem", "k_tiles"]
+__all__ = ["K_ALIGN", "MIN_TMA_STORE_COLS", "NARROW_TILE_N", "SWAP_AB_MAX_M", "can_implement_problem", "k_tiles"]

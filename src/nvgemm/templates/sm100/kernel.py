@@ -387,6 +387,10 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, c_smem_elems], 1024]
 
         self.shared_storage = SharedStorage
+        smem_bytes = SharedStorage.size_in_bytes()
+        if cutlass.const_expr(smem_bytes > self.smem_capacity):
+            raise ValueError(f"nvgemm_cutedsl: {self.config.name()} needs {smem_bytes} bytes of shared memory, "
+                             f"over the {self.smem_capacity} available")
 
         self.kernel(
             tiled_mma, tiled_mma_sfb,

@@ -13,8 +13,9 @@ kernel's math expressed on the prepared arguments):
   (m, n) = (N, M); the output buffer [M, N] row-major is the kernel's column-major C;
 * alpha, bias and the residual are passed 16-byte aligned (copied when a caller's view is not:
   the kernel reads them with 16-byte vector loads);
-* split-K: an fp32 workspace [tiles, S, tile_n, 128] and int32 per-tile counters that must
-  be zero at launch (the kernel resets them), from :class:`SplitKWorkspaces` -- safe under CUDA
+* split-K: an fp32 workspace of tiles x S x tile_n x 128 values (laid out thread-major by the
+  kernel, see :mod:`nvgemm.templates.sm100.epilogue`) and int32 per-tile counters that must be
+  zero at launch (the kernel resets them), from :class:`SplitKWorkspaces` -- safe under CUDA
   graph capture (see there);
 * silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
   interleaved copy of a weight is made once and cached (keyed by the weight's storage and

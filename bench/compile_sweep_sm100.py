@@ -40,7 +40,7 @@ def main() -> int:
     from nvgemm.heuristics.problem import GemmProblem, Target
     from nvgemm.runtime.compile_spec import make_spec
     from nvgemm.templates.registry import check_spec, get_template
-    from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C
+    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
 
     cfgs: list = []
     for m, n, k in SHAPES:

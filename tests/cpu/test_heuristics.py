@@ -28,7 +28,7 @@ from nvgemm.heuristics import (
 from nvgemm.heuristics.presets import PRESETS, get_preset
 from nvgemm.heuristics.problem import as_gemm_problem, choose_split_k
 from nvgemm.templates.sm90_config import Sm90W4A16Config
-from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
 
 B200 = Target.from_gpu("B200")
 H100 = Target.from_gpu("H100")
@@ -247,7 +247,7 @@ def test_nvmmh_query_failure_falls_back(monkeypatch, caplog):
         (GemmProblem(n=4100, k=4096, m=1), "multiple of 16"),
         (GemmProblem(n=4096, k=4096, m=1, a_format="bf16", target=B200), "w4a16 on sm_100a"),
         (GemmProblem(n=4096, k=4096, m=1, target=H100), "w4a4 on sm_90a"),
-        (GemmProblem(n=4096, k=4096, m=1, epilogue="silu_mul"), "silu_mul is not implemented"),
+        (GemmProblem(n=4104, k=4096, m=1, epilogue="silu_mul"), "N must be a multiple of 16"),
         (GemmProblem(n=4096, k=4096, m=1, out_dtype="int8"), "out_dtype"),
     ],
 )
@@ -295,6 +295,27 @@ def test_can_implement_rules_by_hand():
                                      Sm90W4A16Config()).reason
     # the target argument overrides the problem's
     assert "sm_90a" in can_implement(p, C(), target=H100).reason
+
+
+def test_policy_serves_gated_layers_on_sm100():
+    """silu_mul (fused gate|up, interleaved rows) is implemented by the sm100 kernel and the
+    policy emits configs for it in every band, swap-AB decode tiles included."""
+    for m in (1, 8, 32, 64, 200, 1024):
+        prob = GemmProblem(n=28672, k=4096, m=m, epilogue="silu_mul")
+        cands = candidates(prob, use_nvmmh=False)
+        assert cands, m
+        assert all(can_implement(prob, c.config) for c in cands)
+        if m <= 32:
+            assert cands[0].config.swap_ab
+
+
+def test_policy_never_emits_tile_n_256():
+    """tile_n 256 has a single TMEM accumulator stage (no overlapping accumulator): the MMA warp
+    would idle through every epilogue, so the policy uses the two-stage 128/192-wide tiles."""
+    for _, _, n, k in _shapes():
+        for m in MS:
+            for c in candidates(GemmProblem(n=n, k=k, m=m), use_nvmmh=True):
+                assert c.config.tile_n != 256, (m, n, k, c.config.name())
 
 
 def test_linear_problem_conversion():
@@ -406,7 +427,7 @@ def test_config_names_round_trip_for_autotuned_choices():
     from nvgemm.heuristics import candidates
     from nvgemm.heuristics.problem import GemmProblem, Target
     from nvgemm.templates.sm90_config import config_from_name as sm90_from_name
-    from nvgemm.templates.sm100_config import config_from_name as sm100_from_name
+    from nvgemm.templates.sm100.config import config_from_name as sm100_from_name
 
     seen = 0
     for gpu, parse in (("B200", sm100_from_name), ("H200", sm90_from_name)):

@@ -1,4 +1,5 @@
-"""Host side of the sm100 NVFP4 kernel (nvgemm.runtime.sm100_launch), tested on CPU.
+"""Host side of the sm100 NVFP4 family (nvgemm.templates.sm100.launch / validity / occupancy and
+the nvgemm.runtime.sm100_backend wiring), tested on CPU.
 
 ``prepare_sm100_args`` builds the kernel's arguments (activation quantization to swizzled
 scales, swap-AB operand/scale roles and the transposed output view, alpha, split-K buffers);
@@ -22,13 +23,18 @@ from nvgemm.epilogues import EpilogueSpec, epilogue_ref
 from nvgemm.formats import quantize_weight, to_blocked
 from nvgemm.ops import nvfp4_linear_emulated
 from nvgemm.runtime.backends import LinearProblem
-from nvgemm.runtime.sm100_launch import (
-    kernel_view_ref,
-    prepare_sm100_args,
-    splitk_workspace_shape,
-    supports,
-)
-from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig
+from nvgemm.ops import check_linear_args
+from nvgemm.runtime.sm100_backend import supports
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100.launch import kernel_view_ref, splitk_workspace_shape
+from nvgemm.templates.sm100.launch import prepare_sm100_args as _prepare
+
+
+def prepare_sm100_args(*call_and_cfg, **kw):
+    """The launcher on one ``nvfp4_linear`` call (validated by the op's own checker first)."""
+    *call, cfg = call_and_cfg
+    spec = check_linear_args(*call)
+    return _prepare(*call[:7], spec, cfg, **kw)
 
 ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
@@ -121,6 +127,177 @@ def test_splitk_buffers():
     assert args.workspace.numel() >= splitk_workspace_shape(130, 128, args.config)[0]
 
 
+class _FakeCapture:
+    """Stands in for ``torch.cuda.is_current_stream_capturing`` (CPU tensors, no CUDA)."""
+
+    def __init__(self):
+        self.on = False
+
+    def __call__(self):
+        return self.on
+
+
+def test_splitk_workspace_survives_growth_after_a_capture():
+    """A graph captured with a workspace keeps its raw pointers; growing the workspace later
+    must not free (or re-hand-out) the old buffers. Fails on the old per-(device, stream) cache,
+    which replaced -- and so dropped the last reference to -- the captured buffers."""
+    import gc
+    import weakref
+
+    from nvgemm.templates.sm100.launch import SplitKWorkspaces
+
+    cap = _FakeCapture()
+    pool = SplitKWorkspaces(capturing=cap)
+    dev = torch.device("cpu")
+    ws1, cnt1 = pool.get(dev, 1000, 8, stream_id=7)  # eager warm-up before capture
+    cap.on = True
+    g_ws, g_cnt = pool.get(dev, 1000, 8, stream_id=7)  # "captured": the graph keeps raw pointers
+    cap.on = False
+    assert g_ws is ws1 and g_cnt is cnt1  # a large-enough pair is shared with the capture
+    ptrs = (g_ws.data_ptr(), g_cnt.data_ptr())
+    alive = [weakref.ref(ws1), weakref.ref(cnt1)]
+    del ws1, cnt1, g_ws, g_cnt
+    ws2, cnt2 = pool.get(dev, 5000, 20, stream_id=7)  # a later, larger eager call grows the pair
+    gc.collect()
+    assert all(r() is not None for r in alive), "a workspace a captured graph uses was freed"
+    assert (ws2.data_ptr(), cnt2.data_ptr()) != ptrs and ws2.numel() >= 5000 and cnt2.numel() >= 20
+    assert int(cnt2.abs().sum()) == 0
+    # the retired pair is never handed out again, even for a small request
+    again = pool.get(dev, 10, 1, stream_id=7)
+    assert again[0] is ws2 and alive[0]() is not again[0]
+    assert pool.held_bytes() >= (1000 + 8 + 5000 + 20) * 4
+
+
+def test_splitk_workspace_capture_needing_more_gets_a_private_pair():
+    from nvgemm.templates.sm100.launch import SplitKWorkspaces
+
+    cap = _FakeCapture()
+    pool = SplitKWorkspaces(capturing=cap)
+    dev = torch.device("cpu")
+    eager = pool.get(dev, 100, 2)
+    cap.on = True
+    private = pool.get(dev, 4000, 16)  # too small: this capture gets its own, zeroed pair
+    cap.on = False
+    assert private[0] is not eager[0] and private[0].numel() >= 4000 and int(private[1].abs().sum()) == 0
+    # ... which no later call receives: eager growth allocates anew, other captures too
+    later = pool.get(dev, 4000, 16)
+    assert later[0] is not private[0] and later[0] is not eager[0]
+    cap.on = True
+    other = pool.get(dev, 8000, 16)
+    assert other[0] is not private[0]
+    cap.on = False
+    # streams (and devices) never share a pair
+    assert pool.get(dev, 10, 1, stream_id=3)[0] is not pool.get(dev, 10, 1, stream_id=4)[0]
+    assert pool.release_retired() >= 3
+
+
+@pytest.mark.parametrize("k,split_k,ok", [(256, 1, True), (256, 2, False), (512, 2, True), (288, 2, True),
+                                         (288, 4, False), (2048, 8, True), (2048, 16, False)])
+def test_template_rule_refuses_split_k_beyond_k_tiles(k, split_k, ok):
+    """split_k > number of 256-wide K tiles would leave a split without K tiles (it would commit
+    a never-written accumulator): refused by the template's own rule, which the launcher
+    applies too. (Uneven but non-empty splits, e.g. K=288 -> 2 tiles / 2 splits, are fine for the
+    kernel; the policy additionally prefers equal slices.)"""
+    from nvgemm.templates.sm100.validity import can_implement_problem, k_tiles
+
+    cfg = Sm100Nvfp4GemmConfig(tile_n=64, split_k=split_k)
+    st = can_implement_problem(cfg, m=4, n=64, k=k, out_bytes=2)
+    assert bool(st) == ok, st.reason
+    if not ok:
+        assert f"split_k={split_k} exceeds the {k_tiles(k)} K tiles" in st.reason
+    if split_k > 1:
+        call = make_call(4, 64, k, vector_alpha=False, bias=False, residual=False, activation="none")
+        if ok:
+            assert prepare_sm100_args(*call, cfg).counters is not None
+        else:
+            with pytest.raises(ValueError, match="exceeds"):
+                prepare_sm100_args(*call, cfg)
+
+
+def test_template_class_exposes_the_problem_rule():
+    pytest.importorskip("cutlass")
+    from nvgemm.templates.registry import get_template
+
+    tpl = get_template("sm100_nvfp4_gemm")
+    assert not tpl.can_implement_problem(Sm100Nvfp4GemmConfig(split_k=4), m=1, n=64, k=512, out_bytes=2)
+    assert tpl.can_implement_problem(Sm100Nvfp4GemmConfig(split_k=2), m=1, n=64, k=512, out_bytes=2)
+
+
+def test_cluster_occupancy_aot_values():
+    """GPC-aware guaranteed cluster counts (module docstring of nvgemm.templates.sm100.occupancy),
+    worked by hand for B200's 148 SMs in 8 GPCs of an even SM count <= 20: c=4 -- a GPC with
+    2 (mod 4) SMs wastes 2; at most six GPCs can be such (eight would sum to <= 8*18 = 144 < 148,
+    and their number is even since 148 = 0 mod 4) -> (148 - 12) / 4 = 34; c=8 -- six GPCs of 20
+    and two of 14 -> 6*2 + 2*1 = 14; c=16 -- the same split -> 6."""
+    from nvgemm.templates.sm100.occupancy import aot_max_active_clusters, guaranteed_clusters
+
+    assert [guaranteed_clusters(148, c) for c in (1, 2, 4, 8, 16)] == [148, 74, 34, 14, 6]
+    assert [guaranteed_clusters(160, c) for c in (1, 2, 4, 8, 16)] == [160, 80, 40, 16, 8]  # full dies
+    # never more than the naive count, and never more than fits one cluster per GPC share
+    for sm in range(2, 161, 2):
+        for c in (1, 2, 4, 8, 16):
+            g = guaranteed_clusters(sm, c)
+            assert g <= sm // c and g * c <= sm
+    assert aot_max_active_clusters("sm_100a", 148, 4) == 34
+    assert aot_max_active_clusters("sm_103a", 148, 2) == 74
+    assert aot_max_active_clusters("sm_100a", 200, 4) == 50  # not the sm_100 topology: SM count / size
+    with pytest.raises(ValueError, match="do not fit"):
+        guaranteed_clusters(170, 2)
+
+
+def test_runtime_occupancy_resolution_keeps_aot_keys():
+    """The run-time compile spec equals the AOT spec (so precompiled kernels are found) whenever
+    the device holds at least the AOT cluster count; it carries the queried count when the
+    device holds fewer; a failing query falls back to the AOT value with one warning."""
+    import logging
+
+    from nvgemm.runtime.occupancy import resolve_max_active_clusters
+    from nvgemm.runtime.sm100_backend import compile_spec_for
+
+    cfg = Sm100Nvfp4GemmConfig(tile_n=16, swap_ab=True, cluster_m=4)
+    spec = EpilogueSpec(alpha="scalar")
+    aot = compile_spec_for(cfg, spec, "sm_100a", 148)
+    assert aot.hw.max_active_clusters == 0
+    assert compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 37) == aot  # balanced B200: 37 >= 34
+    assert compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 34) == aot
+    small = compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 20)  # e.g. an SM partition
+    assert small.hw.max_active_clusters == 20 and small != aot
+    assert resolve_max_active_clusters("sm_100a", 148, 2, lambda c: {2: 74}[c]) == 0
+    with pytest.raises(RuntimeError, match="does not fit"):
+        resolve_max_active_clusters("sm_100a", 148, 16, lambda c: 0)
+
+    def broken(c):
+        raise RuntimeError("no driver")
+
+    records = []
+    h = logging.Handler()
+    h.emit = records.append
+    lg = logging.getLogger("nvgemm_cutedsl")
+    lg.addHandler(h)
+    try:
+        for _ in range(3):
+            assert resolve_max_active_clusters("sm_103a", 148, 8, broken) == 0
+    finally:
+        lg.removeHandler(h)
+    assert len([r for r in records if r.levelno == logging.WARNING]) == 1
+
+
+def test_kernel_bakes_the_resolved_cluster_count():
+    """The template turns hw.max_active_clusters=0 into the arch's guaranteed count, and keeps an
+    explicit (measured) count."""
+    pytest.importorskip("cutlass")
+    from nvgemm.runtime.sm100_backend import compile_spec_for
+    from nvgemm.templates.registry import get_template
+
+    tpl = get_template("sm100_nvfp4_gemm")
+    cfg = Sm100Nvfp4GemmConfig(tile_n=128, cluster_m=2, cluster_n=2)
+    spec = EpilogueSpec(alpha="scalar")
+    assert tpl.make_kernel(compile_spec_for(cfg, spec, "sm_100a", 148)).max_active_clusters == 34
+    assert tpl.make_kernel(compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 30)).max_active_clusters == 30
+    one = Sm100Nvfp4GemmConfig(tile_n=128)
+    assert tpl.make_kernel(compile_spec_for(one, spec, "sm_100a", 148)).max_active_clusters == 148
+
+
 @pytest.mark.parametrize(
     "mutate,cfg,match",
     [
@@ -186,7 +363,7 @@ def test_cute_apply_reference_is_epilogue_ref(alpha, bias, act, res, seed):
 
 def test_gate_up_interleave_roundtrip(seed):
     from nvgemm.formats import from_blocked
-    from nvgemm.runtime.sm100_launch import gate_up_permutation, interleave_gate_up
+    from nvgemm.templates.sm100.launch import gate_up_permutation, interleave_gate_up
 
     n, k = 256, 512
     q = quantize_weight(torch.randn(n, k))

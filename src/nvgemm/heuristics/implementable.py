@@ -4,8 +4,10 @@ Templates, the candidate policy and the tests all call this one function. It com
 
 1. the problem's own checks (:func:`nvgemm.heuristics.problem.validate_problem`),
 2. the config's problem-independent checks, owned by the template modules
-   (``nvgemm.templates.sm100_config.validate_config`` / ``sm90_config.validate_config``), and
-3. the problem-dependent rules below (alignment, arch, swap-AB/narrow tiles, split-K).
+   (``nvgemm.templates.sm100.config.validate_config`` / ``sm90_config.validate_config``), and
+3. the problem-dependent rules: the sm100 family's own rule
+   (:func:`nvgemm.templates.sm100.validity.can_implement_problem`), the sm90 rules below, and the
+   policy's split-K preference (equal whole-tile slices).
 
 It never raises for a bad problem or config: the answer is a ``Status`` whose ``reason`` names the
 problem (shape, alignment, arch ...).
@@ -15,23 +17,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates import sm90_config, sm100_config
+from nvgemm.templates import sm90_config
 from nvgemm.templates.sm90_config import Sm90W4A16Config
-from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100 import validity as sm100_validity
+from nvgemm.templates.sm100.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
 from nvgemm.templates.status import Status
 
 from .problem import OUT_BYTES, GemmProblem, Target, validate_problem
 
-# W4A4: one TMA row of packed FP4 must be a whole number of 16-byte units -> K % 32 == 0
-# (this also makes K/16 scale blocks whole).
-W4A4_K_ALIGN = 32
+# W4A4 (sm100) limits are the template's own (nvgemm.templates.sm100.validity).
+W4A4_K_ALIGN = sm100_validity.K_ALIGN
+NARROW_TILE_N = sm100_validity.NARROW_TILE_N
+SWAP_AB_MAX_M = sm100_validity.SWAP_AB_MAX_M
 # W4A16: 16-byte packed-FP4 weight loads -> K % 32 == 0.
 W4A16_K_ALIGN = 32
-# Tiles narrower than this on the kernel's N axis are "narrow": one tile must hold the whole
-# kernel-N extent (with swap-AB that is the token count) and cluster_n must be 1.
-NARROW_TILE_N = 64
-# swap-AB (W·Xᵀ into the transposed output) is nvgemm's decode layout: token count <= 256.
-SWAP_AB_MAX_M = 256
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -69,32 +68,15 @@ def can_implement_sm100(problem: GemmProblem, config: Sm100Nvfp4GemmConfig) -> S
             f"sm100 NVFP4 GEMM needs nvfp4 x nvfp4 (W4A4); problem is {problem.a_format} x {problem.b_format}"
         )
     arch = problem.target.arch
-    if arch not in sm100_config.SM100_ARCHS:
-        return Status.fail(f"arch {arch} not supported by the sm100 NVFP4 family (needs one of {sm100_config.SM100_ARCHS})")
-    st = sm100_config.validate_config(config)
+    if arch not in SM100_ARCHS:
+        return Status.fail(f"arch {arch} not supported by the sm100 NVFP4 family (needs one of {SM100_ARCHS})")
+    st = sm100_validity.can_implement_problem(
+        config, m=problem.m_hi, n=problem.n, k=problem.k, out_bytes=OUT_BYTES[problem.out_dtype],
+        activation=problem.epilogue, arch=arch,
+    )
     if not st:
         return st
-    if problem.epilogue == "silu_mul":
-        return Status.fail("silu_mul is not implemented in the sm100 NVFP4 kernel (templates/sm100_nvfp4_gemm.py)")
-    if problem.k % W4A4_K_ALIGN:
-        return Status.fail(
-            f"K={problem.k} is not a multiple of {W4A4_K_ALIGN}: a TMA row of packed FP4 must be a multiple of 16 bytes"
-        )
-    st = _out_alignment(problem)
-    if not st:
-        return st
-    m_hi = problem.m_hi
-    if config.swap_ab and m_hi > SWAP_AB_MAX_M:
-        return Status.fail(f"swap_ab is the decode layout (M <= {SWAP_AB_MAX_M}); M upper bound is {m_hi}")
-    kernel_n = m_hi if config.swap_ab else problem.n
-    if config.tile_n < NARROW_TILE_N:
-        if kernel_n > config.tile_n:
-            what = "token count M" if config.swap_ab else "N"
-            return Status.fail(
-                f"narrow tile_n={config.tile_n} must cover the whole kernel-N extent ({what} up to {kernel_n})"
-            )
-        if config.cluster_n != 1:
-            return Status.fail(f"narrow tile_n={config.tile_n} needs cluster_n=1")
+    # policy preference on top of the kernel's rule: split K into equal whole-tile slices
     return _split_k_ok(problem.k, config.tile_k, config.split_k)
 
 

@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
-from nvgemm.templates import sm100_config
+from nvgemm.templates.sm100 import config as sm100_config
 
 from .problem import GPUS, GemmProblem, Target
 

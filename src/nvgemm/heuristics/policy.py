@@ -20,7 +20,7 @@ import logging
 from functools import lru_cache
 
 from nvgemm.templates.sm90_config import Sm90W4A16Config
-from nvgemm.templates.sm100_config import SM100_ARCHS, Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
 from nvgemm.templates.status import Status
 
 from . import nvmmh, sm90, sm100

@@ -9,7 +9,7 @@ Two sources, merged into one ranked, capped, deterministic list:
                 wider tile, and an L2-prefetch variant. Needs N >= 128, else native.
     33..64      swap-AB tile_n=64 (1-CTA and 2-CTA 256-row weight tiles), cluster_m 2.
     65..128     2-CTA swap-AB 256x128, 1-CTA swap 128x128 and 256x64, native 128x64.
-    129..256    native 2-CTA 256x128 and 1-CTA 128x128/128x64, swap-AB 256x256 (covers all tokens).
+    129..256    native 2-CTA 256x128 and 1-CTA 128x128/128x64, 2-CTA swap-AB 256x128.
     257..1024   native tiles ranked by wave efficiency x operand reuse (2-CTA 256xN and 128xN).
     > 1024      the same ranking over the large tiles.
 
@@ -25,6 +25,10 @@ Two sources, merged into one ranked, capped, deterministic list:
     M > 32 with an even cluster_m and a kernel-M extent >= 256, also to the 2-CTA config; a
     split-K nvgemm lacks (3, 5, 6 ...) is snapped to the nearest implementable factor.
 
+tile_n 256 is never emitted (rules or library): the kernel has one TMEM accumulator stage there and
+no overlapping accumulator, so its MMA warp idles through every epilogue; 192/128-wide tiles keep
+two accumulator stages (``POLICY_TILE_N``).
+
 Merge order: decode bands (M <= 64) take two rule candidates per nvMatmulHeuristics pick
 (the library does not model narrow tiles well), 65..256 alternate, above 256 the library leads.
 Duplicates are merged (the rule's reason plus the library's rank and estimate). Every emitted
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates.sm100_config import SM100_SPLIT_K, SM100_TILE_K, Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100.config import SM100_SPLIT_K, SM100_TILE_K, SM100_TILE_N, Sm100Nvfp4GemmConfig
 
 from . import nvmmh
 from .implementable import NARROW_TILE_N, SWAP_AB_MAX_M, can_implement
@@ -49,8 +53,10 @@ NVMMH_COUNT_DECODE = 4
 # Weight bytes above which a decode GEMM streams its weights from HBM (L2 cannot hold them across
 # calls): an L2-prefetch variant of the primary decode tile is then worth measuring.
 PREFETCH_MIN_WEIGHT_BYTES = 8 << 20
-LARGE_TILES = ((256, 256, 2, 1), (256, 192, 2, 1), (256, 128, 2, 1), (128, 256, 1, 1), (128, 128, 1, 1), (128, 192, 1, 1))
-MID_TILES = ((256, 128, 2, 1), (128, 128, 1, 1), (256, 256, 2, 1), (128, 64, 1, 1), (128, 256, 1, 1), (256, 64, 2, 1))
+# tile_n the policy emits: all of the config space except 256 (one accumulator stage, see above)
+POLICY_TILE_N = tuple(t for t in SM100_TILE_N if t != 256)
+LARGE_TILES = ((256, 192, 2, 1), (256, 128, 2, 1), (128, 192, 1, 1), (128, 128, 1, 1), (256, 64, 2, 1))
+MID_TILES = ((256, 128, 2, 1), (128, 128, 1, 1), (256, 192, 2, 1), (128, 64, 1, 1), (128, 192, 1, 1), (256, 64, 2, 1))
 
 
 def kernel_dims(problem: GemmProblem, swap_ab: bool) -> tuple[int, int]:
@@ -159,7 +165,7 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
         b.add(C(256, 128, 2, 1), f"{band}: native 2-CTA 256x128")
         b.add(C(128, 128), f"{band}: native 128x128")
         if swap_ok:
-            b.add(C(256, 256, 2, 1, swap_ab=True), f"{band}: 2-CTA swap-AB 256x256 (tokens in one tile)")
+            b.add(C(256, 128, 2, 1, swap_ab=True), f"{band}: 2-CTA swap-AB 256x128 (two token tiles)")
         b.add(C(128, 64), f"{band}: native 128x64 (more CTAs)")
         b.add(C(256, 128, 2, 2), f"{band}: native 2-CTA 256x128, cluster 2x2")
     else:
@@ -195,6 +201,8 @@ def nvmmh_candidates(problem: GemmProblem, count: int | None = None) -> list[Can
     out: list[Candidate] = []
     seen = set()
     for pk in picks:
+        if pk.tile_n not in POLICY_TILE_N:
+            continue
         # the 2-CTA alias only outside the narrow-token decode band (there it would crowd out rules)
         two_cta = pk.cluster_m % 2 == 0 and km >= 256 and problem.m_hi > 32
         tile_ms = (128, 256) if two_cta else (128,)

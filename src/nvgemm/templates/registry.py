@@ -124,7 +124,7 @@ MAJORS = ("k", "m", "n")
 
 # template_id -> module that registers it on import (imported only when compiling).
 BUILTIN_TEMPLATE_MODULES: dict[str, str] = {
-    "sm100_nvfp4_gemm": "nvgemm.templates.sm100_nvfp4_gemm",
+    "sm100_nvfp4_gemm": "nvgemm.templates.sm100.kernel",
     "sm90_w4a16_gemv": "nvgemm.templates.sm90_w4a16_gemv",
     "sm90_w4a16_wgmma": "nvgemm.templates.sm90_w4a16_wgmma",
     "sm90_w4a16_mma": "nvgemm.templates.sm90_w4a16_mma",

@@ -1,8 +1,9 @@
-"""Host side of the sm_100a NVFP4 CuTeDSL GEMM: argument preparation, launch, backend.
+"""Host launcher of the sm_100a NVFP4 CuTeDSL GEMM: argument preparation, workspaces, launch.
 
-:func:`prepare_sm100_args` turns one ``nvgemm::nvfp4_linear`` call (W4A4) into the kernel's
-arguments — it is pure torch and runs on CPU, where tests check it against the emulated op
-through :func:`kernel_view_ref` (the kernel's math expressed on the prepared arguments):
+:func:`prepare_sm100_args` turns one validated ``nvgemm::nvfp4_linear`` call (W4A4; the caller
+passes its :class:`~nvgemm.epilogues.EpilogueSpec`) into the kernel's arguments -- it is pure torch
+and runs on CPU, where tests check it against the emulated op through :func:`kernel_view_ref` (the
+kernel's math expressed on the prepared arguments):
 
 * activations are quantized with ``torch.ops.nvgemm.quantize_nvfp4(x, input_scale,
   swizzle=True)`` -> packed E2M1 [M, K/2] + 128x4-swizzled e4m3 scales;
@@ -10,35 +11,37 @@ through :func:`kernel_view_ref` (the kernel's math expressed on the prepared arg
   vector (fused shards with unequal ``weight_scale_2``);
 * swap-AB: A = weight / weight scales, B = activations / activation scales, MMA problem
   (m, n) = (N, M); the output buffer [M, N] row-major is the kernel's column-major C;
-* split-K: an fp32 workspace [tiles, S, tile_n, 128] and int32 per-tile counters that must
-  be zero at launch (the kernel resets them), cached per (device, stream);
+* alpha, bias and the residual are passed 16-byte aligned (copied when a caller's view is not:
+  the kernel reads them with 16-byte vector loads);
+* split-K: an fp32 workspace of tiles x S x tile_n x 128 values (laid out thread-major by the
+  kernel, see :mod:`nvgemm.templates.sm100.epilogue`) and int32 per-tile counters that must be
+  zero at launch (the kernel resets them), from :class:`SplitKWorkspaces` -- safe under CUDA
+  graph capture (see there);
 * silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
   interleaved copy of a weight is made once and cached (keyed by the weight's storage and
   version), which costs one extra copy of each gate_up weight in device memory. A loader
   that stores gate_up pre-interleaved would avoid that copy (not done).
 
-The backend ``cutedsl_sm100`` registers with ``nvgemm.runtime.backends``; its ``supports()``
-requires a CUDA device of the sm_100 family (capability 10.x), so on CPU and other GPUs it is
-never selected. Kernels come from the kernel cache (``nvgemm.runtime.cache``), compiled for an
-explicit arch with explicit hardware numbers.
+The problem-level limits are the template's own rule
+(:func:`nvgemm.templates.sm100.validity.can_implement_problem`); a refused call raises
+``ValueError`` with its reason. Backend registration, config selection and the kernel cache live
+in :mod:`nvgemm.runtime.sm100_backend`.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-from ..epilogues.spec import EpilogueSpec
-from ..formats import NVFP4, blocked_numel
-from ..templates.sm100_config import Sm100Nvfp4GemmConfig
-from .backends import Backend, LinearProblem, register_backend
+from ...epilogues.spec import EpilogueSpec
+from ...formats import NVFP4, blocked_numel
+from .config import Sm100Nvfp4GemmConfig
+from .validity import can_implement_problem
 
-TEMPLATE_ID = "sm100_nvfp4_gemm"
 CTA_TILE_M = 128
 
 
@@ -83,23 +86,85 @@ def splitk_workspace_shape(m: int, n: int, config: Sm100Nvfp4GemmConfig) -> tupl
     return tiles * config.split_k * config.tile_n * CTA_TILE_M, tiles
 
 
-_WS_LOCK = threading.Lock()
-_WS_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+def _is_capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _splitk_buffers(device: torch.device, m: int, n: int, config: Sm100Nvfp4GemmConfig, stream_id: int):
-    """Workspace + zeroed counters, grown on demand and reused per (device, stream): the
-    kernel leaves every counter at 0, and launches on one stream are ordered."""
+class SplitKWorkspaces:
+    """Split-K workspace + zeroed counters per (device, stream), safe under CUDA graphs.
+
+    A captured graph keeps the raw device pointers of every workspace it launched with, so no
+    buffer handed out here is ever freed or handed to anything that could use it concurrently:
+
+    * eager calls share one current pair per (device, stream) (launches on one stream are
+      ordered, and the kernel leaves every counter at 0). When a call needs more, a new pair of
+      at least twice the size is allocated (counters zeroed) and the old pair is **retired but
+      kept alive** for the life of the process (or until :meth:`release_retired`), since a graph
+      captured earlier may still replay onto it;
+    * a call made while its stream is being captured uses the current pair if it is large
+      enough (its counters are already zero). Otherwise it gets a pair of its own, allocated in
+      the capture (the counters' zeroing is recorded into the graph, so every replay re-zeroes
+      them); that pair is kept alive and never given to any other call.
+
+    A graph must replay on the stream it was captured on (or be ordered with that stream's
+    other launches); two concurrent launches that share a pair would race on its counters.
+    """
+
+    def __init__(self, capturing: Callable[[], bool] = _is_capturing, growth: float = 2.0):
+        self._capturing = capturing
+        self._growth = growth
+        self._lock = threading.Lock()
+        self._current: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._captured: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @staticmethod
+    def _alloc(device, ws_numel: int, n_cnt: int):
+        return (torch.empty(ws_numel, dtype=torch.float32, device=device),
+                torch.zeros(n_cnt, dtype=torch.int32, device=device))
+
+    def get(self, device: torch.device, ws_numel: int, n_cnt: int, stream_id: int = 0):
+        """(workspace, counters) with at least ``ws_numel`` / ``n_cnt`` elements."""
+        key = (str(device), stream_id)
+        with self._lock:
+            cur = self._current.get(key)
+            fits = cur is not None and cur[0].numel() >= ws_numel and cur[1].numel() >= n_cnt
+            if fits:
+                return cur
+            if self._capturing():
+                pair = self._alloc(device, ws_numel, n_cnt)
+                self._captured.append(pair)
+                return pair
+            if cur is not None:
+                self._retired.append(cur)
+                ws_numel = max(ws_numel, int(cur[0].numel() * self._growth))
+                n_cnt = max(n_cnt, int(cur[1].numel() * self._growth))
+            pair = self._alloc(device, ws_numel, n_cnt)
+            self._current[key] = pair
+            return pair
+
+    def release_retired(self) -> int:
+        """Free the retired and capture-private pairs (only when no graph that may have used
+        them can replay any more); returns how many pairs were dropped."""
+        with self._lock:
+            n = len(self._retired) + len(self._captured)
+            self._retired.clear()
+            self._captured.clear()
+            return n
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            pairs = list(self._current.values()) + self._retired + self._captured
+        return sum(w.numel() * 4 + c.numel() * 4 for w, c in pairs)
+
+
+WORKSPACES = SplitKWorkspaces()
+
+
+def splitk_buffers(device: torch.device, m: int, n: int, config: Sm100Nvfp4GemmConfig, stream_id: int = 0):
+    """Workspace + zeroed counters for MMA problem (m, n) from the process-wide pool."""
     ws_numel, n_cnt = splitk_workspace_shape(m, n, config)
-    key = (str(device), stream_id)
-    with _WS_LOCK:
-        ws, cnt = _WS_CACHE.get(key, (None, None))
-        if ws is None or ws.numel() < ws_numel:
-            ws = torch.empty(ws_numel, dtype=torch.float32, device=device)
-        if cnt is None or cnt.numel() < n_cnt:
-            cnt = torch.zeros(n_cnt, dtype=torch.int32, device=device)
-        _WS_CACHE[key] = (ws, cnt)
-    return ws, cnt
+    return WORKSPACES.get(device, ws_numel, n_cnt, stream_id)
 
 
 def gate_up_permutation(n: int, device=None) -> torch.Tensor:
@@ -120,7 +185,7 @@ def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
 
     The packed weight and its (re-swizzled) scales are cached per weight storage + version;
     per-N vectors (weight_scale_2, bias) are permuted per call (they are small)."""
-    from ..formats import from_blocked, to_blocked
+    from ...formats import from_blocked, to_blocked
 
     n, kb = weight.shape[0], weight.shape[1] * 2 // NVFP4.block_size
     perm = gate_up_permutation(n, weight.device)
@@ -140,6 +205,12 @@ def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
     return hit[2], hit[3], w2, b
 
 
+def _aligned16(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with a 16-byte aligned base (the kernel reads it with 16-byte vectors)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def prepare_sm100_args(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -148,35 +219,25 @@ def prepare_sm100_args(
     input_scale: torch.Tensor,
     bias: Optional[torch.Tensor],
     residual: Optional[torch.Tensor],
-    activation: str,
-    out_dtype: Optional[torch.dtype],
+    spec: EpilogueSpec,
     config: Sm100Nvfp4GemmConfig,
     *,
     stream_id: int = 0,
 ) -> Sm100Args:
-    from ..ops import check_linear_args
-
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    """The kernel's arguments for one call; ``spec`` is the call's validated epilogue
+    (``nvgemm.ops.check_linear_args``). Raises ValueError naming the problem when the template
+    cannot implement it."""
     if input_scale is None:
         raise ValueError("nvgemm_cutedsl sm100: the W4A4 kernel needs input_scale (W4A16 is not this kernel)")
     n, k = weight.shape[0], weight.shape[1] * 2
-    if k % 32:
-        raise ValueError(f"nvgemm_cutedsl sm100: K={k} must be a multiple of 32 (16-byte TMA rows of packed FP4)")
-    ob = torch.empty((), dtype=spec.out_dtype).element_size()
-    n_out = spec.out_features(n)
-    if (n_out * ob) % 16:
-        raise ValueError(
-            f"nvgemm_cutedsl sm100: output rows of {n_out} {spec.out_dtype} values are not a multiple of 16 bytes "
-            f"(the output width must be a multiple of {16 // ob})"
-        )
     dev = x.device
     x2 = x.reshape(-1, k)
     tokens = x2.shape[0]
-    if tokens == 0:
-        raise ValueError("nvgemm_cutedsl sm100: empty input (M=0)")
-    k_tiles = _ceil_div(k, 256)
-    if config.split_k > k_tiles:
-        raise ValueError(f"nvgemm_cutedsl sm100: split_k={config.split_k} exceeds the {k_tiles} K tiles (K={k})")
+    ob = torch.empty((), dtype=spec.out_dtype).element_size()
+    st = can_implement_problem(config, m=tokens, n=n, k=k, out_bytes=ob, activation=spec.activation)
+    if not st:
+        raise ValueError(f"nvgemm_cutedsl sm100: {config.name()} cannot run this call: {st.reason}")
+    n_out = spec.out_features(n)
 
     xq, xs = torch.ops.nvgemm.quantize_nvfp4(x2.contiguous(), input_scale.to(dev).reshape(()), True)
     wq = weight.contiguous()
@@ -185,36 +246,31 @@ def prepare_sm100_args(
     if xs.numel() != blocked_numel(tokens, k // NVFP4.block_size):
         raise ValueError("nvgemm_cutedsl sm100: activation quantizer returned unswizzled/misshapen scales")
 
-    alpha = (input_scale.float().reshape(()).to(dev) * weight_scale_2.float().to(dev)).reshape(-1).contiguous()
-
+    w2 = weight_scale_2
     if spec.gated:
         wq, ws_, w2, bias = interleave_gate_up(wq, ws_, weight_scale_2, bias)
-        alpha = (input_scale.float().reshape(()).to(dev) * w2.float().to(dev)).reshape(-1).contiguous()
+    alpha = _aligned16((input_scale.float().reshape(()).to(dev) * w2.float().to(dev)).reshape(-1))
     out = torch.empty((tokens, n_out), dtype=spec.out_dtype, device=dev)
     bias_k = None
     if bias is not None:
         if bias.dtype != spec.out_dtype:
             raise ValueError(f"nvgemm_cutedsl sm100: bias dtype {bias.dtype} must equal the output dtype {spec.out_dtype}")
-        bias_k = bias.contiguous()
+        bias_k = _aligned16(bias)
     res_k = None
     if residual is not None:
         if residual.dtype != spec.out_dtype:
             raise ValueError(
                 f"nvgemm_cutedsl sm100: residual dtype {residual.dtype} must equal the output dtype {spec.out_dtype}"
             )
-        res_k = residual.reshape(tokens, n_out).contiguous()
+        res_k = _aligned16(residual.reshape(tokens, n_out))
 
     if config.swap_ab:
         a, sfa, b, sfb, m_k, n_k = wq, ws_, xq, xs, n, tokens
     else:
         a, sfa, b, sfb, m_k, n_k = xq, xs, wq, ws_, tokens, n
-    if config.tile_n < 64 and n_k > config.tile_n:
-        raise ValueError(
-            f"nvgemm_cutedsl sm100: narrow tile_n={config.tile_n} needs the kernel-N extent ({n_k}) <= tile_n"
-        )
     ws = cnt = None
     if config.split_k > 1:
-        ws, cnt = _splitk_buffers(dev, m_k, n_k, config, stream_id)
+        ws, cnt = splitk_buffers(dev, m_k, n_k, config, stream_id)
     return Sm100Args(a, b, sfa, sfb, out, alpha if spec.alpha != "none" else None, bias_k, res_k, ws, cnt,
                      m_k, n_k, k, spec, config)
 
@@ -223,8 +279,8 @@ def kernel_view_ref(args: Sm100Args) -> torch.Tensor:
     """The kernel's math on the prepared arguments, in torch fp32 (CPU-testable): decode A/B
     with their own scales, C = A @ B^T in the MMA's (m, n) frame, the epilogue with per-feature
     vectors indexed along the MMA row when swap-AB, written through ``kernel_c_view()``."""
-    from ..epilogues.spec import apply_activation_ref
-    from ..formats import dequantize, from_blocked
+    from ...epilogues.spec import apply_activation_ref
+    from ...formats import dequantize, from_blocked
 
     kb = args.k // NVFP4.block_size
     A = dequantize(args.a, from_blocked(args.sfa, args.m, kb))
@@ -254,14 +310,7 @@ def kernel_view_ref(args: Sm100Args) -> torch.Tensor:
     return out
 
 
-# --------------------------------------------------------------------------- launch / backend
-
-
-def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str, sm_count: int):
-    from ..templates.registry import HardwareSpec
-    from .compile_spec import make_spec
-
-    return make_spec(TEMPLATE_ID, config, arch, epilogue=spec, hw=HardwareSpec(sm_count=sm_count))
+# --------------------------------------------------------------------------- launch
 
 
 def launch_sm100(args: Sm100Args, kernel, stream) -> torch.Tensor:
@@ -276,87 +325,3 @@ def launch_sm100(args: Sm100Args, kernel, stream) -> torch.Tensor:
         args.m, args.n, args.k, stream,
     )
     return args.out
-
-
-def arch_of(capability: tuple[int, int]) -> str:
-    major, minor = capability
-    if major != 10:
-        raise ValueError(f"nvgemm_cutedsl sm100: capability {major}.{minor} is not the sm_100 family")
-    return {0: "sm_100a", 3: "sm_103a"}.get(minor, "sm_100f")
-
-
-def supports(p: LinearProblem) -> Optional[str]:
-    if p.device_type != "cuda":
-        return f"needs a CUDA device (got {p.device_type})"
-    if p.capability is None or p.capability[0] != 10:
-        return f"needs an sm_100-family GPU (capability 10.x), got {p.capability}"
-    if p.weight_only:
-        return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
-    if p.k % 32:
-        return f"K={p.k} is not a multiple of 32"
-    ob = torch.empty((), dtype=p.out_dtype).element_size()
-    n_out = p.n // 2 if p.activation == "silu_mul" else p.n
-    if (n_out * ob) % 16:
-        return f"output width {n_out}: output rows must be a multiple of 16 bytes"
-    if p.bias and p.x_dtype != p.out_dtype:
-        return "bias/residual must be in the output dtype"
-    # the same predicate the policy uses (sm_count only ranks candidates; 148 = B200)
-    if _policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, arch_of(p.capability), 148) is None:
-        return f"the sm100 candidate policy has no implementable config (M={p.m} N={p.n} K={p.k} {p.activation})"
-    return None
-
-
-_OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-@functools.lru_cache(maxsize=4096)
-def _policy_config(m, n, k, out_dtype, activation, arch, sm_count) -> Optional[Sm100Nvfp4GemmConfig]:
-    """The policy's first candidate (deterministic; nvMatmulHeuristics off on the eager path)."""
-    from ..heuristics import candidates
-    from ..heuristics.problem import GemmProblem, Target
-
-    prob = GemmProblem(n=n, k=k, m=m, out_dtype=_OUT_NAMES[out_dtype], epilogue=activation,
-                       target=Target(arch=arch, sm_count=sm_count))
-    cands = candidates(prob, use_nvmmh=False)
-    return cands[0].config if cands else None
-
-
-def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm100Nvfp4GemmConfig:
-    m = x.numel() // x.shape[-1]
-    cfg = _policy_config(m, weight.shape[0], weight.shape[1] * 2, spec.out_dtype, spec.activation,
-                         arch_of(capability), sm_count)
-    if cfg is None:
-        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={weight.shape[0]}")
-    return cfg
-
-
-def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
-              config=None):
-    """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only).
-
-    ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
-    """
-    from ..ops import check_linear_args
-    from .cache import default_cache
-
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
-    dev = x.device
-    props = torch.cuda.get_device_properties(dev)
-    cap = (props.major, props.minor)
-    if config is None:
-        config = _pick_config(x, weight, spec, props.multi_processor_count, cap)
-    elif isinstance(config, str):
-        from ..templates.sm100_config import config_from_name
-
-        config = config_from_name(config)
-    stream = torch.cuda.current_stream(dev)
-    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
-                              out_dtype, config, stream_id=stream.cuda_stream)
-    cspec = compile_spec_for(config, spec, arch_of(cap), props.multi_processor_count)
-    kernel = default_cache().get(cspec)
-    launch_sm100(args, kernel, stream)
-    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
-
-
-BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)
-register_backend(BACKEND)

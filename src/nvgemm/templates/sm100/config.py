@@ -10,7 +10,10 @@ Knobs (per style.md, one frozen dataclass per template family):
   pdl         launch with programmatic stream serialization + griddepcontrol
   l2_prefetch prefetch weight tiles into L2 ahead of the TMA loads
 
-``can_implement(problem, config)`` is the single predicate heuristics, templates and tests use.
+:func:`validate_config` holds the problem-independent rules; the problem-dependent rule is
+:func:`nvgemm.templates.sm100.validity.can_implement_problem`, which
+``nvgemm.heuristics.can_implement`` (the predicate heuristics and tests use) and the host launcher
+both call.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .status import Status
+from ..status import Status
 
+TEMPLATE_ID = "sm100_nvfp4_gemm"
 SM100_TILE_M = (128, 256)
 SM100_TILE_N = (8, 16, 32, 64, 128, 192, 256)
 SM100_TILE_K = 256

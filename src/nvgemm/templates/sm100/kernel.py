@@ -9,8 +9,10 @@ fp32 in tensor memory (TMEM); the epilogue folds alpha and the rest of the
 :class:`~nvgemm.epilogues.EpilogueSpec` in fp32 and rounds once at the store.
 
 Warp roles (192 threads per CTA)
-    warps 0-3  epilogue: allocate TMEM, TMEM -> registers (tcgen05.ld), apply the epilogue
-               (``nvgemm.epilogues.cute_apply``), predicated stores to global memory; with
+    warps 0-3  epilogue (:mod:`nvgemm.templates.sm100.epilogue`): allocate TMEM, TMEM ->
+               registers (``tcgen05.ld.32x32b``: one accumulator row per thread), apply the
+               epilogue (``nvgemm.epilogues.cute_apply``), store (TMA bulk store from a swizzled
+               smem stage for native tiles; coalesced per-element stores for swap-AB); with
                split-K, the fp32 partial goes to a workspace and the last-arriving split reduces.
     warp 4     MMA: copies the scale factors smem -> TMEM (tcgen05.cp) and issues
                ``tcgen05.mma.kind::mxf4nvf4.block_scale`` (the leader CTA only, for 2-CTA tiles).
@@ -19,7 +21,10 @@ Warp roles (192 threads per CTA)
 
 Pipelines
     ab   (PipelineTmaUmma, ``num_ab_stage`` deep): TMA warp -> MMA warp, smem stages.
-    acc  (PipelineUmmaAsync, 1-2 stages): MMA warp -> epilogue warps, TMEM accumulators.
+    acc  (PipelineUmmaAsync, 1-2 stages): MMA warp -> epilogue warps, TMEM accumulators
+         (tile_n 256 has one accumulator stage: no overlapping accumulator, so the MMA warp
+         waits for the epilogue between tiles; the candidate policy does not emit tile_n 256).
+    c    (PipelineTmaStore, 2 smem stages, native tiles): epilogue -> TMA store.
     A static persistent tile scheduler hands every CTA (cluster) the same sequence of work
     tiles (m_tile, n_tile, k_split) in all three roles.
 
@@ -40,29 +45,35 @@ Swap-AB (``config.swap_ab``)
 
 Split-K (``config.split_k = S > 1``)
     work tile (m, n, s) accumulates K tiles [s*T/S, (s+1)*T/S) (T = ceil(K/256)), stores its
-    fp32 partial to a tile-major workspace, fences (release, gpu scope) and bumps a per-tile
-    counter with an atomic add. The split that observes S-1 (the last one) re-reads all S
-    partials **in the fixed order s = 0..S-1**, sums them in fp32, applies the epilogue and
-    resets the counter to 0 for the next launch. The sum order does not depend on arrival
-    order, so the result is deterministic (bitwise run-to-run) and deadlock-free (nobody spins).
+    fp32 partial to a thread-major workspace (16-byte stores), fences (release, gpu scope) and
+    bumps a per-tile counter with an atomic add. The split that observes S-1 (the last one)
+    loads all S partials (all loads of a round issued before the first add; S is a compile-time
+    constant) and sums them **in the fixed order s = 0..S-1**, applies the epilogue and resets
+    the counter to 0 for the next launch. The sum order does not depend on arrival order, so
+    the result is deterministic (bitwise run-to-run) and deadlock-free (nobody spins). A split
+    that gets no K tile (split_k > T) contributes zeros.
 
-Constraints (config: ``nvgemm.templates.sm100_config.validate_config``; problem:
-``nvgemm.heuristics.can_implement`` and the launcher's checks)
+Constraints (config: :func:`nvgemm.templates.sm100.config.validate_config`; problem:
+:func:`nvgemm.templates.sm100.validity.can_implement_problem`)
     tile_m 128 (1-CTA) or 256 (2-CTA, cluster_m even); tile_n in 8..256 (< 64 only with
     tile_m 128, cluster_n 1 and a single N tile: N <= tile_n); tile_k 256; K % 32 == 0
     (16-byte TMA rows of packed FP4); output rows a multiple of 16 bytes; split_k <= the
-    number of 256-wide K tiles. Ragged M/N/K tails are handled by TMA zero-fill and
-    predicated stores; full row-major sub-tiles are stored with 16-byte vector stores.
-    The C output is written with plain stores (no TMA store, no smem staging).
+    number of 256-wide K tiles. Ragged M/N/K tails are handled by TMA zero-fill on loads,
+    TMA clipping on native stores and predicated swap-AB stores.
 
 Gated SiLU-mul (``activation="silu_mul"``)
     needs the gate/up weight rows **interleaved** (GEMM row 2j = gate j, 2j+1 = up j; see
-    ``nvgemm.runtime.sm100_launch.interleave_gate_up``), so a gate and its up value meet in one
-    thread (adjacent accumulator columns) or in adjacent lanes (swap-AB: one shuffle). The
+    :func:`nvgemm.templates.sm100.launch.interleave_gate_up`), so a gate and its up value meet in
+    one thread (adjacent accumulator columns) or in adjacent lanes (swap-AB: one shuffle). The
     output has N/2 features; alpha/bias apply per GEMM row before the activation.
 
-Hardware numbers (target arch, SM count via ``max_active_clusters``) are explicit arguments;
-nothing is probed at import. One compile serves every M, N and K (they are runtime Int32s).
+Numerics: every epilogue step is fp32 and the output is rounded once; the compiler contracts
+``acc*alpha + bias`` (and ``silu*up + residual``) into one ``fma.rn.f32`` -- one fp32 rounding
+fewer than the emulated op's separate multiply and add (see the README's numerics section).
+
+Hardware numbers (target arch; ``max_active_clusters``, see
+:mod:`nvgemm.templates.sm100.occupancy`) are explicit arguments; nothing is probed at import.
+One compile serves every M, N and K (they are runtime Int32s).
 """
 
 from __future__ import annotations
@@ -78,22 +89,24 @@ import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..epilogues.cute_apply import CuteEpilogue
-from ..epilogues.spec import EpilogueSpec
-from .sm100_config import Sm100Nvfp4GemmConfig, validate_config
+from ...epilogues.cute_apply import CuteEpilogue, _cute_dtype
+from ...epilogues.spec import EpilogueSpec
+from .config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, validate_config
+from .validity import MIN_TMA_STORE_COLS
+from .epilogue import Sm100EpilogueMixin
 
 SF_VEC_SIZE = 16
 SM100_SMEM_BYTES = 232448  # 227 KiB usable dynamic smem per CTA on sm_100
 SM100_TMEM_COLS = 512
 
 
-class Sm100Nvfp4GemmKernel:
+class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
     """nvgemm's sm_100a NVFP4 block-scaled GEMM; see the module docstring for roles/pipelines.
 
     :param config: tile / cluster / swap / split-K / PDL / prefetch knobs (validated).
     :param epilogue: the epilogue spec (alpha kind, bias, activation, residual, out dtype).
-    :param max_active_clusters: clusters resident at once on the target (SM count / cluster
-        size for these 1-CTA-per-SM kernels); sizes the persistent grid. Explicit, never probed.
+    :param max_active_clusters: clusters resident at once on the target (GPC-aware; see
+        :mod:`nvgemm.templates.sm100.occupancy`); sizes the persistent grid. Explicit, never probed.
     :param bias_dtype / residual_dtype: element types of those operands (torch dtypes).
     """
 
@@ -115,8 +128,6 @@ class Sm100Nvfp4GemmKernel:
         self.epi = CuteEpilogue(epilogue)
         self.feature_along_m = config.swap_ab
         self.c_dtype = self.epi.cast.cute_dtype
-        from ..epilogues.cute_apply import _cute_dtype
-
         self.bias_dtype = _cute_dtype(bias_dtype or epilogue.out_dtype)
         self.residual_dtype = _cute_dtype(residual_dtype or epilogue.out_dtype)
 
@@ -132,6 +143,12 @@ class Sm100Nvfp4GemmKernel:
         self.split_k = config.split_k
         self.pdl = config.pdl
         self.l2_prefetch = config.l2_prefetch
+
+        if not config.swap_ab and min(config.tile_n, 32) // (2 if self.gated else 1) < MIN_TMA_STORE_COLS:
+            raise ValueError(
+                f"nvgemm_cutedsl: {config.name()} with {epilogue.activation} writes output sub-tiles narrower than "
+                f"{MIN_TMA_STORE_COLS} columns (the TMA-store epilogue's minimum; gated native tiles need tile_n >= 16)"
+            )
 
         self.epilog_warp_id = (0, 1, 2, 3)
         self.mma_warp_id = 4
@@ -184,9 +201,9 @@ class Sm100Nvfp4GemmKernel:
         self.is_a_mcast = self.num_mcast_ctas_a > 1
         self.is_b_mcast = self.num_mcast_ctas_b > 1
 
-        # Epilogue sub-tile: 128 rows (one per epilogue thread) x epi_n columns per TMEM load.
-        self.epi_n = min(self.cta_tile_shape_mnk[1], 32)
-        self.epi_tile = (self.cta_tile_shape_mnk[0], self.epi_n)
+        # Epilogue sub-tile (128 rows: one per epilogue thread, x epi_n columns per TMEM load),
+        # store path and C smem stages.
+        self._setup_epilogue_attributes()
 
         self.num_acc_stage = 1 if self.cta_tile_shape_mnk[1] == 256 else 2
         self.num_ab_stage = self._compute_ab_stages(tiled_mma)
@@ -222,7 +239,7 @@ class Sm100Nvfp4GemmKernel:
                 self.sf_dtype, blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.mma_tiler, self.sf_vec_size, 1)
             )
         )
-        reserved = 2048  # barriers, TMEM pointer, split-K flag, alignment slack
+        reserved = 2048 + self._c_smem_bytes()  # barriers, TMEM pointer, split-K flag, slack; C stages
         return max(2, min(12, (self.smem_capacity - reserved) // one))
 
     # ------------------------------------------------------------------ host entry
@@ -259,8 +276,9 @@ class Sm100Nvfp4GemmKernel:
         mA = cute.make_tensor(a_ptr, cute.make_ordered_layout((m, kk, 1), order=(1, 0, 2)))
         mB = cute.make_tensor(b_ptr, cute.make_ordered_layout((n, kk, 1), order=(1, 0, 2)))
         c_order = (0, 1, 2) if self.config.swap_ab else (1, 0, 2)
-        # 16-byte output rows (the launcher checks N * out_bytes % 16 == 0): full sub-tiles of
-        # the row-major output are stored with 16-byte vector stores.
+        # 16-byte output rows (the launcher checks N * out_bytes % 16 == 0, and allocates C,
+        # alpha, bias and the residual 16-byte aligned): TMA stores of C, vector loads of the
+        # residual row and of alpha/bias.
         c_div = 16 * 8 // self.c_dtype.width
         # gated: the output has half the GEMM's features (rows when swap-AB, else columns)
         m_out = m
@@ -271,9 +289,10 @@ class Sm100Nvfp4GemmKernel:
             else:
                 n_out = n // 2
         if cutlass.const_expr(self.config.swap_ab):
-            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((cute.assume(m_out, divby=c_div), n, 1), order=c_order))
+            m_out = cute.assume(m_out, divby=c_div)
         else:
-            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m, cute.assume(n_out, divby=c_div), 1), order=c_order))
+            n_out = cute.assume(n_out, divby=c_div)
+        mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
         mR = cute.make_tensor(residual_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
         feat = m if self.feature_along_m else n
         mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat))
@@ -324,14 +343,25 @@ class Sm100Nvfp4GemmKernel:
         )
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, self.max_active_clusters)
 
-        # Split-K workspace: fp32 [tiles_m * tiles_n, S, tile_n, 128] (tile-major, coalesced).
+        # Split-K workspace, thread-major: element e of 16-byte vector j of epilogue thread t in
+        # sub-tile st of split s of tile T sits at e + 4t + 512j + 128*epi_n*st + 128*tile_n*(s + S*T).
+        cta_m, cta_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
         mWs = cute.make_tensor(workspace_ptr, cute.make_layout(
-            (self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1], self.split_k, num_tiles_m * num_tiles_n),
-            stride=(1, self.cta_tile_shape_mnk[0],
-                    self.cta_tile_shape_mnk[0] * self.cta_tile_shape_mnk[1],
-                    self.cta_tile_shape_mnk[0] * self.cta_tile_shape_mnk[1] * self.split_k),
+            ((4, self.epi_n // 4), self.num_epi_threads, self.subtile_cnt, self.split_k, num_tiles_m * num_tiles_n),
+            stride=((1, 4 * self.num_epi_threads), 4, cta_m * self.epi_n, cta_m * cta_n, cta_m * cta_n * self.split_k),
         ))
         mCnt = cute.make_tensor(counter_ptr, cute.make_layout(num_tiles_m * num_tiles_n))
+
+        # TMA store of C (native tiles): one (128, out_w) sub-tile per bulk store.
+        tma_atom_c = None
+        tma_c = mC
+        c_smem_elems = 16
+        if cutlass.const_expr(self.use_tma_store):
+            c_smem_layout = cute.slice_(self.c_smem_layout_staged, (None, None, 0))
+            tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mC, c_smem_layout, (self.epi_tile[0], self.out_w)
+            )
+            c_smem_elems = self._c_smem_elems()
 
         @cute.struct
         class SharedStorage:
@@ -354,13 +384,18 @@ class Sm100Nvfp4GemmKernel:
             sSFB: cute.struct.Align[
                 cute.struct.MemRange[self.sf_dtype, cute.cosize(self.sfb_smem_layout_staged)], 1024
             ]
+            sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, c_smem_elems], 1024]
 
         self.shared_storage = SharedStorage
+        smem_bytes = SharedStorage.size_in_bytes()
+        if cutlass.const_expr(smem_bytes > self.smem_capacity):
+            raise ValueError(f"nvgemm_cutedsl: {self.config.name()} needs {smem_bytes} bytes of shared memory, "
+                             f"over the {self.smem_capacity} available")
 
         self.kernel(
             tiled_mma, tiled_mma_sfb,
             tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
-            mC, mR, mAlpha, mBias, mWs, mCnt, m, n,
+            mC, mR, mAlpha, mBias, mWs, mCnt, tma_atom_c, tma_c, self.c_smem_layout_staged, m, n,
             self.cluster_layout_vmnk, self.cluster_layout_sfb_vmnk,
             self.a_smem_layout_staged, self.b_smem_layout_staged,
             self.sfa_smem_layout_staged, self.sfb_smem_layout_staged,
@@ -405,6 +440,9 @@ class Sm100Nvfp4GemmKernel:
         mBias: cute.Tensor,
         mWs: cute.Tensor,
         mCnt: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC_tma: cute.Tensor,
+        c_smem_layout_staged,
         m_gemm: cutlass.Int32,
         n_gemm: cutlass.Int32,
         cluster_layout_vmnk: cute.Layout,
@@ -528,10 +566,13 @@ class Sm100Nvfp4GemmKernel:
                 is_leader_cta, v_size,
             )
         if warp_idx < self.mma_warp_id:
+            sC = None
+            if cutlass.const_expr(self.use_tma_store):
+                sC = self._c_smem_tensor(storage, c_smem_layout_staged)
             self._epilogue_warps(
-                tiled_mma, thr_mma, tmem, acc_pipeline, sched_params, tCtAcc_fake,
-                mC_mnl, mR_mnl, mAlpha, mBias, mWs, mCnt, storage, tidx, use_2cta, v_size, num_tiles_n,
-                m_gemm, n_gemm,
+                thr_mma, tmem, acc_pipeline, sched_params, tCtAcc_fake,
+                mC_mnl, mR_mnl, mAlpha, mBias, mWs, mCnt, tma_atom_c, mC_tma, sC, storage,
+                tidx, use_2cta, v_size, num_tiles_n, m_gemm, n_gemm, k_tile_total,
             )
 
     # ------------------------------------------------------------------ roles
@@ -728,221 +769,9 @@ class Sm100Nvfp4GemmKernel:
         dst = thr.partition_D(tCtSF)
         return tiled_copy, src, dst
 
-    @cute.jit
-    def _epilogue_warps(
-        self, tiled_mma, thr_mma, tmem, acc_pipeline, sched_params, tCtAcc_fake,
-        mC_mnl, mR_mnl, mAlpha, mBias, mWs, mCnt, storage, tidx, use_2cta, v_size, num_tiles_n,
-        m_gemm, n_gemm,
-    ):
-        tmem.allocate(self.num_tmem_alloc_cols)
-        tmem.wait_for_alloc()
-        acc_tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
-        tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
-
-        # Coordinates of every accumulator element (GEMM frame): identity tensor partitioned like C.
-        cC = cute.make_identity_tensor((m_gemm, n_gemm, 1))
-        gcC = cute.local_tile(cC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
-        tCcC = thr_mma.partition_C(gcC)
-
-        copy_atom_t2r = sm100_utils.get_tmem_load_op(
-            self.cta_tile_shape_mnk,
-            utils.LayoutEnum.COL_MAJOR if self.config.swap_ab else utils.LayoutEnum.ROW_MAJOR,
-            self.c_dtype, self.acc_dtype, self.epi_tile, use_2cta,
-        )
-        tAcc_epi = cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], self.epi_tile)
-        tiled_copy_t2r = tcgen05.make_tmem_copy(copy_atom_t2r, tAcc_epi[(None, None, 0, 0, 0)])
-        thr_t2r = tiled_copy_t2r.get_slice(tidx)
-        tTR_tAcc_base = thr_t2r.partition_S(tAcc_epi)
-        cC_epi = cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)], self.epi_tile)
-        tTR_cC_all = thr_t2r.partition_D(cC_epi)
-        # (gated outputs are half-width: their stores are element-wise, this view is unused)
-        gC = cute.local_tile(mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
-        gC_epi = cute.flat_divide(thr_mma.partition_C(gC)[((None, None), 0, 0, None, None, None)], self.epi_tile)
-        tTR_gC_all = thr_t2r.partition_D(gC_epi)
-        tTR_rAcc = cute.make_rmem_tensor(tTR_cC_all[(None, None, None, 0, 0, 0, 0, 0)].shape, self.acc_dtype)
-        tTR_rSum = cute.make_rmem_tensor(tTR_rAcc.shape, self.acc_dtype)
-        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
-
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-        alpha_s = cutlass.Float32(1.0)
-        if cutlass.const_expr(self.spec.alpha == "scalar"):
-            alpha_s = mAlpha[0].to(cutlass.Float32)
-
-        m_size = m_gemm
-        n_size = n_gemm
-        # split-K: the atomic's result, broadcast from thread 0 to the 128 epilogue threads
-        sFlag = cute.make_tensor(storage.splitk_flag.ptr, cute.make_layout(1))
-
-        tile_sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work_tile = tile_sched.initial_work_tile_info()
-        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stage)
-        while work_tile.is_valid_tile:
-            coord = work_tile.tile_idx
-            mma_coord = (coord[0] // v_size, coord[1], 0)
-            split_idx = coord[2]
-            tTR_tAcc = tTR_tAcc_base[(None, None, None, None, None, acc_state.index)]
-            tTR_tAcc = cute.group_modes(tTR_tAcc, 3, cute.rank(tTR_tAcc))
-            tTR_cC = tTR_cC_all[(None, None, None, None, None, *mma_coord)]
-            tTR_cC = cute.group_modes(tTR_cC, 3, cute.rank(tTR_cC))
-            tTR_gC = tTR_gC_all[(None, None, None, None, None, *mma_coord)]
-            tTR_gC = cute.group_modes(tTR_gC, 3, cute.rank(tTR_gC))
-            cta_tile_id = coord[0] * num_tiles_n + coord[1]
-
-            acc_pipeline.consumer_wait(acc_state)
-            subtile_cnt = cute.size(tTR_tAcc.shape, mode=[3])
-
-            if cutlass.const_expr(self.split_k == 1):
-                for st in cutlass.range(subtile_cnt):
-                    cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    self._store_subtile(tTR_rAcc, tTR_rC, tTR_cC[(None, None, None, st)], tTR_gC[(None, None, None, st)],
-                                        mC_mnl, mR_mnl, mAlpha, mBias, alpha_s, m_size, n_size)
-                cute.arch.fence_view_async_tmem_load()
-                acc_pipeline.consumer_release(acc_state)
-            else:
-                # 1) publish this split's fp32 partial (tile-major workspace, coalesced).
-                for st in cutlass.range(subtile_cnt):
-                    cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    cs = tTR_cC[(None, None, None, st)]
-                    for i in cutlass.range_constexpr(cute.size(tTR_rAcc)):
-                        r, c, _l = cs[i]
-                        mWs[r - coord[0] * self.cta_tile_shape_mnk[0],
-                            c - coord[1] * self.cta_tile_shape_mnk[1], split_idx, cta_tile_id] = tTR_rAcc[i]
-                cute.arch.fence_view_async_tmem_load()
-                acc_pipeline.consumer_release(acc_state)
-                cute.arch.fence_acq_rel_gpu()
-                self.epilog_sync_barrier.arrive_and_wait()
-                if tidx == 0:
-                    old = cute.arch.atomic_add(mCnt.iterator + cta_tile_id, cutlass.Int32(1),
-                                               sem="acq_rel", scope="gpu")
-                    sFlag[0] = old
-                self.epilog_sync_barrier.arrive_and_wait()
-                arrived = sFlag[0]
-                # 2) the last split reduces all partials in the fixed order 0..S-1.
-                if arrived == self.split_k - 1:
-                    cute.arch.fence_acq_rel_gpu()
-                    for st in cutlass.range(subtile_cnt):
-                        cs = tTR_cC[(None, None, None, st)]
-                        for i in cutlass.range_constexpr(cute.size(tTR_rAcc)):
-                            r, c, _l = cs[i]
-                            rl = r - coord[0] * self.cta_tile_shape_mnk[0]
-                            cl = c - coord[1] * self.cta_tile_shape_mnk[1]
-                            # fixed order 0, 1, ..., S-1 (a rolled loop keeps code size flat in S)
-                            s_acc = mWs[rl, cl, 0, cta_tile_id]
-                            for s in cutlass.range(1, self.split_k, unroll=1):
-                                s_acc = s_acc + mWs[rl, cl, s, cta_tile_id]
-                            tTR_rSum[i] = s_acc
-                        self._store_subtile(tTR_rSum, tTR_rC, cs, tTR_gC[(None, None, None, st)], mC_mnl, mR_mnl,
-                                            mAlpha, mBias, alpha_s, m_size, n_size)
-                    if tidx == 0:
-                        mCnt[cta_tile_id] = cutlass.Int32(0)
-                self.epilog_sync_barrier.arrive_and_wait()
-            acc_state.advance()
-            tile_sched.advance_to_next_work()
-            work_tile = tile_sched.get_current_work()
-
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_launch_dependents()
-        tmem.relinquish_alloc_permit()
-        self.epilog_sync_barrier.arrive_and_wait()
-        tmem.free(acc_tmem_ptr)
-
-    @cute.jit
-    def _store_subtile(self, rAcc, rC, cs, gC_sub, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size):
-        """Epilogue on one register sub-tile (fp32 -> one rounding), then the store: a thread's
-        sub-tile of a row-major output is one contiguous row segment, stored with 16-byte vector
-        stores when it is entirely inside the (ragged) problem; otherwise, and for the
-        column-major swap-AB output (where lanes own consecutive features, so scalar stores
-        coalesce across the warp), element-wise predicated stores."""
-        if cutlass.const_expr(self.gated):
-            self._store_subtile_gated(rAcc, cs, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size)
-        else:
-            self._store_subtile_plain(rAcc, rC, cs, gC_sub, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size)
-
-    @cute.jit
-    def _gathered_pre(self, acc, feat, inb, mAlpha, mBias, alpha_s):
-        """alpha and bias of GEMM feature ``feat`` applied to ``acc`` (operand loads predicated)."""
-        alpha = alpha_s
-        bias = cutlass.Float32(0.0)
-        if inb:
-            if cutlass.const_expr(self.spec.alpha == "vector"):
-                alpha = mAlpha[feat].to(cutlass.Float32)
-            if cutlass.const_expr(self.spec.bias):
-                bias = mBias[feat].to(cutlass.Float32)
-        return self.epi.apply_pre(acc, alpha, bias)
-
-    @cute.jit
-    def _store_subtile_gated(self, rAcc, cs, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size):
-        """silu(gate) * up on interleaved GEMM features (2j = gate j, 2j+1 = up j)."""
-        act = self.epi.activation
-        if cutlass.const_expr(self.feature_along_m):
-            # swap-AB: features are rows = lanes; the up value sits in the odd neighbour lane.
-            for i in cutlass.range_constexpr(cute.size(rAcc)):
-                r, c, _l = cs[i]
-                inb = (r < m_size) & (c < n_size)
-                y = self._gathered_pre(rAcc[i], r, inb, mAlpha, mBias, alpha_s)
-                up = cute.arch.shuffle_sync_bfly(y, offset=1)
-                if inb & (r % 2 == 0):
-                    res = cutlass.Float32(0.0)
-                    if cutlass.const_expr(self.spec.residual):
-                        res = mR[r // 2, c, 0].to(cutlass.Float32)
-                    v = self.epi.apply_post(act.apply_gated(y, up), res)
-                    mC[r // 2, c, 0] = v.to(self.c_dtype)
-        else:
-            # features are columns: a thread's adjacent accumulator registers hold gate and up.
-            for i in cutlass.range_constexpr(0, cute.size(rAcc), 2):
-                r, c, _l = cs[i]
-                inb = (r < m_size) & (c < n_size)
-                g = self._gathered_pre(rAcc[i], c, inb, mAlpha, mBias, alpha_s)
-                u = self._gathered_pre(rAcc[i + 1], c + 1, inb, mAlpha, mBias, alpha_s)
-                if inb:
-                    res = cutlass.Float32(0.0)
-                    if cutlass.const_expr(self.spec.residual):
-                        res = mR[r, c // 2, 0].to(cutlass.Float32)
-                    v = self.epi.apply_post(act.apply_gated(g, u), res)
-                    mC[r, c // 2, 0] = v.to(self.c_dtype)
-
-    @cute.jit
-    def _store_subtile_plain(self, rAcc, rC, cs, gC_sub, mC, mR, mAlpha, mBias, alpha_s, m_size, n_size):
-        all_in = cutlass.Boolean(True)
-        for i in cutlass.range_constexpr(cute.size(rAcc)):
-            r, c, _l = cs[i]
-            inb = (r < m_size) & (c < n_size)
-            all_in = all_in & inb
-            feat = c
-            if cutlass.const_expr(self.feature_along_m):
-                feat = r
-            alpha = alpha_s
-            bias = cutlass.Float32(0.0)
-            res = cutlass.Float32(0.0)
-            if inb:
-                if cutlass.const_expr(self.spec.alpha == "vector"):
-                    alpha = mAlpha[feat].to(cutlass.Float32)
-                if cutlass.const_expr(self.spec.bias):
-                    bias = mBias[feat].to(cutlass.Float32)
-                if cutlass.const_expr(self.spec.residual):
-                    res = mR[r, c, 0].to(cutlass.Float32)
-            rC[i] = self.epi.apply(rAcc[i], alpha, bias, res).to(self.c_dtype)
-        if cutlass.const_expr(self.feature_along_m):
-            for i in cutlass.range_constexpr(cute.size(rAcc)):
-                r, c, _l = cs[i]
-                if (r < m_size) & (c < n_size):
-                    mC[r, c, 0] = rC[i]
-        else:
-            if all_in:
-                cute.autovec_copy(rC, gC_sub)
-            else:
-                for i in cutlass.range_constexpr(cute.size(rAcc)):
-                    r, c, _l = cs[i]
-                    if (r < m_size) & (c < n_size):
-                        mC[r, c, 0] = rC[i]
 
 
 # ---------------------------------------------------------------------- template (kernels cache)
-
-TEMPLATE_ID = "sm100_nvfp4_gemm"
 
 _CUTE_DTYPE_NAME = {"bfloat16": "BFloat16", "float16": "Float16", "float32": "Float32"}
 
@@ -951,9 +780,15 @@ def _dtype_name(dt) -> str:
     return _CUTE_DTYPE_NAME[str(dt).replace("torch.", "")]
 
 
-def default_max_active_clusters(config: Sm100Nvfp4GemmConfig, sm_count: int) -> int:
-    """One CTA per SM (the kernel uses ~all of smem and TMEM): SM count / cluster size."""
-    return max(1, sm_count // (config.cluster_m * config.cluster_n))
+def max_active_clusters_for(spec) -> int:
+    """The persistent grid's cluster count baked into a kernel: ``spec.hw.max_active_clusters``
+    when the caller measured it (the runtime's driver query), else the arch's guaranteed value
+    (:func:`nvgemm.templates.sm100.occupancy.aot_max_active_clusters`)."""
+    from .occupancy import aot_max_active_clusters
+
+    if spec.hw.max_active_clusters:
+        return spec.hw.max_active_clusters
+    return aot_max_active_clusters(spec.arch, spec.hw.sm_count, spec.config.cluster_m * spec.config.cluster_n)
 
 
 class Sm100Nvfp4GemmTemplate:
@@ -961,7 +796,8 @@ class Sm100Nvfp4GemmTemplate:
 
     C ABI (in order): pointers ``a, b, sfa, sfb, c, alpha, bias, residual, workspace,
     counters``, int32 ``m, n, k`` (the MMA problem; swap-AB: m = N, n = tokens), stream.
-    Bias and residual are in the output dtype; unused pointers may be 0.
+    Bias and residual are in the output dtype; unused pointers may be 0; every pointer is
+    16-byte aligned (the launcher allocates or copies to make it so).
     """
 
     template_id = TEMPLATE_ID
@@ -969,7 +805,8 @@ class Sm100Nvfp4GemmTemplate:
     archs = ("sm_100a", "sm_100f", "sm_103a")
 
     def can_implement(self, spec) -> "Status":
-        from .status import Status
+        """Problem-independent checks of a compile spec (config, operand formats, arch)."""
+        from ..status import Status
 
         st = validate_config(spec.config)
         if not st:
@@ -982,20 +819,28 @@ class Sm100Nvfp4GemmTemplate:
             return Status.fail(f"sm100 NVFP4 GEMM targets {self.archs}, not {spec.arch}")
         return Status.success()
 
+    @staticmethod
+    def can_implement_problem(config, *, m: int, n: int, k: int, out_bytes: int, activation: str = "none",
+                              arch: str | None = None) -> "Status":
+        """The problem-level rule (:func:`nvgemm.templates.sm100.validity.can_implement_problem`):
+        shapes, alignment, narrow tiles, split_k <= K tiles."""
+        from .validity import can_implement_problem
+
+        return can_implement_problem(config, m=m, n=n, k=k, out_bytes=out_bytes, activation=activation, arch=arch)
+
     def abi(self, spec):
-        from .registry import PointerArg, ScalarArg, StreamArg
+        from ..registry import PointerArg, ScalarArg, StreamArg
 
         out = _dtype_name(spec.epilogue.out_dtype)
-        out_align = 4 if out == "Float32" else 2
         return (
             PointerArg("a_ptr", "Float4E2M1FN", assumed_align=16),
             PointerArg("b_ptr", "Float4E2M1FN", assumed_align=16),
             PointerArg("sfa_ptr", "Float8E4M3FN", assumed_align=16),
             PointerArg("sfb_ptr", "Float8E4M3FN", assumed_align=16),
             PointerArg("c_ptr", out, assumed_align=16),  # allocated by the launcher: 16-byte aligned
-            PointerArg("alpha_ptr", "Float32", assumed_align=4),
-            PointerArg("bias_ptr", out, assumed_align=out_align),
-            PointerArg("residual_ptr", out, assumed_align=out_align),
+            PointerArg("alpha_ptr", "Float32", assumed_align=16),  # vector loads of alpha / bias /
+            PointerArg("bias_ptr", out, assumed_align=16),  # residual rows: the launcher aligns
+            PointerArg("residual_ptr", out, assumed_align=16),
             PointerArg("workspace_ptr", "Float32", assumed_align=16),
             PointerArg("counter_ptr", "Int32", assumed_align=4),
             ScalarArg("m", "int32"),
@@ -1006,11 +851,10 @@ class Sm100Nvfp4GemmTemplate:
 
     def make_kernel(self, spec) -> Sm100Nvfp4GemmKernel:
         self.can_implement(spec).raise_if_failed(spec.name())
-        mac = spec.hw.max_active_clusters or default_max_active_clusters(spec.config, spec.hw.sm_count)
-        return Sm100Nvfp4GemmKernel(spec.config, spec.epilogue, mac)
+        return Sm100Nvfp4GemmKernel(spec.config, spec.epilogue, max_active_clusters_for(spec))
 
     def compile(self, spec, *, keep_ptx: bool = False):
-        from .registry import compile_for_target, fake_args
+        from ..registry import compile_for_target, fake_args
 
         return compile_for_target(self.make_kernel(spec), fake_args(self.abi(spec)), spec,
                                   "--keep-ptx" if keep_ptx else "")
@@ -1023,7 +867,7 @@ def compile_sm100_nvfp4_gemm(spec, *, keep_ptx: bool = False):
 
 
 def _register():
-    from .registry import register_template
+    from ..registry import register_template
 
     return register_template(Sm100Nvfp4GemmTemplate(), replace=True)
 

@@ -1,0 +1,122 @@
+"""The ``cutedsl_sm100`` backend: wires the sm100 NVFP4 family's launcher into the backend registry.
+
+Family code (config, validity rule, kernel, host launcher) lives in :mod:`nvgemm.templates.sm100`;
+this module adds what belongs to the runtime: the device predicate (``supports``: a CUDA device of
+the sm_100 family, capability 10.x, so on CPU and other GPUs the backend is never selected),
+config selection through the candidate policy, the hardware cluster-occupancy query
+(:mod:`nvgemm.runtime.occupancy`), and fetching the compiled kernel from the kernel cache
+(``nvgemm.runtime.cache``), compiled for an explicit arch with explicit hardware numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import torch
+
+from ..epilogues.spec import EpilogueSpec
+from ..templates.sm100.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
+from ..templates.sm100.launch import launch_sm100, prepare_sm100_args
+from ..templates.sm100.validity import can_implement_problem
+from .backends import Backend, LinearProblem, register_backend
+
+
+def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str, sm_count: int,
+                     occupancy_query: Optional[Callable[[int], int]] = None):
+    """The kernel cache's compile spec for one config on one device.
+
+    ``occupancy_query(cluster_size) -> clusters`` (the driver query at run time; None ahead of
+    time) decides ``hw.max_active_clusters``: 0 -- the template's per-arch AOT value, i.e. the key
+    a precompiled kernel has -- unless the device holds fewer clusters than that
+    (:func:`nvgemm.runtime.occupancy.resolve_max_active_clusters`)."""
+    from ..templates.registry import HardwareSpec
+    from .compile_spec import make_spec
+    from .occupancy import resolve_max_active_clusters
+
+    mac = resolve_max_active_clusters(arch, sm_count, config.cluster_m * config.cluster_n, occupancy_query)
+    return make_spec(TEMPLATE_ID, config, arch, epilogue=spec,
+                     hw=HardwareSpec(sm_count=sm_count, max_active_clusters=mac))
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    major, minor = capability
+    if major != 10:
+        raise ValueError(f"nvgemm_cutedsl sm100: capability {major}.{minor} is not the sm_100 family")
+    return {0: "sm_100a", 3: "sm_103a"}.get(minor, "sm_100f")
+
+
+def supports(p: LinearProblem) -> Optional[str]:
+    if p.device_type != "cuda":
+        return f"needs a CUDA device (got {p.device_type})"
+    if p.capability is None or p.capability[0] != 10:
+        return f"needs an sm_100-family GPU (capability 10.x), got {p.capability}"
+    if p.weight_only:
+        return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
+    if p.bias and p.x_dtype != p.out_dtype:
+        return "bias/residual must be in the output dtype"
+    ob = torch.empty((), dtype=p.out_dtype).element_size()
+    # the template's own rule for the problem (any config: shapes and alignment only)
+    st = can_implement_problem(Sm100Nvfp4GemmConfig(), m=1, n=p.n, k=p.k, out_bytes=ob, activation=p.activation)
+    if not st:
+        return st.reason
+    # the same predicate the policy uses (sm_count only ranks candidates; 148 = B200)
+    if _policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, arch_of(p.capability), 148) is None:
+        return f"the sm100 candidate policy has no implementable config (M={p.m} N={p.n} K={p.k} {p.activation})"
+    return None
+
+
+_OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _policy_config(m, n, k, out_dtype, activation, arch, sm_count) -> Optional[Sm100Nvfp4GemmConfig]:
+    """The policy's first candidate (deterministic; nvMatmulHeuristics off on the eager path)."""
+    from ..heuristics import candidates
+    from ..heuristics.problem import GemmProblem, Target
+
+    prob = GemmProblem(n=n, k=k, m=m, out_dtype=_OUT_NAMES[out_dtype], epilogue=activation,
+                       target=Target(arch=arch, sm_count=sm_count))
+    cands = candidates(prob, use_nvmmh=False)
+    return cands[0].config if cands else None
+
+
+def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm100Nvfp4GemmConfig:
+    m = x.numel() // x.shape[-1]
+    cfg = _policy_config(m, weight.shape[0], weight.shape[1] * 2, spec.out_dtype, spec.activation,
+                         arch_of(capability), sm_count)
+    if cfg is None:
+        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={weight.shape[0]}")
+    return cfg
+
+
+def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
+              config=None):
+    """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only).
+
+    ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
+    """
+    from ..ops import check_linear_args
+    from .cache import default_cache
+    from .occupancy import query_max_active_clusters
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    dev = x.device
+    props = torch.cuda.get_device_properties(dev)
+    cap = (props.major, props.minor)
+    if config is None:
+        config = _pick_config(x, weight, spec, props.multi_processor_count, cap)
+    elif isinstance(config, str):
+        config = config_from_name(config)
+    stream = torch.cuda.current_stream(dev)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream.cuda_stream)
+    cspec = compile_spec_for(config, spec, arch_of(cap), props.multi_processor_count,
+                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
+    kernel = default_cache().get(cspec)
+    launch_sm100(args, kernel, stream)
+    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+
+
+BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)
+register_backend(BACKEND)

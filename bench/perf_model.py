@@ -277,7 +277,7 @@ def sm100_report(out: Path) -> None:
 
     from nvgemm.perfmodel import bf16_baseline, estimate, estimate_with, family_for, get_hardware, lookup, rank
     from nvgemm.perfmodel.model import best
-    from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C
+    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
 
     lines = _header("sm100 NVFP4 W4A4 decode on B200: performance MODEL (issue 13 item 10)",
                     "python bench/perf_model.py sm100")

@@ -31,7 +31,7 @@ from nvgemm.perfmodel.families.sm90 import GemvFacts
 from nvgemm.perfmodel.model import occupancy
 from nvgemm.perfmodel.table import load_table
 from nvgemm.templates.sm90_config import Sm90W4A16Config as C90
-from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C100
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C100
 
 H200 = get_hardware("H200")
 REL = 1e-6

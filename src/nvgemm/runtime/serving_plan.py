@@ -52,7 +52,7 @@ def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
     """(config, CompileSpec) the named CuTeDSL backend loads for ``p``; (None, None) for other backends."""
     sms = _sm_count(p, sm_count)
     if backend == "cutedsl_sm100":
-        from . import sm100_launch as s
+        from . import sm100_backend as s
 
         cfg = s._policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, s.arch_of(p.capability), sms)
         return cfg, (None if cfg is None else s.compile_spec_for(cfg, epilogue_of(p), s.arch_of(p.capability), sms))

@@ -1,4 +1,4 @@
-"""Facts of the sm_100a NVFP4 (W4A4) tcgen05 GEMM (``templates/sm100_nvfp4_gemm.py``).
+"""Facts of the sm_100a NVFP4 (W4A4) tcgen05 GEMM (``templates/sm100/kernel.py``).
 
 A warp-specialised persistent kernel: a TMA warp fills ``stages`` shared-memory stages of one
 256-deep K tile each, an MMA warp consumes them, four epilogue warps drain TMEM. For decode the
@@ -32,13 +32,13 @@ pipeline depth, not instruction counts:
 * DRAM bytes: weights ``N x K / 2`` + swizzled weight scales ``round_up(N, 128) x
   round_up(K/16, 4)`` + activations ``M x K / 2`` + activation scales padded to 128 rows +
   output;
-* host path per call (``runtime/sm100_launch.prepare_sm100_args``): the activation quantize
+* host path per call (``templates/sm100/launch.prepare_sm100_args``): the activation quantize
   kernel and the ``input_scale * weight_scale_2`` product -> :data:`HOST_AUX_KERNELS` = 2.
 """
 
 from __future__ import annotations
 
-from nvgemm.templates.sm100_config import (
+from nvgemm.templates.sm100.config import (
     SM100_SPLIT_K,
     SM100_TILE_K,
     Sm100Nvfp4GemmConfig,

@@ -163,6 +163,12 @@ class FamilyFacts:
     def shape_problem(self, config, m: int, n: int, k: int) -> str | None:
         return None
 
+    def min_round_trips(self, config) -> float:
+        """Lower bound on serial DRAM round trips per main-loop iteration that the SASS replay
+        cannot see (0: none). A cp.async ring of depth D whose prologue issues the first D - 1
+        stages before the loop needs at least 1 / (D - 1): only D - 1 stages are ever in flight."""
+        return 0.0
+
     def estimate_static(self, config) -> KernelFacts | None:
         """Static facts without SASS (configs missing from the table); None: none available."""
         return None

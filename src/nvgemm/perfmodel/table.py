@@ -48,7 +48,7 @@ def clear_cache() -> None:
 
 
 def _config_of(name: str):
-    from nvgemm.templates.sm90_config import config_from_name as sm90_from_name
+    from nvgemm.templates.sm90.config import config_from_name as sm90_from_name
     from nvgemm.templates.sm100_config import config_from_name as sm100_from_name
 
     for parse in (sm90_from_name, sm100_from_name):

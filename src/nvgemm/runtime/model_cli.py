@@ -2,7 +2,7 @@
 
 Examples::
 
-    nvgemm model --config nvgemm_cutedsl_sm90_w4a16_gemv_t1x16x4096_w4_s1 --shape 28672,4096 --m 1,4
+    nvgemm model --config nvgemm_cutedsl_sm90_w4a16_mma_t8x128x256_w4_s4_pdl --shape 28672,4096 --m 1,4
     nvgemm model --policy --shape 28672,4096 --m 1,8 --gpu H200      # the policy's candidates, ranked
     nvgemm model --best sm90.gemv,sm90.mma --shape 4096,14336 --m 16   # the model's best config
     nvgemm model --config NAME --shape 6144,4096 --m 1 --sass          # compile now, read the SASS
@@ -54,7 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _parse_config(name: str):
-    from ..templates.sm90_config import config_from_name as sm90
+    from ..templates.sm90.config import config_from_name as sm90
     from ..templates.sm100_config import config_from_name as sm100
 
     for parse in (sm90, sm100):

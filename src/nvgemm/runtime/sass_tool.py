@@ -92,7 +92,7 @@ def _family(config) -> FamilyFacts:
 
 def dump_sass(compiled) -> tuple[str, str]:
     """(``cuobjdump --dump-sass`` text, ``--dump-resource-usage`` text) of a compiled kernel."""
-    from ..templates.sm90_w4a16_gemv import embedded_cubin  # generic: any compiled CuTeDSL module
+    from ..templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
     exe = find_cuobjdump()
     if exe is None:
@@ -140,6 +140,7 @@ def facts_from_sass(config, sass_text: str, res_text: str, arch: str | None = No
     n_all = len(S.counted(fn.instrs))
     base, rt = S.chain_coefficients(body_, fam.stream_load, hw.dram_latency[0], hw.dram_latency[1],
                                     hw.l2_latency[0])
+    rt = max(rt, fam.min_round_trips(config))
     smem = (fn.shared or 0) + int(extra.get("dynamic_smem", 0))
     if loop is not None:
         extra["loop_offsets"] = [hex(fn.instrs[loop.start].offset), hex(fn.instrs[loop.end].offset)]
@@ -187,20 +188,28 @@ def policy_configs(arch: str) -> list:
 
 
 def table_configs(archs=("sm_90a", "sm_100a")) -> list:
-    """Families' table configs plus the policy's configs, de-duplicated, in a stable order."""
+    """Families' table configs plus the policy's configs, one per main loop (the table lookup
+    serves configs with an equal :meth:`~nvgemm.perfmodel.facts.FamilyFacts.loop_key` from the
+    same entry), in a stable order."""
     out, seen = [], set()
+
+    def add(c) -> None:
+        fam = family_for(c)
+        if fam is None:
+            return
+        key = fam.loop_key(c)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+
     for fam in registered_families():
         if fam.arch not in archs:
             continue
         for c in fam.table_configs():
-            if c not in seen:
-                seen.add(c)
-                out.append(c)
+            add(c)
     for arch in archs:
         for c in policy_configs(arch):
-            if c not in seen and family_for(c) is not None:
-                seen.add(c)
-                out.append(c)
+            add(c)
     return out
 
 
@@ -219,7 +228,11 @@ def table_header() -> dict:
 def regenerate_table(configs=None, path: Path | None = None, archs=("sm_90a", "sm_100a"), log=print) -> dict:
     """Compile ``configs`` (default :func:`table_configs`), derive their facts, write the table."""
     configs = table_configs(archs) if configs is None else list(configs)
+    p = Path(path) if path is not None else TABLE_PATH
     entries: dict[str, dict] = {}
+    if p.exists():  # keep the entries of archs not regenerated now
+        old = json.loads(p.read_text()).get("entries", {})
+        entries = {a: e for a, e in old.items() if a not in archs}
     for i, c in enumerate(configs):
         fam = _family(c)
         try:
@@ -231,7 +244,6 @@ def regenerate_table(configs=None, path: Path | None = None, archs=("sm_90a", "s
         log(f"[{i + 1}/{len(configs)}] {c.name()}: regs {facts.regs}, loop {facts.loop_instrs} instr, "
             f"{facts.round_trips:.2f} round trips/iter")
     table = {"header": table_header(), "entries": {a: dict(sorted(e.items())) for a, e in sorted(entries.items())}}
-    p = Path(path) if path is not None else TABLE_PATH
     p.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
     clear_cache()
     return table

@@ -17,7 +17,7 @@ with more than one the weights come from DRAM again unless they fit in L2 (80 % 
 (``LDG.E.NA``), a thread decodes ``tile_n x 64 / threads`` weight elements per 64-deep step.
 
 Main-loop identity (:meth:`loop_key`): mma compiles one main loop per (tile_m, tile_n, tile_k,
-num_warps, stages) -- split_k and pdl do not change it; wgmma per (tile_m, tile_n).
+num_warps, stages, pdl) -- split_k does not change it (pdl moves ~2 % of the loop's instructions); wgmma per (tile_m, tile_n).
 """
 
 from __future__ import annotations
@@ -60,10 +60,19 @@ def _weight_bytes(n: int, k: int) -> float:
     return n_pad * k_pad * NVFP4_BYTES
 
 
+def _fits_l2(n: int, k: int, hw: Hardware) -> bool:
+    return _weight_bytes(n, k) <= L2_REUSE_FRACTION * hw.l2_mb * 1e6
+
+
 def _dram(n: int, k: int, m: int, grid_m: int, hw: Hardware, work: float = 0.0) -> float:
-    w = _weight_bytes(n, k)
-    reread = grid_m if (grid_m > 1 and w > L2_REUSE_FRACTION * hw.l2_mb * 1e6) else 1
-    return w * reread + m * k * 2 + m * n * 2 + work
+    reread = 1 if (grid_m == 1 or _fits_l2(n, k, hw)) else grid_m
+    return _weight_bytes(n, k) * reread + m * k * 2 + m * n * 2 + work
+
+
+def _l2_reread(n: int, k: int, grid_m: int, hw: Hardware) -> float:
+    """Share of main-loop iterations whose weight loads hit L2: every M tile after the first, when
+    the weights fit in L2 (M tiles run last in the grid)."""
+    return (grid_m - 1) / grid_m if _fits_l2(n, k, hw) else 0.0
 
 
 def _splitk(c: Sm90W4A16Config, m: int, n: int) -> tuple[SplitKReduce | None, float]:
@@ -97,7 +106,7 @@ class MmaFacts(_Sm90Base):
     stream_load = r"^LDGSTS"
 
     def loop_key(self, config):
-        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages)
+        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
 
     def elems_per_thread_iter(self, c) -> float:
         return c.row_tiles * c.chunks_per_stage * 32
@@ -117,6 +126,7 @@ class MmaFacts(_Sm90Base):
             stream_bytes_per_iter=sb["weights"] + sb["scales"], other_bytes_per_iter=c.tile_m * c.tile_k * 2,
             dram_bytes=_dram(n, k, m, grid_m, hw, work=ws), weight_bytes=_weight_bytes(n, k),
             depth=float(c.stages - 1), aux_kernels=HOST_AUX_KERNELS, splitk=sk, pdl=c.pdl,
+            l2_reread_fraction=_l2_reread(n, k, grid_m, hw),
             tensor_flops=2.0 * grid_m * c.tile_m * n_pad * k_pad, tensor_tflops=hw.bf16_tflops * hw.mma_sync_fraction,
         )
 
@@ -166,7 +176,7 @@ class WgmmaFacts(_Sm90Base):
             ctas=grid_n * c.split_k * grid_m, threads=c.threads, iters_per_cta=n_iter, passes_per_cta=1,
             stream_bytes_per_iter=c.tile_n * 64 * NVFP4_BYTES, other_bytes_per_iter=c.tile_m * 64 * 2,
             dram_bytes=_dram(n, k, m, grid_m, hw, work=ws), weight_bytes=_weight_bytes(n, k),
-            aux_kernels=HOST_AUX_KERNELS, splitk=sk,
+            aux_kernels=HOST_AUX_KERNELS, splitk=sk, l2_reread_fraction=_l2_reread(n, k, grid_m, hw),
             tensor_flops=2.0 * grid_m * c.tile_m * grid_n * c.tile_n * k_pad, tensor_tflops=hw.bf16_tflops,
         )
 

@@ -108,7 +108,7 @@ class Sm90Workspace:
     def ensure(self, work_numel: int, count_numel: int) -> None:
         if work_numel <= self.work.numel() and count_numel <= self.count.numel():
             return
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing(self.device):
             raise RuntimeError(
                 f"nvgemm_cutedsl sm90: the split-K workspace ({self.work.numel()} fp32, {self.count.numel()} counters) "
                 f"is too small for this call ({work_numel}, {count_numel}) and cannot grow during CUDA-graph capture; "
@@ -117,6 +117,11 @@ class Sm90Workspace:
             self.work = torch.empty(max(work_numel, 2 * self.work.numel()), dtype=torch.float32, device=self.device)
         if count_numel > self.count.numel():
             self.count = torch.zeros(max(count_numel, 2 * self.count.numel()), dtype=torch.int32, device=self.device)
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 _WORKSPACES: dict[str, Sm90Workspace] = {}

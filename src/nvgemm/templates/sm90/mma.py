@@ -154,16 +154,17 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             cp_async_small(sbase + ss_off + rt * (64 * U), gs[rt] + soff, policy, 2 * U)
 
     @cute.jit
-    def produce_x(self, sbase: Int32, st: Int32, xs: list, xd: list, xok: list, k: Int32):
-        """cp.async this thread's 16-byte pieces of the stage's tile_m x tile_k activation tile
-        (``xs``/``xd``/``xok``: loop-invariant source rows, shared-memory offsets, token-in-range;
-        zero-filled past M and K)."""
+    def produce_x(self, sbase: Int32, st: Int32, xs: list, xd: list, xl: list, xv: list):
+        """cp.async this thread's 16-byte pieces of the stage's tile_m x tile_k activation tile,
+        zero-filled past M and K. Loop-invariant per piece: ``xs`` the source (row and piece
+        offset), ``xd`` the shared-memory offset, ``xl`` the last in-range stage start (K - 8 - the
+        piece's K offset; pieces past it read the row's last 8 values, never used), ``xv`` whether
+        the token exists."""
         k0 = st * self.cfg.tile_k
         for i in cutlass.range_constexpr(self.x_per_thread):
-            kk = k0 + xd[i][1]
-            ok = xok[i] & (kk < k)
-            src = xs[i] + Int64(cutlass.min(kk, k - 8)) * 2
-            cp_async_zfill(sbase + xd[i][0], src, cutlass.select_(ok, Int32(16), Int32(0)))
+            src = xs[i] + Int64(cutlass.min(k0, xl[i])) * 2
+            ok = xv[i] & (k0 <= xl[i])
+            cp_async_zfill(sbase + xd[i], src, cutlass.select_(ok, Int32(16), Int32(0)))
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
@@ -215,15 +216,17 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         per_row = self.cfg.tile_k // 8
         xs = []
         xd = []
-        xok = []
+        xl = []
+        xv = []
         for i in cutlass.range_constexpr(self.x_per_thread):
             task = tidx + i * self.threads
             r = task // per_row
             pc = task % per_row
             tok = m0 + r
-            xs.append(x_base + Int64(cutlass.min(tok, m - 1)) * x_rs)
-            xd.append((self.off_x + r * self.x_row + pc * 16, pc * 8))
-            xok.append((tok < m) & (task < self.x_pieces))
+            xs.append(x_base + Int64(cutlass.min(tok, m - 1)) * x_rs + Int64(pc * 16))
+            xd.append(self.off_x + r * self.x_row + pc * 16)
+            xl.append(k - 8 - pc * 8)
+            xv.append((tok < m) & (task < self.x_pieces))
         x_lds = self.off_x + g * self.x_row + q * 32
 
         smem = cutlass.memory.SmemAllocator()
@@ -243,7 +246,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             cute.arch.griddepcontrol_wait()
         for j in cutlass.range_constexpr(D - 1):
             if j < n_it:
-                self.produce_x(ring + j * self.stage_bytes, st_lo + j, xs, xd, xok, k)
+                self.produce_x(ring + j * self.stage_bytes, st_lo + j, xs, xd, xl, xv)
             cp_async_commit()
 
         # ---- main loop
@@ -254,7 +257,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             if nxt < n_it:
                 sbase_n = ring + (nxt % D) * self.stage_bytes
                 self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
-                self.produce_x(sbase_n, st_lo + nxt, xs, xd, xok, k)
+                self.produce_x(sbase_n, st_lo + nxt, xs, xd, xl, xv)
             cp_async_commit()
 
             base = ring + (it % D) * self.stage_bytes

@@ -27,10 +27,13 @@ from .implementable import can_implement
 from .problem import Candidate, GemmProblem
 
 W = Sm90W4A16Config
-#: mma configs the policy considers (before split-K): (tile_n, num_warps, stages); tile_k 256. All
-#: have >= 2 row tiles per warp: 2.0-2.2 SASS instructions per weight element at tile_m 8 (one row
-#: tile per warp costs 2.4, the per-stage work is shared by fewer elements).
-MMA_SHAPES = ((128, 4, 4), (128, 2, 4), (64, 2, 4), (128, 4, 3), (256, 4, 3), (256, 4, 4), (256, 8, 3), (64, 2, 3))
+#: mma configs the policy considers (before split-K): (tile_n, num_warps, stages); tile_k 256. The
+#: first eight have >= 2 row tiles per warp (2.0-2.2 SASS instructions per weight element at tile_m
+#: 8); the last two have one row tile per warp in 8 warps, which the model prefers at 32 tokens per
+#: CTA (fewer registers, more warps to hide latency) at ~3.6 instructions per element. Ties keep
+#: this order.
+MMA_SHAPES = ((128, 4, 4), (128, 2, 4), (64, 2, 4), (128, 4, 3), (256, 4, 3), (256, 4, 4), (256, 8, 3), (64, 2, 3),
+              (128, 8, 3), (128, 8, 4))
 MMA_SPLITS = (1, 2, 3, 4, 6, 7, 8)
 WGMMA_SHAPES = ((64, 128), (64, 64), (128, 128), (128, 64))
 WGMMA_SPLITS = (1, 2, 4)

@@ -282,7 +282,7 @@ def test_lookup_exact_twin_and_estimate():
     exact = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     f = lookup(exact)
     assert f.source == "table" and f.loop_instrs > 0
-    twin = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, split_k=3)  # same main loop
+    twin = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, split_k=3, pdl=True)  # same loop
     ft = lookup(twin)
     assert ft.source.startswith("table (same main loop as") and ft.loop_instrs == f.loop_instrs
     est = lookup(C100(128, 192, 1, 1))  # sm100 tiles outside the table: arithmetic estimate

@@ -24,7 +24,7 @@ from dataclasses import replace
 from nvgemm.templates.sm90.config import Sm90W4A16Config
 
 from .implementable import can_implement
-from .problem import Candidate, GemmProblem
+from .problem import Candidate, GemmProblem, ceil_div
 
 W = Sm90W4A16Config
 #: mma configs the policy considers (before split-K): (tile_n, num_warps, stages); tile_k 256. The
@@ -45,7 +45,7 @@ def _tile_m(m: int) -> int:
 
 def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     """Every implementable candidate, in the families' default order (no model)."""
-    m = problem.m_hi
+    m, n = problem.m_hi, problem.n
     out: list[Candidate] = []
     seen: set = set()
 
@@ -55,8 +55,13 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
             out.append(Candidate(cfg, reason))
 
     tm = _tile_m(m)
+    sms = problem.target.sm_count
+    grid_m = ceil_div(m, tm)
     for tn, w, st in MMA_SHAPES:
-        for s in MMA_SPLITS:
+        ctas = ceil_div(n, tn) * grid_m
+        # split-K only to bring the grid to one to three CTAs per SM (the model prices the rest)
+        splits = [s for s in MMA_SPLITS if s == 1 or sms <= ctas * s <= 3 * sms]
+        for s in splits:
             add(W("mma", tile_m=tm, tile_n=tn, tile_k=256, split_k=s, num_warps=w, stages=st, pdl=True),
                 f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, split-K {s}")
     if m > 32:

@@ -3,7 +3,8 @@ by the performance model (:mod:`nvgemm.perfmodel`: a MODEL until an H200 measure
 
 nvMatmulHeuristics has no mixed bf16 x FP4 precision, so the candidates come from the two kernel
 families' search spaces (``templates/sm90/config.py``), filtered by ``can_implement`` and ordered
-by modelled time on the target (H200 figures, the target's SM count):
+by modelled time on the target (H200 figures, the target's SM count); configs whose SASS (the
+model's committed facts table) spills to local memory are dropped:
 
 * ``mma`` (decode kernel, mma.sync tensor cores, cp.async ring, in-kernel split-K): every M; the
   model prices tile_m (8 / 16 / 32 tokens per CTA; more tokens = more M tiles that re-read the
@@ -82,9 +83,15 @@ def ranked_candidates(problem: GemmProblem) -> list[Candidate]:
     model cannot price keep their rule order after the priced ones."""
     cands = rule_candidates(problem)
     try:
-        from nvgemm.perfmodel import bf16_baseline, rank
+        from nvgemm.perfmodel import bf16_baseline, lookup, rank
     except ImportError:  # pragma: no cover - the model ships with nvgemm
         return cands
+
+    def spills(c: Candidate) -> bool:  # no spills anywhere (the SASS facts table says)
+        f = lookup(c.config, "sm_90a")
+        return f is not None and (f.ldl or f.stl) > 0
+
+    cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k
     gpu, sms = _gpu_of(problem), problem.target.sm_count
     ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config)

@@ -4,7 +4,7 @@ NOT RUN YET: no GPU was available when this was written; these tests are skipped
 (markers ``gpu`` + ``sm90``) and are ready to run on an H100/H200. Kernels come from the kernel
 cache (``NVGEMM_CACHE_DIR``): on a box with cutlass-dsl they are compiled on a miss; on the GPU image
 (no cutlass-dsl) build them here first with ``python bench/build_sm90_artifacts.py`` and run with
-``NVGEMM_CACHE_DIR=build/sm90_gpu_check python3 -m pytest tests/gpu/test_sm90_gemv.py``.
+``NVGEMM_CACHE_DIR=build/sm90_gpu_check python3 -m pytest tests/gpu/test_sm90_kernels.py``.
 
 Cases: ``bench/sm90_suite.py`` (Llama-3.1-8B / 3.3-70B layer shapes at M = 1 and 16; ragged N, M
 and K tails; every epilogue part; fp16; split-K with the in-kernel reduction; W4A4 run as

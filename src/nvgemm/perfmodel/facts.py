@@ -38,7 +38,7 @@ Adding a family (what a kernel helper does)
         def shape_problem(self, config, m, n, k): ...# why the config cannot run (M, N, K), or None
 
 then list the configs to tabulate in :func:`FamilyFacts.table_configs` and regenerate the table
-(``nvgemm model --regen-table``). Families in this package: ``families/sm90.py`` (gemv, mma,
+(``nvgemm model --regen-table``). Families in this package: ``families/sm90.py`` (mma,
 wgmma) and ``families/sm100.py`` (the tcgen05 block-scaled GEMM). Imports here stay below
 ``nvgemm.heuristics``: templates' pure-Python config modules and the standard library only.
 """

@@ -350,6 +350,20 @@ class Sm90KernelBase:
         self.out_dtype = out_dtype_of(epilogue)
 
     @cute.jit
+    def splitk_sum(self, mWork: cute.Tensor, m: Int32, n_pad: Int32, tok: Int32, row: Int32, row_u: Int32):
+        """The split-K partials of one output element (and its up row when gated) summed in split
+        order from the fp32 workspace ``[split][M][n_pad]`` (L2 loads: other CTAs wrote them)."""
+        vg = Float32(0.0)
+        vu = Float32(0.0)
+        wbase = mWork.iterator.toint()
+        for sp in cutlass.range(self.split_k, unroll_full=True):
+            o = Int64(sp * m + tok) * Int64(n_pad)
+            vg = vg + ld_global_cg_f32(wbase + (o + Int64(row)) * 4)
+            if cutlass.const_expr(self.gated):
+                vu = vu + ld_global_cg_f32(wbase + (o + Int64(row_u)) * 4)
+        return vg, vu
+
+    @cute.jit
     def store_epilogue(self, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
                        mi: Int32, feat: Int32, row_g: Int32, acc_g: Float32, row_u: Int32, acc_u: Float32):
         """fp32 epilogue of one output element: unscale -> alpha -> bias -> activation (gated:

@@ -66,7 +66,6 @@ from .common import (
     decode_word,
     evict_first_policy,
     hmul2_bcast,
-    ld_global_cg_f32,
     lds_u32,
     lds_v2,
     lds_v4,
@@ -337,14 +336,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
                         if cutlass.const_expr(self.gated):
                             vu = acc[((rt + n_rt) * MG + mg) * 4 + i]
                         if cutlass.const_expr(from_work):
-                            vg = Float32(0.0)
-                            vu = Float32(0.0)
-                            wbase = mWork.iterator.toint()
-                            for sp in cutlass.range(self.split_k, unroll_full=True):
-                                o = Int64(sp * m_all + tok) * Int64(n_pad)
-                                vg = vg + ld_global_cg_f32(wbase + (o + Int64(row)) * 4)
-                                if cutlass.const_expr(self.gated):
-                                    vu = vu + ld_global_cg_f32(wbase + (o + Int64(row_u)) * 4)
+                            vg, vu = self.splitk_sum(mWork, m_all, n_pad, tok, row, row_u)
                         self.store_epilogue(mAlpha, mBias, mRes, mOut, tok, feat, row, vg, row_u, vu)
 
 

@@ -45,7 +45,6 @@ from .common import (
     decode_word,
     hmul2_bcast,
     ld_cached_v4,
-    ld_global_cg_f32,
     ld_stream_u32,
     ld_stream_v4,
     pair_to_f32,
@@ -259,14 +258,7 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
                 if cutlass.const_expr(self.gated):
                     vu = sC[ru, mi]
                 if cutlass.const_expr(from_work):
-                    vg = Float32(0.0)
-                    vu = Float32(0.0)
-                    wbase = mWork.iterator.toint()
-                    for sp in cutlass.range(self.split_k, unroll_full=True):
-                        o = Int64(sp * m + tok) * Int64(n_pad)
-                        vg = vg + ld_global_cg_f32(wbase + (o + Int64(row)) * 4)
-                        if cutlass.const_expr(self.gated):
-                            vu = vu + ld_global_cg_f32(wbase + (o + Int64(row_u)) * 4)
+                    vg, vu = self.splitk_sum(mWork, m, n_pad, tok, row, row_u)
                 self.store_epilogue(mAlpha, mBias, mRes, mOut, tok, row, row, vg, row_u, vu)
 
 

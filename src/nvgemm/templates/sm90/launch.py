@@ -68,9 +68,19 @@ def _memo(tag: str, anchor: torch.Tensor, inputs: tuple, make):
 
 def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
                        kind: str = "bf16") -> Sm90Weight:
-    """:func:`~.operand.prepare_sm90_weight`, memoized per weight tensor and activation kind."""
-    return _memo(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind),
-                 lambda: prepare_sm90_weight(weight, weight_scale, weight_scale_2, kind))
+    """:func:`~.operand.prepare_sm90_weight`, memoized per weight tensor and activation kind.
+
+    A fresh preparation on CUDA ends with a stream synchronisation (once per weight, outside
+    CUDA-graph capture): the PDL kernels start streaming weights *before* ``griddepcontrol.wait``,
+    which is only safe for bytes no still-running predecessor kernel is writing."""
+
+    def make() -> Sm90Weight:
+        p = prepare_sm90_weight(weight, weight_scale, weight_scale_2, kind)
+        if weight.device.type == "cuda" and not capturing(weight.device):
+            torch.cuda.current_stream(weight.device).synchronize()
+        return p
+
+    return _memo(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind), make)
 
 
 def _fp32_on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:

@@ -31,8 +31,8 @@ past M and K; rows padded by 16 bytes so the 16-byte fragment loads are conflict
 prologue issues ``stages - 1`` stages; each iteration waits for the oldest (``cp.async.wait_group
 stages - 2`` + one CTA barrier), refills the slot just freed, and computes. With PDL the weight
 and scale copies of the prologue are issued **before** ``griddepcontrol.wait`` (weights do not
-depend on the previous kernel; the activations do), and ``launch_dependents`` follows the main
-loop.
+depend on the previous kernel; the activations do -- the host synchronises once after preparing
+a weight, so no predecessor is still writing it), and ``launch_dependents`` follows the main loop.
 
 Split-K (``split_k > 1``): every CTA stores its fp32 partial tile to the workspace, fences, and
 bumps its tile's counter; the CTA that brings it to ``split_k`` sums the partials in split order

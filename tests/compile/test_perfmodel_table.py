@@ -31,9 +31,8 @@ pytest.importorskip("cutlass")
 
 from nvgemm.perfmodel.facts import KernelFacts, family_for  # noqa: E402
 from nvgemm.perfmodel.families import sm100 as F100  # noqa: E402
-from nvgemm.perfmodel.table import load_table  # noqa: E402
+from nvgemm.perfmodel.table import load_table, parse_config_name  # noqa: E402
 from nvgemm.runtime import sass_tool  # noqa: E402
-from nvgemm.runtime.model_cli import _parse_config  # noqa: E402
 from nvgemm.templates.sm90.config import Sm90W4A16Config as C90  # noqa: E402
 from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C100  # noqa: E402
 
@@ -57,7 +56,7 @@ SUBSET = [
 
 def _entries():
     if os.environ.get("NVGEMM_PERFMODEL_FULL") == "1":
-        return [_parse_config(name) for arch in TABLE["entries"].values() for name in arch]
+        return [parse_config_name(name) for arch in TABLE["entries"].values() for name in arch]
     return SUBSET
 
 

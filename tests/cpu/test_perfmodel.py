@@ -278,6 +278,45 @@ def test_table_header_and_entries():
             assert d["regs"] > 0, name
 
 
+def test_table_file_format_round_trips():
+    """The committed file is what ``format_table`` writes (one line per entry) and parses back."""
+    from nvgemm.perfmodel.table import TABLE_PATH
+    from nvgemm.runtime.sass_tool import format_table
+
+    t = load_table()
+    clean = {"header": t["header"], "entries": t["entries"]}
+    assert json.loads(format_table(clean)) == clean
+    assert TABLE_PATH.read_text() == format_table(clean)
+
+
+def test_regenerate_updates_only_what_it_compiled(tmp_path, monkeypatch):
+    """``regenerate_table`` (compiling stubbed out): an explicit config list replaces just those
+    entries; a full regeneration of one arch keeps the other arch's entries."""
+    from nvgemm.perfmodel.table import TABLE_PATH
+    from nvgemm.runtime import sass_tool
+
+    cfg = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
+    fake = dict(lookup(cfg).to_json(), regs=99)
+    monkeypatch.setattr(sass_tool, "derive_facts", lambda c, arch=None: (KernelFacts.from_json(fake), ""))
+    monkeypatch.setattr(sass_tool, "table_configs", lambda archs: [cfg])
+    path = tmp_path / "t.json"
+    path.write_text(TABLE_PATH.read_text())
+    before = json.loads(path.read_text())["entries"]
+    t = sass_tool.regenerate_table([cfg], path=path, log=lambda s: None)
+    assert t["entries"]["sm_90a"][cfg.name()]["regs"] == 99
+    assert len(t["entries"]["sm_90a"]) == len(before["sm_90a"]) and t["entries"]["sm_100a"] == before["sm_100a"]
+    t = sass_tool.regenerate_table(path=path, archs=("sm_90a",), log=lambda s: None)
+    assert list(t["entries"]["sm_90a"]) == [cfg.name()] and t["entries"]["sm_100a"] == before["sm_100a"]
+    assert json.loads(path.read_text()) == t
+
+
+def test_sm90_main_loops_are_branch_free():
+    """The model counts every instruction of a loop span as executed (sass.py): true only while the
+    sm90 main loops have no branch but their back edge."""
+    for name, d in load_table()["entries"]["sm_90a"].items():
+        assert d["histogram"].get("BRA") == 1, name
+
+
 def test_lookup_exact_twin_and_estimate():
     exact = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     f = lookup(exact)

@@ -21,7 +21,7 @@ import json
 import threading
 from pathlib import Path
 
-from .facts import KernelFacts, family_for
+from .facts import KernelFacts, family_for, registered_families
 
 TABLE_PATH = Path(__file__).with_name("sass_facts.json")
 _LOCK = threading.Lock()
@@ -47,16 +47,21 @@ def clear_cache() -> None:
         _CACHE.clear()
 
 
-def _config_of(name: str):
-    from nvgemm.templates.sm90.config import config_from_name as sm90_from_name
-    from nvgemm.templates.sm100_config import config_from_name as sm100_from_name
+def parse_config_name(name: str):
+    """The kernel config a config name stands for (asks every registered family, later
+    registrations first); ValueError if none owns it."""
+    for fam in reversed(registered_families()):
+        cfg = fam.parse_name(name)
+        if cfg is not None:
+            return cfg
+    raise ValueError(f"not an nvgemm config name: {name!r}")
 
-    for parse in (sm90_from_name, sm100_from_name):
-        try:
-            return parse(name)
-        except ValueError:
-            continue
-    return None
+
+def _config_of(name: str):
+    try:
+        return parse_config_name(name)
+    except ValueError:
+        return None
 
 
 def _loop_index(table: dict, arch: str) -> dict:
@@ -96,4 +101,4 @@ def table_header(table: dict | None = None) -> dict:
     return dict((table or load_table()).get("header", {}))
 
 
-__all__ = ["TABLE_PATH", "clear_cache", "load_table", "lookup", "table_header"]
+__all__ = ["TABLE_PATH", "clear_cache", "load_table", "lookup", "parse_config_name", "table_header"]

@@ -53,18 +53,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _parse_config(name: str):
-    from ..templates.sm90.config import config_from_name as sm90
-    from ..templates.sm100_config import config_from_name as sm100
-
-    for parse in (sm90, sm100):
-        try:
-            return parse(name)
-        except ValueError:
-            continue
-    raise ValueError(f"not an nvgemm config name: {name!r}")
-
-
 def _gpu_for(config, gpu: str | None) -> str:
     from ..perfmodel.facts import family_for
     from ..perfmodel.hardware import DEFAULT_GPU_OF_ARCH
@@ -145,7 +133,9 @@ def run(args) -> int:
         print("nvgemm model: give at least one --shape N,K", file=sys.stderr)
         return 2
     try:
-        configs = [_parse_config(c) for c in args.config] if args.config else []
+        from ..perfmodel.table import parse_config_name
+
+        configs = [parse_config_name(c) for c in args.config] if args.config else []
     except ValueError as e:
         print(f"nvgemm model: {e}", file=sys.stderr)
         return 2

@@ -226,13 +226,12 @@ def table_header() -> dict:
 
 
 def regenerate_table(configs=None, path: Path | None = None, archs=("sm_90a", "sm_100a"), log=print) -> dict:
-    """Compile ``configs`` (default :func:`table_configs`), derive their facts, write the table."""
-    configs = table_configs(archs) if configs is None else list(configs)
-    p = Path(path) if path is not None else TABLE_PATH
+    """Compile ``configs`` (default :func:`table_configs` of ``archs``), derive their facts, and
+    rewrite the table's entries of ``archs`` (other archs' entries are kept); with an explicit
+    ``configs`` list only those entries are added or replaced."""
+    full = configs is None
+    configs = table_configs(archs) if full else list(configs)
     entries: dict[str, dict] = {}
-    if p.exists():  # keep the entries of archs not regenerated now
-        old = json.loads(p.read_text()).get("entries", {})
-        entries = {a: e for a, e in old.items() if a not in archs}
     for i, c in enumerate(configs):
         fam = _family(c)
         try:
@@ -243,10 +242,30 @@ def regenerate_table(configs=None, path: Path | None = None, archs=("sm_90a", "s
         entries.setdefault(fam.arch, {})[c.name()] = facts.to_json()
         log(f"[{i + 1}/{len(configs)}] {c.name()}: regs {facts.regs}, loop {facts.loop_instrs} instr, "
             f"{facts.round_trips:.2f} round trips/iter")
-    table = {"header": table_header(), "entries": {a: dict(sorted(e.items())) for a, e in sorted(entries.items())}}
-    p.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
+    p = Path(path) if path is not None else TABLE_PATH
+    # a full regeneration replaces the archs' entries; an explicit config list updates just those
+    old = json.loads(p.read_text())["entries"] if p.exists() else {}
+    merged = {a: dict(e) for a, e in old.items() if not (full and a in archs)}
+    for a, e in entries.items():
+        merged.setdefault(a, {}).update(e)
+    table = {"header": table_header(), "entries": {a: dict(sorted(e.items())) for a, e in sorted(merged.items())}}
+    p.write_text(format_table(table))
     clear_cache()
     return table
+
+
+def format_table(table: dict) -> str:
+    """The table as JSON with one line per entry (short files, one-line diffs per kernel)."""
+    out = ["{", f' "header": {json.dumps(table["header"])},', ' "entries": {']
+    archs = list(table["entries"].items())
+    for ai, (arch, entries) in enumerate(archs):
+        out.append(f"  {json.dumps(arch)}: {{")
+        items = list(entries.items())
+        for i, (name, d) in enumerate(items):
+            out.append(f"   {json.dumps(name)}: {json.dumps(d)}{',' if i < len(items) - 1 else ''}")
+        out.append("  }" + ("," if ai < len(archs) - 1 else ""))
+    out += [" }", "}"]
+    return "\n".join(out) + "\n"
 
 
 __all__ = [
@@ -258,6 +277,7 @@ __all__ = [
     "dynamic_smem_bytes",
     "facts_from_sass",
     "find_cuobjdump",
+    "format_table",
     "policy_configs",
     "regenerate_table",
     "table_configs",

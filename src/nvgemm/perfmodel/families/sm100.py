@@ -38,7 +38,13 @@ pipeline depth, not instruction counts:
 
 from __future__ import annotations
 
-from nvgemm.templates.sm100_config import SM100_SPLIT_K, SM100_TILE_K, Sm100Nvfp4GemmConfig, validate_config
+from nvgemm.templates.sm100_config import (
+    SM100_SPLIT_K,
+    SM100_TILE_K,
+    Sm100Nvfp4GemmConfig,
+    config_from_name,
+    validate_config,
+)
 
 from ..facts import FamilyFacts, Geometry, KernelFacts, SplitKReduce, ceil_div, register_family
 from ..hardware import Hardware
@@ -92,6 +98,12 @@ class Sm100Facts(FamilyFacts):
 
     def template_id(self, config) -> str:
         return "sm100_nvfp4_gemm"
+
+    def parse_name(self, name: str):
+        try:
+            return config_from_name(name)
+        except ValueError:
+            return None
 
     def elems_per_thread_iter(self, c) -> float:
         return 0.0  # warp-specialised: instruction counts are not the model's input

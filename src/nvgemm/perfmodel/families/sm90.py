@@ -31,6 +31,7 @@ from nvgemm.templates.sm90.config import (
     MMA_TILE_M,
     ROW_TILE,
     Sm90W4A16Config,
+    config_from_name,
     mma_stage_bytes,
     shape_problem,
     validate_config,
@@ -97,6 +98,13 @@ class _Sm90Base(FamilyFacts):
 
     def shape_problem(self, c, m, n, k):
         return shape_problem(c, m, n, k)
+
+    def parse_name(self, name: str):
+        try:
+            c = config_from_name(name)
+        except ValueError:
+            return None
+        return c if self.matches(c) else None
 
 
 @register_family

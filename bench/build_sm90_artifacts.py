@@ -1,10 +1,10 @@
 """Build every sm90 W4A16 kernel the H200 check needs, here (no GPU), into a carryable kernel cache.
 
-    python bench/build_sm90_artifacts.py [--out build/sm90_gpu_check] [--jobs 2]
+    python bench/build_sm90_artifacts.py [--out build/sm90_gpu_check]
 
-For each case of ``bench/sm90_suite.py`` (timed Llama-3.1-8B / 3.3-70B layer shapes at M = 1..64
-and the numerics cases) it picks the config the runtime would pick (``pick_config``) or the case's
-forced config, builds the compile spec exactly as the runtime does (``compile_spec_for``, with an
+For each case of ``bench/sm90_suite.py`` (the policy's pick on the Llama-3.1-8B / 3.3-70B layer
+shapes at M = 1..64, timed alternatives of both families, and the numerics cases) it takes the
+config the runtime would pick (``pick_config``) or the case's forced config, builds the compile spec exactly as the runtime does (``compile_spec_for``, with an
 empty codegen environment), and fills a :class:`nvgemm.runtime.cache.KernelCache` rooted at
 ``--out`` through the AOT path (``export_to_c`` -> object -> ``gcc -shared`` with the DSL's static
 runtime and libcudart). ``--out/manifest.json`` maps each case to its config and entry, so
@@ -39,8 +39,8 @@ def _load_suite():
 
 
 def case_config(case, suite):
-    from nvgemm.runtime.sm90_launch import pick_config
-    from nvgemm.templates.sm90_config import Sm90W4A16Config
+    from nvgemm.runtime.sm90_backend import pick_config
+    from nvgemm.templates.sm90.config import Sm90W4A16Config
 
     if case.config is not None:
         return Sm90W4A16Config(**case.config)
@@ -61,7 +61,7 @@ def case_epilogue(case):
 
 def case_spec(case, suite, config=None):
     from nvgemm.runtime.compile_spec import make_spec
-    from nvgemm.runtime.sm90_launch import ARCH, _X_FORMAT, template_id_of
+    from nvgemm.runtime.sm90_backend import _X_FORMAT, ARCH, template_id_of
     from nvgemm.templates.registry import HardwareSpec
 
     config = config or case_config(case, suite)
@@ -88,7 +88,7 @@ def main() -> int:
     uses = []
     for case in suite.all_cases():
         uses.append((case, case_config(case, suite)))
-        if case.config is not None:  # the op path (tests/gpu) picks the policy's config for it
+        if case.config is not None and not case.timed:  # the op path (tests/gpu) runs the policy pick
             policy = dataclasses.replace(case, name=case.name + ".policy", config=None)
             uses.append((policy, case_config(policy, suite)))
     for case, cfg in uses:

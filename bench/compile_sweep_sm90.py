@@ -5,7 +5,7 @@
 Problems: the Llama-3.1-8B / 3.3-70B layer shapes (bench/sm90_suite.py) at M in {1, 2, 4, 8, 16,
 32, 64, 128, 256}, epilogue none and silu_mul (bf16 activations, bf16 out). Every distinct
 (config, epilogue) the policy lists (``nvgemm.heuristics.candidates``) is compiled for sm_90a;
-gemv kernels must stream weights with ``ld.global.nc.L1::no_allocate.v4`` and wgmma kernels must
+mma kernels must stream weights with evict-first ``cp.async.cg`` and wgmma kernels must
 contain ``wgmma.mma_async``; no kernel may use local memory. Writes a markdown table.
 """
 
@@ -38,7 +38,7 @@ def main() -> int:
     from nvgemm.heuristics import candidates
     from nvgemm.heuristics.problem import GemmProblem, Target
     from nvgemm.runtime.compile_spec import make_spec
-    from nvgemm.runtime.sm90_launch import template_id_of
+    from nvgemm.runtime.sm90_backend import template_id_of
     from nvgemm.templates.registry import check_spec, get_template
 
     spec_ = importlib.util.spec_from_file_location("sm90_suite", ROOT / "bench" / "sm90_suite.py")
@@ -67,7 +67,7 @@ def main() -> int:
             continue
         try:
             ptx = get_template(tid).compile(spec, keep_ptx=True).__ptx__
-            need = "wgmma.mma_async" if cfg.family == "wgmma" else "ld.global.nc.L1::no_allocate.v4.b32"
+            need = "wgmma.mma_async" if cfg.family == "wgmma" else "cp.async.cg.shared.global.L2::cache_hint"
             ok = need in ptx and ".local" not in ptx
             why = "" if ok else f"missing {need} or uses local memory"
         except Exception as e:  # noqa: BLE001  (record and continue)
@@ -88,7 +88,7 @@ def main() -> int:
         "- command: `python bench/compile_sweep_sm90.py`",
         f"- problems: Llama-3.1-8B / 3.3-70B layer shapes x M in {list(M_VALUES)} x epilogue none / silu_mul",
         f"- result: {len(rows) - fails}/{len(rows)} (config, epilogue) pairs compile with the expected "
-        f"instructions (gemv: 16-byte `ld.global.nc.L1::no_allocate.v4`; wgmma: `wgmma.mma_async`; "
+        f"instructions (mma: evict-first `cp.async.cg ... L2::cache_hint`; wgmma: `wgmma.mma_async`; "
         f"no local memory); {total:.0f} s in total",
         "",
         "| config | epilogue | result | compile s | problems using it |",

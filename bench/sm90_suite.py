@@ -22,7 +22,7 @@ LLAMA_SHAPES = {
     "70b.gate_up": (57344, 8192),
     "70b.down": (8192, 28672),
 }
-TIMING_M = (1, 2, 4, 8, 16, 32, 64, 128)
+TIMING_M = (1, 2, 4, 8, 16, 32, 64)
 SM_COUNT = 132  # H100 SXM / H200
 
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -58,71 +58,79 @@ class Case:
         return dataclasses.asdict(self)
 
 
+def mma(tile_m=8, tile_n=128, tile_k=256, split_k=1, num_warps=4, stages=4, pdl=True) -> dict:
+    return dict(family="mma", tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, split_k=split_k, num_warps=num_warps,
+                stages=stages, pdl=pdl)
+
+
+def wgmma(tile_m=64, tile_n=128, split_k=1) -> dict:
+    return dict(family="wgmma", tile_m=tile_m, tile_n=tile_n, tile_k=64, split_k=split_k,
+                num_warps=4 * tile_m // 64, stages=1, pdl=False)
+
+
 def timing_cases() -> list[Case]:
+    """The policy's pick on every shape at M = 1..64 (the issue-14 targets)."""
     return [Case(f"{nm}.m{m}", m, n, k, timed=True) for nm, (n, k) in LLAMA_SHAPES.items() for m in TIMING_M]
-
-
-MMA = dict(family="mma", tile_m=8, tile_n=16, tile_k=512, split_k=1, num_warps=4, stages=1, pdl=False)
 
 
 def numeric_cases() -> list[Case]:
     """Numerics beyond the timed (plain-epilogue) cases: every epilogue part, fp16, W4A4 (qdq),
-    split-K (forced), ragged N / M tails and K not a multiple of the CTA step."""
-    gemv = dict(family="gemv", tile_n=8, tile_k=4096, num_warps=4, stages=1, pdl=False)
+    split-K (forced; in-kernel reduction), ragged N / M tails, K not a multiple of the stage and of
+    256 (padded), subnormal / zero / negative block scales, both families."""
     return [
         Case("ragged.n1000.m3", 3, 1000, 4096),
-        Case("ragged.k4128.m5", 5, 1032, 4128),  # K % 4096 != 0: last step partially valid
-        Case("ragged.m13.splitk3", 13, 2056, 6144, config=dict(gemv, tile_m=4, tile_n=16, split_k=3)),
+        Case("ragged.k4128.m5", 5, 1032, 4128),  # K % 256 != 0: the last stage is partly padding
+        Case("ragged.m13.splitk3", 13, 2056, 6144, config=mma(tile_m=16, split_k=3)),
         Case("epi.bias.silu.vector", 2, 4096, 4096, activation="silu", bias=True, vector_alpha=True),
         Case("epi.gelu.fp16.out32", 4, 2048, 8192, activation="gelu_tanh", x_dtype="fp16", out_dtype="fp32"),
         Case("epi.silu_mul.res", 1, 28672, 4096, activation="silu_mul", bias=True, residual=True),
         Case("epi.silu_mul.splitk", 7, 8192, 8192, activation="silu_mul", residual=True,
-             config=dict(gemv, tile_m=8, tile_n=16, split_k=2)),
+             config=mma(tile_m=8, split_k=4, stages=3)),
         Case("w4a4.qdq.m1", 1, 4096, 4096, w4a4=True),
         Case("w4a4.qdq.m9.fp16", 9, 6144, 4096, w4a4=True, x_dtype="fp16", out_dtype="fp16"),
-        Case("m100.k4128.gemv8", 100, 1000, 4128),  # M > 32, K % 64 != 0: gemv with tile_m=8 over M tiles
-        # WGMMA family (M > 32)
-        Case("wgmma.m48.ragged", 48, 1000, 4096),
-        Case("wgmma.m200.silu_mul.res", 200, 8192, 4096, activation="silu_mul", bias=True, residual=True),
-        Case("wgmma.m96.fp16.gelu.vector", 96, 2048, 2048, activation="gelu_tanh", vector_alpha=True,
-             x_dtype="fp16", out_dtype="fp16"),
-        Case("wgmma.m64.splitk3", 64, 1024, 8192,
-             config=dict(family="wgmma", tile_m=64, tile_n=64, tile_k=64, split_k=3, num_warps=4, stages=2)),
-        Case("wgmma.m130.w4a4", 130, 4096, 4096, w4a4=True),
-        # small-M tensor-core family (mma.sync; not chosen by the runtime until measured)
-        Case("mma.m5.ragged", 5, 1000, 4096, config=dict(MMA, tile_m=8, tile_n=16)),
-        Case("mma.m20.silu_mul.res.splitk", 20, 8192, 4096, activation="silu_mul", bias=True, residual=True,
-             config=dict(MMA, tile_m=16, tile_n=32, split_k=2)),
+        Case("m100.k4128", 100, 1000, 4128),  # M > 32: M tiles; K padded
         Case("mma.m32.fp16.gelu.vector", 32, 2048, 8192, activation="gelu_tanh", vector_alpha=True, x_dtype="fp16",
-             out_dtype="fp16", config=dict(MMA, tile_m=32, tile_n=16, num_warps=8, tile_k=1024)),
-        Case("mma.m3.w4a4.k14336", 3, 4096, 14336, w4a4=True, config=dict(MMA, tile_m=8, tile_n=16, tile_k=1024)),
+             out_dtype="fp16", config=mma(tile_m=32, tile_n=128, num_warps=4, stages=3)),
+        Case("mma.m3.k14336.split7", 3, 4096, 14336, config=mma(split_k=7)),
+        Case("mma.u2.w2.s3", 6, 1536, 2048, config=mma(tile_n=64, tile_k=128, num_warps=2, stages=3)),
+        # the kernels tests/gpu runs with a weight holding every e4m3 scale byte (policy configs)
+        Case("scales.allbytes.bf16", 3, 256, 256, out_dtype="fp32"),
+        Case("scales.allbytes.fp16", 3, 256, 256, x_dtype="fp16", out_dtype="fp32"),
+        # WGMMA family
+        Case("wgmma.m48.ragged", 48, 1000, 4096, config=wgmma()),
+        Case("wgmma.m200.silu_mul.res", 200, 8192, 4096, activation="silu_mul", bias=True, residual=True,
+             config=wgmma(tile_m=128)),
+        Case("wgmma.m96.fp16.gelu.vector", 96, 2048, 2048, activation="gelu_tanh", vector_alpha=True,
+             x_dtype="fp16", out_dtype="fp16", config=wgmma(tile_n=64)),
+        Case("wgmma.m64.splitk3", 64, 1024, 8192, config=wgmma(tile_n=64, split_k=3)),
+        Case("wgmma.m130.w4a4", 130, 4096, 4096, w4a4=True, config=wgmma(tile_m=128)),
     ]
 
 
-
-
 def variant_cases() -> list[Case]:
-    """A small timed config sweep (the policy's pick is one of them) to rank configs on the H200."""
+    """Timed alternatives to the policy's pick, so one H200 run ranks the configs and checks the
+    model: tiles / warps / ring depth / split-K of the decode kernel, and the WGMMA family at M >= 32."""
     out = []
-    for shape in ("8b.gate_up", "70b.down"):
+    for shape in ("8b.gate_up", "8b.down", "8b.o", "70b.down"):
         n, k = LLAMA_SHAPES[shape]
-        for m, variants in (
-            (1, [(8, 4096, 4), (16, 4096, 4), (32, 4096, 4), (16, 8192, 4), (16, 8192, 8), (32, 2048, 2)]),
-            (4, [(8, 4096, 4), (32, 4096, 4), (16, 8192, 8)]),
-        ):
-            tm = 1 if m == 1 else 4
-            for tn, tk, w in variants:
-                cfg = dict(family="gemv", tile_m=tm, tile_n=tn, tile_k=tk, split_k=1, num_warps=w, stages=1, pdl=False)
-                out.append(Case(f"{shape}.m{m}.v{tn}x{tk}w{w}", m, n, k, config=cfg, timed=True))
-        # where do the tensor-core families overtake the gemv kernel? (the policy switches at M > 32)
-        for m in (8, 16, 32):
-            cfg = dict(family="wgmma", tile_m=64, tile_n=128, tile_k=64, split_k=1, num_warps=4, stages=4, pdl=False)
-            out.append(Case(f"{shape}.m{m}.wgmma64x128", m, n, k, config=cfg, timed=True))
-        for m in (1, 4, 8, 16, 32):
-            tm = max(8, m)
-            for tn, w, u in ((16, 4, 1), (32, 4, 2), (16, 8, 1)):
-                cfg = dict(MMA, tile_m=tm, tile_n=tn, tile_k=128 * w * u, num_warps=w)
-                out.append(Case(f"{shape}.m{m}.mma{tn}w{w}u{u}", m, n, k, config=cfg, timed=True))
+        for m in (1, 16, 32, 64):
+            tm = 8 if m <= 8 else (16 if m <= 16 else 32)
+            alts = {
+                "w4rt2s4": mma(tile_m=tm, tile_n=128, num_warps=4, stages=4),
+                "w4rt2s3": mma(tile_m=tm, tile_n=128, num_warps=4, stages=3),
+                "w2rt4s4": mma(tile_m=tm, tile_n=128, num_warps=2, stages=4) if tm < 32 else None,
+                "w2rt2s4": mma(tile_m=tm, tile_n=64, num_warps=2, stages=4),
+                "w4rt4s3": mma(tile_m=tm, tile_n=256, num_warps=4, stages=3) if tm < 32 else None,
+                "w4rt2s4.nopdl": mma(tile_m=tm, tile_n=128, num_warps=4, stages=4, pdl=False),
+            }
+            for split in (2, 4, 8):
+                alts[f"w4rt2s4.sk{split}"] = mma(tile_m=tm, tile_n=128, num_warps=4, stages=4, split_k=split)
+            if m >= 32:
+                alts["wgmma64x128"] = wgmma(tile_m=64, tile_n=128)
+                alts["wgmma64x64"] = wgmma(tile_m=64, tile_n=64)
+            for nm, cfg in alts.items():
+                if cfg is not None:
+                    out.append(Case(f"{shape}.m{m}.{nm}", m, n, k, config=cfg, timed=True))
     return out
 
 

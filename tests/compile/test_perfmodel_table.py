@@ -6,9 +6,8 @@ fails when the SASS and the table disagree beyond the tolerances below, so a ker
 (more instructions, more registers, spills, a second wave of loads, fewer pipeline stages) fails
 CI. Regenerate the table after an intended change: ``nvgemm model --regen-table``.
 
-Subset (7 kernels, ~3-5 s each on 2 cores): the policy's M=1 / M=4 / M=8-16 gemv picks (the last
-spills in its loop), the mma and wgmma families, and two sm100 decode tiles (one split-K with
-its reduction). ``NVGEMM_PERFMODEL_FULL=1`` checks every entry of the table instead (~10 min).
+Subset (6 kernels, ~3-5 s each on 2 cores): the sm90 decode kernel at 8 / 16 / 32 tokens per CTA,
+the wgmma family, and two sm100 decode tiles (one split-K with its reduction). ``NVGEMM_PERFMODEL_FULL=1`` checks every entry of the table instead (~10 min).
 
 Tolerances: registers, spill counts, shared memory and stages exact (ptxas is deterministic for a
 fixed toolchain; the table header names the cutlass-dsl version it was generated with); main-loop
@@ -34,7 +33,7 @@ from nvgemm.perfmodel.facts import KernelFacts, family_for  # noqa: E402
 from nvgemm.perfmodel.families import sm100 as F100  # noqa: E402
 from nvgemm.perfmodel.table import load_table, parse_config_name  # noqa: E402
 from nvgemm.runtime import sass_tool  # noqa: E402
-from nvgemm.templates.sm90_config import Sm90W4A16Config as C90  # noqa: E402
+from nvgemm.templates.sm90.config import Sm90W4A16Config as C90  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C100  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
@@ -46,11 +45,10 @@ TABLE = load_table()
 REGEN = "regenerate with `nvgemm model --regen-table` if the change is intended"
 
 SUBSET = [
-    C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4),
-    C90("gemv", tile_m=4, tile_n=16, tile_k=4096, num_warps=4),
-    C90("gemv", tile_m=8, tile_n=16, tile_k=4096, num_warps=4),
-    C90("mma", tile_m=8, tile_n=16, tile_k=512, num_warps=4),
-    C90("wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=4),
+    C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True),
+    C90("mma", tile_m=16, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True),
+    C90("mma", tile_m=32, tile_n=128, tile_k=256, num_warps=8, stages=3, pdl=True),
+    C90("wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=1),
     C100(128, 8, swap_ab=True),
     C100(128, 16, swap_ab=True, split_k=2),
 ]
@@ -92,13 +90,13 @@ def test_sass_matches_table(cfg):
 
 
 def test_same_main_loop_for_same_loop_key():
-    """The table's fallback: configs with equal loop keys (here tile_n 16 vs 32 with split-K) compile
-    to the same main loop up to ptxas noise (measured: 1040 vs 1047 instructions, 116 vs 118
-    registers): within 2 % instructions, the same round trips, registers within one 8-register
-    allocation granule."""
-    a = sass_tool.derive_facts(C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4))[0]
-    b = sass_tool.derive_facts(C90("gemv", tile_m=1, tile_n=32, tile_k=4096, num_warps=4, split_k=2))[0]
-    assert abs(a.loop_instrs - b.loop_instrs) <= 0.02 * a.loop_instrs
+    """The table's fallback: configs with equal loop keys (here the mma decode kernel without and
+    with split-K) compile to the same main loop up to ptxas noise (measured: 557 vs 545
+    instructions, the split-K epilogue shifts ptxas' scheduling): within 3 % instructions, the same
+    round trips, registers within one 8-register allocation granule."""
+    a = sass_tool.derive_facts(C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True))[0]
+    b = sass_tool.derive_facts(C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, split_k=3))[0]
+    assert abs(a.loop_instrs - b.loop_instrs) <= 0.03 * a.loop_instrs
     assert abs(a.round_trips - b.round_trips) <= 0.25 and abs(a.regs - b.regs) <= 8
 
 
@@ -111,3 +109,15 @@ def test_sm100_stage_arithmetic_matches_the_launch(cfg):
     dyn = sass_tool.dynamic_smem_bytes(compiled)
     st, sb = F100.num_stages(cfg), F100.stage_bytes(cfg)["total"]
     assert st * sb <= dyn <= st * sb + F100.SMEM_RESERVED, (cfg.name(), dyn, st, sb)
+
+
+@pytest.mark.parametrize("cfg", [C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4),
+                                 C90("mma", tile_m=32, tile_n=128, tile_k=256, num_warps=8, stages=3)],
+                         ids=lambda c: c.name())
+def test_sm90_mma_ring_arithmetic_matches_the_launch(cfg):
+    """The mma family's ring formula (``mma_smem_bytes``) against the dynamic shared memory the
+    compiled host code launches with (the ring + the split-K flag word, allocator alignment slack)."""
+    from nvgemm.templates.sm90.config import mma_smem_bytes
+
+    dyn = sass_tool.dynamic_smem_bytes(sass_tool.compile_config(cfg))
+    assert mma_smem_bytes(cfg) <= dyn <= mma_smem_bytes(cfg) + 256, (cfg.name(), dyn, mma_smem_bytes(cfg))

@@ -42,7 +42,7 @@ from nvgemm.templates.registry import (
     abi_from_json,
     abi_to_json,
 )
-from nvgemm.templates.sm90_config import Sm90W4A16Config
+from nvgemm.templates.sm90.config import Sm90W4A16Config
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
 
 FID = "f" * 16  # fixed fingerprint id so key tests do not depend on the checkout

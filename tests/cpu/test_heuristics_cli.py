@@ -53,7 +53,7 @@ def test_plan_shape_json_and_buckets(plan_only_cli, capsys):
 def test_plan_hopper_and_errors(plan_only_cli, capsys):
     assert cli.main(["plan", "--model", "Mistral-7B", "--gpu", "H100", "--m", "1"]) == 0
     out = capsys.readouterr().out
-    assert "w4a16" in out and "nvgemm_cutedsl_sm90_w4a16_gemv" in out
+    assert "w4a16" in out and "nvgemm_cutedsl_sm90_w4a16_mma" in out
     assert cli.main(["plan", "--shape", "4096,4100", "--m", "1"]) == 0
     assert "no candidates: K=4100 is not a multiple of 32" in capsys.readouterr().out
     assert cli.main(["plan", "--model", "gpt-2"]) == 2

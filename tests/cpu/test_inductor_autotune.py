@@ -157,7 +157,7 @@ def test_kernel_backends_offer_one_choice_per_policy_config():
 
     from nvgemm.inductor.choices import candidates as choice_candidates
     from nvgemm.runtime.backends import LinearProblem
-    from nvgemm.templates.sm90_config import config_from_name as sm90_from_name
+    from nvgemm.templates.sm90.config import config_from_name as sm90_from_name
     from nvgemm.templates.sm100.config import config_from_name as sm100_from_name
 
     for cap, name, parse, weight_only in (((10, 0), "cutedsl_sm100", sm100_from_name, False),

@@ -12,6 +12,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from nvgemm import cli
 from nvgemm.perfmodel import (
@@ -27,10 +28,10 @@ from nvgemm.perfmodel import (
 )
 from nvgemm.perfmodel import sass as S
 from nvgemm.perfmodel.families import sm100 as F100
-from nvgemm.perfmodel.families.sm90 import GemvFacts
+from nvgemm.perfmodel.families.sm90 import MmaFacts
 from nvgemm.perfmodel.model import occupancy
 from nvgemm.perfmodel.table import load_table
-from nvgemm.templates.sm90_config import Sm90W4A16Config as C90
+from nvgemm.templates.sm90.config import Sm90W4A16Config as C90
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C100
 
 H200 = get_hardware("H200")
@@ -218,26 +219,31 @@ def test_bf16_baseline_by_hand():
     assert lo <= 46.2 <= hi
 
 
-def test_gemv_geometry_by_hand():
-    c = C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4)
-    g = GemvFacts().geometry(c, 1, 28672, 4096, H200)
-    # RP = 8 rows per pass -> 2 passes; K = 4096 = 128 vectors = one step of 128 threads x 1 vector
-    assert (g.ctas, g.iters_per_cta, g.passes_per_cta) == (28672 // 16, 2, 2)
-    assert g.stream_bytes_per_iter == 8 * 128 * 18  # 8 rows x 128 threads x (16 B weights + 2 B scales)
+def test_mma_geometry_by_hand():
+    # 8 tokens x 128 rows per CTA (4 warps x 2 row tiles), stages of 256 K, 4-stage ring
+    c = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
+    g = MmaFacts().geometry(c, 1, 28672, 4096, H200)
+    assert (g.ctas, g.iters_per_cta, g.passes_per_cta) == (28672 // 128, 4096 // 256, 1)
+    # per stage: 4 warps x 2 row tiles x 4 chunks x 512 B weights + 4 x 2 x 32 lanes x 8 B scales
+    assert g.stream_bytes_per_iter == 4 * 2 * 4 * 512 + 4 * 2 * 32 * 8
+    assert g.depth == 3 and g.pdl and g.aux_kernels == 0 and g.splitk is None
     assert g.weight_bytes == 28672 * 4096 * 0.5625
-    assert GemvFacts().elems_per_thread_iter(c) == 8 * 32
-    # K = 14336 = 448 vectors = 3.5 steps -> 4 iterations per pass (the last one half idle)
-    assert GemvFacts().geometry(c, 1, 4096, 14336, H200).iters_per_cta == 2 * 4
-    # M = 16 with tile_m 8: MP = 4 -> 2 M passes x 16 rows / RP 1 = 32 passes; grid_m = 2
-    c8 = C90("gemv", tile_m=8, tile_n=16, tile_k=4096, num_warps=4)
-    g8 = GemvFacts().geometry(c8, 16, 28672, 4096, H200)
-    assert (g8.ctas, g8.passes_per_cta) == (2 * 1792, 32)
-    # 66 MB of weights > 80 % of the 50 MB L2: the second M tile reads them from DRAM again
-    assert close(g8.dram_bytes, 2 * g8.weight_bytes + 16 * 4096 * 2 + 16 * 28672 * 2)
-    # re-reads from L2: the CTA's second M pass (1/2 of its iterations); the weights do not fit L2
-    assert close(g8.l2_reread_fraction, 0.5)
-    # 9.4 MB fits: the second M tile hits L2 too -> 1 - (1/2 pass) x (1/2 tile) = 0.75
-    assert close(GemvFacts().geometry(c8, 16, 4096, 4096, H200).l2_reread_fraction, 0.75)
+    assert MmaFacts().elems_per_thread_iter(c) == 2 * 4 * 32  # row tiles x chunks x 32 per lane
+    assert MmaFacts().min_round_trips(c) == 1 / 3
+    # K = 4100 pads to 4352 = 17 stages; N = 4100 pads to 4112 rows (257 tiles)
+    g2 = MmaFacts().geometry(c, 1, 4100, 4100, H200)
+    assert g2.iters_per_cta == 17 and g2.weight_bytes == 4112 * 4352 * 0.5625
+    # split-K 4: 16 stages -> 4 per CTA; an in-kernel (batched) reduction of fp32 partials
+    g4 = MmaFacts().geometry(C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, split_k=4),
+                             1, 4096, 4096, H200)
+    assert g4.iters_per_cta == 4 and g4.ctas == 32 * 4 and g4.splitk.kind == "batched"
+    # M = 64 with tile_m 32: 2 M tiles; 66 MB of weights > 80 % of the 50 MB L2 -> read twice
+    c32 = C90("mma", tile_m=32, tile_n=128, tile_k=256, num_warps=8, stages=3)
+    g32 = MmaFacts().geometry(c32, 64, 28672, 4096, H200)
+    assert g32.ctas == 2 * 224 and close(g32.dram_bytes, 2 * g32.weight_bytes + 64 * 4096 * 2 + 64 * 28672 * 2)
+    assert g32.l2_reread_fraction == 0.0
+    # 9.4 MB fits L2: the second M tile re-reads from L2
+    assert close(MmaFacts().geometry(c32, 64, 4096, 4096, H200).l2_reread_fraction, 0.5)
 
 
 def test_sm100_stages_tmem_and_splitk_reduce_by_hand():
@@ -289,7 +295,7 @@ def test_regenerate_updates_only_what_it_compiled(tmp_path, monkeypatch):
     from nvgemm.perfmodel.table import TABLE_PATH
     from nvgemm.runtime import sass_tool
 
-    cfg = C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4)
+    cfg = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     fake = dict(lookup(cfg).to_json(), regs=99)
     monkeypatch.setattr(sass_tool, "derive_facts", lambda c, arch=None: (KernelFacts.from_json(fake), ""))
     monkeypatch.setattr(sass_tool, "table_configs", lambda archs: [cfg])
@@ -312,10 +318,10 @@ def test_sm90_main_loops_are_branch_free():
 
 
 def test_lookup_exact_twin_and_estimate():
-    exact = C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4)
+    exact = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     f = lookup(exact)
     assert f.source == "table" and f.loop_instrs > 0
-    twin = C90("gemv", tile_m=1, tile_n=48, tile_k=4096, num_warps=4, split_k=2)  # same main loop
+    twin = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, split_k=3, pdl=True)  # same loop
     ft = lookup(twin)
     assert ft.source.startswith("table (same main loop as") and ft.loop_instrs == f.loop_instrs
     est = lookup(C100(128, 192, 1, 1))  # sm100 tiles outside the table: arithmetic estimate
@@ -323,11 +329,11 @@ def test_lookup_exact_twin_and_estimate():
 
 
 def test_estimate_rank_and_gaps():
-    cfgs = [C90("gemv", tile_m=1, tile_n=tn, tile_k=4096, num_warps=4) for tn in (8, 16, 32)]
+    cfgs = [C90("mma", tile_m=8, tile_n=tn, tile_k=256, num_warps=4, stages=4, pdl=True) for tn in (64, 128, 256)]
     ranked = rank(cfgs, 1, 28672, 4096, "H200")
     mids = [e.mid_us for _, e in ranked]
     assert len(ranked) == 3 and mids == sorted(mids)
-    assert estimate(C90("mma", tile_m=8, tile_n=16, tile_k=512, num_warps=4), 1, 4096, 4100) is None  # K % 128
+    assert estimate(cfgs[0], 1, 4096, 4112) is None  # K % 32
     e = estimate(cfgs[1], 1, 28672, 4096, "H200")
     assert e.total_us[0] < e.total_us[1] and e.pct_of_achievable[0] > e.pct_of_achievable[1]
 
@@ -336,10 +342,10 @@ def test_estimate_rank_and_gaps():
 
 
 def test_model_cli_report_matches_the_api(capsys):
-    name = "nvgemm_cutedsl_sm90_w4a16_gemv_t1x16x4096_w4_s1"
+    name = "nvgemm_cutedsl_sm90_w4a16_mma_t8x128x256_w4_s4_pdl"
     assert cli.main(["model", "--config", name, "--shape", "28672,4096", "--m", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    e = estimate(C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4), 1, 28672, 4096, "H200")
+    e = estimate(C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True), 1, 28672, 4096, "H200")
     (row,) = data["rows"]
     assert "MODEL" in data["note"]
     assert row["config"] == name and row["total_us"] == list(e.total_us)
@@ -366,7 +372,9 @@ def test_plan_shows_model_column(capsys):
     data = json.loads(capsys.readouterr().out)
     cands = data["rows"][0]["candidates"]
     assert data["model_gpu"] == "H200" and all(c["model_us"] is not None for c in cands)
-    first = C90("gemv", tile_m=1, tile_n=16, tile_k=4096, num_warps=4)
+    from nvgemm.runtime.sm90_backend import pick_config
+
+    first = pick_config(1, 28672, 4096, torch.bfloat16, "none", 132)
     assert cands[0]["config"] == first.name()
     want = estimate(first, 1, 28672, 4096, "H200", 132).total_us
     assert cands[0]["model_us"] == [round(want[0], 2), round(want[1], 2)]

@@ -4,7 +4,7 @@ Templates, the candidate policy and the tests all call this one function. It com
 
 1. the problem's own checks (:func:`nvgemm.heuristics.problem.validate_problem`),
 2. the config's problem-independent checks, owned by the template modules
-   (``nvgemm.templates.sm100.config.validate_config`` / ``sm90_config.validate_config``), and
+   (``nvgemm.templates.sm100.config.validate_config`` / ``sm90.config.validate_config``), and
 3. the problem-dependent rules: the sm100 family's own rule
    (:func:`nvgemm.templates.sm100.validity.can_implement_problem`), the sm90 rules below, and the
    policy's split-K preference (equal whole-tile slices).
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates import sm90_config
-from nvgemm.templates.sm90_config import Sm90W4A16Config
+from nvgemm.templates.sm90 import config as sm90_config
+from nvgemm.templates.sm90.config import Sm90W4A16Config
 from nvgemm.templates.sm100 import validity as sm100_validity
 from nvgemm.templates.sm100.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
 from nvgemm.templates.status import Status
@@ -98,20 +98,12 @@ def can_implement_sm90(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
         return Status.fail(
             f"K={problem.k} is not a multiple of {W4A16_K_ALIGN}: packed-FP4 weight rows are loaded in 16-byte units"
         )
-    if config.family == "gemv":
-        # tile shapes, warps, stages and pdl are checked by sm90_config.validate_config; the kernel
-        # serves any M (M > tile_m adds grid rows), ragged K splits (in 16-byte vectors) and any N
-        # (element-wise predicated stores, no TMA).
-        if problem.epilogue == "silu_mul" and config.tile_n % 2:
-            return Status.fail(f"silu_mul needs an even gemv tile_n, got {config.tile_n}")
-        vectors = problem.k // 32
-        if config.split_k > vectors:
-            return Status.fail(f"split_k={config.split_k} exceeds the {vectors} 16-byte K vectors per row (K={problem.k})")
-        return Status.success()
-    st = _out_alignment(problem)
-    if not st:
-        return st
-    return _split_k_ok(problem.k, config.tile_k, config.split_k)
+    # tile shapes, warps, stages and pdl: sm90_config.validate_config; K, gated layouts and the
+    # split count against the K range: sm90_config.shape_problem. Any M (M tiles) and any N (rows
+    # padded to 16-row tiles, predicated stores).
+    if why := sm90_config.shape_problem(config, problem.m_hi, problem.n, problem.k, problem.epilogue == "silu_mul"):
+        return Status.fail(why)
+    return Status.success()
 
 
 def can_implement(problem: GemmProblem, config, target: Target | None = None) -> Status:

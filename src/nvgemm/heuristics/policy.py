@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from nvgemm.templates.sm90_config import Sm90W4A16Config
+from nvgemm.templates.sm90.config import Sm90W4A16Config
 from nvgemm.templates.sm100.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
 from nvgemm.templates.status import Status
 

@@ -1,84 +1,114 @@
-"""Candidate policy for the sm90 NVFP4 weight-only (W4A16) kernels (``Sm90W4A16Config``).
+"""Candidate policy for the sm90 NVFP4 weight-only (W4A16) kernels (``Sm90W4A16Config``), ranked
+by the performance model (:mod:`nvgemm.perfmodel`: a MODEL until an H200 measures it).
 
-Self-contained (the Hopper-kernel helper may retune it). nvMatmulHeuristics has no mixed
-bf16 x FP4 precision, so this family is rule-based only.
+nvMatmulHeuristics has no mixed bf16 x FP4 precision, so the candidates come from the two kernel
+families' search spaces (``templates/sm90/config.py``), filtered by ``can_implement`` and ordered
+by modelled time on the target (H200 figures, the target's SM count); configs whose SASS (the
+model's committed facts table) spills to local memory are dropped:
 
-Today only the ``gemv`` family has a template (``templates/sm90_w4a16_gemv.py``); it serves any
-M (M > tile_m adds grid rows that re-read the weights, from L2 when they fit). Its knobs (see
-``templates/sm90_config.py``): tile_m activation rows per CTA, tile_n weight rows per CTA,
-tile_k = 32 x threads x v (v 16-byte vectors per thread per step), num_warps, split_k CTAs along
-K, stages 1, no PDL. Rules:
+* ``mma`` (decode kernel, mma.sync tensor cores, cp.async ring, in-kernel split-K): every M; the
+  model prices tile_m (8 / 16 / 32 tokens per CTA; more tokens = more M tiles that re-read the
+  weights), row tiles per warp, warps, ring depth and split-K (which fills the SMs on the small
+  layers and pays an fp32 partial round trip);
+* ``wgmma`` (weights decoded into shared memory, WGMMA): M > 32, where tensor-core throughput and
+  M-tile count start to matter.
 
-    tile_m     the smallest power of two >= M, at most 8 (register budget); M > 8 -> 8
-    tile_n     16 first (N/16 CTAs fill an H100 for every preset shape), then 8 and 32
-    warps      4 (tile_k 4096) first; 8 warps (tile_k 8192) for K >= 8192; 2 and 1 warp for short K
-    v          2 vectors per thread where the register rule of validate_config allows (tile_m 8)
-    split-K    when the CTAs leave most SMs idle (:func:`nvgemm.heuristics.problem.choose_split_k`,
-               in whole tile_k steps)
-
-``wgmma`` (larger M, template ``sm90_w4a16_wgmma``) is emitted first for M > 32 when
-:data:`WGMMA_AVAILABLE` is set (the gemv candidates follow as fallbacks). Every emitted config
-passes ``can_implement``.
+The first candidate is the model's fastest; the reason string carries its modelled time and the
+modelled bf16 cuBLAS time of the same GEMM. If the model cannot price a config (no SASS facts in
+the table), the families' default order applies (``_RULE_ORDER``). PDL is on for the mma family.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates.sm90_config import Sm90W4A16Config
+from nvgemm.templates.sm90.config import Sm90W4A16Config
 
 from .implementable import can_implement
-from .problem import Candidate, GemmProblem, ceil_div, choose_split_k
+from .problem import Candidate, GemmProblem, ceil_div
 
 W = Sm90W4A16Config
-WGMMA_AVAILABLE = True
-GEMV_MAX_TILE_M = 8
+#: mma configs the policy considers (before split-K): (tile_n, num_warps, stages); tile_k 256. The
+#: first eight have >= 2 row tiles per warp (2.0-2.2 SASS instructions per weight element at tile_m
+#: 8); the last two have one row tile per warp in 8 warps, which the model prefers at 32 tokens per
+#: CTA (fewer registers, more warps to hide latency) at ~3.6 instructions per element. Ties keep
+#: this order.
+MMA_SHAPES = ((128, 4, 4), (128, 2, 4), (64, 2, 4), (128, 4, 3), (256, 4, 3), (256, 4, 4), (256, 8, 3), (64, 2, 3),
+              (128, 8, 3), (128, 8, 4))
+MMA_SPLITS = (1, 2, 3, 4, 6, 7, 8)
+WGMMA_SHAPES = ((64, 128), (64, 64), (128, 128), (128, 64))
+WGMMA_SPLITS = (1, 2, 4)
 
 
-def _next_pow2(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
-
-
-def _gemv(tm: int, tn: int, warps: int, v: int = 1) -> Sm90W4A16Config:
-    return W("gemv", tile_m=tm, tile_n=tn, tile_k=32 * 32 * warps * v, num_warps=warps, stages=1, pdl=False)
+def _tile_m(m: int) -> int:
+    return 8 if m <= 8 else (16 if m <= 16 else 32)
 
 
 def rule_candidates(problem: GemmProblem) -> list[Candidate]:
-    m, n, k, sm = problem.m_hi, problem.n, problem.k, problem.target.sm_count
+    """Every implementable candidate, in the families' default order (no model)."""
+    m, n = problem.m_hi, problem.n
     out: list[Candidate] = []
     seen: set = set()
 
     def add(cfg: Sm90W4A16Config, reason: str) -> None:
-        ctas = ceil_div(m, cfg.tile_m) * ceil_div(n, cfg.tile_n)
-        s = choose_split_k(ctas, k, cfg.tile_k, sm)
-        if s > 1 and can_implement(problem, replace(cfg, split_k=s)):
-            cfg = replace(cfg, split_k=s)
-            reason = f"{reason}; split-K {s}: {ctas} CTAs -> {ctas * s} on {sm} SMs"
         if cfg not in seen and can_implement(problem, cfg):
             seen.add(cfg)
             out.append(Candidate(cfg, reason))
 
-    if WGMMA_AVAILABLE and m > 32:
-        tmw = 64 if m <= 64 else 128
-        warps = 4 if tmw == 64 else 8
-        add(W("wgmma", tmw, 128, 64, num_warps=warps, stages=4, pdl=False), f"M={m}: wgmma {tmw}x128")
-        add(W("wgmma", tmw, 256, 64, num_warps=warps, stages=3, pdl=False), f"M={m}: wgmma {tmw}x256")
-    tm = min(_next_pow2(m), GEMV_MAX_TILE_M)
-    band = f"decode M<={tm}" if m <= GEMV_MAX_TILE_M else f"M={m}: gemv in {ceil_div(m, tm)} row groups"
-    add(_gemv(tm, 16, 4), f"{band}: gemv tile_m={tm}, 16 weight rows x 4 warps along K")
-    add(_gemv(tm, 8, 4), f"{band}: gemv, 8 weight rows per CTA (more CTAs)")
-    add(_gemv(tm, 32, 4), f"{band}: gemv, 32 weight rows per CTA (activation reuse)")
-    if k >= 8192:
-        add(_gemv(tm, 16, 8), f"{band}: gemv, 8 warps along K (tile_k 8192)")
-    add(_gemv(tm, 16, 4, v=2), f"{band}: gemv, 2 vectors per thread in flight")
-    add(_gemv(tm, 16, 2), f"{band}: gemv, 2 warps (tile_k 2048, more CTAs per SM)")
-    add(_gemv(tm, 8, 1), f"{band}: gemv, 1 warp per CTA (tile_k 1024)")
+    tm = _tile_m(m)
+    sms = problem.target.sm_count
+    grid_m = ceil_div(m, tm)
+    for tn, w, st in MMA_SHAPES:
+        ctas = ceil_div(n, tn) * grid_m
+        # split-K only to bring the grid to one to three CTAs per SM (the model prices the rest)
+        splits = [s for s in MMA_SPLITS if s == 1 or sms <= ctas * s <= 3 * sms]
+        for s in splits:
+            add(W("mma", tile_m=tm, tile_n=tn, tile_k=256, split_k=s, num_warps=w, stages=st, pdl=True),
+                f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, split-K {s}")
+    if m > 32:
+        for tmw, tn in WGMMA_SHAPES:
+            for s in WGMMA_SPLITS:
+                add(W("wgmma", tile_m=tmw, tile_n=tn, tile_k=64, split_k=s, num_warps=4 * tmw // 64, stages=1),
+                    f"M={m}: wgmma {tmw}x{tn}, split-K {s}")
     return out
+
+
+def _gpu_of(problem: GemmProblem) -> str:
+    gpu = (problem.target.gpu or "").upper()
+    return gpu if gpu in ("H100", "H200") else "H200"
+
+
+def ranked_candidates(problem: GemmProblem) -> list[Candidate]:
+    """:func:`rule_candidates` ordered by the performance model (fastest first); candidates the
+    model cannot price keep their rule order after the priced ones."""
+    cands = rule_candidates(problem)
+    try:
+        from nvgemm.perfmodel import bf16_baseline, lookup, rank
+    except ImportError:  # pragma: no cover - the model ships with nvgemm
+        return cands
+
+    def spills(c: Candidate) -> bool:  # no spills anywhere (the SASS facts table says)
+        f = lookup(c.config, "sm_90a")
+        return f is not None and (f.ldl or f.stl) > 0
+
+    cands = [c for c in cands if not spills(c)]
+    m, n, k = problem.m_hi, problem.n, problem.k
+    gpu, sms = _gpu_of(problem), problem.target.sm_count
+    ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config)
+    if not ranked:
+        return cands
+    base = bf16_baseline(m, n, k, gpu, sms)
+    b_mid = 0.5 * (base.total_us[0] + base.total_us[1])
+    priced = {id(c) for c, _ in ranked}
+    out = [replace(c, reason=f"{c.reason}; modelled {e.mid_us:.1f} us (bf16 cuBLAS modelled {b_mid:.1f} us)",
+                   est_runtime_us=e.mid_us)
+           for c, e in ranked]
+    return out + [c for c in cands if id(c) not in priced]
 
 
 def candidates(problem: GemmProblem, max_candidates: int = 8, use_nvmmh: bool = True) -> list[Candidate]:
     del use_nvmmh  # no nvMatmulHeuristics precision for bf16 x fp4
-    return rule_candidates(problem)[:max_candidates]
+    return ranked_candidates(problem)[:max_candidates]
+
+
+__all__ = ["candidates", "ranked_candidates", "rule_candidates"]

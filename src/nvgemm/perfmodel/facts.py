@@ -40,9 +40,11 @@ Adding a family (what a kernel helper does)
 optionally ``parse_name(name)`` (config name -> config, for the table and the CLI; needed when
 the family has its own config class), ``estimate_static(config)`` (facts without SASS), ``extra_facts(config, compiled,
 funcs)`` (family extras the SASS tool stores, e.g. stages) with ``dynamic_smem = True`` when the
-kernel's shared memory is dynamic, and ``search_space(m)`` (configs ``nvgemm.perfmodel.best``
-searches); then list the configs to tabulate in :func:`FamilyFacts.table_configs` and regenerate the table
-(``nvgemm model --regen-table``). Families in this package: ``families/sm90.py`` (gemv, mma,
+kernel's shared memory is dynamic, ``min_round_trips(config)`` (a lower bound on serial DRAM round
+trips per iteration the SASS replay cannot see, e.g. a cp.async ring), and ``search_space(m)``
+(configs ``nvgemm.perfmodel.best`` searches); then list the configs to tabulate in
+:func:`FamilyFacts.table_configs` and regenerate the table (``nvgemm model --regen-table``).
+Families in this package: ``families/sm90.py`` (mma,
 wgmma) and ``families/sm100.py`` (the tcgen05 block-scaled GEMM). Imports here stay below
 ``nvgemm.heuristics``: templates' pure-Python config modules and the standard library only.
 """
@@ -166,6 +168,12 @@ class FamilyFacts:
 
     def shape_problem(self, config, m: int, n: int, k: int) -> str | None:
         return None
+
+    def min_round_trips(self, config) -> float:
+        """Lower bound on serial DRAM round trips per main-loop iteration that the SASS replay
+        cannot see (0: none). A cp.async ring of depth D whose prologue issues the first D - 1
+        stages before the loop needs at least 1 / (D - 1): only D - 1 stages are ever in flight."""
+        return 0.0
 
     def parse_name(self, name: str):
         """The config a table key / CLI name stands for if this family owns it, else None."""

@@ -238,10 +238,8 @@ def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFac
     total = tuple(kernels[i] + launch[i] + sk[i] + aux[i] for i in range(2))
 
     active_sms = min(hw.sm_count, geo.ctas)
-    if fam.engine == "pipeline":
-        peak = occ.ctas_per_sm * geo.depth * geo.stream_bytes_per_iter
-    else:
-        peak = occ.ctas_per_sm * geo.stream_bytes_per_iter
+    # both engines: ``depth`` iterations of loads in flight per CTA (a TMA / cp.async ring; 1: none ahead)
+    peak = occ.ctas_per_sm * geo.depth * geo.stream_bytes_per_iter
     avg = tuple(geo.weight_bytes / active_sms / (kernels[i] / US) * (hw.dram_latency[i] / clk) for i in range(2))
     needed = tuple(hw.little_bytes_per_sm(lat) for lat in hw.dram_latency)
     tbs = tuple(geo.weight_bytes / (t / US) / 1e12 for t in total)

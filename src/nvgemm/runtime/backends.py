@@ -57,7 +57,7 @@ _LAST = threading.local()  # the backend select_backend chose most recently, per
 #: Modules that register kernel backends when imported; missing optional deps are skipped.
 _BUILTIN_MODULES: tuple[str, ...] = (
     "nvgemm.runtime.sm100_backend",
-    "nvgemm.runtime.sm90_launch",
+    "nvgemm.runtime.sm90_backend",
     "nvgemm.triton_kernels.registry",
 )
 

@@ -2,9 +2,9 @@
 
 Examples::
 
-    nvgemm model --config nvgemm_cutedsl_sm90_w4a16_gemv_t1x16x4096_w4_s1 --shape 28672,4096 --m 1,4
+    nvgemm model --config nvgemm_cutedsl_sm90_w4a16_mma_t8x128x256_w4_s4_pdl --shape 28672,4096 --m 1,4
     nvgemm model --policy --shape 28672,4096 --m 1,8 --gpu H200      # the policy's candidates, ranked
-    nvgemm model --best sm90.gemv,sm90.mma --shape 4096,14336 --m 16   # the model's best config
+    nvgemm model --best sm90.mma,sm90.wgmma --shape 4096,14336 --m 16  # the model's best config
     nvgemm model --config NAME --shape 6144,4096 --m 1 --sass          # compile now, read the SASS
     nvgemm model --regen-table                                         # rewrite sass_facts.json
 
@@ -38,7 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     what.add_argument("--policy", action="store_true", help="the candidate policy's configs for each shape and M")
     what.add_argument("--best", metavar="FAMILIES",
                       help="the model's best config over these families' search spaces (comma-separated, e.g. "
-                      "sm90.gemv,sm90.mma,sm90.wgmma or sm100.nvfp4)")
+                      "sm90.mma,sm90.wgmma or sm100.nvfp4)")
     what.add_argument("--regen-table", action="store_true",
                       help="recompile every tabulated config and rewrite the SASS facts table (minutes)")
     p.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="GEMM shape (repeatable)")

@@ -92,7 +92,7 @@ def _family(config) -> FamilyFacts:
 
 def dump_sass(compiled) -> tuple[str, str]:
     """(``cuobjdump --dump-sass`` text, ``--dump-resource-usage`` text) of a compiled kernel."""
-    from ..templates.sm90_w4a16_gemv import embedded_cubin  # generic: any compiled CuTeDSL module
+    from ..templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
     exe = find_cuobjdump()
     if exe is None:
@@ -140,6 +140,7 @@ def facts_from_sass(config, sass_text: str, res_text: str, arch: str | None = No
     n_all = len(S.counted(fn.instrs))
     base, rt = S.chain_coefficients(body_, fam.stream_load, hw.dram_latency[0], hw.dram_latency[1],
                                     hw.l2_latency[0])
+    rt = max(rt, fam.min_round_trips(config))
     smem = (fn.shared or 0) + int(extra.get("dynamic_smem", 0))
     if loop is not None:
         extra["loop_offsets"] = [hex(fn.instrs[loop.start].offset), hex(fn.instrs[loop.end].offset)]
@@ -187,20 +188,28 @@ def policy_configs(arch: str) -> list:
 
 
 def table_configs(archs=("sm_90a", "sm_100a")) -> list:
-    """Families' table configs plus the policy's configs, de-duplicated, in a stable order."""
+    """Families' table configs plus the policy's configs, one per main loop (the table lookup
+    serves configs with an equal :meth:`~nvgemm.perfmodel.facts.FamilyFacts.loop_key` from the
+    same entry), in a stable order."""
     out, seen = [], set()
+
+    def add(c) -> None:
+        fam = family_for(c)
+        if fam is None:
+            return
+        key = fam.loop_key(c)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+
     for fam in registered_families():
         if fam.arch not in archs:
             continue
         for c in fam.table_configs():
-            if c not in seen:
-                seen.add(c)
-                out.append(c)
+            add(c)
     for arch in archs:
         for c in policy_configs(arch):
-            if c not in seen and family_for(c) is not None:
-                seen.add(c)
-                out.append(c)
+            add(c)
     return out
 
 

@@ -57,7 +57,7 @@ def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
         cfg = s._policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, s.arch_of(p.capability), sms)
         return cfg, (None if cfg is None else s.compile_spec_for(cfg, epilogue_of(p), s.arch_of(p.capability), sms))
     if backend == "cutedsl_sm90":
-        from . import sm90_launch as s
+        from . import sm90_backend as s
 
         cfg = s.pick_config(p.m, p.n, p.k, p.x_dtype, p.activation, sms)
         return cfg, s.compile_spec_for(cfg, epilogue_of(p), p.x_dtype, sms)

@@ -125,9 +125,8 @@ MAJORS = ("k", "m", "n")
 # template_id -> module that registers it on import (imported only when compiling).
 BUILTIN_TEMPLATE_MODULES: dict[str, str] = {
     "sm100_nvfp4_gemm": "nvgemm.templates.sm100.kernel",
-    "sm90_w4a16_gemv": "nvgemm.templates.sm90_w4a16_gemv",
-    "sm90_w4a16_wgmma": "nvgemm.templates.sm90_w4a16_wgmma",
-    "sm90_w4a16_mma": "nvgemm.templates.sm90_w4a16_mma",
+    "sm90_w4a16_mma": "nvgemm.templates.sm90.mma",
+    "sm90_w4a16_wgmma": "nvgemm.templates.sm90.wgmma",
 }
 
 # Config class name -> template id (a callable of the config when one config type spans templates).

@@ -24,6 +24,7 @@ from ._common import (
     check_device,
     launch_options,
     next_pow2,
+    nvfp4_qdq_tile,
     nvfp4_quantize_tile,
     pdl_launch_dependents,
     pdl_wait,
@@ -32,7 +33,7 @@ from ._common import (
     is_interpreted,
 )
 
-__all__ = ["quantize_nvfp4_kernel", "quantize_nvfp4_triton", "quantize_config"]
+__all__ = ["qdq_nvfp4_kernel", "qdq_nvfp4_triton", "quantize_nvfp4_kernel", "quantize_nvfp4_triton", "quantize_config"]
 
 
 @triton.jit
@@ -132,3 +133,56 @@ def quantize_nvfp4_triton(
         num_warps=num_warps, **launch_options(gdc),
     )
     return packed, scale.view(torch.float8_e4m3fn)
+
+
+@triton.jit
+def qdq_nvfp4_kernel(
+    x_ptr, gs_ptr, y_ptr,
+    M, K, stride_xm, stride_ym,
+    USE_GDC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """x [M, K] -> ``E2M1[q] * float(sf)`` in x's dtype (the W4A4 activation of a Hopper W4A16 GEMM),
+    one pass: the codes and scales are :func:`quantize_nvfp4_kernel`'s, never stored."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    gs = tl.load(gs_ptr)
+    pdl_wait(USE_GDC)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
+    pdl_launch_dependents(USE_GDC)
+    y = nvfp4_qdq_tile(x.to(tl.float32), gs, BLOCK_M, BLOCK_K)  # exact in bf16 / fp16
+    tl.store(y_ptr + rows[:, None].to(tl.int64) * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def qdq_nvfp4_triton(x: torch.Tensor, input_scale: torch.Tensor, *, out: torch.Tensor | None = None,
+                     pdl: bool | None = None, kernel=None) -> torch.Tensor:
+    """Quantize-dequantize x [M, K] (bf16/fp16, K % 16 == 0) with the static ``input_scale``:
+    ``E2M1[q_x] * s_x`` in x's dtype, bit-exact with ``nvgemm.formats.quantize_activation`` +
+    ``dequantize`` (no global scale; E2M1 x e4m3 is exact in bf16 and fp16). One kernel, no
+    intermediate tensors; ``out`` (same shape and dtype, unit K stride) is written if given."""
+    kernel = kernel or qdq_nvfp4_kernel
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"nvgemm qdq_nvfp4: x must be bfloat16 or float16, got {x.dtype}")
+    if x.dim() != 2 or x.shape[1] % NVFP4.block_size:
+        raise ValueError(f"nvgemm qdq_nvfp4: x must be [M, K] with K % 16 == 0, got shape {tuple(x.shape)}")
+    if input_scale.dtype != torch.float32 or input_scale.numel() != 1:
+        raise ValueError(f"nvgemm qdq_nvfp4: input_scale must be a float32 scalar tensor, got "
+                         f"{input_scale.dtype} {tuple(input_scale.shape)}")
+    dev = check_device(kernel, x, op="nvgemm qdq_nvfp4")
+    m, k = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
+        raise ValueError(f"nvgemm qdq_nvfp4: out must be {x.dtype} {tuple(x.shape)} with unit K stride")
+    if m == 0:
+        return out
+    block_m, block_k, num_warps = quantize_config(m, k, False, is_interpreted(kernel))
+    grid = (ceil_div(m, block_m), ceil_div(k, block_k))
+    gdc = use_gdc(kernel, dev, pdl)
+    kernel[grid](x, input_scale.to(dev).reshape(1), out, m, k, x.stride(0), out.stride(0),
+                 USE_GDC=gdc, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps, **launch_options(gdc))
+    return out

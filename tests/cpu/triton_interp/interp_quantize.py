@@ -196,3 +196,44 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="out\\[1\\]"):
         quantize_nvfp4_triton(torch.randn(2, 32).bfloat16(), gs,
                               out=(torch.empty(2, 16, dtype=torch.uint8), torch.empty(7, dtype=torch.uint8)))
+
+
+# --------------------------------------------------------------------------- one-kernel qdq (W4A4 on Hopper)
+
+
+def _qdq_ref(x: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+    from nvgemm.formats import dequantize
+
+    q, s = quantize_activation(x, gs)
+    return dequantize(q, s)  # E2M1 * s in fp32 (exact in bf16 / fp16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_qdq_matches_quantize_then_dequantize_bitwise(dtype, seed):
+    """``qdq_nvfp4_triton`` = ``formats.quantize_activation`` + ``dequantize``, bit for bit, in one
+    kernel: random rows across binades, an all-zero block, the adversarial rounding ties, and an
+    output buffer pre-filled with NaN (every element must be written)."""
+    from nvgemm.triton_kernels.quantize import qdq_nvfp4_triton
+
+    x = (torch.randn(37, 96) * torch.exp2(torch.randint(-6, 7, (37, 6))).repeat_interleave(16, 1)).to(dtype)
+    x[3, 16:32] = 0
+    gs = torch.tensor(0.01)
+    out = torch.full_like(x, float("nan"))
+    y = qdq_nvfp4_triton(x, gs, out=out)
+    assert y is out and torch.equal(y.float(), _qdq_ref(x, gs))
+    xa, gsa = adversarial(dtype)
+    assert torch.equal(qdq_nvfp4_triton(xa, gsa).float(), _qdq_ref(xa, gsa))
+
+
+def test_qdq_errors_name_the_problem():
+    from nvgemm.triton_kernels.quantize import qdq_nvfp4_triton
+
+    gs = torch.tensor(1.0)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        qdq_nvfp4_triton(torch.randn(2, 32), gs)
+    with pytest.raises(ValueError, match="K % 16"):
+        qdq_nvfp4_triton(torch.randn(2, 24).bfloat16(), gs)
+    with pytest.raises(ValueError, match="input_scale"):
+        qdq_nvfp4_triton(torch.randn(2, 32).bfloat16(), torch.ones(2))
+    with pytest.raises(ValueError, match="out must be"):
+        qdq_nvfp4_triton(torch.randn(2, 32).bfloat16(), gs, out=torch.empty(2, 32))

@@ -1,13 +1,16 @@
-"""sm_90a NVFP4 W4A16 gemv kernel vs the emulated op, on a Hopper (sm_90) GPU.
+"""sm_90a NVFP4 W4A16 kernels (mma decode family, wgmma family) vs the emulated op, on a Hopper GPU.
 
 NOT RUN YET: no GPU was available when this was written; these tests are skipped elsewhere
 (markers ``gpu`` + ``sm90``) and are ready to run on an H100/H200. Kernels come from the kernel
 cache (``NVGEMM_CACHE_DIR``): on a box with cutlass-dsl they are compiled on a miss; on the GPU image
 (no cutlass-dsl) build them here first with ``python bench/build_sm90_artifacts.py`` and run with
-``NVGEMM_CACHE_DIR=build/sm90_gpu_check python3 -m pytest tests/gpu/test_sm90_gemv.py``.
+``NVGEMM_CACHE_DIR=build/sm90_gpu_check python3 -m pytest tests/gpu/test_sm90_kernels.py``.
 
 Cases: ``bench/sm90_suite.py`` (Llama-3.1-8B / 3.3-70B layer shapes at M = 1 and 16; ragged N, M
-and K tails; every epilogue part; fp16; split-K; W4A4 run as quantize-dequantize). Every test draws
+and K tails; every epilogue part; fp16; split-K with the in-kernel reduction; W4A4 run as
+quantize-dequantize; both families), plus every e4m3 scale byte (subnormal, zero, negative) through
+the packed decode -- the check that bf16/fp16 packed multiplies and the tensor cores keep the
+subnormal operands the exact decode relies on. Every test draws
 fresh random inputs (seeded from the test id), poisons the output with NaN before each launch and
 compares with ``nvgemm.ops.nvfp4_linear_emulated`` on the same device.
 
@@ -100,6 +103,30 @@ def test_op_dispatches_to_sm90_kernel_and_matches(gen):
     ref = nvfp4_linear_emulated(*args)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), ref.float(), rtol=2 * 2.0**-7, atol=1e-2 * ref.float().abs().max().item())
+
+
+def test_every_scale_byte_and_code_through_the_kernel(gen):
+    """All 16 codes x every finite e4m3 block scale (subnormals, zero, negative) in one weight, fp16
+    and bf16 activations: the decode is exact only if the packed multiply keeps subnormal inputs
+    (code 0.5 decodes to a bf16 / fp16 subnormal) and the tensor cores keep subnormal fp16 operands."""
+    from nvgemm.formats import to_blocked
+    from nvgemm.ops import nvfp4_linear_emulated
+
+    dev = torch.device("cuda")
+    sb = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    n = 16 * ((sb.numel() + 15) // 16)
+    sb = torch.cat([sb, torch.full((n - sb.numel(),), 0x38, dtype=torch.uint8)])
+    k = 256
+    scales = sb.view(torch.float8_e4m3fn).reshape(n, 1).repeat(1, k // 16).to(dev)
+    codes = torch.arange(16, dtype=torch.uint8, device=dev).repeat(n, k // 16)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.randn(3, k, device=dev, generator=gen).to(dt)
+        args = (x, packed, to_blocked(scales), torch.tensor(1.0, device=dev), None, None, None, "none", torch.float32)
+        out = torch.ops.nvgemm.nvfp4_linear(*args)
+        ref = nvfp4_linear_emulated(*args)
+        scale = (x.float().abs() @ (6 * scales.float().abs().repeat_interleave(16, 1)).t())
+        assert ((out - ref).abs() <= k * 2.0**-23 * scale + 1e-30).all(), dt
 
 
 def test_deterministic_and_graph_capturable(gen):

@@ -1,0 +1,479 @@
+"""What the sm_90a W4A16 kernels share: inline-PTX helpers, the exact packed decode, the fp32
+epilogue of one output element, and the registry contract (C ABI, can_implement, compile).
+
+This module imports cutlass; it is imported only when a kernel is compiled (never at ``import
+nvgemm``), through :data:`nvgemm.templates.registry.BUILTIN_TEMPLATE_MODULES`.
+
+C ABI of every sm90 W4A16 template, in order (``launch.Sm90Args.abi_values``):
+
+    mX     [M, K] bf16 | fp16 activations, K contiguous, row stride % 8 == 0
+    mW     uint8 [n_tiles, n_chunks * 512]  prepared weight (:mod:`.operand`)
+    mS     uint8 [n_tiles, n_chunks * 64]   re-encoded block scales
+    mAlpha fp32 (1,) | (N,)                 weight_scale_2 (x input_scale for W4A4)
+    mBias  fp32 (N,)                        (any fp32 tensor when the spec has no bias)
+    mRes   [M, N_out] output dtype          (any such tensor when the spec has no residual)
+    mOut   [M, N_out]
+    mWork  fp32 (numel,)                    split-K partials (any fp32 tensor when split_k == 1)
+    mCount int32 (numel,)                   split-K tile counters, zero-initialised once and left
+                                            at zero by every call (any int32 tensor when split_k == 1)
+    stream
+
+Absent bias / residual / workspace are compile-time epilogue variants: the kernel never touches
+those arguments, so the host passes tensors it already has instead of allocating dummies.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from nvgemm.epilogues.cute_apply import Activation
+from nvgemm.epilogues.spec import EpilogueSpec
+
+from ..registry import (
+    CompileSpec,
+    StreamArg,
+    SymDim,
+    TensorArg,
+    compile_for_target,
+    fake_args,
+)
+from ..status import Status
+from .config import DECODE_UNSCALE, SM90_ARCHS, Sm90W4A16Config, validate_config
+from .operand import SCHEMES
+
+_TORCH_TO_ABI = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+X_FORMATS = {"bf16": "BFloat16", "fp16": "Float16"}
+_M32 = 0xFFFFFFFF
+
+
+def i32(v: int) -> int:
+    """A 32-bit pattern as a signed Python int (DSL Int32 constants)."""
+    v &= _M32
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
+# ---------------------------------------------------------------------------------------------
+# inline PTX (one instruction each, so width, cache policy and ordering are explicit)
+# ---------------------------------------------------------------------------------------------
+
+
+def _asm(ret_type, operands, text, constraints, loc, ip, side_effects=False):
+    return llvm.inline_asm(
+        ret_type,
+        operands,
+        text,
+        constraints,
+        has_side_effects=side_effects,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+def _v(x, ty, loc, ip):
+    return ty(x).ir_value(loc=loc, ip=ip)
+
+
+def _words(r, n, loc, ip):
+    return [Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(n)]
+
+
+@dsl_user_op
+def evict_first_policy(*, loc=None, ip=None) -> Int64:
+    """An L2 cache policy that marks lines evict-first (the weight stream is read once)."""
+    return Int64(_asm(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l", loc, ip))
+
+
+@dsl_user_op
+def cp_async_stream(dst: Int32, src: Int64, policy: Int64, *, loc=None, ip=None):
+    """16-byte ``cp.async.cg`` (L2 only) global -> shared with an L2 cache-policy hint."""
+    _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int64, loc, ip), _v(policy, Int64, loc, ip)],
+         "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", "r,l,l", loc, ip, True)
+
+
+@dsl_user_op
+def cp_async_small(dst: Int32, src: Int64, policy: Int64, nbytes: int, *, loc=None, ip=None):
+    """4- or 8-byte ``cp.async.ca`` global -> shared with an L2 cache-policy hint (the scales)."""
+    _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int64, loc, ip), _v(policy, Int64, loc, ip)],
+         f"cp.async.ca.shared.global.L2::cache_hint [$0], [$1], {nbytes}, $2;", "r,l,l", loc, ip, True)
+
+
+@dsl_user_op
+def cp_async_zfill(dst: Int32, src: Int64, src_bytes: Int32, *, loc=None, ip=None):
+    """16-byte ``cp.async.ca`` (through L1: activations are re-read by every CTA) reading
+    ``src_bytes`` (16 or 0) and zero-filling the rest."""
+    _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int64, loc, ip), _v(src_bytes, Int32, loc, ip)],
+         "cp.async.ca.shared.global [$0], [$1], 16, $2;", "r,l,r", loc, ip, True)
+
+
+@dsl_user_op
+def cp_async_commit(*, loc=None, ip=None):
+    _asm(None, [], "cp.async.commit_group;", "~{memory}", loc, ip, True)
+
+
+@dsl_user_op
+def cp_async_wait(n: int, *, loc=None, ip=None):
+    _asm(None, [], f"cp.async.wait_group {n};", "~{memory}", loc, ip, True)
+
+
+@dsl_user_op
+def cta_barrier(*, loc=None, ip=None):
+    _asm(None, [], "bar.sync 0;", "~{memory}", loc, ip, True)
+
+
+@dsl_user_op
+def lds_v4(addr: Int32, *, loc=None, ip=None):
+    """16-byte shared-memory load (ordered after barriers and cp.async waits)."""
+    st = llvm.StructType.get_literal([T.i32()] * 4)
+    r = _asm(st, [_v(addr, Int32, loc, ip)], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
+             loc, ip, True)
+    return _words(r, 4, loc, ip)
+
+
+@dsl_user_op
+def lds_v2(addr: Int32, *, loc=None, ip=None):
+    st = llvm.StructType.get_literal([T.i32()] * 2)
+    r = _asm(st, [_v(addr, Int32, loc, ip)], "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r,~{memory}", loc, ip, True)
+    return _words(r, 2, loc, ip)
+
+
+@dsl_user_op
+def lds_u32(addr: Int32, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_v(addr, Int32, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r,~{memory}", loc, ip, True))
+
+
+@dsl_user_op
+def sts_u32(addr: Int32, v: Int32, *, loc=None, ip=None):
+    _asm(None, [_v(addr, Int32, loc, ip), _v(v, Int32, loc, ip)], "st.shared.b32 [$0], $1;", "r,r,~{memory}",
+         loc, ip, True)
+
+
+@dsl_user_op
+def ld_global_cg_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
+    """fp32 load through L2 only (split-K partials written by other CTAs of this launch)."""
+    return Float32(_asm(T.f32(), [_v(addr, Int64, loc, ip)], "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}",
+                        loc, ip, True))
+
+
+@dsl_user_op
+def st_global_f32(addr: Int64, v: Float32, *, loc=None, ip=None):
+    _asm(None, [_v(addr, Int64, loc, ip), _v(v, Float32, loc, ip)], "st.global.f32 [$0], $1;", "l,f,~{memory}",
+         loc, ip, True)
+
+
+@dsl_user_op
+def fence_gpu(*, loc=None, ip=None):
+    _asm(None, [], "fence.acq_rel.gpu;", "~{memory}", loc, ip, True)
+
+
+@dsl_user_op
+def atomic_add_gpu(addr: Int64, v: Int32, *, loc=None, ip=None) -> Int32:
+    """``atom.acq_rel.gpu.global.add.u32``: returns the old value."""
+    return Int32(_asm(T.i32(), [_v(addr, Int64, loc, ip), _v(v, Int32, loc, ip)],
+                      "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r,~{memory}", loc, ip, True))
+
+
+@dsl_user_op
+def st_global_relaxed_u32(addr: Int64, v: Int32, *, loc=None, ip=None):
+    _asm(None, [_v(addr, Int64, loc, ip), _v(v, Int32, loc, ip)], "st.relaxed.gpu.global.u32 [$0], $1;",
+         "l,r,~{memory}", loc, ip, True)
+
+
+@dsl_user_op
+def rotr(w: Int32, r: int, *, loc=None, ip=None) -> Int32:
+    """Rotate right by a constant (one ``SHF.R.W``)."""
+    return Int32(_asm(T.i32(), [_v(w, Int32, loc, ip)], f"shf.r.wrap.b32 $0, $1, $1, {r};", "=r,r", loc, ip))
+
+
+@dsl_user_op
+def and_imm(w: Int32, mask: int, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_v(w, Int32, loc, ip)], f"and.b32 $0, $1, {mask & _M32:#x};", "=r,r", loc, ip))
+
+
+@dsl_user_op
+def select_imm(a: Int32, b: Int32, mask: int, *, loc=None, ip=None) -> Int32:
+    """``(a & mask) | (b & ~mask)`` in one ``lop3`` (LUT 0xE4 = a ? c : b with c = mask)."""
+    return Int32(_asm(T.i32(), [_v(a, Int32, loc, ip), _v(b, Int32, loc, ip)],
+                      f"lop3.b32 $0, $1, $2, {mask & _M32:#x}, 0xE4;", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def prmt(a: Int32, sel: int, *, loc=None, ip=None) -> Int32:
+    """Byte permute of one register (``prmt.b32 d, a, a, sel``)."""
+    return Int32(_asm(T.i32(), [_v(a, Int32, loc, ip)], f"prmt.b32 $0, $1, $1, {sel:#x};", "=r,r", loc, ip))
+
+
+@dsl_user_op
+def hmul2(a: Int32, b: Int32, is_bf16: bool, *, loc=None, ip=None) -> Int32:
+    """Packed bf16x2 / f16x2 multiply, round to nearest (exact for the decode's products)."""
+    ins = "mul.rn.bf16x2" if is_bf16 else "mul.rn.f16x2"
+    return Int32(_asm(T.i32(), [_v(a, Int32, loc, ip), _v(b, Int32, loc, ip)], f"{ins} $0, $1, $2;", "=r,r,r",
+                      loc, ip))
+
+
+@dsl_user_op
+def hmul2_bcast(a: Int32, b: Int32, half: int, is_bf16: bool, *, loc=None, ip=None) -> Int32:
+    """``a * (b.half, b.half)``: packed multiply by one half of ``b`` broadcast to both lanes (ptxas
+    folds the broadcast into the HMUL2 operand selector ``.H0_H0`` / ``.H1_H1``)."""
+    ins = "mul.rn.bf16x2" if is_bf16 else "mul.rn.f16x2"
+    pick = "{t, u}" if half == 0 else "{u, t}"
+    text = f"{{ .reg .b16 t, u; .reg .b32 d; mov.b32 {pick}, $2; mov.b32 d, {{t, t}}; {ins} $0, $1, d; }}"
+    return Int32(_asm(T.i32(), [_v(a, Int32, loc, ip), _v(b, Int32, loc, ip)], text, "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def scale_pair(word: Int32, which: int, shift: int, add: int, *, loc=None, ip=None) -> Int32:
+    """Encoded scale bytes ``which`` (0: bytes 0 and 2, 1: bytes 1 and 3) of ``word`` -> the packed
+    bf16x2 / f16x2 scale pair (rows g, g + 8): one mask and one shift-add (:mod:`.operand`)."""
+    # bytes (1, 3) -> halves with one byte permute (zero bytes from the immediate 0)
+    pre = "prmt.b32 t, $1, 0, 0x7371;" if which else "and.b32 t, $1, 0x00FF00FF;"
+    return Int32(_asm(T.i32(), [_v(word, Int32, loc, ip)],
+                      f"{{ .reg .b32 t; {pre} shl.b32 t, t, {shift}; add.u32 $0, t, {add & _M32:#x}; }}",
+                      "=r,r", loc, ip))
+
+
+@dsl_user_op
+def mma_16816(a, b, c, is_bf16: bool, *, loc=None, ip=None):
+    """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}``: D = A(16x16) B(16x8) + C, fp32 C/D."""
+    kind = "bf16" if is_bf16 else "f16"
+    st = llvm.StructType.get_literal([T.f32()] * 4)
+    ops = [_v(x, Int32, loc, ip) for x in (*a, *b)] + [_v(x, Float32, loc, ip) for x in c]
+    r = _asm(st, ops,
+             f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+             "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", loc, ip)
+    return [Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def pair_to_f32(v: Int32, is_bf16: bool, *, loc=None, ip=None):
+    """A packed bf16x2 / f16x2 register -> (low, high) fp32, exact (subnormals kept)."""
+    st = llvm.StructType.get_literal([T.f32()] * 2)
+    if is_bf16:
+        text = "{ .reg .b32 l, h; shl.b32 l, $2, 16; and.b32 h, $2, 0xFFFF0000; mov.b32 $0, l; mov.b32 $1, h; }"
+    else:
+        text = "{ .reg .f16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }"
+    r = _asm(st, [_v(v, Int32, loc, ip)], text, "=f,=f,r", loc, ip)
+    return (Float32(llvm.extractvalue(T.f32(), r, [0], loc=loc, ip=ip)),
+            Float32(llvm.extractvalue(T.f32(), r, [1], loc=loc, ip=ip)))
+
+
+@dsl_user_op
+def ld_stream_v4(addr: Int64, *, loc=None, ip=None):
+    """16-byte read-only global load that bypasses L1 (streamed once)."""
+    st = llvm.StructType.get_literal([T.i32()] * 4)
+    r = _asm(st, [_v(addr, Int64, loc, ip)], "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+             "=r,=r,=r,=r,l", loc, ip)
+    return _words(r, 4, loc, ip)
+
+
+@dsl_user_op
+def ld_stream_u32(addr: Int64, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_v(addr, Int64, loc, ip)], "ld.global.nc.L1::no_allocate.b32 $0, [$1];", "=r,l",
+                      loc, ip))
+
+
+@dsl_user_op
+def ld_cached_v4(addr: Int64, *, loc=None, ip=None):
+    """16-byte read-only global load through L1 (activations)."""
+    st = llvm.StructType.get_literal([T.i32()] * 4)
+    r = _asm(st, [_v(addr, Int64, loc, ip)], "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", loc, ip)
+    return _words(r, 4, loc, ip)
+
+
+@cute.jit
+def splitk_arrive(mCount: cute.Tensor, index: Int32, splits: int, flag_addr: Int32, tidx: Int32) -> Int32:
+    """After this CTA stored its split-K partials: fence, bump the tile's counter, and return 1 in
+    every thread of the CTA that arrived last (which also puts the counter back to zero)."""
+    fence_gpu()
+    cta_barrier()
+    if tidx == 0:
+        caddr = mCount.iterator.toint() + Int64(index) * 4
+        old = atomic_add_gpu(caddr, Int32(1))
+        last = old == splits - 1
+        sts_u32(flag_addr, cutlass.select_(last, Int32(1), Int32(0)))
+        if last:
+            st_global_relaxed_u32(caddr, Int32(0))
+    cta_barrier()
+    is_last = lds_u32(flag_addr)
+    if is_last == 1:
+        fence_gpu()
+    return is_last
+
+
+def decode_word(w: Int32, kind: str):
+    """One prepared weight word -> the four packed A registers (o0..o3) of its MMA k-step,
+    ``E2M1 * 2**-126`` (bf16) / ``E2M1 * 2**-14`` (fp16): 4 rotations, 5 masks / selects."""
+    sch = SCHEMES[kind]
+    c = and_imm(rotr(w, sch.rot_clean), sch.clean_mask)
+    outs = [and_imm(w, sch.field_mask)]
+    for j in (1, 2, 3):
+        outs.append(select_imm(rotr(w, sch.rot[j]), c, sch.select_mask(j)))
+    return outs
+
+
+# ---------------------------------------------------------------------------------------------
+# epilogue of one output element (fp32, the spec's order, one rounding at the store)
+# ---------------------------------------------------------------------------------------------
+
+
+def out_dtype_of(epilogue: EpilogueSpec):
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
+            torch.float32: cutlass.Float32}[epilogue.out_dtype]
+
+
+class Sm90KernelBase:
+    """Fields and the element epilogue shared by the sm90 kernels."""
+
+    unscale = DECODE_UNSCALE
+
+    def init_common(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str, family: str):
+        validate_config(config).raise_if_failed(f"sm90 {family} config")
+        if config.family != family:
+            raise ValueError(f"config family {config.family!r} is not {family!r}")
+        self.cfg = config
+        self.epi = epilogue
+        self.kind = x_format
+        self.x_is_bf16 = x_format == "bf16"
+        self.threads = 32 * config.num_warps
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.split_k = config.split_k
+        self.gated = epilogue.activation == "silu_mul"
+        self.feat_per_cta = self.tile_n // 2 if self.gated else self.tile_n
+        self.out_dtype = out_dtype_of(epilogue)
+
+    @cute.jit
+    def splitk_sum(self, mWork: cute.Tensor, m: Int32, n_pad: Int32, tok: Int32, row: Int32, row_u: Int32):
+        """The split-K partials of one output element (and its up row when gated) summed in split
+        order from the fp32 workspace ``[split][M][n_pad]`` (L2 loads: other CTAs wrote them)."""
+        vg = Float32(0.0)
+        vu = Float32(0.0)
+        wbase = mWork.iterator.toint()
+        for sp in cutlass.range(self.split_k, unroll_full=True):
+            o = Int64(sp * m + tok) * Int64(n_pad)
+            vg = vg + ld_global_cg_f32(wbase + (o + Int64(row)) * 4)
+            if cutlass.const_expr(self.gated):
+                vu = vu + ld_global_cg_f32(wbase + (o + Int64(row_u)) * 4)
+        return vg, vu
+
+    @cute.jit
+    def store_epilogue(self, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
+                       mi: Int32, feat: Int32, row_g: Int32, acc_g: Float32, row_u: Int32, acc_u: Float32):
+        """fp32 epilogue of one output element: unscale -> alpha -> bias -> activation (gated:
+        silu(gate) * up) -> residual -> one rounding at the store."""
+        y = acc_g * Float32(self.unscale)
+        yu = acc_u * Float32(self.unscale)
+        if cutlass.const_expr(self.epi.alpha == "scalar"):
+            a = mAlpha[0]
+            y = y * a
+            yu = yu * a
+        if cutlass.const_expr(self.epi.alpha == "vector"):
+            y = y * mAlpha[row_g]
+            if cutlass.const_expr(self.gated):
+                yu = yu * mAlpha[row_u]
+        if cutlass.const_expr(self.epi.bias):
+            y = y + mBias[row_g]
+            if cutlass.const_expr(self.gated):
+                yu = yu + mBias[row_u]
+        if cutlass.const_expr(self.gated):
+            y = Activation("silu_mul").apply_gated(y, yu)
+        if cutlass.const_expr(self.epi.activation in ("silu", "gelu_tanh")):
+            y = Activation(self.epi.activation).apply(y)
+        if cutlass.const_expr(self.epi.residual):
+            y = y + mRes[mi, feat].to(Float32)
+        mOut[mi, feat] = y.to(self.out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# registry contract
+# ---------------------------------------------------------------------------------------------
+
+
+def embedded_cubin(compiled) -> bytes:
+    """The device binary (fatbin with the sm_90a cubin) embedded in a compiled function, for SASS
+    inspection with ``cuobjdump --dump-sass`` (no GPU needed)."""
+    for op in compiled.ir_module.body.operations:
+        if op.operation.name == "llvm.mlir.global" and str(op.attributes["sym_name"]) == '"kernels_binary"':
+            return bytes(op.attributes["value"].value_bytes)
+    raise LookupError("no embedded kernels_binary in the compiled module")
+
+
+class Sm90TemplateBase:
+    """Registry entry shared by the sm90 W4A16 families (subclasses set the ids and kernel)."""
+
+    template_id = ""
+    config_type = Sm90W4A16Config
+    archs = SM90_ARCHS
+    family = ""
+    kernel_class = None
+
+    def gated_problem(self, c: Sm90W4A16Config) -> str | None:
+        """Why ``c`` cannot hold whole gate and up halves for ``silu_mul`` (None: it can)."""
+        return None
+
+    def can_implement(self, spec: CompileSpec) -> Status:
+        c = spec.config
+        if not isinstance(c, Sm90W4A16Config):
+            return Status.fail(f"expects Sm90W4A16Config, got {type(c).__name__}")
+        st = validate_config(c)
+        if not st:
+            return st
+        if c.family != self.family:
+            return Status.fail(f"family={c.family!r}: this template is the {self.family} family")
+        if spec.arch not in SM90_ARCHS:
+            return Status.fail(f"arch {spec.arch} is not one of {SM90_ARCHS}")
+        if spec.a_format not in X_FORMATS:
+            return Status.fail(f"a_format (activations) must be bf16 or fp16, got {spec.a_format}")
+        if spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
+            return Status.fail("weights must be nvfp4, both operands K-major")
+        if spec.epilogue.gated and (why := self.gated_problem(c)):
+            return Status.fail(why)
+        if spec.epilogue.alpha == "none":
+            return Status.fail("weight-only NVFP4 always has a global scale: alpha must be scalar or vector")
+        return Status.success()
+
+    def abi(self, spec: CompileSpec):
+        xdt = X_FORMATS[spec.a_format]
+        odt = _TORCH_TO_ABI[spec.epilogue.out_dtype]
+        oal = torch.finfo(spec.epilogue.out_dtype).bits // 8
+        return (
+            TensorArg("mX", xdt, shape=(SymDim(), SymDim(32)), stride=(SymDim(8, 64), 1), assumed_align=16),
+            TensorArg("mW", "Uint8", shape=(SymDim(), SymDim(2048)), stride=(SymDim(2048, 64), 1), assumed_align=16),
+            TensorArg("mS", "Uint8", shape=(SymDim(), SymDim(256)), stride=(SymDim(256, 64), 1), assumed_align=16),
+            TensorArg("mAlpha", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            TensorArg("mBias", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            TensorArg("mRes", odt, shape=(SymDim(), SymDim()), stride=(SymDim(1, 64), 1), assumed_align=oal),
+            TensorArg("mOut", odt, shape=(SymDim(), SymDim()), stride=(SymDim(1, 64), 1), assumed_align=oal),
+            TensorArg("mWork", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            TensorArg("mCount", "Int32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            StreamArg("stream"),
+        )
+
+    def compile(self, spec: CompileSpec, *, keep_ptx: bool = False):
+        """``cute.compile`` for ``spec.arch`` (no GPU). With ``keep_ptx`` (and ``CUTE_DSL_DUMP_DIR``
+        set) the result's ``__ptx__`` holds the PTX text."""
+        self.can_implement(spec).raise_if_failed(spec.name())
+        kernel = self.kernel_class(spec.config, spec.epilogue, spec.a_format)
+        return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
+
+
+__all__ = [
+    "X_FORMATS",
+    "Sm90KernelBase",
+    "Sm90TemplateBase",
+    "decode_word",
+    "embedded_cubin",
+    "pair_to_f32",
+    "splitk_arrive",
+    "hmul2",
+    "i32",
+    "mma_16816",
+    "scale_pair",
+]

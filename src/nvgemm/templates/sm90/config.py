@@ -1,0 +1,223 @@
+"""Config space and validity rule of the sm_90a NVFP4 weight-only (W4A16) kernels; pure Python.
+
+Two families, both reading the operand layout of :mod:`nvgemm.templates.sm90.operand` (weights in
+16-row tiles and 64-element K chunks, one 16-byte vector per lane already in mma.sync A-fragment
+order; re-encoded block scales):
+
+``"mma"`` (:mod:`.mma`) decode batches, M of 1..32 per CTA (larger M: more M tiles): the weight is
+the 16-row A operand of ``mma.sync.m16n8k16`` (swap-AB), decoded in registers with an exact packed
+decode (E2M1 bits placed in bf16/fp16 pairs, times the block scale in one packed multiply), the
+activations are the B operand. A CTA-wide ``stages``-deep cp.async ring streams weights, scales
+and activations. Fields:
+
+    tile_m     tokens per CTA: 8 | 16 | 32 (groups of 8 = the MMA's N); M > tile_m adds M tiles
+               that re-read the weights
+    tile_n     weight rows per CTA = 16 x row tiles per warp (1, 2 or 4) x num_warps
+    tile_k     K elements per pipeline stage = 64 x chunks per stage (2 or 4)
+    num_warps  1, 2, 4 or 8 warps, each owning its row tiles for the CTA's whole K range
+    stages     cp.async ring depth, 2..6 (stages - 1 loads in flight ahead of the math)
+    split_k    CTAs along K; the last CTA of a tile sums the fp32 partials in split order
+               (deterministic) and runs the epilogue
+    pdl        programmatic dependent launch: weights stream before ``griddepcontrol.wait``
+
+``"wgmma"`` (:mod:`.wgmma`) larger M: weight tiles decoded into shared memory, WGMMA with fp32
+accumulators. Fields: tile_m 64 | 128 (one warpgroup per 64 rows, num_warps = tile_m / 16),
+tile_n a multiple of 16 in [16, 128], tile_k 64, stages 1 (one shared-memory stage), split_k >= 1
+(fp32 workspace + a fixed-order reduce kernel), pdl False.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..status import Status
+
+SM90_FAMILIES = ("mma", "wgmma")
+SM90_ARCHS = ("sm_90a",)
+
+#: K elements of one weight chunk: a warp's 16-row tile x 64 K = 512 bytes, one 16-byte vector
+#: per lane (rows g and g + 8, scale block q of the chunk).
+CHUNK = 64
+#: Weight rows per tile (the MMA's M).
+ROW_TILE = 16
+#: The prepared weight's K is padded to a multiple of this (4 chunks: the scale layout's group).
+K_ALIGN = 4 * CHUNK
+#: The decoded operand is ``E2M1 * s * 2**-7`` (bf16 and fp16 alike); the epilogue multiplies
+#: the fp32 accumulator by 2**7 (exact).
+DECODE_UNSCALE = 128.0
+
+MMA_TILE_M = (8, 16, 32)
+MMA_ROW_TILES = (1, 2, 4)
+MMA_CHUNKS_PER_STAGE = (2, 4)
+MMA_STAGES = (2, 3, 4, 5, 6)
+MMA_WARPS = (1, 2, 4, 8)
+#: Shared memory a CTA may use (227 KB opt-in on sm_90, less a reserve for the epilogue flags).
+SMEM_LIMIT = 227 * 1024 - 1024
+#: fp32 accumulator registers per thread the mma kernel allows (row tiles x groups of 8 x 4).
+MMA_MAX_ACC_REGS = 32
+
+
+@dataclass(frozen=True)
+class Sm90W4A16Config:
+    family: str = "mma"
+    tile_m: int = 8  # mma: tokens per CTA (8 | 16 | 32); wgmma: 64 | 128
+    tile_n: int = 128  # weight rows (GEMM output columns) per CTA
+    tile_k: int = 128  # mma: K per pipeline stage (64 x chunks); wgmma: 64
+    split_k: int = 1
+    num_warps: int = 4
+    stages: int = 4
+    pdl: bool = False
+
+    def name(self) -> str:
+        s = (
+            f"nvgemm_cutedsl_sm90_w4a16_{self.family}_t{self.tile_m}x{self.tile_n}x{self.tile_k}"
+            f"_w{self.num_warps}_s{self.stages}"
+        )
+        if self.split_k > 1:
+            s += f"_sk{self.split_k}"
+        if self.pdl:
+            s += "_pdl"
+        return s
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.num_warps
+
+    # --- mma family geometry
+    @property
+    def row_tiles(self) -> int:
+        """mma: 16-row weight tiles per warp."""
+        return self.tile_n // (ROW_TILE * self.num_warps)
+
+    @property
+    def chunks_per_stage(self) -> int:
+        """mma: 64-element K chunks per pipeline stage."""
+        return self.tile_k // CHUNK
+
+    @property
+    def m_groups(self) -> int:
+        """mma: groups of 8 tokens (the MMA's N) per CTA."""
+        return self.tile_m // 8
+
+
+def mma_stage_bytes(c: Sm90W4A16Config) -> dict:
+    """Shared-memory bytes of one mma pipeline stage, by operand (weights, scales, activations).
+
+    Activations are staged as ``tile_m`` rows of ``tile_k`` bf16/fp16 values with 16 bytes of
+    padding per row (conflict-free 16-byte fragment loads)."""
+    w = c.num_warps * c.row_tiles * c.chunks_per_stage * 512
+    s = c.num_warps * c.row_tiles * 32 * 2 * c.chunks_per_stage
+    x = c.tile_m * (2 * c.tile_k + 16)
+    return {"weights": w, "scales": s, "x": x}
+
+
+def mma_smem_bytes(c: Sm90W4A16Config) -> int:
+    """Shared memory of one mma CTA: the ring plus the split-K flag word."""
+    return c.stages * sum(mma_stage_bytes(c).values()) + 16
+
+
+def _validate_mma(c: Sm90W4A16Config) -> Status:
+    if c.tile_m not in MMA_TILE_M:
+        return Status.fail(f"mma tile_m={c.tile_m} not in {MMA_TILE_M} (groups of 8 tokens)")
+    if c.num_warps not in MMA_WARPS:
+        return Status.fail(f"mma num_warps={c.num_warps} not in {MMA_WARPS}")
+    if c.tile_n % (ROW_TILE * c.num_warps) or c.row_tiles not in MMA_ROW_TILES:
+        return Status.fail(
+            f"mma tile_n={c.tile_n} must be 16 x row tiles per warp {MMA_ROW_TILES} x num_warps={c.num_warps}"
+        )
+    if c.tile_k % CHUNK or c.chunks_per_stage not in MMA_CHUNKS_PER_STAGE:
+        return Status.fail(f"mma tile_k={c.tile_k} must be 64 x chunks per stage {MMA_CHUNKS_PER_STAGE}")
+    if c.stages not in MMA_STAGES:
+        return Status.fail(f"mma stages={c.stages} not in {MMA_STAGES} (cp.async ring depth)")
+    acc = c.row_tiles * c.m_groups * 4
+    if acc > MMA_MAX_ACC_REGS:
+        return Status.fail(
+            f"mma tile_m={c.tile_m} x {c.row_tiles} row tiles per warp needs {acc} fp32 accumulator registers "
+            f"per thread (> {MMA_MAX_ACC_REGS})"
+        )
+    smem = mma_smem_bytes(c)
+    if smem > SMEM_LIMIT:
+        return Status.fail(f"mma config needs {smem} bytes of shared memory (> {SMEM_LIMIT})")
+    return Status.success()
+
+
+def _validate_wgmma(c: Sm90W4A16Config) -> Status:
+    if c.tile_m not in (64, 128):
+        return Status.fail(f"wgmma tile_m={c.tile_m} not in (64, 128)")
+    if c.tile_n % 16 or not 16 <= c.tile_n <= 128:
+        return Status.fail(f"wgmma tile_n={c.tile_n} must be a multiple of 16 in [16, 128] (fp32 tile staged in smem)")
+    if c.num_warps != 4 * c.tile_m // 64:
+        return Status.fail(
+            f"wgmma num_warps={c.num_warps}: the kernel runs one warpgroup per 64 rows ({4 * c.tile_m // 64} warps)"
+        )
+    if c.tile_k != 64:
+        return Status.fail(f"wgmma tile_k={c.tile_k}: the kernel steps K by 64 (4 WGMMA k-steps)")
+    if c.stages != 1:
+        return Status.fail(f"wgmma stages={c.stages}: the kernel has one shared-memory stage (use 1)")
+    if c.pdl:
+        return Status.fail("wgmma pdl=True: programmatic dependent launch is not implemented for wgmma")
+    return Status.success()
+
+
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_w4a16_([a-z]+)_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?")
+
+
+def config_from_name(name: str) -> Sm90W4A16Config:
+    """Inverse of :meth:`Sm90W4A16Config.name` (autotuned code names its kernel config)."""
+    m = _NAME_RE.fullmatch(name)
+    if m is None:
+        raise ValueError(f"not an sm90 W4A16 config name: {name!r}")
+    fam, tm, tn, tk, nw, st, sk, pdl = m.groups()
+    return Sm90W4A16Config(family=fam, tile_m=int(tm), tile_n=int(tn), tile_k=int(tk), split_k=int(sk or 1),
+                           num_warps=int(nw), stages=int(st), pdl=bool(pdl))
+
+
+def validate_config(c: Sm90W4A16Config) -> Status:
+    """The one validity rule of sm90 configs (heuristics, templates, runtime and tests use it)."""
+    if c.family not in SM90_FAMILIES:
+        return Status.fail(f"family={c.family!r} not in {SM90_FAMILIES}")
+    if c.split_k < 1:
+        return Status.fail(f"split_k={c.split_k} must be >= 1")
+    if c.family == "mma":
+        return _validate_mma(c)
+    return _validate_wgmma(c)
+
+
+def shape_problem(c: Sm90W4A16Config, m: int, n: int, k: int, gated: bool = False) -> str | None:
+    """Why ``c`` cannot run an (M, N, K) problem (None: it can). K is the layer's K (the prepared
+    weight pads it to a multiple of 256); N the weight rows (gate + up for a gated layer)."""
+    if k % 32:
+        return f"K={k} is not a multiple of 32 (16-byte rows of packed FP4)"
+    if gated and (n % 2 or (n // 2) % ROW_TILE):
+        return f"silu_mul needs N/2 = {n // 2} to be a multiple of {ROW_TILE} (whole gate and up row tiles)"
+    if c.family == "mma" and gated and c.row_tiles % 2:
+        return f"silu_mul needs an even number of row tiles per warp (gate + up), got {c.row_tiles}"
+    if c.family == "wgmma" and gated and c.tile_n % 32:
+        return f"silu_mul needs tile_n % 32 == 0 (gate and up halves), got {c.tile_n}"
+    if c.family == "mma":
+        nstage = -(-k // K_ALIGN) * (K_ALIGN // c.tile_k)
+        if c.split_k > nstage:
+            return f"split_k={c.split_k} exceeds the {nstage} pipeline stages of K={k}"
+    return None
+
+
+__all__ = [
+    "CHUNK",
+    "DECODE_UNSCALE",
+    "K_ALIGN",
+    "MMA_CHUNKS_PER_STAGE",
+    "MMA_ROW_TILES",
+    "MMA_STAGES",
+    "MMA_TILE_M",
+    "MMA_WARPS",
+    "ROW_TILE",
+    "SM90_ARCHS",
+    "SM90_FAMILIES",
+    "Sm90W4A16Config",
+    "config_from_name",
+    "mma_smem_bytes",
+    "mma_stage_bytes",
+    "shape_problem",
+    "validate_config",
+]

@@ -1,0 +1,358 @@
+"""sm_90a NVFP4 weight-only (W4A16) decode kernel on the tensor cores ("mma" family), in CuTeDSL.
+
+    out[m, f] = epilogue( alpha * sum_k x[m, k] * E2M1[q[f, k]] * s[f, k // 16] )
+
+For decode batches (M of 1..32 per CTA) the GEMM is a stream over the weight (0.5625 bytes per
+element). This kernel keeps that stream deep and decodes it at about two issued instructions per
+weight element, independent of M up to 8 tokens.
+
+Tensor cores, swap-AB: ``mma.sync.aligned.m16n8k16`` with the **weight as the 16-row A operand**
+and 8 tokens as N, fp32 accumulators. Each lane's 16-byte weight vector (rows g, g + 8, scale
+block q of a 64-element chunk; :mod:`.operand`) holds exactly its A fragments for the chunk's four
+k-steps, so the decode is register-only: per 32-bit word 4 rotations + 5 masks/selects give the
+four bf16x2 / f16x2 A registers ``E2M1 * 2**-126`` (fp16: ``2**-14``), and one packed multiply
+each by the lane's two block scales (re-encoded bytes -> ``s * 2**119`` / ``s * 2**7`` pairs, one
+shift-add per chunk) makes them ``E2M1 * s * 2**-7`` -- exact (<= 6 significant bits, normal
+except for e4m3-subnormal scales in fp16). The B fragments are the matching four activation
+values per k-step, read from shared memory as they were copied (no conversion). The epilogue
+restores 2**7 in fp32.
+
+Work decomposition: a CTA owns ``tile_n`` weight rows (``num_warps`` warps x ``row_tiles``
+16-row tiles each; for ``silu_mul`` a warp's first half of row tiles are gate rows and the second
+half the matching up rows) and ``tile_m`` tokens (all M rows of a tile in one CTA: the weights
+are read once per M tile), over its share of K: ``split_k`` CTAs split the K range in whole
+pipeline stages. grid = (row blocks, split_k, M tiles).
+
+Pipeline: a CTA-wide ring of ``stages`` shared-memory stages, each ``tile_k`` (= 64 x 2 or 4
+chunks) deep: the weight vectors (16-byte ``cp.async.cg`` with an L2 **evict-first** policy; each
+lane copies and later reads only its own vectors), the lanes' scale words (4/8-byte ``cp.async``,
+evict-first) and the ``tile_m x tile_k`` activation tile (16-byte ``cp.async.ca``, zero-filled
+past M and K; rows padded by 16 bytes so the 16-byte fragment loads are conflict-free). The
+prologue issues ``stages - 1`` stages; each iteration waits for the oldest (``cp.async.wait_group
+stages - 2`` + one CTA barrier), refills the slot just freed, and computes. With PDL the weight
+and scale copies of the prologue are issued **before** ``griddepcontrol.wait`` (weights do not
+depend on the previous kernel; the activations do -- the host synchronises once after preparing
+a weight, so no predecessor is still writing it), and ``launch_dependents`` follows the main loop.
+
+Split-K (``split_k > 1``): every CTA stores its fp32 partial tile to the workspace, fences, and
+bumps its tile's counter; the CTA that brings it to ``split_k`` sums the partials in split order
+(deterministic, independent of arrival), runs the epilogue and puts the counter back to zero, so
+the counters need no per-call fill and a CUDA graph can replay the call.
+
+Constraints (:func:`~.config.validate_config`, :func:`~.config.shape_problem`): K % 32 == 0 (the
+prepared weight pads K to a multiple of 256 with zero codes), ``silu_mul`` needs N/2 % 16 == 0
+and an even number of row tiles per warp, bf16/fp16 activations.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from nvgemm.epilogues.spec import EpilogueSpec
+
+from ..registry import register_template
+from .common import (
+    Sm90KernelBase,
+    Sm90TemplateBase,
+    cp_async_commit,
+    cp_async_small,
+    cp_async_stream,
+    cp_async_wait,
+    cp_async_zfill,
+    cta_barrier,
+    decode_word,
+    evict_first_policy,
+    hmul2_bcast,
+    lds_u32,
+    lds_v2,
+    lds_v4,
+    mma_16816,
+    scale_pair,
+    st_global_f32,
+    splitk_arrive,
+)
+from .config import CHUNK, Sm90W4A16Config, mma_stage_bytes
+from .operand import SCHEMES
+
+
+class Sm90W4A16MmaKernel(Sm90KernelBase):
+    """The decode kernel (see the module docstring)."""
+
+    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
+        self.init_common(config, epilogue, x_format, "mma")
+        c = config
+        self.W, self.RT, self.U, self.MG, self.D = c.num_warps, c.row_tiles, c.chunks_per_stage, c.m_groups, c.stages
+        self.pdl = c.pdl
+        if self.gated and self.RT % 2:
+            raise ValueError("silu_mul needs an even number of row tiles per warp")
+        sb = mma_stage_bytes(c)
+        self.off_s = sb["weights"]
+        self.off_x = sb["weights"] + sb["scales"]
+        self.stage_bytes = sum(sb.values())
+        self.x_row = 2 * c.tile_k + 16  # bytes per token row of the staged activation tile
+        self.ring_bytes = self.D * self.stage_bytes
+        sch = SCHEMES[x_format]
+        self.s_shift, self.s_add = sch.scale_shift, sch.scale_add
+        # 16-byte activation pieces per stage and how many each thread copies
+        self.x_pieces = c.tile_m * (c.tile_k // 8)
+        self.x_per_thread = -(-self.x_pieces // self.threads)
+
+    # ----------------------------------------------------------------------------- host
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        mAlpha: cute.Tensor,
+        mBias: cute.Tensor,
+        mRes: cute.Tensor,
+        mOut: cute.Tensor,
+        mWork: cute.Tensor,
+        mCount: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        m = mX.shape[0]
+        n_out = mOut.shape[1]
+        grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
+        grid_m = (m + self.tile_m - 1) // self.tile_m
+        self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork, mCount).launch(
+            grid=(grid_n, self.split_k, grid_m), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+        )
+
+    # ----------------------------------------------------------------------------- device helpers
+    @cute.jit
+    def tile_of(self, bx: Int32, warp: Int32, rt: int, n_tiles: Int32):
+        """Global 16-row tile index of this warp's row tile ``rt``."""
+        if cutlass.const_expr(self.gated):
+            h = self.RT // 2
+            t = bx * (self.W * h) + warp * h + (rt % h)
+            if cutlass.const_expr(rt >= h):
+                t = t + n_tiles // 2
+            return t
+        else:
+            return bx * (self.W * self.RT) + warp * self.RT + rt
+
+    @cute.jit
+    def produce_weights(self, sbase: Int32, st: Int32, gw: list, gs: list, sw_off: Int32, ss_off: Int32,
+                        policy: Int64):
+        """cp.async the weight vectors and scale words of global stage ``st`` into the ring slot at
+        ``sbase`` (``gw`` / ``gs``: this lane's weight / scale row pointers; ``sw_off`` / ``ss_off``:
+        its loop-invariant shared-memory offsets)."""
+        U = self.U
+        c0 = st * U  # first chunk of the stage
+        koff = Int64(c0) * 512
+        # scale words: [chunk // 4][lane][8 bytes]; a stage of 2 chunks is one 4-byte half
+        soff = Int64(c0 // 4) * 256 + Int64((c0 % 4) // 2) * 4
+        for rt in cutlass.range_constexpr(self.RT):
+            for u in cutlass.range_constexpr(U):
+                cp_async_stream(sbase + sw_off + (rt * U + u) * 512, gw[rt] + koff + u * 512, policy)
+            cp_async_small(sbase + ss_off + rt * (64 * U), gs[rt] + soff, policy, 2 * U)
+
+    @cute.jit
+    def produce_x(self, sbase: Int32, st: Int32, xs: list, xd: list, xl: list, xv: list):
+        """cp.async this thread's 16-byte pieces of the stage's tile_m x tile_k activation tile,
+        zero-filled past M and K. Loop-invariant per piece: ``xs`` the source (row and piece
+        offset), ``xd`` the shared-memory offset, ``xl`` the last in-range stage start (K - 8 - the
+        piece's K offset; pieces past it read the row's last 8 values, never used), ``xv`` whether
+        the token exists."""
+        k0 = st * self.cfg.tile_k
+        for i in cutlass.range_constexpr(self.x_per_thread):
+            src = xs[i] + Int64(cutlass.min(k0, xl[i])) * 2
+            ok = xv[i] & (k0 <= xl[i])
+            cp_async_zfill(sbase + xd[i], src, cutlass.select_(ok, Int32(16), Int32(0)))
+
+    # ----------------------------------------------------------------------------- kernel
+    @cute.kernel
+    def kernel(
+        self,
+        mX: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        mAlpha: cute.Tensor,
+        mBias: cute.Tensor,
+        mRes: cute.Tensor,
+        mOut: cute.Tensor,
+        mWork: cute.Tensor,
+        mCount: cute.Tensor,
+    ):
+        RT, U, MG, D = self.RT, self.U, self.MG, self.D
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, bs, bm = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        g = lane // 4
+        q = lane % 4
+
+        m = mX.shape[0]
+        k = mX.shape[1]
+        n_tiles = mW.shape[0]
+        n_out = mOut.shape[1]
+        n_chunks = mW.shape[1] // 512
+        n_pad = n_tiles * 16
+        m0 = bm * self.tile_m
+
+        # K range of this split, in whole stages
+        n_stage = n_chunks // U
+        per = (n_stage + self.split_k - 1) // self.split_k
+        st_lo = bs * per
+        n_it = cutlass.max(cutlass.min(n_stage, st_lo + per) - st_lo, 0)
+
+        # loop-invariant addresses: this lane's weight / scale rows, its activation pieces
+        gw = []
+        gs = []
+        for rt in cutlass.range_constexpr(RT):
+            t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)  # loads stay in bounds
+            gw.append(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16))
+            gs.append(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8))
+        sw_off = (warp * RT * U) * 512 + lane * 16
+        ss_off = self.off_s + warp * RT * (64 * U) + lane * (2 * U)
+        x_base = mX.iterator.toint()
+        x_rs = Int64(mX.stride[0]) * 2
+        per_row = self.cfg.tile_k // 8
+        xs = []
+        xd = []
+        xl = []
+        xv = []
+        for i in cutlass.range_constexpr(self.x_per_thread):
+            task = tidx + i * self.threads
+            r = task // per_row
+            pc = task % per_row
+            tok = m0 + r
+            xs.append(x_base + Int64(cutlass.min(tok, m - 1)) * x_rs + Int64(pc * 16))
+            xd.append(self.off_x + r * self.x_row + pc * 16)
+            xl.append(k - 8 - pc * 8)
+            xv.append((tok < m) & (task < self.x_pieces))
+        x_lds = self.off_x + g * self.x_row + q * 32
+
+        smem = cutlass.memory.SmemAllocator()
+        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
+        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        ring = ring_t.iterator.toint()
+        policy = evict_first_policy()
+
+        acc = cute.make_rmem_tensor((RT * MG * 4,), Float32)
+        acc.fill(0.0)
+
+        # ---- prologue: weights of stages 0..D-2 first (they do not depend on the previous kernel)
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, gw, gs, sw_off, ss_off, policy)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_x(ring + j * self.stage_bytes, st_lo + j, xs, xd, xl, xv)
+            cp_async_commit()
+
+        # ---- main loop
+        for it in cutlass.range(n_it, unroll=1):
+            cp_async_wait(D - 2)
+            cta_barrier()
+            nxt = it + (D - 1)
+            if nxt < n_it:
+                sbase_n = ring + (nxt % D) * self.stage_bytes
+                self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
+                self.produce_x(sbase_n, st_lo + nxt, xs, xd, xl, xv)
+            cp_async_commit()
+
+            base = ring + (it % D) * self.stage_bytes
+            # scale words of this stage, per row tile (U=2: one word, U=4: two)
+            sw = []
+            for rt in cutlass.range_constexpr(RT):
+                sa = base + ss_off + rt * (64 * U)
+                if cutlass.const_expr(U == 2):
+                    sw.append([lds_u32(sa)])
+                else:
+                    sw.append(lds_v2(sa))
+            for u in cutlass.range_constexpr(U):
+                # B fragments: token 8mg + g, 16 activations of block q of chunk u (32 bytes)
+                xb = []
+                for mg in cutlass.range_constexpr(MG):
+                    xa = base + x_lds + mg * 8 * self.x_row + u * 128
+                    xb.append(lds_v4(xa) + lds_v4(xa + 16))
+                for rt in cutlass.range_constexpr(RT):
+                    wv = lds_v4(base + sw_off + (rt * U + u) * 512)
+                    sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
+                    for s in cutlass.range_constexpr(4):
+                        o = decode_word(wv[s], self.kind)
+                        # rows g (o0, o2) times s_g, rows g + 8 (o1, o3) times s_g8
+                        a = (hmul2_bcast(o[0], sp, 0, self.x_is_bf16), hmul2_bcast(o[1], sp, 1, self.x_is_bf16),
+                             hmul2_bcast(o[2], sp, 0, self.x_is_bf16), hmul2_bcast(o[3], sp, 1, self.x_is_bf16))
+                        for mg in cutlass.range_constexpr(MG):
+                            i0 = (rt * MG + mg) * 4
+                            d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
+                                          [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
+                            for i in cutlass.range_constexpr(4):
+                                acc[i0 + i] = d[i]
+        cp_async_wait(0)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+
+        # ---- epilogue
+        if cutlass.const_expr(self.split_k == 1):
+            self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
+                                 mWork, Int32(0), n_pad)
+        else:
+            # partials -> workspace [split][M][n_pad]
+            for rt in cutlass.range_constexpr(RT):
+                t = self.tile_of(bx, warp, rt, n_tiles)
+                for mg in cutlass.range_constexpr(MG):
+                    for i in cutlass.range_constexpr(4):
+                        tok = m0 + mg * 8 + 2 * q + i % 2
+                        row = t * 16 + g + 8 * (i // 2)
+                        if (tok < m) & (t < n_tiles):
+                            addr = mWork.iterator.toint() + (Int64(bs * m + tok) * Int64(n_pad) + Int64(row)) * 4
+                            st_global_f32(addr, acc[(rt * MG + mg) * 4 + i])
+            grid_n = cute.arch.grid_dim()[0]
+            if splitk_arrive(mCount, bm * grid_n + bx, self.split_k, flag_t.iterator.toint(), tidx) == 1:
+                self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, True,
+                                     mWork, m, n_pad)
+
+    @cute.jit
+    def store_fragments(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
+                        mOut: cute.Tensor, bx: Int32, warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32,
+                        n_tiles: Int32, n_out: Int32, from_work: bool, mWork: cute.Tensor, m_all: Int32,
+                        n_pad: Int32):
+        """Epilogue of this lane's fragment elements: (row g / g + 8 of each row tile) x (tokens
+        8mg + 2q, + 1). ``from_work``: the values are the sum of the split-K partials in split order."""
+        RT, MG = self.RT, self.MG
+        n_rt = RT // 2 if self.gated else RT
+        for rt in cutlass.range_constexpr(n_rt):
+            t = self.tile_of(bx, warp, rt, n_tiles)
+            tu = self.tile_of(bx, warp, rt + n_rt, n_tiles) if self.gated else t
+            for mg in cutlass.range_constexpr(MG):
+                for i in cutlass.range_constexpr(4):
+                    tok = m0 + mg * 8 + 2 * q + i % 2
+                    row = t * 16 + g + 8 * (i // 2)
+                    row_u = tu * 16 + g + 8 * (i // 2)
+                    feat = row
+                    if (tok < m) & (feat < n_out) & (t < n_tiles):
+                        vg = acc[(rt * MG + mg) * 4 + i]
+                        vu = Float32(0.0)
+                        if cutlass.const_expr(self.gated):
+                            vu = acc[((rt + n_rt) * MG + mg) * 4 + i]
+                        if cutlass.const_expr(from_work):
+                            vg, vu = self.splitk_sum(mWork, m_all, n_pad, tok, row, row_u)
+                        self.store_epilogue(mAlpha, mBias, mRes, mOut, tok, feat, row, vg, row_u, vu)
+
+
+class Sm90W4A16MmaTemplate(Sm90TemplateBase):
+    """Registry entry of the decode family (``template_id = "sm90_w4a16_mma"``)."""
+
+    template_id = "sm90_w4a16_mma"
+    family = "mma"
+    kernel_class = Sm90W4A16MmaKernel
+
+    def gated_problem(self, c: Sm90W4A16Config) -> str | None:
+        if c.row_tiles % 2:
+            return f"silu_mul needs an even number of row tiles per warp (gate + up), got {c.row_tiles}"
+        return None
+
+
+TEMPLATE = register_template(Sm90W4A16MmaTemplate(), replace=True)
+
+__all__ = ["CHUNK", "Sm90W4A16MmaKernel", "Sm90W4A16MmaTemplate", "TEMPLATE"]

@@ -191,7 +191,7 @@ def _pipeline_chain_cycles(facts: KernelFacts, geo: Geometry, hw: Hardware, lat:
 def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFacts, fam: FamilyFacts) -> Estimate:
     """The model for explicit static facts (what :func:`estimate` does after the table lookup)."""
     if fam.engine == "pipeline" and hasattr(fam, "geometry"):
-        kind = "rolled" if facts.extra.get("rolled_reduce", True) else "batched"
+        kind = "rolled" if facts.extra.get("rolled_reduce", False) else "batched"
         try:
             geo = fam.geometry(config, m, n, k, hw, reduce_kind=kind)
         except TypeError:

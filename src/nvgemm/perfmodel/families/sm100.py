@@ -8,7 +8,7 @@ pipeline depth, not instruction counts:
 * stage bytes (per CTA): A ``cta_m x 128`` + B ``tile_n / v x 128`` (v = 2 for 2-CTA tiles) +
   SFA ``cta_m x 16`` + SFB ``round_up(tile_n, 128) x 16`` (scale tiles are whole 128-row atoms);
   the weight side is A + SFA with swap-AB, B + SFB without;
-* stages = ``clamp((232448 - 2048) // stage_bytes, 2, 12)`` -- the template's
+* stages = ``clamp((232448 - 2048 - C staging) // stage_bytes, 2, 12)`` -- the template's
   ``_compute_ab_stages``; the SASS tool reads the compiled kernel's dynamic shared memory and the
   compile test checks the formula against it;
 * TMEM columns: accumulators ``tile_n x acc_stages`` (acc_stages 1 at tile_n 256, else 2) + SFA
@@ -22,13 +22,13 @@ pipeline depth, not instruction counts:
   :data:`EPI_SUBTILE_CYCLES` each; with two accumulator stages only the last unit's epilogue is
   exposed, with one (tile_n 256) every unit's is;
 * split-K (S > 1): each unit stores its fp32 partial, fences and bumps a counter (2 dependent L2
-  round trips); the last split of a tile then reduces. Today's reduce is a rolled per-element
-  loop: ``sub-tiles x epi_n x (S - 1)`` dependent L2 round trips per thread. The "batched" form
-  (all partial loads first, vectorized, fixed-order sum -- the ``sm100`` branch's rewrite) costs
-  one round trip per sub-tile. Which one a compiled kernel has is read from its SASS
-  (``rolled_reduce`` in the table: a loop outside the main pipeline holding one 32-bit LDG and
-  an FADD: today's template at S > 2; at S = 2 the loop is fully unrolled and its loads issue
-  together); configs not in the table take :data:`DEFAULT_REDUCE` (rolled for S > 2);
+  round trips); the last split of a tile then reduces. The current kernel's reduce is "batched"
+  (all partial loads of a round issued first as 16-byte vectors, then a fixed-order sum): one
+  round trip per sub-tile. The kernel before (nvgemm b453ecf) had a rolled per-element loop:
+  ``sub-tiles x epi_n x (S - 1)`` dependent L2 round trips per thread. Which one a compiled kernel
+  has is read from its SASS (``rolled_reduce`` in the table: a loop outside the main pipeline
+  holding one 32-bit LDG and an FADD); configs not in the table take :data:`DEFAULT_REDUCE`
+  (the current kernel's batched reduce);
 * DRAM bytes: weights ``N x K / 2`` + swizzled weight scales ``round_up(N, 128) x
   round_up(K/16, 4)`` + activations ``M x K / 2`` + activation scales padded to 128 rows +
   output;
@@ -54,7 +54,7 @@ SMEM_RESERVED = 2048
 MAX_STAGES = 12
 TMEM_COLS = 512
 EPI_SUBTILE_CYCLES = 200  # TMEM load + fp32 epilogue + stores of one 128 x epi_n sub-tile (assumption)
-DEFAULT_REDUCE = "rolled"
+DEFAULT_REDUCE = "batched"
 HOST_AUX_KERNELS = 2
 NARROW_TILE_N = 64
 SWAP_AB_MAX_M = 256
@@ -75,8 +75,18 @@ def stage_bytes(c: Sm100Nvfp4GemmConfig) -> dict:
     return {"a": a, "b": b, "sfa": sfa, "sfb": sfb, "total": a + b + sfa + sfb, "weight": w, "activation": act}
 
 
+def c_smem_bytes(c: Sm100Nvfp4GemmConfig, out_bytes: int = 2) -> int:
+    """Shared memory of the TMA-store epilogue (native tiles only; swap-AB stores from registers):
+    two staged 128 x min(tile_n, 32) output sub-tiles (reference epilogue: bf16 out, not gated)."""
+    if c.swap_ab:
+        return 0
+    cta_m = c.tile_m // (2 if c.use_2cta else 1)
+    return cta_m * min(c.tile_n, 32) * 2 * out_bytes
+
+
 def num_stages(c: Sm100Nvfp4GemmConfig) -> int:
-    return max(2, min(MAX_STAGES, (SMEM_CAPACITY - SMEM_RESERVED) // stage_bytes(c)["total"]))
+    free = SMEM_CAPACITY - SMEM_RESERVED - c_smem_bytes(c)
+    return max(2, min(MAX_STAGES, free // stage_bytes(c)["total"]))
 
 
 def tmem_columns(c: Sm100Nvfp4GemmConfig) -> int:

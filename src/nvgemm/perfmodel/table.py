@@ -87,8 +87,16 @@ def lookup(config, arch: str | None = None, table: dict | None = None, *, estima
         return None
     arch = arch or fam.arch
     t = table if table is not None else load_table()
-    entries = t["entries"].get(arch, {})
     name = config.name()
+    memo = t.setdefault("_facts", {})  # KernelFacts are frozen: one per (arch, config) per table
+    key = (arch, name, estimate)
+    if key not in memo:
+        memo[key] = _lookup(fam, config, name, arch, t, estimate)
+    return memo[key]
+
+
+def _lookup(fam, config, name: str, arch: str, t: dict, estimate: bool) -> KernelFacts | None:
+    entries = t["entries"].get(arch, {})
     if name in entries:
         return KernelFacts.from_json(entries[name])
     twin = _loop_index(t, arch).get(fam.loop_key(config))

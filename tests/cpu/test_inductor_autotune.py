@@ -125,8 +125,8 @@ def test_range_dispatch_autotunes_each_range_serves_all_m_and_persists(monkeypat
         assert any("backend:test_slow" in c for c in codes)  # it was a benchmarked candidate
         assert dict(counters["stats"]) == stats_after_first  # no recompile for M = 17, 40, 8, 2
         assert counters["nvgemm_cutedsl"]["lowered"] == 1, dict(counters["nvgemm_cutedsl"])  # no re-autotune
-        # the winner: the emulated candidate, or -- on torch < 2.15, where Inductor adds the op's eager
-        # implementation as one more choice -- that eager op (nvgemm's own dispatch: emulated on CPU)
+        # the winner: the emulated candidate, or -- on torch < 2.15, where Inductor adds the autotuned
+        # op's eager implementation as one more choice -- that eager op (the emulated reference)
         assert "backend:emulated" in code or "nvfp4_linear_autotune.default(" in code
         assert "backend:test_slow" not in code
         if grouping_can_be_disabled:

@@ -270,22 +270,22 @@ def nvfp4_linear_autotune(
     slots: str = "",
     activation: str = "none",
     out_dtype: Optional[torch.dtype] = None,
-    choice: str = "",
+    choice: str = EMULATED,
 ) -> torch.Tensor:
     """The op nvgemm's lowering autotunes: ``nvfp4_linear`` with packed optionals (:func:`pack_linear_args`).
 
     Every autotuning candidate decomposes into one ``nvfp4_linear_choice`` call. The eager body
-    is Inductor's extra "fallback" choice on torch < 2.15 (no ``include_fallback=False``): with
-    ``choice=""`` it is exactly eager ``nvgemm::nvfp4_linear`` (the runtime's own backend pick).
+    is Inductor's extra "fallback" choice on torch < 2.15 (no ``include_fallback=False``); it runs
+    candidate ``choice`` (default: the emulated reference) through the opaque choice op -- never
+    ``nvgemm::nvfp4_linear`` itself, which torch 2.11 would lower (and autotune) again when it
+    inlines a winning fallback.
     """
     args = unpack_linear_args(x, weight, weight_scale, weight_scale_2, t0, t1, t2, slots, activation, out_dtype)
-    if not choice:
-        return torch.ops.nvgemm.nvfp4_linear(*args)
     return nvfp4_linear_choice(*args, choice)
 
 
 @nvfp4_linear_autotune.register_fake
 def _(x, weight, weight_scale, weight_scale_2, t0=None, t1=None, t2=None, slots="", activation="none",
-      out_dtype=None, choice=""):
+      out_dtype=None, choice=EMULATED):
     args = unpack_linear_args(x, weight, weight_scale, weight_scale_2, t0, t1, t2, slots, activation, out_dtype)
-    return torch.ops.nvgemm.nvfp4_linear_choice(*args, choice or EMULATED)
+    return torch.ops.nvgemm.nvfp4_linear_choice(*args, choice)

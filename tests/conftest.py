@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
+
+# CuTeDSL writes kept PTX/CUBIN as <dump dir>/<kernel function name>.<arch>.ptx and its dump dir
+# defaults to the working directory, read once when cutlass first initialises. The file name does
+# not depend on the kernel config, so two test processes in one checkout (CI runs two torch stages
+# side by side) would read each other's PTX. One private dump dir per test process, set before any
+# test module imports cutlass.
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="nvgemm_cute_dump_"))
 
 import pytest
 import torch

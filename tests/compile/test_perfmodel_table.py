@@ -67,8 +67,15 @@ def _table_facts(cfg) -> KernelFacts:
     return KernelFacts.from_json(entry)
 
 
+#: cutlass-dsl releases other than the table's own whose SASS facts were checked identical within the
+#: tolerances below (CI's second stage runs this file with vLLM 0.33's pin, 4.8.0).
+SAME_FACTS_AS_TABLE = ("4.8.0",)
+
+
 def test_table_generated_with_this_cutlass_dsl():
-    assert TABLE["header"]["cutlass_dsl"] == importlib.metadata.version("nvidia-cutlass-dsl"), REGEN
+    have = importlib.metadata.version("nvidia-cutlass-dsl")
+    assert have == TABLE["header"]["cutlass_dsl"] or have in SAME_FACTS_AS_TABLE, (
+        f"cutlass-dsl {have}: the table was generated with {TABLE['header']['cutlass_dsl']}; {REGEN}")
 
 
 @pytest.mark.parametrize("cfg", _entries(), ids=lambda c: c.name())

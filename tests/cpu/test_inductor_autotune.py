@@ -1,9 +1,11 @@
 """Autotuning over nvgemm candidates on CPU: benchmarking, M-range dispatch, winners persisted on disk.
 
 CPU has one real candidate (the emulated reference). To exercise the autotuner, the tests
-register a second, correct but deliberately slow backend (``test_slow``: the emulated op computed
-three times plus a 5 ms sleep, so it loses by far more than timing noise on a loaded 2-core box;
-priority below the emulated one so eager dispatch never picks it). The autotuner must
+register a second, correct but deliberately slow backend (``test_slow``: the emulated op plus a
+200 ms sleep, so it loses by far more than timing noise on a loaded 2-core box -- a sleep costs no
+CPU, so other processes cannot shrink the margin; priority below the emulated one so eager dispatch
+never picks it). The unbounded range is benchmarked at M = 64 (not 1024), where the emulated op
+takes a few ms. The autotuner must
 benchmark both, pick the emulated one, and record the result so a *second process* compiling the
 same graph does not benchmark again.
 """
@@ -32,9 +34,7 @@ SLOW_BACKEND = textwrap.dedent(
     CALLS = {"n": 0}
     def _slow(*args):
         CALLS["n"] += 1
-        time.sleep(0.005)
-        for _ in range(2):
-            nvfp4_linear_emulated(*args)
+        time.sleep(0.2)
         return nvfp4_linear_emulated(*args)
     register_backend(Backend(name="test_slow", priority=-2000, supports=lambda p: None, run=_slow))
     """
@@ -57,6 +57,7 @@ def _child_code() -> str:
         import nvgemm
         from nvgemm.inductor import lowering
         lowering.split_points = lambda: [8]
+        lowering.RANGE_UPPER_BOUND = 64
         from torch._dynamo.utils import counters
         from torch._inductor.utils import run_and_get_code
         import sys; sys.path.insert(0, {here!r})
@@ -89,6 +90,7 @@ def test_range_dispatch_autotunes_each_range_serves_all_m_and_persists(monkeypat
     from nvgemm.runtime.backends import unregister_backend
 
     monkeypatch.setattr(lowering, "split_points", lambda: [8])  # two ranges: [1, 8], [9, inf)
+    monkeypatch.setattr(lowering, "RANGE_UPPER_BOUND", 64)  # benchmark [9, inf) at M = 64
     try:
         torch._dynamo.reset()
         counters.clear()

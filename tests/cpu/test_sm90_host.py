@@ -148,6 +148,79 @@ def test_prepare_rejects_bad_weights():
                             torch.ones(()), "fp32")
 
 
+# --------------------------------------------------------------------------- wgmma family: the B operand's K order
+
+
+def test_wgmma_activation_slots_match_the_register_a_k_order():
+    """Every (token row, k-step, MMA k-slot) the tensor cores read from the swizzled activation
+    tile (``sw128_kmajor_offset``: the PTX 128-byte swizzle) holds the activation whose K the
+    register A fragment has in that slot: A register ``v1 + 2 v2`` of lane ``(g, q)`` in k-step s
+    holds K = 16 q + 4 s + 2 v2 + v0 at MMA k = 2 q + v0 + 8 v2 (the operand's word layout), so
+    the kernel's copy destination (``x_slot_offset``) must put that K there. Rows cover all 8
+    swizzle phases and two atoms; each row's 32 pairs fill its 128 bytes exactly once."""
+    from nvgemm.templates.sm90.operand import sw128_kmajor_offset, x_slot_offset
+
+    for r in range(24):
+        where = {x_slot_offset(r, p): p for p in range(32)}
+        assert len(where) == 32 and all(r * 128 <= o < r * 128 + 128 and o % 4 == 0 for o in where)
+        for s in range(4):
+            for kk in range(16):
+                q, v0, v2 = (kk % 8) // 2, kk % 2, kk // 8
+                off = sw128_kmajor_offset(r, 16 * s + kk)
+                pair = where[off - 2 * v0]
+                assert 2 * pair + v0 == 16 * q + 4 * s + 2 * v2 + v0, (r, s, kk)
+
+
+def _wgmma_datapath(x: torch.Tensor, p, tile_m: int) -> torch.Tensor:
+    """The wgmma kernel's data movement in torch (fp64): per M tile and 64-deep chunk, the
+    activation pairs as ``copy_x`` places them (rows past M re-read row M - 1, pairs past K zero)
+    into the swizzled tile, the tensor cores' B read of it per k-step and slot, the register A
+    fragments of the decoded weight (``decode_ref``) per k-step and slot; ``sum_s A_s B_s^T``,
+    times 2**7. Returns [M, n_pad]."""
+    from nvgemm.templates.sm90.operand import sw128_kmajor_offset, x_slot_offset
+
+    m, k = x.shape
+    w = decode_ref(p).double()  # [n_pad, k_pad], E2M1 * s * 2**-7
+    out = torch.zeros(m, p.n_pad, dtype=torch.float64)
+    rows = torch.arange(tile_m)
+    kk = torch.arange(16)
+    q, v0, v2 = (kk % 8) // 2, kk % 2, kk // 8
+    # element index (within a row's 64) each (row, pair, half) is stored at, and each (row, k) is read from
+    store = torch.tensor([[x_slot_offset(r, pr) % 128 // 2 for pr in range(32)] for r in range(8)])
+    read = torch.tensor([[sw128_kmajor_offset(r, kq) % 128 // 2 for kq in range(64)] for r in range(8)])
+    for m0 in range(0, m, tile_m):
+        tok = torch.clamp(m0 + rows, max=m - 1)
+        acc = torch.zeros(tile_m, p.n_pad, dtype=torch.float64)
+        for c in range(p.n_chunks):
+            img = torch.zeros(tile_m, 64, dtype=torch.float64)
+            for pr in range(32):
+                for h in range(2):
+                    kx = c * 64 + 2 * pr + h
+                    val = x[tok, kx].double() if kx < k else torch.zeros(tile_m, dtype=torch.float64)
+                    img[rows, store[rows % 8, pr] + h] = val
+            for s in range(4):
+                b = img[rows[:, None], read[rows % 8][:, 16 * s + kk]]  # [tile_m, 16]: the WGMMA's B
+                a = w[:, c * 64 + 16 * q + 4 * s + 2 * v2 + v0]  # [n_pad, 16]: the register A fragments
+                acc += b @ a.t()
+        n_valid = min(tile_m, m - m0)
+        out[m0:m0 + n_valid] = acc[:n_valid] * 128.0
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp16"])
+@pytest.mark.parametrize("m,n,k,tile_m", [(13, 32, 96, 16), (40, 48, 256, 32)])
+def test_wgmma_datapath_matches_the_dequantized_gemm(seed, kind, m, n, k, tile_m):
+    """The emulated data path (M tail, K not a multiple of the 64-deep chunk) equals x @ (E2M1 * s)^T
+    up to fp64 rounding: the B layout, its swizzled reads and the A fragments line up."""
+    packed, ws, ws2 = _layer(n, k)
+    dt = KINDS[kind]
+    x = torch.randn(m, k).to(dt)
+    p = prepare_sm90_weight(packed, ws, ws2, kind)
+    got = _wgmma_datapath(x, p, tile_m)[:, :n]
+    want = x.double() @ dequant_ref(p).double().t()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * want.abs().max().item())
+
+
 # --------------------------------------------------------------------------- kernel view vs emulated op
 
 CASES = [
@@ -160,7 +233,9 @@ CASES = [
     (4, 64, 512, "none", False, False, False, torch.bfloat16, None, True, MMA),  # W4A4 via qdq
     (33, 64, 128, "silu_mul", False, True, True, torch.float16, torch.float16, True, C("mma", 32, 128, 256, 1, 4, 3)),
     (70, 96, 192, "gelu_tanh", True, False, False, torch.bfloat16, None, False,
-     C("wgmma", 64, 64, 64, split_k=2, num_warps=4, stages=1)),
+     C("wgmma", 64, 256, 128, split_k=2, num_warps=8, stages=4, pdl=True)),
+    (130, 64, 512, "silu_mul", True, True, True, torch.float16, None, True,
+     C("wgmma", 128, 128, 128, num_warps=4, stages=4, pdl=True)),
 ]
 
 
@@ -278,7 +353,10 @@ def test_validity_rule_names_the_problem():
     assert "stages" in validate_config(C(stages=1)).reason
     assert "accumulator registers" in validate_config(C(tile_m=32, tile_n=256, num_warps=4)).reason
     assert "shared memory" in validate_config(C(tile_m=32, tile_n=256, tile_k=256, num_warps=8, stages=6)).reason
-    assert "one shared-memory stage" in validate_config(C("wgmma", 64, 64, 64, num_warps=4, stages=2)).reason
+    assert "stages" in validate_config(C("wgmma", 64, 128, 128, num_warps=4, stages=2)).reason
+    assert "accumulator" in validate_config(C("wgmma", 256, 256, 128, num_warps=8, stages=3)).reason
+    assert "row blocks" in validate_config(C("wgmma", 64, 192, 128, num_warps=4, stages=3)).reason
+    assert "shared memory" in validate_config(C("wgmma", 256, 128, 256, num_warps=8, stages=4)).reason
     assert shape_problem(MMA, 1, 4096, 4100) is not None and shape_problem(MMA, 1, 4096, 4096) is None
 
 
@@ -320,7 +398,9 @@ def test_pick_config_is_valid_for_the_problem(m, n, k):
 def test_default_config_without_policy():
     assert default_config(1).family == "mma" and default_config(1).tile_m == 8
     assert default_config(20).tile_m == 32 and default_config(200).family == "wgmma"
-    assert validate_config(default_config(200))
+    for m in (33, 64, 65, 200):
+        cfg = default_config(m)
+        assert cfg.family == "wgmma" and validate_config(cfg) and cfg.row_tiles % 2 == 0  # silu_mul-capable
 
 
 def test_policy_first_choice_never_modelled_slower_than_bf16():

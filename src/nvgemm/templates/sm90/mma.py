@@ -71,8 +71,6 @@ from .common import (
     lds_v4,
     mma_16816,
     scale_pair,
-    st_global_f32,
-    splitk_arrive,
 )
 from .config import CHUNK, Sm90W4A16Config, mma_stage_bytes
 from .operand import SCHEMES
@@ -135,22 +133,6 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             return t
         else:
             return bx * (self.W * self.RT) + warp * self.RT + rt
-
-    @cute.jit
-    def produce_weights(self, sbase: Int32, st: Int32, gw: list, gs: list, sw_off: Int32, ss_off: Int32,
-                        policy: Int64):
-        """cp.async the weight vectors and scale words of global stage ``st`` into the ring slot at
-        ``sbase`` (``gw`` / ``gs``: this lane's weight / scale row pointers; ``sw_off`` / ``ss_off``:
-        its loop-invariant shared-memory offsets)."""
-        U = self.U
-        c0 = st * U  # first chunk of the stage
-        koff = Int64(c0) * 512
-        # scale words: [chunk // 4][lane][8 bytes]; a stage of 2 chunks is one 4-byte half
-        soff = Int64(c0 // 4) * 256 + Int64((c0 % 4) // 2) * 4
-        for rt in cutlass.range_constexpr(self.RT):
-            for u in cutlass.range_constexpr(U):
-                cp_async_stream(sbase + sw_off + (rt * U + u) * 512, gw[rt] + koff + u * 512, policy)
-            cp_async_small(sbase + ss_off + rt * (64 * U), gs[rt] + soff, policy, 2 * U)
 
     @cute.jit
     def produce_x(self, sbase: Int32, st: Int32, xs: list, xd: list, xl: list, xv: list):
@@ -278,10 +260,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
                     wv = lds_v4(base + sw_off + (rt * U + u) * 512)
                     sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
                     for s in cutlass.range_constexpr(4):
-                        o = decode_word(wv[s], self.kind)
-                        # rows g (o0, o2) times s_g, rows g + 8 (o1, o3) times s_g8
-                        a = (hmul2_bcast(o[0], sp, 0, self.x_is_bf16), hmul2_bcast(o[1], sp, 1, self.x_is_bf16),
-                             hmul2_bcast(o[2], sp, 0, self.x_is_bf16), hmul2_bcast(o[3], sp, 1, self.x_is_bf16))
+                        a = self.a_fragment(wv[s], sp)
                         for mg in cutlass.range_constexpr(MG):
                             i0 = (rt * MG + mg) * 4
                             d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
@@ -292,52 +271,10 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
 
-        # ---- epilogue
-        if cutlass.const_expr(self.split_k == 1):
-            self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
-                                 mWork, Int32(0), n_pad)
-        else:
-            # partials -> workspace [split][M][n_pad]
-            for rt in cutlass.range_constexpr(RT):
-                t = self.tile_of(bx, warp, rt, n_tiles)
-                for mg in cutlass.range_constexpr(MG):
-                    for i in cutlass.range_constexpr(4):
-                        tok = m0 + mg * 8 + 2 * q + i % 2
-                        row = t * 16 + g + 8 * (i // 2)
-                        if (tok < m) & (t < n_tiles):
-                            addr = mWork.iterator.toint() + (Int64(bs * m + tok) * Int64(n_pad) + Int64(row)) * 4
-                            st_global_f32(addr, acc[(rt * MG + mg) * 4 + i])
-            grid_n = cute.arch.grid_dim()[0]
-            if splitk_arrive(mCount, bm * grid_n + bx, self.split_k, flag_t.iterator.toint(), tidx) == 1:
-                self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, True,
-                                     mWork, m, n_pad)
-
-    @cute.jit
-    def store_fragments(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
-                        mOut: cute.Tensor, bx: Int32, warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32,
-                        n_tiles: Int32, n_out: Int32, from_work: bool, mWork: cute.Tensor, m_all: Int32,
-                        n_pad: Int32):
-        """Epilogue of this lane's fragment elements: (row g / g + 8 of each row tile) x (tokens
-        8mg + 2q, + 1). ``from_work``: the values are the sum of the split-K partials in split order."""
-        RT, MG = self.RT, self.MG
-        n_rt = RT // 2 if self.gated else RT
-        for rt in cutlass.range_constexpr(n_rt):
-            t = self.tile_of(bx, warp, rt, n_tiles)
-            tu = self.tile_of(bx, warp, rt + n_rt, n_tiles) if self.gated else t
-            for mg in cutlass.range_constexpr(MG):
-                for i in cutlass.range_constexpr(4):
-                    tok = m0 + mg * 8 + 2 * q + i % 2
-                    row = t * 16 + g + 8 * (i // 2)
-                    row_u = tu * 16 + g + 8 * (i // 2)
-                    feat = row
-                    if (tok < m) & (feat < n_out) & (t < n_tiles):
-                        vg = acc[(rt * MG + mg) * 4 + i]
-                        vu = Float32(0.0)
-                        if cutlass.const_expr(self.gated):
-                            vu = acc[((rt + n_rt) * MG + mg) * 4 + i]
-                        if cutlass.const_expr(from_work):
-                            vg, vu = self.splitk_sum(mWork, m_all, n_pad, tok, row, row_u)
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, tok, feat, row, vg, row_u, vu)
+        # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
+        grid_n = cute.arch.grid_dim()[0]
+        self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
+                    n_pad, bm * grid_n + bx, flag_t.iterator.toint(), tidx)
 
 
 class Sm90W4A16MmaTemplate(Sm90TemplateBase):

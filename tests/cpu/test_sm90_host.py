@@ -385,14 +385,14 @@ def test_backend_selected_on_sm90_only():
     assert select_backend(_problem(device_type="cpu", capability=None), check=False).name == "emulated"
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32, 64, 200])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32, 64, 200, 256, 1000])
 @pytest.mark.parametrize("n,k", [(28672, 4096), (4096, 14336), (1024, 8192), (57344, 8192)])
 def test_pick_config_is_valid_for_the_problem(m, n, k):
     for act in ("none", "silu_mul"):
         cfg = pick_config(m, n, k, torch.bfloat16, act, 132)
         assert validate_config(cfg) and shape_problem(cfg, m, n, k, act == "silu_mul") is None, cfg
-        if m <= 32:
-            assert cfg.family == "mma" and cfg.tile_m >= min(m, 32), cfg
+        if m <= 8:
+            assert cfg.family == "mma" and cfg.tile_m >= m, cfg
 
 
 def test_default_config_without_policy():
@@ -403,19 +403,26 @@ def test_default_config_without_policy():
         assert cfg.family == "wgmma" and validate_config(cfg) and cfg.row_tiles % 2 == 0  # silu_mul-capable
 
 
-def test_policy_first_choice_never_modelled_slower_than_bf16():
-    """Issue 14 item 7 (a MODEL): for the Llama-3.1-8B / 3.3-70B shapes at M <= 64 the policy's
-    first sm90 candidate is modelled faster than bf16 cuBLAS (mid of both ranges)."""
+LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192),
+         (8192, 28672)]
+
+
+@pytest.mark.parametrize("n,k", LLAMA)
+def test_policy_first_choice_never_modelled_slower_than_bf16(n, k):
+    """Issue 14 items 7 and 5 (a MODEL): for the Llama-3.1-8B / 3.3-70B shapes at M = 1..256 the
+    policy's first sm90 candidate is modelled no slower than bf16 cuBLAS (mid of both ranges):
+    faster up to M = 224, and at M = 256, where both are tensor-core bound at the same modelled
+    efficiency, within 0.5 % (the ``x bf16`` column of bench/results/sm90_model.md)."""
     from nvgemm.perfmodel import bf16_baseline, estimate
 
-    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
-              (57344, 8192), (8192, 28672)]
-    for n, k in shapes:
-        for m in (1, 2, 4, 8, 16, 32, 64):
-            cfg = pick_config(m, n, k, torch.bfloat16, "none", 132)
-            e = estimate(cfg, m, n, k, "H200", 132)
-            assert e is not None, cfg.name()
-            assert e.mid_us < bf16_baseline(m, n, k, "H200", 132).mid_us, (n, k, m, cfg.name())
+    for m in (1, 2, 4, 8, 16, 32, 33, 48, 64, 96, 128, 160, 192, 224, 240, 256):
+        cfg = pick_config(m, n, k, torch.bfloat16, "none", 132)
+        e = estimate(cfg, m, n, k, "H200", 132)
+        assert e is not None, cfg.name()
+        b = bf16_baseline(m, n, k, "H200", 132).mid_us
+        assert e.mid_us <= (b if m < 256 else 1.005 * b), (n, k, m, cfg.name(), e.mid_us, b)
+        if m > 32:
+            assert cfg.family == "wgmma" or e.mid_us < b / 1.5, (n, k, m, cfg.name())
 
 
 def test_policy_picks_do_not_spill():
@@ -423,9 +430,8 @@ def test_policy_picks_do_not_spill():
     (the committed SASS facts table; the compile tests re-derive it from the SASS)."""
     from nvgemm.perfmodel import lookup
 
-    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
-                 (57344, 8192), (8192, 28672)]:
-        for m in (1, 4, 16, 32, 64):
+    for n, k in LLAMA:
+        for m in (1, 4, 16, 32, 64, 128, 224, 256):
             cfg = pick_config(m, n, k, torch.bfloat16, "none", 132)
             f = lookup(cfg, "sm_90a")
             assert f is not None and (f.ldl, f.stl) == (0, 0), (cfg.name(), f and (f.ldl, f.stl))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates.sm90.config import WGMMA_TILE_M, Sm90W4A16Config
+from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config
 
 from .implementable import can_implement
 from .problem import Candidate, GemmProblem, ceil_div
@@ -38,9 +38,8 @@ W = Sm90W4A16Config
 MMA_SHAPES = ((128, 4, 4), (128, 2, 4), (64, 2, 4), (128, 4, 3), (256, 4, 3), (256, 4, 4), (256, 8, 3), (64, 2, 3),
               (128, 8, 3), (128, 8, 4))
 MMA_SPLITS = (1, 2, 3, 4, 6, 7, 8)
-#: wgmma configs the policy considers (before tile_m and split-K): (tile_n, num_warps, tile_k, stages)
-WGMMA_SHAPES = ((256, 8, 128, 4), (128, 8, 128, 4), (128, 4, 128, 4), (64, 4, 128, 4), (256, 8, 256, 3),
-                (128, 8, 256, 3), (128, 4, 256, 3), (64, 4, 256, 4))
+#: M tiles run side by side per row block; the policy prices 1..WGMMA_MAX_GRID_M of them
+WGMMA_MAX_GRID_M = 4
 WGMMA_SPLITS = (1, 2, 3, 4, 6, 8)
 WGMMA_MIN_M = 16
 
@@ -49,11 +48,16 @@ def _tile_m(m: int) -> int:
     return 8 if m <= 8 else (16 if m <= 16 else 32)
 
 
-def _wgmma_tile_ms(m: int) -> list[int]:
-    """Tokens per CTA worth pricing for M: the smallest WGMMA N that holds all of M (up to 256),
-    and the smaller standard tiles that split M into a few M tiles run side by side."""
-    fit = next((t for t in WGMMA_TILE_M if t >= m), WGMMA_TILE_M[-1])
-    return [fit] + [t for t in (64, 128) if t < fit and -(-m // t) <= 4]
+def wgmma_tile_ms(m: int) -> list[int]:
+    """Tokens per CTA worth pricing for M: for 1..WGMMA_MAX_GRID_M M tiles side by side, the
+    smallest WGMMA N that covers M in that many tiles (least padding); beyond 4 x 256, 256."""
+    out: list[int] = []
+    for gm in range(1, WGMMA_MAX_GRID_M + 1):
+        need = -(-m // gm)
+        t = next((t for t in WGMMA_TILE_M if t >= need), None)
+        if t is not None and t not in out:
+            out.append(t)
+    return out or [WGMMA_TILE_M[-1]]
 
 
 def rule_candidates(problem: GemmProblem) -> list[Candidate]:
@@ -78,7 +82,7 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
             add(W("mma", tile_m=tm, tile_n=tn, tile_k=256, split_k=s, num_warps=w, stages=st, pdl=True),
                 f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, split-K {s}")
     if m >= WGMMA_MIN_M:
-        for tmw in _wgmma_tile_ms(m):
+        for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
                 ctas = ceil_div(n, tn) * ceil_div(m, tmw)
                 splits = [s for s in WGMMA_SPLITS if s == 1 or ctas * s <= 3 * sms]
@@ -127,4 +131,4 @@ def candidates(problem: GemmProblem, max_candidates: int = 8, use_nvmmh: bool = 
     return ranked_candidates(problem)[:max_candidates]
 
 
-__all__ = ["candidates", "ranked_candidates", "rule_candidates"]
+__all__ = ["WGMMA_SHAPES", "candidates", "ranked_candidates", "rule_candidates", "wgmma_tile_ms"]

@@ -38,6 +38,7 @@ from nvgemm.templates.sm90.config import (
     MMA_ROW_TILES,
     MMA_TILE_M,
     ROW_TILE,
+    WGMMA_SHAPES,
     WGMMA_TILE_M,
     Sm90W4A16Config,
     config_from_name,
@@ -212,16 +213,14 @@ class WgmmaFacts(_Sm90Base):
         )
 
     def _bases(self) -> list:
+        """Every tile_m with the policy's warp / row-block / stage shapes
+        (:data:`nvgemm.templates.sm90.config.WGMMA_SHAPES`, pdl on)."""
         out = []
         for tm in WGMMA_TILE_M:
-            for w in (4, 8):
-                for rb in (1, 2):
-                    for tk in (128, 256):
-                        for st in (3, 4):
-                            c = Sm90W4A16Config("wgmma", tile_m=tm, tile_n=64 * rb * (w // 4), tile_k=tk,
-                                                num_warps=w, stages=st, pdl=True)
-                            if validate_config(c):
-                                out.append(c)
+            for tn, w, tk, st in WGMMA_SHAPES:
+                c = Sm90W4A16Config("wgmma", tile_m=tm, tile_n=tn, tile_k=tk, num_warps=w, stages=st, pdl=True)
+                if validate_config(c):
+                    out.append(c)
         return out
 
     def table_configs(self) -> list:
@@ -230,8 +229,8 @@ class WgmmaFacts(_Sm90Base):
     def search_space(self, m: int) -> list:
         out = []
         for base in self._bases():
-            if base.tile_m < min(m, 256) and base.tile_m != 256:
-                continue  # more M tiles than needed: never faster
+            if -(-m // base.tile_m) > 4 and base.tile_m != WGMMA_TILE_M[-1]:
+                continue  # more than 4 M tiles per row block: never the fastest
             for s in SM90_SPLITS:
                 out.append(replace(base, split_k=s))
         return out

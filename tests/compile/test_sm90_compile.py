@@ -323,7 +323,7 @@ def test_wgmma_descriptor_is_cutes_k_major_sw128():
 @pytest.mark.parametrize(
     "cfg,why",
     [
-        (C("wgmma", tile_m=48, tile_n=128, tile_k=128, num_warps=4, stages=4), "tile_m"),
+        (C("wgmma", tile_m=44, tile_n=128, tile_k=128, num_warps=4, stages=4), "tile_m"),
         (C("wgmma", tile_m=128, tile_n=192, tile_k=128, num_warps=4, stages=4), "tile_n"),
         (C("wgmma", tile_m=128, tile_n=128, tile_k=64, num_warps=4, stages=4), "tile_k"),
         (C("wgmma", tile_m=128, tile_n=128, tile_k=128, num_warps=2, stages=4), "warpgroups"),

@@ -27,9 +27,8 @@ the CTA's tokens are N = ``tile_m``); the activations are the shared-memory B op
 with the 128-byte swizzle, copied in the operand's K order (4-byte ``cp.async`` pieces). The same
 CTA-wide ``stages``-deep cp.async ring streams weights, scales and activations. Fields:
 
-    tile_m     tokens per CTA = the WGMMA's N: 16, 24, .., 128 (multiples of 8), 160, 192, 224,
-               256; M tiles of one row block run side by side (M-fastest grid), so their weight
-               reads share L2
+    tile_m     tokens per CTA = the WGMMA's N: 16, 24, .., 256 (multiples of 8); M tiles of one
+               row block run side by side (M-fastest grid), so their weight reads share L2
     tile_n     weight rows per CTA = 64 x row blocks per warpgroup (1 or 2) x warpgroups
     tile_k     K per pipeline stage = 64 x chunks per stage (2 or 4)
     num_warps  4 or 8 (one or two warpgroups)
@@ -70,13 +69,14 @@ SMEM_LIMIT = 227 * 1024 - 1024
 #: fp32 accumulator registers per thread the mma kernel allows (row tiles x groups of 8 x 4).
 MMA_MAX_ACC_REGS = 32
 
-#: WGMMA N (tokens per CTA) of the wgmma family: multiples of 8 up to 128 (so 1-4 M tiles side by
-#: side cover any M up to 256 with little padding), and 160 .. 256 for one row block per warpgroup.
-WGMMA_TILE_M = tuple(range(16, 129, 8)) + (160, 192, 224, 256)
+#: WGMMA N (tokens per CTA) of the wgmma family: every multiple of 8 (the WGMMA's N granularity)
+#: from 16 to 256, so one to four M tiles side by side cover any M up to 1024 with the least padding.
+WGMMA_TILE_M = tuple(range(16, 257, 8))
 #: wgmma shapes the candidate policy (and the performance model's table) use, before tile_m and
 #: split-K: (tile_n, num_warps, tile_k, stages) -- two warpgroups of two row blocks (256 rows;
-#: tile_m <= 128) or of one (128 rows; any tile_m), and one warpgroup of two row blocks.
-WGMMA_SHAPES = ((256, 8, 128, 4), (256, 8, 256, 3), (128, 8, 128, 4), (128, 4, 128, 4))
+#: tile_m <= 128), of one (128 rows; a 3-stage ring for the largest tile_m), and one warpgroup of
+#: two row blocks. Combinations that do not fit (accumulators, shared memory) are skipped.
+WGMMA_SHAPES = ((256, 8, 128, 4), (256, 8, 256, 3), (128, 8, 128, 4), (128, 8, 128, 3), (128, 4, 128, 4))
 #: 64-row WGMMA row blocks per warpgroup (= 16-row tiles per warp).
 WGMMA_ROW_BLOCKS = (1, 2)
 WGMMA_WARPS = (4, 8)

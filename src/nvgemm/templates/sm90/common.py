@@ -438,6 +438,40 @@ class Sm90KernelBase:
                 hmul2_bcast(o[2], sp, 0, self.x_is_bf16), hmul2_bcast(o[3], sp, 1, self.x_is_bf16))
 
     @cute.jit
+    def split_range(self, n_chunks: Int32, bs: Int32):
+        """(first stage, stages) of split ``bs``: the K range split in whole pipeline stages."""
+        n_stage = n_chunks // self.U
+        per = (n_stage + self.split_k - 1) // self.split_k
+        st_lo = bs * per
+        return st_lo, cutlass.max(cutlass.min(n_stage, st_lo + per) - st_lo, 0)
+
+    @cute.jit
+    def weight_lanes(self, mW: cute.Tensor, mS: cute.Tensor, bx: Int32, warp: Int32, lane: Int32, n_tiles: Int32):
+        """Loop invariants of this lane's weight stream: its weight / scale row pointers per row tile
+        (clamped to the last tile: loads stay in bounds) and its shared-memory offsets in a stage."""
+        gw = []
+        gs = []
+        for rt in cutlass.range_constexpr(self.RT):
+            t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)
+            gw.append(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16))
+            gs.append(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8))
+        sw_off = (warp * self.RT * self.U) * 512 + lane * 16
+        ss_off = self.off_s + warp * self.RT * (64 * self.U) + lane * (2 * self.U)
+        return gw, gs, sw_off, ss_off
+
+    @cute.jit
+    def scale_words(self, base: Int32, ss_off: Int32) -> list:
+        """This lane's scale words of the stage at ``base``, per row tile (2 chunks per word)."""
+        sw = []
+        for rt in cutlass.range_constexpr(self.RT):
+            sa = base + ss_off + rt * (64 * self.U)
+            if cutlass.const_expr(self.U == 2):
+                sw.append([lds_u32(sa)])
+            else:
+                sw.append(lds_v2(sa))
+        return sw
+
+    @cute.jit
     def produce_weights(self, sbase: Int32, st: Int32, gw: list, gs: list, sw_off: Int32, ss_off: Int32,
                         policy: Int64):
         """cp.async the weight vectors and scale words of global stage ``st`` into the ring slot at
@@ -486,9 +520,15 @@ class Sm90KernelBase:
     def finish(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
                mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, bx: Int32, bs: Int32, bm: Int32,
                warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32, n_tiles: Int32, n_out: Int32, n_pad: Int32,
-               tile_index: Int32, flag_addr: Int32, tidx: Int32):
-        """After the main loop: the epilogue, or (split-K) this CTA's fp32 partials to the workspace
-        ``[split][M][n_pad]`` and the epilogue by the CTA that arrives last at counter ``tile_index``."""
+               flag_addr: Int32, tidx: Int32):
+        """After the main loop: drain the copy ring, let PDL dependents launch, then the epilogue, or
+        (split-K) this CTA's fp32 partials to the workspace ``[split][M][n_pad]`` and the epilogue by
+        the CTA that arrives last at its tile's counter ``bm * grid_n + bx`` (grid dimension
+        ``self.grid_n_dim`` counts the row blocks)."""
+        cp_async_wait(0)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        tile_index = bm * cute.arch.grid_dim()[self.grid_n_dim] + bx
         if cutlass.const_expr(self.split_k == 1):
             self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
                                  mWork, Int32(0), n_pad)

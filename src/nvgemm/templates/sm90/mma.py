@@ -58,16 +58,10 @@ from .common import (
     Sm90KernelBase,
     Sm90TemplateBase,
     cp_async_commit,
-    cp_async_small,
-    cp_async_stream,
     cp_async_wait,
     cp_async_zfill,
     cta_barrier,
-    decode_word,
     evict_first_policy,
-    hmul2_bcast,
-    lds_u32,
-    lds_v2,
     lds_v4,
     mma_16816,
     scale_pair,
@@ -84,6 +78,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         c = config
         self.W, self.RT, self.U, self.MG, self.D = c.num_warps, c.row_tiles, c.chunks_per_stage, c.m_groups, c.stages
         self.pdl = c.pdl
+        self.grid_n_dim = 0  # grid = (row blocks, split_k, M tiles)
         if self.gated and self.RT % 2:
             raise ValueError("silu_mul needs an even number of row tiles per warp")
         sb = mma_stage_bytes(c)
@@ -177,21 +172,8 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         n_pad = n_tiles * 16
         m0 = bm * self.tile_m
 
-        # K range of this split, in whole stages
-        n_stage = n_chunks // U
-        per = (n_stage + self.split_k - 1) // self.split_k
-        st_lo = bs * per
-        n_it = cutlass.max(cutlass.min(n_stage, st_lo + per) - st_lo, 0)
-
-        # loop-invariant addresses: this lane's weight / scale rows, its activation pieces
-        gw = []
-        gs = []
-        for rt in cutlass.range_constexpr(RT):
-            t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)  # loads stay in bounds
-            gw.append(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16))
-            gs.append(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8))
-        sw_off = (warp * RT * U) * 512 + lane * 16
-        ss_off = self.off_s + warp * RT * (64 * U) + lane * (2 * U)
+        st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
+        gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
         x_base = mX.iterator.toint()
         x_rs = Int64(mX.stride[0]) * 2
         per_row = self.cfg.tile_k // 8
@@ -242,14 +224,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             cp_async_commit()
 
             base = ring + (it % D) * self.stage_bytes
-            # scale words of this stage, per row tile (U=2: one word, U=4: two)
-            sw = []
-            for rt in cutlass.range_constexpr(RT):
-                sa = base + ss_off + rt * (64 * U)
-                if cutlass.const_expr(U == 2):
-                    sw.append([lds_u32(sa)])
-                else:
-                    sw.append(lds_v2(sa))
+            sw = self.scale_words(base, ss_off)
             for u in cutlass.range_constexpr(U):
                 # B fragments: token 8mg + g, 16 activations of block q of chunk u (32 bytes)
                 xb = []
@@ -267,14 +242,9 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
                                           [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
                             for i in cutlass.range_constexpr(4):
                                 acc[i0 + i] = d[i]
-        cp_async_wait(0)
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_launch_dependents()
-
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
-        grid_n = cute.arch.grid_dim()[0]
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, bm * grid_n + bx, flag_t.iterator.toint(), tidx)
+                    n_pad, flag_t.iterator.toint(), tidx)
 
 
 class Sm90W4A16MmaTemplate(Sm90TemplateBase):

@@ -68,8 +68,6 @@ from .common import (
     evict_first_policy,
     fence_proxy_async_smem,
     fence_regs,
-    lds_u32,
-    lds_v2,
     lds_v4,
     scale_pair,
     smem_desc_sw128,
@@ -98,6 +96,7 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         self.W, self.RT, self.U, self.MG, self.D = c.num_warps, c.row_tiles, c.chunks_per_stage, c.m_groups, c.stages
         self.G = c.num_warps // 4
         self.pdl = c.pdl
+        self.grid_n_dim = 1  # grid = (M tiles, row blocks, split_k)
         if self.gated and self.RT % 2:
             raise ValueError("silu_mul needs two row blocks per warpgroup")
         sb = wgmma_stage_bytes(c)
@@ -179,21 +178,8 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         n_pad = n_tiles * 16
         m0 = bm * self.tile_m
 
-        # K range of this split, in whole stages
-        n_stage = n_chunks // U
-        per = (n_stage + self.split_k - 1) // self.split_k
-        st_lo = bs * per
-        n_it = cutlass.max(cutlass.min(n_stage, st_lo + per) - st_lo, 0)
-
-        # loop-invariant addresses: this lane's weight / scale rows (as the mma family)
-        gw = []
-        gs = []
-        for rt in cutlass.range_constexpr(RT):
-            t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)  # loads stay in bounds
-            gw.append(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16))
-            gs.append(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8))
-        sw_off = (warp * RT * U) * 512 + lane * 16
-        ss_off = self.off_s + warp * RT * (64 * U) + lane * (2 * U)
+        st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
+        gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
         # activations: this thread copies pair P = lane of rows warp + W i; the destination of row
         # warp + W i is xd[i % x_period] + 128 W (i - i % x_period)
         x_rs = Int64(mX.stride[0]) * 2
@@ -239,13 +225,7 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
             cp_async_commit()
 
             base = ring + (it % D) * self.stage_bytes
-            sw = []
-            for rt in cutlass.range_constexpr(RT):
-                sa = base + ss_off + rt * (64 * U)
-                if cutlass.const_expr(U == 2):
-                    sw.append([lds_u32(sa)])
-                else:
-                    sw.append(lds_v2(sa))
+            sw = self.scale_words(base, ss_off)
             for u in cutlass.range_constexpr(U):
                 wv = []
                 sp = []
@@ -264,14 +244,9 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
                     warpgroup.wait_group(1)
         warpgroup.wait_group(0)
         _put(acc, 0, fence_regs(_get(acc, 0, RT * MG * 4)))
-        cp_async_wait(0)
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_launch_dependents()
-
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
-        grid_n = cute.arch.grid_dim()[1]
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, bm * grid_n + bx, flag_t.iterator.toint(), tidx)
+                    n_pad, flag_t.iterator.toint(), tidx)
 
     @cute.jit
     def copy_x(self, sbase: Int32, st: Int32, xs: list, k_last: Int32, xd: list):

@@ -414,6 +414,8 @@ def main() -> int:
                 r = dict(error=f"{type(e).__name__}: {e}")
             result["timing"][c.name] = r
             print(f"time {c.name:32s} {json.dumps(r)}", flush=True)
+            # partial results survive a device-time limit that ends the run early
+            (out_dir / "gpu_check_sm90.json").write_text(json.dumps(result, indent=1))
     result["wall_s"] = round(time.time() - t_start, 1)
     (out_dir / "gpu_check_sm90.json").write_text(json.dumps(result, indent=1))
 

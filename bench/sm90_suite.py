@@ -106,7 +106,9 @@ def numeric_cases() -> list[Case]:
              config=wgmma(tile_m=104)),
         Case("wgmma.m96.fp16.gelu.vector", 96, 2048, 2048, activation="gelu_tanh", vector_alpha=True,
              x_dtype="fp16", out_dtype="fp16", config=wgmma(tile_m=96, tile_n=128, num_warps=4)),
-        Case("wgmma.m64.splitk3", 64, 1024, 8192, config=wgmma(tile_m=64, split_k=3)),
+        Case("wgmma.m64.splitk3", 64, 1024, 8192, config=wgmma(tile_m=64, split_k=3)),  # 4 tiles: all split
+        # 140 tiles on 132 SMs: 132 whole tiles, then the last 8 as 3 split CTAs each
+        Case("wgmma.m40.wholes_and_tail.sk3", 40, 17920, 1024, config=wgmma(tile_m=40, tile_n=128, split_k=3)),
         Case("wgmma.m130.w4a4", 130, 4096, 4096, w4a4=True, config=wgmma(tile_m=72)),
         Case("wgmma.m256.k4128.t256", 256, 1032, 4128, config=wgmma(tile_m=256, tile_n=128, stages=3)),
         Case("wgmma.m17.k96.t24", 17, 512, 96, config=wgmma(tile_m=24, tile_n=256, tile_k=256, stages=3)),

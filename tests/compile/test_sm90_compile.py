@@ -283,6 +283,45 @@ def test_wgmma_sass_main_loop(cfg, epi, x):
     assert ipe <= WG_MAX_INSTR_PER_ELEM[key], f"{ipe:.3f} instructions per weight element"
 
 
+def _ptxas_info(ptx: str) -> str | None:
+    """``ptxas -v`` output for ``ptx`` from the first ptxas that accepts its PTX version (the CUDA
+    toolkit's, else the newer one Triton ships); None if none does."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    cands = [shutil.which("ptxas")]
+    try:
+        import triton
+
+        b = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+        cands += [str(b / "ptxas-blackwell"), str(b / "ptxas")]
+    except ImportError:
+        pass
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.ptx"
+        f.write_text(ptx)
+        for exe in cands:
+            if not exe or not Path(exe).exists():
+                continue
+            r = subprocess.run([exe, "-arch=sm_90a", "-v", str(f), "-o", str(Path(d) / "k.cubin")],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                return r.stdout + r.stderr
+    return None
+
+
+@pytest.mark.parametrize("cfg,epi,x", WG_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
+def test_wgmma_not_serialised_by_ptxas(cfg, epi, x):
+    """ptxas's own verdict on the WGMMA pipeline: no ``C7515`` ("wgmma.mma_async instructions are
+    serialized ...", e.g. when an instruction writes accumulator registers inside a pipeline stage)."""
+    info = _ptxas_info(ptx_of(WG, cfg, epi, x))
+    if info is None:
+        pytest.skip("no ptxas that accepts this PTX version")
+    assert "C7515" not in info and "serialized" not in info, info
+
+
 def test_wgmma_descriptor_is_cutes_k_major_sw128():
     """The hand-built B descriptor's constant bits equal those CuTe builds for a K-major operand with
     the 128-byte swizzle (layout type, 1024-byte stride, leading-offset field): compile CuTe's own

@@ -84,9 +84,8 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     if m >= WGMMA_MIN_M:
         for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
-                ctas = ceil_div(n, tn) * ceil_div(m, tmw)
-                splits = [s for s in WGMMA_SPLITS if s == 1 or ctas * s <= 3 * sms]
-                for s in splits:
+                # split-K splits only the tiles of the last, partial wave: worth pricing at any grid
+                for s in WGMMA_SPLITS:
                     add(W("wgmma", tile_m=tmw, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True),
                         f"wgmma (register-A decode): {tmw} tokens x {tn} rows per CTA, {w} warps, tile_k {tk}, "
                         f"{st}-stage ring, split-K {s}")

@@ -46,6 +46,7 @@ from nvgemm.templates.sm90.config import (
     shape_problem,
     validate_config,
     wgmma_stage_bytes,
+    wgmma_tail_tiles,
 )
 
 from ..baseline import TENSOR_EFFICIENCY
@@ -196,20 +197,27 @@ class WgmmaFacts(_Sm90Base):
         n_pad, k_pad = _pad(n, k)
         grid_n, grid_m = ceil_div(n, c.tile_n), ceil_div(m, c.tile_m)
         n_stage = k_pad // c.tile_k
-        iters = ceil_div(n_stage, c.split_k)
         sb = wgmma_stage_bytes(c)
-        sk, ws = _splitk(c, m, n)
+        tiles = grid_n * grid_m
+        # split_k > 1: only the tiles of the last, partial wave (tiles mod SMs; all of them when
+        # fewer than the SMs) are split in K, each into split_k CTAs after the full waves
+        tail = wgmma_tail_tiles(tiles, c.split_k, hw.sm_count)
+        sk, ws = None, 0.0
+        if tail:
+            ws = float(tail * c.split_k * c.tile_m * c.tile_n * 4) * 2  # fp32 partials written + read
+            sk = SplitKReduce("batched", c.split_k, ws, dependent_l2_trips=SPLITK_L2_TRIPS)
         # M-fastest grid: the M tiles of a row block run side by side and share its weights in L2;
         # only M tiles that fall into a later wave of CTAs (one CTA per SM at least) read them again
         waves_m = ceil_div(grid_m, hw.sm_count)
         dram = _weight_bytes(n, k) * waves_m + m * k * 2 + m * n * 2 + ws
         return Geometry(
-            ctas=grid_n * c.split_k * grid_m, threads=c.threads, iters_per_cta=iters, passes_per_cta=1,
+            ctas=tiles + tail * (c.split_k - 1), threads=c.threads, iters_per_cta=n_stage, passes_per_cta=1,
             stream_bytes_per_iter=sb["weights"] + sb["scales"], other_bytes_per_iter=c.tile_m * c.tile_k * 2,
             dram_bytes=dram, weight_bytes=_weight_bytes(n, k), depth=float(c.stages - 2),
             aux_kernels=HOST_AUX_KERNELS, splitk=sk, pdl=c.pdl, l2_reread_fraction=(grid_m - 1) / grid_m,
             tensor_flops=2.0 * grid_m * c.tile_m * grid_n * c.tile_n * k_pad,
             tensor_tflops=hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY,
+            tail_ctas=tail * c.split_k, tail_iters=ceil_div(n_stage, c.split_k),
         )
 
     def _bases(self) -> list:

@@ -520,31 +520,48 @@ class Sm90KernelBase:
     def finish(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
                mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, bx: Int32, bs: Int32, bm: Int32,
                warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32, n_tiles: Int32, n_out: Int32, n_pad: Int32,
-               flag_addr: Int32, tidx: Int32):
-        """After the main loop: drain the copy ring, let PDL dependents launch, then the epilogue, or
-        (split-K) this CTA's fp32 partials to the workspace ``[split][M][n_pad]`` and the epilogue by
-        the CTA that arrives last at its tile's counter ``bm * grid_n + bx`` (grid dimension
-        ``self.grid_n_dim`` counts the row blocks)."""
+               flag_addr: Int32, tidx: Int32, tile_index: Int32, reduce=None):
+        """After the main loop: drain the copy ring, let PDL dependents launch, then the epilogue --
+        or, for a CTA that computed split-K part ``bs`` of its tile (every CTA when ``split_k > 1``
+        and ``reduce`` is None; else where the runtime predicate ``reduce`` holds), its fp32 partials
+        to the workspace ``[split][M][n_pad]`` and the epilogue by the CTA that arrives last at the
+        tile's counter ``tile_index``."""
         cp_async_wait(0)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
-        tile_index = bm * cute.arch.grid_dim()[self.grid_n_dim] + bx
         if cutlass.const_expr(self.split_k == 1):
             self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
                                  mWork, Int32(0), n_pad)
+        elif cutlass.const_expr(reduce is None):
+            self.reduce_partials(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, warp, g, q, m, m0, n_tiles,
+                                 n_out, n_pad, flag_addr, tidx, tile_index)
         else:
-            for rt in cutlass.range_constexpr(self.RT):
-                t = self.tile_of(bx, warp, rt, n_tiles)
-                for mg in cutlass.range_constexpr(self.MG):
-                    for i in cutlass.range_constexpr(4):
-                        tok = m0 + mg * 8 + 2 * q + i % 2
-                        row = t * 16 + g + 8 * (i // 2)
-                        if (tok < m) & (t < n_tiles):
-                            addr = mWork.iterator.toint() + (Int64(bs * m + tok) * Int64(n_pad) + Int64(row)) * 4
-                            st_global_f32(addr, acc[(rt * self.MG + mg) * 4 + i])
-            if splitk_arrive(mCount, tile_index, self.split_k, flag_addr, tidx) == 1:
-                self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, True,
-                                     mWork, m, n_pad)
+            if reduce:
+                self.reduce_partials(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, warp, g, q, m, m0,
+                                     n_tiles, n_out, n_pad, flag_addr, tidx, tile_index)
+            else:
+                self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
+                                     mWork, Int32(0), n_pad)
+
+    @cute.jit
+    def reduce_partials(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
+                        mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, bx: Int32, bs: Int32,
+                        warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32, n_tiles: Int32, n_out: Int32,
+                        n_pad: Int32, flag_addr: Int32, tidx: Int32, tile_index: Int32):
+        """Split-K part ``bs``: partials to the workspace, fence + counter; the last CTA of the tile
+        sums the ``split_k`` partials in split order and runs the epilogue (deterministic)."""
+        for rt in cutlass.range_constexpr(self.RT):
+            t = self.tile_of(bx, warp, rt, n_tiles)
+            for mg in cutlass.range_constexpr(self.MG):
+                for i in cutlass.range_constexpr(4):
+                    tok = m0 + mg * 8 + 2 * q + i % 2
+                    row = t * 16 + g + 8 * (i // 2)
+                    if (tok < m) & (t < n_tiles):
+                        addr = mWork.iterator.toint() + (Int64(bs * m + tok) * Int64(n_pad) + Int64(row)) * 4
+                        st_global_f32(addr, acc[(rt * self.MG + mg) * 4 + i])
+        if splitk_arrive(mCount, tile_index, self.split_k, flag_addr, tidx) == 1:
+            self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, True,
+                                 mWork, m, n_pad)
 
     @cute.jit
     def store_epilogue(self, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
@@ -601,6 +618,10 @@ class Sm90TemplateBase:
         """Why ``c`` cannot hold whole gate and up halves for ``silu_mul`` (None: it can)."""
         return None
 
+    def kernel_kwargs(self, spec: CompileSpec) -> dict:
+        """Extra keyword arguments of the kernel class from the compile spec (its hardware)."""
+        return {}
+
     def can_implement(self, spec: CompileSpec) -> Status:
         c = spec.config
         if not isinstance(c, Sm90W4A16Config):
@@ -643,7 +664,7 @@ class Sm90TemplateBase:
         """``cute.compile`` for ``spec.arch`` (no GPU). With ``keep_ptx`` (and ``CUTE_DSL_DUMP_DIR``
         set) the result's ``__ptx__`` holds the PTX text."""
         self.can_implement(spec).raise_if_failed(spec.name())
-        kernel = self.kernel_class(spec.config, spec.epilogue, spec.a_format)
+        kernel = self.kernel_class(spec.config, spec.epilogue, spec.a_format, **self.kernel_kwargs(spec))
         return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
 
 

@@ -34,7 +34,9 @@ CTA-wide ``stages``-deep cp.async ring streams weights, scales and activations. 
     num_warps  4 or 8 (one or two warpgroups)
     stages     ring depth, 3..6 (``stages - 2`` stages in flight ahead of the math: the slot a
                refill overwrites was read by WGMMAs that completed one stage earlier)
-    split_k    as ``mma`` (in-kernel reduction, deterministic)
+    split_k    K split of the tiles of the last, partial wave only (stream-K-like; every tile when
+               there are fewer tiles than SMs): the full waves run whole tiles, then each tail
+               tile runs as ``split_k`` CTAs reduced in-kernel as ``mma`` does (deterministic)
     pdl        as ``mma``
 """
 
@@ -168,6 +170,34 @@ def wgmma_smem_bytes(c: Sm90W4A16Config) -> int:
     return c.stages * sum(wgmma_stage_bytes(c).values()) + SWIZZLE_ATOM + 16
 
 
+def wgmma_tail_tiles(tiles, split_k: int, sm_count: int, select=None):
+    """Tiles the wgmma kernel splits in K (``split_k`` CTAs each) for a grid of ``tiles`` output
+    tiles on ``sm_count`` SMs: none without split-K, else the tiles of the last, partial wave
+    (``tiles mod sm_count``; every tile when there are fewer than the SMs). The kernel's host code
+    evaluates it on DSL integers (``select`` as in :func:`wgmma_cta_role`), the model on ints; the
+    kernel recovers it from its grid (``(grid - tiles) / (split_k - 1)``)."""
+    if split_k <= 1:
+        return 0
+    sel = select or (lambda c, a, b: a if c else b)
+    return sel(tiles < sm_count, tiles, tiles % sm_count)
+
+
+def wgmma_cta_role(cta, tiles, tail, split_k, select=None):
+    """What CTA ``cta`` of the wgmma grid computes: ``(tile, part, reduce)``. The grid runs the
+    ``tiles - tail`` whole tiles first (CTA i = tile i; tiles in M-fastest order), then the
+    ``tail`` last tiles as ``split_k`` adjacent CTAs each (part ``p`` of ``split_k`` of the tile's
+    K stages; ``reduce`` true: its fp32 partials are summed in-kernel). Plain integer arithmetic
+    (``select(c, a, b)``: ``a if c else b``) so the kernel evaluates it on DSL integers with
+    ``cutlass.select_`` and the tests on Python ints."""
+    sel = select or (lambda c, a, b: a if c else b)
+    n_whole = tiles - tail
+    is_tail = cta >= n_whole
+    j = sel(is_tail, cta - n_whole, 0)
+    tile = sel(is_tail, n_whole + j // split_k, cta)
+    part = sel(is_tail, j % split_k, 0)
+    return tile, part, is_tail
+
+
 def _validate_mma(c: Sm90W4A16Config) -> Status:
     if c.tile_m not in MMA_TILE_M:
         return Status.fail(f"mma tile_m={c.tile_m} not in {MMA_TILE_M} (groups of 8 tokens)")
@@ -286,4 +316,6 @@ __all__ = [
     "validate_config",
     "wgmma_smem_bytes",
     "wgmma_stage_bytes",
+    "wgmma_cta_role",
+    "wgmma_tail_tiles",
 ]

@@ -78,7 +78,6 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         c = config
         self.W, self.RT, self.U, self.MG, self.D = c.num_warps, c.row_tiles, c.chunks_per_stage, c.m_groups, c.stages
         self.pdl = c.pdl
-        self.grid_n_dim = 0  # grid = (row blocks, split_k, M tiles)
         if self.gated and self.RT % 2:
             raise ValueError("silu_mul needs an even number of row tiles per warp")
         sb = mma_stage_bytes(c)
@@ -244,7 +243,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
                                 acc[i0 + i] = d[i]
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, flag_t.iterator.toint(), tidx)
+                    n_pad, flag_t.iterator.toint(), tidx, bm * cute.arch.grid_dim()[0] + bx)
 
 
 class Sm90W4A16MmaTemplate(Sm90TemplateBase):

@@ -36,10 +36,17 @@ commits, and waits until only that group is pending (``wgmma.wait_group 1``): th
 s + 1 runs while the tensor cores work on k-step s, and at most two k-steps of A registers are
 live. With PDL the prologue's weight copies are issued before ``griddepcontrol.wait``.
 
-Grid ``(M tiles, row blocks, split_k)``: the M tiles of one row block are adjacent in launch
-order, so they run side by side and the weights come from DRAM once. Split-K and the epilogue are
-the ``mma`` family's (:meth:`~.common.Sm90KernelBase.finish`): the accumulator fragment is the
-``m16n8`` C layout per 16 rows and 8 tokens.
+Grid: one dimension of CTAs over the output tiles in M-fastest order (the M tiles of one row
+block are adjacent in launch order, so they run side by side and the weights come from DRAM
+once). With ``split_k > 1`` only the tiles of the last, partial wave on the target's SMs (every
+tile when there are fewer tiles than SMs; :func:`~.config.wgmma_tail_tiles`) are split: they come
+after the whole tiles, ``split_k`` adjacent CTAs each computing a share of the K stages
+(:func:`~.config.wgmma_cta_role`; the kernel recovers the tail from its grid size), and their fp32
+partials are reduced in-kernel as in the ``mma`` family (the last CTA of the tile sums them in
+split order: deterministic). So a tensor-bound grid does not idle SMs in its last wave and the
+full waves pay no partial traffic. The epilogue is the ``mma`` family's
+(:meth:`~.common.Sm90KernelBase.finish`): the accumulator fragment is the ``m16n8`` C layout per 16
+rows and 8 tokens.
 
 Constraints (:func:`~.config.validate_config`, :func:`~.config.shape_problem`): tile_m one of
 16 .. 256 (the WGMMA's N), 4 or 8 warps, tile_n = 64 x (1 or 2) row blocks x warpgroups, at most
@@ -73,8 +80,13 @@ from .common import (
     smem_desc_sw128,
     wgmma_rs,
 )
-from .config import SWIZZLE_ATOM, Sm90W4A16Config, wgmma_stage_bytes
+from .config import SWIZZLE_ATOM, Sm90W4A16Config, wgmma_cta_role, wgmma_stage_bytes, wgmma_tail_tiles
 from .operand import SCHEMES, x_slot_offset
+
+
+def _select(c, a, b):
+    """``a if c else b`` on DSL integers (the config module's role arithmetic)."""
+    return cutlass.select_(c, Int32(a), Int32(b))
 
 
 def _get(acc, i0: int, n: int) -> list:
@@ -90,13 +102,13 @@ def _put(acc, i0: int, vals: list) -> None:
 class Sm90W4A16WgmmaKernel(Sm90KernelBase):
     """Register-A WGMMA kernel (see the module docstring)."""
 
-    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
+    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16", sm_count: int = 132):
         self.init_common(config, epilogue, x_format, "wgmma")
+        self.sm_count = sm_count  # the split tail is the last partial wave on this many SMs
         c = config
         self.W, self.RT, self.U, self.MG, self.D = c.num_warps, c.row_tiles, c.chunks_per_stage, c.m_groups, c.stages
         self.G = c.num_warps // 4
         self.pdl = c.pdl
-        self.grid_n_dim = 1  # grid = (M tiles, row blocks, split_k)
         if self.gated and self.RT % 2:
             raise ValueError("silu_mul needs two row blocks per warpgroup")
         sb = wgmma_stage_bytes(c)
@@ -129,8 +141,13 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         n_out = mOut.shape[1]
         grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
         grid_m = (m + self.tile_m - 1) // self.tile_m
+        tiles = grid_n * grid_m
+        ctas = tiles
+        if cutlass.const_expr(self.split_k > 1):  # the tail tiles run split_k CTAs each
+            tail = wgmma_tail_tiles(tiles, self.split_k, self.sm_count, _select)
+            ctas = tiles + tail * (self.split_k - 1)
         self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork, mCount).launch(
-            grid=(grid_m, grid_n, self.split_k), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=(ctas, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     # ----------------------------------------------------------------------------- device helpers
@@ -162,9 +179,9 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         mWork: cute.Tensor,
         mCount: cute.Tensor,
     ):
-        RT, U, MG, D, W = self.RT, self.U, self.MG, self.D, self.W
+        RT, U, MG, D, W, S = self.RT, self.U, self.MG, self.D, self.W, self.split_k
         tidx, _, _ = cute.arch.thread_idx()
-        bm, bx, bs = cute.arch.block_idx()
+        cta, _, _ = cute.arch.block_idx()
         warp = tidx // 32
         lane = tidx % 32
         g = lane // 4
@@ -176,9 +193,16 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         n_out = mOut.shape[1]
         n_chunks = mW.shape[1] // 512
         n_pad = n_tiles * 16
-        m0 = bm * self.tile_m
 
-        st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
+        # this CTA's output tile (M-fastest order) and K range: whole tiles first, then the split tail
+        tile, bs, is_tail, bm, bx = self.role(cta, m, n_out)
+        m0 = bm * self.tile_m
+        n_stage = n_chunks // U
+        st_lo, n_it = Int32(0), n_stage
+        if cutlass.const_expr(S > 1):
+            sp_lo, sp_n = self.split_range(n_chunks, bs)
+            st_lo = cutlass.select_(is_tail, sp_lo, Int32(0))
+            n_it = cutlass.select_(is_tail, sp_n, n_stage)
         gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
         # activations: this thread copies pair P = lane of rows warp + W i; the destination of row
         # warp + W i is xd[i % x_period] + 128 W (i - i % x_period)
@@ -200,6 +224,9 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
 
         acc = cute.make_rmem_tensor((RT * MG * 4,), Float32)
         acc.fill(0.0)
+        # opaque from here on: no constant zeros rematerialised into the accumulator registers (on a
+        # path that skips the loop), which would make ptxas serialise the WGMMAs (C7515)
+        _put(acc, 0, fence_regs(_get(acc, 0, RT * MG * 4)))
 
         # ---- prologue: weights of stages 0..D-3 first (they do not depend on the previous kernel)
         for j in cutlass.range_constexpr(D - 2):
@@ -225,6 +252,10 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
             cp_async_commit()
 
             base = ring + (it % D) * self.stage_bytes
+            # pin the accumulators (an empty asm that takes and returns them) so register allocation
+            # keeps them in place across the loop: a copy between a WGMMA and its wait makes ptxas
+            # serialise the WGMMAs (C7515)
+            _put(acc, 0, fence_regs(_get(acc, 0, RT * MG * 4)))
             sw = self.scale_words(base, ss_off)
             for u in cutlass.range_constexpr(U):
                 wv = []
@@ -245,8 +276,22 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         warpgroup.wait_group(0)
         _put(acc, 0, fence_regs(_get(acc, 0, RT * MG * 4)))
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
-        self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, flag_t.iterator.toint(), tidx)
+        # the role again from the block index: nothing of it stays live across the main loop
+        tile, bs, is_tail, bm, bx = self.role(cute.arch.block_idx()[0], m, n_out)
+        self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, bm * self.tile_m,
+                    n_tiles, n_out, n_pad, flag_t.iterator.toint(), tidx, tile, is_tail)
+
+    @cute.jit
+    def role(self, cta: Int32, m: Int32, n_out: Int32):
+        """(tile, split part, split?, M tile, row block) of CTA ``cta`` (:func:`~.config.wgmma_cta_role`;
+        the tail size from the grid: ``(grid - tiles) / (split_k - 1)``)."""
+        grid_m = (m + self.tile_m - 1) // self.tile_m
+        tiles = grid_m * ((n_out + self.feat_per_cta - 1) // self.feat_per_cta)
+        tail = Int32(0)
+        if cutlass.const_expr(self.split_k > 1):
+            tail = (cute.arch.grid_dim()[0] - tiles) // (self.split_k - 1)
+        tile, part, is_tail = wgmma_cta_role(cta, tiles, tail, self.split_k, _select)
+        return tile, part, is_tail, tile % grid_m, tile // grid_m
 
     @cute.jit
     def copy_x(self, sbase: Int32, st: Int32, xs: list, k_last: Int32, xd: list):
@@ -275,6 +320,9 @@ class Sm90W4A16WgmmaTemplate(Sm90TemplateBase):
         if c.row_tiles % 2:
             return f"silu_mul needs two row blocks per warpgroup (gate + up), got {c.row_tiles}"
         return None
+
+    def kernel_kwargs(self, spec) -> dict:
+        return {"sm_count": spec.hw.sm_count}
 
 
 TEMPLATE = register_template(Sm90W4A16WgmmaTemplate(), replace=True)

@@ -3,8 +3,9 @@
     python bench/build_sm90_artifacts.py [--out build/sm90_gpu_check]
 
 For each case of ``bench/sm90_suite.py`` (the policy's pick on the Llama-3.1-8B / 3.3-70B layer
-shapes at M = 1..64, timed alternatives of both families, and the numerics cases) it takes the
-config the runtime would pick (``pick_config``) or the case's forced config, builds the compile spec exactly as the runtime does (``compile_spec_for``, with an
+shapes at M = 1..256, timed alternatives of both families -- the decode kernel at M <= 32, the
+register-A WGMMA kernel at M = 32..256 -- and the numerics cases) it takes the config the runtime
+would pick (``pick_config``) or the case's forced config, builds the compile spec exactly as the runtime does (``compile_spec_for``, with an
 empty codegen environment), and fills a :class:`nvgemm.runtime.cache.KernelCache` rooted at
 ``--out`` through the AOT path (``export_to_c`` -> object -> ``gcc -shared`` with the DSL's static
 runtime and libcudart). ``--out/manifest.json`` maps each case to its config and entry, so

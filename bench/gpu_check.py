@@ -12,8 +12,10 @@ outputs poisoned with NaN before each launch, each case launched twice (split-K 
 back to zero); 3. device-to-device copy bandwidth, measured once (bytes read + written: the
 copy-kernel baseline); 4. timing, cold L2: CUDA graphs over rotating prepared-weight copies (>= 256
 MB per graph so L2 cannot serve them), median of many replays, for every family / variant case
-(the policy's pick on the 8 Llama shapes at M = 1..64 and timed alternatives: tiles, warps, ring
-depth, split-K, PDL off, the WGMMA family) and for bf16 cuBLAS (``torch.matmul``) on the same shape;
+(the policy's pick on the 8 Llama shapes at M = 1..256 and timed alternatives: the decode kernel's
+tiles, warps, ring depth, split-K and PDL off at M <= 32; the register-A WGMMA kernel's tokens and
+rows per CTA, stage shapes, split-K and PDL off at M = 32..256) and for bf16 cuBLAS
+(``torch.matmul``) on the same shape;
 5. the performance model's prediction for every timed case (``nvgemm.perfmodel``, pure Python) next
 to the measurement; one table (us, modelled us, speed-up vs bf16, weight bandwidth as % of the copy
 bandwidth and of 4.3 TB/s) and JSON under ``--out``.
@@ -252,6 +254,7 @@ def time_graph(fns, reps=REPS):
 
 
 _BF16_TIMES: dict = {}
+_WEIGHT_COPIES: dict = {}
 
 
 def model_of(case, cfg, sms):
@@ -273,16 +276,24 @@ def time_case(case, runner, dev, gen, copy_bw):
     from nvgemm.templates.sm90.operand import kind_of, prepare_sm90_weight
 
     lay = random_layer(case, dev, gen)
-    prepared = prepare_sm90_weight(lay["weight"], lay["weight_scale"], lay["weight_scale_2"], kind_of(lay["x"].dtype))
     cfg = runner.config(case)
     kern = runner.kernel(case)
-    wbytes = prepared.nbytes()
-    copies = max(2, math.ceil(ROTATE_BYTES / wbytes))
-    ws = [dc.replace(prepared, weight=prepared.weight.clone(), scale=prepared.scale.clone()) for _ in range(copies)]
+    # rotating prepared-weight copies, shared by every timed case of the shape (values do not
+    # matter for timing; preparing a 57344 x 8192 weight costs more than timing it)
+    wkey = (case.n, case.k, case.x_dtype)
+    if wkey not in _WEIGHT_COPIES:
+        _WEIGHT_COPIES.clear()
+        prepared = prepare_sm90_weight(lay["weight"], lay["weight_scale"], lay["weight_scale_2"],
+                                       kind_of(lay["x"].dtype))
+        copies = max(2, math.ceil(ROTATE_BYTES / prepared.nbytes()))
+        _WEIGHT_COPIES[wkey] = [prepared] + [dc.replace(prepared, weight=prepared.weight.clone(),
+                                                        scale=prepared.scale.clone()) for _ in range(copies - 1)]
+    ws = _WEIGHT_COPIES[wkey]
+    wbytes, copies = ws[0].nbytes(), len(ws)
     work = Sm90Workspace(dev)  # one workspace for the whole graph (the launches are serialised)
     argss = [prepare_sm90_args(lay["x"], w, None, None, None, "none", None, cfg, workspace=work) for w in ws]
     t_k, graph_k, spread_k = time_graph([lambda a=a: runner.launch(case, a, kern) for a in argss])
-    del ws, argss
+    del argss
     # bf16 cuBLAS on the same shape, rotating bf16 weights (once per shape and M)
     bkey = (case.m, case.n, case.k)
     if bkey not in _BF16_TIMES:
@@ -403,6 +414,8 @@ def main() -> int:
                 r = dict(error=f"{type(e).__name__}: {e}")
             result["timing"][c.name] = r
             print(f"time {c.name:32s} {json.dumps(r)}", flush=True)
+            # partial results survive a device-time limit that ends the run early
+            (out_dir / "gpu_check_sm90.json").write_text(json.dumps(result, indent=1))
     result["wall_s"] = round(time.time() - t_start, 1)
     (out_dir / "gpu_check_sm90.json").write_text(json.dumps(result, indent=1))
 

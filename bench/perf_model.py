@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 SHAPES = ((6144, 4096, "8B qkv"), (4096, 4096, "8B o"), (28672, 4096, "8B gate_up"), (4096, 14336, "8B down"),
           (10240, 8192, "70B qkv"), (8192, 8192, "70B o"), (57344, 8192, "70B gate_up"), (8192, 28672, "70B down"))
-SM90_M = (1, 2, 4, 8, 16, 32, 64)
+SM90_M = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 SM100_M = (1, 2, 4, 8, 16, 32)
 
 
@@ -90,9 +90,18 @@ SM90_ASSUMPTIONS = """## Model assumptions (H200)
   L / (D - 1) per stage: only D - 1 stages are in flight), then `step = max(T1(L), warps per scheduler x
   issue cycles)`, in waves of resident CTAs (occupancy from registers per scheduler quadrant, shared
   memory incl. the launch's dynamic ring, threads).
+- Tensor cores: the wgmma family's WGMMA FLOPs (incl. its tile padding) at 70 % of the 989 TFLOP/s dense
+  bf16 peak per SM -- the efficiency the bf16 baseline is given end to end; an assumption for both. The
+  tensor time of a main-loop step is part of the step (`max` with the latency, issue and byte terms: the
+  model takes the register-A kernel's decode, copies and WGMMAs to overlap perfectly), so CTAs pay it in
+  waves over the 132 SMs: a partial last wave costs a full step count. The wgmma family's split-K
+  splits only the tiles of that last wave (its tail), each into split-K CTAs after the whole tiles. The
+  mma family's `mma.sync` at 2/3 of that peak.
 - bf16 cuBLAS baseline: bf16 weights (2 B/element) streamed at 0.78-0.93 (M=1), 0.75-0.90 (M<=16),
-  0.70-0.88 (M<=64) of the achievable bandwidth + one launch (`nvgemm/perfmodel/baseline.py`, cross-checked
-  below). "x bf16" = modelled bf16 time / modelled nvgemm time, middle of both ranges.
+  0.70-0.88 (M<=64), 0.65-0.85 (M>64) of the achievable bandwidth, or its tensor floor (2 x M8 x N x K
+  FLOPs, M8 = M rounded up to 8 rows, at 70 % of the peak) if higher, + one launch
+  (`nvgemm/perfmodel/baseline.py`, cross-checked below). "x bf16" = modelled bf16 time / modelled nvgemm
+  time, middle of both ranges.
 - "% of 4.3 TB/s" = NVFP4 weight + scale bytes (0.5625 B/element) / modelled per-call time, as a range
   (pessimistic-optimistic).
 """
@@ -158,6 +167,59 @@ BEFORE = {
     (8192, 28672, 64): ('wgmma_t64x128x64_w4_s4_sk2', '481.9-667.2'),
 }
 
+#: The model's numbers for the policy's picks at M = 48..256 BEFORE the register-A wgmma family
+#: (main b6ffd2d: the mma decode kernel in M tiles of 32 for every M > 32; same model, its table):
+#: (config, us low-high).
+BEFORE_WGMMA = {
+    (6144, 4096, 48): ('mma_t32x128x256_w8_s3_sk2_pdl', '9.8-11.7'),
+    (6144, 4096, 64): ('mma_t32x128x256_w8_s3_sk2_pdl', '9.8-11.7'),
+    (6144, 4096, 96): ('mma_t32x128x256_w8_s3_sk2_pdl', '15.5-18.7'),
+    (6144, 4096, 128): ('mma_t32x128x256_w8_s3_sk2_pdl', '15.3-18.4'),
+    (6144, 4096, 192): ('mma_t32x128x256_w8_s3_pdl', '26.4-29.2'),
+    (6144, 4096, 256): ('mma_t32x128x256_w8_s3_pdl', '26.2-29.0'),
+    (4096, 4096, 48): ('mma_t32x128x256_w8_s3_sk4_pdl', '6.0-7.9'),
+    (4096, 4096, 64): ('mma_t32x128x256_w8_s3_sk4_pdl', '6.0-7.9'),
+    (4096, 4096, 96): ('mma_t32x128x256_w8_s3_sk4_pdl', '9.3-12.0'),
+    (4096, 4096, 128): ('mma_t32x128x256_w4_s3_sk2_pdl', '9.2-11.9'),
+    (4096, 4096, 192): ('mma_t32x128x256_w8_s3_sk2_pdl', '15.2-18.2'),
+    (4096, 4096, 256): ('mma_t32x128x256_w4_s3_pdl', '15.4-18.2'),
+    (28672, 4096, 48): ('mma_t32x128x256_w8_s3_pdl', '33.3-34.7'),
+    (28672, 4096, 64): ('mma_t32x128x256_w8_s3_pdl', '33.3-34.7'),
+    (28672, 4096, 96): ('mma_t32x128x256_w8_s3_pdl', '49.5-50.9'),
+    (28672, 4096, 128): ('mma_t32x128x256_w8_s3_pdl', '64.2-66.6'),
+    (28672, 4096, 192): ('mma_t32x128x256_w8_s3_pdl', '95.9-99.0'),
+    (28672, 4096, 256): ('mma_t32x128x256_w8_s3_pdl', '127.6-129.0'),
+    (4096, 14336, 48): ('mma_t32x128x256_w8_s3_sk4_pdl', '15.5-17.4'),
+    (4096, 14336, 64): ('mma_t32x128x256_w8_s3_sk4_pdl', '15.5-17.4'),
+    (4096, 14336, 96): ('mma_t32x128x256_w8_s3_sk4_pdl', '24.7-28.6'),
+    (4096, 14336, 128): ('mma_t32x128x256_w4_s3_sk2_pdl', '27.0-31.7'),
+    (4096, 14336, 192): ('mma_t32x128x256_w8_s3_sk2_pdl', '45.2-50.0'),
+    (4096, 14336, 256): ('mma_t32x128x256_w4_s3_pdl', '49.8-56.1'),
+    (10240, 8192, 48): ('mma_t32x128x256_w8_s3_pdl', '32.2-33.6'),
+    (10240, 8192, 64): ('mma_t32x128x256_w8_s3_pdl', '32.2-33.6'),
+    (10240, 8192, 96): ('mma_t32x128x256_w8_s3_pdl', '34.5-35.9'),
+    (10240, 8192, 128): ('mma_t32x128x256_w8_s3_pdl', '56.6-64.5'),
+    (10240, 8192, 192): ('mma_t32x128x256_w8_s3_pdl', '68.3-69.7'),
+    (10240, 8192, 256): ('mma_t32x128x256_w8_s3_pdl', '90.8-95.9'),
+    (8192, 8192, 48): ('mma_t32x128x256_w8_s3_sk2_pdl', '17.4-19.3'),
+    (8192, 8192, 64): ('mma_t32x128x256_w8_s3_sk2_pdl', '17.4-19.3'),
+    (8192, 8192, 96): ('mma_t32x128x256_w8_s3_sk2_pdl', '27.8-31.9'),
+    (8192, 8192, 128): ('mma_t32x128x256_w4_s3_pdl', '30.1-34.8'),
+    (8192, 8192, 192): ('mma_t32x128x256_w8_s3_pdl', '50.4-54.7'),
+    (8192, 8192, 256): ('mma_t32x128x256_w4_s3_pdl', '57.5-64.5'),
+    (57344, 8192, 48): ('mma_t32x128x256_w8_s3_pdl', '125.2-127.3'),
+    (57344, 8192, 64): ('mma_t32x128x256_w8_s3_pdl', '125.7-127.3'),
+    (57344, 8192, 96): ('mma_t32x128x256_w8_s3_pdl', '188.1-190.2'),
+    (57344, 8192, 128): ('mma_t32x128x256_w8_s3_pdl', '250.5-251.9'),
+    (57344, 8192, 192): ('mma_t32x128x256_w8_s3_pdl', '375.4-376.8'),
+    (57344, 8192, 256): ('mma_t32x128x256_w8_s3_pdl', '500.2-501.6'),
+    (8192, 28672, 48): ('mma_t32x128x256_w8_s3_sk2_pdl', '64.5-65.9'),
+    (8192, 28672, 64): ('mma_t32x128x256_w8_s3_sk2_pdl', '65.3-66.7'),
+    (8192, 28672, 96): ('mma_t32x128x256_w8_s3_sk2_pdl', '98.1-111.7'),
+    (8192, 28672, 128): ('mma_t32x128x256_w8_s3_pdl', '125.9-127.3'),
+    (8192, 28672, 192): ('mma_t32x128x256_w8_s3_pdl', '192.3-216.3'),
+    (8192, 28672, 256): ('mma_t32x128x256_w8_s3_pdl', '251.0-252.4'),
+}
 
 def sm90_report(out: Path) -> None:
     import torch
@@ -175,7 +237,9 @@ def sm90_report(out: Path) -> None:
         "Policy pick = what the sm90 runtime runs (`runtime/sm90_backend.pick_config`: the first candidate of",
         "`heuristics/sm90.py`, which ranks both families' configs with this model). Model best = the fastest",
         "modelled config over the families' search spaces (tiles, warps, ring depth, split-K). Before = the same",
-        "model on the policy's pick before this change (gemv for M <= 32, a one-stage wgmma at M = 64).",
+        "model on the policy's pick before the change that brought it: at M <= 32 before issue 14 (gemv,",
+        "f271fdc), at M >= 48 before the register-A WGMMA kernel (main b6ffd2d: the mma decode kernel in M",
+        "tiles of 32, each re-reading the weights).",
         "",
         "| N x K (layer) | M | model: policy pick | model us | model % of 4.3 TB/s | model x bf16 | model bf16 us"
         " | model: best config | model best us | before: pick | before: model us |",
@@ -191,7 +255,7 @@ def sm90_report(out: Path) -> None:
             bc, be = best(fams, m, n, k, "H200")
             picks.setdefault(pick, []).append((n, k, m))
             rows.append((n, k, m, e, be, b))
-            old_cfg, old_us = BEFORE.get((n, k, m), ("-", "-"))
+            old_cfg, old_us = (BEFORE_WGMMA if m >= 48 else BEFORE).get((n, k, m), ("-", "-"))
             lines.append(
                 f"| {n}x{k} ({layer}) | {m} | {_short(pick.name())} | {_r(e.total_us)} | {_pct(e)} | "
                 f"{b.mid_us / e.mid_us:.2f} | {_r(b.total_us)} | {_short(bc.name())} | {_r(be.total_us)} | "
@@ -224,6 +288,7 @@ def sm90_targets(rows) -> list[str]:
     bw = lambda n, k, m: (n, k) in TARGET_SHAPES and m <= 16  # noqa: E731
     x3 = lambda n, k, m: (n, k) == (28672, 4096) and m == 1  # noqa: E731
     any64 = lambda n, k, m: m <= 64  # noqa: E731
+    big = lambda n, k, m: 33 <= m <= 256  # noqa: E731
     misses = [f"{n}x{k} M={m} ({e.pct_of_achievable[1]:.0f}-{e.pct_of_achievable[0]:.0f} %)"
               for n, k, m, e, be, b in rows if bw(n, k, m) and e.pct_of_achievable[1] < 75]
     lines = ["## Model against the issue 14 targets (item 8)", "",
@@ -242,7 +307,11 @@ def sm90_targets(rows) -> list[str]:
              f"| never slower than modelled bf16 at M <= 64 (all 8 shapes) | "
              f"{count(any64, lambda n, k, m, e, be, b: e.mid_us <= b.mid_us)} | "
              f"{count(any64, lambda n, k, m, e, be, b: e.total_us[1] <= b.total_us[0])} | "
-             f"{count(any64, lambda n, k, m, e, be, b: be.total_us[1] <= b.total_us[0])} |", "",
+             f"{count(any64, lambda n, k, m, e, be, b: be.total_us[1] <= b.total_us[0])} |",
+             f"| item 5: never slower than modelled bf16 at M = 33..256 (rows above: M = 48..256) | "
+             f"{count(big, lambda n, k, m, e, be, b: e.mid_us <= b.mid_us)} | "
+             f"{count(big, lambda n, k, m, e, be, b: e.total_us[1] <= b.total_us[0])} | "
+             f"{count(big, lambda n, k, m, e, be, b: be.total_us[1] <= b.total_us[0])} |", "",
              "Bandwidth target missed at the pessimistic end: " + (", ".join(misses) if misses else "none") + ".", "",
              "Physical reach (the arithmetic issue 14 asks for): at 75 % of 4.3 TB/s a call may take at most weight",
              "bytes / 3.2 GB/ms. 8B down (4096x14336, 33.0 MB) allows 10.2 us: the byte floor is 7.7 us and one",
@@ -250,8 +319,91 @@ def sm90_targets(rows) -> list[str]:
              "8.9-10.5 us: the target is at the edge of reach there, and the split-K partial round trips (~0.5 us)",
              "and the per-SM tail decide which side. 6144x4096 (14.2 MB) allows 4.4 us and 4096x4096 (9.4 MB) 2.9 us",
              "against a 3.3 / 2.2 us byte floor plus one launch: out of reach in this model (the target list leaves",
-             "them out)."]
+             "them out).", ""] + sm90_sweep() + [""] + sm90_compute_bound(rows)
     return lines
+
+
+def sm90_sweep() -> list[str]:
+    """Item 5 at every M in 33..256 (not only the rows above): policy pick vs modelled bf16."""
+    import torch
+
+    from nvgemm.perfmodel import bf16_baseline, estimate
+    from nvgemm.runtime.sm90_backend import pick_config
+
+    from nvgemm.perfmodel import get_hardware
+
+    hw = get_hardware("H200")
+    worse, total, dq_wins = [], 0, 0
+    for n, k, _ in SHAPES:
+        for m in range(33, 257):
+            cfg = pick_config(m, n, k, torch.bfloat16, "none", 132)
+            ours = estimate(cfg, m, n, k, "H200").mid_us
+            b = bf16_baseline(m, n, k, "H200").mid_us
+            # dequantize-into-workspace + cuBLAS: the bf16 GEMM (fp32 out: + 2 M N bytes), a dequantize
+            # pass (read NVFP4, write bf16) and an fp32 epilogue pass, each a kernel of its own
+            dq = (b + (0.5625 * n * k + 2.0 * n * k + 2.0 * m * n) / hw.achievable_bw * 1e6
+                  + (6.0 * m * n) / hw.achievable_bw * 1e6 + 2 * 0.5 * sum(hw.launch_us))
+            dq_wins += dq < ours
+            total += 1
+            if b / ours < 1.0:
+                worse.append((n, k, m, b / ours, cfg))
+    lines = [f"Every M in 33..256 on the 8 shapes ({total} points, policy picks, middle of both ranges): "
+             f"{total - len(worse)} modelled no slower than bf16"]
+    if worse:
+        by_shape: dict = {}
+        for n, k, m, r, cfg in worse:
+            by_shape.setdefault((n, k), []).append((m, r, cfg))
+        parts = [f"{n}x{k} at M = {min(x[0] for x in v)}..{max(x[0] for x in v)} "
+                 f"({min(x[1] for x in v):.3f}-{max(x[1] for x in v):.3f}x, {_short(v[0][2].name())})"
+                 for (n, k), v in by_shape.items()]
+        lines[0] += "; slower: " + "; ".join(parts) + "."
+        lines += ["Where slower, both GEMMs are tensor-core bound (bf16 counted on M rounded up to 8 rows, the",
+                  "least any tensor-core GEMM pads): the gap is the NVFP4 kernel's partial last wave (the tiles that",
+                  "do not fill 132 SMs; split-K of that tail shortens it but the split partials cost a round trip),",
+                  "its per-CTA pipeline fill and epilogue, and tile padding -- costs the bf16 model folds into its",
+                  "end-to-end 70 %. No NVFP4 path can do better than a tie there (next paragraph)."]
+    else:
+        lines[0] += "."
+    lines += ["", f"A dequantize-into-workspace + cuBLAS candidate (the bf16 GEMM with an fp32 output, plus a "
+              "dequantize pass writing", f"the bf16 weight and an epilogue pass, two more launches) would be "
+              f"modelled faster than the policy's pick at {dq_wins} of these {total} points."]
+    return lines
+
+
+def sm90_compute_bound(rows) -> list[str]:
+    """Item 5's arithmetic: where bf16 cuBLAS is tensor-core bound, no NVFP4 path can be faster."""
+    from nvgemm.perfmodel import get_hardware
+    from nvgemm.perfmodel.baseline import TENSOR_EFFICIENCY
+
+    hw = get_hardware("H200")
+    n, k, m = 57344, 8192, 256
+    flops = 2.0 * m * n * k
+    t_peak = flops / (hw.bf16_tflops * 1e12) * 1e6
+    t_eff = t_peak / TENSOR_EFFICIENCY
+    bf16_bytes, fp4_bytes = 2.0 * n * k, 0.5625 * n * k
+    e = next(e for nn, kk, mm, e, be, b in rows if (nn, kk, mm) == (n, k, m))
+    b = next(b for nn, kk, mm, e, be, b in rows if (nn, kk, mm) == (n, k, m))
+    return [
+        "Why no NVFP4 path can beat bf16 at M = 256 (the arithmetic item 5 asks for): 57344x8192 at M = 256 is",
+        f"{flops / 1e9:.0f} GFLOP: {t_peak:.0f} us at the H200's dense bf16 peak ({hw.bf16_tflops:.0f} TFLOP/s), "
+        f"{t_eff:.0f} us at the {TENSOR_EFFICIENCY:.0%} both models assume.",
+        f"Its bf16 weights are {bf16_bytes / 1e6:.0f} MB ({bf16_bytes / hw.achievable_bw * 1e6:.0f} us at 4.3 TB/s), "
+        f"NVFP4 {fp4_bytes / 1e6:.0f} MB ({fp4_bytes / hw.achievable_bw * 1e6:.0f} us): both GEMMs are "
+        "tensor-core bound, and Hopper",
+        "multiplies NVFP4 weights only as bf16/fp16 operands (no FP4 tensor cores; FP8 would round the",
+        "activations and the 6-significant-bit E2M1 x e4m3 products), so every NVFP4 path does the same",
+        "FLOPs on the same tensor cores: the best it can do is tie. The register-A WGMMA kernel models at",
+        f"{_r(e.total_us)} us against bf16's {_r(b.total_us)} us: the same 70 % tensor rate, but the model charges",
+        "the NVFP4 kernel its grid explicitly -- CTAs in waves over 132 SMs, pipeline fill and epilogue per",
+        "CTA -- while the bf16 figure is an end-to-end efficiency (cuBLAS runs persistent / stream-K kernels",
+        "on Hopper). The wgmma kernel's split tail (only the last partial wave's tiles split in K) recovers",
+        "most of the wave loss; what remains is inside the efficiency assumption both sides share.",
+        "A per-call dequantize-into-workspace + cuBLAS candidate costs the bf16 GEMM plus the dequantize",
+        f"kernel (read {fp4_bytes / 1e6:.0f} MB, write {bf16_bytes / 1e6:.0f} MB: "
+        f"{(fp4_bytes + bf16_bytes) / hw.achievable_bw * 1e6:.0f} us) plus an fp32 epilogue pass: slower than bf16 "
+        "alone at every M; where the WGMMA kernel models slower than bf16 it does so by less than that",
+        "dequantize pass, so the candidate would be picked at no point (count above) and is not added.",
+    ]
 
 
 def bf16_crosscheck() -> list[str]:

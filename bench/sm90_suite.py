@@ -22,7 +22,7 @@ LLAMA_SHAPES = {
     "70b.gate_up": (57344, 8192),
     "70b.down": (8192, 28672),
 }
-TIMING_M = (1, 2, 4, 8, 16, 32, 64)
+TIMING_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SM_COUNT = 132  # H100 SXM / H200
 
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -63,9 +63,9 @@ def mma(tile_m=8, tile_n=128, tile_k=256, split_k=1, num_warps=4, stages=4, pdl=
                 stages=stages, pdl=pdl)
 
 
-def wgmma(tile_m=64, tile_n=128, split_k=1) -> dict:
-    return dict(family="wgmma", tile_m=tile_m, tile_n=tile_n, tile_k=64, split_k=split_k,
-                num_warps=4 * tile_m // 64, stages=1, pdl=False)
+def wgmma(tile_m=64, tile_n=256, tile_k=128, split_k=1, num_warps=8, stages=4, pdl=True) -> dict:
+    return dict(family="wgmma", tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, split_k=split_k, num_warps=num_warps,
+                stages=stages, pdl=pdl)
 
 
 def timing_cases() -> list[Case]:
@@ -96,38 +96,61 @@ def numeric_cases() -> list[Case]:
         # the kernels tests/gpu runs with a weight holding every e4m3 scale byte (policy configs)
         Case("scales.allbytes.bf16", 3, 256, 256, out_dtype="fp32"),
         Case("scales.allbytes.fp16", 3, 256, 256, x_dtype="fp16", out_dtype="fp32"),
-        # WGMMA family
-        Case("wgmma.m48.ragged", 48, 1000, 4096, config=wgmma()),
+        Case("scales.allbytes.bf16.wgmma", 3, 256, 256, out_dtype="fp32", config=wgmma(tile_m=16, tile_n=128, num_warps=4)),
+        Case("scales.allbytes.fp16.wgmma", 3, 256, 256, x_dtype="fp16", out_dtype="fp32",
+             config=wgmma(tile_m=16, tile_n=128, num_warps=4)),
+        # WGMMA family (register-A decode, tokens as the WGMMA's N): M and K tails, every epilogue
+        # part, fp16, split-K, W4A4 via qdq, one and two warpgroups, tile_k 128 / 256, 3-4 stages
+        Case("wgmma.m48.ragged", 48, 1000, 4096, config=wgmma(tile_m=48, tile_n=128)),
         Case("wgmma.m200.silu_mul.res", 200, 8192, 4096, activation="silu_mul", bias=True, residual=True,
-             config=wgmma(tile_m=128)),
+             config=wgmma(tile_m=104)),
         Case("wgmma.m96.fp16.gelu.vector", 96, 2048, 2048, activation="gelu_tanh", vector_alpha=True,
-             x_dtype="fp16", out_dtype="fp16", config=wgmma(tile_n=64)),
-        Case("wgmma.m64.splitk3", 64, 1024, 8192, config=wgmma(tile_n=64, split_k=3)),
-        Case("wgmma.m130.w4a4", 130, 4096, 4096, w4a4=True, config=wgmma(tile_m=128)),
+             x_dtype="fp16", out_dtype="fp16", config=wgmma(tile_m=96, tile_n=128, num_warps=4)),
+        Case("wgmma.m64.splitk3", 64, 1024, 8192, config=wgmma(tile_m=64, split_k=3)),  # 4 tiles: all split
+        # 140 tiles on 132 SMs: 132 whole tiles, then the last 8 as 3 split CTAs each
+        Case("wgmma.m40.wholes_and_tail.sk3", 40, 17920, 1024, config=wgmma(tile_m=40, tile_n=128, split_k=3)),
+        Case("wgmma.m130.w4a4", 130, 4096, 4096, w4a4=True, config=wgmma(tile_m=72)),
+        Case("wgmma.m256.k4128.t256", 256, 1032, 4128, config=wgmma(tile_m=256, tile_n=128, stages=3)),
+        Case("wgmma.m17.k96.t24", 17, 512, 96, config=wgmma(tile_m=24, tile_n=256, tile_k=256, stages=3)),
+        Case("wgmma.m33.fp16.out32.nopdl", 33, 2048, 4096, x_dtype="fp16", out_dtype="fp32",
+             config=wgmma(tile_m=40, tile_n=128, pdl=False)),
     ]
 
 
 def variant_cases() -> list[Case]:
     """Timed alternatives to the policy's pick, so one H200 run ranks the configs and checks the
-    model: tiles / warps / ring depth / split-K of the decode kernel, and the WGMMA family at M >= 32."""
+    model: tiles / warps / ring depth / split-K / PDL of the decode kernel at M <= 32, and the WGMMA
+    family's tokens per CTA, rows per CTA and stage shapes at M = 32..256."""
     out = []
     for shape in ("8b.gate_up", "8b.down", "8b.o", "70b.down"):
         n, k = LLAMA_SHAPES[shape]
-        for m in (1, 16, 32, 64):
+        for m in (1, 16, 32):
             tm = 8 if m <= 8 else (16 if m <= 16 else 32)
             alts = {
                 "w4rt2s4": mma(tile_m=tm, tile_n=128, num_warps=4, stages=4),
                 "w4rt2s3": mma(tile_m=tm, tile_n=128, num_warps=4, stages=3),
                 "w2rt4s4": mma(tile_m=tm, tile_n=128, num_warps=2, stages=4) if tm < 32 else None,
-                "w2rt2s4": mma(tile_m=tm, tile_n=64, num_warps=2, stages=4),
                 "w4rt4s3": mma(tile_m=tm, tile_n=256, num_warps=4, stages=3) if tm < 32 else None,
                 "w4rt2s4.nopdl": mma(tile_m=tm, tile_n=128, num_warps=4, stages=4, pdl=False),
             }
             for split in (2, 4, 8):
                 alts[f"w4rt2s4.sk{split}"] = mma(tile_m=tm, tile_n=128, num_warps=4, stages=4, split_k=split)
-            if m >= 32:
-                alts["wgmma64x128"] = wgmma(tile_m=64, tile_n=128)
-                alts["wgmma64x64"] = wgmma(tile_m=64, tile_n=64)
+            if m == 32:
+                alts["wg32x256"] = wgmma(tile_m=32)
+            for nm, cfg in alts.items():
+                if cfg is not None:
+                    out.append(Case(f"{shape}.m{m}.{nm}", m, n, k, config=cfg, timed=True))
+        for m in (64, 128, 256):
+            alts = {
+                "mma32": mma(tile_m=32, tile_n=128, num_warps=8, stages=3),
+                "wg64x256": wgmma(tile_m=64),
+                "wg64x256k256": wgmma(tile_m=64, tile_k=256, stages=3),
+                "wg64x128": wgmma(tile_m=64, tile_n=128),
+                "wg128x256": wgmma(tile_m=128),
+                "wg256x128": wgmma(tile_m=256, tile_n=128, stages=3) if m == 256 else None,
+                "wg64x256.nopdl": wgmma(tile_m=64, pdl=False),
+                "wg64x256.sk2": wgmma(tile_m=64, split_k=2),
+            }
             for nm, cfg in alts.items():
                 if cfg is not None:
                     out.append(Case(f"{shape}.m{m}.{nm}", m, n, k, config=cfg, timed=True))

@@ -16,7 +16,12 @@ mma (decode) family, per compiled kernel:
   the integer decode is 9 instructions per 8 elements, at the minimum a search over rotate / mask /
   select layouts found).
 
-wgmma family: the WGMMA instructions, the proxy fence, the streaming weight loads, no local memory.
+wgmma family (register-A WGMMA, cp.async ring): PTX -- one ``wgmma.mma_async.m64n{tile_m}k16`` per
+row block and k-step with four A registers, ``wgmma.wait_group 1`` (one k-step in flight while the
+next decodes), the proxy fence, evict-first weight copies and 4-byte zero-filling activation
+copies, ``cp.async.wait_group stages-3``; SASS -- ``HGMMA`` with a register A operand, pipelined
+(``WARPGROUP.DEPBAR.LE gsb0, 0x1``), no LDL/STL anywhere, the instruction budget per element;
+and its B descriptor's constant is the one CuTe builds for the same swizzled K-major operand.
 
 The CI subset is ~10 kernels at 3-8 s each; ``python bench/compile_sweep_sm90.py`` compiles every
 config the policy emits for the Llama shapes.
@@ -188,7 +193,7 @@ def test_policy_first_candidate_compiles(n, k, m):
         (C("mma", tile_n=48), "row tiles"),
         (C("mma", tile_k=64), "chunks per stage"),
         (C("mma", stages=1), "stages"),
-        (C("wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=1), "mma family"),
+        (C("wgmma", tile_m=64, tile_n=256, tile_k=128, num_warps=8, stages=4), "mma family"),
     ],
 )
 def test_rejected_configs_never_compile(cfg, why):
@@ -208,44 +213,165 @@ def test_fp32_activations_and_odd_gated_tiles_rejected():
 # --------------------------------------------------------------------------- WGMMA family
 
 WG_FAST = [
-    (C("wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=1), SCALAR, "bf16", 128),
-    (C("wgmma", tile_m=128, tile_n=128, tile_k=64, num_warps=8, stages=1, split_k=2),
-     EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True), "bf16", 128),
-    (C("wgmma", tile_m=64, tile_n=64, tile_k=64, num_warps=4, stages=1),
-     EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.float16), "fp16", 64),
+    (C("wgmma", tile_m=128, tile_n=256, tile_k=128, num_warps=8, stages=4, pdl=True), SCALAR, "bf16"),
+    (C("wgmma", tile_m=64, tile_n=256, tile_k=128, num_warps=8, stages=4, split_k=3, pdl=True),
+     EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True), "bf16"),
+    (C("wgmma", tile_m=256, tile_n=128, tile_k=128, num_warps=8, stages=3),
+     EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.float16), "fp16"),
+    (C("wgmma", tile_m=32, tile_n=128, tile_k=256, num_warps=4, stages=3, split_k=2, pdl=True),
+     EpilogueSpec(alpha="scalar", out_dtype=torch.float32), "bf16"),
 ]
 
+#: main-loop SASS instructions per weight element allowed per (tile_m, row blocks, chunks per
+#: stage, warps), measured (cutlass-dsl 4.8.1, ptxas 13.0: 3.055, 3.242, 5.094, 2.582) + ~2 %: the
+#: decode and scale multiply (1.625 per element), the WGMMAs (1/8), plus the 4-byte activation
+#: copies (tile_m x 32 x chunks / threads per stage, 2-3 instructions each), which grow with
+#: tile_m per row of the CTA; at tile_m >= 128 the tensor cores, not issue, bound the kernel.
+WG_MAX_INSTR_PER_ELEM = {(128, 2, 2, 8): 3.12, (64, 2, 2, 8): 3.31, (256, 1, 2, 8): 5.20, (32, 2, 4, 4): 2.64}
 
-@pytest.mark.parametrize("cfg,epi,x,n", WG_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
-def test_wgmma_family_compiles_with_wgmma_instructions(cfg, epi, x, n):
+
+@pytest.mark.parametrize("cfg,epi,x", WG_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
+def test_wgmma_ptx_register_a_pipelined(cfg, epi, x):
     ptx = ptx_of(WG, cfg, epi, x)
     kind = "bf16" if x == "bf16" else "f16"
-    # 4 x k16 per 64-deep K step, per warpgroup-wide instruction m64nNk16
-    assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.{kind}\.{kind}", ptx)) == 4
-    assert "fence.proxy.async.shared::cta" in ptx  # generic-proxy smem stores before the tensor cores read
-    assert "wgmma.fence" in ptx and "wgmma.commit_group" in ptx and "wgmma.wait_group" in ptx
-    assert "ld.global.nc.L1::no_allocate.v4.b32" in ptx
-    assert f"mul.rn.{kind}x2" in ptx  # the same exact packed decode as the mma family
+    n_wg = len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.tile_m}k16\.f32\.{kind}\.{kind}", ptx))
+    # one WGMMA per row block and k-step of the stage (register A: {4 regs}, then the B descriptor)
+    assert n_wg == cfg.row_tiles * cfg.chunks_per_stage * 4, n_wg
+    assert re.search(r"wgmma\.mma_async[^;]*\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+, p, 1, 1, 0;", ptx)
+    assert "wgmma.fence.sync.aligned" in ptx and "wgmma.commit_group.sync.aligned" in ptx
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)  # k-step s + 1 decodes while s runs
+    assert "fence.proxy.async.shared::cta" in ptx  # cp.async-written smem, read by the tensor cores
+    assert "createpolicy.fractional.L2::evict_first" in ptx
+    assert "cp.async.cg.shared.global.L2::cache_hint" in ptx  # weights
+    assert re.search(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 4, %r", ptx)  # activation pairs, zfill
+    assert f"cp.async.wait_group {cfg.stages - 3};" in ptx  # stages - 2 in flight ahead
+    assert f"mul.rn.{kind}x2" in ptx  # the mma family's exact packed decode
+    assert ("griddepcontrol.wait" in ptx) == cfg.pdl
+    assert ("atom.acq_rel.gpu.global.add.u32" in ptx) == (cfg.split_k > 1)
     assert ".local" not in ptx
     assert ptx.count(".entry") == 1
 
 
-def test_wgmma_sass_has_hgmma_and_no_spills():
-    cfg, epi, x, _ = WG_FAST[0]
+@pytest.mark.parametrize("cfg,epi,x", WG_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
+def test_wgmma_sass_main_loop(cfg, epi, x):
+    """HGMMA with a register A operand in the cp.async main loop, pipelined one k-step deep
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: ptxas did not serialise the WGMMAs), no spills anywhere,
+    and the instruction budget per weight element."""
     sass = sass_of(WG, cfg, epi, x)
-    assert len(re.findall(r"HGMMA\.64x128x16\.F32\.BF16", sass)) == 4
-    assert re.search(r"\bLDL\b|\bSTL\b", sass) is None
+    assert re.search(r"\bLDL\b|\bSTL\b", sass) is None, "spills"
+    body = main_loop(sass, r"^LDGSTS")
+    h = hist(body)
+    kind = r"\.BF16" if x == "bf16" else ""  # fp16 operands: no type suffix
+    hg = [i for i in S.counted(body) if i.base == "HGMMA"]
+    assert len(hg) == cfg.row_tiles * cfg.chunks_per_stage * 4
+    # the SASS parser splits the mnemonic at the lower-case "x": match the whole text; A from registers
+    pat = re.compile(rf"^HGMMA\.64 ?x{cfg.tile_m}x16\.F32{kind} R\d+, R\d+, gdesc\[")
+    assert all(pat.match(i.text) for i in hg), {i.text for i in hg}
+    assert h.get("WARPGROUP.DEPBAR.LE", 0) == cfg.chunks_per_stage * 4
+    assert "gsb0, 0x1" in " ".join(i.args for i in S.counted(body) if i.opcode == "WARPGROUP.DEPBAR.LE")
+    assert h.get("WARPGROUP.ARRIVE", 0) == cfg.chunks_per_stage * 4
+    assert count(body, r"^DEPBAR") >= 1 and count(body, r"^BAR\.SYNC") == 1
+    assert count(body, r"^FENCE\.VIEW\.ASYNC\.S") == 1
+    n_hmul = sum(v for op, v in h.items() if op.startswith("HMUL2"))
+    assert n_hmul == cfg.row_tiles * cfg.chunks_per_stage * 16
+    # async copies: weights (16 B), scale words, and tile_m x 32 activation pairs per chunk
+    n_act = cfg.tile_m * 32 * cfg.chunks_per_stage // cfg.threads
+    assert count(body, r"^LDGSTS") >= cfg.row_tiles * (cfg.chunks_per_stage + 1) + n_act
+    elems = cfg.row_tiles * cfg.chunks_per_stage * 32
+    ipe = len(S.counted(body)) / elems
+    key = (cfg.tile_m, cfg.row_tiles, cfg.chunks_per_stage, cfg.num_warps)
+    assert ipe <= WG_MAX_INSTR_PER_ELEM[key], f"{ipe:.3f} instructions per weight element"
+
+
+def _ptxas_info(ptx: str) -> str | None:
+    """``ptxas -v`` output for ``ptx`` from the first ptxas that accepts its PTX version (the CUDA
+    toolkit's, else the newer one Triton ships); None if none does."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    cands = [shutil.which("ptxas")]
+    try:
+        import triton
+
+        b = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+        cands += [str(b / "ptxas-blackwell"), str(b / "ptxas")]
+    except ImportError:
+        pass
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.ptx"
+        f.write_text(ptx)
+        for exe in cands:
+            if not exe or not Path(exe).exists():
+                continue
+            r = subprocess.run([exe, "-arch=sm_90a", "-v", str(f), "-o", str(Path(d) / "k.cubin")],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                return r.stdout + r.stderr
+    return None
+
+
+@pytest.mark.parametrize("cfg,epi,x", WG_FAST, ids=lambda v: v.name() if isinstance(v, C) else None)
+def test_wgmma_not_serialised_by_ptxas(cfg, epi, x):
+    """ptxas's own verdict on the WGMMA pipeline: no ``C7515`` ("wgmma.mma_async instructions are
+    serialized ...", e.g. when an instruction writes accumulator registers inside a pipeline stage)."""
+    info = _ptxas_info(ptx_of(WG, cfg, epi, x))
+    if info is None:
+        pytest.skip("no ptxas that accepts this PTX version")
+    assert "C7515" not in info and "serialized" not in info, info
+
+
+def test_wgmma_descriptor_is_cutes_k_major_sw128():
+    """The hand-built B descriptor's constant bits equal those CuTe builds for a K-major operand with
+    the 128-byte swizzle (layout type, 1024-byte stride, leading-offset field): compile CuTe's own
+    SS WGMMA for such a tile and find the same constant in its PTX."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode
+    from cutlass.tensor_utils import LayoutEnum
+
+    from nvgemm.templates.sm90.common import WGMMA_DESC_SW128_KMAJOR
+
+    @cute.kernel
+    def k(tiled_mma: cute.TiledMma, sB_layout: cute.ComposedLayout, sA_layout: cute.ComposedLayout):
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(cutlass.BFloat16, sA_layout.outer, 1024, swizzle=sA_layout.inner)
+        sB = smem.allocate_tensor(cutlass.BFloat16, sB_layout.outer, 1024, swizzle=sB_layout.inner)
+        tidx, _, _ = cute.arch.thread_idx()
+        thr = tiled_mma.get_slice(tidx)
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((64, 128)), cutlass.Float32)
+        acc.fill(0.0)
+        tCrA = tiled_mma.make_fragment_A(thr.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB))
+        cute.gemm(tiled_mma, acc, tCrA[(None, None, 0, 0)], tCrB[(None, None, 0, 0)], acc)
+
+    @cute.jit
+    def host():
+        tm = sm90_utils.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K,
+                                               OperandMajorMode.K, cutlass.Float32, (1, 1, 1), (64, 128))
+        sa = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, 128, 64), cutlass.BFloat16, 1)
+        sb = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, 128, 64), cutlass.BFloat16, 1)
+        k(tm, sb, sa).launch(grid=(1, 1, 1), block=(128, 1, 1))
+
+    ptx = cute.compile(host, options="--gpu-arch sm_90a --keep-ptx").__ptx__
+    assert str(WGMMA_DESC_SW128_KMAJOR) in ptx, "CuTe's K-major SW128 descriptor constant differs"
 
 
 @pytest.mark.parametrize(
     "cfg,why",
     [
-        (C("wgmma", tile_m=64, tile_n=256, tile_k=64, num_warps=4, stages=1), "tile_n"),
-        (C("wgmma", tile_m=64, tile_n=128, tile_k=128, num_warps=4, stages=1), "tile_k"),
-        (C("wgmma", tile_m=128, tile_n=128, tile_k=64, num_warps=4, stages=1), "warpgroup"),
-        (C("wgmma", tile_m=64, tile_n=128, tile_k=64, num_warps=4, stages=2), "one shared-memory stage"),
+        (C("wgmma", tile_m=44, tile_n=128, tile_k=128, num_warps=4, stages=4), "tile_m"),
+        (C("wgmma", tile_m=128, tile_n=192, tile_k=128, num_warps=4, stages=4), "tile_n"),
+        (C("wgmma", tile_m=128, tile_n=128, tile_k=64, num_warps=4, stages=4), "tile_k"),
+        (C("wgmma", tile_m=128, tile_n=128, tile_k=128, num_warps=2, stages=4), "warpgroups"),
+        (C("wgmma", tile_m=128, tile_n=128, tile_k=128, num_warps=4, stages=2), "stages"),
+        (C("wgmma", tile_m=256, tile_n=256, tile_k=128, num_warps=8, stages=3), "accumulator"),
+        (C("wgmma", tile_m=256, tile_n=128, tile_k=256, num_warps=8, stages=4), "shared memory"),
     ],
 )
 def test_wgmma_rejected_configs(cfg, why):
     st = check_spec(_spec(WG, cfg))
     assert not st and why in st.reason
+

@@ -101,7 +101,7 @@ def test_w4a16_hopper_candidates_implementable():
                 assert can_implement(p, c.config), (p.describe(), c.name)
                 # no nvMatmulHeuristics precision for bf16 x fp4: the estimate is nvgemm's own model
                 assert c.est_runtime_us is None or c.est_runtime_us > 0
-            if m <= 32:
+            if m <= 8:  # the decode kernel; from 16 tokens the model also ranks the register-A WGMMA kernel
                 assert cands[0].config.family == "mma"
 
 
@@ -293,7 +293,7 @@ def test_can_implement_rules_by_hand():
     gated = GemmProblem(n=4096, k=4096, m=1, a_format="bf16", epilogue="silu_mul", target=H100)
     assert can_implement(gated, Sm90W4A16Config(tile_n=128))  # 2 row tiles per warp: gate + up
     assert "even number of row tiles" in can_implement(gated, Sm90W4A16Config(tile_n=64)).reason
-    assert "tile_m" in can_implement(hp, Sm90W4A16Config(family="wgmma", tile_m=32, tile_k=64, stages=1)).reason
+    assert "tile_m" in can_implement(hp, Sm90W4A16Config(family="wgmma", tile_m=20, tile_k=128, stages=4)).reason
     assert "K=4100" in can_implement(GemmProblem(n=4096, k=4100, m=1, a_format="bf16", target=H100),
                                      Sm90W4A16Config()).reason
     # the target argument overrides the problem's

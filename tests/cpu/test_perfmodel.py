@@ -311,10 +311,12 @@ def test_regenerate_updates_only_what_it_compiled(tmp_path, monkeypatch):
 
 
 def test_sm90_main_loops_are_branch_free():
-    """The model counts every instruction of a loop span as executed (sass.py): true only while the
-    sm90 main loops have no branch but their back edge."""
+    """The model counts every instruction of a loop span as executed (sass.py): true while the sm90
+    main loops have no branch but their back edge -- and, in the wgmma family, the one forward
+    branch over the ring refill, which skips it only in a split's last ``stages - 2`` iterations
+    (the count is high by at most that share of the refill)."""
     for name, d in load_table()["entries"]["sm_90a"].items():
-        assert d["histogram"].get("BRA") == 1, name
+        assert d["histogram"].get("BRA") == (2 if "_wgmma_" in name else 1), name
 
 
 def test_lookup_exact_twin_and_estimate():

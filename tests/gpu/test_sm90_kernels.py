@@ -8,9 +8,10 @@ cache (``NVGEMM_CACHE_DIR``): on a box with cutlass-dsl they are compiled on a m
 
 Cases: ``bench/sm90_suite.py`` (Llama-3.1-8B / 3.3-70B layer shapes at M = 1 and 16; ragged N, M
 and K tails; every epilogue part; fp16; split-K with the in-kernel reduction; W4A4 run as
-quantize-dequantize; both families), plus every e4m3 scale byte (subnormal, zero, negative) through
-the packed decode -- the check that bf16/fp16 packed multiplies and the tensor cores keep the
-subnormal operands the exact decode relies on. Every test draws
+quantize-dequantize; both families -- the register-A WGMMA kernel at 17..256 tokens per CTA, one
+and two warpgroups, K not a multiple of its 64-deep chunk), plus every e4m3 scale byte (subnormal,
+zero, negative) through the packed decode of both families -- the check that bf16/fp16 packed
+multiplies and the tensor cores keep the subnormal operands the exact decode relies on. Every test draws
 fresh random inputs (seeded from the test id), poisons the output with NaN before each launch and
 compares with ``nvgemm.ops.nvfp4_linear_emulated`` on the same device.
 
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from nvgemm.templates.sm90.config import Sm90W4A16Config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
@@ -105,12 +108,15 @@ def test_op_dispatches_to_sm90_kernel_and_matches(gen):
     torch.testing.assert_close(out.float(), ref.float(), rtol=2 * 2.0**-7, atol=1e-2 * ref.float().abs().max().item())
 
 
-def test_every_scale_byte_and_code_through_the_kernel(gen):
+@pytest.mark.parametrize("family", ["policy", "wgmma"])
+def test_every_scale_byte_and_code_through_the_kernel(gen, family):
     """All 16 codes x every finite e4m3 block scale (subnormals, zero, negative) in one weight, fp16
-    and bf16 activations: the decode is exact only if the packed multiply keeps subnormal inputs
-    (code 0.5 decodes to a bf16 / fp16 subnormal) and the tensor cores keep subnormal fp16 operands."""
+    and bf16 activations, through the policy's kernel (M = 3: the mma family) and the register-A
+    WGMMA kernel: the decode is exact only if the packed multiply keeps subnormal inputs (code 0.5
+    decodes to a bf16 / fp16 subnormal) and the tensor cores keep subnormal fp16 operands."""
     from nvgemm.formats import to_blocked
     from nvgemm.ops import nvfp4_linear_emulated
+    from nvgemm.runtime.sm90_backend import run_sm90
 
     dev = torch.device("cuda")
     sb = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
@@ -123,30 +129,39 @@ def test_every_scale_byte_and_code_through_the_kernel(gen):
     for dt in (torch.bfloat16, torch.float16):
         x = torch.randn(3, k, device=dev, generator=gen).to(dt)
         args = (x, packed, to_blocked(scales), torch.tensor(1.0, device=dev), None, None, None, "none", torch.float32)
-        out = torch.ops.nvgemm.nvfp4_linear(*args)
+        if family == "policy":
+            out = torch.ops.nvgemm.nvfp4_linear(*args)
+        else:  # the suite's scales.allbytes.*.wgmma config (built by build_sm90_artifacts.py)
+            case = next(c for c in suite.numeric_cases() if c.name == "scales.allbytes.bf16.wgmma")
+            out = run_sm90(*args, config=Sm90W4A16Config(**case.config))
         ref = nvfp4_linear_emulated(*args)
         scale = (x.float().abs() @ (6 * scales.float().abs().repeat_interleave(16, 1)).t())
-        assert ((out - ref).abs() <= k * 2.0**-23 * scale + 1e-30).all(), dt
+        assert ((out - ref).abs() <= k * 2.0**-23 * scale + 1e-30).all(), (family, dt)
 
 
-def test_deterministic_and_graph_capturable(gen):
-    """Fixed-order reductions: bitwise-identical reruns; the op path replays inside a CUDA graph."""
-    case = next(c for c in CASES if c.name == "epi.silu_mul.splitk")
+@pytest.mark.parametrize("name", ["epi.silu_mul.splitk", "wgmma.m64.splitk3"])
+def test_deterministic_and_graph_capturable(gen, name):
+    """Fixed-order reductions: bitwise-identical reruns; the call replays inside a CUDA graph (both
+    families, split-K with the in-kernel reduction: the counters come back to zero)."""
+    from nvgemm.runtime.sm90_backend import run_sm90
+
+    case = next(c for c in CASES if c.name == name)
     lay = check.random_layer(dataclasses.replace(case), torch.device("cuda"), gen)
     args = (lay["x"], lay["weight"], lay["weight_scale"], lay["weight_scale_2"], lay["input_scale"], lay["bias"],
             lay["residual"], lay["activation"], lay["out_dtype"])
+    cfg = Sm90W4A16Config(**case.config)
     os.environ.pop("NVGEMM_BACKEND", None)
-    a = torch.ops.nvgemm.nvfp4_linear(*args)
-    b = torch.ops.nvgemm.nvfp4_linear(*args)
+    a = run_sm90(*args, config=cfg)
+    b = run_sm90(*args, config=cfg)
     assert torch.equal(a, b)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        torch.ops.nvgemm.nvfp4_linear(*args)
+        run_sm90(*args, config=cfg)
     torch.cuda.current_stream().wait_stream(s)
     with torch.cuda.graph(g):
-        c = torch.ops.nvgemm.nvfp4_linear(*args)
+        c = run_sm90(*args, config=cfg)
     c.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()

@@ -10,19 +10,21 @@ model's committed facts table) spills to local memory are dropped:
   model prices tile_m (8 / 16 / 32 tokens per CTA; more tokens = more M tiles that re-read the
   weights), row tiles per warp, warps, ring depth and split-K (which fills the SMs on the small
   layers and pays an fp32 partial round trip);
-* ``wgmma`` (weights decoded into shared memory, WGMMA): M > 32, where tensor-core throughput and
-  M-tile count start to matter.
+* ``wgmma`` (the same register decode as the A operand of a pipelined WGMMA, tokens as its N,
+  activations in shared memory): M >= 16, where the mma family's MMAs and re-read M tiles start
+  to cost; the model prices tokens per CTA (16 .. 256), rows per CTA, stage depth and split-K.
 
 The first candidate is the model's fastest; the reason string carries its modelled time and the
 modelled bf16 cuBLAS time of the same GEMM. If the model cannot price a config (no SASS facts in
-the table), the families' default order applies (``_RULE_ORDER``). PDL is on for the mma family.
+the table), it keeps its place in the families' default order after the priced ones. PDL is on for
+both families.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates.sm90.config import Sm90W4A16Config
+from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config
 
 from .implementable import can_implement
 from .problem import Candidate, GemmProblem, ceil_div
@@ -36,12 +38,26 @@ W = Sm90W4A16Config
 MMA_SHAPES = ((128, 4, 4), (128, 2, 4), (64, 2, 4), (128, 4, 3), (256, 4, 3), (256, 4, 4), (256, 8, 3), (64, 2, 3),
               (128, 8, 3), (128, 8, 4))
 MMA_SPLITS = (1, 2, 3, 4, 6, 7, 8)
-WGMMA_SHAPES = ((64, 128), (64, 64), (128, 128), (128, 64))
-WGMMA_SPLITS = (1, 2, 4)
+#: M tiles run side by side per row block; the policy prices 1..WGMMA_MAX_GRID_M of them
+WGMMA_MAX_GRID_M = 4
+WGMMA_SPLITS = (1, 2, 3, 4, 6, 8)
+WGMMA_MIN_M = 16
 
 
 def _tile_m(m: int) -> int:
     return 8 if m <= 8 else (16 if m <= 16 else 32)
+
+
+def wgmma_tile_ms(m: int) -> list[int]:
+    """Tokens per CTA worth pricing for M: for 1..WGMMA_MAX_GRID_M M tiles side by side, the
+    smallest WGMMA N that covers M in that many tiles (least padding); beyond 4 x 256, 256."""
+    out: list[int] = []
+    for gm in range(1, WGMMA_MAX_GRID_M + 1):
+        need = -(-m // gm)
+        t = next((t for t in WGMMA_TILE_M if t >= need), None)
+        if t is not None and t not in out:
+            out.append(t)
+    return out or [WGMMA_TILE_M[-1]]
 
 
 def rule_candidates(problem: GemmProblem) -> list[Candidate]:
@@ -65,11 +81,14 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
         for s in splits:
             add(W("mma", tile_m=tm, tile_n=tn, tile_k=256, split_k=s, num_warps=w, stages=st, pdl=True),
                 f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, split-K {s}")
-    if m > 32:
-        for tmw, tn in WGMMA_SHAPES:
-            for s in WGMMA_SPLITS:
-                add(W("wgmma", tile_m=tmw, tile_n=tn, tile_k=64, split_k=s, num_warps=4 * tmw // 64, stages=1),
-                    f"M={m}: wgmma {tmw}x{tn}, split-K {s}")
+    if m >= WGMMA_MIN_M:
+        for tmw in wgmma_tile_ms(m):
+            for tn, w, tk, st in WGMMA_SHAPES:
+                # split-K splits only the tiles of the last, partial wave: worth pricing at any grid
+                for s in WGMMA_SPLITS:
+                    add(W("wgmma", tile_m=tmw, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True),
+                        f"wgmma (register-A decode): {tmw} tokens x {tn} rows per CTA, {w} warps, tile_k {tk}, "
+                        f"{st}-stage ring, split-K {s}")
     return out
 
 
@@ -111,4 +130,4 @@ def candidates(problem: GemmProblem, max_candidates: int = 8, use_nvmmh: bool = 
     return ranked_candidates(problem)[:max_candidates]
 
 
-__all__ = ["candidates", "ranked_candidates", "rule_candidates"]
+__all__ = ["WGMMA_SHAPES", "candidates", "ranked_candidates", "rule_candidates", "wgmma_tile_ms"]

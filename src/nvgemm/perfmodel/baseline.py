@@ -1,7 +1,7 @@
 """The bf16 cuBLAS baseline, modelled the same way (a MODEL; a GPU measurement overrides it).
 
-    time = launch + max(bytes / (achievable bandwidth x eff(M)),  2 M N K / (0.7 x bf16 peak))
-    bytes = 2 N K (bf16 weights) + 2 M K + 2 M N
+    time = launch + max(bytes / (achievable bandwidth x eff(M)),  2 M8 N K / (0.7 x bf16 peak))
+    bytes = 2 N K (bf16 weights) + 2 M K + 2 M N,   M8 = M rounded up to a multiple of 8
 
 Tensor-core issue is not the limit at decode (bf16's arithmetic intensity is ~M FLOP/byte, the
 H200 ridge is ~230), so the model is a weight stream with an M-dependent streaming efficiency
@@ -24,6 +24,11 @@ anchors.md; ``bench/results/sm90_model.md`` repeats the cross-check):
   model 49.6-60 us.
 No published cuBLAS bf16 numbers at M = 2..64 on these shapes were found; the lower
 efficiencies there are an assumption (wider range).
+
+Tensor term: a tensor-core GEMM computes whole MMA tiles, at least 8 rows (the N of ``mma.sync`` /
+``wgmma`` on the token side), so the FLOPs are counted for M rounded up to a multiple of 8 -- the
+least padding any cuBLAS kernel can have (its real tiles are 64-256 tokens; the 0.7 efficiency
+stands for the rest). nvgemm's own kernels are modelled with their actual tile padding.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ def bf16_baseline(m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
     nbytes = 2.0 * n * k + 2.0 * m * k + 2.0 * m * n
     eff_lo, eff_hi = bf16_efficiency(m)
     stream = (nbytes / (hw.achievable_bw * eff_hi) * US, nbytes / (hw.achievable_bw * eff_lo) * US)
-    tensor = 2.0 * m * n * k / (TENSOR_EFFICIENCY * hw.bf16_tflops * 1e12) * US
+    m8 = -(-m // 8) * 8  # whole 8-row MMA tiles (see the module docstring)
+    tensor = 2.0 * m8 * n * k / (TENSOR_EFFICIENCY * hw.bf16_tflops * 1e12) * US
     total = (max(stream[0], tensor) + hw.launch_us[0], max(stream[1], tensor) + hw.launch_us[1])
     return BaselineEstimate(m, n, k, hw.name, nbytes, total, stream, tensor, hw.launch_us)
 

@@ -139,6 +139,10 @@ class Geometry:
     pdl: bool = False
     resident_ctas: int | None = None  # forced residency (persistent: 1 CTA per SM)
     l2_reread_fraction: float = 0.0  # share of main-loop iterations whose stream loads hit L2 (re-reads)
+    # a split tail (stream-K-like): the last ``tail_ctas`` of ``ctas`` run ``tail_iters`` iterations
+    # each after the others' full waves, and only they pay the split-K reduction
+    tail_ctas: int = 0
+    tail_iters: int = 0
     note: str = ""
 
 

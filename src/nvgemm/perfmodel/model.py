@@ -19,7 +19,10 @@ tensor floor
     tensor-core FLOPs incl. tile padding / the family's rate (mma.sync, wgmma, tcgen05).
 serial latency chain (Little's law)
     *sass_chain*: CTAs run in waves of ``resident CTAs per SM x SMs``; one main-loop step of a
-    CTA takes ``max(T1(L), w x issue cycles, q x bytes per step / per-SM fabric)`` where
+    CTA takes ``max(T1(L), w x issue cycles, q x bytes per step / per-SM fabric, q x tensor-core
+    cycles per step at the SM's rate)`` (the last: a tensor-bound kernel pays for a partial last
+    wave; a split tail -- the last CTAs each doing a share of a tile's K after the full waves --
+    runs in its own waves at its own step count) where
     ``T1(L) = chain_base + round_trips x L`` is the single-warp time of one iteration replayed
     from the SASS control bits (:func:`.sass.loop_cycles`; iterations that re-read weights
     still in L2 -- a CTA's second M pass, later M tiles of weights that fit L2 -- take the L2
@@ -157,24 +160,37 @@ def _sass_chain_cycles(facts: KernelFacts, geo: Geometry, hw: Hardware, occ: Occ
                        l2: float) -> float:
     warps = ceil_div(geo.threads, 32)
     slots = occ.ctas_per_sm * hw.sm_count
-    full, tail = divmod(geo.ctas, slots)
     fabric = hw.sm_fabric_bytes_per_clk
     bytes_iter = geo.stream_bytes_per_iter + geo.other_bytes_per_iter
     issue_iter = facts.loop_issue_cycles or facts.loop_instrs
     f = geo.l2_reread_fraction  # re-read iterations wait for L2, not DRAM
     t1 = facts.chain_cycles(f * l2 + (1.0 - f) * lat)
     trips = geo.splitk.dependent_l2_trips if geo.splitk and geo.splitk.kind != "kernel" else 0.0
+    full_ctas = geo.ctas - geo.tail_ctas
+    # tensor-core cycles of one CTA's main-loop step at the SM's rate (q resident CTAs share it), so
+    # a tensor-bound kernel pays for partial waves like a latency-bound one
+    tensor_step = 0.0
+    steps = full_ctas * geo.iters_per_cta + geo.tail_ctas * geo.tail_iters
+    if geo.tensor_tflops and steps:
+        sm_flops_per_clk = geo.tensor_tflops * 1e12 / hw.sm_count / hw.clock_hz
+        tensor_step = geo.tensor_flops / steps / sm_flops_per_clk
 
-    def cta_cycles(q: int) -> float:
+    def cta_cycles(q: int, iters: int, reduce: bool) -> float:
         w = ceil_div(q * warps, hw.schedulers_per_sm)
-        step = max(t1, w * issue_iter, q * bytes_iter / fabric)
-        return (geo.iters_per_cta * step + w * (geo.passes_per_cta * facts.pass_instrs + facts.fixed_instrs)
-                + trips * l2 + geo.epilogue_cycles)
+        step = max(t1, w * issue_iter, q * bytes_iter / fabric, q * tensor_step)
+        return (iters * step + w * (geo.passes_per_cta * facts.pass_instrs + facts.fixed_instrs)
+                + (trips * l2 if reduce else 0.0) + geo.epilogue_cycles)
 
-    cycles = full * cta_cycles(occ.ctas_per_sm)
-    if tail:
-        cycles += cta_cycles(ceil_div(tail, hw.sm_count))
-    return cycles
+    def waves(n: int, iters: int, reduce: bool) -> float:
+        full, tail = divmod(n, slots)
+        cycles = full * cta_cycles(occ.ctas_per_sm, iters, reduce)
+        if tail:
+            cycles += cta_cycles(ceil_div(tail, hw.sm_count), iters, reduce)
+        return cycles
+
+    if not geo.tail_ctas:  # every CTA alike (split-K: all of them reduce)
+        return waves(geo.ctas, geo.iters_per_cta, True)
+    return waves(full_ctas, geo.iters_per_cta, False) + waves(geo.tail_ctas, geo.tail_iters, True)
 
 
 def _pipeline_chain_cycles(facts: KernelFacts, geo: Geometry, hw: Hardware, lat: float, l2: float) -> float:
@@ -209,9 +225,10 @@ def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFac
     byte_floor = geo.dram_bytes / hw.achievable_bw * US
     issue_floor = 0.0
     if fam.engine == "sass_chain":
-        per_cta = warps * (geo.iters_per_cta * (facts.loop_issue_cycles or facts.loop_instrs)
-                           + geo.passes_per_cta * facts.pass_instrs + facts.fixed_instrs)
-        issue_floor = geo.ctas * per_cta / (hw.sm_count * hw.schedulers_per_sm) / clk * US
+        steps = (geo.ctas - geo.tail_ctas) * geo.iters_per_cta + geo.tail_ctas * geo.tail_iters
+        warp_cycles = warps * (steps * (facts.loop_issue_cycles or facts.loop_instrs)
+                               + geo.ctas * (geo.passes_per_cta * facts.pass_instrs + facts.fixed_instrs))
+        issue_floor = warp_cycles / (hw.sm_count * hw.schedulers_per_sm) / clk * US
     tensor_floor = geo.tensor_flops / (geo.tensor_tflops * 1e12) * US if geo.tensor_tflops else 0.0
 
     chains, kernels, limiters = [], [], []

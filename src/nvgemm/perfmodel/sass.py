@@ -28,9 +28,10 @@ every instruction in ``[t, b]``. The **main loop** of a streaming kernel is pick
    instructions outside the main loop are the per-pass overhead.
 
 Forward branches inside a loop body are ignored (every instruction of the span counts as executed
-once per iteration). That holds for the sm90 streaming kernels: every sm90 main loop in the table
-has exactly one branch, its back edge (masking is done with selects; ``tests/cpu/test_perfmodel.py``
-checks the table's histograms). The warp-specialised sm100 kernel's loops spin on mbarriers; the
+once per iteration). That holds for the sm90 streaming kernels: every mma main loop in the table
+has exactly one branch, its back edge (masking is done with selects), and every wgmma main loop one
+more, over the ring refill, which is skipped only in a split's last ``stages - 2`` iterations
+(``tests/cpu/test_perfmodel.py`` checks the table's histograms). The warp-specialised sm100 kernel's loops spin on mbarriers; the
 model does not use their instruction counts (see ``families/sm100.py``).
 
 Single-warp timing of a loop (:func:`loop_cycles`)

@@ -37,7 +37,7 @@ from ..perfmodel.table import TABLE_PATH, clear_cache
 #: (N, K) of the Llama-3.1-8B and Llama-3.3-70B decode GEMMs the model reports on.
 LLAMA_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
                 (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))
-SM90_M = (1, 2, 4, 8, 16, 32, 64)
+SM90_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SM100_M = (1, 2, 4, 8, 16, 32)
 REGEN_COMMAND = "nvgemm model --regen-table"
 

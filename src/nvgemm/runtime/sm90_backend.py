@@ -36,12 +36,13 @@ _X_FORMAT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def default_config(m: int) -> Sm90W4A16Config:
-    """The config when the policy is unavailable: the decode kernel for M <= 64 (M tiles of 32
-    above 32), the WGMMA kernel beyond."""
-    if m <= 64:
+    """The config when the policy is unavailable: the decode kernel for M <= 32, the register-A
+    WGMMA kernel (64 or 128 tokens x 256 rows per CTA) beyond."""
+    if m <= 32:
         tm = 8 if m <= 8 else (16 if m <= 16 else 32)
         return Sm90W4A16Config("mma", tile_m=tm, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
-    return Sm90W4A16Config("wgmma", tile_m=128, tile_n=128, tile_k=64, num_warps=8, stages=1)
+    return Sm90W4A16Config("wgmma", tile_m=64 if m <= 64 else 128, tile_n=256, tile_k=128, num_warps=8, stages=4,
+                           pdl=True)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -13,11 +13,19 @@ a thread consumes ``row_tiles x chunks x 32`` weight elements of it. Bytes in fl
 ``stages - 1`` stages (:attr:`Geometry.depth`). M tiles run last in the grid (``grid_m``), so
 with more than one the weights come from DRAM again unless they fit in L2 (80 % of it).
 
-``wgmma``: one shared-memory stage, 16-byte ``ld.global.nc.L1::no_allocate`` weight loads
-(``LDG.E.NA``), a thread decodes ``tile_n x 64 / threads`` weight elements per 64-deep step.
+``wgmma`` (register-A WGMMA, tens to hundreds of tokens per CTA): the same cp.async ring, every
+copy an ``LDGSTS`` (weights, scales and the 4-byte activation pairs), ``stages - 2`` stages in
+flight ahead of the math (:attr:`Geometry.depth`; the SASS replay's ``DEPBAR.LE SB0, stages - 3``,
+and ``min_round_trips`` = 1 / (stages - 2)). One iteration = one stage; a thread decodes
+``row_tiles x chunks x 32`` weight elements of it. The grid runs the M tiles of a row block side
+by side (M-fastest), so the weights come from DRAM once per wave of resident M tiles and the
+other M tiles' weight loads hit L2. Tensor floor: the WGMMA FLOPs incl. tile padding at
+:data:`WGMMA_TENSOR_EFFICIENCY` of the dense bf16 rate -- the efficiency the bf16 cuBLAS baseline
+is given (:data:`nvgemm.perfmodel.baseline.TENSOR_EFFICIENCY`), an assumption for both.
 
-Main-loop identity (:meth:`loop_key`): mma compiles one main loop per (tile_m, tile_n, tile_k,
-num_warps, stages, pdl) -- split_k does not change it (pdl moves ~2 % of the loop's instructions); wgmma per (tile_m, tile_n).
+Main-loop identity (:meth:`loop_key`): both families compile one main loop per (tile_m, tile_n,
+tile_k, num_warps, stages, pdl) -- split_k does not change it (pdl moves ~2 % of the loop's
+instructions).
 """
 
 from __future__ import annotations
@@ -30,13 +38,18 @@ from nvgemm.templates.sm90.config import (
     MMA_ROW_TILES,
     MMA_TILE_M,
     ROW_TILE,
+    WGMMA_SHAPES,
+    WGMMA_TILE_M,
     Sm90W4A16Config,
     config_from_name,
     mma_stage_bytes,
     shape_problem,
     validate_config,
+    wgmma_stage_bytes,
+    wgmma_tail_tiles,
 )
 
+from ..baseline import TENSOR_EFFICIENCY
 from ..facts import FamilyFacts, Geometry, SplitKReduce, ceil_div, register_family
 from ..hardware import Hardware
 
@@ -50,6 +63,8 @@ SM90_SPLITS = (1, 2, 3, 4, 6, 7, 8)
 #: serial L2 round trips on the critical path of an in-kernel split-K reduction: partial stores +
 #: fence, the counter atomic, the (batched) partial loads of the last CTA
 SPLITK_L2_TRIPS = 3.0
+#: share of the dense bf16 tensor-core rate the wgmma family reaches (the baseline's assumption)
+WGMMA_TENSOR_EFFICIENCY = TENSOR_EFFICIENCY
 
 
 def _pad(n: int, k: int) -> tuple[int, int]:
@@ -167,38 +182,66 @@ class MmaFacts(_Sm90Base):
 class WgmmaFacts(_Sm90Base):
     name = "sm90.wgmma"
     family_field = "wgmma"
-    stream_load = r"^LDG\..*\bNA\b"
+    stream_load = r"^LDGSTS"
 
     def loop_key(self, config):
-        return (self.name, config.tile_m, config.tile_n)
+        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
 
     def elems_per_thread_iter(self, c) -> float:
-        return c.tile_n * 64 / c.threads
+        return c.row_tiles * c.chunks_per_stage * 32
+
+    def min_round_trips(self, c) -> float:
+        return 1.0 / (c.stages - 2)
 
     def geometry(self, c, m, n, k, hw):
         n_pad, k_pad = _pad(n, k)
         grid_n, grid_m = ceil_div(n, c.tile_n), ceil_div(m, c.tile_m)
-        n_iter = ceil_div(k_pad // 64, c.split_k)
-        sk, ws = _splitk(c, m, n)
+        n_stage = k_pad // c.tile_k
+        sb = wgmma_stage_bytes(c)
+        tiles = grid_n * grid_m
+        # split_k > 1: only the tiles of the last, partial wave (tiles mod SMs; all of them when
+        # fewer than the SMs) are split in K, each into split_k CTAs after the full waves
+        tail = wgmma_tail_tiles(tiles, c.split_k, hw.sm_count)
+        sk, ws = None, 0.0
+        if tail:
+            ws = float(tail * c.split_k * c.tile_m * c.tile_n * 4) * 2  # fp32 partials written + read
+            sk = SplitKReduce("batched", c.split_k, ws, dependent_l2_trips=SPLITK_L2_TRIPS)
+        # M-fastest grid: the M tiles of a row block run side by side and share its weights in L2;
+        # only M tiles that fall into a later wave of CTAs (one CTA per SM at least) read them again
+        waves_m = ceil_div(grid_m, hw.sm_count)
+        dram = _weight_bytes(n, k) * waves_m + m * k * 2 + m * n * 2 + ws
         return Geometry(
-            ctas=grid_n * c.split_k * grid_m, threads=c.threads, iters_per_cta=n_iter, passes_per_cta=1,
-            stream_bytes_per_iter=c.tile_n * 64 * NVFP4_BYTES, other_bytes_per_iter=c.tile_m * 64 * 2,
-            dram_bytes=_dram(n, k, m, grid_m, hw, work=ws), weight_bytes=_weight_bytes(n, k),
-            aux_kernels=HOST_AUX_KERNELS, splitk=sk, l2_reread_fraction=_l2_reread(n, k, grid_m, hw),
-            tensor_flops=2.0 * grid_m * c.tile_m * grid_n * c.tile_n * k_pad, tensor_tflops=hw.bf16_tflops,
+            ctas=tiles + tail * (c.split_k - 1), threads=c.threads, iters_per_cta=n_stage, passes_per_cta=1,
+            stream_bytes_per_iter=sb["weights"] + sb["scales"], other_bytes_per_iter=c.tile_m * c.tile_k * 2,
+            dram_bytes=dram, weight_bytes=_weight_bytes(n, k), depth=float(c.stages - 2),
+            aux_kernels=HOST_AUX_KERNELS, splitk=sk, pdl=c.pdl, l2_reread_fraction=(grid_m - 1) / grid_m,
+            tensor_flops=2.0 * grid_m * c.tile_m * grid_n * c.tile_n * k_pad,
+            tensor_tflops=hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY,
+            tail_ctas=tail * c.split_k, tail_iters=ceil_div(n_stage, c.split_k),
         )
 
-    def table_configs(self) -> list:
+    def _bases(self) -> list:
+        """Every tile_m with the policy's warp / row-block / stage shapes
+        (:data:`nvgemm.templates.sm90.config.WGMMA_SHAPES`, pdl on)."""
         out = []
-        for tm in (64, 128):
-            for tn in (32, 64, 128):
-                c = Sm90W4A16Config("wgmma", tile_m=tm, tile_n=tn, tile_k=64, num_warps=4 * tm // 64, stages=1)
+        for tm in WGMMA_TILE_M:
+            for tn, w, tk, st in WGMMA_SHAPES:
+                c = Sm90W4A16Config("wgmma", tile_m=tm, tile_n=tn, tile_k=tk, num_warps=w, stages=st, pdl=True)
                 if validate_config(c):
                     out.append(c)
         return out
 
+    def table_configs(self) -> list:
+        return self._bases()
+
     def search_space(self, m: int) -> list:
-        return [replace(b, split_k=s) for b in self.table_configs() for s in SM90_SPLITS]
+        out = []
+        for base in self._bases():
+            if -(-m // base.tile_m) > 4 and base.tile_m != WGMMA_TILE_M[-1]:
+                continue  # more than 4 M tiles per row block: never the fastest
+            for s in SM90_SPLITS:
+                out.append(replace(base, split_k=s))
+        return out
 
 
-__all__ = ["HOST_AUX_KERNELS", "MmaFacts", "NVFP4_BYTES", "WgmmaFacts"]
+__all__ = ["HOST_AUX_KERNELS", "MmaFacts", "NVFP4_BYTES", "WGMMA_TENSOR_EFFICIENCY", "WgmmaFacts"]

@@ -113,6 +113,14 @@ def cp_async_zfill(dst: Int32, src: Int64, src_bytes: Int32, *, loc=None, ip=Non
 
 
 @dsl_user_op
+def cp_async_small4(dst: Int32, src: Int64, src_bytes: Int32, *, loc=None, ip=None):
+    """4-byte ``cp.async.ca`` global -> shared reading ``src_bytes`` (4 or 0) and zero-filling the
+    rest (the wgmma family's activation pairs)."""
+    _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int64, loc, ip), _v(src_bytes, Int32, loc, ip)],
+         "cp.async.ca.shared.global [$0], [$1], 4, $2;", "r,l,r", loc, ip, True)
+
+
+@dsl_user_op
 def cp_async_commit(*, loc=None, ip=None):
     _asm(None, [], "cp.async.commit_group;", "~{memory}", loc, ip, True)
 
@@ -251,6 +259,64 @@ def mma_16816(a, b, c, is_bf16: bool, *, loc=None, ip=None):
     return [Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
+#: Upper bits of a WGMMA shared-memory matrix descriptor for a K-major operand with the 128-byte
+#: swizzle: layout type 1 (SWIZZLE_128B) in bits 62-63, stride byte offset 1024 (8 rows of 128
+#: bytes, ``>> 4``) in bits 32-45, leading byte offset field 1 (16 bytes; unused by swizzled
+#: K-major layouts -- the value CuTe's own descriptors carry) in bits 16-29. The low 14 bits are the
+#: operand's shared-memory address ``>> 4``; one 16-deep k-step further along K is ``+ 2`` (32 bytes).
+WGMMA_DESC_SW128_KMAJOR = (1 << 62) | ((1024 >> 4) << 32) | (1 << 16)
+
+
+@dsl_user_op
+def smem_desc_sw128(addr: Int32, *, loc=None, ip=None) -> Int64:
+    """The WGMMA descriptor of a K-major, 128-byte-swizzled operand starting at shared address
+    ``addr`` (1024-byte aligned atoms of 8 rows x 128 bytes)."""
+    text = ("{ .reg .b32 t; .reg .b64 u; shr.b32 t, $1, 4; and.b32 t, t, 0x3FFF; cvt.u64.u32 u, t; "
+            f"or.b64 $0, u, {WGMMA_DESC_SW128_KMAJOR:#x}; }}")
+    return Int64(_asm(T.i64(), [_v(addr, Int32, loc, ip)], text, "=l,r", loc, ip))
+
+
+@dsl_user_op
+def wgmma_rs(acc: list, a, desc: Int64, n: int, is_bf16: bool, *, loc=None, ip=None) -> list:
+    """``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}`` with A (64 x 16) from registers --
+    this thread's four packed A registers, the ``mma.m16n8k16`` A-fragment layout for its warp's 16
+    rows -- and B (16 x n) from shared memory (``desc``), accumulating into the ``n / 2`` fp32
+    registers ``acc`` (the ``m16n8`` C-fragment layout per 8 columns). Asynchronous: the caller
+    fences (``warpgroup.fence``) before, commits and waits after; the returned values must not be
+    read before a wait that covers this instruction (:func:`fence_regs` after the wait)."""
+    kind = "bf16" if is_bf16 else "f16"
+    na = n // 2
+    st = llvm.StructType.get_literal([T.f32()] * na)
+    d = ", ".join(f"${i}" for i in range(na))
+    text = (f"{{ .reg .pred p; setp.ne.b32 p, ${na + 5}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} "
+            f"{{{d}}}, {{${na}, ${na + 1}, ${na + 2}, ${na + 3}}}, ${na + 4}, p, 1, 1, 0; }}")
+    cons = ",".join(["=f"] * na + ["r"] * 4 + ["l", "r"] + [str(i) for i in range(na)])
+    ops = ([_v(x, Int32, loc, ip) for x in a] + [_v(desc, Int64, loc, ip), _v(1, Int32, loc, ip)]
+           + [_v(x, Float32, loc, ip) for x in acc])
+    r = _asm(st, ops, text, cons, loc, ip, True)
+    return [Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(na)]
+
+
+@dsl_user_op
+def fence_regs(vals: list, *, loc=None, ip=None) -> list:
+    """An empty side-effecting asm that takes and returns ``vals`` (fp32): after a
+    ``wgmma.wait_group`` it keeps every read of the accumulators below the wait (the compiler may
+    not move a read of a value across the asm that defines it)."""
+    n = len(vals)
+    st = llvm.StructType.get_literal([T.f32()] * n)
+    cons = ",".join(["=f"] * n + [str(i) for i in range(n)])
+    r = _asm(st, [_v(x, Float32, loc, ip) for x in vals], "", cons, loc, ip, True)
+    return [Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(n)]
+
+
+@dsl_user_op
+def fence_proxy_async_smem(*, loc=None, ip=None):
+    """``fence.proxy.async.shared::cta``: this thread's completed generic-proxy shared-memory writes
+    (cp.async included) become visible to the async proxy (the WGMMA's B-operand reads)."""
+    _asm(None, [], "fence.proxy.async.shared::cta;", "~{memory}", loc, ip, True)
+
+
 @dsl_user_op
 def pair_to_f32(v: Int32, is_bf16: bool, *, loc=None, ip=None):
     """A packed bf16x2 / f16x2 register -> (low, high) fp32, exact (subnormals kept)."""
@@ -363,6 +429,140 @@ class Sm90KernelBase:
                 vu = vu + ld_global_cg_f32(wbase + (o + Int64(row_u)) * 4)
         return vg, vu
 
+    def a_fragment(self, word: Int32, sp: Int32) -> tuple:
+        """One prepared weight word -> the four A registers of its k-step: the exact decode, then
+        rows g (o0, o2) times the scale of row g and rows g + 8 (o1, o3) times that of row g + 8
+        (``sp``: the packed scale pair), ``E2M1 * s * 2**-7``."""
+        o = decode_word(word, self.kind)
+        return (hmul2_bcast(o[0], sp, 0, self.x_is_bf16), hmul2_bcast(o[1], sp, 1, self.x_is_bf16),
+                hmul2_bcast(o[2], sp, 0, self.x_is_bf16), hmul2_bcast(o[3], sp, 1, self.x_is_bf16))
+
+    @cute.jit
+    def split_range(self, n_chunks: Int32, bs: Int32):
+        """(first stage, stages) of split ``bs``: the K range split in whole pipeline stages."""
+        n_stage = n_chunks // self.U
+        per = (n_stage + self.split_k - 1) // self.split_k
+        st_lo = bs * per
+        return st_lo, cutlass.max(cutlass.min(n_stage, st_lo + per) - st_lo, 0)
+
+    @cute.jit
+    def weight_lanes(self, mW: cute.Tensor, mS: cute.Tensor, bx: Int32, warp: Int32, lane: Int32, n_tiles: Int32):
+        """Loop invariants of this lane's weight stream: its weight / scale row pointers per row tile
+        (clamped to the last tile: loads stay in bounds) and its shared-memory offsets in a stage."""
+        gw = []
+        gs = []
+        for rt in cutlass.range_constexpr(self.RT):
+            t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)
+            gw.append(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16))
+            gs.append(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8))
+        sw_off = (warp * self.RT * self.U) * 512 + lane * 16
+        ss_off = self.off_s + warp * self.RT * (64 * self.U) + lane * (2 * self.U)
+        return gw, gs, sw_off, ss_off
+
+    @cute.jit
+    def scale_words(self, base: Int32, ss_off: Int32) -> list:
+        """This lane's scale words of the stage at ``base``, per row tile (2 chunks per word)."""
+        sw = []
+        for rt in cutlass.range_constexpr(self.RT):
+            sa = base + ss_off + rt * (64 * self.U)
+            if cutlass.const_expr(self.U == 2):
+                sw.append([lds_u32(sa)])
+            else:
+                sw.append(lds_v2(sa))
+        return sw
+
+    @cute.jit
+    def produce_weights(self, sbase: Int32, st: Int32, gw: list, gs: list, sw_off: Int32, ss_off: Int32,
+                        policy: Int64):
+        """cp.async the weight vectors and scale words of global stage ``st`` into the ring slot at
+        ``sbase`` (``gw`` / ``gs``: this lane's weight / scale row pointers; ``sw_off`` / ``ss_off``:
+        its loop-invariant shared-memory offsets)."""
+        U = self.U
+        c0 = st * U  # first chunk of the stage
+        koff = Int64(c0) * 512
+        # scale words: [chunk // 4][lane][8 bytes]; a stage of 2 chunks is one 4-byte half
+        soff = Int64(c0 // 4) * 256 + Int64((c0 % 4) // 2) * 4
+        for rt in cutlass.range_constexpr(self.RT):
+            for u in cutlass.range_constexpr(U):
+                cp_async_stream(sbase + sw_off + (rt * U + u) * 512, gw[rt] + koff + u * 512, policy)
+            cp_async_small(sbase + ss_off + rt * (64 * U), gs[rt] + soff, policy, 2 * U)
+
+    @cute.jit
+    def store_fragments(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
+                        mOut: cute.Tensor, bx: Int32, warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32,
+                        n_tiles: Int32, n_out: Int32, from_work: bool, mWork: cute.Tensor, m_all: Int32,
+                        n_pad: Int32):
+        """Epilogue of this lane's accumulator fragments, the ``m16n8`` C layout per 16-row tile and
+        8 tokens (both families: ``acc[(rt * m_groups + mg) * 4 + i]`` = row ``g + 8 (i // 2)`` of
+        row tile ``rt``, token ``8 mg + 2 q + i % 2``). ``from_work``: the values are the sum of the
+        split-K partials in split order. Needs ``self.tile_of(bx, warp, rt, n_tiles)``."""
+        RT, MG = self.RT, self.MG
+        n_rt = RT // 2 if self.gated else RT
+        for rt in cutlass.range_constexpr(n_rt):
+            t = self.tile_of(bx, warp, rt, n_tiles)
+            tu = self.tile_of(bx, warp, rt + n_rt, n_tiles) if self.gated else t
+            for mg in cutlass.range_constexpr(MG):
+                for i in cutlass.range_constexpr(4):
+                    tok = m0 + mg * 8 + 2 * q + i % 2
+                    row = t * 16 + g + 8 * (i // 2)
+                    row_u = tu * 16 + g + 8 * (i // 2)
+                    feat = row
+                    if (tok < m) & (feat < n_out) & (t < n_tiles):
+                        vg = acc[(rt * MG + mg) * 4 + i]
+                        vu = Float32(0.0)
+                        if cutlass.const_expr(self.gated):
+                            vu = acc[((rt + n_rt) * MG + mg) * 4 + i]
+                        if cutlass.const_expr(from_work):
+                            vg, vu = self.splitk_sum(mWork, m_all, n_pad, tok, row, row_u)
+                        self.store_epilogue(mAlpha, mBias, mRes, mOut, tok, feat, row, vg, row_u, vu)
+
+    @cute.jit
+    def finish(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
+               mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, bx: Int32, bs: Int32, bm: Int32,
+               warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32, n_tiles: Int32, n_out: Int32, n_pad: Int32,
+               flag_addr: Int32, tidx: Int32, tile_index: Int32, reduce=None):
+        """After the main loop: drain the copy ring, let PDL dependents launch, then the epilogue --
+        or, for a CTA that computed split-K part ``bs`` of its tile (every CTA when ``split_k > 1``
+        and ``reduce`` is None; else where the runtime predicate ``reduce`` holds), its fp32 partials
+        to the workspace ``[split][M][n_pad]`` and the epilogue by the CTA that arrives last at the
+        tile's counter ``tile_index``."""
+        cp_async_wait(0)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.split_k == 1):
+            self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
+                                 mWork, Int32(0), n_pad)
+        elif cutlass.const_expr(reduce is None):
+            self.reduce_partials(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, warp, g, q, m, m0, n_tiles,
+                                 n_out, n_pad, flag_addr, tidx, tile_index)
+        else:
+            if reduce:
+                self.reduce_partials(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, warp, g, q, m, m0,
+                                     n_tiles, n_out, n_pad, flag_addr, tidx, tile_index)
+            else:
+                self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
+                                     mWork, Int32(0), n_pad)
+
+    @cute.jit
+    def reduce_partials(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
+                        mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, bx: Int32, bs: Int32,
+                        warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32, n_tiles: Int32, n_out: Int32,
+                        n_pad: Int32, flag_addr: Int32, tidx: Int32, tile_index: Int32):
+        """Split-K part ``bs``: partials to the workspace, fence + counter; the last CTA of the tile
+        sums the ``split_k`` partials in split order and runs the epilogue (deterministic)."""
+        for rt in cutlass.range_constexpr(self.RT):
+            t = self.tile_of(bx, warp, rt, n_tiles)
+            for mg in cutlass.range_constexpr(self.MG):
+                for i in cutlass.range_constexpr(4):
+                    tok = m0 + mg * 8 + 2 * q + i % 2
+                    row = t * 16 + g + 8 * (i // 2)
+                    if (tok < m) & (t < n_tiles):
+                        addr = mWork.iterator.toint() + (Int64(bs * m + tok) * Int64(n_pad) + Int64(row)) * 4
+                        st_global_f32(addr, acc[(rt * self.MG + mg) * 4 + i])
+        if splitk_arrive(mCount, tile_index, self.split_k, flag_addr, tidx) == 1:
+            self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, True,
+                                 mWork, m, n_pad)
+
     @cute.jit
     def store_epilogue(self, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
                        mi: Int32, feat: Int32, row_g: Int32, acc_g: Float32, row_u: Int32, acc_u: Float32):
@@ -418,6 +618,10 @@ class Sm90TemplateBase:
         """Why ``c`` cannot hold whole gate and up halves for ``silu_mul`` (None: it can)."""
         return None
 
+    def kernel_kwargs(self, spec: CompileSpec) -> dict:
+        """Extra keyword arguments of the kernel class from the compile spec (its hardware)."""
+        return {}
+
     def can_implement(self, spec: CompileSpec) -> Status:
         c = spec.config
         if not isinstance(c, Sm90W4A16Config):
@@ -460,7 +664,7 @@ class Sm90TemplateBase:
         """``cute.compile`` for ``spec.arch`` (no GPU). With ``keep_ptx`` (and ``CUTE_DSL_DUMP_DIR``
         set) the result's ``__ptx__`` holds the PTX text."""
         self.can_implement(spec).raise_if_failed(spec.name())
-        kernel = self.kernel_class(spec.config, spec.epilogue, spec.a_format)
+        kernel = self.kernel_class(spec.config, spec.epilogue, spec.a_format, **self.kernel_kwargs(spec))
         return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
 
 
@@ -468,12 +672,18 @@ __all__ = [
     "X_FORMATS",
     "Sm90KernelBase",
     "Sm90TemplateBase",
+    "WGMMA_DESC_SW128_KMAJOR",
+    "cp_async_small4",
     "decode_word",
     "embedded_cubin",
+    "fence_proxy_async_smem",
+    "fence_regs",
     "pair_to_f32",
     "splitk_arrive",
     "hmul2",
     "i32",
     "mma_16816",
     "scale_pair",
+    "smem_desc_sw128",
+    "wgmma_rs",
 ]

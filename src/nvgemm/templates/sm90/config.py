@@ -20,10 +20,24 @@ and activations. Fields:
                (deterministic) and runs the epilogue
     pdl        programmatic dependent launch: weights stream before ``griddepcontrol.wait``
 
-``"wgmma"`` (:mod:`.wgmma`) larger M: weight tiles decoded into shared memory, WGMMA with fp32
-accumulators. Fields: tile_m 64 | 128 (one warpgroup per 64 rows, num_warps = tile_m / 16),
-tile_n a multiple of 16 in [16, 128], tile_k 64, stages 1 (one shared-memory stage), split_k >= 1
-(fp32 workspace + a fixed-order reduce kernel), pdl False.
+``"wgmma"`` (:mod:`.wgmma`) tens to hundreds of tokens per CTA: the same 16-row weight tiles,
+decoded in registers exactly as ``mma`` does, are the **register A operand** of
+``wgmma.mma_async.m64nNk16`` (swap-AB: weights are the 64-row M side of each warpgroup's MMA,
+the CTA's tokens are N = ``tile_m``); the activations are the shared-memory B operand, K-major
+with the 128-byte swizzle, copied in the operand's K order (4-byte ``cp.async`` pieces). The same
+CTA-wide ``stages``-deep cp.async ring streams weights, scales and activations. Fields:
+
+    tile_m     tokens per CTA = the WGMMA's N: 16, 24, .., 256 (multiples of 8); M tiles of one
+               row block run side by side (M-fastest grid), so their weight reads share L2
+    tile_n     weight rows per CTA = 64 x row blocks per warpgroup (1 or 2) x warpgroups
+    tile_k     K per pipeline stage = 64 x chunks per stage (2 or 4)
+    num_warps  4 or 8 (one or two warpgroups)
+    stages     ring depth, 3..6 (``stages - 2`` stages in flight ahead of the math: the slot a
+               refill overwrites was read by WGMMAs that completed one stage earlier)
+    split_k    K split of the tiles of the last, partial wave only (stream-K-like; every tile when
+               there are fewer tiles than SMs): the full waves run whole tiles, then each tail
+               tile runs as ``split_k`` CTAs reduced in-kernel as ``mma`` does (deterministic)
+    pdl        as ``mma``
 """
 
 from __future__ import annotations
@@ -57,13 +71,32 @@ SMEM_LIMIT = 227 * 1024 - 1024
 #: fp32 accumulator registers per thread the mma kernel allows (row tiles x groups of 8 x 4).
 MMA_MAX_ACC_REGS = 32
 
+#: WGMMA N (tokens per CTA) of the wgmma family: every multiple of 8 (the WGMMA's N granularity)
+#: from 16 to 256, so one to four M tiles side by side cover any M up to 1024 with the least padding.
+WGMMA_TILE_M = tuple(range(16, 257, 8))
+#: wgmma shapes the candidate policy (and the performance model's table) use, before tile_m and
+#: split-K: (tile_n, num_warps, tile_k, stages) -- two warpgroups of two row blocks (256 rows;
+#: tile_m <= 128), of one (128 rows; a 3-stage ring for the largest tile_m), and one warpgroup of
+#: two row blocks. Combinations that do not fit (accumulators, shared memory) are skipped.
+WGMMA_SHAPES = ((256, 8, 128, 4), (256, 8, 256, 3), (128, 8, 128, 4), (128, 8, 128, 3), (128, 4, 128, 4))
+#: 64-row WGMMA row blocks per warpgroup (= 16-row tiles per warp).
+WGMMA_ROW_BLOCKS = (1, 2)
+WGMMA_WARPS = (4, 8)
+WGMMA_CHUNKS_PER_STAGE = (2, 4)
+WGMMA_STAGES = (3, 4, 5, 6)
+#: fp32 accumulator registers per thread the wgmma kernel allows (row blocks x tile_m / 2).
+WGMMA_MAX_ACC_REGS = 128
+#: The activation tile of one 64-deep chunk is ``tile_m`` rows of 128 bytes in 1024-byte swizzle
+#: atoms; stage offsets keep that alignment.
+SWIZZLE_ATOM = 1024
+
 
 @dataclass(frozen=True)
 class Sm90W4A16Config:
     family: str = "mma"
-    tile_m: int = 8  # mma: tokens per CTA (8 | 16 | 32); wgmma: 64 | 128
+    tile_m: int = 8  # tokens per CTA: mma 8 | 16 | 32; wgmma 16 .. 256 (the WGMMA's N)
     tile_n: int = 128  # weight rows (GEMM output columns) per CTA
-    tile_k: int = 128  # mma: K per pipeline stage (64 x chunks); wgmma: 64
+    tile_k: int = 128  # K per pipeline stage (64 x chunks)
     split_k: int = 1
     num_warps: int = 4
     stages: int = 4
@@ -84,20 +117,20 @@ class Sm90W4A16Config:
     def threads(self) -> int:
         return 32 * self.num_warps
 
-    # --- mma family geometry
+    # --- geometry (both families: each warp owns ``row_tiles`` 16-row tiles of the CTA's rows)
     @property
     def row_tiles(self) -> int:
-        """mma: 16-row weight tiles per warp."""
+        """16-row weight tiles per warp (wgmma: 64-row blocks per warpgroup)."""
         return self.tile_n // (ROW_TILE * self.num_warps)
 
     @property
     def chunks_per_stage(self) -> int:
-        """mma: 64-element K chunks per pipeline stage."""
+        """64-element K chunks per pipeline stage."""
         return self.tile_k // CHUNK
 
     @property
     def m_groups(self) -> int:
-        """mma: groups of 8 tokens (the MMA's N) per CTA."""
+        """Groups of 8 tokens per CTA (mma: one MMA N each; wgmma: columns of the accumulator)."""
         return self.tile_m // 8
 
 
@@ -115,6 +148,54 @@ def mma_stage_bytes(c: Sm90W4A16Config) -> dict:
 def mma_smem_bytes(c: Sm90W4A16Config) -> int:
     """Shared memory of one mma CTA: the ring plus the split-K flag word."""
     return c.stages * sum(mma_stage_bytes(c).values()) + 16
+
+
+def _align(v: int, a: int) -> int:
+    return -(-v // a) * a
+
+
+def wgmma_stage_bytes(c: Sm90W4A16Config) -> dict:
+    """Shared-memory bytes of one wgmma pipeline stage, by operand: the weight vectors and scale
+    words (as ``mma``: each lane's own), padding to the 1024-byte swizzle atom, and the activations
+    (``chunks`` x ``tile_m`` rows x 128 bytes, the WGMMA B operand)."""
+    w = c.num_warps * c.row_tiles * c.chunks_per_stage * 512
+    s = c.num_warps * c.row_tiles * 32 * 2 * c.chunks_per_stage
+    pad = _align(w + s, SWIZZLE_ATOM) - (w + s)
+    x = c.chunks_per_stage * c.tile_m * 128
+    return {"weights": w, "scales": s, "pad": pad, "x": x}
+
+
+def wgmma_smem_bytes(c: Sm90W4A16Config) -> int:
+    """Shared memory of one wgmma CTA: the ring (1024-byte aligned) plus the split-K flag word."""
+    return c.stages * sum(wgmma_stage_bytes(c).values()) + SWIZZLE_ATOM + 16
+
+
+def wgmma_tail_tiles(tiles, split_k: int, sm_count: int, select=None):
+    """Tiles the wgmma kernel splits in K (``split_k`` CTAs each) for a grid of ``tiles`` output
+    tiles on ``sm_count`` SMs: none without split-K, else the tiles of the last, partial wave
+    (``tiles mod sm_count``; every tile when there are fewer than the SMs). The kernel's host code
+    evaluates it on DSL integers (``select`` as in :func:`wgmma_cta_role`), the model on ints; the
+    kernel recovers it from its grid (``(grid - tiles) / (split_k - 1)``)."""
+    if split_k <= 1:
+        return 0
+    sel = select or (lambda c, a, b: a if c else b)
+    return sel(tiles < sm_count, tiles, tiles % sm_count)
+
+
+def wgmma_cta_role(cta, tiles, tail, split_k, select=None):
+    """What CTA ``cta`` of the wgmma grid computes: ``(tile, part, reduce)``. The grid runs the
+    ``tiles - tail`` whole tiles first (CTA i = tile i; tiles in M-fastest order), then the
+    ``tail`` last tiles as ``split_k`` adjacent CTAs each (part ``p`` of ``split_k`` of the tile's
+    K stages; ``reduce`` true: its fp32 partials are summed in-kernel). Plain integer arithmetic
+    (``select(c, a, b)``: ``a if c else b``) so the kernel evaluates it on DSL integers with
+    ``cutlass.select_`` and the tests on Python ints."""
+    sel = select or (lambda c, a, b: a if c else b)
+    n_whole = tiles - tail
+    is_tail = cta >= n_whole
+    j = sel(is_tail, cta - n_whole, 0)
+    tile = sel(is_tail, n_whole + j // split_k, cta)
+    part = sel(is_tail, j % split_k, 0)
+    return tile, part, is_tail
 
 
 def _validate_mma(c: Sm90W4A16Config) -> Status:
@@ -143,20 +224,26 @@ def _validate_mma(c: Sm90W4A16Config) -> Status:
 
 
 def _validate_wgmma(c: Sm90W4A16Config) -> Status:
-    if c.tile_m not in (64, 128):
-        return Status.fail(f"wgmma tile_m={c.tile_m} not in (64, 128)")
-    if c.tile_n % 16 or not 16 <= c.tile_n <= 128:
-        return Status.fail(f"wgmma tile_n={c.tile_n} must be a multiple of 16 in [16, 128] (fp32 tile staged in smem)")
-    if c.num_warps != 4 * c.tile_m // 64:
+    if c.tile_m not in WGMMA_TILE_M:
+        return Status.fail(f"wgmma tile_m={c.tile_m} not in {WGMMA_TILE_M} (the WGMMA's N: tokens per CTA)")
+    if c.num_warps not in WGMMA_WARPS:
+        return Status.fail(f"wgmma num_warps={c.num_warps} not in {WGMMA_WARPS} (one or two warpgroups)")
+    if c.tile_n % (ROW_TILE * c.num_warps) or c.row_tiles not in WGMMA_ROW_BLOCKS:
         return Status.fail(
-            f"wgmma num_warps={c.num_warps}: the kernel runs one warpgroup per 64 rows ({4 * c.tile_m // 64} warps)"
-        )
-    if c.tile_k != 64:
-        return Status.fail(f"wgmma tile_k={c.tile_k}: the kernel steps K by 64 (4 WGMMA k-steps)")
-    if c.stages != 1:
-        return Status.fail(f"wgmma stages={c.stages}: the kernel has one shared-memory stage (use 1)")
-    if c.pdl:
-        return Status.fail("wgmma pdl=True: programmatic dependent launch is not implemented for wgmma")
+            f"wgmma tile_n={c.tile_n} must be 64 x row blocks per warpgroup {WGMMA_ROW_BLOCKS} x warpgroups "
+            f"({c.num_warps // 4})")
+    if c.tile_k % CHUNK or c.chunks_per_stage not in WGMMA_CHUNKS_PER_STAGE:
+        return Status.fail(f"wgmma tile_k={c.tile_k} must be 64 x chunks per stage {WGMMA_CHUNKS_PER_STAGE}")
+    if c.stages not in WGMMA_STAGES:
+        return Status.fail(f"wgmma stages={c.stages} not in {WGMMA_STAGES} (cp.async ring depth; stages - 2 ahead)")
+    acc = c.row_tiles * c.tile_m // 2
+    if acc > WGMMA_MAX_ACC_REGS:
+        return Status.fail(
+            f"wgmma tile_m={c.tile_m} x {c.row_tiles} row blocks per warpgroup needs {acc} fp32 accumulator "
+            f"registers per thread (> {WGMMA_MAX_ACC_REGS})")
+    smem = wgmma_smem_bytes(c)
+    if smem > SMEM_LIMIT:
+        return Status.fail(f"wgmma config needs {smem} bytes of shared memory (> {SMEM_LIMIT})")
     return Status.success()
 
 
@@ -193,9 +280,9 @@ def shape_problem(c: Sm90W4A16Config, m: int, n: int, k: int, gated: bool = Fals
         return f"silu_mul needs N/2 = {n // 2} to be a multiple of {ROW_TILE} (whole gate and up row tiles)"
     if c.family == "mma" and gated and c.row_tiles % 2:
         return f"silu_mul needs an even number of row tiles per warp (gate + up), got {c.row_tiles}"
-    if c.family == "wgmma" and gated and c.tile_n % 32:
-        return f"silu_mul needs tile_n % 32 == 0 (gate and up halves), got {c.tile_n}"
-    if c.family == "mma":
+    if c.family == "wgmma" and gated and c.row_tiles % 2:
+        return f"silu_mul needs two row blocks per warpgroup (gate + up), got {c.row_tiles}"
+    if c.family in SM90_FAMILIES:
         nstage = -(-k // K_ALIGN) * (K_ALIGN // c.tile_k)
         if c.split_k > nstage:
             return f"split_k={c.split_k} exceeds the {nstage} pipeline stages of K={k}"
@@ -212,6 +299,13 @@ __all__ = [
     "MMA_TILE_M",
     "MMA_WARPS",
     "ROW_TILE",
+    "SWIZZLE_ATOM",
+    "WGMMA_CHUNKS_PER_STAGE",
+    "WGMMA_ROW_BLOCKS",
+    "WGMMA_SHAPES",
+    "WGMMA_STAGES",
+    "WGMMA_TILE_M",
+    "WGMMA_WARPS",
     "SM90_ARCHS",
     "SM90_FAMILIES",
     "Sm90W4A16Config",
@@ -220,4 +314,8 @@ __all__ = [
     "mma_stage_bytes",
     "shape_problem",
     "validate_config",
+    "wgmma_smem_bytes",
+    "wgmma_stage_bytes",
+    "wgmma_cta_role",
+    "wgmma_tail_tiles",
 ]

@@ -58,21 +58,13 @@ from .common import (
     Sm90KernelBase,
     Sm90TemplateBase,
     cp_async_commit,
-    cp_async_small,
-    cp_async_stream,
     cp_async_wait,
     cp_async_zfill,
     cta_barrier,
-    decode_word,
     evict_first_policy,
-    hmul2_bcast,
-    lds_u32,
-    lds_v2,
     lds_v4,
     mma_16816,
     scale_pair,
-    st_global_f32,
-    splitk_arrive,
 )
 from .config import CHUNK, Sm90W4A16Config, mma_stage_bytes
 from .operand import SCHEMES
@@ -137,22 +129,6 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             return bx * (self.W * self.RT) + warp * self.RT + rt
 
     @cute.jit
-    def produce_weights(self, sbase: Int32, st: Int32, gw: list, gs: list, sw_off: Int32, ss_off: Int32,
-                        policy: Int64):
-        """cp.async the weight vectors and scale words of global stage ``st`` into the ring slot at
-        ``sbase`` (``gw`` / ``gs``: this lane's weight / scale row pointers; ``sw_off`` / ``ss_off``:
-        its loop-invariant shared-memory offsets)."""
-        U = self.U
-        c0 = st * U  # first chunk of the stage
-        koff = Int64(c0) * 512
-        # scale words: [chunk // 4][lane][8 bytes]; a stage of 2 chunks is one 4-byte half
-        soff = Int64(c0 // 4) * 256 + Int64((c0 % 4) // 2) * 4
-        for rt in cutlass.range_constexpr(self.RT):
-            for u in cutlass.range_constexpr(U):
-                cp_async_stream(sbase + sw_off + (rt * U + u) * 512, gw[rt] + koff + u * 512, policy)
-            cp_async_small(sbase + ss_off + rt * (64 * U), gs[rt] + soff, policy, 2 * U)
-
-    @cute.jit
     def produce_x(self, sbase: Int32, st: Int32, xs: list, xd: list, xl: list, xv: list):
         """cp.async this thread's 16-byte pieces of the stage's tile_m x tile_k activation tile,
         zero-filled past M and K. Loop-invariant per piece: ``xs`` the source (row and piece
@@ -195,21 +171,8 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         n_pad = n_tiles * 16
         m0 = bm * self.tile_m
 
-        # K range of this split, in whole stages
-        n_stage = n_chunks // U
-        per = (n_stage + self.split_k - 1) // self.split_k
-        st_lo = bs * per
-        n_it = cutlass.max(cutlass.min(n_stage, st_lo + per) - st_lo, 0)
-
-        # loop-invariant addresses: this lane's weight / scale rows, its activation pieces
-        gw = []
-        gs = []
-        for rt in cutlass.range_constexpr(RT):
-            t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)  # loads stay in bounds
-            gw.append(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16))
-            gs.append(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8))
-        sw_off = (warp * RT * U) * 512 + lane * 16
-        ss_off = self.off_s + warp * RT * (64 * U) + lane * (2 * U)
+        st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
+        gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
         x_base = mX.iterator.toint()
         x_rs = Int64(mX.stride[0]) * 2
         per_row = self.cfg.tile_k // 8
@@ -260,14 +223,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             cp_async_commit()
 
             base = ring + (it % D) * self.stage_bytes
-            # scale words of this stage, per row tile (U=2: one word, U=4: two)
-            sw = []
-            for rt in cutlass.range_constexpr(RT):
-                sa = base + ss_off + rt * (64 * U)
-                if cutlass.const_expr(U == 2):
-                    sw.append([lds_u32(sa)])
-                else:
-                    sw.append(lds_v2(sa))
+            sw = self.scale_words(base, ss_off)
             for u in cutlass.range_constexpr(U):
                 # B fragments: token 8mg + g, 16 activations of block q of chunk u (32 bytes)
                 xb = []
@@ -278,66 +234,16 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
                     wv = lds_v4(base + sw_off + (rt * U + u) * 512)
                     sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
                     for s in cutlass.range_constexpr(4):
-                        o = decode_word(wv[s], self.kind)
-                        # rows g (o0, o2) times s_g, rows g + 8 (o1, o3) times s_g8
-                        a = (hmul2_bcast(o[0], sp, 0, self.x_is_bf16), hmul2_bcast(o[1], sp, 1, self.x_is_bf16),
-                             hmul2_bcast(o[2], sp, 0, self.x_is_bf16), hmul2_bcast(o[3], sp, 1, self.x_is_bf16))
+                        a = self.a_fragment(wv[s], sp)
                         for mg in cutlass.range_constexpr(MG):
                             i0 = (rt * MG + mg) * 4
                             d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
                                           [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
                             for i in cutlass.range_constexpr(4):
                                 acc[i0 + i] = d[i]
-        cp_async_wait(0)
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_launch_dependents()
-
-        # ---- epilogue
-        if cutlass.const_expr(self.split_k == 1):
-            self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, False,
-                                 mWork, Int32(0), n_pad)
-        else:
-            # partials -> workspace [split][M][n_pad]
-            for rt in cutlass.range_constexpr(RT):
-                t = self.tile_of(bx, warp, rt, n_tiles)
-                for mg in cutlass.range_constexpr(MG):
-                    for i in cutlass.range_constexpr(4):
-                        tok = m0 + mg * 8 + 2 * q + i % 2
-                        row = t * 16 + g + 8 * (i // 2)
-                        if (tok < m) & (t < n_tiles):
-                            addr = mWork.iterator.toint() + (Int64(bs * m + tok) * Int64(n_pad) + Int64(row)) * 4
-                            st_global_f32(addr, acc[(rt * MG + mg) * 4 + i])
-            grid_n = cute.arch.grid_dim()[0]
-            if splitk_arrive(mCount, bm * grid_n + bx, self.split_k, flag_t.iterator.toint(), tidx) == 1:
-                self.store_fragments(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, True,
-                                     mWork, m, n_pad)
-
-    @cute.jit
-    def store_fragments(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
-                        mOut: cute.Tensor, bx: Int32, warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32,
-                        n_tiles: Int32, n_out: Int32, from_work: bool, mWork: cute.Tensor, m_all: Int32,
-                        n_pad: Int32):
-        """Epilogue of this lane's fragment elements: (row g / g + 8 of each row tile) x (tokens
-        8mg + 2q, + 1). ``from_work``: the values are the sum of the split-K partials in split order."""
-        RT, MG = self.RT, self.MG
-        n_rt = RT // 2 if self.gated else RT
-        for rt in cutlass.range_constexpr(n_rt):
-            t = self.tile_of(bx, warp, rt, n_tiles)
-            tu = self.tile_of(bx, warp, rt + n_rt, n_tiles) if self.gated else t
-            for mg in cutlass.range_constexpr(MG):
-                for i in cutlass.range_constexpr(4):
-                    tok = m0 + mg * 8 + 2 * q + i % 2
-                    row = t * 16 + g + 8 * (i // 2)
-                    row_u = tu * 16 + g + 8 * (i // 2)
-                    feat = row
-                    if (tok < m) & (feat < n_out) & (t < n_tiles):
-                        vg = acc[(rt * MG + mg) * 4 + i]
-                        vu = Float32(0.0)
-                        if cutlass.const_expr(self.gated):
-                            vu = acc[((rt + n_rt) * MG + mg) * 4 + i]
-                        if cutlass.const_expr(from_work):
-                            vg, vu = self.splitk_sum(mWork, m_all, n_pad, tok, row, row_u)
-                        self.store_epilogue(mAlpha, mBias, mRes, mOut, tok, feat, row, vg, row_u, vu)
+        # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
+        self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
+                    n_pad, flag_t.iterator.toint(), tidx, bm * cute.arch.grid_dim()[0] + bx)
 
 
 class Sm90W4A16MmaTemplate(Sm90TemplateBase):

@@ -273,6 +273,35 @@ def prepare_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight
     return Sm90Weight(w_out, s_out, ws2, n, k, n_pad, k_pad, kind)
 
 
+# --------------------------------------------------------------------------- the wgmma family's activation operand
+
+
+def x_slot_offset(r, pair):
+    """Byte offset, in the wgmma family's shared-memory activation tile of one 64-deep chunk (the
+    WGMMA B operand: token rows of 128 bytes, K-major, 128-byte swizzle), of token row ``r``'s
+    activation pair ``pair`` (K = 2 pair, 2 pair + 1 of the chunk).
+
+    The weight operand fixes the K order: in k-step ``s`` of a chunk, lane ``(g, q)``'s A
+    registers hold K = 16 q + 4 s + {0, 1} at MMA k-slots 2q, 2q + 1 and K = 16 q + 4 s + {2, 3}
+    at 2q + 8, 2q + 9 (the word layout above). So pair ``8 q + 2 s + v`` goes to k-slot pair
+    ``8 s + 4 v + q`` of the row, i.e. 16-byte unit ``2 s + v`` at 4-byte position ``q``, and the
+    swizzle stores unit ``j`` of row ``r`` at unit ``j ^ (r % 8)`` (1024-byte atoms of 8 rows).
+    Plain integer arithmetic: the kernel evaluates it on DSL integers, the tests on Python ints."""
+    q = pair // 8
+    s = (pair % 8) // 2
+    v = pair % 2
+    return r * 128 + (((2 * s + v) ^ (r % 8)) * 16) + 4 * q
+
+
+def sw128_kmajor_offset(r, k):
+    """Byte offset the tensor cores read for element ``(row r, k)`` of a K-major bf16/fp16 operand
+    with the 128-byte swizzle whose descriptor starts at a 1024-byte aligned tile (PTX ISA,
+    "Shared Memory Matrix Layout", 128B swizzling; ``k`` < 64 within the 128-byte row): the
+    16-byte unit ``k // 8`` of row ``r`` lives at unit ``(k // 8) ^ (r % 8)``. A k-step ``s``
+    (16 deep) starts its descriptor 32 bytes further, so it reads ``k = 16 s + kk``."""
+    return (r // 8) * 1024 + (r % 8) * 128 + (((k // 8) ^ (r % 8)) * 16) + (k % 8) * 2
+
+
 # --------------------------------------------------------------------------- torch references of the kernel's decode
 
 
@@ -366,4 +395,6 @@ __all__ = [
     "pad_rows_for",
     "prepare_sm90_weight",
     "restore_codes",
+    "sw128_kmajor_offset",
+    "x_slot_offset",
 ]

@@ -1,29 +1,57 @@
-"""sm_90a NVFP4 weight-only (W4A16) WGMMA family: larger M (tens to hundreds of tokens), in CuTeDSL.
+"""sm_90a NVFP4 weight-only (W4A16) WGMMA kernel: tens to hundreds of tokens per CTA, in CuTeDSL.
 
     out[m, f] = epilogue( alpha * sum_k x[m, k] * E2M1[q[f, k]] * s[f, k // 16] )
 
-Each CTA computes a ``tile_m x tile_n`` output tile (tokens x weight rows) with one warpgroup per
-64 tokens (``num_warps = 4 * tile_m / 64``), stepping K by one 64-element chunk of the prepared
-weight (:mod:`.operand`):
+Swap-AB on the warpgroup MMA: ``wgmma.mma_async.m64nNk16`` with the **decoded weights as the
+register A operand** (64 weight rows per warpgroup and row block, M of the MMA) and the CTA's
+``tile_m`` tokens as N, read by the tensor cores from shared memory (the B operand), fp32
+accumulators in registers.
 
-1. all threads load the activation tile ``x[m0:m0+tile_m, k0:k0+64]`` with 16-byte loads (zero
-   past K) and store it into a 128-byte-swizzled K-major shared-memory tile (the WGMMA A operand);
-2. all threads take the CTA's ``tile_n / 16`` weight row tiles x 32 lane vectors of the chunk
-   (16-byte ``ld.global.nc.L1::no_allocate`` loads), decode them exactly as the mma family does
-   (rotations + selects, then one packed multiply by the re-encoded block scales: ``E2M1 * s *
-   2**-7``, exact in bf16 and fp16) and store the values into the swizzled K-major B tile;
-3. ``fence.proxy.async.shared::cta`` + barrier (generic-proxy stores read by the tensor cores), then
-   4 ``wgmma.mma_async`` k-steps of 16 accumulate in fp32 registers; wait; barrier.
+A operand, no shared-memory round trip: the register A fragment of ``m64nNk16`` is, per warp, the
+``mma.m16n8k16`` A fragment of its 16 rows, which is exactly what one 32-bit word of a lane's
+16-byte weight vector decodes to (:mod:`.operand`, the ``mma`` family's decode): 4 rotations and
+5 masks / selects give ``E2M1 * 2**-126`` (fp16: ``2**-14``) pairs, one packed multiply each by
+the lane's re-encoded block scales makes them ``E2M1 * s * 2**-7``, exact; the epilogue restores
+2**7 in fp32. Warp ``w`` of warpgroup ``wg`` owns, in row block ``b``, the 16-row tile
+``4 (wg R + b) + w`` of the CTA (``silu_mul``: block 0 gate rows, block 1 the matching up rows).
 
-One shared-memory stage, no warp specialisation: the tensor cores do the math but loads, decode
-and MMAs do not overlap. The fp32 tile goes through shared memory so the epilogue
-(:class:`~.common.Sm90KernelBase`: unscale 2**7 -> alpha -> bias -> activation -> residual, one
-rounding) can pair the gate and up columns of ``silu_mul`` (a CTA takes ``tile_n / 2`` gate rows
-and the matching up rows). ``split_k > 1``: raw partials to the fp32 workspace, and the CTA that
-arrives last at its tile's counter sums them in split order (deterministic) and runs the epilogue.
+B operand: the activation tile of each 64-deep chunk, ``tile_m`` rows of 128 bytes, K-major with
+the 128-byte swizzle (1024-byte atoms of 8 rows; 16-byte unit ``j`` of row ``r`` stored at unit
+``j ^ (r % 8)``), one descriptor per chunk, ``+ 32`` bytes per 16-deep k-step. The weight operand
+fixes the K order inside a chunk: in k-step ``s``, lane ``(g, q)`` holds K = 16 q + 4 s + {0, 1}
+(MMA k = 2q, 2q+1) and 16 q + 4 s + {2, 3} (MMA k = 2q + 8, 2q + 9), so the pair of activations
+at K = 2P (P = 8 q + 2 s + v) is stored at MMA k-slot pair ``8 s + 4 v + q`` of the row
+(:func:`x_slot_offset`); each pair is copied with a 4-byte ``cp.async`` (lane = P, so a warp
+reads one 128-byte row segment), zero-filled past K; rows past M re-read row M - 1 (their
+results are never stored).
 
-Constraints: tile_m 64 | 128, tile_n a multiple of 16 in [16, 128] (32 for ``silu_mul``), tile_k
-64, stages 1, bf16/fp16 activations, K % 32 == 0 (the prepared weight pads K to 256).
+Pipeline: a CTA-wide ring of ``stages`` shared-memory stages of ``tile_k`` = 64 x 2 or 4 chunks
+(weights: each lane's own 16-byte vectors, ``cp.async.cg`` with an L2 evict-first policy; its
+scale words; the swizzled activation chunks), ``stages - 2`` stages in flight ahead of the math:
+iteration ``it`` waits for stage ``it`` (``cp.async.wait_group stages - 3``, ``fence.proxy.async``
+so the tensor cores see the copies, one CTA barrier), refills the slot of stage ``it - 2`` --
+whose WGMMAs completed during iteration ``it - 1`` -- and computes. Per 16-deep k-step a
+warpgroup decodes its A registers, fences (``wgmma.fence``), issues one WGMMA per row block,
+commits, and waits until only that group is pending (``wgmma.wait_group 1``): the decode of k-step
+s + 1 runs while the tensor cores work on k-step s, and at most two k-steps of A registers are
+live. With PDL the prologue's weight copies are issued before ``griddepcontrol.wait``.
+
+Grid: one dimension of CTAs over the output tiles in M-fastest order (the M tiles of one row
+block are adjacent in launch order, so they run side by side and the weights come from DRAM
+once). With ``split_k > 1`` only the tiles of the last, partial wave on the target's SMs (every
+tile when there are fewer tiles than SMs; :func:`~.config.wgmma_tail_tiles`) are split: they come
+after the whole tiles, ``split_k`` adjacent CTAs each computing a share of the K stages
+(:func:`~.config.wgmma_cta_role`; the kernel recovers the tail from its grid size), and their fp32
+partials are reduced in-kernel as in the ``mma`` family (the last CTA of the tile sums them in
+split order: deterministic). So a tensor-bound grid does not idle SMs in its last wave and the
+full waves pay no partial traffic. The epilogue is the ``mma`` family's
+(:meth:`~.common.Sm90KernelBase.finish`): the accumulator fragment is the ``m16n8`` C layout per 16
+rows and 8 tokens.
+
+Constraints (:func:`~.config.validate_config`, :func:`~.config.shape_problem`): tile_m one of
+16 .. 256 (the WGMMA's N), 4 or 8 warps, tile_n = 64 x (1 or 2) row blocks x warpgroups, at most
+128 accumulator registers per thread, tile_k 128 | 256, 3..6 stages, K % 32 == 0, ``silu_mul``
+with two row blocks per warpgroup, bf16/fp16 activations.
 """
 
 from __future__ import annotations
@@ -31,10 +59,8 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
-from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
-from cutlass.tensor_utils import LayoutEnum
+from cutlass.cute.nvgpu import warpgroup
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
@@ -42,31 +68,59 @@ from ..registry import register_template
 from .common import (
     Sm90KernelBase,
     Sm90TemplateBase,
-    decode_word,
-    hmul2_bcast,
-    ld_cached_v4,
-    ld_stream_u32,
-    ld_stream_v4,
-    pair_to_f32,
+    cp_async_commit,
+    cp_async_small4,
+    cp_async_wait,
+    cta_barrier,
+    evict_first_policy,
+    fence_proxy_async_smem,
+    fence_regs,
+    lds_v4,
     scale_pair,
-    splitk_arrive,
-    st_global_f32,
+    smem_desc_sw128,
+    wgmma_rs,
 )
-from .config import CHUNK, Sm90W4A16Config
-from .operand import SCHEMES
+from .config import SWIZZLE_ATOM, Sm90W4A16Config, wgmma_cta_role, wgmma_stage_bytes, wgmma_tail_tiles
+from .operand import SCHEMES, x_slot_offset
 
-BK = CHUNK  # K elements per main-loop step (4 WGMMA k-steps of 16)
+
+def _select(c, a, b):
+    """``a if c else b`` on DSL integers (the config module's role arithmetic)."""
+    return cutlass.select_(c, Int32(a), Int32(b))
+
+
+def _get(acc, i0: int, n: int) -> list:
+    """``acc[i0 : i0 + n]`` as a list of values (plain Python: unrolled while tracing)."""
+    return [acc[i0 + i] for i in range(n)]
+
+
+def _put(acc, i0: int, vals: list) -> None:
+    for i, v in enumerate(vals):
+        acc[i0 + i] = v
 
 
 class Sm90W4A16WgmmaKernel(Sm90KernelBase):
-    """Dequantize-to-shared-memory + WGMMA kernel (see the module docstring)."""
+    """Register-A WGMMA kernel (see the module docstring)."""
 
-    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
+    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16", sm_count: int = 132):
         self.init_common(config, epilogue, x_format, "wgmma")
-        self.ab_dtype = cutlass.BFloat16 if self.x_is_bf16 else cutlass.Float16
+        self.sm_count = sm_count  # the split tail is the last partial wave on this many SMs
+        c = config
+        self.W, self.RT, self.U, self.MG, self.D = c.num_warps, c.row_tiles, c.chunks_per_stage, c.m_groups, c.stages
+        self.G = c.num_warps // 4
+        self.pdl = c.pdl
+        if self.gated and self.RT % 2:
+            raise ValueError("silu_mul needs two row blocks per warpgroup")
+        sb = wgmma_stage_bytes(c)
+        self.off_s = sb["weights"]
+        self.off_x = sb["weights"] + sb["scales"] + sb["pad"]
+        self.stage_bytes = sum(sb.values())
+        self.ring_bytes = self.D * self.stage_bytes
+        self.chunk_x_bytes = c.tile_m * 128
+        self.rows_per_thread = c.tile_m // c.num_warps  # activation rows each thread copies per chunk
+        self.x_period = max(1, 8 // c.num_warps)  # rows r = warp + W i repeat r % 8 every x_period
         sch = SCHEMES[x_format]
         self.s_shift, self.s_add = sch.scale_shift, sch.scale_add
-        self.n_rtiles = self.tile_n // 16
 
     # ----------------------------------------------------------------------------- host
     @cute.jit
@@ -83,32 +137,33 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         mCount: cute.Tensor,
         stream: cuda.CUstream,
     ):
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_m // 64, 1, 1), (64, self.tile_n),
-        )
-        tiler = (self.tile_m, self.tile_n, BK)
-        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, self.ab_dtype, 1)
-        sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, self.ab_dtype, 1)
         m = mX.shape[0]
         n_out = mOut.shape[1]
         grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
         grid_m = (m + self.tile_m - 1) // self.tile_m
-        self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork, mCount, tiled_mma, sA_layout, sB_layout).launch(
-            grid=(grid_n, self.split_k, grid_m), block=(self.threads, 1, 1), stream=stream
+        tiles = grid_n * grid_m
+        ctas = tiles
+        if cutlass.const_expr(self.split_k > 1):  # the tail tiles run split_k CTAs each
+            tail = wgmma_tail_tiles(tiles, self.split_k, self.sm_count, _select)
+            ctas = tiles + tail * (self.split_k - 1)
+        self.kernel(mX, mW, mS, mAlpha, mBias, mRes, mOut, mWork, mCount).launch(
+            grid=(ctas, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
+    # ----------------------------------------------------------------------------- device helpers
     @cute.jit
-    def tile_of(self, bx: Int32, rt: Int32, n_tiles: Int32) -> Int32:
-        """Global 16-row tile of the CTA's row tile ``rt`` (gate tiles, then the matching up tiles)."""
+    def tile_of(self, bx: Int32, warp: Int32, rt: int, n_tiles: Int32):
+        """Global 16-row tile of this warp's row block ``rt`` (warp ``w`` of warpgroup ``wg``)."""
+        wg = warp // 4
+        w = warp % 4
         if cutlass.const_expr(self.gated):
-            h = self.n_rtiles // 2
-            t = bx * h + rt
-            if rt >= h:
-                t = bx * h + rt - h + n_tiles // 2
+            h = self.RT // 2
+            t = bx * (self.G * 4 * h) + wg * (4 * h) + (rt % h) * 4 + w
+            if cutlass.const_expr(rt >= h):
+                t = t + n_tiles // 2
             return t
         else:
-            return bx * self.n_rtiles + rt
+            return bx * (self.G * 4 * self.RT) + wg * (4 * self.RT) + rt * 4 + w
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
@@ -123,143 +178,135 @@ class Sm90W4A16WgmmaKernel(Sm90KernelBase):
         mOut: cute.Tensor,
         mWork: cute.Tensor,
         mCount: cute.Tensor,
-        tiled_mma: cute.TiledMma,
-        sA_layout: cute.ComposedLayout,
-        sB_layout: cute.ComposedLayout,
     ):
-        BM, BN, NT = self.tile_m, self.tile_n, self.threads
+        RT, U, MG, D, W, S = self.RT, self.U, self.MG, self.D, self.W, self.split_k
         tidx, _, _ = cute.arch.thread_idx()
-        bx, bs, bm = cute.arch.block_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        g = lane // 4
+        q = lane % 4
 
         m = mX.shape[0]
         k = mX.shape[1]
         n_tiles = mW.shape[0]
         n_out = mOut.shape[1]
-        n_pad = n_tiles * 16
         n_chunks = mW.shape[1] // 512
+        n_pad = n_tiles * 16
+
+        # this CTA's output tile (M-fastest order) and K range: whole tiles first, then the split tail
+        tile, bs, is_tail, bm, bx = self.role(cta, m, n_out)
+        m0 = bm * self.tile_m
+        n_stage = n_chunks // U
+        st_lo, n_it = Int32(0), n_stage
+        if cutlass.const_expr(S > 1):
+            sp_lo, sp_n = self.split_range(n_chunks, bs)
+            st_lo = cutlass.select_(is_tail, sp_lo, Int32(0))
+            n_it = cutlass.select_(is_tail, sp_n, n_stage)
+        gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
+        # activations: this thread copies pair P = lane of rows warp + W i; the destination of row
+        # warp + W i is xd[i % x_period] + 128 W (i - i % x_period)
+        x_rs = Int64(mX.stride[0]) * 2
+        xs = []  # this lane's pair in each of its rows (rows past M: row M - 1)
+        for i in cutlass.range_constexpr(self.rows_per_thread):
+            tok = cutlass.min(m0 + warp + W * i, m - 1)
+            xs.append(mX.iterator.toint() + Int64(tok) * x_rs + Int64(lane * 4))
+        xd = []
+        for j in cutlass.range_constexpr(self.x_period):
+            xd.append(self.off_x + x_slot_offset(warp + W * j, lane))
+        k_last = k - 2 - 2 * lane  # last in-range pair start of this lane, relative to the chunk start
 
         smem = cutlass.memory.SmemAllocator()
-        sA = smem.allocate_tensor(self.ab_dtype, sA_layout.outer, 1024, swizzle=sA_layout.inner)
-        sB = smem.allocate_tensor(self.ab_dtype, sB_layout.outer, 1024, swizzle=sB_layout.inner)
-        # fp32 tile indexed sC[n, m], laid out as a row-major [BM, BN + 1] array
-        sC = smem.allocate_tensor(Float32, cute.make_layout((BN, BM), stride=(1, BN + 1)), 16)
+        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), SWIZZLE_ATOM)
         flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        ring = ring_t.iterator.toint()
+        policy = evict_first_policy()
 
-        thr_mma = tiled_mma.get_slice(tidx)
-        tCsA = thr_mma.partition_A(sA)
-        tCsB = thr_mma.partition_B(sB)
-        tCrA = tiled_mma.make_fragment_A(tCsA)
-        tCrB = tiled_mma.make_fragment_B(tCsB)
-        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
+        acc = cute.make_rmem_tensor((RT * MG * 4,), Float32)
         acc.fill(0.0)
+        # opaque from here on: no constant zeros rematerialised into the accumulator registers (on a
+        # path that skips the loop), which would make ptxas serialise the WGMMAs (C7515)
+        _put(acc, 0, fence_regs(_get(acc, 0, RT * MG * 4)))
 
-        x_base = mX.iterator.toint()
-        x_rs = Int64(mX.stride[0]) * 2
-        per = (n_chunks + self.split_k - 1) // self.split_k
-        kt_lo = bs * per
-        kt_hi = cutlass.min(n_chunks, kt_lo + per)
+        # ---- prologue: weights of stages 0..D-3 first (they do not depend on the previous kernel)
+        for j in cutlass.range_constexpr(D - 2):
+            if j < n_it:
+                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, gw, gs, sw_off, ss_off, policy)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        for j in cutlass.range_constexpr(D - 2):
+            if j < n_it:
+                self.copy_x(ring + j * self.stage_bytes, st_lo + j, xs, k_last, xd)
+            cp_async_commit()
 
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        for kt in cutlass.range(kt_lo, kt_hi, unroll=1):
-            # ---- A: activations, 16-byte pieces (8 elements), BM x 64 -> swizzled smem (zero past K)
-            for c in cutlass.range_constexpr(BM * BK // 8 // NT):
-                piece = c * NT + tidx
-                r = piece // (BK // 8)
-                kc = piece % (BK // 8)
-                mr = cutlass.min(bm * BM + r, m - 1)  # rows past M: clamped loads, results dropped
-                kk = kt * BK + kc * 8
-                words = ld_cached_v4(x_base + Int64(mr) * x_rs + Int64(cutlass.min(kk, k - 8)) * 2)
-                for j in cutlass.range_constexpr(4):
-                    lo, hi = pair_to_f32(words[j], self.x_is_bf16)
-                    lo = Float32(cutlass.select_(kk < k, lo, Float32(0.0)))
-                    hi = Float32(cutlass.select_(kk < k, hi, Float32(0.0)))
-                    sA[(r, kc * 8 + 2 * j, 0)] = lo.to(self.ab_dtype)
-                    sA[(r, kc * 8 + 2 * j + 1, 0)] = hi.to(self.ab_dtype)
-            # ---- B: weights, one lane vector (rows g, g + 8 of a row tile, block q) per task
-            for c in cutlass.range_constexpr((self.n_rtiles * 32 + NT - 1) // NT):
-                task = c * NT + tidx
-                # with fewer tasks than threads the surplus threads redo the last one (same value,
-                # same address: a benign duplicate store), keeping the loop free of divergence
-                task = cutlass.min(task, self.n_rtiles * 32 - 1)
-                rt = task // 32
-                ln = task % 32
-                g = ln // 4
-                q = ln % 4
-                t = cutlass.min(self.tile_of(bx, rt, n_tiles), n_tiles - 1)  # rows past N: never stored
-                wrow = mW.iterator.toint() + Int64(t) * Int64(mW.stride[0])
-                srow = mS.iterator.toint() + Int64(t) * Int64(mS.stride[0])
-                wv = ld_stream_v4(wrow + Int64(kt) * 512 + Int64(ln * 16))
-                sw = ld_stream_u32(srow + Int64(kt // 4) * 256 + Int64(ln * 8) + Int64((kt % 4) // 2) * 4)
-                sp = scale_pair(sw, 0, self.s_shift, self.s_add)
-                if kt % 2 == 1:
-                    sp = scale_pair(sw, 1, self.s_shift, self.s_add)
+        # ---- main loop
+        for it in cutlass.range(n_it, unroll=1):
+            cp_async_wait(D - 3)
+            fence_proxy_async_smem()
+            cta_barrier()
+            nxt = it + (D - 2)
+            if nxt < n_it:
+                sbase_n = ring + (nxt % D) * self.stage_bytes
+                self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
+                self.copy_x(sbase_n, st_lo + nxt, xs, k_last, xd)
+            cp_async_commit()
+
+            base = ring + (it % D) * self.stage_bytes
+            # pin the accumulators (an empty asm that takes and returns them) so register allocation
+            # keeps them in place across the loop: a copy between a WGMMA and its wait makes ptxas
+            # serialise the WGMMAs (C7515)
+            _put(acc, 0, fence_regs(_get(acc, 0, RT * MG * 4)))
+            sw = self.scale_words(base, ss_off)
+            for u in cutlass.range_constexpr(U):
+                wv = []
+                sp = []
+                for rt in cutlass.range_constexpr(RT):
+                    wv.append(lds_v4(base + sw_off + (rt * U + u) * 512))
+                    sp.append(scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add))
+                desc = smem_desc_sw128(base + self.off_x + u * self.chunk_x_bytes)
                 for s in cutlass.range_constexpr(4):
-                    o = decode_word(wv[s], self.kind)
-                    for j in cutlass.range_constexpr(4):
-                        v = hmul2_bcast(o[j], sp, j % 2, self.x_is_bf16)  # E2M1 * s * 2**-7, exact
-                        lo, hi = pair_to_f32(v, self.x_is_bf16)
-                        row = rt * 16 + g + 8 * (j % 2)
-                        kk = q * 16 + 4 * s + 2 * (j // 2)
-                        sB[(row, kk, 0)] = lo.to(self.ab_dtype)
-                        sB[(row, kk + 1, 0)] = hi.to(self.ab_dtype)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.sync_threads()
-            # ---- WGMMA over the 64-deep K step
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, 0)], tCrB[(None, None, kb, 0)], acc)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            cute.arch.sync_threads()
-
-        # ---- accumulators -> shared memory (so gate/up columns can pair), then the epilogue
-        cC = cute.make_identity_tensor((BM, BN))
-        tCcC = thr_mma.partition_C(cC)
-        for i in cutlass.range(cute.size(acc), unroll_full=True):
-            mi, ni = tCcC[i]
-            sC[ni, mi] = acc[i]
-        cute.arch.sync_threads()
-        if cutlass.const_expr(self.split_k == 1):
-            self.store_tile(sC, mAlpha, mBias, mRes, mOut, mWork, m, n_pad, n_tiles, n_out, tidx, bx, bm, False)
-        else:
-            for i in cutlass.range(tidx, BN * BM, NT):
-                r = i % BN
-                mi = i // BN
-                tok = bm * BM + mi
-                t = self.tile_of(bx, r // 16, n_tiles)
-                row = t * 16 + r % 16
-                if (tok < m) & (t < n_tiles):
-                    st_global_f32(mWork.iterator.toint() + (Int64(bs * m + tok) * Int64(n_pad) + Int64(row)) * 4,
-                                  sC[r, mi])
-            grid_n = cute.arch.grid_dim()[0]
-            if splitk_arrive(mCount, bm * grid_n + bx, self.split_k, flag_t.iterator.toint(), tidx) == 1:
-                self.store_tile(sC, mAlpha, mBias, mRes, mOut, mWork, m, n_pad, n_tiles, n_out, tidx, bx, bm, True)
+                    a = [self.a_fragment(wv[rt][s], sp[rt]) for rt in range(RT)]
+                    warpgroup.fence()
+                    for rt in cutlass.range_constexpr(RT):
+                        i0 = rt * MG * 4
+                        d = wgmma_rs(_get(acc, i0, MG * 4), a[rt], desc + 2 * s, self.tile_m, self.x_is_bf16)
+                        _put(acc, i0, d)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+        warpgroup.wait_group(0)
+        _put(acc, 0, fence_regs(_get(acc, 0, RT * MG * 4)))
+        # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
+        # the role again from the block index: nothing of it stays live across the main loop
+        tile, bs, is_tail, bm, bx = self.role(cute.arch.block_idx()[0], m, n_out)
+        self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, bm * self.tile_m,
+                    n_tiles, n_out, n_pad, flag_t.iterator.toint(), tidx, tile, is_tail)
 
     @cute.jit
-    def store_tile(self, sC: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
-                   mOut: cute.Tensor, mWork: cute.Tensor, m: Int32, n_pad: Int32, n_tiles: Int32, n_out: Int32,
-                   tidx: Int32, bx: Int32, bm: Int32, from_work: bool):
-        """The epilogue of the CTA's features (consecutive threads: consecutive features of one
-        token). ``from_work``: values are the split-K partials summed in split order."""
-        nf = self.feat_per_cta
-        for i in cutlass.range(tidx, nf * self.tile_m, self.threads):
-            r = i % nf
-            mi = i // nf
-            tok = bm * self.tile_m + mi
-            t = self.tile_of(bx, r // 16, n_tiles)
-            row = t * 16 + r % 16
-            ru = r + nf if self.gated else r
-            tu = self.tile_of(bx, ru // 16, n_tiles)
-            row_u = tu * 16 + ru % 16
-            if (tok < m) & (row < n_out) & (t < n_tiles):
-                vg = sC[r, mi]
-                vu = Float32(0.0)
-                if cutlass.const_expr(self.gated):
-                    vu = sC[ru, mi]
-                if cutlass.const_expr(from_work):
-                    vg, vu = self.splitk_sum(mWork, m, n_pad, tok, row, row_u)
-                self.store_epilogue(mAlpha, mBias, mRes, mOut, tok, row, row, vg, row_u, vu)
+    def role(self, cta: Int32, m: Int32, n_out: Int32):
+        """(tile, split part, split?, M tile, row block) of CTA ``cta`` (:func:`~.config.wgmma_cta_role`;
+        the tail size from the grid: ``(grid - tiles) / (split_k - 1)``)."""
+        grid_m = (m + self.tile_m - 1) // self.tile_m
+        tiles = grid_m * ((n_out + self.feat_per_cta - 1) // self.feat_per_cta)
+        tail = Int32(0)
+        if cutlass.const_expr(self.split_k > 1):
+            tail = (cute.arch.grid_dim()[0] - tiles) // (self.split_k - 1)
+        tile, part, is_tail = wgmma_cta_role(cta, tiles, tail, self.split_k, _select)
+        return tile, part, is_tail, tile % grid_m, tile // grid_m
+
+    @cute.jit
+    def copy_x(self, sbase: Int32, st: Int32, xs: list, k_last: Int32, xd: list):
+        """cp.async this thread's activation pairs of global stage ``st`` -- pair ``lane`` of every
+        chunk in each of its rows (``xs``: the pair's address in row ``warp + W i``, rows past M
+        clamped to M - 1) -- into the stage's swizzled chunk tiles (:func:`~.operand.x_slot_offset`);
+        zero-filled past K, where the address stays at the row's last in-range pair."""
+        W, P = self.W, self.x_period
+        for u in cutlass.range_constexpr(self.U):
+            kc = st * self.cfg.tile_k + u * 64  # K of the chunk's first element
+            nbytes = cutlass.select_(kc <= k_last, Int32(4), Int32(0))
+            koff = Int64(cutlass.min(kc, k_last)) * 2
+            dst_u = sbase + u * self.chunk_x_bytes
+            for i in cutlass.range_constexpr(self.rows_per_thread):
+                cp_async_small4(dst_u + xd[i % P] + 128 * W * (i - i % P), xs[i] + koff, nbytes)
 
 
 class Sm90W4A16WgmmaTemplate(Sm90TemplateBase):
@@ -270,9 +317,14 @@ class Sm90W4A16WgmmaTemplate(Sm90TemplateBase):
     kernel_class = Sm90W4A16WgmmaKernel
 
     def gated_problem(self, c: Sm90W4A16Config) -> str | None:
-        return f"silu_mul needs tile_n % 32 == 0 (gate and up halves), got {c.tile_n}" if c.tile_n % 32 else None
+        if c.row_tiles % 2:
+            return f"silu_mul needs two row blocks per warpgroup (gate + up), got {c.row_tiles}"
+        return None
+
+    def kernel_kwargs(self, spec) -> dict:
+        return {"sm_count": spec.hw.sm_count}
 
 
 TEMPLATE = register_template(Sm90W4A16WgmmaTemplate(), replace=True)
 
-__all__ = ["BK", "Sm90W4A16WgmmaKernel", "Sm90W4A16WgmmaTemplate", "TEMPLATE"]
+__all__ = ["Sm90W4A16WgmmaKernel", "Sm90W4A16WgmmaTemplate", "TEMPLATE"]

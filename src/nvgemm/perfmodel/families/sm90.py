@@ -114,6 +114,14 @@ class _Sm90Base(FamilyFacts):
     def shape_problem(self, c, m, n, k):
         return shape_problem(c, m, n, k)
 
+    def loop_key(self, config):
+        """The main loop does not depend on split_k (a split runs fewer iterations of the same loop)."""
+        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
+
+    def elems_per_thread_iter(self, c) -> float:
+        """Weight elements a thread decodes per main-loop iteration: row tiles x chunks x 32."""
+        return c.row_tiles * c.chunks_per_stage * 32
+
     def parse_name(self, name: str):
         try:
             c = config_from_name(name)
@@ -127,12 +135,6 @@ class MmaFacts(_Sm90Base):
     name = "sm90.mma"
     family_field = "mma"
     stream_load = r"^LDGSTS"
-
-    def loop_key(self, config):
-        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
-
-    def elems_per_thread_iter(self, c) -> float:
-        return c.row_tiles * c.chunks_per_stage * 32
 
     def min_round_trips(self, c) -> float:
         return 1.0 / (c.stages - 1)
@@ -183,12 +185,6 @@ class WgmmaFacts(_Sm90Base):
     name = "sm90.wgmma"
     family_field = "wgmma"
     stream_load = r"^LDGSTS"
-
-    def loop_key(self, config):
-        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
-
-    def elems_per_thread_iter(self, c) -> float:
-        return c.row_tiles * c.chunks_per_stage * 32
 
     def min_round_trips(self, c) -> float:
         return 1.0 / (c.stages - 2)

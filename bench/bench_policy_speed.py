@@ -10,13 +10,15 @@ Measured, in this order, in one process:
 3. the same shapes again (the policy memo answers);
 4. decode rules only (``use_nvmmh=False``);
 5. a dynamic-M problem split into the 6 buckets of 1..256 (``bucket_candidates``);
-6. unseen shapes on an H200 target: the sm90 W4A16 policy, which ranks its ~30 implementable
-   configs with the performance model (no nvMatmulHeuristics precision exists for bf16 x fp4).
+6. unseen shapes on an H200 target: the sm90 W4A16 policy, which ranks its 13-139 implementable
+   configs (by M) with the performance model (no nvMatmulHeuristics precision exists for bf16 x fp4);
+7. the same kind of sm90 calls with Python's cyclic garbage collector paused (what the tail of 6 is).
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import platform
 import statistics
@@ -77,6 +79,14 @@ def main() -> int:
     h200 = dict(a_format="bf16", target=Target.from_gpu("H200"))
     candidates(GemmProblem(n=4096, k=4096, m=1, **h200))  # loads the model's SASS facts table once
     sm90, sm90_cpu = _time(_problems(256, **h200))
+    # the same kind of calls with Python's cyclic GC paused: the difference is the collector, whose
+    # full passes over every object of a process holding torch land on whichever call triggers them
+    gc.collect()
+    gc.disable()
+    try:
+        sm90_nogc, sm90_nogc_cpu = _time(_problems(320, **h200))
+    finally:
+        gc.enable()
     t, c = time.perf_counter(), time.thread_time()
     per = bucket_candidates(GemmProblem(n=6336, k=4096, m_range=(1, 256)))
     bucket_cpu = (time.thread_time() - c) * 1e3
@@ -107,6 +117,7 @@ def main() -> int:
         ("repeated shapes (policy memo)", repeat, repeat_cpu),
         ("unseen shapes, decode rules only (use_nvmmh=False)", rules, rules_cpu),
         ("unseen shapes, H200 sm90 policy (model-ranked)", sm90, sm90_cpu),
+        ("unseen shapes, H200 sm90 policy, Python GC paused", sm90_nogc, sm90_nogc_cpu),
     ):
         pr(_row(f"{name} | wall", w))
         pr(_row(f"{name} | CPU", c))
@@ -123,8 +134,11 @@ def main() -> int:
        f"calls are within 1 ms CPU, the slowest {100 - share:.0f}% are not. Most of an unseen-shape call is "
        "nvMatmulHeuristics' `getEx` (search + one runtime estimate per returned config); the rule part is the "
        "rules-only row. Repeated shapes hit the policy memo. The H200 row is the sm90 policy, which prices "
-       "every implementable config with the performance model (~0.1 ms each): it misses the 1 ms target on "
-       "unseen shapes and pays it once per (N, K, M bucket) per process.")
+       "every implementable config with the performance model (~0.1 ms each, 13-139 configs by M): it misses "
+       "the 1 ms target on unseen shapes and pays it once per shape per process (the sm90 runtime memoises its "
+       "pick per exact (M, N, K), the torch.compile lowering per M bucket). Its p99 / max are Python's full "
+       "garbage collections (compare the GC-paused row), which an allocation-heavy call triggers in a process "
+       "that holds torch.")
     return 0
 
 

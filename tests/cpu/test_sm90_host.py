@@ -2,7 +2,7 @@
 ``cutedsl_sm90`` backend), tested on CPU against ``nvgemm.formats`` and the emulated op.
 
 * operand: the weight re-layout is a bijection (every code in every position comes back), the
-  kernel's decode -- rotations, masks, ``lop3`` selects, re-encoded scales, the packed multiply --
+  kernel's decode -- rotations, masks, ``lop3`` masked XORs, re-encoded scales, the packed multiply --
   written in torch (``operand.decode_ref``) gives exactly ``E2M1 * s`` for every (code, e4m3 scale)
   pair, zero, negative and subnormal scales included, in bf16 and fp16;
 * ``kernel_view_ref`` (the kernels' arithmetic on the prepared arguments) agrees with the emulated
@@ -68,18 +68,49 @@ def _layer(n, k, *, vector_alpha=False):
 
 
 @pytest.mark.parametrize("kind", list(SCHEMES))
-def test_decode_scheme_is_a_bit_permutation(kind):
-    """Output bits o0..o3 draw on 32 distinct source bits (the re-layout is invertible), each output
-    holds exactly its two elements' sign/exponent/mantissa fields, and the select masks only pick
-    field bits."""
-    from nvgemm.templates.sm90.operand import _word_plan
+def test_decode_scheme_is_invertible_and_eight_instructions(kind):
+    """The 32 output field bits are independent linear functions of the word (the encoder finds a
+    spanning tree, so the re-layout is a bijection), the decode costs 4 rotations + 4 lop3, and
+    every word decodes back to the codes it was built from, bit for bit, in both directions."""
+    from nvgemm.templates.sm90.operand import _terms, _word_plan, decode_words_ref
 
-    plan = _word_plan(kind)
-    assert len(set(plan)) == 32
     sch = SCHEMES[kind]
     assert bin(sch.field_mask).count("1") == 8
-    for j in (1, 2, 3):
-        assert sch.select_mask(j) & ~sch.field_mask == 0
+    assert sch.instructions() == 8 and len(sch.rotations) == 4
+    plan = _word_plan(kind)
+    terms = _terms(kind)
+    assert len(terms) == 32 and len(set(terms)) == 32
+    # encode random slot values with the plan, decode with the kernel's reference: same slots
+    g = torch.Generator().manual_seed(5)
+    slots = torch.randint(0, 2, (4096, 32), generator=g, dtype=torch.int64)
+    words = torch.zeros(4096, dtype=torch.int64)
+    for bit, ts in enumerate(plan):
+        b = torch.zeros(4096, dtype=torch.int64)
+        for t in ts:
+            b ^= slots[:, t]
+        words |= b << bit
+    outs = decode_words_ref(words, kind)
+    assert not (outs & ~sch.field_mask & 0xFFFFFFFF).any()
+    for i, (j, p) in enumerate((j, p + 16 * h) for j in range(4) for h in range(2) for p in sch.field):
+        assert torch.equal((outs[:, j] >> p) & 1, slots[:, i])
+    # and every 32-bit word is some slot assignment (bijection): distinct words -> distinct outputs
+    w2 = torch.randint(0, 2**32, (4096,), generator=g, dtype=torch.int64)
+    o2 = decode_words_ref(w2, kind)
+    key = torch.stack([o2[:, j] for j in range(4)], 1)
+    assert torch.unique(key, dim=0).shape[0] == torch.unique(w2).shape[0]
+
+
+def test_decode_scheme_with_a_cycle_is_rejected(monkeypatch):
+    """A scheme whose equations are dependent (here: o3 repeats o2's sources) cannot be encoded:
+    the plan builder says so instead of writing an undecodable weight."""
+    import dataclasses
+
+    from nvgemm.templates.sm90 import operand
+
+    bad = dataclasses.replace(operand.SCHEMES["bf16"], sources=((0,), (12,), (2, 6), (2, 6)))
+    monkeypatch.setitem(operand.SCHEMES, "bf16", bad)
+    with pytest.raises(ValueError, match="decode scheme bf16"):
+        operand._word_plan("bf16")
 
 
 @pytest.mark.parametrize("kind", list(SCHEMES))

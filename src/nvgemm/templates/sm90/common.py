@@ -136,6 +136,20 @@ def cta_barrier(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def pinned_i32(v: Int32, *, loc=None, ip=None) -> Int32:
+    """``v`` through a volatile ``mov``: a loop invariant the compiler can neither sink into the
+    loop nor recompute there (MLIR / ptxas otherwise rebuild thread-index arithmetic per iteration
+    inside the conditional producer block)."""
+    return Int32(_asm(T.i32(), [_v(v, Int32, loc, ip)], "mov.b32 $0, $1;", "=r,r", loc, ip, side_effects=True))
+
+
+@dsl_user_op
+def pinned_i64(v: Int64, *, loc=None, ip=None) -> Int64:
+    """64-bit :func:`pinned_i32`."""
+    return Int64(_asm(T.i64(), [_v(v, Int64, loc, ip)], "mov.b64 $0, $1;", "=l,l", loc, ip, side_effects=True))
+
+
+@dsl_user_op
 def lds_v4(addr: Int32, *, loc=None, ip=None):
     """16-byte shared-memory load (ordered after barriers and cp.async waits)."""
     st = llvm.StructType.get_literal([T.i32()] * 4)
@@ -205,10 +219,10 @@ def and_imm(w: Int32, mask: int, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def select_imm(a: Int32, b: Int32, mask: int, *, loc=None, ip=None) -> Int32:
-    """``(a & mask) | (b & ~mask)`` in one ``lop3`` (LUT 0xE4 = a ? c : b with c = mask)."""
+def xor_and_imm(a: Int32, b: Int32, mask: int, *, loc=None, ip=None) -> Int32:
+    """``(a ^ b) & mask`` in one ``lop3`` (LUT 0x28 = (a ^ b) & c with c = mask)."""
     return Int32(_asm(T.i32(), [_v(a, Int32, loc, ip), _v(b, Int32, loc, ip)],
-                      f"lop3.b32 $0, $1, $2, {mask & _M32:#x}, 0xE4;", "=r,r,r", loc, ip))
+                      f"lop3.b32 $0, $1, $2, {mask & _M32:#x}, 0x28;", "=r,r,r", loc, ip))
 
 
 @dsl_user_op
@@ -375,12 +389,18 @@ def splitk_arrive(mCount: cute.Tensor, index: Int32, splits: int, flag_addr: Int
 
 def decode_word(w: Int32, kind: str):
     """One prepared weight word -> the four packed A registers (o0..o3) of its MMA k-step,
-    ``E2M1 * 2**-126`` (bf16) / ``E2M1 * 2**-14`` (fp16): 4 rotations, 5 masks / selects."""
+    ``E2M1 * 2**-126`` (bf16) / ``E2M1 * 2**-14`` (fp16): each distinct rotation once, then one
+    mask or masked XOR (``lop3``) per output -- 8 integer instructions (:mod:`.operand`)."""
     sch = SCHEMES[kind]
-    c = and_imm(rotr(w, sch.rot_clean), sch.clean_mask)
-    outs = [and_imm(w, sch.field_mask)]
-    for j in (1, 2, 3):
-        outs.append(select_imm(rotr(w, sch.rot[j]), c, sch.select_mask(j)))
+    rot = {0: w}
+    for r in sch.rotations:
+        rot[r] = rotr(w, r)
+    outs = []
+    for src in sch.sources:
+        if len(src) == 1:
+            outs.append(and_imm(rot[src[0]], sch.field_mask))
+        else:
+            outs.append(xor_and_imm(rot[src[0]], rot[src[1]], sch.field_mask))
     return outs
 
 
@@ -453,10 +473,10 @@ class Sm90KernelBase:
         gs = []
         for rt in cutlass.range_constexpr(self.RT):
             t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)
-            gw.append(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16))
-            gs.append(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8))
-        sw_off = (warp * self.RT * self.U) * 512 + lane * 16
-        ss_off = self.off_s + warp * self.RT * (64 * self.U) + lane * (2 * self.U)
+            gw.append(pinned_i64(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16)))
+            gs.append(pinned_i64(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8)))
+        sw_off = pinned_i32((warp * self.RT * self.U) * 512 + lane * 16)
+        ss_off = pinned_i32(self.off_s + warp * self.RT * (64 * self.U) + lane * (2 * self.U))
         return gw, gs, sw_off, ss_off
 
     @cute.jit

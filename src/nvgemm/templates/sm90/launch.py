@@ -283,7 +283,7 @@ def _int32_dummy(dev: torch.device) -> torch.Tensor:
 def kernel_view_ref(args: Sm90Args, config: Sm90W4A16Config) -> torch.Tensor:
     """The kernels' arithmetic on the prepared arguments, in torch (fp64 sums) on any device.
 
-    Decodes the prepared weight the kernel's way (:func:`~.operand.decode_ref`: rotations, selects,
+    Decodes the prepared weight the kernel's way (:func:`~.operand.decode_ref`: rotations, masked XORs,
     re-encoded scales, the packed multiply -> ``E2M1 * s * 2**-7``), multiplies with the
     activations, restores 2**7 and runs the epilogue -- what the kernel computes up to fp32
     summation order (``config`` is validated; every family computes the same function)."""

@@ -9,7 +9,7 @@ weight element, independent of M up to 8 tokens.
 Tensor cores, swap-AB: ``mma.sync.aligned.m16n8k16`` with the **weight as the 16-row A operand**
 and 8 tokens as N, fp32 accumulators. Each lane's 16-byte weight vector (rows g, g + 8, scale
 block q of a 64-element chunk; :mod:`.operand`) holds exactly its A fragments for the chunk's four
-k-steps, so the decode is register-only: per 32-bit word 4 rotations + 5 masks/selects give the
+k-steps, so the decode is register-only: per 32-bit word 4 rotations + 4 masks / masked XORs give the
 four bf16x2 / f16x2 A registers ``E2M1 * 2**-126`` (fp16: ``2**-14``), and one packed multiply
 each by the lane's two block scales (re-encoded bytes -> ``s * 2**119`` / ``s * 2**7`` pairs, one
 shift-add per chunk) makes them ``E2M1 * s * 2**-7`` -- exact (<= 6 significant bits, normal
@@ -64,6 +64,8 @@ from .common import (
     evict_first_policy,
     lds_v4,
     mma_16816,
+    pinned_i32,
+    pinned_i64,
     scale_pair,
 )
 from .config import CHUNK, Sm90W4A16Config, mma_stage_bytes
@@ -88,9 +90,17 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         self.ring_bytes = self.D * self.stage_bytes
         sch = SCHEMES[x_format]
         self.s_shift, self.s_add = sch.scale_shift, sch.scale_add
-        # 16-byte activation pieces per stage and how many each thread copies
-        self.x_pieces = c.tile_m * (c.tile_k // 8)
-        self.x_per_thread = -(-self.x_pieces // self.threads)
+        # 16-byte activation pieces of a stage: each thread copies pieces of one token row at a fixed
+        # stride, so one row pointer + immediate offsets address them all
+        per_row = c.tile_k // 8
+        self.x_pieces = c.tile_m * per_row
+        if self.x_pieces >= self.threads:
+            self.x_tpr = self.threads // c.tile_m  # threads per token row (powers of two: divides per_row)
+            self.x_per_thread = per_row // self.x_tpr
+        else:  # fewer pieces than threads: one piece each for the first x_pieces threads
+            self.x_tpr = per_row
+            self.x_per_thread = 1
+        assert self.x_tpr * self.x_per_thread == per_row and self.x_tpr * c.tile_m >= min(self.threads, self.x_pieces)
 
     # ----------------------------------------------------------------------------- host
     @cute.jit
@@ -129,17 +139,23 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             return bx * (self.W * self.RT) + warp * self.RT + rt
 
     @cute.jit
-    def produce_x(self, sbase: Int32, st: Int32, xs: list, xd: list, xl: list, xv: list):
-        """cp.async this thread's 16-byte pieces of the stage's tile_m x tile_k activation tile,
-        zero-filled past M and K. Loop-invariant per piece: ``xs`` the source (row and piece
-        offset), ``xd`` the shared-memory offset, ``xl`` the last in-range stage start (K - 8 - the
-        piece's K offset; pieces past it read the row's last 8 values, never used), ``xv`` whether
-        the token exists."""
-        k0 = st * self.cfg.tile_k
-        for i in cutlass.range_constexpr(self.x_per_thread):
-            src = xs[i] + Int64(cutlass.min(k0, xl[i])) * 2
-            ok = xv[i] & (k0 <= xl[i])
-            cp_async_zfill(sbase + xd[i], src, cutlass.select_(ok, Int32(16), Int32(0)))
+    def produce_x(self, sbase: Int32, st: Int32, k: Int32, xp: Int64, xd: Int32, pk: Int32, active):
+        """cp.async this thread's 16-byte pieces of the stage's tile_m x tile_k activation tile:
+        ``x_per_thread`` pieces of one token row, ``x_tpr`` pieces apart, addressed from one row
+        address with immediate offsets (``xp``: the row's address, rows past M read row M - 1 --
+        their outputs are never stored; ``xd``: the first piece's shared-memory offset; ``pk``: its
+        K offset in the stage). Pieces past K copy 0 source bytes (zero-filled, nothing read: the
+        prepared weight has zero codes there, but memory past K is not data)."""
+        k0 = st * self.cfg.tile_k + pk
+        rem = k - k0  # K elements left from this thread's first piece
+        src = xp + Int64(k0) * 2
+        step = self.x_tpr * 16
+        if cutlass.const_expr(self.x_pieces >= self.threads):
+            active = True
+        if active:
+            for i in cutlass.range_constexpr(self.x_per_thread):
+                ok = rem >= 8 + i * self.x_tpr * 8
+                cp_async_zfill(sbase + xd + i * step, src + i * step, cutlass.select_(ok, Int32(16), Int32(0)))
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
@@ -173,22 +189,13 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
 
         st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
         gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
-        x_base = mX.iterator.toint()
-        x_rs = Int64(mX.stride[0]) * 2
-        per_row = self.cfg.tile_k // 8
-        xs = []
-        xd = []
-        xl = []
-        xv = []
-        for i in cutlass.range_constexpr(self.x_per_thread):
-            task = tidx + i * self.threads
-            r = task // per_row
-            pc = task % per_row
-            tok = m0 + r
-            xs.append(x_base + Int64(cutlass.min(tok, m - 1)) * x_rs + Int64(pc * 16))
-            xd.append(self.off_x + r * self.x_row + pc * 16)
-            xl.append(k - 8 - pc * 8)
-            xv.append((tok < m) & (task < self.x_pieces))
+        # this thread's activation pieces: token row m0 + tr (clamped to M - 1), K offsets pk + i 8 tpr
+        tr = tidx // self.x_tpr
+        tok = cutlass.min(m0 + tr, m - 1)
+        xp = pinned_i64(mX.iterator.toint() + Int64(tok) * (Int64(mX.stride[0]) * 2))
+        pk = pinned_i32((tidx % self.x_tpr) * 8)
+        xd = pinned_i32(self.off_x + tr * self.x_row + (tidx % self.x_tpr) * 16)
+        x_active = tidx < self.x_pieces  # fewer pieces than threads: the rest copy none
         x_lds = self.off_x + g * self.x_row + q * 32
 
         smem = cutlass.memory.SmemAllocator()
@@ -208,7 +215,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             cute.arch.griddepcontrol_wait()
         for j in cutlass.range_constexpr(D - 1):
             if j < n_it:
-                self.produce_x(ring + j * self.stage_bytes, st_lo + j, xs, xd, xl, xv)
+                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk, x_active)
             cp_async_commit()
 
         # ---- main loop
@@ -219,7 +226,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             if nxt < n_it:
                 sbase_n = ring + (nxt % D) * self.stage_bytes
                 self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
-                self.produce_x(sbase_n, st_lo + nxt, xs, xd, xl, xv)
+                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk, x_active)
             cp_async_commit()
 
             base = ring + (it % D) * self.stage_bytes

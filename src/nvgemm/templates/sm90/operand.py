@@ -22,18 +22,23 @@ Scales: ``[tile][chunk // 4][lane][8 bytes]``; byte ``4p + b`` of a lane's 8 bel
 (g+8, c0), (g+8, c1)`` per chunk pair, so ``word & 0x00FF00FF`` holds chunk ``c0``'s pair of
 scales in the two halves and ``(word >> 8) & 0x00FF00FF`` chunk ``c1``'s.
 
-Decode (exact, <= 9 integer instructions per 8 elements + 4 packed multiplies)
+Decode (exact, 8 integer instructions per 8 elements + 4 packed multiplies)
 ----------------------------------------------------------------------------
 An E2M1 nibble ``s e1 e0 m`` placed at bf16 bits 15, 8, 7, 6 (fp16: 15, 11, 10, 9) is the number
 ``E2M1 * 2**-126`` (fp16: ``E2M1 * 2**-14``); ``e1 e0 = 0`` lands on subnormals (code 0.5), which
-the packed multiply keeps. Each 32-bit word is **bit-permuted** offline (:data:`SCHEMES`) so
-that its four bf16x2 / f16x2 outputs come out of four rotations, one masked "clean" rotation and
-four ``lop3`` selects (a search over rotation sets found no cheaper pure-mask layout: the sign
-bit's distance from the magnitude makes exact tilings of the 32 bits impossible)::
+the packed multiply keeps. Each 32-bit word is stored **linearly encoded** (an invertible map
+over GF(2), :data:`SCHEMES`) so that each of its four bf16x2 / f16x2 outputs is one ``lop3`` of
+at most two rotations of the word::
 
-    o0 = w & F                                  F: the 8 field bits of a pair
-    c  = rotr(w, rc) & A                        A = A1 | A2 | A3
-    oj = (rotr(w, rj) & (F & ~Aj)) | (c & ~(F & ~Aj))      j = 1, 2, 3 (one lop3 each)
+    oj = (rotr(w, a) ^ rotr(w, b)) & F     (or rotr(w, a) & F)      F: the 8 field bits of a pair
+
+-- 4 rotations (one rotation is the word itself) and 4 ``lop3``. Output bit ``p`` of ``oj`` is the
+XOR of word bits ``p + a`` and ``p + b``: the 32 such equations (one per output field bit) have a
+unique solution for the word iff, read as edges between word bits (a single rotation: an edge to
+a "ground" node), they form a spanning tree; the encoder walks that tree from the ground
+(:func:`_word_plan`). ``bench/decode_layout_search.py`` searches both instruction sets: a plain bit
+permutation needs 9 instructions (4 rotations, a masked "clean" register, 4 selects -- the
+previous scheme), the linear layouts 8, and no linear layout reaches 7.
 
 Block scales are **re-encoded** offline to one byte ``b = (E + 10) << 3 | f`` for ``s = 2**E *
 (1 + f / 8)`` (every finite positive e4m3 value, subnormals included, is such a number with E in
@@ -67,9 +72,7 @@ class DecodeScheme:
 
     kind: str
     field: tuple  # half-word bit -> code bit: (mantissa m, exponent e0, exponent e1, sign s)
-    rot: tuple  # right rotation of w feeding outputs o0..o3
-    rot_clean: int  # right rotation of the shared clean register
-    clean: tuple  # output bits o1, o2, o3 take from the clean register (absolute bit numbers)
+    sources: tuple  # per output o0..o3: the right rotations of w XORed (one or two) before the mask
     scale_shift: int  # scale pair bits = (encoded pair << scale_shift) + scale_add
     scale_add: int
 
@@ -82,33 +85,21 @@ class DecodeScheme:
         return m
 
     @property
-    def clean_mask(self) -> int:
-        m = 0
-        for bits in self.clean:
-            for p in bits:
-                m |= 1 << p
-        return m
+    def rotations(self) -> tuple:
+        """The distinct nonzero rotations the decode computes (one ``SHF.R.W`` each)."""
+        return tuple(sorted({r for src in self.sources for r in src} - {0}))
 
-    def select_mask(self, j: int) -> int:
-        """lop3 select mask of output j (1..3): bits taken from the rotated word."""
-        a = 0
-        for p in self.clean[j - 1]:
-            a |= 1 << p
-        return self.field_mask & ~a & _M32
-
-    def source_bit(self, j: int, p: int) -> int:
-        """Bit of w that output j's bit p comes from."""
-        r = self.rot_clean if j > 0 and p in self.clean[j - 1] else self.rot[j]
-        return (p + r) % 32
+    def instructions(self) -> int:
+        """Integer instructions per word: one per nonzero rotation, one ``lop3`` per output."""
+        return len(self.rotations) + len(self.sources)
 
 
-# code bit (0 = m, 1 = e0, 2 = e1, 3 = s) at bf16 / fp16 half-word bits (m, e0, e1, s):
+# code bit (0 = m, 1 = e0, 2 = e1, 3 = s) at bf16 / fp16 half-word bits (m, e0, e1, s); sources
+# checked by bench/decode_layout_search.py (8-instruction linear schemes; 7 is impossible)
 SCHEMES = {
-    "bf16": DecodeScheme("bf16", field=(6, 7, 8, 15), rot=(0, 2, 6, 8), rot_clean=12,
-                         clean=((6, 22), (8, 24), (7, 15, 23, 31)), scale_shift=4,
+    "bf16": DecodeScheme("bf16", field=(6, 7, 8, 15), sources=((0,), (12,), (2, 6), (2, 8)), scale_shift=4,
                          scale_add=(236 << 7) | (236 << 23)),
-    "fp16": DecodeScheme("fp16", field=(9, 10, 11, 15), rot=(0, 2, 5, 9), rot_clean=12,
-                         clean=((9, 25), (10, 26), (11, 27)), scale_shift=7,
+    "fp16": DecodeScheme("fp16", field=(9, 10, 11, 15), sources=((0,), (3,), (7, 9), (7, 12)), scale_shift=7,
                          scale_add=(12 << 10) | (12 << 26)),
 }
 
@@ -121,21 +112,51 @@ def kind_of(dtype: torch.dtype) -> str:
     raise TypeError(f"nvgemm_cutedsl sm90: activations must be bfloat16 or float16, got {dtype}")
 
 
-def _word_plan(kind: str) -> list[tuple[int, int, int]]:
-    """For each of the 32 bits of a word: (row select 0/1, element 0..3 of the step, code bit).
-
-    Element e of the step: pair (e // 2) -> outputs (o0, o1) for e // 2 == 0 and (o2, o3) for 1;
-    e % 2 is the half. Output j: row select j % 2, pair j // 2."""
+def _terms(kind: str) -> list[tuple[int, int, int]]:
+    """The 32 (output j, field bit p) slots of a word's outputs, as (row select 0/1, element 0..3
+    of the step, code bit): output j holds row select ``j % 2`` and pair ``j // 2`` (elements
+    ``2 (j // 2) + h`` in half ``h``); slot index ``8 j + 4 h + code bit``."""
     sch = SCHEMES[kind]
-    plan: list = [None] * 32
-    for j in range(4):
+    return [(j % 2, 2 * (j // 2) + h, cb) for j in range(4) for h in range(2) for cb in range(len(sch.field))]
+
+
+def _word_plan(kind: str) -> list[tuple[int, ...]]:
+    """For each of the 32 bits of a word: the slots (indices into :func:`_terms`) whose XOR it
+    stores, so that the decode's outputs hold exactly the slots' code bits.
+
+    Slot (j, p) reads word bits ``p + r`` for ``r`` in ``sources[j]``: one bit -> it equals the
+    slot; two -> their XOR does. Solved by walking the spanning tree those edges form from the
+    ground node; raises ValueError if they do not form one (the scheme would not be invertible)."""
+    sch = SCHEMES[kind]
+    edges = []  # (slot, word bit u, word bit v or None)
+    for j, src in enumerate(sch.sources):
         for h in range(2):
             for cb, p in enumerate(sch.field):
-                src = sch.source_bit(j, p + 16 * h)
-                assert plan[src] is None, "decode scheme sources overlap"
-                plan[src] = (j % 2, 2 * (j // 2) + h, cb)
-    assert all(v is not None for v in plan)
-    return plan
+                pos = p + 16 * h
+                bits = [(pos + r) % 32 for r in src]
+                edges.append((8 * j + 4 * h + cb, bits[0], bits[1] if len(bits) > 1 else None))
+    plan: list = [None] * 32
+    todo = list(edges)
+    while todo:
+        rest = []
+        for slot, u, v in todo:
+            if v is None:
+                if plan[u] is not None:
+                    raise ValueError(f"decode scheme {kind}: word bit {u} is constrained twice")
+                plan[u] = frozenset({slot})
+            elif (plan[u] is None) != (plan[v] is None):
+                known, new = (u, v) if plan[u] is not None else (v, u)
+                plan[new] = plan[known] ^ {slot}
+            elif plan[u] is not None:
+                raise ValueError(f"decode scheme {kind}: the equations of word bits {u}, {v} close a cycle")
+            else:
+                rest.append((slot, u, v))
+        if len(rest) == len(todo):
+            raise ValueError(f"decode scheme {kind}: word bits not reached from the ground: {sorted({b for e in rest for b in e[1:]})}")
+        todo = rest
+    if any(t is None for t in plan):
+        raise ValueError(f"decode scheme {kind}: word bits {[b for b, t in enumerate(plan) if t is None]} unconstrained")
+    return [tuple(sorted(t)) for t in plan]
 
 
 # --------------------------------------------------------------------------- scale encoding
@@ -241,6 +262,7 @@ def prepare_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight
     k_pad = -(-k // K_ALIGN) * K_ALIGN
     n_tiles, n_chunks = n_pad // ROW_TILE, k_pad // CHUNK
     plan = _word_plan(kind)
+    terms = _terms(kind)
 
     w_out = torch.empty((n_tiles, n_chunks * 512), dtype=torch.uint8, device=dev)
     tiles_per_pass = max(1, _ROWS_PER_PASS // ROW_TILE)
@@ -258,8 +280,12 @@ def prepare_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight
         # [tiles, rowsel(2), g(8), chunk, q(4), el(16)] -> [tiles, chunk, g, q, step(4), rowsel, e(4)]
         v = codes.reshape(t1 - t0, 2, 8, n_chunks, 4, 4, 4).permute(0, 3, 2, 4, 5, 1, 6)
         words = torch.zeros(v.shape[:5], dtype=torch.int64, device=dev)
-        for bit, (rs, e, cb) in enumerate(plan):
-            words |= (((v[..., rs, e] >> cb) & 1).to(torch.int64)) << bit
+        slot_bits = [((v[..., rs, e] >> cb) & 1).to(torch.int64) for rs, e, cb in terms]
+        for bit, slots in enumerate(plan):
+            b = slot_bits[slots[0]]
+            for t in slots[1:]:
+                b = b ^ slot_bits[t]
+            words |= b << bit
         shifts = torch.arange(0, 32, 8, device=dev, dtype=torch.int64)
         by = ((words.unsqueeze(-1) >> shifts) & 0xFF).to(torch.uint8)  # [tiles, chunk, g, q, step, 4]
         w_out[t0:t1] = by.reshape(t1 - t0, -1)
@@ -311,14 +337,15 @@ def _rotr(w: torch.Tensor, r: int) -> torch.Tensor:
 
 def decode_words_ref(words: torch.Tensor, kind: str) -> torch.Tensor:
     """The kernel's integer decode in torch: int64 words (holding uint32) -> int64 [..., 4] outputs
-    o0..o3 (bf16x2 / f16x2 bit patterns), with the same rotations, masks and selects."""
+    o0..o3 (bf16x2 / f16x2 bit patterns), with the same rotations, XORs and masks."""
     sch = SCHEMES[kind]
     f = sch.field_mask
-    c = _rotr(words, sch.rot_clean) & sch.clean_mask
-    outs = [words & f]
-    for j in (1, 2, 3):
-        k = sch.select_mask(j)
-        outs.append((_rotr(words, sch.rot[j]) & k) | (c & (~k & _M32)))
+    outs = []
+    for src in sch.sources:
+        v = _rotr(words, src[0])
+        for r in src[1:]:
+            v = v ^ _rotr(words, r)
+        outs.append(v & f)
     return torch.stack(outs, dim=-1)
 
 
@@ -364,14 +391,17 @@ def dequant_ref(p: Sm90Weight) -> torch.Tensor:
 
 def restore_codes(p: Sm90Weight) -> torch.Tensor:
     """Inverse of the weight re-layout: int32 codes [n, k] of the prepared weight (zero-scale blocks
-    zeroed, negative scales folded, as prepared)."""
-    plan = _word_plan(p.kind)
+    zeroed, negative scales folded, as prepared), read back through the kernel's decode."""
+    sch = SCHEMES[p.kind]
     nt, nc = p.n_tiles, p.n_chunks
     by = p.weight.reshape(nt, nc, 8, 4, 4, 4).to(torch.int64)
     words = by[..., 0] | (by[..., 1] << 8) | (by[..., 2] << 16) | (by[..., 3] << 24)
+    outs = decode_words_ref(words, p.kind)  # [t, c, g, q, step, j]
     codes = torch.zeros((nt, nc, 8, 4, 4, 2, 4), dtype=torch.int64, device=words.device)
-    for bit, (rs, e, cb) in enumerate(plan):
-        codes[..., rs, e] |= ((words >> bit) & 1) << cb
+    for j in range(4):
+        for h in range(2):
+            for cb, fp in enumerate(sch.field):
+                codes[..., j % 2, 2 * (j // 2) + h] |= ((outs[..., j] >> (fp + 16 * h)) & 1) << cb
     c = codes.permute(0, 5, 2, 1, 3, 4, 6).reshape(nt * 16, nc * 64)
     return c[: p.n, : p.k].to(torch.int32)
 

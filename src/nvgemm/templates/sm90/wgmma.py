@@ -10,7 +10,7 @@ accumulators in registers.
 A operand, no shared-memory round trip: the register A fragment of ``m64nNk16`` is, per warp, the
 ``mma.m16n8k16`` A fragment of its 16 rows, which is exactly what one 32-bit word of a lane's
 16-byte weight vector decodes to (:mod:`.operand`, the ``mma`` family's decode): 4 rotations and
-5 masks / selects give ``E2M1 * 2**-126`` (fp16: ``2**-14``) pairs, one packed multiply each by
+4 masks / masked XORs give ``E2M1 * 2**-126`` (fp16: ``2**-14``) pairs, one packed multiply each by
 the lane's re-encoded block scales makes them ``E2M1 * s * 2**-7``, exact; the epilogue restores
 2**7 in fp32. Warp ``w`` of warpgroup ``wg`` owns, in row block ``b``, the 16-row tile
 ``4 (wg R + b) + w`` of the CTA (``silu_mul``: block 0 gate rows, block 1 the matching up rows).

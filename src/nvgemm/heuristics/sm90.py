@@ -42,6 +42,11 @@ MMA_SPLITS = (1, 2, 3, 4, 6, 7, 8)
 WGMMA_MAX_GRID_M = 4
 WGMMA_SPLITS = (1, 2, 3, 4, 6, 8)
 WGMMA_MIN_M = 16
+#: Model ties at decode sizes (M <= 32): the picks there are byte-bound with issue floors well
+#: below the byte floor, and configs within 3 % differ only in latency-chain terms the model cannot
+#: vouch for; among those the one issuing fewer main-loop instructions per weight element leads
+#: (``perfmodel.rank``). Larger M keeps the model's default (1 %): it is tensor-core / issue bound.
+DECODE_TIE = 0.03
 
 
 def _tile_m(m: int) -> int:
@@ -102,7 +107,7 @@ def ranked_candidates(problem: GemmProblem) -> list[Candidate]:
     model cannot price keep their rule order after the priced ones."""
     cands = rule_candidates(problem)
     try:
-        from nvgemm.perfmodel import bf16_baseline, lookup, rank
+        from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, lookup, rank
     except ImportError:  # pragma: no cover - the model ships with nvgemm
         return cands
 
@@ -113,7 +118,7 @@ def ranked_candidates(problem: GemmProblem) -> list[Candidate]:
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k
     gpu, sms = _gpu_of(problem), problem.target.sm_count
-    ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config)
+    ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE)
     if not ranked:
         return cands
     base = bf16_baseline(m, n, k, gpu, sms)

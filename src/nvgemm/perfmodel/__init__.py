@@ -23,7 +23,7 @@ CLI: ``nvgemm model`` (``nvgemm.runtime.model_cli``); reports: ``bench/perf_mode
 from .baseline import BaselineEstimate, bf16_baseline
 from .facts import FamilyFacts, Geometry, KernelFacts, SplitKReduce, family_for, register_family, registered_families
 from .hardware import GPUS, Hardware, get_hardware
-from .model import Estimate, best, estimate, estimate_us, estimate_with, rank, why_not
+from .model import MODEL_TIE, Estimate, best, estimate, estimate_us, estimate_with, rank, why_not
 from .table import lookup, table_header
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "get_hardware",
     "lookup",
     "rank",
+    "MODEL_TIE",
     "register_family",
     "registered_families",
     "table_header",

@@ -312,19 +312,40 @@ def estimate_us(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int
     return e.total_us if e is not None else None
 
 
+#: Default relative difference of modelled (mid) times below which :func:`rank` calls two configs a
+#: tie (the model's own low-high range is +-15-20 %; callers may widen it, see heuristics/sm90.py).
+MODEL_TIE = 0.01
+
+
+def _issue_key(e: "Estimate") -> float:
+    ipe = e.facts.instr_per_elem
+    return ipe if ipe == ipe else float("inf")  # NaN (no per-element count): no preference
+
+
 def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
-         key=None) -> list[tuple[object, Estimate]]:
-    """``configs`` the model can estimate, fastest first (by the middle of the range, then the
-    high end, then the input order). Items without an estimate are dropped. ``key`` maps an item
-    to its config (e.g. ``lambda c: c.config`` to rank the policy's ``Candidate`` objects); the
-    items themselves are returned."""
+         key=None, tie: float = MODEL_TIE) -> list[tuple[object, Estimate]]:
+    """``configs`` the model can estimate, fastest first: by the middle of the range, except that
+    configs within ``tie`` (relative) of the fastest remaining one are ties, led by the one that
+    issues the fewest main-loop instructions per weight element (more issue headroom if the GPU is
+    less ideal than modelled), then by the middle, the high end and the input order. Items without
+    an estimate are dropped. ``key`` maps an item to its config (e.g. ``lambda c: c.config`` to
+    rank the policy's ``Candidate`` objects); the items themselves are returned."""
     scored = []
     for i, c in enumerate(configs):
         e = estimate(key(c) if key else c, m, n, k, gpu, sm_count)
         if e is not None:
             scored.append((e.mid_us, e.total_us[1], i, c, e))
     scored.sort(key=lambda t: t[:3])
-    return [(c, e) for *_, c, e in scored]
+    out = []
+    while scored:
+        lim = scored[0][0] * (1.0 + tie)
+        j = 1  # scored is sorted by mid: the ties are a prefix
+        while j < len(scored) and scored[j][0] <= lim:
+            j += 1
+        best_i = min(range(j), key=lambda i: (_issue_key(scored[i][4]), *scored[i][:3])) if j > 1 else 0
+        pick = scored.pop(best_i)
+        out.append((pick[3], pick[4]))
+    return out
 
 
 def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None):
@@ -339,4 +360,4 @@ def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int 
     return ranked[0] if ranked else None
 
 
-__all__ = ["Estimate", "Occupancy", "best", "estimate", "estimate_us", "estimate_with", "occupancy", "rank", "why_not"]
+__all__ = ["MODEL_TIE", "Estimate", "Occupancy", "best", "estimate", "estimate_us", "estimate_with", "occupancy", "rank", "why_not"]

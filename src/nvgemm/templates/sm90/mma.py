@@ -97,7 +97,8 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         if self.x_pieces >= self.threads:
             self.x_tpr = self.threads // c.tile_m  # threads per token row (powers of two: divides per_row)
             self.x_per_thread = per_row // self.x_tpr
-        else:  # fewer pieces than threads: one piece each for the first x_pieces threads
+        else:  # fewer pieces than threads: one piece each, thread t copying piece t % x_pieces (the
+            # duplicates write the same bytes, so no thread needs a branch around its copy)
             self.x_tpr = per_row
             self.x_per_thread = 1
         assert self.x_tpr * self.x_per_thread == per_row and self.x_tpr * c.tile_m >= min(self.threads, self.x_pieces)
@@ -139,7 +140,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             return bx * (self.W * self.RT) + warp * self.RT + rt
 
     @cute.jit
-    def produce_x(self, sbase: Int32, st: Int32, k: Int32, xp: Int64, xd: Int32, pk: Int32, active):
+    def produce_x(self, sbase: Int32, st: Int32, k: Int32, xp: Int64, xd: Int32, pk: Int32):
         """cp.async this thread's 16-byte pieces of the stage's tile_m x tile_k activation tile:
         ``x_per_thread`` pieces of one token row, ``x_tpr`` pieces apart, addressed from one row
         address with immediate offsets (``xp``: the row's address, rows past M read row M - 1 --
@@ -150,12 +151,9 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         rem = k - k0  # K elements left from this thread's first piece
         src = xp + Int64(k0) * 2
         step = self.x_tpr * 16
-        if cutlass.const_expr(self.x_pieces >= self.threads):
-            active = True
-        if active:
-            for i in cutlass.range_constexpr(self.x_per_thread):
-                ok = rem >= 8 + i * self.x_tpr * 8
-                cp_async_zfill(sbase + xd + i * step, src + i * step, cutlass.select_(ok, Int32(16), Int32(0)))
+        for i in cutlass.range_constexpr(self.x_per_thread):
+            ok = rem >= 8 + i * self.x_tpr * 8
+            cp_async_zfill(sbase + xd + i * step, src + i * step, cutlass.select_(ok, Int32(16), Int32(0)))
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
@@ -190,12 +188,12 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
         gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
         # this thread's activation pieces: token row m0 + tr (clamped to M - 1), K offsets pk + i 8 tpr
-        tr = tidx // self.x_tpr
+        xt = tidx % self.x_pieces if cutlass.const_expr(self.x_pieces < self.threads) else tidx
+        tr = xt // self.x_tpr
         tok = cutlass.min(m0 + tr, m - 1)
         xp = pinned_i64(mX.iterator.toint() + Int64(tok) * (Int64(mX.stride[0]) * 2))
-        pk = pinned_i32((tidx % self.x_tpr) * 8)
-        xd = pinned_i32(self.off_x + tr * self.x_row + (tidx % self.x_tpr) * 16)
-        x_active = tidx < self.x_pieces  # fewer pieces than threads: the rest copy none
+        pk = pinned_i32((xt % self.x_tpr) * 8)
+        xd = pinned_i32(self.off_x + tr * self.x_row + (xt % self.x_tpr) * 16)
         x_lds = self.off_x + g * self.x_row + q * 32
 
         smem = cutlass.memory.SmemAllocator()
@@ -215,7 +213,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             cute.arch.griddepcontrol_wait()
         for j in cutlass.range_constexpr(D - 1):
             if j < n_it:
-                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk, x_active)
+                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)
             cp_async_commit()
 
         # ---- main loop
@@ -226,7 +224,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             if nxt < n_it:
                 sbase_n = ring + (nxt % D) * self.stage_bytes
                 self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
-                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk, x_active)
+                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
             cp_async_commit()
 
             base = ring + (it % D) * self.stage_bytes

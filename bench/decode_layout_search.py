@@ -27,7 +27,7 @@ its last instruction masks with an immediate).
    argument it is rotation 0. The search enumerates every set of up to 3 nonzero rotations with
    every assignment of the other three outputs (no scheme: **7 is impossible**), then the sets of
    4 nonzero rotations in order until the first spanning tree (**8 instructions**: 4 rotations +
-   4 ``LOP3``), and counts the schemes of the shipped shape.
+   4 ``LOP3``), and checks that nvgemm's shipped scheme is a spanning tree.
 
 Other instructions -- byte permutes, funnel shifts across two words, selects mixed with XORs --
 are not searched. Runtime: ~1-2 minutes per format for part 1, seconds for part 2, one CPU core

@@ -112,10 +112,10 @@ def test_hopper_decode_picks_issue_at_most_two_instructions_per_element():
     stays rare (at most 4 of the 32 points; 1 when this test was written)."""
     from nvgemm.heuristics.sm90 import DECODE_TIE
     from nvgemm.perfmodel import estimate, lookup
+    from nvgemm.runtime.sass_tool import LLAMA_SHAPES
 
     n_over = 0
-    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
-                 (57344, 8192), (8192, 28672)):
+    for n, k in LLAMA_SHAPES:
         for m in (1, 2, 4, 8):
             p = GemmProblem(n=n, k=k, m=m, a_format="bf16", target=Target.from_gpu("H200"))
             cands = candidates(p)

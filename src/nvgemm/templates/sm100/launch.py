@@ -18,8 +18,8 @@ kernel's math expressed on the prepared arguments):
   zero at launch (the kernel resets them), from :class:`SplitKWorkspaces` -- safe under CUDA
   graph capture (see there);
 * silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
-  interleaved copy of a weight is made once and cached (keyed by the weight's storage and
-  version), which costs one extra copy of each gate_up weight in device memory. A loader
+  interleaved copy of a weight is made once and cached (keyed by the weight's storage, offset and
+  version: :mod:`nvgemm.templates.derived`), which costs one extra copy of each gate_up weight in device memory. A loader
   that stores gate_up pre-interleaved would avoid that copy (not done).
 
 The problem-level limits are the template's own rule
@@ -31,7 +31,6 @@ in :mod:`nvgemm.runtime.sm100_backend`.
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -39,6 +38,7 @@ import torch
 
 from ...epilogues.spec import EpilogueSpec
 from ...formats import NVFP4, blocked_numel
+from ..derived import DerivedCache
 from .config import Sm100Nvfp4GemmConfig
 from .validity import can_implement_problem
 
@@ -176,33 +176,28 @@ def gate_up_permutation(n: int, device=None) -> torch.Tensor:
     return torch.stack([idx, idx + h], dim=1).reshape(-1)
 
 
-_GATED_LOCK = threading.Lock()
-_GATED_CACHE: dict[tuple, tuple] = {}
+GATED = DerivedCache()
 
 
 def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
     """(weight, swizzled weight_scale, weight_scale_2, bias) with gate/up rows interleaved.
 
-    The packed weight and its (re-swizzled) scales are cached per weight storage + version;
-    per-N vectors (weight_scale_2, bias) are permuted per call (they are small)."""
+    The packed weight and its (re-swizzled) scales are derived once per weight storage and
+    version (:mod:`nvgemm.templates.derived`: a per-call view such as ``weight_scale.view(e4m3)``
+    of a uint8 scale hits; an in-place update re-derives into the same buffers); per-N vectors
+    (weight_scale_2, bias) are permuted per call (they are small)."""
     from ...formats import from_blocked, to_blocked
 
     n, kb = weight.shape[0], weight.shape[1] * 2 // NVFP4.block_size
     perm = gate_up_permutation(n, weight.device)
-    key = (id(weight), weight._version, id(weight_scale), weight_scale._version)
-    with _GATED_LOCK:
-        hit = _GATED_CACHE.get(key)
-    # the entry must belong to these very tensor objects (ids are reused after a tensor dies)
-    if hit is None or hit[0]() is not weight or hit[1]() is not weight_scale:
-        w_i = weight[perm].contiguous()
-        s_i = to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
-        hit = (weakref.ref(weight), weakref.ref(weight_scale), w_i, s_i)
-        with _GATED_LOCK:
-            _GATED_CACHE[key] = hit
-        weakref.finalize(weight, _GATED_CACHE.pop, key, None)  # drop the copy with its source
+
+    def make():
+        return weight[perm].contiguous(), to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
+
+    w_i, s_i = GATED.get("gate_up", weight, (weight, weight_scale), make, capturing=_is_capturing())
     w2 = weight_scale_2[perm] if weight_scale_2.dim() == 1 else weight_scale_2
     b = bias[perm] if bias is not None else None
-    return hit[2], hit[3], w2, b
+    return w_i, s_i, w2, b
 
 
 def _aligned16(t: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,9 @@ Per call (``prepare_sm90_args``) the host allocates nothing but the output (and,
 quantize-dequantized activations) and launches nothing but the GEMM (and the W4A4 qdq kernel):
 
 * weights are prepared once per (weight, activation dtype) (:func:`cached_sm90_weight`, keyed by
-  identity, data pointer and version counter, dropped when the weight is freed);
+  storage, offset, shape and version counter -- a per-call view of a weight hits --, re-prepared
+  into the same buffers after an in-place update, dropped when the weight is freed; see
+  :mod:`nvgemm.templates.derived`);
 * absent bias / residual / split-K buffers are compile-time variants of the kernel, which never
   reads them: the ABI slots get tensors the call already has (alpha, the output);
 * bias in another dtype than fp32 and W4A4's ``alpha = input_scale * weight_scale_2`` are derived
@@ -25,8 +27,6 @@ emulated op and the Blackwell kernels (:mod:`nvgemm.formats`), in one Triton ker
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,36 +34,19 @@ import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
+from ..derived import DerivedCache, refill_tensors
 from .config import DECODE_UNSCALE, Sm90W4A16Config, shape_problem, validate_config
 from .operand import Sm90Weight, decode_ref, kind_of, prepare_sm90_weight
 
 # --------------------------------------------------------------------------- caches of derived tensors
 
-_DERIVED: dict[tuple, tuple[tuple, object]] = {}
-_DERIVED_LOCK = threading.Lock()
-
-
-def _key(*ts) -> tuple:
-    return tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor)
-                 else t for t in ts)
+DERIVED = DerivedCache()
 
 
 def _memo(tag: str, anchor: torch.Tensor, inputs: tuple, make):
-    """``make()`` memoized per (tag, anchor tensor identity), invalidated when any input changes and
-    dropped when the anchor is freed."""
-    slot = (tag, id(anchor))
-    key = _key(*inputs)
-    with _DERIVED_LOCK:
-        hit = _DERIVED.get(slot)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-    value = make()
-    with _DERIVED_LOCK:
-        new = slot not in _DERIVED
-        _DERIVED[slot] = (key, value)
-    if new:
-        weakref.finalize(anchor, _DERIVED.pop, slot, None)
-    return value
+    """``make()`` memoized per (tag, anchor tensor's storage/offset/shape), re-derived into the same
+    buffers when an input changes in place (:mod:`nvgemm.templates.derived`)."""
+    return DERIVED.get(tag, anchor, inputs, make, capturing=capturing(anchor.device))
 
 
 def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
@@ -74,13 +57,24 @@ def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_
     CUDA-graph capture): the PDL kernels start streaming weights *before* ``griddepcontrol.wait``,
     which is only safe for bytes no still-running predecessor kernel is writing."""
 
+    def settle() -> None:
+        if weight.device.type == "cuda":
+            torch.cuda.current_stream(weight.device).synchronize()
+
     def make() -> Sm90Weight:
         p = prepare_sm90_weight(weight, weight_scale, weight_scale_2, kind)
-        if weight.device.type == "cuda" and not capturing(weight.device):
-            torch.cuda.current_stream(weight.device).synchronize()
+        if not capturing(weight.device):
+            settle()
         return p
 
-    return _memo(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind), make)
+    def refill(old: Sm90Weight, new: Sm90Weight) -> bool:
+        done = refill_tensors(old, new)
+        if done:
+            settle()
+        return done
+
+    return DERIVED.get(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind), make,
+                       capturing=capturing(weight.device), refill=refill)
 
 
 def _fp32_on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:

@@ -126,9 +126,11 @@ def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residua
     elif isinstance(config, str):
         config = config_from_name(config)
     prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
-    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
+    stream = torch.cuda.current_stream(x.device)
+    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config,
+                             stream_id=stream.cuda_stream)
     kernel = _kernel_for(config, args.spec, x.dtype, props.multi_processor_count)
-    launch_sm90(args, kernel, torch.cuda.current_stream(x.device))
+    launch_sm90(args, kernel, stream)
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 

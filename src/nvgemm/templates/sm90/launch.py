@@ -14,9 +14,11 @@ quantize-dequantized activations) and launches nothing but the GEMM (and the W4A
   reads them: the ABI slots get tensors the call already has (alpha, the output);
 * bias in another dtype than fp32 and W4A4's ``alpha = input_scale * weight_scale_2`` are derived
   once and cached like the weights;
-* split-K partials and tile counters live in a per-device :class:`Sm90Workspace`, allocated (and
-  the counters zeroed) once, grown only outside CUDA-graph capture; the kernel leaves every
-  counter at zero, so a captured call replays without any fill.
+* split-K partials and tile counters come from the shared pool, one pair per (device, stream)
+  (:data:`nvgemm.templates.workspace.WORKSPACES`: allocated with the counters zeroed, grown by
+  retiring -- never freeing -- the old pair, bounded under CUDA-graph capture), or from an explicit
+  :class:`Sm90Workspace`; the kernel leaves every counter at zero, so a captured call replays
+  without any fill.
 
 W4A4 checkpoints on Hopper (``input_scale`` given): no FP4 tensor cores, so the kernel runs on
 ``x' = E2M1[q_x] * s_x`` (exact in bf16 / fp16), quantized with the same convention as the
@@ -35,6 +37,7 @@ import torch
 from nvgemm.epilogues.spec import EpilogueSpec
 
 from ..derived import DerivedCache, refill_tensors
+from ..workspace import WORKSPACES
 from .config import DECODE_UNSCALE, Sm90W4A16Config, shape_problem, validate_config
 from .operand import Sm90Weight, decode_ref, kind_of, prepare_sm90_weight
 
@@ -95,7 +98,7 @@ def _alpha(prepared: Sm90Weight, input_scale: Optional[torch.Tensor], dev: torch
 
 
 class Sm90Workspace:
-    """Split-K fp32 partials and int32 tile counters of one device (see the module docstring).
+    """An explicit split-K workspace (fp32 partials, int32 tile counters) for one stream's calls.
 
     Valid for the life of any CUDA graph that captured a call using it: it is only ever grown
     (never freed or moved while referenced by ``self``), and growing raises during capture. Calls
@@ -126,17 +129,6 @@ class Sm90Workspace:
 def capturing(device: torch.device) -> bool:
     """Whether the current stream of ``device`` is capturing a CUDA graph."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-_WORKSPACES: dict[str, Sm90Workspace] = {}
-
-
-def workspace_for(device: torch.device) -> Sm90Workspace:
-    key = str(device)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = _WORKSPACES.setdefault(key, Sm90Workspace(device))
-    return ws
 
 
 def split_k_needs(config: Sm90W4A16Config, m: int, prepared: Sm90Weight, n_out: int, gated: bool) -> tuple[int, int]:
@@ -209,6 +201,7 @@ def prepare_sm90_args(
     *,
     workspace: Optional[Sm90Workspace] = None,
     out: Optional[torch.Tensor] = None,
+    stream_id: int = 0,
 ) -> Sm90Args:
     """One ``nvfp4_linear`` call -> kernel arguments (pure torch; works on CPU for tests).
 
@@ -254,12 +247,13 @@ def prepare_sm90_args(
         r = out
     work, count = alpha, None
     need_w, need_c = split_k_needs(config, m, prepared, n_out, gated)
-    ws = workspace or (workspace_for(dev) if need_w else None)
-    if need_w:
-        ws.ensure(need_w, need_c)
-        work, count = ws.work, ws.count
+    if need_w and workspace is not None:
+        workspace.ensure(need_w, need_c)
+        work, count = workspace.work, workspace.count
+    elif need_w:  # the shared pool: one pair per (device, stream), see nvgemm.templates.workspace
+        work, count = WORKSPACES.get(dev, need_w, need_c, stream_id)
     if count is None:
-        count = ws.count if ws is not None else _int32_dummy(dev)
+        count = workspace.count if workspace is not None else _int32_dummy(dev)
     return Sm90Args(x2, prepared.weight, prepared.scale, alpha, b, r, out, work, count, spec, prepared)
 
 
@@ -308,5 +302,4 @@ __all__ = [
     "prepare_sm90_args",
     "qdq_activation",
     "split_k_needs",
-    "workspace_for",
 ]

@@ -148,3 +148,23 @@ def test_selfcheck_under_inference_mode_does_not_disable_a_backend(monkeypatch):
     finally:
         B.unregister_backend("test_sm90_host")
         B._CHECKED.clear()
+
+
+def test_layer_weight_memory_reports_the_derived_copies():
+    """The vLLM load log line states a layer's checkpoint bytes and the copies the launchers made
+    (issue 22 item 14: on Hopper the prepared layout is a second copy of every weight)."""
+    from nvgemm.templates.derived import derived_nbytes
+    from nvgemm.vllm.layer import weight_memory
+
+    pa, sa, g = _layer(64, 256, 8)
+    pb, sb, _ = _layer(64, 256, 9)
+    fused = torch.cat([pa, pb])
+    assert derived_nbytes(fused) == 0
+    p1 = L90.cached_sm90_weight(fused[0:64], sa, g)
+    p2 = L90.cached_sm90_weight(fused[64:128], sb, g)
+    want = sum(t.numel() * t.element_size() for p in (p1, p2) for t in (p.weight, p.scale, p.weight_scale_2))
+    assert derived_nbytes(fused) == want == derived_nbytes(fused[64:])
+    assert derived_nbytes(pa) == 0  # another storage
+    ckpt = fused.numel() + sa.numel() + sb.numel()
+    assert weight_memory(fused, [sa, sb]) == (f"weight memory: checkpoint {ckpt / 2**20:.2f} MiB + nvgemm copies "
+                                              f"{want / 2**20:.2f} MiB")

@@ -76,6 +76,26 @@ def refill_tensors(old: Any, new: Any) -> bool:
     return True
 
 
+def value_nbytes(v: Any) -> int:
+    """Device bytes held by a derived value (a tensor, a tuple of them or a dataclass of them)."""
+    if isinstance(v, torch.Tensor):
+        return v.numel() * v.element_size()
+    if isinstance(v, tuple):
+        return sum(value_nbytes(x) for x in v)
+    if hasattr(v, "__dataclass_fields__"):
+        return sum(value_nbytes(getattr(v, f)) for f in v.__dataclass_fields__)
+    return 0
+
+
+_CACHES: "weakref.WeakSet[DerivedCache]" = weakref.WeakSet()
+
+
+def derived_nbytes(t: torch.Tensor) -> int:
+    """Bytes every launcher's cache holds derived from tensors sharing ``t``'s storage (the extra
+    device memory a weight costs beyond its checkpoint copy; the load logs report it)."""
+    return sum(c.nbytes_for(t) for c in list(_CACHES))
+
+
 class DerivedCache:
     """See the module docstring. ``get(tag, anchor, inputs, make)`` is the whole interface."""
 
@@ -84,6 +104,14 @@ class DerivedCache:
         self._lock = threading.Lock()
         self._warned: set = set()
         self.made = 0  # derivations run (tests count them)
+        _CACHES.add(self)
+
+    def nbytes_for(self, t: torch.Tensor) -> int:
+        """Bytes of the entries derived from tensors sharing ``t``'s storage."""
+        ptr, dev = t.untyped_storage().data_ptr(), str(t.device)
+        with self._lock:
+            vals = [v for (tag, key), (_, _, v) in self._d.items() if key[0] == ptr and key[5] == dev]
+        return sum(value_nbytes(v) for v in vals)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -129,4 +157,4 @@ class DerivedCache:
         return value
 
 
-__all__ = ["DerivedCache", "refill_tensors", "source_key", "state_of", "version_of"]
+__all__ = ["DerivedCache", "derived_nbytes", "refill_tensors", "value_nbytes", "source_key", "state_of", "version_of"]

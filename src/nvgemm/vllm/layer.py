@@ -118,6 +118,16 @@ def run_gemms(x: torch.Tensor, weight: torch.Tensor, gemms: Sequence[Gemm], bias
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
+def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor]) -> str:
+    """``weight memory: checkpoint X MiB + nvgemm copies Y MiB`` of one layer, for its load log line
+    (the copies are what the launchers derived from it: the sm90 prepared layout, sm100's
+    interleaved gate_up; :func:`nvgemm.templates.derived.derived_nbytes`)."""
+    from ..templates.derived import derived_nbytes
+
+    ckpt = weight.numel() * weight.element_size() + sum(s.numel() * s.element_size() for s in scales)
+    return f"weight memory: checkpoint {ckpt / 2**20:.2f} MiB + nvgemm copies {derived_nbytes(weight) / 2**20:.2f} MiB"
+
+
 # ---------------------------------------------------------------------------------------- warm-up
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from . import _compat
-from .layer import describe_choices, plan_gemms, run_gemms, warm_up
+from .layer import describe_choices, plan_gemms, run_gemms, warm_up, weight_memory
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -154,10 +154,11 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
             if passed:
                 fallbacks.append(f"{name} because " + "; ".join(passed))
         config = _configs(first)
-        log.info("nvgemm_cutedsl: vLLM layer %s (%s, K=%d, shards %s, %d GEMM%s: %s) served by %s%s%s",
+        log.info("nvgemm_cutedsl: vLLM layer %s (%s, K=%d, shards %s, %d GEMM%s: %s) served by %s%s%s; %s",
                  self.prefix, "W4A16" if self.weight_only else "W4A4", k, list(layer.logical_widths),
                  len(self.gemms), "" if len(self.gemms) == 1 else "s", kinds, describe_choices(chosen),
-                 f"; configs {config}" if config else "", f"; fallback: {' | '.join(fallbacks)}" if fallbacks else "")
+                 f"; configs {config}" if config else "", f"; fallback: {' | '.join(fallbacks)}" if fallbacks else "",
+                 weight_memory(weight, [g.weight_scale for g in self.gemms]))
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = run_gemms(x, layer.weight, self.gemms, bias)

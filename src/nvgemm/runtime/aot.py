@@ -40,6 +40,8 @@ from nvgemm.templates.registry import (
     validate_abi,
 )
 
+from .trusted_fs import write_all
+
 AOT_ABI_VERSION = 1
 ENTRY_SYMBOLS = ("nvgemm_aot_abi_version", "nvgemm_aot_load", "nvgemm_aot_launch")
 
@@ -432,9 +434,7 @@ def load_image(image: bytes, name: str = "kernel") -> ctypes.CDLL:
             fd = None
         if fd is not None:
             try:
-                view = memoryview(image)
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, image)
                 import fcntl
 
                 fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
@@ -454,9 +454,7 @@ def load_image(image: bytes, name: str = "kernel") -> ctypes.CDLL:
         p = os.path.join(d, "kernel.so")
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            view = memoryview(image)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, image)
         finally:
             os.close(fd)
         try:

@@ -89,12 +89,21 @@ def open_root(root: str | os.PathLike, *, create: bool = False) -> int:
     root = Path(root)
     if create:
         _ensure_root_chain(root)
+    # the configured path is followed (a symlinked $HOME is fine); the directory it yields is checked
+    return _open_checked(None, str(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, root, want_dir=True)
+
+
+def _open_checked(dir_fd: int | None, name: str, flags: int, path: str | os.PathLike, *, want_dir: bool) -> int:
+    """``openat(dir_fd, name, flags)`` whose result passes :func:`check_trusted` (else closed and
+    raised); a symlink or wrong type refused by the open itself is reported the same way."""
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except NotADirectoryError:
-        raise UntrustedCacheError(f"nvgemm kernel cache: {root} is not a directory; {_fix_hint(str(root))}") from None
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink (O_NOFOLLOW) or not a directory
+            check_trusted(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), path, want_dir=want_dir)
+        raise
     try:
-        check_trusted(os.fstat(fd), root, want_dir=True)
+        check_trusted(os.fstat(fd), path, want_dir=want_dir)
     except BaseException:
         os.close(fd)
         raise
@@ -104,28 +113,16 @@ def open_root(root: str | os.PathLike, *, create: bool = False) -> int:
 def open_dir(parent_fd: int, name: str, path: str | os.PathLike, *, create: bool = False) -> int:
     """A checked descriptor of directory ``name`` under ``parent_fd`` (``path`` names it in errors);
     ``create`` makes it (0700) when missing, else FileNotFoundError."""
-    for _ in range(2):
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-        except FileNotFoundError:
-            if not create:
-                raise
-            try:
-                os.mkdir(name, 0o700, dir_fd=parent_fd)
-            except FileExistsError:
-                pass
-            continue
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink (O_NOFOLLOW) or not a directory
-                check_trusted(os.stat(name, dir_fd=parent_fd, follow_symlinks=False), path, want_dir=True)
+    try:
+        return _open_checked(parent_fd, name, _DIR_FLAGS, path, want_dir=True)
+    except FileNotFoundError:
+        if not create:
             raise
-        try:
-            check_trusted(os.fstat(fd), path, want_dir=True)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-    raise FileNotFoundError(errno.ENOENT, "vanished while being created", str(path))
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    return _open_checked(parent_fd, name, _DIR_FLAGS, path, want_dir=True)
 
 
 def read_file(dir_fd: int, name: str, path: str | os.PathLike, *, limit: int | None = None) -> bytes:
@@ -133,17 +130,11 @@ def read_file(dir_fd: int, name: str, path: str | os.PathLike, *, limit: int | N
 
     FileNotFoundError when absent; UntrustedCacheError when it is a link, foreign, shared-writable
     or not a regular file; ValueError when larger than ``limit``."""
+    fd = _open_checked(dir_fd, name, _FILE_FLAGS, path, want_dir=False)
     try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            check_trusted(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), path, want_dir=False)
-        raise
-    try:
-        st = os.fstat(fd)
-        check_trusted(st, path, want_dir=False)
-        if limit is not None and st.st_size > limit:
-            raise ValueError(f"{path}: {st.st_size} bytes, more than the {limit} expected")
+        size = os.fstat(fd).st_size
+        if limit is not None and size > limit:
+            raise ValueError(f"{path}: {size} bytes, more than the {limit} expected")
         chunks = []
         while True:
             b = os.read(fd, 1 << 20)
@@ -155,13 +146,17 @@ def read_file(dir_fd: int, name: str, path: str | os.PathLike, *, limit: int | N
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def create_file(dir_fd: int, name: str, data: bytes) -> None:
     """Write a new file ``name`` (0600, ``O_EXCL``: never through an existing link) under ``dir_fd``."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -169,19 +164,8 @@ def create_file(dir_fd: int, name: str, data: bytes) -> None:
 
 def open_lock_file(dir_fd: int, name: str, path: str | os.PathLike) -> int:
     """A descriptor of lock file ``name`` (created 0600; an existing one must pass the checks)."""
-    fd = None
-    try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            check_trusted(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), path, want_dir=False)
-        raise
-    try:
-        check_trusted(os.fstat(fd), path, want_dir=False)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    return _open_checked(dir_fd, name, flags, path, want_dir=False)
 
 
 def restrict_tree(path: str | os.PathLike) -> None:
@@ -205,4 +189,4 @@ def closing_fd(fd: int) -> Iterator[int]:
 
 
 __all__ = ["UntrustedCacheError", "check_trusted", "closing_fd", "create_file", "open_dir", "open_lock_file",
-           "open_root", "read_file", "restrict_tree"]
+           "open_root", "read_file", "restrict_tree", "write_all"]

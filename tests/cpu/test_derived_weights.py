@@ -168,3 +168,24 @@ def test_layer_weight_memory_reports_the_derived_copies():
     ckpt = fused.numel() + sa.numel() + sb.numel()
     assert weight_memory(fused, [sa, sb]) == (f"weight memory: checkpoint {ckpt / 2**20:.2f} MiB + nvgemm copies "
                                               f"{want / 2**20:.2f} MiB")
+
+
+def test_inference_tensors_on_the_sm100_launcher_and_the_module():
+    """The whole sm100 host path (gated: the interleave cache) and NVFP4Linear under inference_mode."""
+    from nvgemm.epilogues.spec import EpilogueSpec
+    from nvgemm.linear import NVFP4Linear
+    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
+
+    with torch.inference_mode():
+        w, s, g = _layer(128, 256, 10)
+        x = torch.randn(4, 256).bfloat16()
+        ins = (x.float().abs().amax() / 2688).reshape(())
+        spec = EpilogueSpec(alpha="scalar", activation="silu_mul", out_dtype=torch.bfloat16)
+        cfg = Sm100Nvfp4GemmConfig(tile_n=64)
+        args = L100.prepare_sm100_args(x, w, s, g, ins, None, None, spec, cfg)
+        got = L100.kernel_view_ref(args)
+        want = nvfp4_linear_emulated(x, w, s, g, ins, None, None, "silu_mul", None)
+        # identical quantized operands; fp32 sums in another order, one bf16 rounding: 1 ulp (+ tiny atol)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2.0**-7, atol=1e-3)
+        mod = NVFP4Linear.from_tensors(w, s, g, ins, activation="silu_mul")
+        torch.testing.assert_close(mod(x).float(), want.float(), rtol=0, atol=0)

@@ -235,3 +235,34 @@ def test_untrusted_error_names_path_and_fix(tmp_path):
         cache_mod.KernelCache(d).lookup(_spec())
     msg = str(e.value)
     assert str(d) in msg and "chmod go-w" in msg and "NVGEMM_CACHE_DIR" in msg
+
+
+def test_corrupt_entry_in_a_read_only_cache_is_reported_not_fatal(env, monkeypatch):
+    """A damaged entry of a read-only (image) cache cannot be locked or removed: warned, a miss."""
+    import errno
+    import warnings
+
+    kc, s, entry, marker = env
+    (entry / "kernel.so").write_bytes(b"damaged")
+    fresh = cache_mod.KernelCache(kc.root)
+
+    def read_only(*a, **k):
+        raise PermissionError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(fresh, "_lock", read_only)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert fresh.lookup(s) is None
+    assert any("read-only: not used" in str(x.message) for x in w)
+    assert (entry / "kernel.so").exists() and _ran(marker) == []
+
+
+def test_without_memfd_the_verified_bytes_load_from_a_private_copy(env, libs, monkeypatch):
+    kc, s, entry, marker = env
+
+    def no_memfd(*a, **k):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    k = aot.AotKernel(entry / "kernel.so", (), image=libs["good"])
+    assert _ran(marker) == ["good"] and k._lib.nvgemm_aot_abi_version() == aot.AOT_ABI_VERSION

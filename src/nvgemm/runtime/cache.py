@@ -215,11 +215,11 @@ class KernelCache:
             raise CacheMiss(f"{key}: AOT ABI version {payload.get('abi_version')} != {AOT_ABI_VERSION}")
         return payload
 
-    def _report_corrupt(self, key: str, d: Path, why: str) -> None:
+    def _report_corrupt(self, key: str, d: Path, why: str, action: str = "rebuilding it") -> None:
         self.stats["corrupt"] += 1
         if str(d) not in _REPORTED:  # once per entry per process, however many caches point at it
             _REPORTED.add(str(d))
-            msg = f"nvgemm_cutedsl: corrupt kernel cache entry {d}: {why}; rebuilding it"
+            msg = f"nvgemm_cutedsl: corrupt kernel cache entry {d}: {why}; {action}"
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
@@ -275,8 +275,15 @@ class KernelCache:
                 return (key, d, *self._verified(d, key, fid, names))
             except CacheMiss:
                 continue
-            except CorruptEntry:
-                with self._lock(fid, key):
+            except CorruptEntry as e:
+                with contextlib.ExitStack() as stack:
+                    try:
+                        stack.enter_context(self._lock(fid, key))
+                    except OSError as le:  # a read-only cache (a serving image): report, cannot repair
+                        if le.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                            raise
+                        self._report_corrupt(key, d, str(e), action="the cache is read-only: not used")
+                        continue
                     try:  # re-check: another process may have rebuilt or removed it meanwhile
                         return (key, d, *self._verified(d, key, fid, names))
                     except CacheMiss:

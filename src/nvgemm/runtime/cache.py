@@ -180,17 +180,24 @@ class KernelCache:
             raise ValueError(f"{d} is not the entry {key} of {self.fp_dir(fid)}")
         try:
             with self._fp_fd(fid, create=False) as ffd, closing_fd(open_dir(ffd, key, d)) as dfd:
-                raw = read_file(dfd, "meta.json", d / "meta.json")
+                try:
+                    raw = read_file(dfd, "meta.json", d / "meta.json", limit=1 << 24)
+                except ValueError as e:
+                    raise CorruptEntry(str(e)) from None
                 payload = self._check_meta(raw, key, fid)
                 blobs = {}
                 for name in names:
                     want = payload["files"].get(name)
+                    if want is None:
+                        raise CorruptEntry(f"{name} not recorded in meta.json")
                     try:
-                        data = read_file(dfd, name, d / name)
+                        data = read_file(dfd, name, d / name, limit=want["size"])
                     except FileNotFoundError:
                         raise CorruptEntry(f"{name} missing") from None
-                    if want is None or len(data) != want["size"]:
-                        raise CorruptEntry(f"{name} size {len(data)} != recorded {want and want['size']} (truncated?)")
+                    except ValueError as e:  # larger than recorded: not read any further
+                        raise CorruptEntry(str(e)) from None
+                    if len(data) != want["size"]:
+                        raise CorruptEntry(f"{name} size {len(data)} != recorded {want['size']} (truncated?)")
                     if hashlib.sha256(data).hexdigest() != want["sha256"]:
                         raise CorruptEntry(f"{name} checksum mismatch")
                     blobs[name] = data

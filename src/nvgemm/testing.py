@@ -62,7 +62,9 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3
                 "MixtralForCausalLM": "mixtral", "DeepseekV3ForCausalLM": "deepseek_v3",
                 "Llama4ForCausalLM": "llama4_text"}
 
-QUANT_CFGS = {"NVFP4": "NVFP4_DEFAULT_CFG", "W4A16_NVFP4": "W4A16_NVFP4_CFG"}
+QUANT_CFGS = {"NVFP4": "NVFP4_DEFAULT_CFG", "W4A16_NVFP4": "W4A16_NVFP4_CFG",
+              # routed experts only (NVIDIA's Kimi-K2.x / MiniMax-M2.x recipe): the rest stays BF16
+              "NVFP4_EXPERTS_ONLY": "NVFP4_EXPERTS_ONLY_CFG"}
 
 
 def build_tiny_model(kind: str = "llama", seed: int = 0, dtype: torch.dtype = torch.bfloat16, **overrides):

@@ -28,6 +28,8 @@ KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4")
 # (the per-expert W4A16 path is the same loader code, and the op's W4A16 path is in test_moe_op)
 CASES = [pytest.param(k, a, marks=() if (a == "NVFP4" or k == "llama4") else pytest.mark.slow)
          for k in KINDS for a in ("NVFP4", "W4A16_NVFP4")]
+# NVIDIA's experts-only recipe (Kimi-K2.x, MiniMax-M2.x NVFP4): routed experts NVFP4, all else BF16
+CASES.append(pytest.param("deepseek_v3", "NVFP4_EXPERTS_ONLY"))
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +194,9 @@ def test_moe_export_matches_fp64_reference(ckpts, kind, algo):
     # shared experts, dense MLPs and attention are NVFP4Linear; routers stay unquantized
     lin = {n for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     assert not any(n.endswith((".gate", ".router")) for n in lin)
-    if kind == "deepseek_v3":
+    if algo == "NVFP4_EXPERTS_ONLY":
+        assert not lin  # attention, shared expert and dense MLP stay BF16 nn.Linear
+    elif kind == "deepseek_v3":
         assert {"model.layers.0.mlp.gate_proj", "model.layers.1.mlp.shared_experts.down_proj"} <= lin
         assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32  # router stays fp32
     if kind == "llama4":

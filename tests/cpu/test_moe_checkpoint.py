@@ -29,7 +29,7 @@ KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")
 CASES = [pytest.param(k, a, marks=() if (a == "NVFP4" or k == "llama4") else pytest.mark.slow)
          for k in KINDS for a in ("NVFP4", "W4A16_NVFP4")]
 # NVIDIA's experts-only recipe (Kimi-K2.x, MiniMax-M2.x NVFP4): routed experts NVFP4, all else BF16
-CASES.append(pytest.param("deepseek_v3", "NVFP4_EXPERTS_ONLY"))
+CASES.append(pytest.param("deepseek_v3", "NVFP4_EXPERTS_ONLY", marks=pytest.mark.slow))
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,8 @@ def test_hopper_layer_holds_its_weight_once(monkeypatch, one_copy):
     kernels' copy beside it. Bytes: the layer's parameter and buffer storages plus what the launchers
     derived, against the prepared size computed from the shapes (16-row tiles, K padded to 256,
     K/2 + K/16 bytes a row)."""
+    import logging
+
     import torch
 
     from nvgemm.formats import quantize_weight, to_blocked
@@ -129,8 +131,18 @@ def test_hopper_layer_holds_its_weight_once(monkeypatch, one_copy):
         layer.input_scale.copy_(ins)
     ckpt = sum(t.numel() for t in (layer.weight, layer.weight_scale))
     one = sum(-(-n // 16) * 16 * (k // 2 + k // 16) for n in (96, 24))  # the two GEMMs' rows
+    lines = []
+    catch = logging.Handler(logging.INFO)
+    catch.emit = lambda r: lines.append(r.getMessage())
+    method.log.addHandler(catch)
+    level = method.log.level
+    method.log.setLevel(logging.INFO)
     with sm90_stand_in() as launched:
-        m.process_weights_after_loading(layer)
+        try:
+            m.process_weights_after_loading(layer)
+        finally:
+            method.log.removeHandler(catch)
+            method.log.setLevel(level)
         n = len(launched)
         got = m.apply(layer, x, layer.bias)
         # both GEMMs on the (stand-in) kernel, reading the layer's weight (beside first-use checks at M=3)
@@ -142,8 +154,12 @@ def test_hopper_layer_holds_its_weight_once(monkeypatch, one_copy):
     codes = [t for t in list(layer.parameters()) + list(layer.buffers()) if t.dtype in (torch.uint8, torch.float8_e4m3fn)]
     held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in codes}.values())
     held += derived_nbytes(layer.weight)
+    (line,) = [x for x in lines if "vLLM layer model.layers.0.self_attn.qkv_proj" in x]
     if one_copy == "1":
         assert m.sm90 is not None and layer.weight.shape == (8, 4 * 512)  # 6 + 2 tiles of 4 chunks
         assert held == one and one <= 1.1 * ckpt
+        assert line.endswith(f"weight memory: sm90 layout only {one / 2**20:.2f} MiB + nvgemm copies 0.00 MiB")
     else:
         assert m.sm90 is None and held >= ckpt + one
+        assert f"weight memory: checkpoint {ckpt / 2**20:.2f} MiB + nvgemm copies " in line
+        assert "copies 0.00 MiB" not in line

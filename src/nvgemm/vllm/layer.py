@@ -43,7 +43,6 @@ class Gemm:
     input_scale: torch.Tensor | None  # fp32 () ; None = weight-only (W4A16)
     tiles: tuple[int, int] | None = None  # held once (:func:`hold_sm90`): row tiles of the sm90 layout; no weight_scale
 
-
     @property
     def alpha(self) -> str:
         return "vector" if self.weight_scale_2.dim() == 1 else "scalar"
@@ -181,7 +180,7 @@ def hold_sm90(weight: torch.Tensor, gemms: Sequence[Gemm], kind: str) -> tuple[t
 
 
 def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: str = "checkpoint") -> str:
-    """``weight memory: checkpoint X MiB + nvgemm copies Y MiB`` of one layer, for its load log line
+    """``weight memory: <held> X MiB + nvgemm copies Y MiB`` of one layer, for its load log line
     (the copies are what the launchers derived from it: the sm90 prepared layout, sm100's
     interleaved gate_up; :func:`nvgemm.templates.derived.derived_nbytes`). ``held`` names the
     layout of ``weight`` (``"sm90 layout only"`` when :func:`hold_sm90` replaced the checkpoint's)."""

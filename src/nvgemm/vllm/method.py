@@ -169,14 +169,15 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
             if passed:
                 fallbacks.append(f"{name} because " + "; ".join(passed))
         config = _configs(first)
+        memory = weight_memory(weight, [self.sm90.scale] if self.sm90 else [g.weight_scale for g in self.gemms],
+                               "sm90 layout only" if self.sm90 else "checkpoint")
+        if self.sm90 is None and sm90_why and _hopper(weight.device):
+            memory += f" (not held once in the sm90 layout: {sm90_why})"
         log.info("nvgemm_cutedsl: vLLM layer %s (%s, K=%d, shards %s, %d GEMM%s: %s) served by %s%s%s; %s",
                  self.prefix, "W4A16" if self.weight_only else "W4A4", k, list(layer.logical_widths),
                  len(self.gemms), "" if len(self.gemms) == 1 else "s", kinds, describe_choices(chosen),
                  f"; configs {config}" if config else "", f"; fallback: {' | '.join(fallbacks)}" if fallbacks else "",
-                 weight_memory(weight, [self.sm90.scale] if self.sm90 else [g.weight_scale for g in self.gemms],
-                               "sm90 layout only" if self.sm90 else "checkpoint")
-                 + ("" if self.sm90 or sm90_why is None or not _hopper(weight.device) else
-                    f" (not held once in the sm90 layout: {sm90_why})"))
+                 memory)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = run_gemms(x, layer.weight, self.gemms, bias, self.sm90)

@@ -49,7 +49,8 @@ def fused_layer(gen, k, widths, ins):
 def emulated(x, w, gemms, bias):
     """The emulated op GEMM by GEMM on the checkpoint tensors (nothing sm90 involved)."""
     return torch.cat([nvfp4_linear_emulated(x, w[g.start:g.stop].contiguous(), g.weight_scale, g.weight_scale_2,
-                                            g.input_scale, None if bias is None else bias[g.start:g.stop], None, "none", None)
+                                            g.input_scale, None if bias is None else bias[g.start:g.stop], None,
+                                            "none", None)
                       for g in gemms], -1)
 
 

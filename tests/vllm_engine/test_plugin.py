@@ -151,7 +151,8 @@ def test_hopper_layer_holds_its_weight_once(monkeypatch, one_copy):
     assert torch.equal(got, want)
     # weight bytes: the storages of the layer's code / block-scale tensors (not its fp32 / bf16 scales and
     # bias), plus what the launchers derived from its weight
-    codes = [t for t in list(layer.parameters()) + list(layer.buffers()) if t.dtype in (torch.uint8, torch.float8_e4m3fn)]
+    codes = [t for t in list(layer.parameters()) + list(layer.buffers())
+             if t.dtype in (torch.uint8, torch.float8_e4m3fn)]
     held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in codes}.values())
     held += derived_nbytes(layer.weight)
     (line,) = [x for x in lines if "vLLM layer model.layers.0.self_attn.qkv_proj" in x]

@@ -210,7 +210,8 @@ _WARMED: set = set()  # problems already resolved in this process (kernel compil
 
 
 def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None,
-            x_dtype: torch.dtype, m_values: Sequence[int], sm90: Sm90Held | None = None) -> list[tuple[int, object, str]]:
+            x_dtype: torch.dtype, m_values: Sequence[int],
+            sm90: Sm90Held | None = None) -> list[tuple[int, object, str]]:
     """Resolve every kernel the layer will use for the token counts ``m_values``, now.
 
     For each (GEMM, M): the runtime selects its backend, which on a GPU runs the first-use check

@@ -257,19 +257,44 @@ def _sm90_load_pre_hook(module: NVFP4Linear, state_dict, prefix, local_metadata,
 
 
 def prepare_for_sm90(model: nn.Module, kind: str = "bf16", *, log=None) -> dict[str, int]:
-    """:meth:`NVFP4Linear.prepare_for_sm90` on every NVFP4Linear of ``model`` on an sm_90 GPU
-    (capability 9.0); returns {layer name: bytes held} and logs one line per layer."""
+    """:meth:`NVFP4Linear.prepare_for_sm90` on every NVFP4Linear of ``model`` the sm90 kernels will
+    serve for ``kind`` activations (:func:`nvgemm.prepared.sm90_serve_reason` at M in
+    :data:`~nvgemm.prepared.DECISION_M`: an sm_90 GPU, K % 32 == 0, the kernel passing its first-use
+    check, no ``NVGEMM_BACKEND`` naming another backend). Logs one line per prepared layer (bytes
+    held, checkpoint bytes freed) and a total; returns {layer name: bytes held}."""
     import logging
 
+    from .prepared import DECISION_M, sm90_serve_reason
+    from .runtime.backends import LinearProblem
+
     log = log or logging.getLogger("nvgemm_cutedsl")
-    out = {}
+    x_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kind]
+    out, ckpt, kept = {}, 0, {}
+    hopper = False
     for name, mod in model.named_modules():
-        if not isinstance(mod, NVFP4Linear) or mod.sm90_kind is not None or mod.weight.device.type != "cuda":
+        if not isinstance(mod, NVFP4Linear) or mod.sm90_kind is not None:
             continue
-        if torch.cuda.get_device_capability(mod.weight.device) != (9, 0) or mod.in_features % 32:
+        dev = mod.weight.device
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+        hopper |= cap == (9, 0)
+        why = sm90_serve_reason(
+            LinearProblem(m=m, n=mod.out_features, k=mod.in_features, device_type=dev.type, capability=cap,
+                          weight_only=mod.weight_only, x_dtype=x_dtype, out_dtype=x_dtype,
+                          alpha="vector" if mod.weight_scale_2.dim() == 1 else "scalar", bias=mod.bias is not None,
+                          activation=mod.activation, residual=False) for m in DECISION_M)
+        if why is not None:
+            kept.setdefault(why, []).append(name)
             continue
-        before = mod.weight.numel() + mod.weight_scale.numel()
+        before = sum(t.numel() * t.element_size() for t in (mod.weight, mod.weight_scale))
         out[name] = mod.prepare_for_sm90(kind)
-        log.info("nvgemm: %s held in the sm90 layout only: %.2f MiB (the checkpoint layout, %.2f MiB, is "
+        ckpt += before
+        log.info("nvgemm: %s held in the sm90 layout only: %.2f MiB (its checkpoint layout, %.2f MiB, freed; "
                  "re-encoded on save)", name, out[name] / 2**20, before / 2**20)
+    if out and torch.cuda.is_available():  # the PDL kernels stream weights before griddepcontrol.wait
+        torch.cuda.synchronize()
+    if out or hopper:
+        why = "; ".join(f"{len(v)} ({v[0]}{', ...' if len(v) > 1 else ''}): {r}" for r, v in kept.items())
+        log.info("nvgemm: %d NVFP4 layers held once, in the sm90 layout: %.2f MiB (checkpoint layout %.2f MiB, "
+                 "not kept)%s", len(out), sum(out.values()) / 2**20, ckpt / 2**20,
+                 f"; kept in the checkpoint layout: {why}" if why else "")
     return out

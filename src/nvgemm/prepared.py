@@ -13,19 +13,63 @@ layer to hold only the prepared layout, served by ``nvgemm::nvfp4_linear_sm90_pr
 * any other backend (CPU, another GPU, a problem the kernel does not take, activations of the
   other dtype, a residual in another dtype) gets the checkpoint layout rebuilt for that call
   (:func:`nvgemm.templates.sm90.operand.to_modelopt`, value-exact) -- correct but slow, warned once.
+
+Policy (both loaders): a layer is held in the sm90 layout when the sm90 kernels will serve it
+(:func:`sm90_serve_reason`: ``cutedsl_sm90`` is what the registry selects, first-use check
+included, for the token counts the layer will run); ``NVGEMM_SM90_ONE_COPY=0`` (or the loader's
+``sm90_one_copy=False``) keeps the checkpoint layout, and the kernels' copy beside it.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Iterable, Optional
 
 import torch
 
 from .formats import NVFP4, blocked_numel
 from .ops import check_linear_args, nvfp4_linear, problem_of
-from .runtime.backends import select_backend, warn_once
+from .runtime.backends import LinearProblem, backends, select_backend, warn_once
 from .templates.sm90.config import K_ALIGN, ROW_TILE
 from .templates.sm90.operand import Sm90Weight, kind_of, to_modelopt
+
+#: ``0`` keeps Hopper layers in the checkpoint layout (two copies on the GPU: the checkpoint's and the
+#: sm90 kernels' prepared one); ``1`` (default) holds the layers the sm90 kernels serve once.
+ONE_COPY_ENV = "NVGEMM_SM90_ONE_COPY"
+#: Token counts whose backend decides whether an ``NVFP4Linear`` is held in the sm90 layout: decode
+#: (the mma kernels) and a prefill batch (the wgmma kernels).
+DECISION_M = (1, 128)
+SM90 = "cutedsl_sm90"
+
+
+def one_copy_wanted(explicit: Optional[bool] = None) -> bool:
+    """``explicit`` when given, else ``NVGEMM_SM90_ONE_COPY`` (default 1)."""
+    if explicit is not None:
+        return bool(explicit)
+    v = os.environ.get(ONE_COPY_ENV, "1").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"{ONE_COPY_ENV}={v!r}: expected 0 (keep the checkpoint layout) or 1 (one copy)")
+    return v == "1"
+
+
+def sm90_serve_reason(problems: Iterable[LinearProblem]) -> Optional[str]:
+    """None when the registry selects ``cutedsl_sm90`` (first-use check included) for every problem;
+    otherwise why not. Problems another GPU's backend would take are answered from
+    ``cutedsl_sm90``'s own ``supports`` first, so no other kernel is checked (compiled) here."""
+    problems = list(problems)
+    sm90 = next((b for b in backends() if b.name == SM90), None)
+    if sm90 is None:
+        return f"the {SM90} backend is not registered"
+    for p in problems:
+        why = sm90.supports(p)
+        if why is not None:
+            return why
+    for p in problems:
+        chosen = select_backend(p)
+        if chosen.name != SM90:
+            return f"M={p.m} runs on {chosen.name}"
+    return None
+
 
 _STANDINS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -76,7 +120,7 @@ def nvfp4_linear_sm90_prepared(
                          f"{expect[1]} for N={n} K={k}, got {pweight.dtype} {tuple(pweight.shape)} / "
                          f"{pscale.dtype} {tuple(pscale.shape)}")
     backend = select_backend(problem_of(x, w0, weight_scale_2, input_scale, bias, residual, activation, spec))
-    if backend.name == "cutedsl_sm90" and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
+    if backend.name == SM90 and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
             and (residual is None or residual.dtype == spec.out_dtype):
         from .runtime import sm90_backend
 
@@ -94,4 +138,5 @@ def _(x, pweight, pscale, weight_scale_2, input_scale, bias, residual, activatio
     return x.new_empty((*x.shape[:-1], n_out), dtype=out_dtype or x.dtype)
 
 
-__all__ = ["nvfp4_linear_sm90_prepared", "sm90_weight_of"]
+__all__ = ["DECISION_M", "ONE_COPY_ENV", "nvfp4_linear_sm90_prepared", "one_copy_wanted", "sm90_serve_reason",
+           "sm90_weight_of"]

@@ -7,10 +7,14 @@ and exports it with ModelOpt's own Hugging Face exporter. No network, no hub.
 Facts it relies on: ModelOpt's calibration runs on CPU (its fake-quant *forward* asserts CUDA,
 so nothing here runs the quantized model through ModelOpt), and the exporter needs
 ``config.architectures`` set on a model built from a config.
+
+``sm90_stand_in`` lets CPU tests run the Hopper host path (the sm90 backend selected, weights
+prepared or held in its layout) with the launch replaced by the emulated op.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -122,3 +126,48 @@ def quantize_and_export(model, out_dir: str | Path, algo: str = "NVFP4", seed: i
 def make_tiny_checkpoint(out_dir: str | Path, kind: str = "llama", algo: str = "NVFP4", seed: int = 0) -> Path:
     """Build, quantize and export a tiny checkpoint into ``out_dir``; returns the folder."""
     return quantize_and_export(build_tiny_model(kind, seed), out_dir, algo, seed)
+
+
+@contextlib.contextmanager
+def sm90_stand_in():
+    """The sm90 kernels' stand-in on CPU, for tests of what a Hopper GPU holds and computes.
+
+    Inside the block, backend ``cutedsl_sm90`` takes CPU problems by the real rules of
+    :func:`nvgemm.runtime.sm90_backend.supports` (read as if on an sm_90 GPU) and runs the real host
+    path -- ``run_sm90`` derives and memoises the prepared copy of a checkpoint-layout weight,
+    ``nvgemm::nvfp4_linear_sm90_prepared`` passes a held layer's own prepared tensors -- with only
+    the launch replaced: the emulated op on the checkpoint layout re-encoded from the prepared
+    tensors the kernel would read (:func:`nvgemm.templates.sm90.operand.to_modelopt`, value-exact).
+    Results are bit-identical to the emulated op exactly when the launch is handed the right
+    prepared weight. Yields the list of prepared weights handed to the launch."""
+    from dataclasses import replace
+
+    from .ops import nvfp4_linear_emulated
+    from .runtime import backends as B
+    from .runtime import sm90_backend
+    from .templates.sm90.operand import to_modelopt
+
+    B.load_builtin_backends()
+    name = sm90_backend.BACKEND_NAME
+    real, run_prepared, checked = B._REGISTRY[name], sm90_backend.run_prepared, dict(B._CHECKED)
+    launched: list = []
+
+    def supports(p):
+        return sm90_backend.supports(replace(p, device_type="cuda", capability=(9, 0)) if p.device_type == "cpu" else p)
+
+    def launch(x, p, input_scale, bias, residual, activation, out_dtype, config=None):
+        launched.append(p)
+        w, s = to_modelopt(p)
+        ws2 = p.weight_scale_2 if p.weight_scale_2.numel() > 1 else p.weight_scale_2.reshape(())
+        return nvfp4_linear_emulated(x, w, s, ws2, input_scale, bias, residual, activation, out_dtype)
+
+    B.register_backend(replace(real, supports=supports))
+    sm90_backend.run_prepared = launch
+    B._CHECKED.clear()
+    try:
+        yield launched
+    finally:
+        B.register_backend(real)
+        sm90_backend.run_prepared = run_prepared
+        B._CHECKED.clear()
+        B._CHECKED.update(checked)

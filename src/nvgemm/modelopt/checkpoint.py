@@ -33,8 +33,9 @@ import torch
 from torch import nn
 
 from ..formats import NVFP4, blocked_numel, from_blocked
-from ..linear import NVFP4Linear
+from ..linear import NVFP4Linear, prepare_for_sm90
 from ..moe import NVFP4Experts
+from ..prepared import one_copy_wanted
 from .moe import ckpt_name, replace_moe_layers
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -250,12 +251,18 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
 
 
 def load_modelopt_checkpoint(
-    ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+    ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, *,
+    sm90_one_copy: bool | None = None,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
     Non-quantized weights (embeddings, norms, ``lm_head``) keep the checkpoint's values cast to
     ``dtype``. Raises ``CheckpointError`` for anything it cannot load exactly.
+
+    On an sm_90 GPU the layers the sm90 kernels will serve are then held once, in the kernels'
+    layout (:func:`nvgemm.linear.prepare_for_sm90`; one log line per layer and a total);
+    ``sm90_one_copy=False`` (or ``NVGEMM_SM90_ONE_COPY=0`` when not given) keeps the checkpoint
+    layout, and the kernels' prepared copy beside it at the first call.
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -315,6 +322,9 @@ def load_modelopt_checkpoint(
                               "; nvgemm does not know what to do with it")
     model.to(device)
     model.eval()
+    kind = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    if kind is not None and one_copy_wanted(sm90_one_copy):
+        prepare_for_sm90(model, kind, log=log)  # layer by layer: one layer's two copies at a time
     model.nvgemm_quant_config = qcfg
     model.nvgemm_quantized_layers = replaced
     model.nvgemm_moe_layers = moe_layers

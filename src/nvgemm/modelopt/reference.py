@@ -102,8 +102,9 @@ class DequantExperts(nn.Module):
 def dequant_linear_of(mod) -> DequantLinear:
     from ..formats import NVFP4, from_blocked
 
-    scale = from_blocked(mod.weight_scale, mod.out_features, mod.in_features // NVFP4.block_size)
-    return DequantLinear(mod.weight, scale, mod.weight_scale_2, mod.input_scale, mod.bias)
+    weight, blocked = mod.checkpoint_layout()  # re-encoded when the layer is held in the sm90 layout
+    scale = from_blocked(blocked, mod.out_features, mod.in_features // NVFP4.block_size)
+    return DequantLinear(weight, scale, mod.weight_scale_2, mod.input_scale, mod.bias)
 
 
 def build_reference_model(model_with_nvfp4: nn.Module) -> nn.Module:

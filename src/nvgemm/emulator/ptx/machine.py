@@ -125,9 +125,13 @@ class GlobalMemory:
     def register(self, base: int, size: int, name: str) -> None:
         if size <= 0:
             return
-        for a in self.allocs:
+        for a in list(self.allocs):
             if a.base == base and a.size == size:
                 return
+            if base < a.base + a.size and a.base < base + size:  # overlapping views: one allocation
+                self.allocs.remove(a)
+                lo, hi = min(base, a.base), max(base + size, a.base + a.size)
+                base, size, name = lo, hi - lo, f"{a.name}|{name}"
         view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(base))
         self.allocs.append(Allocation(base, size, name, view))
         self.allocs.sort(key=lambda a: a.base)

@@ -40,15 +40,21 @@ def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None,
     * GEMM2: at most two nonzero codes per weight row, so each output is one fp32 rounding of a sum
       of at most two exact products (order-independent); alpha2 a power of two;
     * finalize: the same fp32 operations in the same order on both sides (any top-k weights).
+
+    fp16 (max 65504): the per-row alpha is forced and the up rows get 2**[-20, -18], which keeps
+    ``h`` and the outputs in range.
     """
     g = torch.Generator().manual_seed(seed)
     w13, s13 = _stack(g, e, 2 * i, h)
     w2, s2 = _stack(g, e, h, i, sparse_per_row=2)
+    up_lo = -20 if x_dtype == torch.float16 else -2
+    if x_dtype == torch.float16:
+        alpha13 = "row"
     if alpha13 == "expert":
         g13 = torch.pow(2.0, 14 + torch.randint(0, 3, (e,), generator=g).float())
     else:  # per row: gate rows >= 2**14, up rows 2**[-2, 0]
         g13 = torch.cat([torch.pow(2.0, 14 + torch.randint(0, 3, (e, i), generator=g).float()),
-                         torch.pow(2.0, torch.randint(-2, 1, (e, i), generator=g).float())], dim=1)
+                         torch.pow(2.0, torch.randint(up_lo, up_lo + 3, (e, i), generator=g).float())], dim=1)
     g2 = torch.pow(2.0, torch.randint(-3, 0, (e,), generator=g).float())
     x = (torch.randint(-16, 17, (m, h), generator=g).float() / 8).to(x_dtype)
     if ids is None:

@@ -9,12 +9,14 @@ import torch
 import triton
 import triton.language as tl
 
+from nvgemm.triton_kernels._common import f32_to_bf16_rne
+
 _BLOCK = 1024
 
 
 @triton.jit
 def _finalize_kernel(y_ptr, pos_ptr, valid_ptr, w_ptr, sh_ptr, res_ptr, out_ptr, H, K: tl.constexpr,
-                     HAS_SH: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_SH: tl.constexpr, HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
@@ -30,7 +32,10 @@ def _finalize_kernel(y_ptr, pos_ptr, valid_ptr, w_ptr, sh_ptr, res_ptr, out_ptr,
         acc = acc + tl.load(sh_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         acc = acc + tl.load(res_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if OUT_BF16:  # explicit RNE (identical on GPU and the interpreter)
+        tl.store(out_ptr + t * H + cols, f32_to_bf16_rne(acc), mask=mask)
+    else:
+        tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def finalize_triton(y, pos, valid, weights, shared_out, residual, out_dtype):
@@ -44,5 +49,6 @@ def finalize_triton(y, pos, valid, weights, shared_out, residual, out_dtype):
     grid = (m, triton.cdiv(h, _BLOCK))
     _finalize_kernel[grid](y, pos.contiguous(), valid.to(torch.int8).contiguous(), weights.float().contiguous(), sh,
                            res, out, h, K=k, HAS_SH=shared_out is not None, HAS_RES=residual is not None,
+                           OUT_BF16=out_dtype == torch.bfloat16,
                            BLOCK=_BLOCK, enable_fp_fusion=False)
     return out

@@ -7,6 +7,7 @@ Examples::
     nvgemm plan --model Qwen3-32B --gpu B200 --m-range 1,256      # dynamic-batch buckets
     nvgemm plan --model Mistral-7B --gpu H100 --m 1,16            # W4A16 on Hopper
     nvgemm plan --model Llama-3.1-8B --m 8 --json
+    nvgemm plan --moe DeepSeek-V3-TP8 --gpu H200 --m 1,8,32   # grouped MoE (sm90 W4A16) candidates
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense)")
     src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
+    src.add_argument("--moe", help="MoE layer preset (DeepSeek-V3-TP8, Qwen3-30B-A3B, Llama-4-Scout, Mixtral-8x7B): "
+                     "the grouped kernels' (GEMM1, GEMM2) candidates")
     p.add_argument("--gpu", default="B200", help="named GPU: B200, GB200, B300, H100, H200 (default B200)")
     p.add_argument("--sm-count", type=int, default=None, help="override the GPU's SM count")
     p.add_argument("--from-device", action="store_true", help="read arch and SM count from the live CUDA device")
@@ -97,8 +100,30 @@ def _time_column(c) -> str:
     return f"{'-':>11s} us        "
 
 
+def _run_moe(args) -> int:
+    from .moe_sm90 import format_plan, get_moe_preset
+    from .problem import Target
+
+    try:
+        shape = get_moe_preset(args.moe)
+        target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
+    except (KeyError, ValueError, RuntimeError) as e:
+        print(f"nvgemm plan: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    if target.family != "sm90":
+        print(f"nvgemm plan --moe: grouped MoE kernels exist for sm_90a only (got {target.arch}); use --gpu H200 or "
+              "H100", file=sys.stderr)
+        return 2
+    ms = list(range(args.m_range[0], args.m_range[1] + 1)) if args.m_range else args.m
+    print(format_plan(shape, ms, _model_gpu(target) or "H200", args.max_candidates))
+    return 0
+
+
 def run(args) -> int:
     from . import nvmmh
+
+    if getattr(args, "moe", None):
+        return _run_moe(args)
     from .policy import bucket_candidates, candidates, problem_status
 
     try:

@@ -255,7 +255,8 @@ class Sm90MoeMmaTemplate:
         if spec.epilogue.alpha not in ("scalar", "vector"):
             return Status.fail("the grouped kernel needs a per-expert alpha (scalar) or per-row alpha (vector)")
         if spec.epilogue.bias or spec.epilogue.residual:
-            return Status.fail("the grouped kernel has no bias / residual (the finalize step adds shared_out and residual)")
+            return Status.fail("the grouped kernel has no bias / residual (the finalize step adds shared_out and "
+                               "residual)")
         if spec.epilogue.gated and c.row_tiles % 2:
             return Status.fail(f"silu_mul needs an even number of row tiles per warp (gate + up), got {c.row_tiles}")
         return Status.success()

@@ -252,14 +252,14 @@ def finalize(y, wl, weights, shared_out, residual, out_dtype):
 Launch = Callable[[MoeGemmArgs], None]
 
 
-def moe_forward(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, activation,
-                router_weight_on_input, expert_map, shared_out, residual, out_dtype,
+def moe_forward(x, local, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, activation,
+                router_weight_on_input, shared_out, residual, out_dtype,
                 config13: Sm90MoeConfig, config2: Sm90MoeConfig, launch: Launch,
                 workspace: Optional[MoeWorkspace] = None, keep: Optional[dict] = None) -> torch.Tensor:
     """One W4A16 ``nvfp4_moe`` call through the grouped kernels (``launch`` runs a GEMM's arguments
-    on the right kernel). ``keep`` (a dict) receives the work list and the intermediates (tests)."""
-    from nvgemm.moe.ops import local_ids
-
+    on the right kernel). ``local``: [M, K] local expert ids (``topk_ids`` through ``expert_map``,
+    -1 = nothing; ``nvgemm.moe.ops.local_ids``). ``keep`` (a dict) receives the work list and the
+    intermediates (tests)."""
     if config13.tile_m != config2.tile_m:
         raise ValueError(f"nvgemm sm90 moe: GEMM1 and GEMM2 share one work list: tile_m {config13.tile_m} != "
                          f"{config2.tile_m}")
@@ -274,7 +274,7 @@ def moe_forward(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_s
         wts = torch.ones_like(topk_weights)
     if xin.stride(-1) != 1 or xin.stride(0) % 8 or xin.data_ptr() % 16:
         xin = xin.contiguous().clone()
-    wl = build_work_list(local_ids(topk_ids, expert_map), w13.shape[0], config13.tile_m)
+    wl = build_work_list(local, w13.shape[0], config13.tile_m)
     s13 = cached_moe_stack(w13, w13_scale, kind)
     s2 = cached_moe_stack(w2, w2_scale, kind)
     a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws)

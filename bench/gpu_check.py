@@ -415,11 +415,10 @@ def moe_layer(case, dev, gen, cpu_selftest):
 
 
 def _moe_run(ops, configs, launch):
-    from nvgemm.moe.ops import local_ids
     from nvgemm.templates.sm90_moe.launch import moe_forward
 
     x, ids, wts, w13, s13, g13, _, w2, s2, g2, _, act, rwi, emap, sh, res, odt = ops
-    return moe_forward(x, local_ids(ids, emap), wts, w13, s13, g13, w2, s2, g2, act, rwi, sh, res, odt, configs[0],
+    return moe_forward(x, ids, emap, wts, w13, s13, g13, w2, s2, g2, act, rwi, sh, res, odt, configs[0],
                        configs[1], launch)
 
 

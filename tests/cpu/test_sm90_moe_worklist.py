@@ -14,7 +14,8 @@ from nvgemm.templates.sm90_moe.config import (
     validate_moe_config,
     work_tiles_bound,
 )
-from nvgemm.templates.sm90_moe.launch import build_work_list, finalize_ref
+from nvgemm.moe.ops import local_ids
+from nvgemm.templates.sm90_moe.launch import build_work_list, finalize_ref, local_expert_ids
 
 
 def _python_work_list(local, e, tm):
@@ -87,3 +88,12 @@ def test_finalize_is_the_contract():
         want = torch.where((local[:, s] >= 0)[:, None], want + w[:, s:s + 1] * y_pair[:, s], want)
     want = (want + sh.float()).bfloat16()
     assert torch.equal(finalize_ref(y_perm, wl, w, sh, None, torch.bfloat16), want)
+
+
+def test_local_expert_ids_is_the_ops_rule():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(-1, 12, (9, 4), generator=g, dtype=torch.int32)
+    emap = torch.full((12,), -1, dtype=torch.int32)
+    emap[torch.tensor([0, 5, 7, 11])] = torch.arange(4, dtype=torch.int32)
+    for m in (None, emap):
+        assert torch.equal(local_expert_ids(ids, m), local_ids(ids, m))

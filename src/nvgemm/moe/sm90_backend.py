@@ -64,7 +64,6 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
     """Eager implementation (CUDA sm_90 only); ``configs`` = (GEMM1, GEMM2) overrides the policy."""
     from ..heuristics.moe_sm90 import pick_moe_configs
     from ..templates.sm90_moe.launch import moe_forward
-    from .ops import local_ids
 
     if w13_input_scale is not None or w2_input_scale is not None:
         raise ValueError("nvgemm cutedsl_sm90_moe: W4A16 only (input scales given)")
@@ -78,7 +77,7 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
     def launch(args):
         _kernel_for(args.config, args.spec, args.x.dtype, sm).launch(*args.abi_values(), stream)
 
-    return moe_forward(x, local_ids(topk_ids, expert_map), topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale,
+    return moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale,
                        w2_scale_2, activation, router_weight_on_input, shared_out, residual, out_dtype, configs[0],
                        configs[1], launch)
 

@@ -17,11 +17,12 @@ choice), ``M = mean pairs per tile`` (at most ``tile_m``), the layer's K. The gr
 routing's tiles exit at once and are not charged. The dense model's own wave, latency-chain and
 launch terms apply unchanged (:func:`nvgemm.perfmodel.model.estimate`).
 
-**Host path.** The work list is built by :data:`PREP_KERNELS` tiny torch kernels today (sort,
-scatter, cumsums, searchsorted, ...; counted on the code) plus one identity-table fill and the
-finalize kernel, each charged the hardware's tiny-kernel cost (``aux_kernel_us``) -- at TP >= 4
-these launches, not the GEMMs, dominate (the brief's section 5.2 consequence (a)). A fused
-one-launch prep kernel is modelled by ``prep_kernels=1``.
+**Host path.** On CUDA the work list is one Triton launch (``templates/sm90_moe/prep_triton.py``:
+ids through the expert map, stable sort, counts, tiles) and the top-k sum one more (the finalize
+kernel); both are charged the hardware's tiny-kernel cost (``aux_kernel_us``) -- at TP >= 4 these
+launches cost as much as the GEMMs' bytes (the brief's section 5.2 consequence (a)). The torch
+fallback of the prep step (more than 4096 pairs) launches about 24 tiny kernels
+(``prep_kernels=24``).
 
 The **byte floor** is the brief's: ``(active experts + shared experts) x 3 x H x I x 0.5625`` bytes
 at the achievable bandwidth (weights only; activations are negligible at decode).
@@ -36,9 +37,9 @@ from typing import Optional, Sequence
 from ..hardware import get_hardware
 from ..model import estimate
 
-#: Tiny device kernels the torch work-list prep launches per layer (build_work_list + local_ids +
-#: the GEMM2 identity row table), counted on nvgemm/templates/sm90_moe/launch.py.
-PREP_KERNELS = 24
+#: Launches of the work-list prep per layer on CUDA (the one Triton kernel; the torch fallback
+#: beyond 4096 pairs launches ~24).
+PREP_KERNELS = 1
 #: The finalize kernel (one Triton launch).
 FINALIZE_KERNELS = 1
 NVFP4_BYTES_PER_ELEM = 0.5625

@@ -47,7 +47,7 @@ def finalize_triton(y, pos, valid, weights, shared_out, residual, out_dtype):
     sh = shared_out.contiguous() if shared_out is not None else out
     res = residual.contiguous() if residual is not None else out
     grid = (m, triton.cdiv(h, _BLOCK))
-    _finalize_kernel[grid](y, pos.contiguous(), valid.to(torch.int8).contiguous(), weights.float().contiguous(), sh,
+    _finalize_kernel[grid](y, pos.contiguous(), valid.view(torch.int8) if valid.dtype == torch.bool else valid.to(torch.int8), weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous(), sh,
                            res, out, h, K=k, HAS_SH=shared_out is not None, HAS_RES=residual is not None,
                            OUT_BF16=out_dtype == torch.bfloat16,
                            BLOCK=_BLOCK, enable_fp_fusion=False)

@@ -11,7 +11,8 @@ One layer = 1 prep step + GEMM1 + GEMM2 + finalize:
    empty / unmapped slots last), giving the permuted row ``pos[j]`` of every pair, the source token
    ``rows[p]`` of every permuted row, per-expert counts and offsets, and a fixed-length list of
    work tiles ``(expert, first row, rows <= tile_m, 0)`` (:func:`~.config.work_tiles_bound` slots;
-   unused slots have 0 rows and their CTAs exit).
+   unused slots are all zero and their CTAs exit). On CUDA with at most 4096 pairs the whole step
+   is one Triton launch (:mod:`.prep_triton`, the same tables bit for bit).
 2. **GEMM1** (``x`` rows gathered through ``rows``): ``h[p] = round(act(acc13 * alpha13[e]))`` into
    a ``[P, I]`` buffer in permuted order (``P = M * top_k``).
 3. **GEMM2** (identity row table): ``y[p] = acc2 * alpha2[e]`` in fp32, ``[P, H]``.
@@ -89,9 +90,41 @@ def build_work_list(local: torch.Tensor, num_experts: int, tile_m: int) -> MoeWo
     start = offs[tec] + i * tile_m
     cnt = torch.where(used, (counts[tec] - i * tile_m).clamp(0, tile_m), torch.zeros_like(i))
     start = torch.where(used, start, torch.zeros_like(start))
-    tiles = torch.stack([tec, start, cnt, torch.zeros_like(cnt)], dim=1).reshape(-1).to(torch.int32)
+    tiles = torch.stack([torch.where(used, tec, torch.zeros_like(tec)), start, cnt, torch.zeros_like(cnt)], dim=1).reshape(-1).to(torch.int32)
     rows = (order // k).to(torch.int32)
     return MoeWorkList(rows, tiles, pos.reshape(m, k), valid.reshape(m, k), counts, tile_m)
+
+
+def local_expert_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
+    """``topk_ids`` through ``expert_map`` as int64 local ids (-1: nothing); the op's rule
+    (``nvgemm.moe.ops.local_ids``), restated here so the template does not import the op layer."""
+    ids = topk_ids.long()
+    if expert_map is None:
+        return ids
+    return torch.where(ids < 0, torch.full_like(ids, -1), expert_map.long()[ids.clamp_min(0)])
+
+
+def work_list(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int,
+              tile_m: int) -> MoeWorkList:
+    """The work list: one Triton launch on CUDA when it fits (:mod:`.prep_triton`), else torch ops."""
+    if topk_ids.device.type == "cuda":
+        from .prep_triton import build_work_list_triton, prep_supported
+
+        if prep_supported(topk_ids.numel(), num_experts):
+            return build_work_list_triton(topk_ids, expert_map, num_experts, tile_m)
+    return build_work_list(local_expert_ids(topk_ids, expert_map), num_experts, tile_m)
+
+
+_IDENT: dict[str, torch.Tensor] = {}
+
+
+def identity_rows(n: int, device: torch.device) -> torch.Tensor:
+    """int32 ``arange(n)`` from a per-device buffer (no launch per call; grown outside capture)."""
+    t = _IDENT.get(str(device))
+    if t is None or t.numel() < n:
+        t = torch.arange(max(n, 4096), dtype=torch.int32, device=device)
+        _IDENT[str(device)] = t
+    return t[:n]
 
 
 # --------------------------------------------------------------------------- stacked weights
@@ -252,14 +285,12 @@ def finalize(y, wl, weights, shared_out, residual, out_dtype):
 Launch = Callable[[MoeGemmArgs], None]
 
 
-def moe_forward(x, local, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, activation,
+def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, activation,
                 router_weight_on_input, shared_out, residual, out_dtype,
                 config13: Sm90MoeConfig, config2: Sm90MoeConfig, launch: Launch,
                 workspace: Optional[MoeWorkspace] = None, keep: Optional[dict] = None) -> torch.Tensor:
     """One W4A16 ``nvfp4_moe`` call through the grouped kernels (``launch`` runs a GEMM's arguments
-    on the right kernel). ``local``: [M, K] local expert ids (``topk_ids`` through ``expert_map``,
-    -1 = nothing; ``nvgemm.moe.ops.local_ids``). ``keep`` (a dict) receives the work list and the
-    intermediates (tests)."""
+    on the right kernel). ``keep`` (a dict) receives the work list and the intermediates (tests)."""
     if config13.tile_m != config2.tile_m:
         raise ValueError(f"nvgemm sm90 moe: GEMM1 and GEMM2 share one work list: tile_m {config13.tile_m} != "
                          f"{config2.tile_m}")
@@ -274,12 +305,12 @@ def moe_forward(x, local, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scal
         wts = torch.ones_like(topk_weights)
     if xin.stride(-1) != 1 or xin.stride(0) % 8 or xin.data_ptr() % 16:
         xin = xin.contiguous().clone()
-    wl = build_work_list(local, w13.shape[0], config13.tile_m)
+    wl = work_list(topk_ids, expert_map, w13.shape[0], config13.tile_m)
     s13 = cached_moe_stack(w13, w13_scale, kind)
     s2 = cached_moe_stack(w2, w2_scale, kind)
     a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws)
     launch(a1)
-    ident = torch.arange(wl.pos.numel(), dtype=torch.int32, device=dev)
+    ident = identity_rows(wl.pos.numel(), dev)
     a2 = gemm_args(config2, a1.out, ident, wl, s2, w2_scale_2.float(), "none", torch.float32, ws)
     launch(a2)
     out = finalize(a2.out, wl, wts, shared_out, residual, out_dtype)
@@ -289,4 +320,4 @@ def moe_forward(x, local, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scal
 
 
 __all__ = ["MoeGemmArgs", "MoeStack", "MoeWorkList", "MoeWorkspace", "build_work_list", "cached_moe_stack",
-           "finalize", "finalize_ref", "gemm_args", "moe_forward", "moe_workspace_for", "prepare_moe_stack"]
+           "finalize", "finalize_ref", "gemm_args", "identity_rows", "local_expert_ids", "work_list", "moe_forward", "moe_workspace_for", "prepare_moe_stack"]

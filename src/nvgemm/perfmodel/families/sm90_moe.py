@@ -11,7 +11,8 @@ histogram (pairs per expert of a real batch, or an average over batches) replace
 
 **A grouped GEMM** is modelled as the dense ``mma`` kernel (same main loop, same SASS facts -- the
 compile test checks the grouped kernel's loop has the dense kernel's HMMA count and no spills) on
-the equivalent dense problem: ``N = rows per expert x tiles`` (each work tile streams its expert's
+the equivalent dense problem: ``N = rows per expert x tiles`` (interpolated between the whole
+numbers of tiles around the expected value; each work tile streams its expert's
 weight block once; a second tile of the same expert is charged as a DRAM re-read, a conservative
 choice), ``M = mean pairs per tile`` (at most ``tile_m``), the layer's K. The grid slots past the
 routing's tiles exit at once and are not charged. The dense model's own wave, latency-chain and
@@ -102,10 +103,17 @@ def moe_gemm_estimate(config, m: int, top_k: int, num_experts: int, rows: int, k
     from dataclasses import replace
 
     dense = replace(dense, pdl=True)  # the SASS facts table holds the PDL variants (same loop)
-    e = estimate(dense, max(1, math.ceil(per_tile)), rows * max(1, round(tiles)), k, gpu, sm_count)
-    if e is None:
+    # expected tiles are fractional: interpolate between the whole-tile problems around them
+    lo_t = max(1, math.floor(tiles))
+    hi_t = max(1, math.ceil(tiles))
+    mm = max(1, math.ceil(per_tile))
+    e_lo = estimate(dense, mm, rows * lo_t, k, gpu, sm_count)
+    e_hi = e_lo if hi_t == lo_t else estimate(dense, mm, rows * hi_t, k, gpu, sm_count)
+    if e_lo is None or e_hi is None:
         return None
-    return MoeGemmEstimate(config, tiles, per_tile, e.gemm_us)
+    f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
+    us = tuple((1 - f) * a + f * b for a, b in zip(e_lo.gemm_us, e_hi.gemm_us))
+    return MoeGemmEstimate(config, tiles, per_tile, us)
 
 
 def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS) -> tuple[float, float]:

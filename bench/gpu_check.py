@@ -383,12 +383,12 @@ class MoeRunner:
 def moe_layer(case, dev, gen, cpu_selftest):
     """Random W4A16 expert stacks of the case's preset (tiny stand-ins in the CPU self-test)."""
     from nvgemm.formats import blocked_numel
-    from nvgemm.heuristics.moe_sm90 import get_moe_preset
+    from nvgemm.heuristics.moe_sm90 import get_moe_layer
 
     if cpu_selftest:
         e, k, h, i = 4, 2, 64, 32
     else:
-        s = get_moe_preset(case.preset)
+        s = get_moe_layer(case.preset)
         e, k, h, i = s.num_experts, s.top_k, s.hidden, s.inter
     xdt = torch.float16 if case.x_dtype == "fp16" else torch.bfloat16
 
@@ -453,12 +453,12 @@ def check_moe_numerics(case, msuite, runner, dev, gen, cpu_selftest):
 
 
 def time_moe_case(case, msuite, runner, dev, gen, copy_bw):
-    from nvgemm.heuristics.moe_sm90 import get_moe_preset, layer_model
+    from nvgemm.heuristics.moe_sm90 import get_moe_layer, layer_model
 
     ops = moe_layer(case, dev, gen, False)
     configs = msuite.case_configs(case)
     launch = runner.launcher()
-    s = get_moe_preset(case.preset)
+    s = get_moe_layer(case.preset)
     routings = []
     for _ in range(16):  # different experts per call: the weights come from DRAM, not L2
         o = list(ops)

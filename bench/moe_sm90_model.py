@@ -22,7 +22,7 @@ MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def main() -> int:
-    from nvgemm.heuristics.moe_sm90 import MOE_PRESETS, layer_model
+    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS, layer_model
     from nvgemm.perfmodel.hardware import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,7 +41,7 @@ def main() -> int:
         f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle.",
         "",
     ]
-    for name, shape in MOE_PRESETS.items():
+    for name, shape in MOE_LAYERS.items():
         lines += [f"## {name}: {shape.num_experts} experts, top-{shape.top_k}, H={shape.hidden}, I={shape.inter}"
                   + (f", shared I={shape.shared_inter}" if shape.shared_inter else "") + f" ({shape.source})", "",
                   "| M | active | tiles | GEMM1+GEMM2 | host | shared | total | floor | floor/total | GEMM1 / GEMM2 |",

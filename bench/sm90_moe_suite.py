@@ -14,7 +14,7 @@ MOE_TIMED_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 @dataclass(frozen=True)
 class MoeCase:
     name: str
-    preset: str  # nvgemm.heuristics.moe_sm90.MOE_PRESETS key, or "tiny"
+    preset: str  # nvgemm.heuristics.moe_sm90.MOE_LAYERS key
     m: int
     timed: bool
     configs: tuple = field(default=None)  # (config13 dict, config2 dict) forced; None: the policy's pick
@@ -32,10 +32,10 @@ def _mc(tile_m=8, tile_n=128, tile_k=256, split_k=1, num_warps=4, stages=4, pdl=
 
 
 def moe_cases() -> list[MoeCase]:
-    from nvgemm.heuristics.moe_sm90 import MOE_PRESETS
+    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS
 
     out = []
-    for p in MOE_PRESETS:
+    for p in MOE_LAYERS:
         for m in MOE_TIMED_M:
             out.append(MoeCase(f"moe.{p}.m{m}", p, m, True))
     out += [
@@ -51,12 +51,12 @@ def moe_cases() -> list[MoeCase]:
 
 def case_configs(case: MoeCase):
     """(config13, config2) of a case: forced, or the run-time pick on an H200 (132 SMs)."""
-    from nvgemm.heuristics.moe_sm90 import get_moe_preset, pick_moe_configs
+    from nvgemm.heuristics.moe_sm90 import get_moe_layer, pick_moe_configs
     from nvgemm.templates.sm90_moe.config import Sm90MoeConfig
 
     if case.configs is not None:
         return Sm90MoeConfig(**case.configs[0]), Sm90MoeConfig(**case.configs[1])
-    s = get_moe_preset(case.preset)
+    s = get_moe_layer(case.preset)
     return pick_moe_configs(case.m, s.num_experts, s.top_k, s.hidden, s.inter, True, SM_COUNT)
 
 

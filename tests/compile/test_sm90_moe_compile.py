@@ -31,7 +31,7 @@ import torch
 pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.heuristics.moe_sm90 import MOE_PRESETS, moe_candidates  # noqa: E402
+from nvgemm.heuristics.moe_sm90 import MOE_LAYERS, moe_candidates  # noqa: E402
 from nvgemm.perfmodel import sass as S  # noqa: E402
 from nvgemm.runtime import sass_tool  # noqa: E402
 from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
@@ -56,7 +56,7 @@ def compiled(cfg, epi, x="bf16"):
 
 def _policy_pairs(ms):
     out = []
-    for shape in MOE_PRESETS.values():
+    for shape in MOE_LAYERS.values():
         for m in ms:
             for c in moe_candidates(shape, m, "H200", max_candidates=1):
                 out.append((c.config13, EPI13))
@@ -111,13 +111,13 @@ def test_row_alpha_and_fp16_variants():
 @pytest.mark.skipif(os.environ.get("NVGEMM_MOE_SWEEP") != "1", reason="sweep: set NVGEMM_MOE_SWEEP=1")
 def test_sweep_every_emitted_config():
     rows = []
-    for shape in MOE_PRESETS.values():
+    for shape in MOE_LAYERS.values():
         for m in SWEEP_MS:
             for c in moe_candidates(shape, m, "H200"):
                 rows.append((c.config13, EPI13))
                 rows.append((c.config2, EPI2))
     rows = sorted(set(rows), key=lambda t: t[0].name() + str(t[1]))
-    lines = [f"# sm90 grouped MoE: every config the policy emits for {', '.join(MOE_PRESETS)} at M={SWEEP_MS} "
+    lines = [f"# sm90 grouped MoE: every config the policy emits for {', '.join(MOE_LAYERS)} at M={SWEEP_MS} "
              "on H200, compiled for sm_90a (no GPU)",
              "# command: NVGEMM_MOE_SWEEP=1 python -m pytest -q tests/compile/test_sm90_moe_compile.py -k sweep",
              "# config | epilogue | LDL+STL | main-loop HMMA | main-loop instructions"]

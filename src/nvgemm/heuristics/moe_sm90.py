@@ -44,20 +44,32 @@ class MoeShape:
     source: str = ""
 
 
-#: The MoE presets of the issue (transformers 5.24 config defaults; brief section 3.1 / 5.2).
-MOE_PRESETS = {
-    "DeepSeek-V3-TP8": MoeShape("DeepSeek-V3-TP8", 256, 8, 7168, 2048 // 8, 2048 // 8, "DeepseekV3Config, TP8"),
-    "Qwen3-30B-A3B": MoeShape("Qwen3-30B-A3B", 128, 8, 2048, 768, 0, "Qwen3MoeConfig, TP1"),
-    "Llama-4-Scout": MoeShape("Llama-4-Scout", 16, 1, 5120, 8192, 8192, "Llama4TextConfig, TP1"),
-    "Mixtral-8x7B": MoeShape("Mixtral-8x7B", 8, 2, 4096, 14336, 0, "MixtralConfig, TP1"),
-}
+def shape_from_preset(preset, tp: int = 1) -> MoeShape:
+    """A :class:`MoeShape` of a ``nvgemm.heuristics.presets.MoePreset`` on ``tp`` tensor-parallel
+    ranks (expert and shared intermediate sizes divided by ``tp``)."""
+    if tp < 1 or preset.expert_intermediate % tp or preset.shared_intermediate % tp:
+        raise ValueError(f"tp={tp} does not divide {preset.name}'s intermediate sizes")
+    name = preset.name if tp == 1 else f"{preset.name}-TP{tp}"
+    return MoeShape(name, preset.num_experts, preset.top_k, preset.hidden, preset.expert_intermediate // tp,
+                    preset.shared_intermediate // tp, f"{preset.name} preset, TP{tp}")
 
 
-def get_moe_preset(name: str) -> MoeShape:
-    for k, v in MOE_PRESETS.items():
+def _layers() -> dict:
+    from .presets import MOE_PRESETS as P
+
+    return {s.name: s for s in (shape_from_preset(P["DeepSeek-V3"], 8), shape_from_preset(P["Qwen3-30B-A3B"]),
+                                shape_from_preset(P["Llama-4-Scout"]), shape_from_preset(P["Mixtral-8x7B"]))}
+
+
+#: The MoE layers of the issue's benchmarks (moe-core's presets; DeepSeek-V3 at TP8, the rest TP1).
+MOE_LAYERS = _layers()
+
+
+def get_moe_layer(name: str) -> MoeShape:
+    for k, v in MOE_LAYERS.items():
         if k.lower() == name.lower():
             return v
-    raise KeyError(f"nvgemm: unknown MoE preset {name!r}; known: {', '.join(MOE_PRESETS)}")
+    raise KeyError(f"nvgemm: unknown MoE layer {name!r}; known: {', '.join(MOE_LAYERS)}")
 
 
 @dataclass(frozen=True)
@@ -191,5 +203,5 @@ def format_plan(shape: MoeShape, ms, gpu: str = "H200", max_candidates: int = MA
     return "\n".join(lines)
 
 
-__all__ = ["MAX_CANDIDATES", "MOE_PRESETS", "MoeCandidate", "MoeShape", "bucket_of", "format_plan",
-           "get_moe_preset", "layer_model", "moe_candidates", "pick_moe_configs"]
+__all__ = ["MAX_CANDIDATES", "MOE_LAYERS", "MoeCandidate", "MoeShape", "bucket_of", "format_plan",
+           "get_moe_layer", "layer_model", "moe_candidates", "pick_moe_configs", "shape_from_preset"]

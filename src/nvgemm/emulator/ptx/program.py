@@ -24,7 +24,7 @@ import numpy as np
 
 from . import ops as ops_registry
 from .errors import EmulationError, UnknownOpcodeError
-from .machine import LANE_IDS, LANES
+from .machine import FULL, LANE_IDS, LANES
 from .parser import Entry, Instruction, Module, Operand, parse_module
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -167,7 +167,12 @@ class CompileContext:
         bdt = np.dtype(BANK_DTYPE[bank])
 
         def setter(w, m, v):
-            np.copyto(w.bank[bank][i], convert_bits(np.asarray(v), bdt) if v.dtype != bdt else v, where=m)
+            if v.dtype != bdt:
+                v = convert_bits(v, bdt)
+            if m is FULL:
+                w.bank[bank][i] = v
+            else:
+                np.copyto(w.bank[bank][i], v, where=m)
 
         return setter
 

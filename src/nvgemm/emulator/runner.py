@@ -91,10 +91,11 @@ class EmuKernel:
         fake.register_ptx(self.image_sha256, self.entry, self.ptx)
         self.last = None
 
-        def handler(rec: LaunchRecord, prog) -> None:
+        def handler(rec: LaunchRecord, load_program) -> None:
             self.records.append(rec)
             if record_only:
                 return
+            prog = load_program()
             if prog.static_size:
                 raise EmulationError(f"{self.entry[:60]}: {prog.static_size} bytes of static shared memory; the fake "
                                      "runtime reports 0 to the host code")

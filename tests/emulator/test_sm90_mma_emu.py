@@ -175,3 +175,21 @@ def test_policy_mma_picks_full(i):
         pytest.skip(f"only {len(picks)} mma picks")
     (cfg, act), (m, _n, _k) = picks[i]
     _run_pick(cfg, act, m)
+
+
+# ------------------------------------------------------------------------------------------ backend
+
+
+def test_emu_sm90_backend_is_forced_only_and_matches(monkeypatch):
+    """``NVGEMM_BACKEND=emu_sm90`` runs ``nvgemm::nvfp4_linear`` on the emulated kernel; without the
+    override the CPU op never picks it (priority below the emulated reference)."""
+    from nvgemm.runtime.backends import last_selected
+
+    ops = exact_operands(3, 256, 512, seed=17)
+    want = reference(ops)
+    torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() != "emu_sm90"
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm90")
+    got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() == "emu_sm90"
+    assert torch.equal(got, want)

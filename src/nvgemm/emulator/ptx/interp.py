@@ -178,6 +178,12 @@ def cta_order(grid: tuple[int, int, int], cluster: tuple[int, int, int], order) 
 
 
 def run_launch(launch: Launch, order="forward", max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Launch:
+    """Execute ``launch`` (floating-point overflow / invalid results are values, not warnings)."""
+    with np.errstate(all="ignore"):
+        return _run_launch(launch, order, max_instructions)
+
+
+def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
     prog = launch.program
     grid, cl, block = launch.grid, launch.cluster, launch.block
     if any(g % c for g, c in zip(grid, cl)):

@@ -92,8 +92,7 @@ def _mma(ins, ctx):
         A = from_bits(ah[A_GATHER], fmt).reshape(16, 16)
         B = from_bits(bh[B_GATHER], fmt).reshape(16, 8)
         C = np.stack([g(w) for g in gc]).ravel()[C_GATHER].astype(np.float64).reshape(16, 8)
-        with np.errstate(invalid="ignore", over="ignore"):
-            D = A @ B + C
+        D = A @ B + C
         out = to_bits(round_fmt(D.ravel()[C_FLAT], None, "f32", "rn"), "f32").reshape(4, 32)
         for i in range(4):
             sd[i](w, m, out[i])

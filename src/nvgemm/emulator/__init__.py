@@ -1,0 +1,1 @@
+"""PTX functional emulator: runs the kernels' PTX on the CPU (see issue 21)."""

@@ -1,1 +1,1 @@
-"""PTX functional emulator: runs the kernels' PTX on the CPU (see issue 21)."""
+"""PTX functional emulator: nvgemm's real AOT kernels run on the CPU (fake CUDA runtime + numpy PTX interpreter)."""

@@ -158,25 +158,30 @@ def operand_addresses(desc: SmemDescriptor, mn: int, k: int, elem_bits: int, maj
     return np.broadcast_to(addr, (mn, k)), np.broadcast_to(bit % 8, (mn, k))
 
 
-def read_operand(smem: np.ndarray, desc: SmemDescriptor, mn: int, k: int, elem_bits: int, major: str,
+def read_operand(smem, desc: SmemDescriptor, mn: int, k: int, elem_bits: int, major: str,
                  *, window_base: int = 0) -> np.ndarray:
     """Raw element codes (uint16 for 16-bit, uint8 for 4/8-bit, uint32 for 32-bit) of an ``mn x k`` operand.
 
-    ``smem`` is the CTA's shared memory as a uint8 array whose index 0 is shared address ``window_base``.
+    ``smem`` is either the CTA's shared memory as a uint8 array whose index 0 is shared address
+    ``window_base``, or a reader ``smem(addresses, width) -> uint8 array (n, width)`` (the emulator core's
+    checked shared-memory read: bounds, poison, bytes still in flight).
     """
     addr, bit = operand_addresses(desc, mn, k, elem_bits, major)
-    idx = addr - window_base
-    if idx.min() < 0 or idx.max() + max(elem_bits // 8, 1) > smem.size:
-        bad = int(addr.min() if idx.min() < 0 else addr.max())
-        raise IsaError(f"descriptor {desc.raw:#018x} reads shared address {bad:#x}, outside "
-                       f"[{window_base:#x}, {window_base + smem.size:#x})")
-    mem = np.asarray(smem, dtype=np.uint8)
+    width = max(elem_bits // 8, 1)
+    if callable(smem):
+        raw = np.asarray(smem(addr.ravel(), width), dtype=np.uint8).reshape(*addr.shape, width)
+    else:
+        idx = addr - window_base
+        if idx.min() < 0 or idx.max() + width > smem.size:
+            bad = int(addr.min() if idx.min() < 0 else addr.max())
+            raise IsaError(f"descriptor {desc.raw:#018x} reads shared address {bad:#x}, outside "
+                           f"[{window_base:#x}, {window_base + smem.size:#x})")
+        raw = np.asarray(smem, dtype=np.uint8)[idx[..., None] + np.arange(width)]
     if elem_bits == 4:
-        return ((mem[idx] >> bit.astype(np.uint8)) & 0xF).astype(np.uint8)
+        return ((raw[..., 0] >> bit.astype(np.uint8)) & 0xF).astype(np.uint8)
     if elem_bits == 8:
-        return mem[idx]
-    nbytes = elem_bits // 8
+        return raw[..., 0]
     out = np.zeros(addr.shape, dtype=np.uint32)
-    for b in range(nbytes):
-        out |= mem[idx + b].astype(np.uint32) << (8 * b)
+    for b in range(width):
+        out |= raw[..., b].astype(np.uint32) << (8 * b)
     return out.astype(np.uint16) if elem_bits == 16 else out

@@ -69,20 +69,8 @@ def _check_n(n: int) -> None:
         raise IsaError(f"wgmma shape m64n{n}k16: N must be a multiple of 8 in 8..256")
 
 
-def a_from_registers(regs: np.ndarray) -> np.ndarray:
-    """The 64 x 16 A tile (uint16 codes) held in the warpgroup's 4 x b32 A registers, ``regs`` (128, 4)."""
-    r = np.asarray(regs, dtype=np.uint32)
-    if r.shape != (WARPGROUP, 4):
-        raise IsaError(f"wgmma register A: expected (128, 4) b32 registers, got {r.shape}")
-    halves = np.stack([r & 0xFFFF, r >> 16], axis=-1).reshape(WARPGROUP, 8).astype(np.uint16)
-    rows, cols = a_fragment_coords()
-    out = np.zeros((64, 16), dtype=np.uint16)
-    out[rows, cols] = halves
-    return out
-
-
 def a_to_registers(a: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`a_from_registers`: (128, 4) b32 registers of a 64 x 16 uint16 tile."""
+    """(128, 4) b32 registers holding a 64 x 16 uint16 A tile (the register-A fragment)."""
     rows, cols = a_fragment_coords()
     h = np.asarray(a, dtype=np.uint16)[rows, cols].astype(np.uint32).reshape(WARPGROUP, 4, 2)
     return h[..., 0] | (h[..., 1] << 16)
@@ -141,28 +129,68 @@ def _trans(v: int, what: str) -> str:
     return "mn" if v else "k"
 
 
-def mma_async(shape: WgmmaShape, d_regs: np.ndarray, a: np.ndarray | int, b_desc: int, smem: np.ndarray, *,
-              scale_d: bool, imm_scale_a: int = 1, imm_scale_b: int = 1, imm_trans_a: int = 0,
-              imm_trans_b: int = 0, window_base: int = 0) -> np.ndarray:
-    """The accumulator registers after one ``wgmma.mma_async`` (computed now; see :class:`WgmmaGroups`).
+def mma_async_warp(shape: WgmmaShape, warp: int, d_regs: np.ndarray, a: np.ndarray | int, b_desc: int, smem, *,
+                   scale_d: bool, imm_scale_a: int = 1, imm_scale_b: int = 1, imm_trans_a: int = 0,
+                   imm_trans_b: int = 0, window_base: int = 0) -> np.ndarray:
+    """One warp's share of a ``wgmma.mma_async``: rows ``16 warp .. 16 warp + 15`` of D (the operation
+    decomposes by rows, so the emulator runs each warp of the warpgroup on its own).
 
-    ``a`` is the (128, 4) A registers (register form) or an A descriptor (int; then ``imm_trans_a`` applies).
-    ``d_regs`` (128, N / 2) b32, ``smem`` the CTA's shared memory (uint8, index 0 = ``window_base``).
-    Returns the new (128, N / 2) b32 accumulator registers.
+    ``warp`` is the warp's index in its warpgroup (0..3), ``d_regs`` its (32, N / 2) b32 accumulator
+    registers, ``a`` its (32, 4) A registers or the A descriptor (int; ``imm_trans_a`` applies), ``smem``
+    shared memory (see :func:`~.smem_desc.read_operand`). Returns the warp's new accumulator registers.
     """
     n = shape.n
     sa, sb = _imm_scale(imm_scale_a, "imm-scale-a"), _imm_scale(imm_scale_b, "imm-scale-b")
+    if not 0 <= warp < 4:
+        raise IsaError(f"wgmma: warp {warp} of a warpgroup (0..3)")
+    lanes = slice(32 * warp, 32 * warp + 32)
+    rows0 = 16 * warp
     if isinstance(a, (int, np.integer)):
-        a_codes = read_operand(smem, decode_wgmma_desc(a), 64, 16, 16, _trans(imm_trans_a, "imm-trans-a"),
-                               window_base=window_base)
+        a_tile = read_operand(smem, decode_wgmma_desc(a), 64, 16, 16, _trans(imm_trans_a, "imm-trans-a"),
+                              window_base=window_base)[rows0:rows0 + 16]
     else:
-        a_codes = a_from_registers(a)
+        r = np.asarray(a, dtype=np.uint32)
+        if r.shape != (32, 4):
+            raise IsaError(f"wgmma register A: expected (32, 4) b32 registers per warp, got {r.shape}")
+        halves = np.stack([r & 0xFFFF, r >> 16], axis=-1).reshape(32, 8).astype(np.uint16)
+        ar, ac = a_fragment_coords()
+        a_tile = np.zeros((16, 16), dtype=np.uint16)
+        a_tile[ar[lanes] - rows0, ac[lanes]] = halves
     b_codes = read_operand(smem, decode_wgmma_desc(b_desc), n, 16, 16, _trans(imm_trans_b, "imm-trans-b"),
                            window_base=window_base)
-    av = numerics.values(a_codes, shape.atype) * sa
+    dr, dc = d_fragment_coords(n)
+    dr, dc = dr[lanes] - rows0, dc[lanes]
+    d = None
+    if scale_d:
+        regs = np.asarray(d_regs, dtype=np.uint32)
+        if regs.shape != (32, n // 2):
+            raise IsaError(f"wgmma m64n{n}: expected (32, {n // 2}) accumulator registers per warp, got {regs.shape}")
+        d = np.zeros((16, n), dtype=np.float32)
+        d[dr, dc] = numerics.bits_f32(regs)
+    av = numerics.values(a_tile, shape.atype) * sa
     bv = numerics.values(b_codes, shape.btype) * sb
-    d = d_from_registers(d_regs, n) if scale_d else None
-    return d_to_registers(numerics.dot_f32(av, bv, d))
+    return numerics.f32_bits(numerics.dot_f32(av, bv, d)[dr, dc])
+
+
+def mma_async(shape: WgmmaShape, d_regs: np.ndarray, a: np.ndarray | int, b_desc: int, smem, *,
+              scale_d: bool, imm_scale_a: int = 1, imm_scale_b: int = 1, imm_trans_a: int = 0,
+              imm_trans_b: int = 0, window_base: int = 0) -> np.ndarray:
+    """The whole warpgroup's accumulator registers after one ``wgmma.mma_async`` (computed now; see
+    :class:`WgmmaGroups` for the asynchrony): ``a`` is the (128, 4) A registers or an A descriptor (int),
+    ``d_regs`` the (128, N / 2) b32 accumulators. The four warps' shares of :func:`mma_async_warp`."""
+    d_regs = np.asarray(d_regs, dtype=np.uint32)
+    if d_regs.shape != (WARPGROUP, shape.n // 2):
+        raise IsaError(f"wgmma m64n{shape.n}: expected (128, {shape.n // 2}) accumulator registers, got {d_regs.shape}")
+    if not isinstance(a, (int, np.integer)):
+        a = np.asarray(a, dtype=np.uint32)
+        if a.shape != (WARPGROUP, 4):
+            raise IsaError(f"wgmma register A: expected (128, 4) b32 registers, got {a.shape}")
+    kw = dict(scale_d=scale_d, imm_scale_a=imm_scale_a, imm_scale_b=imm_scale_b, imm_trans_a=imm_trans_a,
+              imm_trans_b=imm_trans_b, window_base=window_base)
+    return np.concatenate([
+        mma_async_warp(shape, w, d_regs[32 * w:32 * w + 32],
+                       a if isinstance(a, (int, np.integer)) else a[32 * w:32 * w + 32], b_desc, smem, **kw)
+        for w in range(4)])
 
 
 @dataclass

@@ -25,6 +25,7 @@ BUILTIN_FAMILIES = [
     "nvgemm.emulator.ptx.ops.memory",
     "nvgemm.emulator.ptx.ops.control",
     "nvgemm.emulator.ptx.ops.mma",
+    "nvgemm.emulator.isa.ops_wgmma",
 ]
 _LOADED = False
 

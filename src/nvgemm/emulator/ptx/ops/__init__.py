@@ -26,6 +26,7 @@ BUILTIN_FAMILIES = [
     "nvgemm.emulator.ptx.ops.control",
     "nvgemm.emulator.ptx.ops.mma",
     "nvgemm.emulator.isa.ops_wgmma",
+    "nvgemm.emulator.isa.ops_sm100",
 ]
 _LOADED = False
 

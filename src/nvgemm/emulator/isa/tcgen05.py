@@ -25,9 +25,11 @@ K-block ``kb`` is byte ``data_id + kb`` of the cell at lane ``32 p + m % 32`` (a
 ``column(sf) + m // 32``. That is the cell a ``tcgen05.cp .32x128b.warpx4`` lands when the scales sit in
 shared memory in the 512-byte ``32 x 16`` blocks of the 128 x 4 scale tile (byte ``16 (m % 32) +
 4 (m // 32) + kb``, the layout nvgemm's ``to_blocked`` and cuBLAS use). The ISA states this placement in a
-figure, not in text; the validation programs in ``tests/compile/test_emu_isa_cute_oracle.py`` run CuTe's
-own block-scaled atoms so the core can confirm it end to end. The float model is
-:func:`~.numerics.dot_f32` with the scale products folded in exactly.
+figure, not in text; it is confirmed end to end by nvgemm's sm100 kernel, whose scale-factor path (smem
+layout, ``tcgen05.cp`` atom, TMEM offsets) CuTe's own block-scaled helpers build: on the emulator it matches
+the reference bit for bit (``tests/compile/test_emu_isa_sm100_kernel.py``; reversing the byte order or
+transposing the cell index makes it fail). The float model is :func:`~.numerics.dot_f32` with the scale
+products folded in exactly.
 
 ``tcgen05.cp .32x128b.warpx4 [taddr], s-desc``: 32 rows of 128 bits read from shared memory through a
 shared-memory descriptor (canonical K-major layout of 32-bit elements) and written to lanes

@@ -80,12 +80,12 @@ class EmuKernel:
 
     def launch(self, *values, order="forward", record_only: bool = False) -> Launch | None:
         """Launch with ``values`` in ABI order (torch CPU tensors, scalars, a stream int)."""
-        from nvgemm.templates.registry import TensorArg
+        from nvgemm.templates.registry import PointerArg, TensorArg
 
         gmem = GlobalMemory()
         for a, v in zip(self.kernel.abi, values):
-            if isinstance(a, TensorArg):
-                gmem.register_tensor(v, a.name)
+            if isinstance(a, TensorArg) or (isinstance(a, PointerArg) and hasattr(v, "data_ptr")):
+                gmem.register_tensor(v, a.name)  # a PointerArg's extent is the tensor passed for it
         fake = fake_cuda()
         fake.set_device(self.device)
         fake.register_ptx(self.image_sha256, self.entry, self.ptx)

@@ -193,3 +193,19 @@ def test_emu_sm90_backend_is_forced_only_and_matches(monkeypatch):
     got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
     assert last_selected() == "emu_sm90"
     assert torch.equal(got, want)
+
+
+def test_emu_sm100_backend_runs_the_w4a4_kernel(monkeypatch):
+    """``NVGEMM_BACKEND=emu_sm100``: the sm_100a W4A4 kernel (policy pick for the B200 profile) on the
+    emulator agrees with the emulated op (both quantize the activations the same way; they differ by
+    fp32 summation order and the output rounding)."""
+    import nvgemm.ops  # noqa: F401
+    from nvgemm.runtime.backends import last_selected
+
+    ops = random_operands(4, 256, 512, seed=23)
+    ops.input_scale = (ops.x.float().abs().amax() / 2688).reshape(())
+    want = reference(ops)
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
+    got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() == "emu_sm100"
+    assert rel_err(got, want) < RANDOM_RTOL

@@ -13,6 +13,7 @@ correctness tool, not a compute path.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 from typing import Optional
@@ -25,7 +26,6 @@ BACKEND_NAME = "emu_sm90"
 SM100_BACKEND_NAME = "emu_sm100"
 PRIORITY = -2000  # below the emulated reference (which supports everything): only ever forced
 
-_X = (torch.bfloat16, torch.float16)
 _SM_COUNT = 132  # the H100 / H200 device profile
 
 
@@ -38,17 +38,12 @@ def _tooling() -> Optional[str]:
 
 
 def supports(p: LinearProblem) -> Optional[str]:
+    """The sm90 backend's own rules, for CPU tensors on the H200 profile."""
+    from ..runtime import sm90_backend
+
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    if p.x_dtype not in _X:
-        return f"x must be bfloat16 or float16, got {p.x_dtype}"
-    if p.k % 32:
-        return f"K={p.k} is not a multiple of 32"
-    if p.activation == "silu_mul" and (p.n % 2 or (p.n // 2) % 16):
-        return f"silu_mul needs N/2 = {p.n // 2} to be a multiple of 16"
-    if p.m < 1:
-        return "empty input (M = 0)"
-    return _tooling()
+    return sm90_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(9, 0))) or _tooling()
 
 
 def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
@@ -86,23 +81,12 @@ _SM100_SM_COUNT = 148  # the B200 profile
 
 
 def supports_sm100(p: LinearProblem) -> Optional[str]:
-    from ..runtime.sm100_backend import _policy_config
-    from ..templates.sm100.config import Sm100Nvfp4GemmConfig
-    from ..templates.sm100.validity import can_implement_problem
+    """The sm100 backend's own rules, for CPU tensors on the B200 profile."""
+    from ..runtime import sm100_backend
 
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    if p.weight_only:
-        return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
-    if p.bias and p.x_dtype != p.out_dtype:
-        return "bias/residual must be in the output dtype"
-    ob = torch.empty((), dtype=p.out_dtype).element_size()
-    st = can_implement_problem(Sm100Nvfp4GemmConfig(), m=1, n=p.n, k=p.k, out_bytes=ob, activation=p.activation)
-    if not st:
-        return st.reason
-    if _policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, "sm_100a", _SM100_SM_COUNT) is None:
-        return f"the sm100 candidate policy has no implementable config (M={p.m} N={p.n} K={p.k} {p.activation})"
-    return _tooling()
+    return sm100_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
 
 
 def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):

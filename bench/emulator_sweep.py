@@ -1,7 +1,7 @@
 """The PTX emulator's full sweep (opt-in; default CI runs a subset in tests/emulator):
 
-1. every sm90 ``mma`` config the runtime picks for the preset Llama shapes (M = 1..32, plain and
-   ``silu_mul``), scaled down to N <= 2 tiles and K <= 2048, run on the emulator through its real
+1. every sm90 config (``mma`` and ``wgmma``) the runtime picks for the preset Llama shapes (M = 1..64,
+   plain and ``silu_mul``), scaled down to N <= 2 tiles and K <= 2048, run on the emulator through its real
    AOT artifact and compared with the emulated backend (bit for bit on exact data; ``silu_mul``
    within ``RANDOM_RTOL``), split-K counters checked back at zero;
 2. the launch recorder for every config the policy emits for the preset shapes on sm_90a and
@@ -29,9 +29,9 @@ import torch  # noqa: E402
 
 
 def sweep_picks(limit: int | None, rows: list) -> None:
-    from test_sm90_mma_emu import _policy_mma_picks, _run_pick, _scaled_down
+    from test_sm90_mma_emu import _all_picks, _run_pick, _scaled_down
 
-    picks = sorted(_policy_mma_picks().items(), key=lambda kv: (kv[0][0].name(), kv[0][1]))[:limit]
+    picks = _all_picks()[:limit]
     for (cfg, act), (m, n0, k0) in picks:
         t0 = time.perf_counter()
         shape = _scaled_down(cfg, act, m)

@@ -12,8 +12,8 @@ with the emulated backend (``nvgemm.ops.nvfp4_linear_emulated``):
 * mutations of the real PTX (lane pairing of the B fragments, the K-tail zero-fill predicate) make
   the comparison fail.
 
-Default CI runs a representative subset (4 kernels); ``pytest -m emulator_full`` runs every mma pick
-(``bench/emulator_sweep.py`` writes its result file).
+Default CI runs a representative subset; ``pytest -m emulator_full`` runs every sm90 pick, mma and
+wgmma (``bench/emulator_sweep.py`` writes its result file).
 """
 
 from __future__ import annotations
@@ -116,18 +116,22 @@ def test_mutations_of_the_real_ptx_fail_the_comparison():
 # ------------------------------------------------------------------------------------------ policy picks
 
 
-def _policy_mma_picks():
+def _policy_picks(families=("mma",), ms=(1, 2, 4, 8, 16, 32)):
     from nvgemm.runtime import sass_tool
     from nvgemm.runtime.sm90_backend import pick_config
 
     picks = {}
     for n, k in sass_tool.LLAMA_SHAPES:
-        for m in (1, 2, 4, 8, 16, 32):
+        for m in ms:
             for act in ("none", "silu_mul"):
                 c = pick_config(m, n, k, torch.bfloat16, act, 132)
-                if c.family == "mma":
+                if c.family in families:
                     picks.setdefault((c, act), (m, n, k))
     return picks
+
+
+def _policy_mma_picks():
+    return _policy_picks()
 
 
 def _scaled_down(cfg, act, m):
@@ -167,12 +171,18 @@ def test_policy_mma_picks_representative_subset():
         _run_pick(cfg, act, m)
 
 
+def _all_picks():
+    return sorted(_policy_picks(("mma", "wgmma"), (1, 2, 4, 8, 16, 32, 64)).items(),
+                  key=lambda kv: (kv[0][0].name(), kv[0][1]))
+
+
 @pytest.mark.emulator_full
-@pytest.mark.parametrize("i", range(40))
-def test_policy_mma_picks_full(i):
-    picks = sorted(_policy_mma_picks().items(), key=lambda kv: (kv[0][0].name(), kv[0][1]))
+@pytest.mark.parametrize("i", range(60))
+def test_policy_picks_full(i):
+    """Every sm90 pick (mma and wgmma, M up to 64) for the preset shapes, scaled down."""
+    picks = _all_picks()
     if i >= len(picks):
-        pytest.skip(f"only {len(picks)} mma picks")
+        pytest.skip(f"only {len(picks)} picks")
     (cfg, act), (m, _n, _k) = picks[i]
     _run_pick(cfg, act, m)
 

@@ -83,6 +83,31 @@ def test_fp16_activations_fp16_out_with_bias_bit_exact():
     _equal(DECODE, exact_operands(9, 256, 512, x_dtype=torch.float16, bias=True, seed=9))
 
 
+def test_fp16_path_with_e4m3_subnormal_block_scales_bit_exact():
+    """fp16 activations re-encode the block scales for f16 (``s * 2**7``): e4m3 subnormals (m * 2**-9)
+    must survive that exactly."""
+    ops = exact_operands(6, 256, 512, x_dtype=torch.float16, bias=True, seed=31)
+    g = torch.Generator().manual_seed(31)
+    sub = (torch.randint(1, 8, (256, 512 // 16), generator=g).float() * 2.0**-9).to(torch.float8_e4m3fn)
+    from nvgemm.formats import to_blocked
+
+    ops.weight_scale = to_blocked(sub)
+    ops.weight_scale_2 = torch.tensor(64.0)
+    _equal(DECODE, ops)
+
+
+def test_strided_activation_and_residual_rows():
+    """Row strides larger than the row (views of wider buffers) reach the kernel as dynamic strides."""
+    ops = exact_operands(11, 256, 768, alpha="vector", bias=True, residual=True, out_dtype=torch.float32, seed=41)
+    xw = torch.zeros(11, 768 + 64, dtype=ops.x.dtype)
+    xw[:, :768] = ops.x
+    rw = torch.zeros(11, 256 + 48, dtype=torch.float32)
+    rw[:, :256] = ops.residual
+    ops.x, ops.residual = xw[:, :768], rw[:, :256]
+    r = _equal(SPLIT3, ops)
+    assert r.args.x.stride(0) == 768 + 64 and r.args.residual.stride(0) == 256 + 48
+
+
 # ------------------------------------------------------------------------------------------ mutations
 
 

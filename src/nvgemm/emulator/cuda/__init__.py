@@ -113,14 +113,41 @@ def relink(entry_dir: Path, out_dir: Path | None = None) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     static_rt = dsl_runtime_dir() / "libcuda_dialect_runtime_static.a"
     tmp = d / f".kernel_emu.{os.getpid()}.{threading.get_ident()}.so"
+    extra = _missing_stubs(d, [obj, static_rt], fake)
     cmd = [_cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-o", str(tmp), str(entry_dir / "shim.c"), str(obj),
-           str(static_rt), f"-L{fake.parent}", f"-l:{LIB_NAME}", f"-Wl,-rpath,{fake.parent}",
+           str(static_rt), *extra, f"-L{fake.parent}", f"-l:{LIB_NAME}", f"-Wl,-rpath,{fake.parent}",
            "-Wl,--exclude-libs,ALL", "-Wl,-z,defs", "-Wl,--as-needed"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvgemm emulator: relinking {entry_dir} failed ({' '.join(cmd)}):\n{r.stderr}")
     os.replace(tmp, so)
     return so
+
+
+def _symbols(path: Path, *flags: str) -> set[str]:
+    r = subprocess.run(["nm", *flags, str(path)], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"nvgemm emulator: nm {' '.join(flags)} {path} failed: {r.stderr.strip()}")
+    return {ln.split()[-1].split("@")[0] for ln in r.stdout.splitlines() if ln.strip() and not ln.endswith(":")}
+
+
+def _missing_stubs(d: Path, objects: list[Path], fake: Path) -> list[str]:
+    """A C file of failing stubs for the ``cuda*`` symbols the objects import that the fake runtime does
+    not define (another cutlass-dsl version's static runtime may import more): they return
+    cudaErrorNotSupported and say so when called, instead of the link failing."""
+    need: set[str] = set()
+    defined: set[str] = set()
+    for o in objects:
+        need |= _symbols(o, "--undefined-only")
+        defined |= _symbols(o, "--defined-only")
+    missing = sorted(s for s in need - defined - _symbols(fake, "-D", "--defined-only") if s.startswith("cuda"))
+    if not missing:
+        return []
+    src = d / "missing_stubs.c"
+    body = "".join(f'int {m}(void) {{ fprintf(stderr, "nvgemm emulator fake CUDA runtime: {m} is not emulated\\n"); '
+                   f"return 801; }}\n" for m in missing)
+    src.write_text("#include <stdio.h>\n" + body)
+    return [str(src)]
 
 
 class FakeCuda:
@@ -151,7 +178,8 @@ class FakeCuda:
 
     @contextlib.contextmanager
     def handling(self, handler: Callable[[LaunchRecord, "object"], None] | None):
-        """Launches inside the block go to ``handler(record, program)`` (None: record only)."""
+        """Launches inside the block go to ``handler(record, load_program)`` (None: record only);
+        ``load_program()`` compiles the launched entry (an unknown opcode raises there)."""
         prev = getattr(self._tls, "handler", None)
         self._tls.handler = handler
         self._tls.error = None
@@ -174,17 +202,19 @@ class FakeCuda:
             if ptx is None:
                 raise LookupError(f"nvgemm emulator: no PTX registered for kernel {name[:80]}... with image sha256 "
                                   f"{sha[:16]} (compile the same spec with keep_ptx and register it)")
-            from ..ptx.program import compile_entry
+            from ..ptx.program import compile_entry, parse_cached
 
-            prog = compile_entry(ptx, name)
-            params = [ctypes.string_at(L.args[i], p.size) for i, p in enumerate(prog.entry.params)]
+            entry = parse_cached(ptx).entries.get(name)
+            if entry is None:
+                raise LookupError(f"nvgemm emulator: the registered PTX has no entry {name[:80]}")
+            params = [ctypes.string_at(L.args[i], p.size) for i, p in enumerate(entry.params)]
             rec = LaunchRecord(name, sha, tuple(L.grid), tuple(L.block), tuple(L.cluster), int(L.dyn_smem),
                                bool(L.pdl), bool(L.cooperative), tuple(L.attr_ids[:L.n_attrs]),
                                int(L.max_dyn_smem_attr), params)
             self.records.append(rec)
             handler = getattr(self._tls, "handler", None)
             if handler is not None:
-                handler(rec, prog)
+                handler(rec, lambda: compile_entry(ptx, name))
             return 0
         except BaseException as e:  # never let an exception cross the C boundary: report it after
             self._tls.error = e

@@ -24,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import EmulationError
-from ..machine import CLUSTER_RANK_SHIFT, LANES, PARAM_WINDOW, SHARED_WINDOW, AsyncWrite, Wait
+from ..machine import CLUSTER_RANK_SHIFT, FULL, LANES, PARAM_WINDOW, SHARED_WINDOW, AsyncWrite
+
+ALL_LANES = np.arange(LANES)
 from ..program import TYPE_DTYPE
 from . import opcode
 
@@ -146,7 +148,7 @@ def _ld(ins, ctx):
     width = dt.itemsize * vec
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         raw = read_bytes(w, ins, space, ga(w)[lanes], width, lanes)
         vals = np.ascontiguousarray(raw).view(dt).reshape(len(lanes), vec)
         for i, s in enumerate(sets):
@@ -168,7 +170,7 @@ def _st(ins, ctx):
     gets = [ctx.src(s, dt) for s in srcs]
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         vals = np.stack([g(w)[lanes] for g in gets], axis=1).astype(dt, copy=False)
         data = np.ascontiguousarray(vals).view(np.uint8).reshape(len(lanes), dt.itemsize * vec)
         write_bytes(w, ins, space, ga(w)[lanes], data, lanes)
@@ -237,7 +239,7 @@ def _cp_async(ins, ctx):
             gsz = ctx.src(extra, np.uint32)
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         n = len(lanes)
         srcsz = np.full(n, cp, np.int64)
         if gsz is not None:
@@ -396,7 +398,7 @@ def _atom(ins, ctx):
         raise AssertionError(op)
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         addrs = ga(w)
         bs = [g(w) for g in gv]
         out = np.zeros(LANES, dt)

@@ -7,9 +7,9 @@ data (a token's output at M = 1 equals its row inside a larger batch with the sa
 
 Default run: three routings (odd M with an expert without tokens and empty slots; one expert with
 every token, split-K, per-row alpha, shared_out + residual; random data batch invariance) -- about
-4 kernels to build and 10 emulated launches. The sweep (marker ``slow``, run only with
-``NVGEMM_MOE_SWEEP=1``; results in ``bench/results/sm90_moe_emu_sweep.txt``) adds tile_m 16/32,
-expert_map with router-weight-on-input, fp16, and batch invariance inside M = 64.
+4 kernels to build and 10 emulated launches. The sweep (``pytest -m emulator_full``; results in
+``bench/results/sm90_moe_emu_sweep.txt``) adds tile_m 16/32, expert_map with router-weight-on-input,
+fp16, and batch invariance inside M = 64.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from _sm90_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  
 from nvgemm.moe.ops import nvfp4_moe_emulated  # noqa: E402
 from nvgemm.templates.sm90_moe.config import Sm90MoeConfig as C  # noqa: E402
 
-SWEEP = pytest.mark.skipif(os.environ.get("NVGEMM_MOE_SWEEP") != "1",
-                           reason="emulator sweep: set NVGEMM_MOE_SWEEP=1")
+pytestmark = pytest.mark.emulator
 
 G1 = C(tile_m=8, tile_n=128, tile_k=128, num_warps=4, stages=3)  # gated: 64 features per CTA
 G2 = C(tile_m=8, tile_n=64, tile_k=128, num_warps=4, stages=3)  # 64 rows per CTA (H=96: a tail block)
@@ -89,14 +88,12 @@ def test_batch_invariance_m12():
     _batch_invariance(12, G1, G2, seed=3)
 
 
-@pytest.mark.slow
-@SWEEP
+@pytest.mark.emulator_full
 def test_batch_invariance_m64():
     _batch_invariance(64, G1, G2, seed=4)
 
 
-@pytest.mark.slow
-@SWEEP
+@pytest.mark.emulator_full
 @pytest.mark.parametrize("tm", [16, 32])
 def test_exact_tile_m(tm):
     c1 = C(tile_m=tm, tile_n=128, tile_k=256, num_warps=4, stages=2)
@@ -107,8 +104,7 @@ def test_exact_tile_m(tm):
     _check_exact(exact_moe_operands(37, 4, 6, 160, 96, ids=ids, seed=tm), c1, c2)
 
 
-@pytest.mark.slow
-@SWEEP
+@pytest.mark.emulator_full
 def test_exact_expert_map_router_weight_on_input_fp16():
     """Expert parallelism (global ids mapped to 3 local experts, others -1) with Llama-4-style
     router weight on the input (top-1), fp16 activations."""

@@ -112,6 +112,22 @@ def error_bound(case, lay, prepared, ref):
 # ------------------------------------------------------------------------------- kernels
 
 
+def load_entry(artifacts: Path, e: dict, loaded: dict, what: str):
+    """The ``AotKernel`` of manifest entry ``e`` (memoized in ``loaded``), through the cache's own
+    verified read (checksums of meta.json and kernel.so)."""
+    if e["status"] == "failed" or not e["entry"]:
+        raise RuntimeError(f"{what}: its kernel failed to build ({e['spec_name']})")
+    d = artifacts / e["entry"]
+    if d not in loaded:
+        from nvgemm.runtime.aot import AotKernel
+        from nvgemm.runtime.cache import KernelCache
+        from nvgemm.templates.registry import abi_from_json
+
+        meta = KernelCache(artifacts).read_entry(d, e["key"], Path(e["entry"]).parts[0])
+        loaded[d] = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=e["spec_name"])
+    return loaded[d]
+
+
 class Runner:
     """Loads kernels from the manifest's cache entries (``AotKernel``; never imports cutlass)."""
 
@@ -138,19 +154,7 @@ class Runner:
     def kernel(self, case):
         if self.cpu:
             return None
-        e = self.manifest[case.name]
-        if e["status"] == "failed" or not e["entry"]:
-            raise RuntimeError(f"{case.name}: its kernel failed to build ({e['spec_name']})")
-        d = self.artifacts / e["entry"]
-        if d not in self.kernels:
-            from nvgemm.runtime.aot import AotKernel
-            from nvgemm.runtime.cache import KernelCache
-            from nvgemm.templates.registry import abi_from_json
-
-            # the cache's own verified read (checksums of meta.json and kernel.so)
-            meta = KernelCache(self.artifacts).read_entry(d, e["key"], Path(e["entry"]).parts[0])
-            self.kernels[d] = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=e["spec_name"])
-        return self.kernels[d]
+        return load_entry(self.artifacts, self.manifest[case.name], self.kernels, case.name)
 
     def launch(self, case, args, kernel, stream=None):
         if self.cpu:
@@ -365,17 +369,10 @@ class MoeRunner:
                 prepare(spec).launch(*args.abi_values(), 0)
                 return
             e = self.by_name.get(spec.name())
-            if e is None or e["status"] == "failed" or not e["entry"]:
+            if e is None:
                 raise RuntimeError(f"no built kernel for {spec.name()} (rebuild the artifacts)")
-            d = self.artifacts / e["entry"]
-            if d not in self.kernels:
-                from nvgemm.runtime.aot import AotKernel
-                from nvgemm.runtime.cache import KernelCache
-                from nvgemm.templates.registry import abi_from_json
-
-                meta = KernelCache(self.artifacts).read_entry(d, e["key"], Path(e["entry"]).parts[0])
-                self.kernels[d] = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=e["spec_name"])
-            self.kernels[d].launch(*args.abi_values(), stream or torch.cuda.current_stream())
+            load_entry(self.artifacts, e, self.kernels, spec.name()).launch(*args.abi_values(),
+                                                                             stream or torch.cuda.current_stream())
 
         return launch
 

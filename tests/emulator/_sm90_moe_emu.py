@@ -100,10 +100,11 @@ def emu_launcher(device="H200"):
 
 def run_moe_emu(ops, config13, config2, keep=None):
     """One ``nvfp4_moe`` call (W4A16 operands in schema order) through the grouped kernels on the emulator."""
-    from nvgemm.templates.sm90_moe.launch import MoeWorkspace, moe_forward
+    from nvgemm.templates.sm90.launch import Sm90Workspace
+    from nvgemm.templates.sm90_moe.launch import moe_forward
 
     (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, emap, sh, res, odt) = ops
     assert i13 is None and i2 is None
     return moe_forward(x, ids, emap, wts, w13, s13, g13, w2, s2, g2, act, rwi, sh, res, odt, config13,
                        config2,
-                       emu_launcher(), workspace=MoeWorkspace(torch.device("cpu")), keep=keep)
+                       emu_launcher(), workspace=Sm90Workspace(torch.device("cpu")), keep=keep)

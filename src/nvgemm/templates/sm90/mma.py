@@ -155,6 +155,30 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             ok = rem >= 8 + i * self.x_tpr * 8
             cp_async_zfill(sbase + xd + i * step, src + i * step, cutlass.select_(ok, Int32(16), Int32(0)))
 
+    @cute.jit
+    def compute_stage(self, base: Int32, sw_off: Int32, ss_off: Int32, x_lds: Int32, acc: cute.Tensor):
+        """The MMAs of the ring stage at ``base``: per chunk, the B fragments (token 8 mg + g, the 16
+        activations of block q: 32 bytes), then per row tile the lane's weight vector decoded into
+        the four A registers of each k-step and one ``mma.sync`` per group of 8 tokens into ``acc``."""
+        RT, U, MG = self.RT, self.U, self.MG
+        sw = self.scale_words(base, ss_off)
+        for u in cutlass.range_constexpr(U):
+            xb = []
+            for mg in cutlass.range_constexpr(MG):
+                xa = base + x_lds + mg * 8 * self.x_row + u * 128
+                xb.append(lds_v4(xa) + lds_v4(xa + 16))
+            for rt in cutlass.range_constexpr(RT):
+                wv = lds_v4(base + sw_off + (rt * U + u) * 512)
+                sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
+                for s in cutlass.range_constexpr(4):
+                    a = self.a_fragment(wv[s], sp)
+                    for mg in cutlass.range_constexpr(MG):
+                        i0 = (rt * MG + mg) * 4
+                        d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
+                                      [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
+                        for i in cutlass.range_constexpr(4):
+                            acc[i0 + i] = d[i]
+
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
     def kernel(
@@ -169,7 +193,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         mWork: cute.Tensor,
         mCount: cute.Tensor,
     ):
-        RT, U, MG, D = self.RT, self.U, self.MG, self.D
+        RT, MG, D = self.RT, self.MG, self.D
         tidx, _, _ = cute.arch.thread_idx()
         bx, bs, bm = cute.arch.block_idx()
         warp = tidx // 32
@@ -227,25 +251,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
                 self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
             cp_async_commit()
 
-            base = ring + (it % D) * self.stage_bytes
-            sw = self.scale_words(base, ss_off)
-            for u in cutlass.range_constexpr(U):
-                # B fragments: token 8mg + g, 16 activations of block q of chunk u (32 bytes)
-                xb = []
-                for mg in cutlass.range_constexpr(MG):
-                    xa = base + x_lds + mg * 8 * self.x_row + u * 128
-                    xb.append(lds_v4(xa) + lds_v4(xa + 16))
-                for rt in cutlass.range_constexpr(RT):
-                    wv = lds_v4(base + sw_off + (rt * U + u) * 512)
-                    sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
-                    for s in cutlass.range_constexpr(4):
-                        a = self.a_fragment(wv[s], sp)
-                        for mg in cutlass.range_constexpr(MG):
-                            i0 = (rt * MG + mg) * 4
-                            d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
-                                          [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
-                            for i in cutlass.range_constexpr(4):
-                                acc[i0 + i] = d[i]
+            self.compute_stage(ring + (it % D) * self.stage_bytes, sw_off, ss_off, x_lds, acc)
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
                     n_pad, flag_t.iterator.toint(), tidx, bm * cute.arch.grid_dim()[0] + bx)

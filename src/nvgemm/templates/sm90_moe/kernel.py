@@ -40,11 +40,8 @@ from ..sm90.common import (
     cp_async_wait,
     cta_barrier,
     evict_first_policy,
-    lds_v4,
-    mma_16816,
     pinned_i32,
     pinned_i64,
-    scale_pair,
     splitk_arrive,
     st_global_f32,
 )
@@ -111,7 +108,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
     def tile_body(self, mX: cute.Tensor, mRows: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor, mAlpha: cute.Tensor,
                   mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, tidx: Int32, bx: Int32, bs: Int32,
                   bt: Int32, e: Int32, p0: Int32, cnt: Int32):
-        RT, U, MG, D = self.RT, self.U, self.MG, self.D
+        RT, MG, D = self.RT, self.MG, self.D
         warp = tidx // 32
         lane = tidx % 32
         g = lane // 4
@@ -127,7 +124,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
         m = p0 + cnt
 
         st_lo, n_it = self.split_range(n_chunks, bs)
-        gw, gs, sw_off, ss_off = self.expert_lanes(mW, mS, bx, warp, lane, n_tiles, e)
+        gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles, e * n_tiles)
         xt = tidx % self.x_pieces if cutlass.const_expr(self.x_pieces < self.threads) else tidx
         tr = xt // self.x_tpr
         src = mRows[p0 + cutlass.min(tr, cnt - 1)]
@@ -162,24 +159,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
                 self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
             cp_async_commit()
 
-            base = ring + (it % D) * self.stage_bytes
-            sw = self.scale_words(base, ss_off)
-            for u in cutlass.range_constexpr(U):
-                xb = []
-                for mg in cutlass.range_constexpr(MG):
-                    xa = base + x_lds + mg * 8 * self.x_row + u * 128
-                    xb.append(lds_v4(xa) + lds_v4(xa + 16))
-                for rt in cutlass.range_constexpr(RT):
-                    wv = lds_v4(base + sw_off + (rt * U + u) * 512)
-                    sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
-                    for s in cutlass.range_constexpr(4):
-                        a = self.a_fragment(wv[s], sp)
-                        for mg in cutlass.range_constexpr(MG):
-                            i0 = (rt * MG + mg) * 4
-                            d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
-                                          [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
-                            for i in cutlass.range_constexpr(4):
-                                acc[i0 + i] = d[i]
+            self.compute_stage(ring + (it % D) * self.stage_bytes, sw_off, ss_off, x_lds, acc)
 
         # the expert's alpha: alpha[e] (scalar spec) or alpha[e * rows + row] (vector spec)
         a_off = e * n_pad if cutlass.const_expr(self.epi.alpha == "vector") else e
@@ -204,20 +184,6 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
             if splitk_arrive(mCount, tile_index, self.split_k, flag_t.iterator.toint(), tidx) == 1:
                 self.store_fragments(acc, mAlphaE, mAlphaE, mOut, mOut, bx, warp, g, q, m, p0, n_tiles, n_out, True,
                                      mWork, m_all, n_pad)
-
-    @cute.jit
-    def expert_lanes(self, mW: cute.Tensor, mS: cute.Tensor, bx: Int32, warp: Int32, lane: Int32, n_tiles: Int32,
-                     e: Int32):
-        """:meth:`weight_lanes` of expert ``e``: its row tiles start at ``e * n_tiles`` of the stack."""
-        gw = []
-        gs = []
-        for rt in cutlass.range_constexpr(self.RT):
-            t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1) + e * n_tiles
-            gw.append(pinned_i64(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16)))
-            gs.append(pinned_i64(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8)))
-        sw_off = pinned_i32((warp * self.RT * self.U) * 512 + lane * 16)
-        ss_off = pinned_i32(self.off_s + warp * self.RT * (64 * self.U) + lane * (2 * self.U))
-        return gw, gs, sw_off, ss_off
 
 
 class Sm90MoeMmaTemplate:

@@ -32,8 +32,6 @@ pair with the expert's input scale; not implemented (the op falls back to the em
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -41,6 +39,7 @@ import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
+from ..sm90.launch import Sm90Workspace, _memo, capturing, workspace_for
 from ..sm90.operand import Sm90Weight, kind_of, prepare_sm90_weight
 from .config import Sm90MoeConfig, moe_shape_problem, validate_moe_config, work_tiles_bound
 
@@ -152,28 +151,19 @@ def prepare_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, kind: str) -> MoeS
                     w.shape[2] * 2, e, kind)
 
 
-_STACKS: dict[tuple, tuple[tuple, MoeStack]] = {}
-_STACK_LOCK = threading.Lock()
-
-
 def cached_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, kind: str) -> MoeStack:
-    """:func:`prepare_moe_stack` memoized per (weight tensor, kind); invalidated when the weight or
-    its scales change in place, dropped when the weight is freed."""
-    slot = (id(w), kind)
-    key = (w.data_ptr(), w._version, w_scale.data_ptr(), w_scale._version, tuple(w.shape))
-    with _STACK_LOCK:
-        hit = _STACKS.get(slot)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-    st = prepare_moe_stack(w, w_scale, kind)
-    if w.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-        torch.cuda.current_stream(w.device).synchronize()
-    with _STACK_LOCK:
-        new = slot not in _STACKS
-        _STACKS[slot] = (key, st)
-    if new:
-        weakref.finalize(w, _STACKS.pop, slot, None)
-    return st
+    """:func:`prepare_moe_stack` memoized per (weight tensor, kind) like the dense weights
+    (:func:`nvgemm.templates.sm90.launch.cached_sm90_weight`): invalidated when the weight or its
+    scales change in place, dropped when the weight is freed; a fresh preparation on CUDA ends
+    with a stream synchronisation (outside capture)."""
+
+    def make() -> MoeStack:
+        st = prepare_moe_stack(w, w_scale, kind)
+        if w.device.type == "cuda" and not capturing(w.device):
+            torch.cuda.current_stream(w.device).synchronize()
+        return st
+
+    return _memo(f"moe_stack:{kind}", w, (w, w_scale, kind), make)
 
 
 # --------------------------------------------------------------------------- GEMM arguments
@@ -199,36 +189,8 @@ class MoeGemmArgs:
         return (self.x, self.rows, self.tiles, self.weight, self.scale, self.alpha, self.out, self.work, self.count)
 
 
-class MoeWorkspace:
-    """Split-K partials and counters of the grouped kernels on one device (only grown outside
-    CUDA-graph capture; the kernel leaves every counter at zero)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.work = torch.empty(1 << 16, dtype=torch.float32, device=device)
-        self.count = torch.zeros(1 << 12, dtype=torch.int32, device=device)
-
-    def ensure(self, work_numel: int, count_numel: int) -> None:
-        if work_numel <= self.work.numel() and count_numel <= self.count.numel():
-            return
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("nvgemm sm90 moe: the split-K workspace cannot grow during CUDA-graph capture; run the "
-                               "call once before capturing")
-        if work_numel > self.work.numel():
-            self.work = torch.empty(max(work_numel, 2 * self.work.numel()), dtype=torch.float32, device=self.device)
-        if count_numel > self.count.numel():
-            self.count = torch.zeros(max(count_numel, 2 * self.count.numel()), dtype=torch.int32, device=self.device)
-
-
-_WS: dict[str, MoeWorkspace] = {}
-
-
-def moe_workspace_for(device: torch.device) -> MoeWorkspace:
-    return _WS.setdefault(str(device), _WS.get(str(device)) or MoeWorkspace(device))
-
-
 def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: MoeWorkList, stack: MoeStack,
-              alpha: torch.Tensor, activation: str, out_dtype: torch.dtype, ws: MoeWorkspace) -> MoeGemmArgs:
+              alpha: torch.Tensor, activation: str, out_dtype: torch.dtype, ws: Sm90Workspace) -> MoeGemmArgs:
     """Arguments of one grouped GEMM (output ``[P, rows or rows/2]``); raises naming the problem."""
     validate_moe_config(config).raise_if_failed("sm90 moe config")
     gated = activation == "silu_mul"
@@ -288,7 +250,7 @@ Launch = Callable[[MoeGemmArgs], None]
 def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, activation,
                 router_weight_on_input, shared_out, residual, out_dtype,
                 config13: Sm90MoeConfig, config2: Sm90MoeConfig, launch: Launch,
-                workspace: Optional[MoeWorkspace] = None, keep: Optional[dict] = None) -> torch.Tensor:
+                workspace: Optional[Sm90Workspace] = None, keep: Optional[dict] = None) -> torch.Tensor:
     """One W4A16 ``nvfp4_moe`` call through the grouped kernels (``launch`` runs a GEMM's arguments
     on the right kernel). ``keep`` (a dict) receives the work list and the intermediates (tests)."""
     if config13.tile_m != config2.tile_m:
@@ -297,7 +259,7 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     kind = kind_of(x.dtype)
     dev = x.device
     out_dtype = out_dtype or x.dtype
-    ws = workspace or moe_workspace_for(dev)
+    ws = workspace or workspace_for(dev)
     wts = topk_weights
     xin = x
     if router_weight_on_input:  # contract step 1 (top-1): xin = round(x * w), w := 1
@@ -319,5 +281,5 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     return out
 
 
-__all__ = ["MoeGemmArgs", "MoeStack", "MoeWorkList", "MoeWorkspace", "build_work_list", "cached_moe_stack",
-           "finalize", "finalize_ref", "gemm_args", "identity_rows", "local_expert_ids", "work_list", "moe_forward", "moe_workspace_for", "prepare_moe_stack"]
+__all__ = ["MoeGemmArgs", "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
+           "finalize", "finalize_ref", "gemm_args", "identity_rows", "local_expert_ids", "work_list", "moe_forward", "prepare_moe_stack"]

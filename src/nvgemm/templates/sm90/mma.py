@@ -156,6 +156,29 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             cp_async_zfill(sbase + xd + i * step, src + i * step, cutlass.select_(ok, Int32(16), Int32(0)))
 
     @cute.jit
+    def x_lanes(self, mX: cute.Tensor, tidx: Int32, g: Int32, q: Int32, row_of):
+        """Loop invariants of this thread's activation copies and fragment loads: the address of its
+        token row ``row_of(tr)`` (``tr``: its row of the stage's tile), its first piece's K offset and
+        shared-memory offset, and the lane's B-fragment offset in a stage."""
+        xt = tidx % self.x_pieces if cutlass.const_expr(self.x_pieces < self.threads) else tidx
+        tr = xt // self.x_tpr
+        xp = pinned_i64(mX.iterator.toint() + Int64(row_of(tr)) * (Int64(mX.stride[0]) * 2))
+        pk = pinned_i32((xt % self.x_tpr) * 8)
+        xd = pinned_i32(self.off_x + tr * self.x_row + (xt % self.x_tpr) * 16)
+        return xp, pk, xd, self.off_x + g * self.x_row + q * 32
+
+    @cute.jit
+    def cta_state(self):
+        """The CTA's shared-memory ring and split-K flag word, the evict-first policy and the zeroed
+        fp32 accumulators: ``(ring address, flag address, policy, acc)``."""
+        smem = cutlass.memory.SmemAllocator()
+        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
+        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        acc = cute.make_rmem_tensor((self.RT * self.MG * 4,), Float32)
+        acc.fill(0.0)
+        return ring_t.iterator.toint(), flag_t.iterator.toint(), evict_first_policy(), acc
+
+    @cute.jit
     def compute_stage(self, base: Int32, sw_off: Int32, ss_off: Int32, x_lds: Int32, acc: cute.Tensor):
         """The MMAs of the ring stage at ``base``: per chunk, the B fragments (token 8 mg + g, the 16
         activations of block q: 32 bytes), then per row tile the lane's weight vector decoded into
@@ -193,7 +216,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         mWork: cute.Tensor,
         mCount: cute.Tensor,
     ):
-        RT, MG, D = self.RT, self.MG, self.D
+        D = self.D
         tidx, _, _ = cute.arch.thread_idx()
         bx, bs, bm = cute.arch.block_idx()
         warp = tidx // 32
@@ -212,22 +235,8 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
         gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
         # this thread's activation pieces: token row m0 + tr (clamped to M - 1), K offsets pk + i 8 tpr
-        xt = tidx % self.x_pieces if cutlass.const_expr(self.x_pieces < self.threads) else tidx
-        tr = xt // self.x_tpr
-        tok = cutlass.min(m0 + tr, m - 1)
-        xp = pinned_i64(mX.iterator.toint() + Int64(tok) * (Int64(mX.stride[0]) * 2))
-        pk = pinned_i32((xt % self.x_tpr) * 8)
-        xd = pinned_i32(self.off_x + tr * self.x_row + (xt % self.x_tpr) * 16)
-        x_lds = self.off_x + g * self.x_row + q * 32
-
-        smem = cutlass.memory.SmemAllocator()
-        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
-        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
-        ring = ring_t.iterator.toint()
-        policy = evict_first_policy()
-
-        acc = cute.make_rmem_tensor((RT * MG * 4,), Float32)
-        acc.fill(0.0)
+        xp, pk, xd, x_lds = self.x_lanes(mX, tidx, g, q, lambda tr: cutlass.min(m0 + tr, m - 1))
+        ring, flag, policy, acc = self.cta_state()
 
         # ---- prologue: weights of stages 0..D-2 first (they do not depend on the previous kernel)
         for j in cutlass.range_constexpr(D - 1):
@@ -254,7 +263,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             self.compute_stage(ring + (it % D) * self.stage_bytes, sw_off, ss_off, x_lds, acc)
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, flag_t.iterator.toint(), tidx, bm * cute.arch.grid_dim()[0] + bx)
+                    n_pad, flag, tidx, bm * cute.arch.grid_dim()[0] + bx)
 
 
 class Sm90W4A16MmaTemplate(Sm90TemplateBase):

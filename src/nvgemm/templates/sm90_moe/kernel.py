@@ -28,7 +28,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Int32, Int64
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
@@ -39,9 +39,6 @@ from ..sm90.common import (
     cp_async_commit,
     cp_async_wait,
     cta_barrier,
-    evict_first_policy,
-    pinned_i32,
-    pinned_i64,
     splitk_arrive,
     st_global_f32,
 )
@@ -125,22 +122,9 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
 
         st_lo, n_it = self.split_range(n_chunks, bs)
         gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles, e * n_tiles)
-        xt = tidx % self.x_pieces if cutlass.const_expr(self.x_pieces < self.threads) else tidx
-        tr = xt // self.x_tpr
-        src = mRows[p0 + cutlass.min(tr, cnt - 1)]
-        xp = pinned_i64(mX.iterator.toint() + Int64(src) * (Int64(mX.stride[0]) * 2))
-        pk = pinned_i32((xt % self.x_tpr) * 8)
-        xd = pinned_i32(self.off_x + tr * self.x_row + (xt % self.x_tpr) * 16)
-        x_lds = self.off_x + g * self.x_row + q * 32
-
-        smem = cutlass.memory.SmemAllocator()
-        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
-        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
-        ring = ring_t.iterator.toint()
-        policy = evict_first_policy()
-
-        acc = cute.make_rmem_tensor((RT * MG * 4,), Float32)
-        acc.fill(0.0)
+        # this thread's activation row: the source row of its tile row (clamped to the tile's rows)
+        xp, pk, xd, x_lds = self.x_lanes(mX, tidx, g, q, lambda tr: mRows[p0 + cutlass.min(tr, cnt - 1)])
+        ring, flag, policy, acc = self.cta_state()
 
         for j in cutlass.range_constexpr(D - 1):
             if j < n_it:
@@ -181,7 +165,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
                             addr = mWork.iterator.toint() + (Int64(bs * m_all + tok) * Int64(n_pad) + Int64(row)) * 4
                             st_global_f32(addr, acc[(rt * MG + mg) * 4 + i])
             tile_index = bt * cute.arch.grid_dim()[0] + bx
-            if splitk_arrive(mCount, tile_index, self.split_k, flag_t.iterator.toint(), tidx) == 1:
+            if splitk_arrive(mCount, tile_index, self.split_k, flag, tidx) == 1:
                 self.store_fragments(acc, mAlphaE, mAlphaE, mOut, mOut, bx, warp, g, q, m, p0, n_tiles, n_out, True,
                                      mWork, m_all, n_pad)
 

@@ -202,6 +202,35 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
                         for i in cutlass.range_constexpr(4):
                             acc[i0 + i] = d[i]
 
+    @cute.jit
+    def pipeline(self, ring: Int32, n_it: Int32, st_lo: Int32, gw: list, gs: list, sw_off: Int32, ss_off: Int32,
+                 k: Int32, xp: Int64, xd: Int32, pk: Int32, x_lds: Int32, acc: cute.Tensor, policy: Int64,
+                 pdl_wait: bool):
+        """The ring over this CTA's ``n_it`` stages from ``st_lo``: the prologue issues the weights of
+        stages 0..D-2 first (they do not depend on the previous kernel; with ``pdl_wait`` the
+        ``griddepcontrol.wait`` comes next), then their activations; each iteration waits for the
+        oldest stage, refills the slot just freed and computes (:meth:`compute_stage`)."""
+        D = self.D
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, gw, gs, sw_off, ss_off, policy)
+        if cutlass.const_expr(pdl_wait):
+            cute.arch.griddepcontrol_wait()
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)
+            cp_async_commit()
+        for it in cutlass.range(n_it, unroll=1):
+            cp_async_wait(D - 2)
+            cta_barrier()
+            nxt = it + (D - 1)
+            if nxt < n_it:
+                sbase_n = ring + (nxt % D) * self.stage_bytes
+                self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
+                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
+            cp_async_commit()
+            self.compute_stage(ring + (it % D) * self.stage_bytes, sw_off, ss_off, x_lds, acc)
+
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
     def kernel(
@@ -216,7 +245,6 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         mWork: cute.Tensor,
         mCount: cute.Tensor,
     ):
-        D = self.D
         tidx, _, _ = cute.arch.thread_idx()
         bx, bs, bm = cute.arch.block_idx()
         warp = tidx // 32
@@ -238,29 +266,7 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         xp, pk, xd, x_lds = self.x_lanes(mX, tidx, g, q, lambda tr: cutlass.min(m0 + tr, m - 1))
         ring, flag, policy, acc = self.cta_state()
 
-        # ---- prologue: weights of stages 0..D-2 first (they do not depend on the previous kernel)
-        for j in cutlass.range_constexpr(D - 1):
-            if j < n_it:
-                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, gw, gs, sw_off, ss_off, policy)
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-        for j in cutlass.range_constexpr(D - 1):
-            if j < n_it:
-                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)
-            cp_async_commit()
-
-        # ---- main loop
-        for it in cutlass.range(n_it, unroll=1):
-            cp_async_wait(D - 2)
-            cta_barrier()
-            nxt = it + (D - 1)
-            if nxt < n_it:
-                sbase_n = ring + (nxt % D) * self.stage_bytes
-                self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
-                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
-            cp_async_commit()
-
-            self.compute_stage(ring + (it % D) * self.stage_bytes, sw_off, ss_off, x_lds, acc)
+        self.pipeline(ring, n_it, st_lo, gw, gs, sw_off, ss_off, k, xp, xd, pk, x_lds, acc, policy, self.pdl)
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
                     n_pad, flag, tidx, bm * cute.arch.grid_dim()[0] + bx)

@@ -36,9 +36,7 @@ from ..registry import CompileSpec, StreamArg, TensorArg, SymDim, compile_for_ta
 from ..sm90.common import (
     X_FORMATS,
     _TORCH_TO_ABI,
-    cp_async_commit,
     cp_async_wait,
-    cta_barrier,
     splitk_arrive,
     st_global_f32,
 )
@@ -105,7 +103,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
     def tile_body(self, mX: cute.Tensor, mRows: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor, mAlpha: cute.Tensor,
                   mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, tidx: Int32, bx: Int32, bs: Int32,
                   bt: Int32, e: Int32, p0: Int32, cnt: Int32):
-        RT, MG, D = self.RT, self.MG, self.D
+        RT, MG = self.RT, self.MG
         warp = tidx // 32
         lane = tidx % 32
         g = lane // 4
@@ -126,24 +124,8 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
         xp, pk, xd, x_lds = self.x_lanes(mX, tidx, g, q, lambda tr: mRows[p0 + cutlass.min(tr, cnt - 1)])
         ring, flag, policy, acc = self.cta_state()
 
-        for j in cutlass.range_constexpr(D - 1):
-            if j < n_it:
-                sb = ring + j * self.stage_bytes
-                self.produce_weights(sb, st_lo + j, gw, gs, sw_off, ss_off, policy)
-                self.produce_x(sb, st_lo + j, k, xp, xd, pk)
-            cp_async_commit()
-
-        for it in cutlass.range(n_it, unroll=1):
-            cp_async_wait(D - 2)
-            cta_barrier()
-            nxt = it + (D - 1)
-            if nxt < n_it:
-                sbase_n = ring + (nxt % D) * self.stage_bytes
-                self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
-                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
-            cp_async_commit()
-
-            self.compute_stage(ring + (it % D) * self.stage_bytes, sw_off, ss_off, x_lds, acc)
+        # the PDL wait came first (the work list): no second wait in the prologue
+        self.pipeline(ring, n_it, st_lo, gw, gs, sw_off, ss_off, k, xp, xd, pk, x_lds, acc, policy, False)
 
         # the expert's alpha: alpha[e] (scalar spec) or alpha[e * rows + row] (vector spec)
         a_off = e * n_pad if cutlass.const_expr(self.epi.alpha == "vector") else e

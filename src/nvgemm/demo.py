@@ -22,7 +22,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-MOE_DEMO_KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4")  # nvgemm.testing.TINY_CONFIGS
+MOE_DEMO_KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")  # nvgemm.testing.TINY_CONFIGS
 DEMO_CONFIG = dict(
     kind="llama", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
     num_attention_heads=8, num_key_value_heads=4, vocab_size=1024, max_position_embeddings=512,
@@ -35,7 +35,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, help="an exported ModelOpt NVFP4 checkpoint folder (default: build one)")
     p.add_argument("--model", choices=["llama", "moe", *MOE_DEMO_KINDS], default="llama",
                    help="built-in model: a small Llama (default), or a tiny MoE (moe = qwen3_moe; also mixtral, "
-                        "deepseek_v3 with shared expert and dense layer, llama4 with stacked experts)")
+                        "deepseek_v3 with shared expert and dense layer, llama4 with stacked experts, "
+                        "nemotron_h with non-gated relu2 experts)")
     p.add_argument("--algo", choices=["NVFP4", "W4A16_NVFP4"], default="NVFP4",
                    help="quantization for the built-in model (default NVFP4 = W4A4)")
     p.add_argument("--tokens", type=int, default=8, help="tokens to generate (default 8)")

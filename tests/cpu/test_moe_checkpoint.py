@@ -1,4 +1,4 @@
-"""ModelOpt 0.47 MoE exports (Qwen3-MoE, Mixtral, DeepSeek-V3, Llama-4; W4A4 and W4A16), built and
+"""ModelOpt 0.47 MoE exports (Qwen3-MoE, Mixtral, DeepSeek-V3, Llama-4, NemotronH; W4A4 and W4A16), built and
 exported at test time, load into nvgemm and match an independent fp64 reference built straight from
 the safetensors; the anchors' loader bugs (moe_nvfp4.md section 6) each have a test here."""
 
@@ -23,11 +23,13 @@ from nvgemm.modelopt import CheckpointError, load_modelopt_checkpoint  # noqa: E
 from nvgemm.moe import NVFP4Experts  # noqa: E402
 from nvgemm.testing import build_tiny_model, make_tiny_checkpoint  # noqa: E402
 
-KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4")
+KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")
 # default run: every family in W4A4 and Llama-4 (stacked) in W4A16; the other W4A16 exports are slow
 # (the per-expert W4A16 path is the same loader code, and the op's W4A16 path is in test_moe_op)
 CASES = [pytest.param(k, a, marks=() if (a == "NVFP4" or k == "llama4") else pytest.mark.slow)
          for k in KINDS for a in ("NVFP4", "W4A16_NVFP4")]
+# NVIDIA's experts-only recipe (Kimi-K2.x, MiniMax-M2.x NVFP4): routed experts NVFP4, all else BF16
+CASES.append(pytest.param("deepseek_v3", "NVFP4_EXPERTS_ONLY", marks=pytest.mark.slow))
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,17 @@ def ckpts(tmp_path_factory):
 
 
 def _alias(key: str) -> str:
-    return key.replace(".block_sparse_moe.", ".mlp.")  # Mixtral hub names -> transformers 5 modules
+    """Checkpoint name -> transformers 5 module name (Mixtral's block_sparse_moe, NemotronH's backbone)."""
+    key = key.replace(".block_sparse_moe.", ".mlp.")
+    return "model." + key[len("backbone."):] if key.startswith("backbone.") else key
+
+
+def _src(sd: dict, name: str) -> str:
+    """The checkpoint spelling of module ``name``."""
+    for c in (name, name.replace(".mlp.", ".block_sparse_moe."), "backbone." + name[len("model."):]):
+        if any(k.startswith(c + ".") for k in sd):
+            return c
+    return name
 
 
 def _q(sd, p):
@@ -69,6 +81,13 @@ def ref_experts_from_sd(sd: dict, prefix: str) -> list[RefExpert]:
         return out
     g, u, d = ("w1", "w3", "w2") if f"{prefix}.0.w1.weight" in sd else ("gate_proj", "up_proj", "down_proj")
     out, e = [], 0
+    if f"{prefix}.0.{g}.weight" not in sd:  # non-gated (NemotronH): up, down
+        while f"{prefix}.{e}.up_proj.weight" in sd:
+            pu, pd = f"{prefix}.{e}.up_proj", f"{prefix}.{e}.down_proj"
+            out.append(RefExpert(_q(sd, pu), sd[f"{pu}.weight_scale_2"], sd.get(f"{pu}.input_scale"), _q(sd, pd),
+                                 sd[f"{pd}.weight_scale_2"], sd.get(f"{pd}.input_scale")))
+            e += 1
+        return out
     while f"{prefix}.{e}.{g}.weight" in sd:
         pg, pu, pd = (f"{prefix}.{e}.{n}" for n in (g, u, d))
         ws2 = torch.cat([sd[f"{pg}.weight_scale_2"].reshape(1).expand(sd[f"{pg}.weight"].shape[0]),
@@ -95,12 +114,12 @@ class RefLinear(torch.nn.Module):
 class RefFusedExperts(torch.nn.Module):
     """transformers 5 experts interface: fp64 per pair, fp64 sum over slots, one rounding."""
 
-    def __init__(self, experts):
+    def __init__(self, experts, activation):
         super().__init__()
-        self.experts = experts
+        self.experts, self.activation = experts, activation
 
     def forward(self, x, top_k_index, top_k_weights):
-        return ref_moe_fp64(x, top_k_index, top_k_weights.double(), self.experts).to(x.dtype)
+        return ref_moe_fp64(x, top_k_index, top_k_weights.double(), self.experts, self.activation).to(x.dtype)
 
 
 class RefLlama4Moe(torch.nn.Module):
@@ -135,9 +154,9 @@ def reference_model(ckpt: Path):
     used = set()
     for name, mod in list(model.named_modules()):
         parent, _, child = name.rpartition(".")
-        src = next((c for c in (name, name.replace(".mlp.", ".block_sparse_moe.")) if f"{c}.weight_scale" in sd
-                    or f"{c}.0.w1.weight" in sd or f"{c}.0.gate_proj.weight" in sd or f"{c}.gate_up_proj" in sd), None)
-        if src is None:
+        src = _src(sd, name)
+        if not (f"{src}.weight_scale" in sd or f"{src}.0.w1.weight" in sd or f"{src}.0.up_proj.weight" in sd
+                or f"{src}.gate_up_proj" in sd):
             continue
         if isinstance(mod, torch.nn.Linear):
             new = RefLinear(sd, src)
@@ -148,7 +167,10 @@ def reference_model(ckpt: Path):
             used.add(name)
             continue
         elif hasattr(mod, "gate_up_proj"):
-            new = RefFusedExperts(ref_experts_from_sd(sd, src))
+            new = RefFusedExperts(ref_experts_from_sd(sd, src), "silu_mul")
+        elif hasattr(mod, "up_proj"):  # NemotronH: non-gated, act_fn relu2 (the config's mlp_hidden_act)
+            assert type(mod.act_fn).__name__ == "ReLUSquaredActivation"
+            new = RefFusedExperts(ref_experts_from_sd(sd, src), "relu2")
         else:
             continue
         setattr(model.get_submodule(parent), child, new)
@@ -187,12 +209,15 @@ def test_moe_export_matches_fp64_reference(ckpts, kind, algo):
     ckpt = ckpts(kind, algo)
     model = load_modelopt_checkpoint(ckpt)
     moe = [m for m in model.modules() if isinstance(m, NVFP4Experts)]
-    assert len(moe) == (1 if kind == "deepseek_v3" else 2)
+    assert len(moe) == (1 if kind in ("deepseek_v3", "nemotron_h") else 2)
+    assert all(m.activation == ("relu2" if kind == "nemotron_h" else "silu_mul") for m in moe)
     assert all(m.weight_only == (algo == "W4A16_NVFP4") for m in moe)
     # shared experts, dense MLPs and attention are NVFP4Linear; routers stay unquantized
     lin = {n for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     assert not any(n.endswith((".gate", ".router")) for n in lin)
-    if kind == "deepseek_v3":
+    if algo == "NVFP4_EXPERTS_ONLY":
+        assert not lin  # attention, shared expert and dense MLP stay BF16 nn.Linear
+    elif kind == "deepseek_v3":
         assert {"model.layers.0.mlp.gate_proj", "model.layers.1.mlp.shared_experts.down_proj"} <= lin
         assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32  # router stays fp32
     if kind == "llama4":
@@ -208,9 +233,9 @@ def test_moe_export_matches_fp64_reference(ckpts, kind, algo):
     # per MoE layer, on the inputs the nvgemm model saw: the op vs the fp64 reference
     for mod, args, kw, out in calls:
         prefix = _prefix_of(model, mod)
-        src = prefix if any(k.startswith(prefix + ".") for k in sd) else prefix.replace(".mlp.", ".block_sparse_moe.")
         x, tid, tw = args
-        r = ref_moe_fp64(x, tid, tw.double(), ref_experts_from_sd(sd, src), "silu_mul", mod.router_weight_on_input,
+        r = ref_moe_fp64(x, tid, tw.double(), ref_experts_from_sd(sd, _src(sd, prefix)), mod.activation,
+                         mod.router_weight_on_input,
                          None, kw.get("shared_out"), None)
         err = (out.double() - r).abs()
         tol = moe_tolerance(r)
@@ -234,7 +259,8 @@ def test_expert_weights_decode_to_the_bf16_weights(ckpts, kind):
         if not isinstance(mod, NVFP4Experts):
             continue
         hf = orig.get_submodule(name)
-        w13, w2 = hf.gate_up_proj.detach().float(), hf.down_proj.detach().float()
+        w13 = (hf.up_proj if kind == "nemotron_h" else hf.gate_up_proj).detach().float()
+        w2 = hf.down_proj.detach().float()
         if kind == "llama4":  # BMM layout [E, H, 2I], [E, I, H]
             w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
         d13, d2 = mod.dequantized()

@@ -169,6 +169,13 @@ class GlobalMemory:
             f"out-of-bounds global access: {width} bytes at {addr:#x}, {where(bad)}; nearest allocation "
             f"{near.name} [{near.base:#x}, {near.base + near.size:#x}) (offset {addr - near.base})")
 
+    def names_of(self, addrs: np.ndarray) -> set[str]:
+        """Names of the allocations holding ``addrs`` (for the PDL-hazard record)."""
+        if not len(self.allocs) or not len(addrs):
+            return set()
+        idx = np.searchsorted(self._bases, addrs.astype(np.uint64), side="right") - 1
+        return {self.allocs[i].name for i in np.unique(idx) if i >= 0}
+
     def read(self, addrs: np.ndarray, width: int, where: Callable[[int], str]) -> np.ndarray:
         """Bytes ``[n, width]`` at ``addrs`` (one allocation per access; grouped if several)."""
         if not len(addrs):

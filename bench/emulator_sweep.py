@@ -7,9 +7,10 @@
 2. the launch recorder for every config the policy emits for the preset shapes on sm_90a and
    sm_100a (grid / block / cluster / smem / PDL / parameter ABI vs the launcher).
 
-Writes ``bench/results/emulator_sweep.md`` (one row per kernel: verdict, seconds, warp-instructions).
+Writes ``bench/results/emulator_sweep.md`` (one row per kernel: verdict, seconds, warp-instructions;
+the committed file joins ``--only picks`` with ``--only recorder --limit 12``).
 
-    python bench/emulator_sweep.py [--only picks|recorder] [--limit N]
+    python bench/emulator_sweep.py [--only picks|recorder] [--limit N] [--families mma,wgmma]
 """
 
 from __future__ import annotations

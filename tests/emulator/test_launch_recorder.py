@@ -104,8 +104,8 @@ def _small_problem(cfg, arch):
         k = max(512, cfg.split_k * cfg.tile_k)
         return 2 * cfg.tile_m - 3, 2 * cfg.tile_n, k
     k = max(512, cfg.split_k * 256)
-    if cfg.swap_ab:
-        return 2 * cfg.tile_n - 1, 128 * cfg.cluster_m * 2, k
+    if cfg.swap_ab:  # tokens are the kernel's N: a narrow tile must cover all of them
+        return max(1, cfg.tile_n - 3), 128 * cfg.cluster_m * 2, k
     return 128 * cfg.cluster_m + 5, 2 * cfg.tile_n * cfg.cluster_n, k
 
 

@@ -9,8 +9,8 @@ with the emulated backend (``nvgemm.ops.nvfp4_linear_emulated``):
   (identical bits, every tile counter back at zero, a second launch on the same workspace),
   scalar / per-column alpha, bias, residual, silu_mul, bf16 / fp16 activations, bf16 / fp16 / fp32
   out; the policy's mma picks for the preset Llama shapes on small N / K;
-* mutations of the real PTX (lane pairing of the B fragments, the K-tail zero-fill predicate) make
-  the comparison fail.
+* mutations of the real PTX (lane pairing of the B fragments, the K-tail zero-fill predicate, the PDL
+  wait moved late) make the comparison (or the PDL-hazard record) fail.
 
 Default CI runs a representative subset; ``pytest -m emulator_full`` runs every sm90 pick, mma and
 wgmma (``bench/emulator_sweep.py`` writes its result file).
@@ -54,6 +54,15 @@ def test_decode_kernel_bit_exact(m, n, k):
     """Odd M (two M tiles at 13), N tails (208 = 13 row tiles, 144), K % 256 in {32, 64, 192}."""
     r = _equal(DECODE, exact_operands(m, n, k, seed=m * 7 + k))
     assert r.launch.stats["griddepcontrol.wait"] == r.launch.stats["griddepcontrol.launch_dependents"] > 0
+
+
+def test_pdl_kernel_touches_only_the_weights_before_griddepcontrol_wait():
+    """The PDL design (mma.py): weight and scale copies are issued before ``griddepcontrol.wait``
+    (the host synchronises once after preparing a weight), activations and every store after it."""
+    r = run_sm90(DECODE, exact_operands(8, 256, 512, seed=2))
+    assert r.launch.ext.get("pdl_pre_wait_reads", set()) <= {"mW", "mS"}
+    assert r.launch.ext["pdl_pre_wait_reads"], "no weight copy before the wait: the PDL prologue is gone"
+    assert not r.launch.ext.get("pdl_pre_wait_writes")
 
 
 def test_decode_kernel_random_data_within_tolerance():
@@ -134,6 +143,12 @@ def test_mutations_of_the_real_ptx_fail_the_comparison():
     except EmulationError as e:  # K = 544: the last row's copy past K leaves the activation tensor
         failed = "out-of-bounds global access" in str(e)
     assert failed
+    # (3) the PDL wait moved to the end (after every activation copy): the hazard record names mX
+    nowait = _mutate(k, r"griddepcontrol\.wait;", "", 1)
+    nowait = dataclasses.replace(nowait, ptx=nowait.ptx.replace("griddepcontrol.launch_dependents;",
+                                                                "griddepcontrol.launch_dependents; griddepcontrol.wait;"))
+    late = run_sm90(DECODE, ops, kernel=nowait)
+    assert torch.equal(late.out, want) and "mX" in late.launch.ext["pdl_pre_wait_reads"]
     # the unmutated kernel still passes afterwards (its PTX is re-registered per launch)
     assert torch.equal(run_sm90(DECODE, ops).out, want)
 

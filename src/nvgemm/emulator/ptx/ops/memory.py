@@ -93,10 +93,19 @@ def _route(w, space, addrs):
     return "mixed"
 
 
+def note_pdl(w, kind: str, addrs: np.ndarray) -> None:
+    """Global accesses before this warp's ``griddepcontrol.wait`` (PDL: the previous kernel may still
+    be running): ``Launch.ext["pdl_pre_wait_reads" / "..._writes"]`` collect the allocations touched."""
+    if not w.ext.get("griddepcontrol.wait"):
+        launch = w.cta.launch
+        launch.ext.setdefault(f"pdl_pre_wait_{kind}", set()).update(launch.gmem.names_of(addrs))
+
+
 def read_bytes(w, ins, space, addrs: np.ndarray, width: int, lanes: np.ndarray) -> np.ndarray:
     where = _where(w, ins, lanes)
     r = _route(w, space, addrs)
     if r == "global":
+        note_pdl(w, "reads", addrs)
         return w.cta.launch.gmem.read(addrs, width, where)
     if r in ("shared", "shared::cta", "shared::cluster", "generic-shared"):
         smem, offs = shared_target(w, None if r == "generic-shared" else space, addrs, where)
@@ -119,6 +128,7 @@ def write_bytes(w, ins, space, addrs: np.ndarray, data: np.ndarray, lanes: np.nd
     where = _where(w, ins, lanes)
     r = _route(w, space, addrs)
     if r == "global":
+        note_pdl(w, "writes", addrs)
         w.cta.launch.gmem.write(addrs, data, where)
         return
     if r in ("shared", "shared::cta", "shared::cluster", "generic-shared"):
@@ -253,6 +263,8 @@ def _cp_async(ins, ctx):
         sa = gsrc(w)[lanes]
         full = srcsz == cp
         where = _where(w, ins, lanes)
+        if (srcsz > 0).any():
+            note_pdl(w, "reads", sa[srcsz > 0])
         if full.any():
             fl = np.nonzero(full)[0]
             data[fl] = w.cta.launch.gmem.read(sa[fl], cp, lambda j: where(int(fl[j])))

@@ -77,24 +77,48 @@ def _mma(ins, ctx):
     d, a, b, c = ins.operands
     if not (len(d.items) == 4 and len(a.items) == 4 and len(b.items) == 2 and len(c.items) == 4):
         raise ctx.unsupported(ins, "operand vector sizes")
-    ga = [ctx.src(x, np.uint32) for x in a.items]
-    gb = [ctx.src(x, np.uint32) for x in b.items]
-    gc = [ctx.src(x, np.float32) for x in c.items]
-    sd = [ctx.dst(x, np.uint32) for x in d.items]
+    regs = [*a.items, *b.items, *c.items, *d.items]
+    if all(x.kind == "reg" and ctx.reg(x)[0] == "b32" for x in regs):  # one gather / scatter per operand
+        ia = np.array([ctx.reg(x)[1] for x in a.items])
+        ib = np.array([ctx.reg(x)[1] for x in b.items])
+        ic = np.array([ctx.reg(x)[1] for x in c.items])
+        idd = np.array([ctx.reg(x)[1] for x in d.items])
+
+        def read(w):
+            r = w.bank["b32"]
+            return r[ia], r[ib], r[ic].view(np.float32)
+
+        def write(w, m, out):
+            if m is FULL:
+                w.bank["b32"][idd] = out
+            else:
+                for j, i in enumerate(idd):
+                    np.copyto(w.bank["b32"][i], out[j], where=m)
+    else:
+        ga = [ctx.src(x, np.uint32) for x in a.items]
+        gb = [ctx.src(x, np.uint32) for x in b.items]
+        gc = [ctx.src(x, np.float32) for x in c.items]
+        sd = [ctx.dst(x, np.uint32) for x in d.items]
+
+        def read(w):
+            return (np.stack([g(w) for g in ga]), np.stack([g(w) for g in gb]), np.stack([g(w) for g in gc]))
+
+        def write(w, m, out):
+            for i in range(4):
+                sd[i](w, m, out[i])
 
     def ex(w, m):
         if m is not FULL and not m.all():
             raise EmulationError(f"mma.sync.aligned executed by a partial warp (lanes "
                                  f"{np.nonzero(~m)[0].tolist()} missing), {w.where(ins)}")
+        ar, br, cr = read(w)
         # registers [r, lane] -> 16-bit halves [element 2r + h, lane] (little endian: low half first)
-        ah = np.stack([g(w) for g in ga]).view(np.uint16).reshape(4, 32, 2).transpose(0, 2, 1).ravel()
-        bh = np.stack([g(w) for g in gb]).view(np.uint16).reshape(2, 32, 2).transpose(0, 2, 1).ravel()
+        ah = ar.view(np.uint16).reshape(4, 32, 2).transpose(0, 2, 1).ravel()
+        bh = br.view(np.uint16).reshape(2, 32, 2).transpose(0, 2, 1).ravel()
         A = from_bits(ah[A_GATHER], fmt).reshape(16, 16)
         B = from_bits(bh[B_GATHER], fmt).reshape(16, 8)
-        C = np.stack([g(w) for g in gc]).ravel()[C_GATHER].astype(np.float64).reshape(16, 8)
+        C = cr.ravel()[C_GATHER].astype(np.float64).reshape(16, 8)
         D = A @ B + C
-        out = to_bits(round_fmt(D.ravel()[C_FLAT], None, "f32", "rn"), "f32").reshape(4, 32)
-        for i in range(4):
-            sd[i](w, m, out[i])
+        write(w, m, to_bits(round_fmt(D.ravel()[C_FLAT], None, "f32", "rn"), "f32").reshape(4, 32))
 
     return ex

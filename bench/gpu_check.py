@@ -572,8 +572,9 @@ def main() -> int:
     # 4b. grouped MoE cases
     msuite = _load_moe_suite()
     mcases = [c for c in msuite.moe_cases() if args.only in c.name]
-    if args.cpu_selftest:
-        mcases = [c for c in mcases if not c.timed or c.m == 1][:3]
+    if args.cpu_selftest:  # the grouped kernels run on the PTX emulator: needs cutlass-dsl to build them
+        mcases = [c for c in mcases if not c.timed][:3] if importlib.util.find_spec("cutlass") else []
+        print(f"cpu selftest: {len(mcases)} grouped-MoE cases on the PTX emulator", flush=True)
     mrunner = MoeRunner(Path(args.artifacts), args.cpu_selftest)
     result["moe_numerics"], result["moe_timing"] = {}, {}
     for c in [c for c in mcases if not c.timed or c.m in (1, 16)]:

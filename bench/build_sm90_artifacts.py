@@ -9,7 +9,9 @@ would pick (``pick_config``) or the case's forced config, builds the compile spe
 empty codegen environment), and fills a :class:`nvgemm.runtime.cache.KernelCache` rooted at
 ``--out`` through the AOT path (``export_to_c`` -> object -> ``gcc -shared`` with the DSL's static
 runtime and libcudart). ``--out/manifest.json`` maps each case to its config and entry, so
-``bench/gpu_check.py`` loads the same ``kernel.so`` files on the H200 without cutlass-dsl.
+``bench/gpu_check.py`` loads the same ``kernel.so`` files on the H200 without cutlass-dsl. The grouped
+MoE kernels of ``bench/sm90_moe_suite.py`` (two per case) are built too and listed under
+``moe_entries`` (``--moe-only``: just those).
 
 Rebuild after any change under src/nvgemm/templates or src/nvgemm/epilogues (the cache's source
 fingerprint changes, and the device refuses entries built from other sources). The folder is
@@ -73,6 +75,7 @@ def case_spec(case, suite, config=None):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "build" / "sm90_gpu_check"))
+    ap.add_argument("--moe-only", action="store_true", help="build only the grouped MoE kernels")
     args = ap.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import torch  # noqa: F401
@@ -87,7 +90,7 @@ def main() -> int:
     t0 = time.time()
     failed = 0
     uses = []
-    for case in suite.all_cases():
+    for case in ([] if args.moe_only else suite.all_cases()):
         uses.append((case, case_config(case, suite)))
         if case.config is not None and not case.timed:  # the op path (tests/gpu) runs the policy pick
             policy = dataclasses.replace(case, name=case.name + ".policy", config=None)
@@ -111,6 +114,24 @@ def main() -> int:
             "entry": str(Path(r.path).relative_to(out)) if r.path else None,
             "status": r.status,
         })
+    moe_entries = []
+    spec_mod = importlib.util.spec_from_file_location("sm90_moe_suite", ROOT / "bench" / "sm90_moe_suite.py")
+    moe_suite = importlib.util.module_from_spec(spec_mod)
+    sys.modules["sm90_moe_suite"] = moe_suite
+    spec_mod.loader.exec_module(moe_suite)
+    for case in moe_suite.moe_cases():
+        names = []
+        for spec in moe_suite.case_specs(case, environ={}):
+            key = cache.key(spec)
+            if key not in built:
+                r = cache.ensure(spec)
+                built[key] = r
+                print(f"{r.status:9s} {r.seconds:6.1f}s  {spec.name()}", flush=True)
+                failed += r.status == "failed"
+            r = built[key]
+            names.append({"spec_name": spec.name(), "key": key, "status": r.status,
+                          "entry": str(Path(r.path).relative_to(out)) if r.path else None})
+        moe_entries.append({"case": case.to_json(), "kernels": names})
     import shutil
 
     for stale in out.iterdir():  # entries of other source/toolchain fingerprints: never used again
@@ -118,7 +139,8 @@ def main() -> int:
             shutil.rmtree(stale)
         elif stale.suffix == ".lock" or (stale.is_file() and stale.name not in ("manifest.json",)):
             stale.unlink()
-    (out / "manifest.json").write_text(json.dumps({"fingerprint": cache.fid, "entries": entries}, indent=1))
+    (out / "manifest.json").write_text(json.dumps({"fingerprint": cache.fid, "entries": entries,
+                                                          "moe_entries": moe_entries}, indent=1))
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(built)} kernels for {len(entries)} cases in {time.time() - t0:.0f}s; {size / 2**20:.1f} MiB in {out}")
     return 1 if failed else 0

@@ -16,6 +16,12 @@ MB per graph so L2 cannot serve them), median of many replays, for every family 
 tiles, warps, ring depth, split-K and PDL off at M <= 32; the register-A WGMMA kernel's tokens and
 rows per CTA, stage shapes, split-K and PDL off at M = 32..256) and for bf16 cuBLAS
 (``torch.matmul``) on the same shape;
+4b. the grouped MoE cases (``bench/sm90_moe_suite.py``; ``--only moe``): numerics of the whole layer
+(work list + both grouped GEMMs + finalize) against the emulated ``nvfp4_moe`` (relative L2 <= 2**-6,
+the MoE registry's self-check tolerance), bitwise determinism over two runs and batch invariance (token
+0 alone == its row in the batch, same configs); timing of the whole layer in one CUDA graph over 16
+different random routings (cold experts), against the weight-byte floor of the routed experts at the
+copy bandwidth and the model (``nvgemm.heuristics.moe_sm90.layer_model``);
 5. the performance model's prediction for every timed case (``nvgemm.perfmodel``, pure Python) next
 to the measurement; one table (us, modelled us, speed-up vs bf16, weight bandwidth as % of the copy
 bandwidth and of 4.3 TB/s) and JSON under ``--out``.
@@ -106,6 +112,22 @@ def error_bound(case, lay, prepared, ref):
 # ------------------------------------------------------------------------------- kernels
 
 
+def load_entry(artifacts: Path, e: dict, loaded: dict, what: str):
+    """The ``AotKernel`` of manifest entry ``e`` (memoized in ``loaded``), through the cache's own
+    verified read (checksums of meta.json and kernel.so)."""
+    if e["status"] == "failed" or not e["entry"]:
+        raise RuntimeError(f"{what}: its kernel failed to build ({e['spec_name']})")
+    d = artifacts / e["entry"]
+    if d not in loaded:
+        from nvgemm.runtime.aot import AotKernel
+        from nvgemm.runtime.cache import KernelCache
+        from nvgemm.templates.registry import abi_from_json
+
+        meta = KernelCache(artifacts).read_entry(d, e["key"], Path(e["entry"]).parts[0])
+        loaded[d] = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=e["spec_name"])
+    return loaded[d]
+
+
 class Runner:
     """Loads kernels from the manifest's cache entries (``AotKernel``; never imports cutlass)."""
 
@@ -132,19 +154,7 @@ class Runner:
     def kernel(self, case):
         if self.cpu:
             return None
-        e = self.manifest[case.name]
-        if e["status"] == "failed" or not e["entry"]:
-            raise RuntimeError(f"{case.name}: its kernel failed to build ({e['spec_name']})")
-        d = self.artifacts / e["entry"]
-        if d not in self.kernels:
-            from nvgemm.runtime.aot import AotKernel
-            from nvgemm.runtime.cache import KernelCache
-            from nvgemm.templates.registry import abi_from_json
-
-            # the cache's own verified read (checksums of meta.json and kernel.so)
-            meta = KernelCache(self.artifacts).read_entry(d, e["key"], Path(e["entry"]).parts[0])
-            self.kernels[d] = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=e["spec_name"])
-        return self.kernels[d]
+        return load_entry(self.artifacts, self.manifest[case.name], self.kernels, case.name)
 
     def launch(self, case, args, kernel, stream=None):
         if self.cpu:
@@ -319,6 +329,149 @@ def time_case(case, runner, dev, gen, copy_bw):
     )
 
 
+# ------------------------------------------------------------------------------- grouped MoE
+
+
+def _load_moe_suite():
+    spec = importlib.util.spec_from_file_location("sm90_moe_suite", ROOT / "bench" / "sm90_moe_suite.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sm90_moe_suite"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class MoeRunner:
+    """Grouped-MoE kernels by compile-spec name: the manifest's AOT entries on the GPU, the PTX
+    emulator (real AOT artifacts, needs cutlass-dsl) in the CPU self-test."""
+
+    def __init__(self, artifacts: Path, cpu_selftest: bool):
+        self.cpu = cpu_selftest
+        self.artifacts = artifacts
+        self.by_name = {}
+        self.kernels = {}
+        if not cpu_selftest:
+            man = json.loads((artifacts / "manifest.json").read_text())
+            for e in man.get("moe_entries", []):
+                for k in e["kernels"]:
+                    self.by_name[k["spec_name"]] = k
+
+    def launcher(self, stream=None):
+        from nvgemm.runtime.compile_spec import make_spec
+        from nvgemm.templates.registry import HardwareSpec
+        from nvgemm.templates.sm90.operand import kind_of
+
+        def launch(args):
+            spec = make_spec("sm90_moe_mma", args.config, "sm_90a", epilogue=args.spec, hw=HardwareSpec(sm_count=132),
+                             a_format=kind_of(args.x.dtype), b_format="nvfp4", environ={})
+            if self.cpu:
+                from nvgemm.emulator.runner import prepare
+
+                prepare(spec).launch(*args.abi_values(), 0)
+                return
+            e = self.by_name.get(spec.name())
+            if e is None:
+                raise RuntimeError(f"no built kernel for {spec.name()} (rebuild the artifacts)")
+            load_entry(self.artifacts, e, self.kernels, spec.name()).launch(*args.abi_values(),
+                                                                             stream or torch.cuda.current_stream())
+
+        return launch
+
+
+def moe_layer(case, dev, gen, cpu_selftest):
+    """Random W4A16 expert stacks of the case's preset (tiny stand-ins in the CPU self-test)."""
+    from nvgemm.formats import blocked_numel
+    from nvgemm.heuristics.moe_sm90 import get_moe_layer
+
+    if cpu_selftest:
+        e, k, h, i = 4, 2, 64, 32
+    else:
+        s = get_moe_layer(case.preset)
+        e, k, h, i = s.num_experts, s.top_k, s.hidden, s.inter
+    xdt = torch.float16 if case.x_dtype == "fp16" else torch.bfloat16
+
+    def stack(rows, kk):
+        w = torch.randint(0, 256, (e, rows, kk // 2), device=dev, generator=gen, dtype=torch.uint8)
+        sc = torch.pow(2.0, torch.randint(-3, 2, (e, blocked_numel(rows, kk // 16)), device=dev, generator=gen).float())
+        return w, sc.to(torch.float8_e4m3fn)
+
+    w13, s13 = stack(2 * i, h)
+    w2, s2 = stack(h, i)
+    g13 = torch.rand(e, device=dev, generator=gen) * 0.01 + 0.005
+    if case.alpha13 == "row":
+        g13 = g13[:, None] * torch.linspace(0.5, 2.0, 2 * i, device=dev)
+    g2 = torch.rand(e, device=dev, generator=gen) * 0.01 + 0.005
+    m = min(case.m, 8) if cpu_selftest else case.m
+    x = torch.randn(m, h, device=dev, generator=gen).to(xdt)
+    ids = torch.stack([torch.randperm(e, device=dev, generator=gen)[:k] for _ in range(m)]).to(torch.int32)
+    if m * k > 2:
+        ids.view(-1)[1] = -1
+    wts = torch.rand(m, k, device=dev, generator=gen)
+    sh = torch.randn(m, h, device=dev, generator=gen).to(xdt) if case.extras else None
+    res = torch.randn(m, h, device=dev, generator=gen).to(xdt) if case.extras else None
+    return [x, ids, wts, w13, s13, g13, None, w2, s2, g2, None, "silu_mul", False, None, sh, res, None]
+
+
+def _moe_run(ops, configs, launch):
+    from nvgemm.templates.sm90_moe.launch import moe_forward
+
+    x, ids, wts, w13, s13, g13, _, w2, s2, g2, _, act, rwi, emap, sh, res, odt = ops
+    return moe_forward(x, ids, emap, wts, w13, s13, g13, w2, s2, g2, act, rwi, sh, res, odt, configs[0],
+                       configs[1], launch)
+
+
+def check_moe_numerics(case, msuite, runner, dev, gen, cpu_selftest):
+    from nvgemm.moe.ops import nvfp4_moe_emulated
+
+    ops = moe_layer(case, dev, gen, cpu_selftest)
+    configs = msuite.case_configs(case)
+    if cpu_selftest:  # the tiny stand-in has fewer K stages than a real layer: no deeper split than it has
+        from nvgemm.templates.sm90_moe.config import moe_shape_problem
+
+        h, i = ops[0].shape[1], ops[7].shape[2] * 2
+        configs = tuple(dataclasses.replace(c, split_k=1) if moe_shape_problem(c, r, kk, g) else c
+                        for c, r, kk, g in ((configs[0], 2 * i, h, True), (configs[1], h, i, False)))
+    launch = runner.launcher()
+    a = _moe_run(ops, configs, launch)
+    b = _moe_run(ops, configs, launch)
+    ref = nvfp4_moe_emulated(*ops)
+    if not torch.isfinite(a).all():
+        return dict(ok=False, why="non-finite outputs")
+    if not torch.equal(a, b):
+        return dict(ok=False, why="two runs differ (not deterministic)")
+    rel = ((a.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+    one = list(ops)
+    one[0], one[1], one[2] = ops[0][:1], ops[1][:1], ops[2][:1]
+    for j in (14, 15):
+        one[j] = None if ops[j] is None else ops[j][:1]
+    inv = torch.equal(_moe_run(one, configs, launch)[0], a[0])
+    ok = rel <= 2.0**-6 and inv
+    return dict(ok=ok, rel_l2=rel, batch_invariant=inv, configs=[c.name() for c in configs],
+                **({} if ok else {"why": f"rel_l2 {rel:.3g} > 2**-6" if rel > 2.0**-6 else "batch variance"}))
+
+
+def time_moe_case(case, msuite, runner, dev, gen, copy_bw):
+    from nvgemm.heuristics.moe_sm90 import get_moe_layer, layer_model
+
+    ops = moe_layer(case, dev, gen, False)
+    configs = msuite.case_configs(case)
+    launch = runner.launcher()
+    s = get_moe_layer(case.preset)
+    routings = []
+    for _ in range(16):  # different experts per call: the weights come from DRAM, not L2
+        o = list(ops)
+        o[1] = torch.stack([torch.randperm(s.num_experts, device=dev, generator=gen)[:s.top_k]
+                            for _ in range(case.m)]).to(torch.int32)
+        routings.append(o)
+    active = sum(len(torch.unique(o[1])) for o in routings) / len(routings)
+    t, graph, spread = time_graph([lambda o=o: _moe_run(o, configs, launch) for o in routings])
+    per_expert = 3 * s.hidden * s.inter * 0.5625
+    floor_us = active * per_expert / copy_bw * 1e6  # the routed experts' weight bytes at the copy bandwidth
+    mod = layer_model(s, case.m, "H200")
+    return dict(us=t * 1e6, active_experts=active, floor_us=floor_us, pct_floor=100 * floor_us / (t * 1e6),
+                model_total_us=list(mod.get("total_us", ())), model_gemm_us=list(mod.get("gemm_us", ())),
+                configs=[c.name() for c in configs], graph=graph, spread=spread)
+
+
 # ------------------------------------------------------------------------------- main
 
 
@@ -416,6 +569,31 @@ def main() -> int:
             print(f"time {c.name:32s} {json.dumps(r)}", flush=True)
             # partial results survive a device-time limit that ends the run early
             (out_dir / "gpu_check_sm90.json").write_text(json.dumps(result, indent=1))
+    # 4b. grouped MoE cases
+    msuite = _load_moe_suite()
+    mcases = [c for c in msuite.moe_cases() if args.only in c.name]
+    if args.cpu_selftest:  # the grouped kernels run on the PTX emulator: needs cutlass-dsl to build them
+        mcases = [c for c in mcases if not c.timed][:3] if importlib.util.find_spec("cutlass") else []
+        print(f"cpu selftest: {len(mcases)} grouped-MoE cases on the PTX emulator", flush=True)
+    mrunner = MoeRunner(Path(args.artifacts), args.cpu_selftest)
+    result["moe_numerics"], result["moe_timing"] = {}, {}
+    for c in [c for c in mcases if not c.timed or c.m in (1, 16)]:
+        try:
+            r = check_moe_numerics(c, msuite, mrunner, dev, gen, args.cpu_selftest)
+        except Exception as e:  # noqa: BLE001
+            r = dict(ok=False, why=f"{type(e).__name__}: {e}")
+        result["moe_numerics"][c.name] = r
+        n_fail += not r["ok"]
+        print(f"numerics {c.name:32s} {'ok ' if r['ok'] else 'FAIL'} {r.get('rel_l2', r.get('why', ''))}", flush=True)
+    if not args.cpu_selftest and not args.no_timing:
+        for c in [c for c in mcases if c.timed]:
+            try:
+                r = time_moe_case(c, msuite, mrunner, dev, gen, result["copy_bw_tbps"] * 1e12)
+            except Exception as e:  # noqa: BLE001
+                r = dict(error=f"{type(e).__name__}: {e}")
+            result["moe_timing"][c.name] = r
+            print(f"time {c.name:32s} {json.dumps(r)}", flush=True)
+            (out_dir / "gpu_check_sm90.json").write_text(json.dumps(result, indent=1))
     result["wall_s"] = round(time.time() - t_start, 1)
     (out_dir / "gpu_check_sm90.json").write_text(json.dumps(result, indent=1))
 
@@ -432,6 +610,15 @@ def main() -> int:
         mtxt = f"{mod[0]:5.1f}-{mod[1]:5.1f}" if isinstance(mod, list) else "-"
         print(f"{name:34s} {r['us']:8.2f} {mtxt:>13s} {r['bf16_us']:8.2f} {r['speedup']:7.2f} {r['pct_4_3']:8.1f} "
               f"{r['pct_copy_bw']:8.1f}  {r['config'].replace('nvgemm_cutedsl_sm90_w4a16_', '')}")
+    if result.get("moe_timing"):
+        print(f"\n{'grouped MoE layer':34s} {'us':>8s} {'floor us':>9s} {'%floor':>7s} {'model us':>13s}  configs")
+        for name, r in result["moe_timing"].items():
+            if "error" in r:
+                print(f"{name:34s} ERROR {r['error'][:80]}")
+                continue
+            mod = r.get("model_total_us") or [float("nan")] * 2
+            print(f"{name:34s} {r['us']:8.2f} {r['floor_us']:9.2f} {r['pct_floor']:7.1f} {mod[0]:5.1f}-{mod[1]:5.1f}  "
+                  f"{' + '.join(c.replace('nvgemm_cutedsl_sm90_moe_mma_', '') for c in r['configs'])}")
     print(f"wall {result['wall_s']} s; JSON: {out_dir / 'gpu_check_sm90.json'}")
     return 1 if n_fail else 0
 

@@ -46,6 +46,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="run the decode step under torch.compile(mode='max-autotune') with nvgemm enabled")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--emulate-kernels", choices=["sm90", "sm100"], default=None,
+                   help="run every linear on the real sm_90a / sm_100a kernel executed by the CPU PTX emulator "
+                        "(NVGEMM_BACKEND=emu_sm90 / emu_sm100; slow: use few --tokens) and print each linear's "
+                        "agreement (sm100 runs the W4A4 kernel: the default --algo NVFP4)")
     p.set_defaults(func=run)
     return p
 
@@ -145,8 +149,28 @@ def _sync(t):
 
 
 def run(args) -> int:
-    with quiet_third_party():
+    with quiet_third_party(), _emulated_kernels(getattr(args, "emulate_kernels", None)):
         return _run(args)
+
+
+@contextlib.contextmanager
+def _emulated_kernels(arch):
+    """``--emulate-kernels sm90``: force the emulator backend (CPU) for the run."""
+    import os
+
+    if arch is None:
+        yield
+        return
+    prev = os.environ.get("NVGEMM_BACKEND")
+    os.environ["NVGEMM_BACKEND"] = f"emu_{arch}"
+    print(f"nvgemm demo: every linear runs the real {arch} kernel on the CPU PTX emulator (NVGEMM_BACKEND=emu_{arch})")
+    try:
+        yield
+    finally:
+        if prev is None:
+            os.environ.pop("NVGEMM_BACKEND", None)
+        else:
+            os.environ["NVGEMM_BACKEND"] = prev
 
 
 def _run(args) -> int:
@@ -157,7 +181,8 @@ def _run(args) -> int:
     from .modelopt.reference import DequantExperts, build_reference_model, dequant_linear_of
     from .moe import NVFP4Experts
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    emulate = getattr(args, "emulate_kernels", None)
+    device = "cpu" if emulate else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tmp = None
     if args.checkpoint is None:
         from .testing import build_tiny_model, quantize_and_export
@@ -209,6 +234,7 @@ def _run(args) -> int:
 
     kinds: dict[str, Counter] = {}
     worst, worst_name = 0.0, ""
+    per_linear: list[tuple[str, float]] = []
     for name, mod in model.named_modules():
         if isinstance(mod, (NVFP4Linear, NVFP4Experts)):
             kinds.setdefault(name.rsplit(".", 1)[-1], Counter())[mod.last_path or "torch.compile (nvgemm)"] += 1
@@ -216,6 +242,7 @@ def _run(args) -> int:
                 inp, kw, y = captured[name]
                 want = (dequant_linear_of(mod) if isinstance(mod, NVFP4Linear) else DequantExperts(mod))(*inp, **kw).float()
                 err = float((y.float() - want).abs().max() / want.abs().max().clamp_min(1e-12))
+                per_linear.append((name, err))
                 if err >= worst:
                     worst, worst_name = err, name
 
@@ -228,6 +255,10 @@ def _run(args) -> int:
         print(f"  {layer:<12} " + ", ".join(f"{p} x{n}" for p, n in sorted(c.items())))
     same = bool((toks == ref_toks).all())
     rel = float((logits[0] - ref_logits[0]).abs().max() / ref_logits[0].abs().max().clamp_min(1e-12))
+    if emulate:
+        print(f"\nper linear, last decode step ({emulate} kernel on the emulator vs the dequantize-and-matmul reference):")
+        for name, err in per_linear:
+            print(f"  {name:<40} max|diff|/max|ref| = {err:.2e}")
     print("\nagreement with the checkpoint's dequantize-and-matmul reference:")
     print(f"  every linear{' and MoE layer' if n_moe else ''}, last decode step: worst max|diff|/max|ref| = "
           f"{worst:.2e} ({worst_name})")

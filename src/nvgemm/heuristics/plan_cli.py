@@ -13,6 +13,10 @@ MoE presets (DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, Llama-4-Scout, Mixtral
 table: expected active experts A(M) and tokens per active expert M*k/A(M) under uniform routing, the
 NVFP4 bytes of the active (and shared) experts and their time at the GPU's achievable bandwidth (a
 labelled model, not a measurement). The expert GEMM rows are planned at M = ceil(tokens per active expert).
+On an sm90 target (``--gpu H200|H100``) the grouped W4A16 MoE kernels' ranked (GEMM1, GEMM2) candidates per
+M follow (``nvgemm.heuristics.moe_sm90``; ``--tp N`` divides the expert and shared intermediate sizes):
+
+    nvgemm plan --model DeepSeek-V3 --tp 8 --gpu H200 --m 1,8,32
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="w4a4 = nvfp4 x nvfp4, w4a16 = bf16 x nvfp4 (auto: w4a4 on Blackwell, w4a16 on Hopper)")
     p.add_argument("--out-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--max-candidates", type=int, default=8)
+    p.add_argument("--tp", type=int, default=1, help="MoE presets: tensor-parallel ranks (divides the expert and "
+                   "shared intermediate sizes; sm90 grouped candidates)")
     p.add_argument("--no-nvmmh", action="store_true", help="decode rules only (skip nvMatmulHeuristics)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -205,4 +211,10 @@ def run(args) -> int:
             continue
         for c in r["candidates"]:
             print(f"  {c['rank']:2d}. {c['config']:<62s} {_time_column(c)}  {c['reason']}")
+    if moe is not None and target.family == "sm90":
+        from .moe_sm90 import format_plan, shape_from_preset
+
+        print()
+        print(format_plan(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
+                          model_gpu or "H200", args.max_candidates))
     return 0

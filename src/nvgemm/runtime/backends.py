@@ -59,6 +59,8 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "nvgemm.runtime.sm100_backend",
     "nvgemm.runtime.sm90_backend",
     "nvgemm.triton_kernels.registry",
+    "nvgemm.emulator.backend",  # emu_sm90 / emu_sm100: only when forced (NVGEMM_BACKEND=...)
+    "nvgemm.moe.sm90_backend",  # nvfp4_moe: cutedsl_sm90_moe (grouped W4A16 kernels)
 )
 
 

@@ -466,13 +466,17 @@ class Sm90KernelBase:
         return st_lo, cutlass.max(cutlass.min(n_stage, st_lo + per) - st_lo, 0)
 
     @cute.jit
-    def weight_lanes(self, mW: cute.Tensor, mS: cute.Tensor, bx: Int32, warp: Int32, lane: Int32, n_tiles: Int32):
+    def weight_lanes(self, mW: cute.Tensor, mS: cute.Tensor, bx: Int32, warp: Int32, lane: Int32, n_tiles: Int32,
+                     tile_offset=None):
         """Loop invariants of this lane's weight stream: its weight / scale row pointers per row tile
-        (clamped to the last tile: loads stay in bounds) and its shared-memory offsets in a stage."""
+        (clamped to the last tile: loads stay in bounds; ``tile_offset``: the first row tile of the
+        operand's block, e.g. an expert's in a stacked weight) and its shared-memory offsets in a stage."""
         gw = []
         gs = []
         for rt in cutlass.range_constexpr(self.RT):
             t = cutlass.min(self.tile_of(bx, warp, rt, n_tiles), n_tiles - 1)
+            if cutlass.const_expr(tile_offset is not None):
+                t = t + tile_offset
             gw.append(pinned_i64(mW.iterator.toint() + Int64(t) * Int64(mW.stride[0]) + Int64(lane * 16)))
             gs.append(pinned_i64(mS.iterator.toint() + Int64(t) * Int64(mS.stride[0]) + Int64(lane * 8)))
         sw_off = pinned_i32((warp * self.RT * self.U) * 512 + lane * 16)

@@ -155,6 +155,82 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
             ok = rem >= 8 + i * self.x_tpr * 8
             cp_async_zfill(sbase + xd + i * step, src + i * step, cutlass.select_(ok, Int32(16), Int32(0)))
 
+    @cute.jit
+    def x_lanes(self, mX: cute.Tensor, tidx: Int32, g: Int32, q: Int32, row_of):
+        """Loop invariants of this thread's activation copies and fragment loads: the address of its
+        token row ``row_of(tr)`` (``tr``: its row of the stage's tile), its first piece's K offset and
+        shared-memory offset, and the lane's B-fragment offset in a stage."""
+        xt = tidx % self.x_pieces if cutlass.const_expr(self.x_pieces < self.threads) else tidx
+        tr = xt // self.x_tpr
+        xp = pinned_i64(mX.iterator.toint() + Int64(row_of(tr)) * (Int64(mX.stride[0]) * 2))
+        pk = pinned_i32((xt % self.x_tpr) * 8)
+        xd = pinned_i32(self.off_x + tr * self.x_row + (xt % self.x_tpr) * 16)
+        return xp, pk, xd, self.off_x + g * self.x_row + q * 32
+
+    @cute.jit
+    def cta_state(self):
+        """The CTA's shared-memory ring and split-K flag word, the evict-first policy and the zeroed
+        fp32 accumulators: ``(ring address, flag address, policy, acc)``."""
+        smem = cutlass.memory.SmemAllocator()
+        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
+        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        acc = cute.make_rmem_tensor((self.RT * self.MG * 4,), Float32)
+        acc.fill(0.0)
+        return ring_t.iterator.toint(), flag_t.iterator.toint(), evict_first_policy(), acc
+
+    @cute.jit
+    def compute_stage(self, base: Int32, sw_off: Int32, ss_off: Int32, x_lds: Int32, acc: cute.Tensor):
+        """The MMAs of the ring stage at ``base``: per chunk, the B fragments (token 8 mg + g, the 16
+        activations of block q: 32 bytes), then per row tile the lane's weight vector decoded into
+        the four A registers of each k-step and one ``mma.sync`` per group of 8 tokens into ``acc``."""
+        RT, U, MG = self.RT, self.U, self.MG
+        sw = self.scale_words(base, ss_off)
+        for u in cutlass.range_constexpr(U):
+            xb = []
+            for mg in cutlass.range_constexpr(MG):
+                xa = base + x_lds + mg * 8 * self.x_row + u * 128
+                xb.append(lds_v4(xa) + lds_v4(xa + 16))
+            for rt in cutlass.range_constexpr(RT):
+                wv = lds_v4(base + sw_off + (rt * U + u) * 512)
+                sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
+                for s in cutlass.range_constexpr(4):
+                    a = self.a_fragment(wv[s], sp)
+                    for mg in cutlass.range_constexpr(MG):
+                        i0 = (rt * MG + mg) * 4
+                        d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
+                                      [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
+                        for i in cutlass.range_constexpr(4):
+                            acc[i0 + i] = d[i]
+
+    @cute.jit
+    def pipeline(self, ring: Int32, n_it: Int32, st_lo: Int32, gw: list, gs: list, sw_off: Int32, ss_off: Int32,
+                 k: Int32, xp: Int64, xd: Int32, pk: Int32, x_lds: Int32, acc: cute.Tensor, policy: Int64,
+                 pdl_wait: bool):
+        """The ring over this CTA's ``n_it`` stages from ``st_lo``: the prologue issues the weights of
+        stages 0..D-2 first (they do not depend on the previous kernel; with ``pdl_wait`` the
+        ``griddepcontrol.wait`` comes next), then their activations; each iteration waits for the
+        oldest stage, refills the slot just freed and computes (:meth:`compute_stage`)."""
+        D = self.D
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, gw, gs, sw_off, ss_off, policy)
+        if cutlass.const_expr(pdl_wait):
+            cute.arch.griddepcontrol_wait()
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)
+            cp_async_commit()
+        for it in cutlass.range(n_it, unroll=1):
+            cp_async_wait(D - 2)
+            cta_barrier()
+            nxt = it + (D - 1)
+            if nxt < n_it:
+                sbase_n = ring + (nxt % D) * self.stage_bytes
+                self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
+                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
+            cp_async_commit()
+            self.compute_stage(ring + (it % D) * self.stage_bytes, sw_off, ss_off, x_lds, acc)
+
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
     def kernel(
@@ -169,7 +245,6 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         mWork: cute.Tensor,
         mCount: cute.Tensor,
     ):
-        RT, U, MG, D = self.RT, self.U, self.MG, self.D
         tidx, _, _ = cute.arch.thread_idx()
         bx, bs, bm = cute.arch.block_idx()
         warp = tidx // 32
@@ -188,67 +263,13 @@ class Sm90W4A16MmaKernel(Sm90KernelBase):
         st_lo, n_it = self.split_range(n_chunks, bs)  # this split's K range, in whole stages
         gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles)
         # this thread's activation pieces: token row m0 + tr (clamped to M - 1), K offsets pk + i 8 tpr
-        xt = tidx % self.x_pieces if cutlass.const_expr(self.x_pieces < self.threads) else tidx
-        tr = xt // self.x_tpr
-        tok = cutlass.min(m0 + tr, m - 1)
-        xp = pinned_i64(mX.iterator.toint() + Int64(tok) * (Int64(mX.stride[0]) * 2))
-        pk = pinned_i32((xt % self.x_tpr) * 8)
-        xd = pinned_i32(self.off_x + tr * self.x_row + (xt % self.x_tpr) * 16)
-        x_lds = self.off_x + g * self.x_row + q * 32
+        xp, pk, xd, x_lds = self.x_lanes(mX, tidx, g, q, lambda tr: cutlass.min(m0 + tr, m - 1))
+        ring, flag, policy, acc = self.cta_state()
 
-        smem = cutlass.memory.SmemAllocator()
-        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
-        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
-        ring = ring_t.iterator.toint()
-        policy = evict_first_policy()
-
-        acc = cute.make_rmem_tensor((RT * MG * 4,), Float32)
-        acc.fill(0.0)
-
-        # ---- prologue: weights of stages 0..D-2 first (they do not depend on the previous kernel)
-        for j in cutlass.range_constexpr(D - 1):
-            if j < n_it:
-                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, gw, gs, sw_off, ss_off, policy)
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-        for j in cutlass.range_constexpr(D - 1):
-            if j < n_it:
-                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)
-            cp_async_commit()
-
-        # ---- main loop
-        for it in cutlass.range(n_it, unroll=1):
-            cp_async_wait(D - 2)
-            cta_barrier()
-            nxt = it + (D - 1)
-            if nxt < n_it:
-                sbase_n = ring + (nxt % D) * self.stage_bytes
-                self.produce_weights(sbase_n, st_lo + nxt, gw, gs, sw_off, ss_off, policy)
-                self.produce_x(sbase_n, st_lo + nxt, k, xp, xd, pk)
-            cp_async_commit()
-
-            base = ring + (it % D) * self.stage_bytes
-            sw = self.scale_words(base, ss_off)
-            for u in cutlass.range_constexpr(U):
-                # B fragments: token 8mg + g, 16 activations of block q of chunk u (32 bytes)
-                xb = []
-                for mg in cutlass.range_constexpr(MG):
-                    xa = base + x_lds + mg * 8 * self.x_row + u * 128
-                    xb.append(lds_v4(xa) + lds_v4(xa + 16))
-                for rt in cutlass.range_constexpr(RT):
-                    wv = lds_v4(base + sw_off + (rt * U + u) * 512)
-                    sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)
-                    for s in cutlass.range_constexpr(4):
-                        a = self.a_fragment(wv[s], sp)
-                        for mg in cutlass.range_constexpr(MG):
-                            i0 = (rt * MG + mg) * 4
-                            d = mma_16816(a, (xb[mg][2 * s], xb[mg][2 * s + 1]),
-                                          [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], self.x_is_bf16)
-                            for i in cutlass.range_constexpr(4):
-                                acc[i0 + i] = d[i]
+        self.pipeline(ring, n_it, st_lo, gw, gs, sw_off, ss_off, k, xp, xd, pk, x_lds, acc, policy, self.pdl)
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, flag_t.iterator.toint(), tidx, bm * cute.arch.grid_dim()[0] + bx)
+                    n_pad, flag, tidx, bm * cute.arch.grid_dim()[0] + bx)
 
 
 class Sm90W4A16MmaTemplate(Sm90TemplateBase):

@@ -1,0 +1,119 @@
+"""Backends ``emu_sm90`` and ``emu_sm100`` of ``nvgemm::nvfp4_linear``: the real sm_90a / sm_100a
+kernels, executed on the CPU by the PTX emulator (``NVGEMM_BACKEND=emu_sm90`` / ``emu_sm100``; never
+chosen automatically: their priority is below the emulated reference, which supports everything).
+
+Each call runs the production host path of the family (``prepare_sm90_args`` / ``prepare_sm100_args``,
+the kernel cache's AOT artifact, ``AotKernel`` argument packing) on CPU tensors, with the artifact
+relinked against the fake CUDA runtime and its PTX interpreted (:mod:`nvgemm.emulator.runner`; the
+wgmma, TMA, mbarrier and tcgen05 opcodes come from :mod:`nvgemm.emulator.isa`). The config is the
+runtime's own pick (``pick_config`` of the sm90 backend, the sm100 policy's first candidate) for the
+device profile (H200: 132 SMs, B200: 148). Slow (about 0.5-30 s per call on one core): a
+correctness tool, not a compute path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+from typing import Optional
+
+import torch
+
+from ..runtime.backends import Backend, LinearProblem, register_backend, warn_once
+
+BACKEND_NAME = "emu_sm90"
+SM100_BACKEND_NAME = "emu_sm100"
+PRIORITY = -2000  # below the emulated reference (which supports everything): only ever forced
+
+_SM_COUNT = 132  # the H100 / H200 device profile
+
+
+def _tooling() -> Optional[str]:
+    if importlib.util.find_spec("cutlass") is None:
+        return "needs nvidia-cutlass-dsl (the PTX comes from compiling the kernel with keep_ptx)"
+    if shutil.which("gcc") is None:
+        return "needs gcc (builds the fake CUDA runtime and relinks the kernel)"
+    return None
+
+
+def supports(p: LinearProblem) -> Optional[str]:
+    """The sm90 backend's own rules, for CPU tensors on the H200 profile."""
+    from ..runtime import sm90_backend
+
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return sm90_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(9, 0))) or _tooling()
+
+
+def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
+    """The sm90 runtime's pick for the H200 profile (mma or wgmma family)."""
+    from ..runtime.sm90_backend import pick_config
+
+    return pick_config(m, n, k, x_dtype, activation, _SM_COUNT)
+
+
+def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
+    from ..ops import check_linear_args, nvfp4_linear_emulated
+    from ..runtime.sm90_backend import compile_spec_for
+    from ..templates.sm90.launch import cached_sm90_weight, prepare_sm90_args, workspace_for
+    from ..templates.sm90.operand import kind_of
+    from .runner import prepare
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    if residual is not None and residual.dtype != spec.out_dtype:
+        warn_once("emu-residual-dtype", f"nvgemm emulator: residual dtype {residual.dtype} != output dtype "
+                  f"{spec.out_dtype}; this call uses the emulated op")
+        return nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                                     activation, out_dtype)
+    n, k = weight.shape[0], weight.shape[1] * 2
+    m = x.numel() // k
+    cfg = config_for(m, n, k, x.dtype, activation)
+    prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
+    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, cfg,
+                             workspace=workspace_for(x.device) if cfg.split_k > 1 else None)
+    kernel = prepare(compile_spec_for(cfg, args.spec, x.dtype, _SM_COUNT))
+    kernel.launch(*args.abi_values(), 0)
+    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+
+
+_SM100_SM_COUNT = 148  # the B200 profile
+
+
+def supports_sm100(p: LinearProblem) -> Optional[str]:
+    """The sm100 backend's own rules, for CPU tensors on the B200 profile."""
+    from ..runtime import sm100_backend
+
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return sm100_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
+
+
+def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
+    from ..ops import check_linear_args
+    from ..runtime.sm100_backend import _policy_config, compile_spec_for
+    from ..templates.sm100.launch import prepare_sm100_args
+    from .runner import prepare
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
+    cfg = _policy_config(m, n, k, spec.out_dtype, spec.activation, "sm_100a", _SM100_SM_COUNT)
+    if cfg is None:
+        raise RuntimeError(f"nvgemm emulator sm100: no implementable config for M={m} N={n} K={k}")
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, cfg)
+    kernel = prepare(compile_spec_for(cfg, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
+    z = 0
+    kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha if args.alpha is not None else z,
+                  args.bias if args.bias is not None else z, args.residual if args.residual is not None else z,
+                  args.workspace if args.workspace is not None else z, args.counters if args.counters is not None else z,
+                  args.m, args.n, args.k, 0)
+    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+
+
+BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90)
+SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100)
+register_backend(BACKEND)
+register_backend(SM100_BACKEND)
+
+__all__ = ["BACKEND", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "config_for", "run_emu_sm100",
+           "run_emu_sm90", "supports", "supports_sm100"]

@@ -1,0 +1,1 @@
+"""Pure PTX ISA semantics as numpy functions: smem descriptors and swizzles, wgmma, mbarrier, tcgen05."""

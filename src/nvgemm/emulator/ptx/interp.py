@@ -1,0 +1,217 @@
+"""The interpreter loop: warps as generators (min-PC divergence), the CTA / cluster scheduler, launches.
+
+``run_launch(launch, order)`` executes every cluster of CTAs serially in ``order`` ("forward",
+"reverse", or an int seed for a shuffled order); within a cluster the warps of all its CTAs are
+interleaved at their blocking points. An instruction budget (``max_instructions``) turns an endless
+loop into an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+
+from .errors import DeadlockError, EmulationError
+from .machine import FULL, JUMPED, LANES, Cluster, Cta, Launch, Wait, Warp
+
+DEFAULT_MAX_INSTRUCTIONS = 50_000_000
+
+
+def branch(w: Warp, m: np.ndarray, taken: np.ndarray, target: int, pc: int) -> None:
+    """Lanes ``m & taken`` continue at ``target``, the rest of ``m`` at ``pc + 1``."""
+    if w.conv:
+        if taken.all() or (taken | ~m).all():
+            w.upc = target
+            return
+        if not (taken & m).any():
+            w.upc = pc + 1
+            return
+        w.pc[:] = w.upc
+        w.conv = False
+    w.pc[m & taken] = target
+    w.pc[m & ~taken] = pc + 1
+
+
+def exit_lanes(w: Warp, m: np.ndarray) -> None:
+    if w.conv and not w.live[~m].any():
+        w.live = np.zeros(LANES, bool)
+        w.alive = False
+        return
+    if w.conv:
+        w.pc[:] = w.upc
+        w.conv = False
+    w.live = w.live & ~m
+    w.alive = bool(w.live.any())
+
+
+def run_warp(w: Warp, prog, budget: list[int]):
+    """Generator: execute ``w`` until it exits; yields a :class:`Wait` at each blocking point.
+
+    Converged fast path: while every live lane stands at one PC (``w.conv``) the warp keeps a scalar
+    PC and executes with the mask :data:`FULL` itself when all 32 lanes live (executors may test
+    ``mask is FULL`` to skip masking)."""
+    ex, guards, is_branch, instrs = prog.executors, prog.guards, prog.is_branch, prog.instructions
+    n = len(ex)
+    w.conv, w.upc = True, 0
+    executed = 0
+    full = bool(w.live.all())
+    while True:
+        if w.conv:
+            if not w.alive:
+                break
+            p = w.upc
+            m = FULL if full else w.live
+        else:
+            live = w.live
+            if not w.alive:
+                break
+            lp = w.pc[live]
+            p = int(lp.min())
+            if (lp == p).all():
+                w.conv, w.upc = True, p
+                full = bool(live.all())
+                m = FULL if full else live
+            else:
+                m = live & (w.pc == p)
+        if p >= n:
+            raise EmulationError(f"{w.name}: fell off the end of the kernel (pc {p}) without ret/exit")
+        executed += 1
+        g = guards[p]
+        if g is not None and not is_branch[p]:
+            row = w.bank[g[0]][g[1]]
+            mm = m & (~row if g[2] else row)
+            if not mm.any():
+                if w.conv:
+                    w.upc = p + 1
+                else:
+                    w.pc[m] = p + 1
+                continue
+            if mm.all():
+                mm = FULL
+        else:
+            mm = m
+        try:
+            r = ex[p](w, mm)
+        except EmulationError:
+            raise
+        except Exception as e:  # a bug in an opcode module: say where
+            raise EmulationError(f"{w.name}: {type(e).__name__} in {instrs[p].opcode} at {instrs[p].where()}: {e}") \
+                from e
+        if r is None:
+            if w.conv:
+                w.upc = p + 1
+            else:
+                w.pc[m] = p + 1
+        elif r is JUMPED:
+            if not w.conv:
+                full = False
+        elif isinstance(r, Wait):
+            if w.conv:
+                w.upc = p + 1
+            else:
+                w.pc[m] = p + 1
+            w.wait_pc = p
+            w.executed += executed
+            budget[0] -= executed
+            executed = 0
+            if budget[0] < 0:
+                raise EmulationError(f"{w.name}: instruction budget exhausted (endless loop?) at {instrs[p].where()}")
+            yield r
+        else:
+            raise EmulationError(f"executor of {instrs[p].opcode} returned {r!r}")
+    w.executed += executed
+    budget[0] -= executed
+    w.done = True
+
+
+def _describe(w: Warp, prog) -> str:
+    if w.done:
+        return f"{w.name}: exited"
+    if w.wait is not None:
+        pc = getattr(w, "wait_pc", -1)
+        ins = prog.instructions[pc] if 0 <= pc < len(prog.instructions) else None
+        what = w.wait.what() if callable(w.wait.what) else w.wait.what
+        return f"{w.name}: pc {pc} ({ins.text.strip()[:80] if ins else '?'}) waiting for {what}"
+    return f"{w.name}: runnable"
+
+
+def run_cluster(ctas: list[Cta], prog, budget: list[int]) -> None:
+    warps = [w for c in ctas for w in c.warps]
+    gens = {id(w): run_warp(w, prog, budget) for w in warps}
+    active = list(warps)
+    while active:
+        progressed = False
+        for w in list(active):
+            if w.wait is not None:
+                if not w.wait.ready():
+                    continue
+                then = w.wait.then
+                w.wait = None
+                if then is not None:
+                    then(w)
+            try:
+                w.wait = next(gens[id(w)])
+            except StopIteration:
+                active.remove(w)
+            progressed = True
+        if not progressed:
+            lines = "\n  ".join(_describe(w, prog) for w in warps)
+            raise DeadlockError(f"deadlock: no warp of CTA(s) {[c.ctaid for c in ctas]} can proceed:\n  {lines}")
+
+
+def cta_order(grid: tuple[int, int, int], cluster: tuple[int, int, int], order) -> list[tuple[int, int, int]]:
+    """Cluster origins in execution order."""
+    origins = [(x, y, z) for z in range(0, grid[2], cluster[2]) for y in range(0, grid[1], cluster[1])
+               for x in range(0, grid[0], cluster[0])]
+    if order == "forward":
+        return origins
+    if order == "reverse":
+        return origins[::-1]
+    if isinstance(order, int):
+        rnd = random.Random(order)
+        origins = list(origins)
+        rnd.shuffle(origins)
+        return origins
+    raise ValueError(f"CTA order must be 'forward', 'reverse' or an int seed, got {order!r}")
+
+
+def run_launch(launch: Launch, order="forward", max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Launch:
+    """Execute ``launch`` (floating-point overflow / invalid results are values, not warnings)."""
+    with np.errstate(all="ignore"):
+        return _run_launch(launch, order, max_instructions)
+
+
+def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
+    prog = launch.program
+    grid, cl, block = launch.grid, launch.cluster, launch.block
+    if any(g % c for g, c in zip(grid, cl)):
+        raise EmulationError(f"grid {grid} is not a multiple of the cluster shape {cl}")
+    reqntid = prog.entry.directives.get("reqntid")
+    nthreads = block[0] * block[1] * block[2]
+    if reqntid and tuple(reqntid) + (1,) * (3 - len(reqntid)) != tuple(block):
+        raise EmulationError(f"launch block {block} does not match the kernel's .reqntid {reqntid}")
+    budget = [max_instructions]
+    nwarps = -(-nthreads // LANES)
+    total = 0
+    for org in cta_order(grid, cl, order):
+        cluster = Cluster(cl)
+        for rank, (dz, dy, dx) in enumerate(itertools.product(range(cl[2]), range(cl[1]), range(cl[0]))):
+            ctaid = (org[0] + dx, org[1] + dy, org[2] + dz)
+            cta = Cta(launch, ctaid, rank, cluster)
+            cta.warps = [Warp(cta, i, min(LANES, nthreads - i * LANES), prog.bank_sizes) for i in range(nwarps)]
+            cluster.ctas.append(cta)
+        run_cluster(cluster.ctas, prog, budget)
+        for c in cluster.ctas:
+            from .ops.memory import finish_cta_async
+
+            finish_cta_async(c)
+            for hook in launch.ext.get("cta_exit_hooks", ()):
+                hook(c)
+            total += sum(w.executed for w in c.warps)
+    launch.stats["warp_instructions"] = total
+    return launch
+
+
+__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "branch", "cta_order", "exit_lanes", "run_cluster", "run_launch", "run_warp"]

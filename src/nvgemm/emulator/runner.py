@@ -1,0 +1,194 @@
+"""Run nvgemm's real AOT kernels on the emulator: artifact + PTX + relinked library, one launch.
+
+:func:`prepare` takes a :class:`~nvgemm.templates.registry.CompileSpec` to an :class:`EmuKernel`:
+the production AOT cache entry (``KernelCache.ensure``), the PTX of the same spec compiled with
+``keep_ptx`` (stored under the emulator cache, keyed by the entry key; registered with the fake
+runtime by the fatbin's sha256 + entry name, so a launch whose image differs finds no PTX and
+fails), and ``kernel.so`` relinked against the fake CUDA runtime, opened with the production
+:class:`~nvgemm.runtime.aot.AotKernel`. :meth:`EmuKernel.launch` packs arguments exactly like
+production (``check_device=False`` is the only difference), registers every tensor argument as a
+bounds-checked global allocation and executes the launch the host code makes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cuda import LaunchRecord, _cache_root, fake_cuda, relink
+from .ptx.errors import EmulationError
+from .ptx.interp import run_launch
+from .ptx.machine import DEVICES, GlobalMemory, Launch
+
+_LOCK = threading.Lock()
+_KERNELS: dict[Any, "EmuKernel"] = {}
+
+
+def _ensure_dump_dir() -> None:
+    # CuTeDSL reads CUTE_DSL_DUMP_DIR once; keep_ptx writes there (never the working directory)
+    if "CUTE_DSL_DUMP_DIR" not in os.environ:
+        os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_emu_dump_")
+
+
+@contextlib.contextmanager
+def _dump_dir_lock():
+    d = Path(os.environ["CUTE_DSL_DUMP_DIR"])
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".nvgemm_keep_ptx.lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def ptx_for(spec, key: str) -> tuple[str, str, str]:
+    """(ptx, fatbin sha256, entry name) of ``spec``, compiled with keep_ptx once and cached on disk."""
+    d = _cache_root() / "ptx" / key
+    meta = d / "meta.json"
+    if meta.exists():
+        m = json.loads(meta.read_text())
+        return (d / "kernel.ptx").read_text(), m["image_sha256"], m["entry"]
+    _ensure_dump_dir()
+    from nvgemm.templates.registry import get_template
+    from nvgemm.templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
+
+    # CuTeDSL keeps the PTX as <dump dir>/<kernel name>.<arch>.ptx, and kernel names do not depend on
+    # the config: two processes compiling into one dump dir would read each other's PTX (seen: a
+    # 4-warp kernel's PTX registered for an 8-warp launch). Compile and read under a lock on the dump
+    # dir; the launch's block must still equal the PTX's .reqntid (checked by the interpreter).
+    with _dump_dir_lock():
+        compiled = get_template(spec.template_id).compile(spec, keep_ptx=True)
+        ptx = compiled.__ptx__
+    if not ptx:
+        raise EmulationError(f"{spec.name()}: keep_ptx compile returned no PTX (is CUTE_DSL_DUMP_DIR writable?)")
+    sha = hashlib.sha256(embedded_cubin(compiled)).hexdigest()
+    entries = re.findall(r"\.entry\s+([\w$]+)\s*\(", ptx)
+    if len(entries) != 1:
+        raise EmulationError(f"{spec.name()}: expected one .entry in the PTX, found {len(entries)}")
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".kernel.ptx.{os.getpid()}"
+    tmp.write_text(ptx)
+    os.replace(tmp, d / "kernel.ptx")
+    tmpm = d / f".meta.{os.getpid()}"
+    tmpm.write_text(json.dumps({"image_sha256": sha, "entry": entries[0], "spec": spec.name()}))
+    os.replace(tmpm, meta)
+    return ptx, sha, entries[0]
+
+
+@dataclass
+class EmuKernel:
+    spec: Any
+    key: str
+    kernel: Any  # AotKernel over the relinked library
+    ptx: str
+    image_sha256: str
+    entry: str
+    device: str = "H200"
+    last: Launch | None = None
+    records: list[LaunchRecord] = field(default_factory=list)
+
+    def launch(self, *values, order="forward", record_only: bool = False) -> Launch | None:
+        """Launch with ``values`` in ABI order (torch CPU tensors, scalars, a stream int)."""
+        from nvgemm.templates.registry import PointerArg, TensorArg
+
+        gmem = GlobalMemory()
+        for a, v in zip(self.kernel.abi, values):
+            if isinstance(a, TensorArg) or (isinstance(a, PointerArg) and hasattr(v, "data_ptr")):
+                gmem.register_tensor(v, a.name)  # a PointerArg's extent is the tensor passed for it
+        fake = fake_cuda()
+        fake.set_device(self.device)
+        fake.register_ptx(self.image_sha256, self.entry, self.ptx)
+        self.last = None
+
+        def handler(rec: LaunchRecord, load_program) -> None:
+            self.records.append(rec)
+            if record_only:
+                return
+            prog = load_program()
+            if prog.static_size:
+                raise EmulationError(f"{self.entry[:60]}: {prog.static_size} bytes of static shared memory; the fake "
+                                     "runtime reports 0 to the host code")
+            params = bytearray(prog.entry.param_bytes)
+            for p, b in zip(prog.entry.params, rec.params):
+                params[p.offset:p.offset + p.size] = b
+            launch = Launch(prog, rec.grid, rec.block, rec.cluster, rec.dyn_smem, bytes(params), gmem,
+                            DEVICES[self.device])
+            run_launch(launch, order)
+            self.last = launch
+
+        with fake.handling(handler):
+            self.kernel.ensure_loaded()
+            slots, keep = self.kernel.pack(*values, check_device=False)
+            rc = self.kernel._launch(slots, len(self.kernel.abi) + 1)
+            del keep
+        if rc != 0:
+            raise RuntimeError(f"nvgemm emulator: launch of {self.spec.name()} returned cudaError {rc}")
+        return self.last
+
+
+def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
+    """The emulated kernel of ``spec`` (built, PTX'd and relinked once per process)."""
+    from nvgemm.runtime.aot import AotKernel
+    from nvgemm.runtime.cache import default_cache
+    from nvgemm.templates.registry import abi_from_json
+
+    with _LOCK:
+        k = _KERNELS.get((spec, device))
+        if k is not None:
+            return k
+    kc = cache or default_cache()
+    r = kc.ensure(spec)
+    if r.status == "failed":
+        raise RuntimeError(f"nvgemm emulator: no kernel for {spec.name()}: {r.error}")
+    ptx, sha, entry = ptx_for(spec, r.key)
+    so = relink(r.path)
+    kern = AotKernel(so, abi_from_json(r.meta["abi"]), name=f"emu:{spec.name()}")
+    k = EmuKernel(spec, r.key, kern, ptx, sha, entry, device)
+    with _LOCK:
+        k = _KERNELS.setdefault((spec, device), k)
+    return k
+
+
+
+
+def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry: str | None = None, dyn_smem: int = 0,
+               cluster=(1, 1, 1), order="forward", device: str = "H200") -> Launch:
+    """Run PTX text directly (no artifact): ``params`` are the entry's parameters in order (ints are
+    packed at the parameter's size, torch tensors as their data pointer, bytes as is); ``tensors``
+    (and tensor params) are the global allocations."""
+    import struct
+
+    from .ptx.program import compile_entry
+
+    prog = compile_entry(ptx, entry)
+    gmem = GlobalMemory()
+    for t in list(tensors) + [p for p in params if hasattr(p, "data_ptr")]:
+        gmem.register_tensor(t, f"tensor@{t.data_ptr():#x}")
+    buf = bytearray(prog.entry.param_bytes)
+    if len(params) != len(prog.entry.params):
+        raise ValueError(f"{len(params)} parameters given, the entry has {len(prog.entry.params)}")
+    for p, v in zip(prog.entry.params, params):
+        if hasattr(v, "data_ptr"):
+            v = v.data_ptr()
+        if isinstance(v, int):
+            v = (v & ((1 << (8 * p.size)) - 1)).to_bytes(p.size, "little")
+        elif isinstance(v, float):
+            v = struct.pack("<f" if p.size == 4 else "<d", v)
+        if len(v) != p.size:
+            raise ValueError(f"parameter {p.name}: {len(v)} bytes for a {p.size}-byte parameter")
+        buf[p.offset:p.offset + p.size] = v
+    launch = Launch(prog, tuple(grid), tuple(block), tuple(cluster), dyn_smem, bytes(buf), gmem, DEVICES[device])
+    return run_launch(launch, order)
+
+
+__all__ = ["EmuKernel", "launch_ptx", "prepare", "ptx_for"]

@@ -1,0 +1,118 @@
+"""Config space and validity rule of the sm_90a grouped MoE kernel (``"moe_mma"``); pure Python.
+
+The grouped kernel (:mod:`.kernel`) is the ``mma`` decode kernel of :mod:`nvgemm.templates.sm90`
+(weights as the 16-row A operand of ``mma.sync.m16n8k16``, exact packed decode, cp.async ring,
+deterministic split-K) run over a **work list** instead of a dense M range: grid z enumerates work
+tiles ``(expert, first permuted row, rows)``, each holding up to ``tile_m`` (token, slot) pairs
+routed to one expert. A tile's weights are the expert's rows of the stacked prepared weight (row
+tile offset ``expert x tiles per expert``), its activation rows are gathered through a row table
+(GEMM1: the token of each permuted pair; GEMM2: the identity), its alpha is the expert's (one
+value, or one per row when an expert's gate/up ``weight_scale_2`` differ). Fields are those of
+:class:`~nvgemm.templates.sm90.config.Sm90W4A16Config` (family ``mma``):
+
+    tile_m     pairs per work tile (tokens routed to one expert): 8 | 16 | 32
+    tile_n     weight rows per CTA = 16 x row tiles per warp (1, 2, 4) x num_warps
+    tile_k     K per pipeline stage = 64 x 2 | 4
+    num_warps  1, 2, 4, 8
+    stages     cp.async ring depth 2..6
+    split_k    CTAs along K per (row block, work tile); fp32 partials summed in split order
+    pdl        programmatic dependent launch: the CTA waits (``griddepcontrol.wait``) **before**
+               reading the work list -- the expert of a tile comes from the routing -- so only the
+               launch latency overlaps the previous kernel
+
+The kernel itself is unchanged in its numerics from the dense ``mma`` kernel; the validity rule is
+the dense one plus the work-list bounds (:func:`work_tiles_bound`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..sm90.config import Sm90W4A16Config, validate_config as _validate_dense
+from ..status import Status
+
+MOE_FAMILY = "moe_mma"
+MOE_ARCHS = ("sm_90a",)
+MOE_TILE_M = (8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Sm90MoeConfig:
+    tile_m: int = 8
+    tile_n: int = 128
+    tile_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    stages: int = 4
+    pdl: bool = False
+
+    family = MOE_FAMILY  # class attribute (not a field): one family
+
+    def name(self) -> str:
+        s = f"nvgemm_cutedsl_sm90_moe_mma_t{self.tile_m}x{self.tile_n}x{self.tile_k}_w{self.num_warps}_s{self.stages}"
+        if self.split_k > 1:
+            s += f"_sk{self.split_k}"
+        if self.pdl:
+            s += "_pdl"
+        return s
+
+    def dense(self) -> Sm90W4A16Config:
+        """The dense ``mma`` config with the same tile and pipeline (the kernel's inner loop)."""
+        return Sm90W4A16Config("mma", tile_m=self.tile_m, tile_n=self.tile_n, tile_k=self.tile_k,
+                               split_k=self.split_k, num_warps=self.num_warps, stages=self.stages, pdl=self.pdl)
+
+    @property
+    def row_tiles(self) -> int:
+        return self.dense().row_tiles
+
+
+def validate_moe_config(c: Sm90MoeConfig) -> Status:
+    """The one validity rule of grouped MoE configs (policy, template, runtime and tests use it)."""
+    if not isinstance(c, Sm90MoeConfig):
+        return Status.fail(f"expects Sm90MoeConfig, got {type(c).__name__}")
+    if c.tile_m not in MOE_TILE_M:
+        return Status.fail(f"moe tile_m={c.tile_m} not in {MOE_TILE_M} (pairs per work tile, groups of 8)")
+    return _validate_dense(c.dense())
+
+
+def work_tiles_bound(pairs: int, num_experts: int, tile_m: int) -> int:
+    """Work-list length that holds every routing of ``pairs`` (token, slot) pairs over
+    ``num_experts`` experts in tiles of ``tile_m``: sum_e ceil(c_e / tile_m) <= floor(P / tile_m) +
+    (active experts) <= floor(P / tile_m) + min(E, P). Fixed per (M, top_k): the grid of a CUDA
+    graph does not depend on the routing; slots past the routing's tiles hold zero rows and exit."""
+    return max(1, pairs // tile_m + min(num_experts, pairs))
+
+
+def moe_shape_problem(c: Sm90MoeConfig, rows: int, k: int, gated: bool) -> str | None:
+    """Why ``c`` cannot run one grouped GEMM with ``rows`` weight rows per expert (gate + up for a
+    gated GEMM1) and reduction ``k`` (None: it can)."""
+    if k % 32:
+        return f"K={k} is not a multiple of 32 (16-byte rows of packed FP4 / of the activations)"
+    if rows % 16:
+        return f"{rows} weight rows per expert is not a multiple of 16 (whole row tiles per expert)"
+    if gated and (rows // 2) % 16:
+        return f"silu_mul needs I = {rows // 2} to be a multiple of 16 (whole gate and up row tiles)"
+    if gated and c.row_tiles % 2:
+        return f"silu_mul needs an even number of row tiles per warp (gate + up), got {c.row_tiles}"
+    nstage = -(-k // 256) * (256 // c.tile_k)
+    if c.split_k > nstage:
+        return f"split_k={c.split_k} exceeds the {nstage} pipeline stages of K={k}"
+    return None
+
+
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_moe_mma_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?")
+
+
+def moe_config_from_name(name: str) -> Sm90MoeConfig:
+    """Inverse of :meth:`Sm90MoeConfig.name`."""
+    m = _NAME_RE.fullmatch(name)
+    if m is None:
+        raise ValueError(f"not an sm90 MoE config name: {name!r}")
+    tm, tn, tk, nw, st, sk, pdl = m.groups()
+    return Sm90MoeConfig(tile_m=int(tm), tile_n=int(tn), tile_k=int(tk), split_k=int(sk or 1), num_warps=int(nw),
+                         stages=int(st), pdl=bool(pdl))
+
+
+__all__ = ["MOE_ARCHS", "MOE_FAMILY", "MOE_TILE_M", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",
+           "validate_moe_config", "work_tiles_bound"]

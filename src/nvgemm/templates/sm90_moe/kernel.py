@@ -1,0 +1,223 @@
+"""sm_90a grouped W4A16 MoE kernel (CuTeDSL): the ``mma`` decode kernel over a work list.
+
+    out[p, f] = epilogue_e( alpha_e * sum_k X[rows[p], k] * E2M1[q_e[f, k]] * s_e[f, k // 16] )
+
+for every permuted pair row ``p`` of every work tile ``(e, p0, cnt)`` (``p0 <= p < p0 + cnt``).
+The inner loop -- cp.async ring of weight vectors, scale words and activation rows, the exact
+register decode, ``mma.sync.m16n8k16`` with the weight as the 16-row A operand and 8 pairs per MMA
+N -- is :class:`~nvgemm.templates.sm90.mma.Sm90W4A16MmaKernel`'s, unchanged. What differs:
+
+* grid = (row blocks, split_k, work-list slots); a CTA reads its tile ``(e, p0, cnt)`` from the
+  work list (after ``griddepcontrol.wait`` with PDL: the list comes from the routing) and exits at
+  once when ``cnt == 0`` (slots past the routing's tiles);
+* the weight and scale row pointers start at expert ``e``'s first row tile of the stacked operand
+  (``e x tiles per expert``; tiles per expert = weight rows / 16, from the output width);
+* each thread's activation row is ``rows[p0 + r]`` (``r`` its tile row, clamped to ``cnt - 1``:
+  rows past the tile are never stored) -- GEMM1 gathers token rows of ``x``, GEMM2 reads the
+  permuted intermediate (identity table);
+* alpha is the expert's: ``alpha[e]`` (scalar spec) or ``alpha[e * rows + row]`` (vector spec);
+* split-K partials live at ``[split][permuted row][rows]`` (the output's row count), one counter per
+  (work slot, row block); the last CTA sums in split order (deterministic) and runs the epilogue.
+
+Constraints (:func:`~.config.validate_moe_config`, :func:`~.config.moe_shape_problem`): K % 32 == 0,
+weight rows per expert % 16 == 0, ``silu_mul``: I % 16 == 0 and an even number of row tiles per warp.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from nvgemm.epilogues.spec import EpilogueSpec
+
+from ..registry import CompileSpec, StreamArg, TensorArg, SymDim, compile_for_target, fake_args, register_template
+from ..sm90.common import (
+    X_FORMATS,
+    _TORCH_TO_ABI,
+    cp_async_wait,
+    splitk_arrive,
+    st_global_f32,
+)
+from ..sm90.mma import Sm90W4A16MmaKernel
+from ..status import Status
+from .config import MOE_ARCHS, MOE_FAMILY, Sm90MoeConfig, validate_moe_config
+
+
+class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
+    """The grouped decode kernel (see the module docstring)."""
+
+    def __init__(self, config: Sm90MoeConfig, epilogue: EpilogueSpec, x_format: str = "bf16"):
+        validate_moe_config(config).raise_if_failed("sm90 moe config")
+        super().__init__(config.dense(), epilogue, x_format)
+        self.moe_cfg = config
+
+    # ----------------------------------------------------------------------------- host
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,
+        mRows: cute.Tensor,
+        mTiles: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        mAlpha: cute.Tensor,
+        mOut: cute.Tensor,
+        mWork: cute.Tensor,
+        mCount: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        n_out = mOut.shape[1]
+        grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
+        slots = mTiles.shape[0] // 4
+        self.kernel(mX, mRows, mTiles, mW, mS, mAlpha, mOut, mWork, mCount).launch(
+            grid=(grid_n, self.split_k, slots), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+        )
+
+    # ----------------------------------------------------------------------------- kernel
+    @cute.kernel
+    def kernel(
+        self,
+        mX: cute.Tensor,
+        mRows: cute.Tensor,
+        mTiles: cute.Tensor,
+        mW: cute.Tensor,
+        mS: cute.Tensor,
+        mAlpha: cute.Tensor,
+        mOut: cute.Tensor,
+        mWork: cute.Tensor,
+        mCount: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, bs, bt = cute.arch.block_idx()
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # the work list is written by the routing's prep step
+        e = mTiles[bt * 4]
+        p0 = mTiles[bt * 4 + 1]
+        cnt = mTiles[bt * 4 + 2]
+        if cnt > 0:
+            self.tile_body(mX, mRows, mW, mS, mAlpha, mOut, mWork, mCount, tidx, bx, bs, bt, e, p0, cnt)
+
+    @cute.jit
+    def tile_body(self, mX: cute.Tensor, mRows: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor, mAlpha: cute.Tensor,
+                  mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor, tidx: Int32, bx: Int32, bs: Int32,
+                  bt: Int32, e: Int32, p0: Int32, cnt: Int32):
+        RT, MG = self.RT, self.MG
+        warp = tidx // 32
+        lane = tidx % 32
+        g = lane // 4
+        q = lane % 4
+
+        k = mX.shape[1]
+        n_out = mOut.shape[1]
+        rows_e = n_out * 2 if cutlass.const_expr(self.gated) else n_out
+        n_tiles = (rows_e + 15) // 16  # row tiles per expert
+        n_chunks = mW.shape[1] // 512
+        n_pad = n_tiles * 16
+        m_all = mOut.shape[0]
+        m = p0 + cnt
+
+        st_lo, n_it = self.split_range(n_chunks, bs)
+        gw, gs, sw_off, ss_off = self.weight_lanes(mW, mS, bx, warp, lane, n_tiles, e * n_tiles)
+        # this thread's activation row: the source row of its tile row (clamped to the tile's rows)
+        xp, pk, xd, x_lds = self.x_lanes(mX, tidx, g, q, lambda tr: mRows[p0 + cutlass.min(tr, cnt - 1)])
+        ring, flag, policy, acc = self.cta_state()
+
+        # the PDL wait came first (the work list): no second wait in the prologue
+        self.pipeline(ring, n_it, st_lo, gw, gs, sw_off, ss_off, k, xp, xd, pk, x_lds, acc, policy, False)
+
+        # the expert's alpha: alpha[e] (scalar spec) or alpha[e * rows + row] (vector spec)
+        a_off = e * n_pad if cutlass.const_expr(self.epi.alpha == "vector") else e
+        mAlphaE = cute.make_tensor(mAlpha.iterator + a_off, mAlpha.layout)
+        cp_async_wait(0)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.split_k == 1):
+            self.store_fragments(acc, mAlphaE, mAlphaE, mOut, mOut, bx, warp, g, q, m, p0, n_tiles, n_out, False,
+                                 mWork, m_all, n_pad)
+        else:
+            for rt in cutlass.range_constexpr(RT):
+                t = self.tile_of(bx, warp, rt, n_tiles)
+                for mg in cutlass.range_constexpr(MG):
+                    for i in cutlass.range_constexpr(4):
+                        tok = p0 + mg * 8 + 2 * q + i % 2
+                        row = t * 16 + g + 8 * (i // 2)
+                        if (tok < m) & (t < n_tiles):
+                            addr = mWork.iterator.toint() + (Int64(bs * m_all + tok) * Int64(n_pad) + Int64(row)) * 4
+                            st_global_f32(addr, acc[(rt * MG + mg) * 4 + i])
+            tile_index = bt * cute.arch.grid_dim()[0] + bx
+            if splitk_arrive(mCount, tile_index, self.split_k, flag, tidx) == 1:
+                self.store_fragments(acc, mAlphaE, mAlphaE, mOut, mOut, bx, warp, g, q, m, p0, n_tiles, n_out, True,
+                                     mWork, m_all, n_pad)
+
+
+class Sm90MoeMmaTemplate:
+    """Registry entry of the grouped MoE kernel (``template_id = "sm90_moe_mma"``).
+
+    C ABI, in order (:meth:`nvgemm.templates.sm90_moe.launch.MoeGemmArgs.abi_values`):
+
+        mX     [rows_x, K] bf16 | fp16   activation source rows (x, or the permuted intermediate)
+        mRows  int32 [P]                 source row of each permuted pair row
+        mTiles int32 [4 T]               work list: (expert, first row, rows, 0) per slot
+        mW     uint8 [E tiles, chunks 512]  stacked prepared weights (:mod:`nvgemm.templates.sm90.operand`)
+        mS     uint8 [E tiles, chunks 64]   stacked re-encoded scales
+        mAlpha fp32 [E] | [E rows]
+        mOut   [P, N_out] output dtype   (GEMM1: the activation dtype; GEMM2: fp32)
+        mWork  fp32, mCount int32        split-K partials / counters (any such tensor without split-K)
+        stream
+    """
+
+    template_id = "sm90_moe_mma"
+    config_type = Sm90MoeConfig
+    archs = MOE_ARCHS
+    family = MOE_FAMILY
+
+    def can_implement(self, spec: CompileSpec) -> Status:
+        c = spec.config
+        st = validate_moe_config(c)
+        if not st:
+            return st
+        if spec.arch not in MOE_ARCHS:
+            return Status.fail(f"arch {spec.arch} is not one of {MOE_ARCHS}")
+        if spec.a_format not in X_FORMATS:
+            return Status.fail(f"a_format (activations) must be bf16 or fp16, got {spec.a_format}")
+        if spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
+            return Status.fail("weights must be nvfp4, both operands K-major")
+        if spec.epilogue.alpha not in ("scalar", "vector"):
+            return Status.fail("the grouped kernel needs a per-expert alpha (scalar) or per-row alpha (vector)")
+        if spec.epilogue.bias or spec.epilogue.residual:
+            return Status.fail("the grouped kernel has no bias / residual (the finalize step adds shared_out and "
+                               "residual)")
+        if spec.epilogue.gated and c.row_tiles % 2:
+            return Status.fail(f"silu_mul needs an even number of row tiles per warp (gate + up), got {c.row_tiles}")
+        return Status.success()
+
+    def abi(self, spec: CompileSpec):
+        xdt = X_FORMATS[spec.a_format]
+        odt = _TORCH_TO_ABI[spec.epilogue.out_dtype]
+        import torch
+
+        oal = torch.finfo(spec.epilogue.out_dtype).bits // 8
+        return (
+            TensorArg("mX", xdt, shape=(SymDim(), SymDim(32)), stride=(SymDim(8, 64), 1), assumed_align=16),
+            TensorArg("mRows", "Int32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            TensorArg("mTiles", "Int32", shape=(SymDim(4),), stride=(1,), assumed_align=16),
+            TensorArg("mW", "Uint8", shape=(SymDim(), SymDim(2048)), stride=(SymDim(2048, 64), 1), assumed_align=16),
+            TensorArg("mS", "Uint8", shape=(SymDim(), SymDim(256)), stride=(SymDim(256, 64), 1), assumed_align=16),
+            TensorArg("mAlpha", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            TensorArg("mOut", odt, shape=(SymDim(), SymDim()), stride=(SymDim(1, 64), 1), assumed_align=oal),
+            TensorArg("mWork", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            TensorArg("mCount", "Int32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            StreamArg("stream"),
+        )
+
+    def compile(self, spec: CompileSpec, *, keep_ptx: bool = False):
+        self.can_implement(spec).raise_if_failed(spec.name())
+        kernel = Sm90MoeMmaKernel(spec.config, spec.epilogue, spec.a_format)
+        return compile_for_target(kernel, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
+
+
+TEMPLATE = register_template(Sm90MoeMmaTemplate(), replace=True)
+
+__all__ = ["Sm90MoeMmaKernel", "Sm90MoeMmaTemplate", "TEMPLATE"]

@@ -1,0 +1,285 @@
+"""Host side of the sm_90a grouped MoE path: work list, stacked prepared weights, kernel arguments,
+the deterministic top-k finalize, and the whole layer (:func:`moe_forward`). Pure torch (no
+cutlass); the kernels are launched through a caller-given function (the AOT kernel on a GPU, the
+PTX emulator on CPU), so the CPU tests run exactly this host path.
+
+One layer = 1 prep step + GEMM1 + GEMM2 + finalize:
+
+1. **Work list** (:func:`build_work_list`, torch ops only, no host synchronisation, so CUDA-graph
+   safe; a handful of small launches -- a fused Triton prep kernel is the obvious next step): pairs
+   ``j = t * top_k + s`` are sorted by local expert with a **stable** sort (ties in pair order;
+   empty / unmapped slots last), giving the permuted row ``pos[j]`` of every pair, the source token
+   ``rows[p]`` of every permuted row, per-expert counts and offsets, and a fixed-length list of
+   work tiles ``(expert, first row, rows <= tile_m, 0)`` (:func:`~.config.work_tiles_bound` slots;
+   unused slots are all zero and their CTAs exit). On CUDA with at most 4096 pairs the whole step
+   is one Triton launch (:mod:`.prep_triton`, the same tables bit for bit).
+2. **GEMM1** (``x`` rows gathered through ``rows``): ``h[p] = round(act(acc13 * alpha13[e]))`` into
+   a ``[P, I]`` buffer in permuted order (``P = M * top_k``).
+3. **GEMM2** (identity row table): ``y[p] = acc2 * alpha2[e]`` in fp32, ``[P, H]``.
+4. **Finalize** (:func:`finalize`): ``out[t] = round(sum_s w[t, s] * y[pos[t, s]] (+ shared_out[t])
+   (+ residual[t]))`` in fp32, slots in order 0..K-1, empty slots skipped -- exactly the numerics
+   contract's step 5 (no float atomics, no contraction of the multiply into the add: torch ops on
+   CPU, one Triton kernel with ``enable_fp_fusion=False`` on CUDA).
+
+The per-token result does not depend on the other tokens of the batch: each output column of an
+``mma.sync`` depends only on its own activation column, the K split is fixed by the config, and
+the finalize sums one token's slots in slot order -- so a token's output is identical at M = 1 and
+inside a larger batch that runs the same configs (the batch-invariance test).
+
+W4A16 only (no input scales): W4A4 MoE on Hopper would quantize-dequantize the gathered rows per
+pair with the expert's input scale; not implemented (the op falls back to the emulated path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from nvgemm.epilogues.spec import EpilogueSpec
+
+from ..sm90.launch import Sm90Workspace, _memo, capturing, workspace_for
+from ..sm90.operand import Sm90Weight, kind_of, prepare_sm90_weight
+from .config import Sm90MoeConfig, moe_shape_problem, validate_moe_config, work_tiles_bound
+
+# --------------------------------------------------------------------------- work list
+
+
+@dataclass
+class MoeWorkList:
+    """Routing tables of one call (see the module docstring); all on the ids' device."""
+
+    rows: torch.Tensor  # int32 [P]: source token of permuted row p
+    tiles: torch.Tensor  # int32 [4 * slots]: (expert, first row, rows, 0)
+    pos: torch.Tensor  # int64 [M, K]: permuted row of pair (t, s)
+    valid: torch.Tensor  # bool [M, K]: the slot routes to a local expert
+    counts: torch.Tensor  # int64 [E]: pairs per local expert
+    tile_m: int
+
+    @property
+    def slots(self) -> int:
+        return self.tiles.numel() // 4
+
+
+def build_work_list(local: torch.Tensor, num_experts: int, tile_m: int) -> MoeWorkList:
+    """Work list of local expert ids ``local`` ([M, K] int64, -1 = nothing) for tiles of ``tile_m``
+    pairs. Torch ops without host synchronisation (CUDA-graph safe); deterministic."""
+    m, k = local.shape
+    p = m * k
+    dev = local.device
+    e = num_experts
+    flat = local.reshape(-1)
+    valid = flat >= 0
+    key = torch.where(valid, flat, torch.full_like(flat, e))
+    order = torch.sort(key, stable=True).indices  # permuted row -> pair
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(p, device=dev)
+    counts = torch.zeros(e + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))[:e]
+    offs = torch.cumsum(counts, 0) - counts
+    ntile = (counts + tile_m - 1) // tile_m
+    tend = torch.cumsum(ntile, 0)
+    tstart = tend - ntile
+    slots = work_tiles_bound(p, e, tile_m)
+    j = torch.arange(slots, device=dev)
+    te = torch.searchsorted(tend, j, right=True)  # expert of slot j (== E past the last tile)
+    used = te < e
+    tec = te.clamp(max=e - 1)
+    i = j - tstart[tec]
+    start = offs[tec] + i * tile_m
+    cnt = torch.where(used, (counts[tec] - i * tile_m).clamp(0, tile_m), torch.zeros_like(i))
+    start = torch.where(used, start, torch.zeros_like(start))
+    tiles = torch.stack([torch.where(used, tec, torch.zeros_like(tec)), start, cnt, torch.zeros_like(cnt)], dim=1).reshape(-1).to(torch.int32)
+    rows = (order // k).to(torch.int32)
+    return MoeWorkList(rows, tiles, pos.reshape(m, k), valid.reshape(m, k), counts, tile_m)
+
+
+def local_expert_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
+    """``topk_ids`` through ``expert_map`` as int64 local ids (-1: nothing); the op's rule
+    (``nvgemm.moe.ops.local_ids``), restated here so the template does not import the op layer."""
+    ids = topk_ids.long()
+    if expert_map is None:
+        return ids
+    return torch.where(ids < 0, torch.full_like(ids, -1), expert_map.long()[ids.clamp_min(0)])
+
+
+def work_list(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int,
+              tile_m: int) -> MoeWorkList:
+    """The work list: one Triton launch on CUDA when it fits (:mod:`.prep_triton`), else torch ops."""
+    if topk_ids.device.type == "cuda":
+        from .prep_triton import build_work_list_triton, prep_supported
+
+        if prep_supported(topk_ids.numel(), num_experts):
+            return build_work_list_triton(topk_ids, expert_map, num_experts, tile_m)
+    return build_work_list(local_expert_ids(topk_ids, expert_map), num_experts, tile_m)
+
+
+_IDENT: dict[str, torch.Tensor] = {}
+
+
+def identity_rows(n: int, device: torch.device) -> torch.Tensor:
+    """int32 ``arange(n)`` from a per-device buffer (no launch per call; grown outside capture)."""
+    t = _IDENT.get(str(device))
+    if t is None or t.numel() < n:
+        t = torch.arange(max(n, 4096), dtype=torch.int32, device=device)
+        _IDENT[str(device)] = t
+    return t[:n]
+
+
+# --------------------------------------------------------------------------- stacked weights
+
+
+@dataclass
+class MoeStack:
+    """One stacked expert weight in the sm90 operand layout (experts' row tiles back to back)."""
+
+    weight: torch.Tensor  # uint8 [E * tiles, chunks * 512]
+    scale: torch.Tensor  # uint8 [E * tiles, chunks * 64]
+    rows: int  # weight rows per expert (gate + up for gated GEMM1)
+    k: int
+    num_experts: int
+    kind: str
+
+
+def prepare_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, kind: str) -> MoeStack:
+    """Stacked ``[E, rows, K/2]`` packed weights + per-expert swizzled scales -> :class:`MoeStack`
+    (each expert through :func:`~nvgemm.templates.sm90.operand.prepare_sm90_weight`)."""
+    e, rows = w.shape[0], w.shape[1]
+    one = torch.ones((), dtype=torch.float32, device=w.device)
+    parts: list[Sm90Weight] = [prepare_sm90_weight(w[i], w_scale[i], one, kind) for i in range(e)]
+    return MoeStack(torch.cat([p.weight for p in parts]), torch.cat([p.scale for p in parts]), rows,
+                    w.shape[2] * 2, e, kind)
+
+
+def cached_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, kind: str) -> MoeStack:
+    """:func:`prepare_moe_stack` memoized per (weight tensor, kind) like the dense weights
+    (:func:`nvgemm.templates.sm90.launch.cached_sm90_weight`): invalidated when the weight or its
+    scales change in place, dropped when the weight is freed; a fresh preparation on CUDA ends
+    with a stream synchronisation (outside capture)."""
+
+    def make() -> MoeStack:
+        st = prepare_moe_stack(w, w_scale, kind)
+        if w.device.type == "cuda" and not capturing(w.device):
+            torch.cuda.current_stream(w.device).synchronize()
+        return st
+
+    return _memo(f"moe_stack:{kind}", w, (w, w_scale, kind), make)
+
+
+# --------------------------------------------------------------------------- GEMM arguments
+
+
+@dataclass
+class MoeGemmArgs:
+    """One grouped GEMM's arguments in ABI order (:class:`~.kernel.Sm90MoeMmaTemplate`)."""
+
+    x: torch.Tensor
+    rows: torch.Tensor
+    tiles: torch.Tensor
+    weight: torch.Tensor
+    scale: torch.Tensor
+    alpha: torch.Tensor
+    out: torch.Tensor
+    work: torch.Tensor
+    count: torch.Tensor
+    spec: EpilogueSpec
+    config: Sm90MoeConfig
+
+    def abi_values(self) -> tuple:
+        return (self.x, self.rows, self.tiles, self.weight, self.scale, self.alpha, self.out, self.work, self.count)
+
+
+def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: MoeWorkList, stack: MoeStack,
+              alpha: torch.Tensor, activation: str, out_dtype: torch.dtype, ws: Sm90Workspace) -> MoeGemmArgs:
+    """Arguments of one grouped GEMM (output ``[P, rows or rows/2]``); raises naming the problem."""
+    validate_moe_config(config).raise_if_failed("sm90 moe config")
+    gated = activation == "silu_mul"
+    if why := moe_shape_problem(config, stack.rows, stack.k, gated):
+        raise ValueError(f"nvgemm sm90 moe: {config.name()}: {why}")
+    if config.tile_m != wl.tile_m:
+        raise ValueError(f"nvgemm sm90 moe: config tile_m={config.tile_m} but the work list has tiles of {wl.tile_m}")
+    if x.shape[1] != stack.k:
+        raise ValueError(f"nvgemm sm90 moe: activations have K={x.shape[1]}, the weights K={stack.k}")
+    p = wl.pos.numel()
+    n_out = stack.rows // 2 if gated else stack.rows
+    spec = EpilogueSpec(alpha="vector" if alpha.numel() > stack.num_experts else "scalar", activation=activation,
+                        out_dtype=out_dtype)
+    out = torch.empty((p, n_out), dtype=out_dtype, device=x.device)
+    work, count = ws.work, ws.count
+    if config.split_k > 1:
+        feat = config.tile_n // 2 if gated else config.tile_n
+        ws.ensure(config.split_k * p * stack.rows, wl.slots * -(-n_out // feat))
+        work, count = ws.work, ws.count
+    return MoeGemmArgs(x, rows, wl.tiles, stack.weight, stack.scale, alpha.reshape(-1).contiguous(), out, work, count,
+                       spec, config)
+
+
+# --------------------------------------------------------------------------- finalize
+
+
+def finalize_ref(y: torch.Tensor, wl: MoeWorkList, weights: torch.Tensor, shared_out, residual,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """Step 5 of the contract in torch ops: fp32, slot order, empty slots skipped, one rounding."""
+    m, k = wl.pos.shape
+    ys = y[wl.pos.reshape(-1)].reshape(m, k, -1)
+    out = torch.zeros(m, y.shape[1], dtype=torch.float32, device=y.device)
+    for s in range(k):
+        term = weights[:, s:s + 1] * ys[:, s]
+        out = torch.where(wl.valid[:, s:s + 1], out + term, out)
+    if shared_out is not None:
+        out = out + shared_out.float()
+    if residual is not None:
+        out = out + residual.float()
+    return out.to(out_dtype)
+
+
+def finalize(y, wl, weights, shared_out, residual, out_dtype):
+    """The finalize step: one Triton kernel on CUDA (:mod:`.finalize_triton`), torch ops elsewhere."""
+    if y.device.type == "cuda":
+        from .finalize_triton import finalize_triton
+
+        return finalize_triton(y, wl.pos, wl.valid, weights, shared_out, residual, out_dtype)
+    return finalize_ref(y, wl, weights, shared_out, residual, out_dtype)
+
+
+# --------------------------------------------------------------------------- the layer
+
+Launch = Callable[[MoeGemmArgs], None]
+
+
+def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, activation,
+                router_weight_on_input, shared_out, residual, out_dtype,
+                config13: Sm90MoeConfig, config2: Sm90MoeConfig, launch: Launch,
+                workspace: Optional[Sm90Workspace] = None, keep: Optional[dict] = None) -> torch.Tensor:
+    """One W4A16 ``nvfp4_moe`` call through the grouped kernels (``launch`` runs a GEMM's arguments
+    on the right kernel). ``keep`` (a dict) receives the work list and the intermediates (tests)."""
+    if config13.tile_m != config2.tile_m:
+        raise ValueError(f"nvgemm sm90 moe: GEMM1 and GEMM2 share one work list: tile_m {config13.tile_m} != "
+                         f"{config2.tile_m}")
+    kind = kind_of(x.dtype)
+    dev = x.device
+    out_dtype = out_dtype or x.dtype
+    ws = workspace or workspace_for(dev)
+    wts = topk_weights
+    xin = x
+    if router_weight_on_input:  # contract step 1 (top-1): xin = round(x * w), w := 1
+        xin = (x.float() * topk_weights[:, :1]).to(x.dtype)
+        wts = torch.ones_like(topk_weights)
+    if xin.stride(-1) != 1 or xin.stride(0) % 8 or xin.data_ptr() % 16:
+        xin = xin.contiguous().clone()
+    wl = work_list(topk_ids, expert_map, w13.shape[0], config13.tile_m)
+    s13 = cached_moe_stack(w13, w13_scale, kind)
+    s2 = cached_moe_stack(w2, w2_scale, kind)
+    a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws)
+    launch(a1)
+    ident = identity_rows(wl.pos.numel(), dev)
+    a2 = gemm_args(config2, a1.out, ident, wl, s2, w2_scale_2.float(), "none", torch.float32, ws)
+    launch(a2)
+    out = finalize(a2.out, wl, wts, shared_out, residual, out_dtype)
+    if keep is not None:
+        keep.update(work_list=wl, h=a1.out, y=a2.out, args13=a1, args2=a2)
+    return out
+
+
+__all__ = ["MoeGemmArgs", "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
+           "finalize", "finalize_ref", "gemm_args", "identity_rows", "local_expert_ids", "work_list", "moe_forward", "prepare_moe_stack"]

@@ -1,0 +1,78 @@
+"""nvgemm's sm100 NVFP4 kernel executed on the PTX emulator with the ISA opcode modules for mbarrier, TMA and
+tcgen05 (nvgemm.emulator.isa.ops_sm100): the real AOT artifact, relinked against the fake CUDA runtime, must
+produce the bits of the emulated backend's arithmetic (``kernel_view_ref``).
+
+Data are exact: random E2M1 codes with power-of-two block scales (ue4m3 2**-2 .. 2**2) and alpha = 1, so every
+product is exact and every fp32 partial sum is exact (|sum| < 2**11 with a quantum of 2**-6 at most 2**17 apart),
+and the summation order (the hardware's or torch's) cannot matter.
+
+The run also exercises what the unit tests could only derive: the tensor-map decoding of CuTeDSL's inline
+encoder, the TMA box swizzle, the UMMA descriptors, and the scale-factor placement in tensor memory after
+``tcgen05.cp .32x128b.warpx4`` -- CuTe's NVIDIA-written atoms and partitioners build all of them in this kernel.
+Mutation check (by hand, see the commit message): reversing the scale bytes of a TMEM cell fails every case.
+"""
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
+if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
+
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+if shutil.which("gcc") is None:
+    pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
+
+import nvgemm.ops  # noqa: E402,F401 -- registers torch.ops.nvgemm (the activation quantizer)
+from nvgemm.epilogues import EpilogueSpec  # noqa: E402
+from nvgemm.formats.nvfp4 import to_blocked  # noqa: E402
+from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
+
+POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
+
+CASES = [
+    pytest.param(128, 256, 512, dict(tile_n=128), id="m128-n256-k512-t128", marks=pytest.mark.compile_only),
+    pytest.param(7, 512, 512, dict(tile_n=16, swap_ab=True), id="m7-n512-k512-swap16", marks=pytest.mark.compile_only),
+    pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.compile_only,
+                                                                                  pytest.mark.slow]),
+    pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",
+                 marks=[pytest.mark.compile_only, pytest.mark.slow]),
+]
+
+
+def _exact_codes(g, rows, k):
+    packed = torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8)
+    scales = POW2_E4M3[torch.randint(0, 5, (rows, k // 16), generator=g)].view(torch.float8_e4m3fn)
+    return packed, scales
+
+
+@pytest.mark.parametrize("m,n,k,cfg", CASES)
+def test_sm100_kernel_on_emulator_matches_reference(m, n, k, cfg, tmp_path, monkeypatch, seed):
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    from nvgemm.emulator.runner import prepare
+
+    config = C(**cfg)
+    g = torch.Generator().manual_seed(seed)
+    w_packed, w_scale = _exact_codes(g, n, k)
+    one = torch.tensor(1.0)
+    epi = EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16)
+    args = prepare_sm100_args(torch.zeros(m, k, dtype=torch.bfloat16), w_packed, to_blocked(w_scale), one, one,
+                              None, None, epi, config)
+    x_packed, x_scale = _exact_codes(g, m, k)  # replace the quantized activations by exact codes, same layout
+    xa, xs = (args.b, args.sfb) if config.swap_ab else (args.a, args.sfa)
+    xa.copy_(x_packed)
+    xs.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8))
+    spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
+    z = lambda t: t if t is not None else 0  # noqa: E731
+    launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias),
+                                  z(args.residual), z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
+    assert launch is not None and launch.stats["warp_instructions"] > 0
+    torch.testing.assert_close(args.out, kernel_view_ref(args), rtol=0, atol=0)

@@ -1,0 +1,209 @@
+"""The emulator's tcgen05 semantics (nvgemm.emulator.isa.tcgen05) against references built here from the PTX ISA:
+instruction descriptors assembled field by field from tables 45/47, operands stored into shared memory as the
+ISA's 128B-swizzle figure draws them, scale factors in cuBLAS's documented 128x4 -> 32x16-byte block layout,
+and torch float64 matmuls on data whose fp32 sums are exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nvgemm.emulator.isa import numerics
+from nvgemm.emulator.isa.errors import IsaError
+from nvgemm.emulator.isa.tcgen05 import (
+    Tcgen05Pipe,
+    Tmem,
+    TmemAllocator,
+    cp_32x128b_warpx4,
+    decode_idesc,
+    ld_32x32b,
+    make_taddr,
+    mma_f16,
+    mma_mxf4nvf4,
+)
+
+
+def tc_desc(start: int, lbo: int, sbo: int, swizzle_code: int) -> int:
+    return (start >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 46) | (swizzle_code << 61)
+
+
+def idesc_mxf4nvf4(m: int, n: int, *, neg_a=0, neg_b=0, sfa_id=0, sfb_id=0, ue8m0=0) -> int:
+    return ((sfb_id << 4) | (1 << 7) | (1 << 10) | (neg_a << 13) | (neg_b << 14) | ((n >> 3) << 17)
+            | (ue8m0 << 23) | ((m >> 7) << 27) | (sfa_id << 29))
+
+
+def idesc_f16(m: int, n: int, bf16: bool) -> int:
+    t = 1 if bf16 else 0
+    return (1 << 4) | (t << 7) | (t << 10) | ((n >> 3) << 17) | ((m >> 4) << 24)
+
+
+def store_rows_sw128(smem: np.ndarray, base: int, rows_bytes: np.ndarray) -> None:
+    """Rows of <= 128 bytes, K-major with the 128B swizzle (ISA figure: unit j of row r at unit j ^ (r % 8))."""
+    nrows, nbytes = rows_bytes.shape
+    for r in range(nrows):
+        row = base + (r // 8) * 1024 + (r % 8) * 128
+        for j in range(nbytes // 16):
+            a = row + 16 * (j ^ (r % 8))
+            smem[a:a + 16] = rows_bytes[r, 16 * j:16 * j + 16]
+
+
+def pack_e2m1(codes: np.ndarray) -> np.ndarray:
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+
+
+def store_scales_blocked(smem: np.ndarray, base: int, sf: np.ndarray) -> None:
+    """(rows <= 128, 4) scale codes into one 512-byte block: byte 16 (m % 32) + 4 (m // 32) + kb (cuBLAS)."""
+    for m in range(sf.shape[0]):
+        for kb in range(4):
+            smem[base + 16 * (m % 32) + 4 * (m // 32) + kb] = sf[m, kb]
+
+
+UE4M3_POW2 = np.array([0x30, 0x38, 0x40, 0x28, 0x20], dtype=np.uint8)  # 2**-1, 2**0, 2**1, 2**-2, 2**-3
+
+
+@pytest.mark.parametrize("n", [16, 64, 128, 256])
+def test_mma_mxf4nvf4_block16_matches_torch(n, seed):
+    rng = np.random.default_rng(seed)
+    a_codes = rng.integers(0, 16, size=(128, 64)).astype(np.uint8)
+    b_codes = rng.integers(0, 16, size=(n, 64)).astype(np.uint8)
+    sfa = rng.choice(UE4M3_POW2, size=(128, 4))
+    sfb = rng.choice(UE4M3_POW2, size=(n, 4))
+    smem = np.zeros(64 * 1024, dtype=np.uint8)
+    a_base, b_base, sf_base = 1024, 1024 + 16 * 1024, 60 * 1024
+    store_rows_sw128(smem, a_base, pack_e2m1(a_codes))
+    store_rows_sw128(smem, b_base, pack_e2m1(b_codes))
+    store_scales_blocked(smem, sf_base, sfa)
+    for blk in range((n + 127) // 128):
+        store_scales_blocked(smem, sf_base + 512 * (1 + blk), sfb[128 * blk:128 * blk + 128])
+
+    tmem, alloc = Tmem(), TmemAllocator()
+    base_col = alloc.alloc(512) & 0xFFFF
+    d_col, sfa_col, sfb_col = base_col, base_col + 256, base_col + 264
+    sf_desc = lambda addr: tc_desc(addr, 16, 128, 0)  # noqa: E731 -- 32 rows of 16 B, 8-row groups 128 B apart
+    cp_32x128b_warpx4(tmem, smem, make_taddr(0, sfa_col), sf_desc(sf_base))
+    for blk in range((n + 127) // 128):
+        cp_32x128b_warpx4(tmem, smem, make_taddr(0, sfb_col + 4 * blk), sf_desc(sf_base + 512 * (1 + blk)))
+
+    d0 = rng.integers(-64, 65, size=(128, n)).astype(np.float32)
+    tmem.write(0, d_col, numerics.f32_bits(d0), "test")
+    pipe = Tcgen05Pipe()
+    arrived = []
+    pipe.issue(lambda: mma_mxf4nvf4(tmem, smem, make_taddr(0, d_col), tc_desc(a_base, 16, 1024, 2),
+                                    tc_desc(b_base, 16, 1024, 2), idesc_mxf4nvf4(128, n),
+                                    make_taddr(0, sfa_col), make_taddr(0, sfb_col), True))
+    assert tmem.cells[0, d_col] == numerics.f32_bits(d0)[0, 0]  # nothing ran before the commit
+    pipe.commit(lambda: arrived.append(1))
+    assert arrived == [1]
+
+    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+    sv = lambda c: torch.from_numpy(2.0 ** ((c.astype(np.float64) // 8) - 7))  # noqa: E731 -- pow2 ue4m3 only
+    a_ref = e2m1[torch.from_numpy(a_codes).long()] * sv(sfa).repeat_interleave(16, dim=1)
+    b_ref = e2m1[torch.from_numpy(b_codes).long()] * sv(sfb).repeat_interleave(16, dim=1)
+    ref = (a_ref @ b_ref.T + torch.from_numpy(d0).double()).float().numpy()
+    x = min(n, 128)  # .num is at most 128 registers: two loads for N = 256
+    got = np.concatenate([np.concatenate([ld_32x32b(tmem, make_taddr(32 * w, d_col + c), w + 4, x)
+                                          for c in range(0, n, x)], axis=1) for w in range(4)])
+    np.testing.assert_array_equal(numerics.bits_f32(got), ref)
+
+
+def test_mma_mxf4nvf4_overwrite_negate_and_data_id(seed):
+    rng = np.random.default_rng(seed)
+    n = 32
+    a_codes = rng.integers(0, 16, size=(128, 64)).astype(np.uint8)
+    b_codes = rng.integers(0, 16, size=(n, 64)).astype(np.uint8)
+    smem = np.zeros(40 * 1024, dtype=np.uint8)
+    store_rows_sw128(smem, 1024, pack_e2m1(a_codes))
+    store_rows_sw128(smem, 20 * 1024, pack_e2m1(b_codes))
+    tmem = Tmem()
+    one = np.full(128 * 4, 0x38383838, dtype=np.uint32).reshape(128, 4)  # ue4m3 1.0 in every byte
+    tmem.write(0, 300, one, "test")
+    idesc = idesc_mxf4nvf4(128, n, neg_b=1)
+    mma_mxf4nvf4(tmem, smem, make_taddr(0, 0), tc_desc(1024, 16, 1024, 2), tc_desc(20 * 1024, 16, 1024, 2),
+                 idesc, make_taddr(0, 300), make_taddr(0, 300), False)  # no D input: poisoned D is fine
+    e2m1 = numerics.E2M1
+    ref = -(e2m1[a_codes] @ e2m1[b_codes].T)
+    np.testing.assert_array_equal(numerics.bits_f32(tmem.cells[:, :n]), ref.astype(np.float32))
+    with pytest.raises(IsaError, match="exceeds a 32-bit cell"):
+        mma_mxf4nvf4(tmem, smem, 0, tc_desc(1024, 16, 1024, 2), tc_desc(20 * 1024, 16, 1024, 2),
+                     idesc_mxf4nvf4(128, n, sfa_id=2), make_taddr(0, 300), make_taddr(0, 300), True)
+    tmem.write(96, 300, np.zeros((1, 1), np.uint32), "test")
+    with pytest.raises(IsaError, match="duplicated"):
+        mma_mxf4nvf4(tmem, smem, 0, tc_desc(1024, 16, 1024, 2), tc_desc(20 * 1024, 16, 1024, 2), idesc,
+                     make_taddr(0, 300), make_taddr(0, 300), True)
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_mma_f16_matches_torch(bf16, seed):
+    g = torch.Generator().manual_seed(seed)
+    tdt = torch.bfloat16 if bf16 else torch.float16
+    n = 64
+    a = torch.randint(-8, 9, (128, 64), generator=g).to(tdt) * 0.5
+    b = torch.randint(-8, 9, (n, 64), generator=g).to(tdt) * 0.25
+    smem = np.zeros(48 * 1024, dtype=np.uint8)
+    store_rows_sw128(smem, 1024, a.view(torch.int16).numpy().view(np.uint8).reshape(128, 128))
+    store_rows_sw128(smem, 20 * 1024, b.view(torch.int16).numpy().view(np.uint8).reshape(n, 128))
+    tmem = Tmem()
+    for s in range(4):  # k-steps of 16: start + 32 s inside the 128B swizzle atom
+        mma_f16(tmem, smem, make_taddr(0, 64), tc_desc(1024 + 32 * s, 16, 1024, 2),
+                tc_desc(20 * 1024 + 32 * s, 16, 1024, 2), idesc_f16(128, n, bf16), s > 0)
+    ref = (a.double() @ b.double().T).float().numpy()
+    np.testing.assert_array_equal(numerics.bits_f32(tmem.read(0, 64, 128, n, "t")), ref)
+    with pytest.raises(IsaError, match="nothing wrote"):
+        mma_f16(tmem, smem, make_taddr(0, 200), tc_desc(1024, 16, 1024, 2), tc_desc(20 * 1024, 16, 1024, 2),
+                idesc_f16(128, n, bf16), True)
+
+
+def test_idesc_decode_fields_and_rejections():
+    d = decode_idesc("mxf4nvf4", idesc_mxf4nvf4(128, 200, neg_a=1, sfa_id=2, sfb_id=2))
+    assert (d.m, d.n, d.k, d.negate_a, d.negate_b, d.sfa_id, d.sfb_id, d.scale_type) == (128, 200, 64, True, False,
+                                                                                         2, 2, "ue4m3")
+    assert decode_idesc("mxf4nvf4", idesc_mxf4nvf4(256, 128, ue8m0=1)).m == 256
+    d = decode_idesc("f16", idesc_f16(64, 256, True) | (1 << 16))
+    assert (d.m, d.n, d.atype, d.b_major) == (64, 256, "bf16", "mn")
+    with pytest.raises(IsaError, match="sparse"):
+        decode_idesc("mxf4nvf4", idesc_mxf4nvf4(128, 64) | 4)
+    with pytest.raises(IsaError, match="transposed"):
+        decode_idesc("mxf4nvf4", idesc_mxf4nvf4(128, 64) | (1 << 15))
+    with pytest.raises(IsaError, match="E2M1"):
+        decode_idesc("mxf4nvf4", idesc_mxf4nvf4(128, 64) ^ (1 << 7))
+    with pytest.raises(IsaError, match="not modelled"):
+        decode_idesc("tf32", 0)
+    tmem = Tmem()
+    with pytest.raises(IsaError, match="cta_group::2"):
+        mma_mxf4nvf4(tmem, np.zeros(1024, np.uint8), 0, 0, 0, idesc_mxf4nvf4(256, 128), 0, 0, False, cta_group=2)
+    with pytest.raises(IsaError, match="M = 256"):
+        mma_mxf4nvf4(tmem, np.zeros(1024, np.uint8), 0, 0, 0, idesc_mxf4nvf4(256, 128), 0, 0, False)
+
+
+def test_tmem_allocator():
+    al = TmemAllocator("CTA (1,0,0)")
+    assert al.alloc(256) == 0 and al.alloc(128) == 256 and al.alloc(64) == 384
+    assert al.alloc(256) is None
+    with pytest.raises(IsaError, match="power of 2"):
+        al.alloc(48)
+    with pytest.raises(IsaError, match="does not match"):
+        al.dealloc(256, 64)
+    al.dealloc(256, 128)
+    assert al.alloc(128) == 256
+    al.relinquish_alloc_permit()
+    with pytest.raises(IsaError, match="relinquish"):
+        al.alloc(32)
+    with pytest.raises(IsaError, match="CTA \\(1,0,0\\) exits with tensor memory still allocated"):
+        al.check_exit()
+    for c, nc in [(0, 256), (256, 128), (384, 64)]:
+        al.dealloc(c, nc)
+    al.check_exit()
+
+
+def test_ld_lane_partitions_and_shapes():
+    tmem = Tmem()
+    vals = np.arange(128 * 8, dtype=np.uint32).reshape(128, 8)
+    tmem.write(0, 16, vals, "test")
+    np.testing.assert_array_equal(ld_32x32b(tmem, make_taddr(64, 16), 6, 8), vals[64:96])
+    with pytest.raises(IsaError, match="outside its lanes 32..63"):
+        ld_32x32b(tmem, make_taddr(0, 16), 1, 8)
+    with pytest.raises(IsaError, match="power of 2"):
+        ld_32x32b(tmem, make_taddr(0, 16), 0, 3)
+    with pytest.raises(IsaError, match="lane 0, column 24 that nothing wrote"):
+        ld_32x32b(tmem, make_taddr(0, 16), 0, 16)

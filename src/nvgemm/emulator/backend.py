@@ -56,7 +56,7 @@ def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
 def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
     from ..ops import check_linear_args, nvfp4_linear_emulated
     from ..runtime.sm90_backend import compile_spec_for
-    from ..templates.sm90.launch import cached_sm90_weight, prepare_sm90_args, workspace_for
+    from ..templates.sm90.launch import cached_sm90_weight, prepare_sm90_args
     from ..templates.sm90.operand import kind_of
     from .runner import prepare
 
@@ -70,8 +70,7 @@ def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, res
     m = x.numel() // k
     cfg = config_for(m, n, k, x.dtype, activation)
     prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
-    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, cfg,
-                             workspace=workspace_for(x.device) if cfg.split_k > 1 else None)
+    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, cfg)
     kernel = prepare(compile_spec_for(cfg, args.spec, x.dtype, _SM_COUNT))
     kernel.launch(*args.abi_values(), 0)
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])

@@ -79,7 +79,7 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
 
     return moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale,
                        w2_scale_2, activation, router_weight_on_input, shared_out, residual, out_dtype, configs[0],
-                       configs[1], launch)
+                       configs[1], launch, stream_id=stream.cuda_stream)
 
 
 BACKEND = MoeBackend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)

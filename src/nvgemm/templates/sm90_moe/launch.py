@@ -39,7 +39,8 @@ import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
-from ..sm90.launch import Sm90Workspace, _memo, capturing, workspace_for
+from ..sm90.launch import Sm90Workspace, _int32_dummy, _memo, capturing
+from ..workspace import WORKSPACES
 from ..sm90.operand import Sm90Weight, kind_of, prepare_sm90_weight
 from .config import Sm90MoeConfig, moe_shape_problem, validate_moe_config, work_tiles_bound
 
@@ -190,8 +191,11 @@ class MoeGemmArgs:
 
 
 def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: MoeWorkList, stack: MoeStack,
-              alpha: torch.Tensor, activation: str, out_dtype: torch.dtype, ws: Sm90Workspace) -> MoeGemmArgs:
-    """Arguments of one grouped GEMM (output ``[P, rows or rows/2]``); raises naming the problem."""
+              alpha: torch.Tensor, activation: str, out_dtype: torch.dtype, ws: Optional[Sm90Workspace] = None,
+              stream_id: int = 0) -> MoeGemmArgs:
+    """Arguments of one grouped GEMM (output ``[P, rows or rows/2]``); raises naming the problem.
+    Split-K partials go to ``ws`` when given, else to the shared per-(device, stream) pool
+    (:data:`nvgemm.templates.workspace.WORKSPACES`)."""
     validate_moe_config(config).raise_if_failed("sm90 moe config")
     gated = activation == "silu_mul"
     if why := moe_shape_problem(config, stack.rows, stack.k, gated):
@@ -205,11 +209,15 @@ def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: Mo
     spec = EpilogueSpec(alpha="vector" if alpha.numel() > stack.num_experts else "scalar", activation=activation,
                         out_dtype=out_dtype)
     out = torch.empty((p, n_out), dtype=out_dtype, device=x.device)
-    work, count = ws.work, ws.count
+    work, count = alpha, _int32_dummy(x.device)  # never read without split-K
     if config.split_k > 1:
         feat = config.tile_n // 2 if gated else config.tile_n
-        ws.ensure(config.split_k * p * stack.rows, wl.slots * -(-n_out // feat))
-        work, count = ws.work, ws.count
+        need_w, need_c = config.split_k * p * stack.rows, wl.slots * -(-n_out // feat)
+        if ws is not None:
+            ws.ensure(need_w, need_c)
+            work, count = ws.work, ws.count
+        else:
+            work, count = WORKSPACES.get(x.device, need_w, need_c, stream_id)
     return MoeGemmArgs(x, rows, wl.tiles, stack.weight, stack.scale, alpha.reshape(-1).contiguous(), out, work, count,
                        spec, config)
 
@@ -250,7 +258,8 @@ Launch = Callable[[MoeGemmArgs], None]
 def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, activation,
                 router_weight_on_input, shared_out, residual, out_dtype,
                 config13: Sm90MoeConfig, config2: Sm90MoeConfig, launch: Launch,
-                workspace: Optional[Sm90Workspace] = None, keep: Optional[dict] = None) -> torch.Tensor:
+                workspace: Optional[Sm90Workspace] = None, keep: Optional[dict] = None,
+                stream_id: int = 0) -> torch.Tensor:
     """One W4A16 ``nvfp4_moe`` call through the grouped kernels (``launch`` runs a GEMM's arguments
     on the right kernel). ``keep`` (a dict) receives the work list and the intermediates (tests)."""
     if config13.tile_m != config2.tile_m:
@@ -259,7 +268,7 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     kind = kind_of(x.dtype)
     dev = x.device
     out_dtype = out_dtype or x.dtype
-    ws = workspace or workspace_for(dev)
+    ws = workspace
     wts = topk_weights
     xin = x
     if router_weight_on_input:  # contract step 1 (top-1): xin = round(x * w), w := 1
@@ -270,10 +279,10 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     wl = work_list(topk_ids, expert_map, w13.shape[0], config13.tile_m)
     s13 = cached_moe_stack(w13, w13_scale, kind)
     s2 = cached_moe_stack(w2, w2_scale, kind)
-    a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws)
+    a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws, stream_id)
     launch(a1)
     ident = identity_rows(wl.pos.numel(), dev)
-    a2 = gemm_args(config2, a1.out, ident, wl, s2, w2_scale_2.float(), "none", torch.float32, ws)
+    a2 = gemm_args(config2, a1.out, ident, wl, s2, w2_scale_2.float(), "none", torch.float32, ws, stream_id)
     launch(a2)
     out = finalize(a2.out, wl, wts, shared_out, residual, out_dtype)
     if keep is not None:

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from .epilogues import ACTIVATIONS, EpilogueSpec, epilogue_ref
-from .formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_activation, to_blocked
+from .formats import NVFP4, blocked_numel, blocked_shape, dequantize, from_blocked, quantize_activation, to_blocked
 from .runtime.backends import Backend, LinearProblem, register_backend, select_backend
 
 X_DTYPES = (torch.bfloat16, torch.float16)
@@ -70,11 +70,19 @@ def check_linear_args(
             f"nvgemm.nvfp4_linear: weight_scale must be float8_e4m3fn (or its raw bytes as uint8), "
             f"got {weight_scale.dtype}"
         )
-    want = blocked_numel(n, k // NVFP4.block_size)
-    if weight_scale.dim() != 1 or weight_scale.numel() != want:
+    kb = k // NVFP4.block_size
+    want = blocked_shape(n, kb)
+    if _shape(weight_scale) != want:
+        if _shape(weight_scale) == (n, kb):
+            hint = "these are linear [N, K/16] scales: swizzle them once with nvgemm.formats.to_blocked"
+        elif weight_scale.dim() == 1 and weight_scale.numel() == blocked_numel(n, kb):
+            hint = ("1-D scales are ambiguous (a flattened linear [N, K/16] matrix has the same size); if these "
+                    f"bytes are 128x4-swizzled, say so with .view{want}")
+        else:
+            hint = "wrong size for this weight"
         raise ValueError(
-            f"nvgemm.nvfp4_linear: weight_scale must be the 1-D 128x4-swizzled scale of a [{n}, {k // 16}] "
-            f"matrix ({want} elements), got shape {_shape(weight_scale)}"
+            f"nvgemm.nvfp4_linear: weight_scale must be the 128x4-swizzled scales of a [{n}, {kb}] matrix in "
+            f"their tiled shape {want} (nvgemm.formats.blocked_shape), got shape {_shape(weight_scale)}: {hint}"
         )
     if weight_scale_2.dtype != torch.float32 or _shape(weight_scale_2) not in ((), (n,)):
         raise ValueError(
@@ -204,7 +212,7 @@ def _check_quant_args(x: torch.Tensor, input_scale: torch.Tensor) -> None:
 def quantize_nvfp4_emulated(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = True):
     _check_quant_args(x, input_scale)
     packed, scale = quantize_activation(x, input_scale.to(x.device))
-    return packed, (to_blocked(scale) if swizzle else scale)
+    return packed, (to_blocked(scale).reshape(-1) if swizzle else scale)
 
 
 _CUDA_QUANTIZER = None  # fn(x, input_scale, swizzle) -> (packed, scale); set by a kernel module
@@ -220,8 +228,8 @@ def set_cuda_quantizer(fn) -> None:
 def quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16/fp16/fp32 [M, K] -> (packed uint8 [M, K/2], e4m3 scales).
 
-    Scales are the 1-D 128x4 swizzled layout (rows padded to 128, K/16 padded to 4, padding
-    zero) when ``swizzle``, else the linear [M, K/16] layout.
+    Scales are the flat 1-D bytes of the 128x4 swizzled layout (rows padded to 128, K/16 padded
+    to 4, padding zero; what the kernels read) when ``swizzle``, else the linear [M, K/16] layout.
     """
     _check_quant_args(x, input_scale)
     if x.device.type == "cuda":

@@ -9,8 +9,10 @@ Understood layouts:
   * compressed-tensors ``nvfp4-pack-quantized``: ``weight_packed``, ``weight_scale``,
     ``weight_global_scale`` and ``input_global_scale`` are *divisors*; they are converted to
     ModelOpt's multipliers as ``1 / divisor`` in fp32 (one rounding, <= 0.5 ulp relative).
-  * Already-swizzled 1-D scales (TensorRT-LLM style) whose size is exactly the 128x4 layout's are
-    un-swizzled with the exact inverse, and the conversion is logged; any other 1-D size is refused.
+  * Already-swizzled 1-D scales (TensorRT-LLM style) are loaded only when the caller says so
+    (``swizzled_scales=True``): a flattened *linear* matrix has exactly the swizzled size whenever
+    N % 128 == 0 and K % 64 == 0, so the bytes cannot tell. They are then un-swizzled with the
+    exact inverse and the conversion is logged; without the flag any 1-D scale is refused.
 
 Everything else (other quant_algos in a mixed map, nibble-swapped producers we cannot detect,
 missing / extra / mis-shaped tensors) raises ``CheckpointError`` naming the layer or tensor.
@@ -184,8 +186,12 @@ def _scalar(t: torch.Tensor, name: str) -> torch.Tensor:
     return v
 
 
-def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: str, cfg: QuantConfig) -> NVFP4Linear:
-    """Build the NVFP4Linear replacing ``linear`` (named ``prefix``) from its checkpoint tensors."""
+def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: str, cfg: QuantConfig,
+                      swizzled_scales: bool = False) -> NVFP4Linear:
+    """Build the NVFP4Linear replacing ``linear`` (named ``prefix``) from its checkpoint tensors.
+
+    ``swizzled_scales``: 1-D ``weight_scale`` tensors are pre-swizzled 128x4 bytes (see the module
+    docstring); otherwise a 1-D scale is refused."""
     n, k = linear.out_features, linear.in_features
     if k % NVFP4.block_size:
         raise CheckpointError(f"layer {prefix}: in_features={k} is not a multiple of 16")
@@ -196,13 +202,19 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
     s_key = f"{prefix}.weight_scale"
     scale = idx.get(s_key)
     if scale.dim() == 1:
+        if not swizzled_scales:
+            raise CheckpointError(
+                f"tensor {s_key}: 1-D block scales ({scale.numel()} bytes) where the linear [{n}, {kb}] matrix is "
+                "expected; a flattened linear matrix and pre-swizzled (128x4) bytes can have the same size, so "
+                "nvgemm does not guess: pass swizzled_scales=True if this export stores swizzled scales")
         if scale.numel() != blocked_numel(n, kb):
             raise CheckpointError(
-                f"tensor {s_key}: 1-D scales of {scale.numel()} bytes match neither the linear [{n}, {kb}] "
-                f"layout nor the 128x4 swizzled layout ({blocked_numel(n, kb)} bytes); unknown scale format"
+                f"tensor {s_key}: 1-D scales of {scale.numel()} bytes do not have the 128x4 swizzled size of a "
+                f"[{n}, {kb}] matrix ({blocked_numel(n, kb)} bytes)"
             )
         _expect(scale, s_key, (torch.uint8, torch.float8_e4m3fn), None)
-        log.info("nvgemm_cutedsl: %s holds pre-swizzled (128x4) 1-D scales; un-swizzling exactly", s_key)
+        log.info("nvgemm_cutedsl: %s holds pre-swizzled (128x4) 1-D scales (swizzled_scales=True); "
+                 "un-swizzling exactly", s_key)
         scale = from_blocked(scale.view(torch.float8_e4m3fn), n, kb)
     scale = _expect(scale, s_key, torch.float8_e4m3fn, (n, kb))
     if ct:
@@ -233,12 +245,14 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
 
 
 def load_modelopt_checkpoint(
-    ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+    ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, *,
+    swizzled_scales: bool = False,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
     Non-quantized weights (embeddings, norms, ``lm_head``) keep the checkpoint's values cast to
-    ``dtype``. Raises ``CheckpointError`` for anything it cannot load exactly.
+    ``dtype``. ``swizzled_scales=True`` declares that 1-D ``weight_scale`` tensors are pre-swizzled
+    128x4 bytes (refused otherwise). Raises ``CheckpointError`` for anything it cannot load exactly.
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -262,7 +276,7 @@ def load_modelopt_checkpoint(
         if f"{name}.weight_scale" not in idx:
             raise CheckpointError(f"missing tensor {name}.weight_scale (the quantization config makes layer "
                                   f"{name} {algo}; is exclude_modules complete?)")
-        new = load_nvfp4_linear(idx, name, mod, algo, qcfg).to(device)
+        new = load_nvfp4_linear(idx, name, mod, algo, qcfg, swizzled_scales).to(device)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
         replaced.append(name)

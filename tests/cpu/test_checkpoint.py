@@ -236,6 +236,23 @@ def test_preswizzled_scales_unswizzled_exactly(ckpts, tmp_path):
     assert torch.equal(a.weight_scale.view(torch.uint8), b.weight_scale.view(torch.uint8))
 
 
+def _set_scale_byte(sd, byte):
+    raw = sd[f"{P}.weight_scale"].view(torch.uint8).clone()
+    raw[5, 2] = byte if byte is not None else raw[5, 2] | 0x80
+    sd[f"{P}.weight_scale"] = raw.view(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("byte,what", [(0x7F, "NaN"), (0xFF, "NaN"), (None, "negative"), (0x80, "negative")],
+                         ids=["nan", "neg-nan", "negative", "neg-zero"])
+def test_nan_and_negative_block_scales_refused(ckpts, tmp_path, byte, what):
+    """The loader used to accept these (logits off by 0.89 for a NaN, 0.17 for a negative scale)."""
+    ck = _copy(ckpts[("llama", "NVFP4")], tmp_path)
+    _edit_tensors(ck, lambda sd: _set_scale_byte(sd, byte))
+    with pytest.raises(CheckpointError, match=f"tensor {P}.weight_scale: block scale at index \\[5, 2\\] is {what}"
+                       .replace(".", r"\.")):
+        load_modelopt_checkpoint(ck)
+
+
 def test_flattened_linear_scales_refused(ckpts, tmp_path):
     """q_proj is [128, 128]: N % 128 == 0 and K % 64 == 0, so its linear scales flattened to 1-D have
     exactly the swizzled size; the loader used to un-swizzle them (silently wrong logits)."""

@@ -144,6 +144,10 @@ def test_bad_layers_are_named(seed):
                    q.global_scale.reshape(1), None, [32], "model.layers.0.mlp.down_proj")
     with pytest.raises(ValueError, match="do not add up"):
         plan_gemms(q.packed, q.scale, q.global_scale.reshape(1), None, [16], "x")
+    neg = q.scale.view(torch.uint8).clone()
+    neg[3, 1] |= 0x80  # a sign bit: the MMA reads block scales as unsigned, the loader must refuse it
+    with pytest.raises(ValueError, match=r"block scale at index \[3, 1\] is negative"):
+        plan_gemms(q.packed, neg.view(torch.float8_e4m3fn), q.global_scale.reshape(1), None, [32], "x")
     with pytest.raises(ValueError, match="not a positive finite scale"):
         plan_gemms(q.packed, q.scale, torch.zeros(1), None, [32], "x")
     with pytest.raises(ValueError, match="weight_scale must be"):

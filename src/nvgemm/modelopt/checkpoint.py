@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..formats import NVFP4, blocked_numel, from_blocked
+from ..formats import NVFP4, blocked_numel, check_block_scales, from_blocked
 from ..linear import NVFP4Linear
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -217,6 +217,10 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
                  "un-swizzling exactly", s_key)
         scale = from_blocked(scale.view(torch.float8_e4m3fn), n, kb)
     scale = _expect(scale, s_key, torch.float8_e4m3fn, (n, kb))
+    try:
+        check_block_scales(scale, f"tensor {s_key}")  # the same byte rule as the vLLM path
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if ct:
         ws2 = 1.0 / _scalar(idx.get(f"{prefix}.weight_global_scale"), f"{prefix}.weight_global_scale")
     else:

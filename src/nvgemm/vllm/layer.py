@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..formats import NVFP4, to_blocked
+from ..formats import NVFP4, check_block_scales, to_blocked
 from ..runtime.serving_plan import shard_runs
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
@@ -38,7 +38,7 @@ class Gemm:
 
     start: int
     stop: int
-    weight_scale: torch.Tensor  # 1-D 128x4-swizzled e4m3 of rows [start, stop)
+    weight_scale: torch.Tensor  # 128x4-swizzled e4m3 of rows [start, stop), tiled shape (formats.blocked_shape)
     weight_scale_2: torch.Tensor  # fp32 () or (stop - start,)
     input_scale: torch.Tensor | None  # fp32 () ; None = weight-only (W4A16)
 
@@ -85,9 +85,11 @@ def plan_gemms(
     widths = [int(w) for w in widths]
     if sum(widths) != n or any(w <= 0 for w in widths):
         raise ValueError(f"nvgemm vLLM layer {layer}: shard widths {widths} do not add up to N={n}")
-    if bool(torch.isnan(weight_scale.float()).any()):
-        raise ValueError(f"nvgemm vLLM layer {layer}: weight_scale was never loaded (NaN); the checkpoint "
-                         "likely stores this layer unquantized: list it in exclude_modules")
+    try:
+        check_block_scales(weight_scale, f"nvgemm vLLM layer {layer}: weight_scale")  # same rule as the loader
+    except ValueError as e:
+        raise ValueError(f"{e}. (NaN can also mean the scale was never loaded: a checkpoint storing this "
+                         "layer unquantized needs it in exclude_modules)") from None
     shards = len(widths)
     ws2 = _per_shard(weight_scale_2, shards, "weight_scale_2", layer)
     ins = None if input_scale is None else _per_shard(input_scale, shards, "input_scale", layer)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .formats import NVFP4, blocked_shape, dequantize, from_blocked, is_blocked, quantize_weight, to_blocked
-from .ops import check_linear_args
+from .ops import check_linear_args, check_scale_values
 from .runtime.backends import last_selected
 
 
@@ -155,12 +155,22 @@ class NVFP4Linear(nn.Module):
         return cls.from_tensors(weight, scale, ws2, ins, bias)
 
     def _validate(self) -> None:
+        """Shapes and dtypes, and (once, at construction: a device sync is fine here) the scale values
+        the op checks per call only for host tensors."""
         x = torch.empty((1, self.in_features), dtype=torch.bfloat16, device="meta")
         check_linear_args(
             x, self.weight.to("meta"), self.weight_scale.to("meta"), self.weight_scale_2.to("meta"),
             None if self.input_scale is None else self.input_scale.to("meta"),
             None if self.bias is None else self.bias.to("meta"), None, self.activation, None,
         )
+        if self.weight_scale_2.is_meta or self.weight.is_meta:
+            return
+        ws2 = self.weight_scale_2.detach().float().cpu()
+        check_scale_values(ws2, None if self.input_scale is None else self.input_scale.detach().cpu(), "NVFP4Linear")
+        zero = (ws2.expand(self.out_features) == 0).to(self.weight.device)
+        if bool(zero.any()) and bool(self.weight[zero].any()):
+            raise ValueError("NVFP4Linear: weight_scale_2 is 0 for rows whose codes are not all zero; their "
+                             "output would be 0 (a zero global scale belongs only to an all-zero weight)")
 
     # ------------------------------------------------------------------ compute
 

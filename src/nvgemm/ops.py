@@ -29,6 +29,7 @@ from .formats import NVFP4, blocked_numel, blocked_shape, dequantize, from_block
 from .runtime.backends import Backend, LinearProblem, register_backend, select_backend
 
 X_DTYPES = (torch.bfloat16, torch.float16)
+EPILOGUE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # bias / residual
 
 
 # --------------------------------------------------------------------------- validation
@@ -96,6 +97,9 @@ def check_linear_args(
         )
     if bias is not None and _shape(bias) != (n,):
         raise ValueError(f"nvgemm.nvfp4_linear: bias must have shape ({n},), got {_shape(bias)}")
+    for name, t in (("bias", bias), ("residual", residual)):
+        if t is not None and t.dtype not in EPILOGUE_DTYPES:
+            raise TypeError(f"nvgemm.nvfp4_linear: {name} must be bfloat16, float16 or float32, got {t.dtype}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"nvgemm.nvfp4_linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     spec = EpilogueSpec(
@@ -115,6 +119,26 @@ def check_linear_args(
         if t is not None and t.device != x.device and not (t.dim() == 0 and t.device.type == "cpu"):
             raise ValueError(f"nvgemm.nvfp4_linear: {name} is on {t.device} but x is on {x.device}")
     return spec
+
+
+def check_scale_values(weight_scale_2: torch.Tensor, input_scale: Optional[torch.Tensor],
+                       where: str = "nvgemm.nvfp4_linear") -> None:
+    """Refuse NaN / Inf / negative ``weight_scale_2`` and NaN / Inf / non-positive ``input_scale``.
+
+    Reading a value forces a device sync, so per call only host (CPU) tensors are checked; CUDA
+    scalars are checked where they are built (``NVFP4Linear``, the checkpoint and vLLM loaders).
+    ``weight_scale_2 == 0`` is allowed: it is the global scale of an all-zero weight
+    (``formats.quantize_weight``); ``NVFP4Linear`` checks that such rows hold only zero codes.
+    """
+    if weight_scale_2.device.type == "cpu":
+        bad = ~torch.isfinite(weight_scale_2) | (weight_scale_2 < 0)
+        if bool(bad.any()):
+            v = weight_scale_2.reshape(-1)[bad.reshape(-1)][0].item()
+            raise ValueError(f"{where}: weight_scale_2 holds {v}; it must be finite and >= 0")
+    if input_scale is not None and input_scale.device.type == "cpu":
+        v = input_scale.reshape(-1)[0].item()
+        if not (v > 0 and v != float("inf")):
+            raise ValueError(f"{where}: input_scale is {v}; it must be finite and > 0")
 
 
 def problem_of(x, weight, weight_scale_2, input_scale, bias, residual, activation, spec: EpilogueSpec) -> LinearProblem:
@@ -185,6 +209,7 @@ def nvfp4_linear(
 ) -> torch.Tensor:
     """NVFP4 linear: ``epilogue(alpha * x @ dequant(weight).T)``; see the module docstring."""
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    check_scale_values(weight_scale_2, input_scale)
     backend = select_backend(problem_of(x, weight, weight_scale_2, input_scale, bias, residual, activation, spec))
     return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
 

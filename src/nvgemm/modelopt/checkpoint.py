@@ -33,6 +33,7 @@ from torch import nn
 
 from ..formats import NVFP4, blocked_numel, check_block_scales, from_blocked
 from ..linear import NVFP4Linear
+from ..runtime.files import read_json, safetensors_files
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -80,10 +81,10 @@ def read_quant_config(ckpt: str | Path) -> QuantConfig:
     cfg_path, hfq_path = ckpt / "config.json", ckpt / "hf_quant_config.json"
     if not cfg_path.exists():
         raise CheckpointError(f"{ckpt}: no config.json; is this a Hugging Face export folder?")
-    config = json.loads(cfg_path.read_text())
+    config = read_json(cfg_path, CheckpointError)
     qc = config.get("quantization_config")
     if hfq_path.exists():
-        q = json.loads(hfq_path.read_text()).get("quantization")
+        q = read_json(hfq_path, CheckpointError).get("quantization")
         if not isinstance(q, dict):
             raise CheckpointError(f"{hfq_path}: missing the 'quantization' section")
         algo = q.get("quant_algo")
@@ -140,13 +141,14 @@ class _TensorIndex:
     def __init__(self, ckpt: Path):
         from safetensors import safe_open
 
-        files = sorted(ckpt.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{ckpt}: no *.safetensors files")
+        files = safetensors_files(ckpt, CheckpointError)  # regular files only: a FIFO would hang
         self._handles = {}
         self.where: dict[str, Path] = {}
         for f in files:
-            h = safe_open(str(f), framework="pt", device="cpu")
+            try:
+                h = safe_open(str(f), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own error types for corrupt files
+                raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
             self._handles[f] = h
             for k in h.keys():
                 if k in self.where:
@@ -250,24 +252,32 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
 
 def load_modelopt_checkpoint(
     ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, *,
-    swizzled_scales: bool = False,
+    swizzled_scales: bool = False, trust_remote_code: bool = False,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
     Non-quantized weights (embeddings, norms, ``lm_head``) keep the checkpoint's values cast to
     ``dtype``. ``swizzled_scales=True`` declares that 1-D ``weight_scale`` tensors are pre-swizzled
-    128x4 bytes (refused otherwise). Raises ``CheckpointError`` for anything it cannot load exactly.
+    128x4 bytes (refused otherwise). Code shipped in the checkpoint folder (``auto_map``) runs only
+    with ``trust_remote_code=True``. Raises ``CheckpointError`` for anything it cannot load exactly.
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     ckpt = Path(ckpt)
     qcfg = read_quant_config(ckpt)
-    config = AutoConfig.from_pretrained(str(ckpt))
+    try:
+        config = AutoConfig.from_pretrained(str(ckpt), trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError) as e:  # unknown model_type, remote code refused, bad config
+        hint = ("; the folder ships its own model code (auto_map): nvgemm runs it only with "
+                "trust_remote_code=True" if not trust_remote_code and "auto_map" in read_json(ckpt / "config.json",
+                                                                                               CheckpointError) else "")
+        raise CheckpointError(f"{ckpt / 'config.json'}: transformers cannot build the model config "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__}){hint}") from None
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")  # nvgemm applies the quantization itself
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     idx = _TensorIndex(ckpt)
 
     replaced = []

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 import time
 from collections import Counter, defaultdict
@@ -87,15 +86,12 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
     A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``.
     Identical (N, K) shapes are reported once, named after the first layer that has them.
     """
-    files = sorted(Path(ckpt).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors files in {ckpt}")
+    from .files import safetensors_files, safetensors_header
+
     tensors: dict[str, dict] = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        tensors.update({k: v for k, v in header.items() if k != "__metadata__"})
+    for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
+        header = safetensors_header(f)
+        tensors.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
     seen: dict[tuple[int, int], str] = {}
     for name in sorted(tensors):
         if not name.endswith(".weight"):

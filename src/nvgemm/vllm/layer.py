@@ -109,6 +109,52 @@ def plan_gemms(
     return gemms
 
 
+class LoadTracker:
+    """Records which parameter shards vLLM's weight loaders filled, so a layer never serves memory that
+    no checkpoint tensor was written to (``create_weights`` allocates ``weight`` with ``torch.empty``).
+
+    vLLM calls ``param.weight_loader(param, loaded_weight[, shard_id])`` once per checkpoint tensor:
+    once per shard of a fused layer (shard id "q"/"k"/"v" or 0, 1, ...), once with no shard id when
+    the checkpoint holds the fused tensor. :meth:`wrap` returns a loader that records the call and
+    forwards it; :meth:`check` raises naming every parameter or shard that was never loaded.
+    """
+
+    def __init__(self, layer: str, shards: int):
+        self.layer, self.shards = layer, shards
+        self.loaded: dict[str, set] = {}
+        self.untracked = False
+
+    def wrap(self, name: str, loader):
+        if loader is None:  # vLLM gave no loader: nothing to track (the NaN-initialised scales still are)
+            self.untracked = True
+            return None
+
+        def load(param, loaded_weight, *args, **kwargs):
+            shard = args[0] if args else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+            out = loader(param, loaded_weight, *args, **kwargs)
+            self.loaded.setdefault(name, set()).add(shard)  # after the copy succeeded
+            return out
+
+        return load
+
+    def missing(self, names: Iterable[str]) -> list[str]:
+        out = []
+        for name in names:
+            got = self.loaded.get(name, set())
+            if None in got or len(got) >= self.shards:
+                continue
+            out.append(name if not got else f"{name} (loaded shards {sorted(map(str, got))} of {self.shards})")
+        return out
+
+    def check(self, names: Iterable[str]) -> None:
+        missing = [] if self.untracked else self.missing(names)
+        if missing:
+            raise ValueError(
+                f"nvgemm vLLM layer {self.layer}: never loaded from the checkpoint: {', '.join(missing)}; the layer "
+                "would compute on uninitialised memory (is a shard missing from the checkpoint, or the layer "
+                "stored unquantized? then list it in the quantization config's ignore / exclude_modules)")
+
+
 def run_gemms(x: torch.Tensor, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None) -> torch.Tensor:
     """The layer's output: one ``nvgemm::nvfp4_linear`` per GEMM, concatenated along N."""
     outs = []

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from . import _compat
-from .layer import describe_choices, plan_gemms, run_gemms, warm_up
+from .layer import LoadTracker, describe_choices, plan_gemms, run_gemms, warm_up
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -88,6 +88,7 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
         self.weight_only = weight_only
         self.prefix = prefix
         self.gemms = []
+        self.tracker = None  # set by create_weights
         self.dump_dir = os.environ.get(DUMP_ENV) or None
 
     def create_weights(self, layer, input_size_per_partition: int, output_partition_sizes: list[int],
@@ -105,18 +106,26 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
         layer.input_size_per_partition = k
         layer.output_size_per_partition = n
         shards = len(widths)
+        # every loader call is recorded: process_weights_after_loading refuses a layer with a shard
+        # that was never loaded (weight is torch.empty: it would serve uninitialised memory)
+        self.tracker = tracker = LoadTracker(self.prefix, shards)
         layer.register_parameter("weight", V.ModelWeightParameter(
-            data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0, weight_loader=wl))
+            data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0,
+            weight_loader=tracker.wrap("weight", wl)))
         layer.register_parameter("weight_scale", V.ModelWeightParameter(
             data=torch.full((n, k // 16), float("nan"), dtype=torch.float32).to(torch.float8_e4m3fn),
-            input_dim=1, output_dim=0, weight_loader=wl))
+            input_dim=1, output_dim=0, weight_loader=tracker.wrap("weight_scale", wl)))
         layer.register_parameter("weight_scale_2", V.PerTensorScaleParameter(
-            data=torch.full((shards,), float("nan"), dtype=torch.float32), weight_loader=wl))
+            data=torch.full((shards,), float("nan"), dtype=torch.float32),
+            weight_loader=tracker.wrap("weight_scale_2", wl)))
         # W4A16 layers also accept a (legacy) input_scale, as vLLM does; it is dropped after loading
         layer.register_parameter("input_scale", V.PerTensorScaleParameter(
-            data=torch.full((shards,), float("nan"), dtype=torch.float32), weight_loader=wl))
+            data=torch.full((shards,), float("nan"), dtype=torch.float32),
+            weight_loader=tracker.wrap("input_scale", wl)))
 
     def process_weights_after_loading(self, layer) -> None:
+        required = ("weight", "weight_scale", "weight_scale_2") + (() if self.weight_only else ("input_scale",))
+        self.tracker.check(required)
         weight = layer.weight.data
         ins = None
         if not self.weight_only:

@@ -251,3 +251,21 @@ def test_prefused_checkpoint_tensor_counts_as_every_shard():
     tracker.check(["weight"])
     with pytest.raises(ValueError, match="never loaded from the checkpoint: weight_scale;"):
         tracker.check(["weight", "weight_scale"])
+
+
+@pytest.mark.parametrize("cfg,logged", [
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, True),
+    ({"quant_method": "compressed_tensors", "format": "nvfp4-pack-quantized"}, True),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized"}, False),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, False),
+    (None, False),
+])
+def test_compressed_tensors_nvfp4_fallback_is_logged(caplog, cfg, logged):
+    from nvgemm.vllm.layer import note_unserved_checkpoint
+
+    with caplog.at_level("WARNING", logger="nvgemm_cutedsl.vllm"):
+        msg = note_unserved_checkpoint(cfg)
+    lines = [r.getMessage() for r in caplog.records if "compressed-tensors NVFP4" in r.getMessage()]
+    assert (msg is not None) == logged and len(lines) == (1 if logged else 0)
+    if logged:
+        assert "not nvgemm" in lines[0]

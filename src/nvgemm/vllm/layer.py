@@ -155,6 +155,23 @@ class LoadTracker:
                 "stored unquantized? then list it in the quantization config's ignore / exclude_modules)")
 
 
+def note_unserved_checkpoint(hf_quant_cfg) -> str | None:
+    """One log line when vLLM is about to serve an NVFP4 checkpoint nvgemm does not take over (returned
+    for tests); None for anything else. nvgemm's plugin serves ModelOpt exports (``modelopt_fp4`` /
+    ``modelopt_mixed``); a compressed-tensors ``nvfp4-pack-quantized`` checkpoint stays on vLLM's own
+    compressed-tensors path, which without this line would look like nvgemm serving it."""
+    if not isinstance(hf_quant_cfg, dict):
+        return None
+    method = str(hf_quant_cfg.get("quant_method", "")).lower().replace("_", "-")
+    if method != "compressed-tensors" or hf_quant_cfg.get("format") != "nvfp4-pack-quantized":
+        return None
+    msg = ("nvgemm_cutedsl: this checkpoint is compressed-tensors NVFP4 (nvfp4-pack-quantized); nvgemm's vLLM "
+           "plugin serves ModelOpt NVFP4 exports only, so vLLM's own compressed-tensors kernels serve it, not "
+           "nvgemm (nvgemm.load_modelopt_checkpoint loads this format outside vLLM)")
+    log.warning(msg)
+    return msg
+
+
 def run_gemms(x: torch.Tensor, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None) -> torch.Tensor:
     """The layer's output: one ``nvgemm::nvfp4_linear`` per GEMM, concatenated along N."""
     outs = []

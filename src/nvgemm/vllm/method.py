@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from . import _compat
-from .layer import LoadTracker, describe_choices, plan_gemms, run_gemms, warm_up
+from .layer import LoadTracker, describe_choices, note_unserved_checkpoint, plan_gemms, run_gemms, warm_up
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -215,6 +215,14 @@ def _nvgemm_method(method, layer, prefix: str):
 
 class NvgemmModelOptNvFp4Config(V.ModelOptNvFp4Config):
     """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with linear layers served by nvgemm."""
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, *args, **kwargs):
+        # vLLM asks every registered config whether it claims the checkpoint (ModelConfig's
+        # _verify_quantization loop); nvgemm claims nothing new here, it only says when an NVFP4
+        # checkpoint will not be served by nvgemm
+        note_unserved_checkpoint(hf_quant_cfg)
+        return super().override_quantization_method(hf_quant_cfg, user_quant, *args, **kwargs)
 
     def get_quant_method(self, layer, prefix: str):
         return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)

@@ -119,15 +119,18 @@ def _modelopt_config(algo, group_size, exclude, quantized_layers, where) -> Quan
     if algo not in (*SUPPORTED_ALGOS, "MIXED_PRECISION"):
         raise CheckpointError(f"{where}: quant_algo {algo!r} is not NVFP4; nvgemm loads {SUPPORTED_ALGOS} "
                               "and MIXED_PRECISION maps of them")
-    if group_size != 16:
-        raise CheckpointError(f"{where}: group_size {group_size} != 16; NVFP4 uses 16-element blocks")
+    if group_size != 16 or type(group_size) is not int:
+        raise CheckpointError(f"{where}: group_size {group_size!r} ({type(group_size).__name__}) must be the "
+                              "integer 16; NVFP4 uses 16-element blocks")
     per_layer = {}
     for name, lc in quantized_layers.items():
         la = lc.get("quant_algo") if isinstance(lc, dict) else lc
         if la not in SUPPORTED_ALGOS:
             raise CheckpointError(f"{where}: layer {name} uses quant_algo {la!r}; nvgemm loads only {SUPPORTED_ALGOS}")
-        if isinstance(lc, dict) and lc.get("group_size", 16) not in (16, 0, None):
-            raise CheckpointError(f"{where}: layer {name} has group_size {lc.get('group_size')} != 16")
+        if isinstance(lc, dict) and (lc.get("group_size", 16) not in (16, 0, None)
+                                     or type(lc.get("group_size", 16)) not in (int, type(None))):
+            raise CheckpointError(f"{where}: layer {name} has group_size {lc.get('group_size')!r} "
+                                  f"({type(lc.get('group_size')).__name__}); must be the integer 16")
         per_layer[name] = la
     return QuantConfig("modelopt", algo, 16, list(exclude), per_layer)
 

@@ -84,7 +84,7 @@ def random_layer(case, dev, gen):
     n_out = n // 2 if case.activation == "silu_mul" else n
     bias = torch.randn(n, device=dev, generator=gen).to(case.torch_x_dtype) if case.bias else None
     res = torch.randn(case.m, n_out, device=dev, generator=gen).to(case.torch_out_dtype) if case.residual else None
-    return dict(x=x, weight=packed, weight_scale=to_blocked(scale).reshape(-1), weight_scale_2=ws2.float(),
+    return dict(x=x, weight=packed, weight_scale=to_blocked(scale), weight_scale_2=ws2.float(),
                 input_scale=input_scale, bias=bias, residual=res, activation=case.activation,
                 out_dtype=case.torch_out_dtype if case.out_dtype != case.x_dtype else None)
 

@@ -360,7 +360,7 @@ def _bench_gemm(n: int, k: int, m: int, cap: tuple[int, int], bw_gbs: float, l2_
     w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
     wq = quantize_weight(w.float())
-    w_sw = to_blocked(wq.scale)
+    w_sw = to_blocked(wq.scale).reshape(-1)  # torch._scaled_mm reads flat swizzled bytes
     fp4_bytes = n * k // 2 + n * k // 16
     copies = max(1, min(64, math.ceil(2 * l2_bytes / fp4_bytes)))
     copies_bf16 = max(1, min(64, math.ceil(2 * l2_bytes / (n * k * 2))))
@@ -389,7 +389,7 @@ def _bench_gemm(n: int, k: int, m: int, cap: tuple[int, int], bw_gbs: float, l2_
         try:
             xq, xs = quantize_activation(x, input_scale)
             a = xq.view(torch.float4_e2m1fn_x2)
-            xs_sw = to_blocked(xs)
+            xs_sw = to_blocked(xs).reshape(-1)
             alpha = (input_scale * ws2).float()
             calls = [lambda i=i: torch._scaled_mm(a, packs[i].view(torch.float4_e2m1fn_x2).t(), xs_sw, scales[i],
                                                   out_dtype=torch.bfloat16) * alpha for i in range(copies)]

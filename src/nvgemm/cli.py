@@ -53,13 +53,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Set to 1 to see the traceback of an unexpected error instead of the one-line message.
+DEBUG_ENV = "NVGEMM_DEBUG"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one sub-command. Any error is one line on stderr naming the problem and a nonzero exit
+    (2: bad input the command recognised; 1: anything else), never a traceback unless NVGEMM_DEBUG=1."""
+    import os
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"nvgemm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # the last line of defence: one line, not a traceback
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"nvgemm {args.command}: error: {type(e).__name__}{': ' + msg if msg else ''} "
+              f"(set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

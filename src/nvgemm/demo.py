@@ -16,6 +16,7 @@ import inspect
 import logging
 import re
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -39,10 +40,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "nemotron_h with non-gated relu2 experts)")
     p.add_argument("--algo", choices=["NVFP4", "W4A16_NVFP4"], default="NVFP4",
                    help="quantization for the built-in model (default NVFP4 = W4A4)")
-    p.add_argument("--tokens", type=int, default=8, help="tokens to generate (default 8)")
-    p.add_argument("--prompt-len", type=int, default=16, help="random prompt length (default 16)")
-    p.add_argument("--batch", type=int, default=1, help="decode batch size (default 1)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--tokens", type=positive_int, default=8, help="tokens to generate (default 8)")
+    p.add_argument("--prompt-len", type=positive_int, default=16, help="random prompt length (default 16)")
+    p.add_argument("--batch", type=positive_int, default=1, help="decode batch size (default 1)")
+    p.add_argument("--device", type=device_arg, default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--compile", action="store_true",
                    help="run the decode step under torch.compile(mode='max-autotune') with nvgemm enabled")
     p.add_argument("--seed", type=int, default=0)
@@ -148,9 +149,39 @@ def _sync(t):
         torch.cuda.synchronize(t.device)
 
 
+def positive_int(s: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def device_arg(s: str) -> str:
+    """argparse type: ``cpu``, ``cuda`` or ``cuda:N``."""
+    if s == "cpu" or s == "cuda" or (s.startswith("cuda:") and s[5:].isdigit()):
+        return s
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {s!r}")
+
+
 def run(args) -> int:
+    from .modelopt import CheckpointError
+
     with quiet_third_party(), _emulated_kernels(getattr(args, "emulate_kernels", None)):
-        return _run(args)
+        if args.device and args.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                print(f"nvgemm demo: --device {args.device}: no CUDA device is available", file=sys.stderr)
+                return 2
+        try:
+            return _run(args)
+        except CheckpointError as e:
+            print(f"nvgemm demo: {e}", file=sys.stderr)
+            return 2
 
 
 @contextlib.contextmanager

@@ -7,9 +7,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_weight, to_blocked
+from .formats import NVFP4, blocked_numel, blocked_shape, dequantize, from_blocked, is_blocked, quantize_weight, to_blocked
 from . import prepared as _prepared  # noqa: F401  (registers nvgemm::nvfp4_linear_sm90_prepared)
-from .ops import check_linear_args
+from .ops import check_linear_args, check_scale_values
 from .runtime.backends import last_selected
 
 
@@ -18,7 +18,8 @@ class NVFP4Linear(nn.Module):
 
     Buffers (what a ModelOpt export holds, with the block scales swizzled once at load):
       weight          uint8 [N, K/2]     packed E2M1, even K in the low nibble
-      weight_scale    float8_e4m3fn 1-D  128x4 swizzled block scales (padding zero)
+      weight_scale    float8_e4m3fn      128x4 swizzled block scales (padding zero), tiled shape
+                                         ``nvgemm.formats.blocked_shape(N, K/16)``
       weight_scale_2  float32 () or (N,) per-tensor global scale (a vector after ``fuse``)
       input_scale     float32 () or None static activation scale; None = weight-only (W4A16)
       bias            [N] or None
@@ -51,7 +52,7 @@ class NVFP4Linear(nn.Module):
         kb = in_features // NVFP4.block_size
         self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
         self.register_buffer(
-            "weight_scale", torch.zeros(blocked_numel(out_features, kb), dtype=torch.float8_e4m3fn, device=device)
+            "weight_scale", torch.zeros(blocked_shape(out_features, kb), dtype=torch.float8_e4m3fn, device=device)
         )
         self.register_buffer("weight_scale_2", torch.ones((), dtype=torch.float32, device=device))
         self.register_buffer(
@@ -77,17 +78,31 @@ class NVFP4Linear(nn.Module):
         bias: torch.Tensor | None = None,
         activation: str = "none",
     ) -> "NVFP4Linear":
-        """Build from checkpoint tensors; ``weight_scale`` linear [N, K/16] (swizzled here) or already 1-D swizzled."""
+        """Build from checkpoint tensors.
+
+        ``weight_scale`` is either the checkpoint's linear [N, K/16] matrix (swizzled here) or
+        already-swizzled scales in their tiled shape ``nvgemm.formats.blocked_shape(N, K/16)``.
+        1-D scales are refused: a flattened linear matrix has the swizzled size whenever
+        N % 128 == 0 and K % 64 == 0, so the layout cannot be told from the tensor.
+        """
         if weight.dtype != torch.uint8 or weight.dim() != 2:
             raise ValueError(f"NVFP4Linear: weight must be uint8 [N, K/2], got {weight.dtype} {tuple(weight.shape)}")
         n, k = weight.shape[0], weight.shape[1] * 2
+        kb = k // NVFP4.block_size
         if weight_scale.dim() == 2:
-            if tuple(weight_scale.shape) != (n, k // NVFP4.block_size):
+            if tuple(weight_scale.shape) != (n, kb):
                 raise ValueError(
                     f"NVFP4Linear: weight_scale shape {tuple(weight_scale.shape)} does not match weight "
-                    f"{tuple(weight.shape)}: expected ({n}, {k // NVFP4.block_size})"
+                    f"{tuple(weight.shape)}: expected ({n}, {kb})"
                 )
             weight_scale = to_blocked(weight_scale)
+        elif not is_blocked(weight_scale, n, kb):
+            raise ValueError(
+                f"NVFP4Linear: weight_scale shape {tuple(weight_scale.shape)} is neither the linear ({n}, {kb}) "
+                f"matrix nor the swizzled tiled shape {blocked_shape(n, kb)}; 1-D scales are ambiguous (a "
+                f"flattened linear matrix can have the swizzled size): reshape genuinely swizzled bytes with "
+                f".view{blocked_shape(n, kb)}, linear ones to ({n}, {kb})"
+            )
         mod = cls(k, n, bias=bias is not None, weight_only=input_scale is None, activation=activation,
                   bias_dtype=bias.dtype if bias is not None else torch.bfloat16, device="meta")
         mod.weight = weight.contiguous()
@@ -188,12 +203,22 @@ class NVFP4Linear(nn.Module):
         return to_modelopt(self._sm90_prepared())
 
     def _validate(self) -> None:
+        """Shapes and dtypes, and (once, at construction: a device sync is fine here) the scale values
+        the op checks per call only for host tensors."""
         x = torch.empty((1, self.in_features), dtype=torch.bfloat16, device="meta")
         check_linear_args(
             x, self.weight.to("meta"), self.weight_scale.to("meta"), self.weight_scale_2.to("meta"),
             None if self.input_scale is None else self.input_scale.to("meta"),
             None if self.bias is None else self.bias.to("meta"), None, self.activation, None,
         )
+        if self.weight_scale_2.is_meta or self.weight.is_meta:
+            return
+        ws2 = self.weight_scale_2.detach().float().cpu()
+        check_scale_values(ws2, None if self.input_scale is None else self.input_scale.detach().cpu(), "NVFP4Linear")
+        zero = (ws2.expand(self.out_features) == 0).to(self.weight.device)
+        if bool(zero.any()) and bool(self.weight[zero].any()):
+            raise ValueError("NVFP4Linear: weight_scale_2 is 0 for rows whose codes are not all zero; their "
+                             "output would be 0 (a zero global scale belongs only to an all-zero weight)")
 
     # ------------------------------------------------------------------ compute
 

@@ -25,10 +25,11 @@ from typing import Optional
 import torch
 
 from .epilogues import ACTIVATIONS, EpilogueSpec, epilogue_ref
-from .formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_activation, to_blocked
+from .formats import NVFP4, blocked_numel, blocked_shape, dequantize, from_blocked, quantize_activation, to_blocked
 from .runtime.backends import Backend, LinearProblem, register_backend, select_backend
 
 X_DTYPES = (torch.bfloat16, torch.float16)
+EPILOGUE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # bias / residual
 
 
 # --------------------------------------------------------------------------- validation
@@ -70,11 +71,19 @@ def check_linear_args(
             f"nvgemm.nvfp4_linear: weight_scale must be float8_e4m3fn (or its raw bytes as uint8), "
             f"got {weight_scale.dtype}"
         )
-    want = blocked_numel(n, k // NVFP4.block_size)
-    if weight_scale.dim() != 1 or weight_scale.numel() != want:
+    kb = k // NVFP4.block_size
+    want = blocked_shape(n, kb)
+    if _shape(weight_scale) != want:
+        if _shape(weight_scale) == (n, kb):
+            hint = "these are linear [N, K/16] scales: swizzle them once with nvgemm.formats.to_blocked"
+        elif weight_scale.dim() == 1 and weight_scale.numel() == blocked_numel(n, kb):
+            hint = ("1-D scales are ambiguous (a flattened linear [N, K/16] matrix has the same size); if these "
+                    f"bytes are 128x4-swizzled, say so with .view{want}")
+        else:
+            hint = "wrong size for this weight"
         raise ValueError(
-            f"nvgemm.nvfp4_linear: weight_scale must be the 1-D 128x4-swizzled scale of a [{n}, {k // 16}] "
-            f"matrix ({want} elements), got shape {_shape(weight_scale)}"
+            f"nvgemm.nvfp4_linear: weight_scale must be the 128x4-swizzled scales of a [{n}, {kb}] matrix in "
+            f"their tiled shape {want} (nvgemm.formats.blocked_shape), got shape {_shape(weight_scale)}: {hint}"
         )
     if weight_scale_2.dtype != torch.float32 or _shape(weight_scale_2) not in ((), (n,)):
         raise ValueError(
@@ -88,6 +97,9 @@ def check_linear_args(
         )
     if bias is not None and _shape(bias) != (n,):
         raise ValueError(f"nvgemm.nvfp4_linear: bias must have shape ({n},), got {_shape(bias)}")
+    for name, t in (("bias", bias), ("residual", residual)):
+        if t is not None and t.dtype not in EPILOGUE_DTYPES:
+            raise TypeError(f"nvgemm.nvfp4_linear: {name} must be bfloat16, float16 or float32, got {t.dtype}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"nvgemm.nvfp4_linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     spec = EpilogueSpec(
@@ -107,6 +119,26 @@ def check_linear_args(
         if t is not None and t.device != x.device and not (t.dim() == 0 and t.device.type == "cpu"):
             raise ValueError(f"nvgemm.nvfp4_linear: {name} is on {t.device} but x is on {x.device}")
     return spec
+
+
+def check_scale_values(weight_scale_2: torch.Tensor, input_scale: Optional[torch.Tensor],
+                       where: str = "nvgemm.nvfp4_linear") -> None:
+    """Refuse NaN / Inf / negative ``weight_scale_2`` and NaN / Inf / non-positive ``input_scale``.
+
+    Reading a value forces a device sync, so per call only host (CPU) tensors are checked; CUDA
+    scalars are checked where they are built (``NVFP4Linear``, the checkpoint and vLLM loaders).
+    ``weight_scale_2 == 0`` is allowed: it is the global scale of an all-zero weight
+    (``formats.quantize_weight``); ``NVFP4Linear`` checks that such rows hold only zero codes.
+    """
+    if weight_scale_2.device.type == "cpu":
+        bad = ~torch.isfinite(weight_scale_2) | (weight_scale_2 < 0)
+        if bool(bad.any()):
+            v = weight_scale_2.reshape(-1)[bad.reshape(-1)][0].item()
+            raise ValueError(f"{where}: weight_scale_2 holds {v}; it must be finite and >= 0")
+    if input_scale is not None and input_scale.device.type == "cpu":
+        v = input_scale.reshape(-1)[0].item()
+        if not (v > 0 and v != float("inf")):
+            raise ValueError(f"{where}: input_scale is {v}; it must be finite and > 0")
 
 
 def problem_of(x, weight, weight_scale_2, input_scale, bias, residual, activation, spec: EpilogueSpec) -> LinearProblem:
@@ -177,6 +209,7 @@ def nvfp4_linear(
 ) -> torch.Tensor:
     """NVFP4 linear: ``epilogue(alpha * x @ dequant(weight).T)``; see the module docstring."""
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    check_scale_values(weight_scale_2, input_scale)
     backend = select_backend(problem_of(x, weight, weight_scale_2, input_scale, bias, residual, activation, spec))
     return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
 
@@ -204,7 +237,7 @@ def _check_quant_args(x: torch.Tensor, input_scale: torch.Tensor) -> None:
 def quantize_nvfp4_emulated(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = True):
     _check_quant_args(x, input_scale)
     packed, scale = quantize_activation(x, input_scale.to(x.device))
-    return packed, (to_blocked(scale) if swizzle else scale)
+    return packed, (to_blocked(scale).reshape(-1) if swizzle else scale)
 
 
 _CUDA_QUANTIZER = None  # fn(x, input_scale, swizzle) -> (packed, scale); set by a kernel module
@@ -220,8 +253,8 @@ def set_cuda_quantizer(fn) -> None:
 def quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16/fp16/fp32 [M, K] -> (packed uint8 [M, K/2], e4m3 scales).
 
-    Scales are the 1-D 128x4 swizzled layout (rows padded to 128, K/16 padded to 4, padding
-    zero) when ``swizzle``, else the linear [M, K/16] layout.
+    Scales are the flat 1-D bytes of the 128x4 swizzled layout (rows padded to 128, K/16 padded
+    to 4, padding zero; what the kernels read) when ``swizzle``, else the linear [M, K/16] layout.
     """
     _check_quant_args(x, input_scale)
     if x.device.type == "cuda":

@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from .formats import NVFP4, blocked_numel
+from .formats import NVFP4, blocked_shape
 from .ops import check_linear_args, nvfp4_linear, problem_of
 from .runtime.backends import LinearProblem, backends, select_backend, warn_once
 from .templates.sm90.config import K_ALIGN, ROW_TILE
@@ -82,7 +82,7 @@ def _standins(n: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch
     if hit is None:
         one = torch.zeros(1, dtype=torch.uint8, device=device)
         hit = _STANDINS.setdefault(key, (one.expand(n, k // 2),
-                                         one.view(torch.float8_e4m3fn).expand(blocked_numel(n, k // NVFP4.block_size))))
+                                         one.view(torch.float8_e4m3fn).expand(blocked_shape(n, k // NVFP4.block_size))))
     return hit
 
 

@@ -131,7 +131,7 @@ P = "model.layers.0.self_attn.q_proj"
         (lambda sd: sd.update({f"{P}.weight": sd[f"{P}.weight"][:, :-1].contiguous()}), f"tensor {P}.weight: shape"),
         (lambda sd: sd.update({f"{P}.weight_scale": sd[f"{P}.weight_scale"].float()}), f"tensor {P}.weight_scale: dtype"),
         (lambda sd: sd.update({f"{P}.weight_scale": sd[f"{P}.weight_scale"].view(torch.uint8).reshape(-1)[:-3].contiguous()}),
-         "unknown scale format"),
+         "1-D block scales"),
         (lambda sd: sd.update({f"{P}.weight_scale_2": torch.tensor([1.0, 2.0])}), "expected a scalar"),
         (lambda sd: sd.update({f"{P}.input_scale": torch.tensor(-1.0)}), "not a positive finite scale"),
         (lambda sd: sd.pop("model.norm.weight"), "missing tensor model.norm.weight"),
@@ -227,10 +227,39 @@ def test_compressed_tensors_converted(ckpts, tmp_path):
 def test_preswizzled_scales_unswizzled_exactly(ckpts, tmp_path):
     src = ckpts[("qwen2", "NVFP4")]
     ck = _copy(src, tmp_path)
-    _edit_tensors(ck, lambda sd: sd.update({f"{P}.weight_scale": to_blocked(sd[f"{P}.weight_scale"]).view(torch.uint8)}))
-    a = load_modelopt_checkpoint(ck).model.layers[0].self_attn.q_proj
+    _edit_tensors(ck, lambda sd: sd.update(
+        {f"{P}.weight_scale": to_blocked(sd[f"{P}.weight_scale"]).view(torch.uint8).reshape(-1)}))
+    with pytest.raises(CheckpointError, match="swizzled_scales=True"):
+        load_modelopt_checkpoint(ck)  # 1-D scales are only taken as swizzled when the caller says so
+    a = load_modelopt_checkpoint(ck, swizzled_scales=True).model.layers[0].self_attn.q_proj
     b = load_modelopt_checkpoint(src).model.layers[0].self_attn.q_proj
     assert torch.equal(a.weight_scale.view(torch.uint8), b.weight_scale.view(torch.uint8))
+
+
+def _set_scale_byte(sd, byte):
+    raw = sd[f"{P}.weight_scale"].view(torch.uint8).clone()
+    raw[5, 2] = byte if byte is not None else raw[5, 2] | 0x80
+    sd[f"{P}.weight_scale"] = raw.view(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("byte,what", [(0x7F, "NaN"), (0xFF, "NaN"), (None, "negative"), (0x80, "negative")],
+                         ids=["nan", "neg-nan", "negative", "neg-zero"])
+def test_nan_and_negative_block_scales_refused(ckpts, tmp_path, byte, what):
+    """The loader used to accept these (logits off by 0.89 for a NaN, 0.17 for a negative scale)."""
+    ck = _copy(ckpts[("llama", "NVFP4")], tmp_path)
+    _edit_tensors(ck, lambda sd: _set_scale_byte(sd, byte))
+    with pytest.raises(CheckpointError, match=f"tensor {P}.weight_scale: block scale at index \\[5, 2\\] is {what}"
+                       .replace(".", r"\.")):
+        load_modelopt_checkpoint(ck)
+
+
+def test_flattened_linear_scales_refused(ckpts, tmp_path):
+    """q_proj is [128, 128]: N % 128 == 0 and K % 64 == 0, so its linear scales flattened to 1-D have
+    exactly the swizzled size; the loader used to un-swizzle them (silently wrong logits)."""
+    ck = _copy(ckpts[("llama", "NVFP4")], tmp_path)
+    _edit_tensors(ck, lambda sd: sd.update({f"{P}.weight_scale": sd[f"{P}.weight_scale"].reshape(-1).contiguous()}))
+    with pytest.raises(CheckpointError, match=f"tensor {P}.weight_scale: 1-D block scales".replace(".", r"\.")):
+        load_modelopt_checkpoint(ck)
 
 
 # ----------------------------------------------------------------------- fused shards

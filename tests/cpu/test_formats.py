@@ -12,6 +12,7 @@ from nvgemm.formats import (
     E2M1_VALUES,
     blocked_numel,
     blocked_offset,
+    blocked_shape,
     dequantize,
     e2m1_decode,
     e2m1_encode,
@@ -93,8 +94,8 @@ def test_fp8_rne_is_torch_rne():
 def test_swizzle_matches_offset_formula(rows, kb, device):
     s = (torch.rand(rows, kb, device=device) * 400 + 1).to(torch.float8_e4m3fn)
     b = to_blocked(s)
-    assert b.dtype == torch.float8_e4m3fn and b.dim() == 1 and b.numel() == blocked_numel(rows, kb)
-    raw = b.view(torch.uint8).cpu()
+    assert b.dtype == torch.float8_e4m3fn and b.shape == blocked_shape(rows, kb) and b.numel() == blocked_numel(rows, kb)
+    raw = b.view(torch.uint8).reshape(-1).cpu()
     want = torch.zeros(blocked_numel(rows, kb), dtype=torch.uint8)
     sc = s.view(torch.uint8).cpu()
     for r in range(rows):
@@ -112,7 +113,7 @@ def test_swizzle_matches_offset_formula(rows, kb, device):
 def test_swizzle_ints_and_bad_sizes():
     s = torch.arange(12, dtype=torch.uint8).reshape(3, 4)
     assert torch.equal(from_blocked(to_blocked(s), 3, 4), s)
-    with pytest.raises(ValueError, match="1-D with 512 elements"):
+    with pytest.raises(ValueError, match="flat 1-D bytes, 512 elements"):
         from_blocked(torch.zeros(100, dtype=torch.uint8), 3, 4)
     with pytest.raises(ValueError, match="2-D"):
         to_blocked(torch.zeros(4, dtype=torch.uint8))

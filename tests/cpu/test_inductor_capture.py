@@ -36,7 +36,8 @@ def _operands(seed: int, bias: bool = False):
 
 def _scaled(x, w, ws, ins):
     qx, sx = torch.ops.nvgemm.quantize_nvfp4(x, ins)
-    return torch._scaled_mm(qx.view(FP4), w.view(FP4).t(), sx, ws, out_dtype=torch.bfloat16)
+    # torch._scaled_mm reads flat swizzled scale bytes
+    return torch._scaled_mm(qx.view(FP4), w.view(FP4).t(), sx, ws.reshape(-1), out_dtype=torch.bfloat16)
 
 
 # Every spelling the pass must claim. Each takes (x, w, ws, ws2, ins, alpha_t, bias).
@@ -142,11 +143,11 @@ def test_pass_leaves_unclaimable_scaled_mm_alone():
     qx, sx = torch.ops.nvgemm.quantize_nvfp4(x, ins)
 
     def pre_quantized(qx, sx, w, ws, a):  # activation not quantized in the graph: not ours
-        return torch._scaled_mm(qx.view(FP4), w.view(FP4).t(), sx, ws, out_dtype=torch.bfloat16) * a
+        return torch._scaled_mm(qx.view(FP4), w.view(FP4).t(), sx, ws.reshape(-1), out_dtype=torch.bfloat16) * a
 
     def with_scale_result(x, w, ws, ins, a):  # _scaled_mm's own scale_result keeps its ATen meaning
         q, s = torch.ops.nvgemm.quantize_nvfp4(x, ins)
-        return torch._scaled_mm(q.view(FP4), w.view(FP4).t(), s, ws, scale_result=a, out_dtype=torch.bfloat16) * a
+        return torch._scaled_mm(q.view(FP4), w.view(FP4).t(), s, ws.reshape(-1), scale_result=a, out_dtype=torch.bfloat16) * a
 
     def vector_mul(x, w, ws, ins, v):  # a per-column multiply is not a scalar alpha
         return _scaled(x, w, ws, ins) * v

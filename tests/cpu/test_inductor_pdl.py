@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import nvgemm.inductor as ni
 from nvgemm.inductor import compat
-from nvgemm.formats import blocked_numel
+from nvgemm.formats import blocked_shape
 
 N, K = 256, 128
 
@@ -86,7 +86,7 @@ def _shapes(m=4):
     return [
         ((m, K), torch.bfloat16),
         ((N, K // 2), torch.uint8),
-        ((blocked_numel(N, K // 16),), torch.float8_e4m3fn),
+        (blocked_shape(N, K // 16), torch.float8_e4m3fn),
         ((), torch.float32),
         ((), torch.float32),
         ((m, 64), torch.float32),

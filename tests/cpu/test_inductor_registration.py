@@ -239,3 +239,30 @@ def test_choice_op_runs_named_backend_and_rejects_unknown():
         torch.ops.nvgemm.nvfp4_linear_choice(*args, "backend:no_such_backend")
     with pytest.raises(ValueError, match="unknown choice"):
         torch.ops.nvgemm.nvfp4_linear_choice(*args, "bogus")
+
+
+def test_dynamic_compile_with_weights_as_graph_inputs(tmp_path):
+    """torch.compile(dynamic=True) with the weight as a graph input makes N and K symbolic on the second
+    weight shape; the lowering raised 'Cannot convert symbols to int'. N and K are now specialised with
+    a guard (the kernel is chosen per weight shape), M stays dynamic."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    from nvgemm.formats import quantize_weight, to_blocked
+    from nvgemm.ops import nvfp4_linear_emulated
+
+    def f(x, w, ws, ws2, ins):
+        return torch.ops.nvgemm.nvfp4_linear(x, w, ws, ws2, ins, None, None, "none", None)
+
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(0)
+    with fresh_cache(dir=str(tmp_path), delete=False), nvgemm.enabled():
+        cf = torch.compile(f, dynamic=True)
+        for (n, k), m in (((64, 64), 3), ((64, 64), 5), ((96, 128), 4), ((32, 256), 7)):
+            q = quantize_weight(torch.randn(n, k, generator=g))
+            args = (torch.randn(m, k, generator=g).bfloat16(), q.packed, to_blocked(q.scale), q.global_scale,
+                    torch.tensor(0.01))
+            assert torch.equal(cf(*args), nvfp4_linear_emulated(*args, None, None, "none", None))
+    assert counters["nvgemm_cutedsl"]["lowered"] >= 2  # the nvgemm lowering ran for the symbolic shapes
+    torch._dynamo.reset()

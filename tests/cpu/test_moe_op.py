@@ -302,7 +302,9 @@ def test_bad_input_errors():
         (dict(rwoi=True), ValueError, "router_weight_on_input needs top_k == 1"),
         (dict(tensors=[*t[:4], t[4][:2], *t[5:]]), ValueError, "expert count mismatch: w13 has 3 experts, w2 has 2"),
         (dict(tensors=[t[0][:, :-16], *t[1:]]), ValueError, "w13 has 48 rows per expert, expected 64"),
-        (dict(tensors=[t[0], t[1][:, :-1], *t[2:]]), ValueError, r"w13_scale must be \[E, 512\]"),
+        (dict(tensors=[t[0], t[1][:, :-1], *t[2:]]), ValueError, r"w13_scale must have shape \(3, 1, 1, 32, 4, 4\)"),
+        # flat per-expert bytes: a flattened linear scale has the same size, so only the tiled shape is taken
+        (dict(tensors=[t[0], t[1].reshape(3, -1), *t[2:]]), ValueError, r"w13_scale must have shape"),
         (dict(tensors=[t[0], t[1].float(), *t[2:]]), TypeError, "w13_scale must be float8_e4m3fn"),
         (dict(tensors=[*t[:2], t[2][:2], *t[3:]]), ValueError, "w13_scale_2 must be float32 of shape"),
         (dict(tensors=[*t[:3], t[3][:1], *t[4:]]), ValueError, r"w13_input_scale must be float32 of shape \(3,\)"),

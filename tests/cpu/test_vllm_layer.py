@@ -144,6 +144,10 @@ def test_bad_layers_are_named(seed):
                    q.global_scale.reshape(1), None, [32], "model.layers.0.mlp.down_proj")
     with pytest.raises(ValueError, match="do not add up"):
         plan_gemms(q.packed, q.scale, q.global_scale.reshape(1), None, [16], "x")
+    neg = q.scale.view(torch.uint8).clone()
+    neg[3, 1] |= 0x80  # a sign bit: the MMA reads block scales as unsigned, the loader must refuse it
+    with pytest.raises(ValueError, match=r"block scale at index \[3, 1\] is negative"):
+        plan_gemms(q.packed, neg.view(torch.float8_e4m3fn), q.global_scale.reshape(1), None, [32], "x")
     with pytest.raises(ValueError, match="not a positive finite scale"):
         plan_gemms(q.packed, q.scale, torch.zeros(1), None, [32], "x")
     with pytest.raises(ValueError, match="weight_scale must be"):
@@ -181,3 +185,87 @@ def test_describe_choices():
          for m in (1, 2, 4, 64)]
     chosen = [(0, p[0], "a"), (0, p[1], "a"), (0, p[2], "b"), (0, p[3], "b")]
     assert describe_choices(chosen) == "M=1..2: a; M=4..64: b"
+
+
+def _fake_vllm_layer(widths, k, tracker):
+    """What NvgemmNvFp4LinearMethod.create_weights registers (weight is torch.empty, as in vLLM), with
+    vLLM's fused-layer loader semantics: one call per checkpoint tensor, a shard id per fused shard."""
+    from nvgemm.vllm.layer import LoadTracker  # noqa: F401  (documented type of tracker)
+
+    n, shards = sum(widths), len(widths)
+    offsets = dict(zip("qkv", [0, widths[0], widths[0] + widths[1]]))
+    sizes = dict(zip("qkv", widths))
+
+    def vllm_loader(param, loaded_weight, shard_id=None):  # vLLM's weight_loader_v2, simplified
+        if shard_id is None:
+            param.data.copy_(loaded_weight)
+        elif param.data.dim() == 1:  # per-shard scalars
+            param.data["qkv".index(shard_id)] = loaded_weight.reshape(())
+        else:
+            param.data[offsets[shard_id]:offsets[shard_id] + sizes[shard_id]].copy_(loaded_weight)
+
+    params = {
+        "weight": torch.nn.Parameter(torch.empty(n, k // 2, dtype=torch.uint8), requires_grad=False),
+        "weight_scale": torch.nn.Parameter(torch.full((n, k // 16), float("nan")).to(torch.float8_e4m3fn),
+                                           requires_grad=False),
+        "weight_scale_2": torch.nn.Parameter(torch.full((shards,), float("nan")), requires_grad=False),
+        "input_scale": torch.nn.Parameter(torch.full((shards,), float("nan")), requires_grad=False),
+    }
+    loaders = {name: tracker.wrap(name, vllm_loader) for name in params}
+    return params, loaders
+
+
+@pytest.mark.parametrize("skip", [None, ("weight", "k"), ("weight_scale_2", "v"), ("input_scale", "q")])
+def test_unloaded_shard_is_detected_before_serving(seed, skip):
+    """A shard missing from the checkpoint leaves torch.empty memory in ``weight`` (any byte is a valid
+    FP4 code pair, so nothing downstream can tell); the tracker names it before the layer serves."""
+    from nvgemm.vllm.layer import LoadTracker
+
+    gen = torch.Generator().manual_seed(seed)
+    widths, k = [32, 16, 16], 64
+    shards = [shard(w, k, gen) for w in widths]
+    tracker = LoadTracker("model.layers.0.self_attn.qkv_proj", len(widths))
+    params, loaders = _fake_vllm_layer(widths, k, tracker)
+    for sid, q in zip("qkv", shards):  # the checkpoint's per-shard tensors, in vLLM's order
+        for name, t in (("weight", q.packed), ("weight_scale", q.scale), ("weight_scale_2", q.global_scale),
+                        ("input_scale", torch.tensor(0.01))):
+            if (name, sid) != skip:
+                loaders[name](params[name], t, sid)
+    required = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+    if skip is None:
+        tracker.check(required)
+        gemms = plan_gemms(params["weight"].data, params["weight_scale"].data, params["weight_scale_2"].data,
+                           params["input_scale"].data, widths)
+        assert len(gemms) == 1
+    else:
+        with pytest.raises(ValueError, match=f"never loaded from the checkpoint: {skip[0]} \\(loaded shards"):
+            tracker.check(required)
+
+
+def test_prefused_checkpoint_tensor_counts_as_every_shard():
+    from nvgemm.vllm.layer import LoadTracker
+
+    tracker = LoadTracker("x", 2)
+    load = tracker.wrap("weight", lambda p, w, *a: p.copy_(w))
+    load(torch.empty(4, 2, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8))  # no shard id
+    tracker.check(["weight"])
+    with pytest.raises(ValueError, match="never loaded from the checkpoint: weight_scale;"):
+        tracker.check(["weight", "weight_scale"])
+
+
+@pytest.mark.parametrize("cfg,logged", [
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, True),
+    ({"quant_method": "compressed_tensors", "format": "nvfp4-pack-quantized"}, True),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized"}, False),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, False),
+    (None, False),
+])
+def test_compressed_tensors_nvfp4_fallback_is_logged(caplog, cfg, logged):
+    from nvgemm.vllm.layer import note_unserved_checkpoint
+
+    with caplog.at_level("WARNING", logger="nvgemm_cutedsl.vllm"):
+        msg = note_unserved_checkpoint(cfg)
+    lines = [r.getMessage() for r in caplog.records if "compressed-tensors NVFP4" in r.getMessage()]
+    assert (msg is not None) == logged and len(lines) == (1 if logged else 0)
+    if logged:
+        assert "not nvgemm" in lines[0]

@@ -40,7 +40,7 @@ sm90_plus = pytest.mark.skipif(_cap() < (9, 0), reason="PDL (griddepcontrol) nee
 
 def ref_bytes(x, gs, swizzle=True):
     p, s = quantize_activation(x.cpu(), gs.cpu())
-    return p, (to_blocked(s) if swizzle else s).view(torch.uint8)
+    return p, (to_blocked(s).reshape(-1) if swizzle else s).view(torch.uint8)
 
 
 def assert_bytes(p, s, rp, rs):

@@ -7,7 +7,10 @@ torch, and makes no kernel choice. The contract is ``shared/nvfp4_format.md``:
   ties to the even code, saturating at 6 (``cvt.rn.satfinite.e2m1x2.f32``);
 * packing: two codes per byte, **even K index in the low nibble**;
 * scales: float8_e4m3fn per 16 elements along K, times one fp32 global scale;
-* swizzle: the 128x4 block layout that tcgen05 / cuBLASLt block-scaled MMA reads.
+* swizzle: the 128x4 block layout that tcgen05 / cuBLASLt block-scaled MMA reads, held in
+  its own tiled shape ``blocked_shape(rows, K/16)`` = (rows/128, K/64, 32, 4, 4) so that a
+  linear [rows, K/16] matrix -- or one flattened to 1-D, which has the same size whenever
+  rows % 128 == 0 and K % 64 == 0 -- can never be mistaken for it.
 
 Division convention for activations (``quantize_activation``): ``q = e2m1(x / S)`` with
 ``S = float(sf) * input_scale`` computed in fp32 and a true IEEE division, exactly like
@@ -42,6 +45,9 @@ __all__ = [
     "from_blocked",
     "blocked_offset",
     "blocked_numel",
+    "blocked_shape",
+    "is_blocked",
+    "check_block_scales",
     "check_k",
     "ceil_to",
     "GLOBAL_DIVISOR",
@@ -333,6 +339,19 @@ def blocked_numel(rows: int, k_blocks: int) -> int:
     return _ceil_div(rows, 128) * 128 * _ceil_div(k_blocks, 4) * 4
 
 
+def blocked_shape(rows: int, k_blocks: int) -> tuple[int, int, int, int, int]:
+    """The tiled shape swizzled scales have: (row tiles of 128, K/16 tiles of 4, 32, 4, 4).
+
+    Element [i, j, a, b, c] is S[128*i + 32*b + a, 4*j + c]; the memory is the 128x4 byte
+    layout (the shape only makes it unmistakable; ``.reshape(-1)`` is the flat byte view)."""
+    return (_ceil_div(rows, 128), _ceil_div(k_blocks, 4), 32, 4, 4)
+
+
+def is_blocked(t: torch.Tensor, rows: int, k_blocks: int) -> bool:
+    """True when ``t`` has the tiled swizzled shape of a [rows, k_blocks] scale matrix."""
+    return tuple(t.shape) == blocked_shape(rows, k_blocks)
+
+
 def blocked_offset(r, kb, k_blocks: int):
     """Byte offset of S[r, kb] in the 128x4 swizzled layout (works on ints and tensors)."""
     return (
@@ -344,7 +363,7 @@ def blocked_offset(r, kb, k_blocks: int):
 
 
 def to_blocked(scale: torch.Tensor) -> torch.Tensor:
-    """Linear [R, Kb] scales -> flat 1-D 128x4 swizzled scales, padding zero-filled."""
+    """Linear [R, Kb] scales -> 128x4 swizzled scales of shape ``blocked_shape(R, Kb)``, padding zero."""
     if scale.dim() != 2:
         raise ValueError(f"to_blocked expects a 2-D [rows, K/16] scale matrix, got shape {tuple(scale.shape)}")
     rows, kb = scale.shape
@@ -352,17 +371,22 @@ def to_blocked(scale: torch.Tensor) -> torch.Tensor:
     raw = scale.view(torch.uint8) if scale.element_size() == 1 else scale
     padded = torch.zeros((rp, kp), dtype=raw.dtype, device=scale.device)
     padded[:rows, :kb] = raw
-    out = padded.reshape(rp // 128, 4, 32, kp // 4, 4).permute(0, 3, 2, 1, 4).reshape(-1)
+    out = padded.reshape(rp // 128, 4, 32, kp // 4, 4).permute(0, 3, 2, 1, 4).contiguous()
     return out.view(scale.dtype) if scale.element_size() == 1 else out
 
 
 def from_blocked(blocked: torch.Tensor, rows: int, k_blocks: int) -> torch.Tensor:
-    """Exact inverse of :func:`to_blocked`: flat swizzled scales -> linear [rows, k_blocks]."""
+    """Exact inverse of :func:`to_blocked`: swizzled scales -> linear [rows, k_blocks].
+
+    ``blocked`` has the tiled shape ``blocked_shape(rows, k_blocks)``, or is the flat 1-D byte
+    view of it (what the activation quantizers hand the kernels); the caller asserts that flat
+    bytes are swizzled -- a flattened *linear* matrix of the same size would be decoded wrongly,
+    which is why the public entry points accept only the tiled shape."""
     expected = blocked_numel(rows, k_blocks)
-    if blocked.dim() != 1 or blocked.numel() != expected:
+    if not (is_blocked(blocked, rows, k_blocks) or (blocked.dim() == 1 and blocked.numel() == expected)):
         raise ValueError(
-            f"swizzled scales for a [{rows}, {k_blocks}] matrix must be 1-D with {expected} elements "
-            f"(rows padded to 128, K/16 padded to 4); got shape {tuple(blocked.shape)}"
+            f"swizzled scales for a [{rows}, {k_blocks}] matrix must have shape {blocked_shape(rows, k_blocks)} "
+            f"(or be its flat 1-D bytes, {expected} elements); got shape {tuple(blocked.shape)}"
         )
     rp, kp = _ceil_div(rows, 128) * 128, _ceil_div(k_blocks, 4) * 4
     raw = blocked.view(torch.uint8) if blocked.element_size() == 1 else blocked
@@ -371,8 +395,22 @@ def from_blocked(blocked: torch.Tensor, rows: int, k_blocks: int) -> torch.Tenso
     return lin.view(blocked.dtype) if blocked.element_size() == 1 else lin
 
 
-def is_swizzled_numel(numel: int, rows: int, k_blocks: int) -> bool:
-    return numel == blocked_numel(rows, k_blocks)
+def check_block_scales(scale: torch.Tensor, name: str) -> None:
+    """Raise ValueError unless every e4m3 block-scale byte is a finite, non-negative value.
+
+    NVFP4 block scales are unsigned (the MMA reads them as UE4M3): a set sign bit (0x80..0xFF) or
+    the NaN codes (0x7F, 0xFF) are never produced by an exporter and would decode to wrong
+    numbers. One pass over the bytes (host or device); call it at load time, not per GEMM."""
+    raw = scale.view(torch.uint8) if scale.element_size() == 1 else None
+    if raw is None or scale.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise ValueError(f"{name}: block scales must be float8_e4m3fn (or raw uint8 bytes), got {scale.dtype}")
+    bad = raw >= 0x7F  # 0x7F = +NaN; 0x80..0xFF have the sign bit (negatives, -0, -NaN)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
+        byte = int(raw[idx])
+        what = "NaN" if byte in (0x7F, 0xFF) else "negative (sign bit set)"
+        raise ValueError(f"{name}: block scale at index {list(idx)} is {what} (byte 0x{byte:02X}); NVFP4 block "
+                         "scales are unsigned finite e4m3 (the checkpoint is corrupt or not NVFP4)")
 
 
 def ceil_to(a: int, b: int) -> int:

@@ -144,6 +144,12 @@ def run(args) -> int:
     if args.max_candidates < 1:
         print("nvgemm plan: --max-candidates must be >= 1", file=sys.stderr)
         return 2
+    if args.m_range and args.m_range[0] > args.m_range[1]:
+        print(f"nvgemm plan: --m-range LO,HI needs LO <= HI, got {args.m_range[0]},{args.m_range[1]}", file=sys.stderr)
+        return 2
+    if target.sm_count < 1:
+        print(f"nvgemm plan: --sm-count must be >= 1, got {target.sm_count}", file=sys.stderr)
+        return 2
     use_nvmmh = not args.no_nvmmh
     model_gpu = _model_gpu(target)
     rows = []

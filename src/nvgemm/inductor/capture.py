@@ -40,7 +40,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.utils import counters
 
-from ..formats import NVFP4, blocked_numel
+from ..formats import NVFP4, blocked_numel, blocked_shape
 from .choices import LINEAR_ARG_NAMES
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -228,7 +228,12 @@ def _try_claim_scaled_mm(graph: fx.Graph, mm: fx.Node) -> bool:
         if vw.dtype == _FP4:
             weight = graph.call_function(aten.view.dtype, (w, torch.uint8))
             _set_val(graph, weight, lambda t: t.view(torch.uint8), w)
-        args = (x, weight, sb, ws2, ins, bias, None, "none", out_dtype)
+        # torch._scaled_mm reads 1-D NVFP4 scales as 128x4-swizzled bytes; nvgemm's op takes them
+        # in their tiled shape (a view)
+        tiled = list(blocked_shape(n, k // NVFP4.block_size))
+        sb_t = graph.call_function(aten.view.default, (sb, tiled))
+        _set_val(graph, sb_t, lambda t: t.view(tiled), sb)
+        args = (x, weight, sb_t, ws2, ins, bias, None, "none", out_dtype)
         new = graph.call_function(_linear_op(), args)
         _set_val(graph, new, _linear_op(), *args)
     new.meta["nvgemm_cutedsl"] = "scaled_mm"

@@ -157,7 +157,7 @@ def _cublaslt_linear(x, weight, weight_scale, weight_scale_2, input_scale, bias,
     qx, sx = torch.ops.nvgemm.quantize_nvfp4(x2, input_scale, True)
     fp4 = torch.float4_e2m1fn_x2
     acc = torch._scaled_mm(
-        qx.view(fp4), weight.view(fp4).t(), sx.view(torch.float8_e4m3fn), weight_scale.view(torch.float8_e4m3fn),
+        qx.view(fp4), weight.view(fp4).t(), sx.view(torch.float8_e4m3fn), weight_scale.view(torch.float8_e4m3fn).reshape(-1),
         out_dtype=torch.float32,
     )
     res2 = residual.reshape(-1, residual.shape[-1]) if residual is not None else None

@@ -88,7 +88,7 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, input_scale: float |
     if linear == "scaled_mm":
         if ins is None:
             raise ValueError("the _scaled_mm spelling needs W4A4 (an input_scale)")
-        return ScaledMmNvfp4Linear(q.packed, to_blocked(q.scale), q.global_scale, ins, bias, alpha_form)
+        return ScaledMmNvfp4Linear(q.packed, to_blocked(q.scale).reshape(-1), q.global_scale, ins, bias, alpha_form)
     return _nvfp4_linear_cls().from_tensors(q.packed, q.scale, q.global_scale, ins, bias)
 
 

@@ -120,8 +120,13 @@ def problem_from_ir(args: list) -> LinearProblem:
     if dev is not None and dev.type == "cuda":
         cap = torch.cuda.get_device_capability(dev)
     ws2_rank = len(ws2.get_size())
+    # The weight's N and K pick and compile the kernel, so they are specialised (with a guard: a
+    # weight of another shape recompiles) when torch.compile(dynamic=True) made them symbolic.
+    sv = V.graph.sizevars
+    guard_int = getattr(sv, "guard_int", None) or sv.evaluate_static_shape  # renamed in torch 2.8
+    n, k_half = guard_int(wsize[0]), guard_int(wsize[1])
     return LinearProblem(
-        m=int(m), n=int(wsize[0]), k=int(wsize[1]) * 2, device_type=dev.type if dev is not None else "cpu",
+        m=int(m), n=int(n), k=int(k_half) * 2, device_type=dev.type if dev is not None else "cpu",
         capability=cap, weight_only=input_scale is None, x_dtype=x_dtype, out_dtype=out_dtype or x_dtype,
         alpha="vector" if ws2_rank == 1 else "scalar", bias=bias is not None, activation=activation,
         residual=residual is not None,

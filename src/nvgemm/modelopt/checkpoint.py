@@ -12,8 +12,10 @@ Understood layouts:
   * MoE layers (``nvgemm.modelopt.moe``): transformers 5 fused experts and Llama-4 BMM experts become
     ``NVFP4Experts`` (per-expert or stacked checkpoint tensors, per-expert scales kept exact); routers
     stay unquantized; shared experts and dense MLPs are ordinary ``NVFP4Linear`` layers.
-  * Already-swizzled 1-D scales (TensorRT-LLM style) whose size is exactly the 128x4 layout's are
-    un-swizzled with the exact inverse, and the conversion is logged; any other 1-D size is refused.
+  * Already-swizzled 1-D scales (TensorRT-LLM style) are loaded only when the caller says so
+    (``swizzled_scales=True``): a flattened *linear* matrix has exactly the swizzled size whenever
+    N % 128 == 0 and K % 64 == 0, so the bytes cannot tell. They are then un-swizzled with the
+    exact inverse and the conversion is logged; without the flag any 1-D scale is refused.
 
 Everything else (other quant_algos in a mixed map, nibble-swapped producers we cannot detect,
 missing / extra / mis-shaped tensors) raises ``CheckpointError`` naming the layer or tensor.
@@ -32,10 +34,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..formats import NVFP4, blocked_numel, from_blocked
+from ..formats import NVFP4, blocked_numel, check_block_scales, from_blocked
 from ..linear import NVFP4Linear, prepare_for_sm90
 from ..moe import NVFP4Experts
 from ..prepared import one_copy_wanted
+from ..runtime.files import read_json, safetensors_files
 from .moe import ckpt_name, replace_moe_layers
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -84,10 +87,10 @@ def read_quant_config(ckpt: str | Path) -> QuantConfig:
     cfg_path, hfq_path = ckpt / "config.json", ckpt / "hf_quant_config.json"
     if not cfg_path.exists():
         raise CheckpointError(f"{ckpt}: no config.json; is this a Hugging Face export folder?")
-    config = json.loads(cfg_path.read_text())
+    config = read_json(cfg_path, CheckpointError)
     qc = config.get("quantization_config")
     if hfq_path.exists():
-        q = json.loads(hfq_path.read_text()).get("quantization")
+        q = read_json(hfq_path, CheckpointError).get("quantization")
         if not isinstance(q, dict):
             raise CheckpointError(f"{hfq_path}: missing the 'quantization' section")
         algo = q.get("quant_algo")
@@ -122,8 +125,9 @@ def _modelopt_config(algo, group_size, exclude, quantized_layers, where) -> Quan
     if algo not in (*SUPPORTED_ALGOS, "MIXED_PRECISION"):
         raise CheckpointError(f"{where}: quant_algo {algo!r} is not NVFP4; nvgemm loads {SUPPORTED_ALGOS} "
                               "and MIXED_PRECISION maps of them")
-    if group_size != 16:
-        raise CheckpointError(f"{where}: group_size {group_size} != 16; NVFP4 uses 16-element blocks")
+    if group_size != 16 or type(group_size) is not int:
+        raise CheckpointError(f"{where}: group_size {group_size!r} ({type(group_size).__name__}) must be the "
+                              "integer 16; NVFP4 uses 16-element blocks")
     garbled = [p for p in exclude if "\x00" in p]
     if garbled:  # ModelOpt 0.47 on NemotronH writes "lm_head.\x00backbone.pt_name_sentinel": the name is before NUL
         log.warning("nvgemm_cutedsl: %s: exclude_modules %s hold a NUL-separated suffix (a ModelOpt export artifact); "
@@ -134,8 +138,10 @@ def _modelopt_config(algo, group_size, exclude, quantized_layers, where) -> Quan
         la = lc.get("quant_algo") if isinstance(lc, dict) else lc
         if la not in SUPPORTED_ALGOS:
             raise CheckpointError(f"{where}: layer {name} uses quant_algo {la!r}; nvgemm loads only {SUPPORTED_ALGOS}")
-        if isinstance(lc, dict) and lc.get("group_size", 16) not in (16, 0, None):
-            raise CheckpointError(f"{where}: layer {name} has group_size {lc.get('group_size')} != 16")
+        if isinstance(lc, dict) and (lc.get("group_size", 16) not in (16, 0, None)
+                                     or type(lc.get("group_size", 16)) not in (int, type(None))):
+            raise CheckpointError(f"{where}: layer {name} has group_size {lc.get('group_size')!r} "
+                                  f"({type(lc.get('group_size')).__name__}); must be the integer 16")
         per_layer[name] = la
     return QuantConfig("modelopt", algo, 16, list(exclude), per_layer)
 
@@ -149,13 +155,14 @@ class _TensorIndex:
     def __init__(self, ckpt: Path):
         from safetensors import safe_open
 
-        files = sorted(ckpt.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{ckpt}: no *.safetensors files")
+        files = safetensors_files(ckpt, CheckpointError)  # regular files only: a FIFO would hang
         self._handles = {}
         self.where: dict[str, Path] = {}
         for f in files:
-            h = safe_open(str(f), framework="pt", device="cpu")
+            try:
+                h = safe_open(str(f), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own error types for corrupt files
+                raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
             self._handles[f] = h
             for k in h.keys():
                 if k in self.where:
@@ -202,8 +209,12 @@ def _scalar(t: torch.Tensor, name: str) -> torch.Tensor:
     return v
 
 
-def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: str, cfg: QuantConfig) -> NVFP4Linear:
-    """Build the NVFP4Linear replacing ``linear`` (named ``prefix``) from its checkpoint tensors."""
+def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: str, cfg: QuantConfig,
+                      swizzled_scales: bool = False) -> NVFP4Linear:
+    """Build the NVFP4Linear replacing ``linear`` (named ``prefix``) from its checkpoint tensors.
+
+    ``swizzled_scales``: 1-D ``weight_scale`` tensors are pre-swizzled 128x4 bytes (see the module
+    docstring); otherwise a 1-D scale is refused."""
     n, k = linear.out_features, linear.in_features
     if k % NVFP4.block_size:
         raise CheckpointError(f"layer {prefix}: in_features={k} is not a multiple of 16")
@@ -214,15 +225,25 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
     s_key = f"{prefix}.weight_scale"
     scale = idx.get(s_key)
     if scale.dim() == 1:
+        if not swizzled_scales:
+            raise CheckpointError(
+                f"tensor {s_key}: 1-D block scales ({scale.numel()} bytes) where the linear [{n}, {kb}] matrix is "
+                "expected; a flattened linear matrix and pre-swizzled (128x4) bytes can have the same size, so "
+                "nvgemm does not guess: pass swizzled_scales=True if this export stores swizzled scales")
         if scale.numel() != blocked_numel(n, kb):
             raise CheckpointError(
-                f"tensor {s_key}: 1-D scales of {scale.numel()} bytes match neither the linear [{n}, {kb}] "
-                f"layout nor the 128x4 swizzled layout ({blocked_numel(n, kb)} bytes); unknown scale format"
+                f"tensor {s_key}: 1-D scales of {scale.numel()} bytes do not have the 128x4 swizzled size of a "
+                f"[{n}, {kb}] matrix ({blocked_numel(n, kb)} bytes)"
             )
         _expect(scale, s_key, (torch.uint8, torch.float8_e4m3fn), None)
-        log.info("nvgemm_cutedsl: %s holds pre-swizzled (128x4) 1-D scales; un-swizzling exactly", s_key)
+        log.info("nvgemm_cutedsl: %s holds pre-swizzled (128x4) 1-D scales (swizzled_scales=True); "
+                 "un-swizzling exactly", s_key)
         scale = from_blocked(scale.view(torch.float8_e4m3fn), n, kb)
     scale = _expect(scale, s_key, torch.float8_e4m3fn, (n, kb))
+    try:
+        check_block_scales(scale, f"tensor {s_key}")  # the same byte rule as the vLLM path
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if ct:
         ws2 = 1.0 / _scalar(idx.get(f"{prefix}.weight_global_scale"), f"{prefix}.weight_global_scale")
     else:
@@ -253,11 +274,14 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
 def load_modelopt_checkpoint(
     ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, *,
     sm90_one_copy: bool | None = None,
+    swizzled_scales: bool = False, trust_remote_code: bool = False,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
     Non-quantized weights (embeddings, norms, ``lm_head``) keep the checkpoint's values cast to
-    ``dtype``. Raises ``CheckpointError`` for anything it cannot load exactly.
+    ``dtype``. ``swizzled_scales=True`` declares that 1-D ``weight_scale`` tensors are pre-swizzled
+    128x4 bytes (refused otherwise). Code shipped in the checkpoint folder (``auto_map``) runs only
+    with ``trust_remote_code=True``. Raises ``CheckpointError`` for anything it cannot load exactly.
 
     On an sm_90 GPU the layers the sm90 kernels will serve are then held once, in the kernels'
     layout (:func:`nvgemm.linear.prepare_for_sm90`; one log line per layer and a total);
@@ -269,11 +293,18 @@ def load_modelopt_checkpoint(
 
     ckpt = Path(ckpt)
     qcfg = read_quant_config(ckpt)
-    config = AutoConfig.from_pretrained(str(ckpt))
+    try:
+        config = AutoConfig.from_pretrained(str(ckpt), trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError) as e:  # unknown model_type, remote code refused, bad config
+        hint = ("; the folder ships its own model code (auto_map): nvgemm runs it only with "
+                "trust_remote_code=True" if not trust_remote_code and "auto_map" in read_json(ckpt / "config.json",
+                                                                                               CheckpointError) else "")
+        raise CheckpointError(f"{ckpt / 'config.json'}: transformers cannot build the model config "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__}){hint}") from None
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")  # nvgemm applies the quantization itself
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     idx = _TensorIndex(ckpt)
 
     moe_layers, routers = replace_moe_layers(model, idx, qcfg, load_nvfp4_linear, CheckpointError)
@@ -288,7 +319,7 @@ def load_modelopt_checkpoint(
         if f"{ck}.weight_scale" not in idx:
             raise CheckpointError(f"missing tensor {ck}.weight_scale (the quantization config makes layer "
                                   f"{name} {algo}; is exclude_modules complete?)")
-        new = load_nvfp4_linear(idx, ck, mod, algo, qcfg).to(device)
+        new = load_nvfp4_linear(idx, ck, mod, algo, qcfg, swizzled_scales).to(device)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
         replaced.append(name)

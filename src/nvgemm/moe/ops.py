@@ -7,11 +7,12 @@ with the caller: the op takes ``topk_ids`` / ``topk_weights``. Arguments (schema
     topk_ids        [M, K] int32   expert ids; -1 = empty slot (contributes nothing)
     topk_weights    [M, K] fp32
     w13             [E, R13, H/2] uint8   per expert [gate; up] rows (gated, R13 = 2I) or up (R13 = I)
-    w13_scale       [E, S13] e4m3 (or raw uint8)  per-expert 128x4-swizzled block scales,
-                    S13 = blocked_numel(R13, H/16) (nvgemm.formats.to_blocked of each [R13, H/16])
+    w13_scale       [E, *S13] e4m3 (or raw uint8)  per-expert 128x4-swizzled block scales in their
+                    tiled shape S13 = blocked_shape(R13, H/16) (nvgemm.formats.to_blocked of each
+                    [R13, H/16]); a flat or linear scale is refused (it cannot be told from the bytes)
     w13_scale_2     [E] fp32, or [E, R13] fp32 when an expert's gate/up scales differ (exact per-row alpha)
     w13_input_scale [E] fp32 (W4A4) | None (W4A16)
-    w2              [E, H, I/2] uint8, w2_scale [E, blocked_numel(H, I/16)], w2_scale_2 [E] fp32,
+    w2              [E, H, I/2] uint8, w2_scale [E, *blocked_shape(H, I/16)], w2_scale_2 [E] fp32,
     w2_input_scale  [E] fp32 (W4A4) | None (W4A16)
     activation      "silu_mul" (gated) | "silu" | "relu2" | "gelu_tanh" (non-gated)
     router_weight_on_input  bool: top-1 only (Llama-4); the weight multiplies the input instead
@@ -37,7 +38,7 @@ from typing import Optional
 import torch
 
 from ..epilogues import apply_activation_ref
-from ..formats import NVFP4, blocked_numel
+from ..formats import NVFP4, blocked_shape
 from ..ops import X_DTYPES, nvfp4_linear_emulated
 from .backends import MoeBackend, MoeProblem, register_moe_backend, select_moe_backend
 
@@ -57,10 +58,10 @@ def _check_stack(w, s, g, ins, name: str, e: int, rows: int, k: int, row_alpha_o
         raise ValueError(f"{_W}: {name} has shape {_shape(w)}, expected {(e, rows, k // 2)}")
     if s.dtype not in (torch.float8_e4m3fn, torch.uint8):
         raise TypeError(f"{_W}: {name}_scale must be float8_e4m3fn (or raw uint8), got {s.dtype}")
-    want = blocked_numel(rows, k // NVFP4.block_size)
-    if _shape(s) != (e, want):
-        raise ValueError(f"{_W}: {name}_scale must be [E, {want}] (each expert's 128x4-swizzled "
-                         f"[{rows}, {k // 16}] block scales), got {_shape(s)}")
+    want = (e, *blocked_shape(rows, k // NVFP4.block_size))
+    if _shape(s) != want:
+        raise ValueError(f"{_W}: {name}_scale must have shape {want} (each expert's [{rows}, {k // 16}] block "
+                         f"scales, 128x4-swizzled by nvgemm.formats.to_blocked, in its tiled shape), got {_shape(s)}")
     shapes = ((e,), (e, rows)) if row_alpha_ok else ((e,),)
     if g.dtype != torch.float32 or _shape(g) not in shapes:
         raise ValueError(f"{_W}: {name}_scale_2 must be float32 of shape "

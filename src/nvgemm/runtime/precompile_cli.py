@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 import time
 from collections import Counter, defaultdict
@@ -87,15 +86,12 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
     A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``.
     Identical (N, K) shapes are reported once, named after the first layer that has them.
     """
-    files = sorted(Path(ckpt).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors files in {ckpt}")
+    from .files import safetensors_files, safetensors_header
+
     tensors: dict[str, dict] = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        tensors.update({k: v for k, v in header.items() if k != "__metadata__"})
+    for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
+        header = safetensors_header(f)
+        tensors.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
     seen: dict[tuple[int, int], str] = {}
     for name in sorted(tensors):
         if not name.endswith(".weight"):
@@ -164,9 +160,8 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     title, layers = _layers(args)
     buckets = _buckets(args)
     for arch in arches:
+        check_arch_gpu(arch, args.gpu)
         gpu = args.gpu or ARCH_DEFAULT_GPU.get(arch)
-        if gpu is None:
-            raise ValueError(f"no default GPU for arch {arch}; pass --gpu")
         target = Target.from_gpu(gpu, args.sm_count)
         if target.arch != arch:
             target = Target(arch, target.sm_count, target.gpu)
@@ -193,6 +188,19 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
 ARCH_CAPABILITY = {"sm_100a": (10, 0), "sm_100f": (10, 0), "sm_103a": (10, 3), "sm_90a": (9, 0)}
 
 
+def check_arch_gpu(arch: str, gpu: str | None) -> None:
+    """ValueError unless ``arch`` is one nvgemm builds for and ``gpu`` (if named) is of its family."""
+    from nvgemm.heuristics import Target
+
+    if arch not in ARCH_CAPABILITY:
+        raise ValueError(f"--arch {arch}: not an arch nvgemm builds kernels for; use one of {sorted(ARCH_CAPABILITY)}")
+    if gpu is not None:
+        t = Target.from_gpu(gpu)
+        if t.family != Target(arch, 1).family:
+            raise ValueError(f"--gpu {gpu} is a {t.arch} GPU but --arch {arch} targets another family; name a "
+                             f"GPU of that family or build one arch per run")
+
+
 def _vllm_specs(args, arches):
     """The kernels nvgemm's vLLM plugin dispatches for a checkpoint (``--vllm``)."""
     import torch
@@ -210,8 +218,7 @@ def _vllm_specs(args, arches):
     specs: dict[object, str] = {}
     skipped: list[tuple[str, str]] = []
     for arch in arches:
-        if arch not in ARCH_CAPABILITY:
-            raise ValueError(f"--vllm: unknown arch {arch}; have {sorted(ARCH_CAPABILITY)}")
+        check_arch_gpu(arch, args.gpu)
         sm_count = args.sm_count or Target.from_gpu(args.gpu or ARCH_DEFAULT_GPU[arch]).sm_count
         for g in dict.fromkeys(gemms):
             label = f"{g.layer} N={g.n} K={g.k} tp={args.tp} {arch}"
@@ -255,13 +262,38 @@ def run(args) -> int:
     if args.max_candidates < 1 or (args.jobs is not None and args.jobs < 1) or args.max_m < 1:
         print("nvgemm precompile: --max-candidates, --jobs and --max-m must be >= 1", file=sys.stderr)
         return 2
+    if args.sm_count is not None and args.sm_count < 1:
+        print(f"nvgemm precompile: --sm-count must be >= 1, got {args.sm_count}", file=sys.stderr)
+        return 2
+    for m in args.template_module:  # fail before planning, not in a worker after the build started
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(m) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            print(f"nvgemm precompile: --template-module {m}: no such importable module", file=sys.stderr)
+            return 2
     try:
         title, specs, skipped = plan_specs(args)
-    except (KeyError, ValueError) as e:
+    except KeyError as e:
+        print(f"nvgemm precompile: unknown name {e.args[0]!r}", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"nvgemm precompile: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    cache = KernelCache(root)
+    if root.exists() and not root.is_dir():
+        print(f"nvgemm precompile: --cache-dir {root}: exists and is not a directory", file=sys.stderr)
+        return 2
+    try:
+        cache = KernelCache(root)
+        for _, spec in specs[:1]:
+            cache.lookup(spec)  # an unreadable / unusable cache root fails here, with its path
+    except OSError as e:
+        print(f"nvgemm precompile: cache {root}: {e.strerror or e} ({e.filename or root})", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     results: dict[str, object] = {}
     todo = []

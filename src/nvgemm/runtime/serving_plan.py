@@ -130,19 +130,23 @@ def vllm_gemms(ckpt, tp: int = 1) -> list[ServedGemm]:
     """The GEMMs nvgemm's vLLM plugin runs on a tensor-parallel rank for a ModelOpt NVFP4 export (all
     ranks have the same shapes; a row-parallel bias is rank 0's only), read from the safetensors
     headers and the per-tensor scales."""
-    import json
     from pathlib import Path
 
     from safetensors import safe_open
 
+    from .files import read_json, safetensors_files
+
     ckpt = Path(ckpt)
-    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg = read_json(ckpt / "config.json")
     heads = int(cfg.get("num_attention_heads", 1))
     kv_heads = int(cfg.get("num_key_value_heads", heads))
     head_dim = int(cfg.get("head_dim") or cfg.get("hidden_size", heads) // heads)
-    handles = [safe_open(str(f), framework="pt", device="cpu") for f in sorted(ckpt.glob("*.safetensors"))]
-    if not handles:
-        raise ValueError(f"no *.safetensors files in {ckpt}")
+    handles = []
+    for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
+        try:
+            handles.append(safe_open(str(f), framework="pt", device="cpu"))
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
     where = {k: h for h in handles for k in h.keys()}
 
     def shape(key):

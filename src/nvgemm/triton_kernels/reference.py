@@ -101,7 +101,7 @@ def silu_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 def _quantize(y: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
     packed, scale = quantize_activation(y, input_scale.to(y.device))
-    return packed, (to_blocked(scale) if swizzle else scale)
+    return packed, (to_blocked(scale).reshape(-1) if swizzle else scale)
 
 
 def rmsnorm_quantize_ref(x, weight, input_scale, eps: float = 1e-6, swizzle: bool = True):

@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..formats import NVFP4, to_blocked
+from ..formats import NVFP4, check_block_scales, to_blocked
 from ..runtime.serving_plan import shard_runs
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
@@ -38,7 +38,7 @@ class Gemm:
 
     start: int
     stop: int
-    weight_scale: torch.Tensor  # 1-D 128x4-swizzled e4m3 of rows [start, stop)
+    weight_scale: torch.Tensor  # 128x4-swizzled e4m3 of rows [start, stop), tiled shape (formats.blocked_shape)
     weight_scale_2: torch.Tensor  # fp32 () or (stop - start,)
     input_scale: torch.Tensor | None  # fp32 () ; None = weight-only (W4A16)
     tiles: tuple[int, int] | None = None  # held once (:func:`hold_sm90`): row tiles of the sm90 layout; no weight_scale
@@ -86,9 +86,11 @@ def plan_gemms(
     widths = [int(w) for w in widths]
     if sum(widths) != n or any(w <= 0 for w in widths):
         raise ValueError(f"nvgemm vLLM layer {layer}: shard widths {widths} do not add up to N={n}")
-    if bool(torch.isnan(weight_scale.float()).any()):
-        raise ValueError(f"nvgemm vLLM layer {layer}: weight_scale was never loaded (NaN); the checkpoint "
-                         "likely stores this layer unquantized: list it in exclude_modules")
+    try:
+        check_block_scales(weight_scale, f"nvgemm vLLM layer {layer}: weight_scale")  # same rule as the loader
+    except ValueError as e:
+        raise ValueError(f"{e}. (NaN can also mean the scale was never loaded: a checkpoint storing this "
+                         "layer unquantized needs it in exclude_modules)") from None
     shards = len(widths)
     ws2 = _per_shard(weight_scale_2, shards, "weight_scale_2", layer)
     ins = None if input_scale is None else _per_shard(input_scale, shards, "input_scale", layer)
@@ -106,6 +108,69 @@ def plan_gemms(
         gemms.append(Gemm(start, stop, to_blocked(weight_scale[start:stop].contiguous()), w2_t.to(weight.device),
                           None if ins is None else ins[run[0]].clone().reshape(()).to(weight.device)))
     return gemms
+
+
+class LoadTracker:
+    """Records which parameter shards vLLM's weight loaders filled, so a layer never serves memory that
+    no checkpoint tensor was written to (``create_weights`` allocates ``weight`` with ``torch.empty``).
+
+    vLLM calls ``param.weight_loader(param, loaded_weight[, shard_id])`` once per checkpoint tensor:
+    once per shard of a fused layer (shard id "q"/"k"/"v" or 0, 1, ...), once with no shard id when
+    the checkpoint holds the fused tensor. :meth:`wrap` returns a loader that records the call and
+    forwards it; :meth:`check` raises naming every parameter or shard that was never loaded.
+    """
+
+    def __init__(self, layer: str, shards: int):
+        self.layer, self.shards = layer, shards
+        self.loaded: dict[str, set] = {}
+        self.untracked = False
+
+    def wrap(self, name: str, loader):
+        if loader is None:  # vLLM gave no loader: nothing to track (the NaN-initialised scales still are)
+            self.untracked = True
+            return None
+
+        def load(param, loaded_weight, *args, **kwargs):
+            shard = args[0] if args else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+            out = loader(param, loaded_weight, *args, **kwargs)
+            self.loaded.setdefault(name, set()).add(shard)  # after the copy succeeded
+            return out
+
+        return load
+
+    def missing(self, names: Iterable[str]) -> list[str]:
+        out = []
+        for name in names:
+            got = self.loaded.get(name, set())
+            if None in got or len(got) >= self.shards:
+                continue
+            out.append(name if not got else f"{name} (loaded shards {sorted(map(str, got))} of {self.shards})")
+        return out
+
+    def check(self, names: Iterable[str]) -> None:
+        missing = [] if self.untracked else self.missing(names)
+        if missing:
+            raise ValueError(
+                f"nvgemm vLLM layer {self.layer}: never loaded from the checkpoint: {', '.join(missing)}; the layer "
+                "would compute on uninitialised memory (is a shard missing from the checkpoint, or the layer "
+                "stored unquantized? then list it in the quantization config's ignore / exclude_modules)")
+
+
+def note_unserved_checkpoint(hf_quant_cfg) -> str | None:
+    """One log line when vLLM is about to serve an NVFP4 checkpoint nvgemm does not take over (returned
+    for tests); None for anything else. nvgemm's plugin serves ModelOpt exports (``modelopt_fp4`` /
+    ``modelopt_mixed``); a compressed-tensors ``nvfp4-pack-quantized`` checkpoint stays on vLLM's own
+    compressed-tensors path, which without this line would look like nvgemm serving it."""
+    if not isinstance(hf_quant_cfg, dict):
+        return None
+    method = str(hf_quant_cfg.get("quant_method", "")).lower().replace("_", "-")
+    if method != "compressed-tensors" or hf_quant_cfg.get("format") != "nvfp4-pack-quantized":
+        return None
+    msg = ("nvgemm_cutedsl: this checkpoint is compressed-tensors NVFP4 (nvfp4-pack-quantized); nvgemm's vLLM "
+           "plugin serves ModelOpt NVFP4 exports only, so vLLM's own compressed-tensors kernels serve it, not "
+           "nvgemm (nvgemm.load_modelopt_checkpoint loads this format outside vLLM)")
+    log.warning(msg)
+    return msg
 
 
 def run_gemms(x: torch.Tensor, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None,

@@ -33,7 +33,8 @@ import torch
 from . import _compat
 from ..prepared import one_copy_wanted
 from ..templates.sm90.operand import kind_of
-from .layer import describe_choices, hold_sm90, plan_gemms, run_gemms, sm90_serve_reason, warm_up, weight_memory
+from .layer import (LoadTracker, describe_choices, hold_sm90, note_unserved_checkpoint, plan_gemms, run_gemms,
+                    sm90_serve_reason, warm_up, weight_memory)
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -94,6 +95,7 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
         self.prefix = prefix
         self.gemms = []
         self.sm90 = None  # layer.Sm90Held when the weight is held once, in the sm90 layout
+        self.tracker = None  # set by create_weights
         self.dump_dir = os.environ.get(DUMP_ENV) or None
 
     def create_weights(self, layer, input_size_per_partition: int, output_partition_sizes: list[int],
@@ -111,18 +113,26 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
         layer.input_size_per_partition = k
         layer.output_size_per_partition = n
         shards = len(widths)
+        # every loader call is recorded: process_weights_after_loading refuses a layer with a shard
+        # that was never loaded (weight is torch.empty: it would serve uninitialised memory)
+        self.tracker = tracker = LoadTracker(self.prefix, shards)
         layer.register_parameter("weight", V.ModelWeightParameter(
-            data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0, weight_loader=wl))
+            data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0,
+            weight_loader=tracker.wrap("weight", wl)))
         layer.register_parameter("weight_scale", V.ModelWeightParameter(
             data=torch.full((n, k // 16), float("nan"), dtype=torch.float32).to(torch.float8_e4m3fn),
-            input_dim=1, output_dim=0, weight_loader=wl))
+            input_dim=1, output_dim=0, weight_loader=tracker.wrap("weight_scale", wl)))
         layer.register_parameter("weight_scale_2", V.PerTensorScaleParameter(
-            data=torch.full((shards,), float("nan"), dtype=torch.float32), weight_loader=wl))
+            data=torch.full((shards,), float("nan"), dtype=torch.float32),
+            weight_loader=tracker.wrap("weight_scale_2", wl)))
         # W4A16 layers also accept a (legacy) input_scale, as vLLM does; it is dropped after loading
         layer.register_parameter("input_scale", V.PerTensorScaleParameter(
-            data=torch.full((shards,), float("nan"), dtype=torch.float32), weight_loader=wl))
+            data=torch.full((shards,), float("nan"), dtype=torch.float32),
+            weight_loader=tracker.wrap("input_scale", wl)))
 
     def process_weights_after_loading(self, layer) -> None:
+        required = ("weight", "weight_scale", "weight_scale_2") + (() if self.weight_only else ("input_scale",))
+        self.tracker.check(required)
         weight = layer.weight.data
         ins = None
         if not self.weight_only:
@@ -230,6 +240,14 @@ def _nvgemm_method(method, layer, prefix: str):
 
 class NvgemmModelOptNvFp4Config(V.ModelOptNvFp4Config):
     """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with linear layers served by nvgemm."""
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, *args, **kwargs):
+        # vLLM asks every registered config whether it claims the checkpoint (ModelConfig's
+        # _verify_quantization loop); nvgemm claims nothing new here, it only says when an NVFP4
+        # checkpoint will not be served by nvgemm
+        note_unserved_checkpoint(hf_quant_cfg)
+        return super().override_quantization_method(hf_quant_cfg, user_quant, *args, **kwargs)
 
     def get_quant_method(self, layer, prefix: str):
         return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)

@@ -50,7 +50,7 @@ def check_y(y: torch.Tensor, y_ref: torch.Tensor, dtype: torch.dtype) -> torch.T
 def check_bytes(p, s, y, swizzle, gs, ref_p, ref_s, same_rows):
     """Check 2."""
     qp, qs = quantize_activation(y, gs)
-    qs = to_blocked(qs) if swizzle else qs
+    qs = to_blocked(qs).reshape(-1) if swizzle else qs
     assert torch.equal(p, qp), "packed codes differ from quantize_activation(y)"
     assert torch.equal(s.view(torch.uint8), qs.view(torch.uint8)), "scale bytes differ from quantize_activation(y)"
     assert torch.equal(p[same_rows], ref_p[same_rows]), "codes differ from the unfused reference"

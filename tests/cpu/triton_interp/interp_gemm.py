@@ -102,5 +102,5 @@ def test_errors_name_the_problem():
     ws = to_blocked(q.scale)
     with pytest.raises(ValueError, match="K=48"):
         nvfp4_linear_triton(torch.randn(2, 48).bfloat16(), q.packed, ws, q.global_scale)
-    with pytest.raises(ValueError, match="weight_scale must be the 1-D"):
+    with pytest.raises(ValueError, match="weight_scale must be the 128x4-swizzled"):
         nvfp4_linear_triton(torch.randn(2, 64).bfloat16(), q.packed, q.scale.reshape(-1), q.global_scale)

@@ -184,6 +184,7 @@ def prepare_sm100_args(
             )
         res_k = _aligned16(residual.reshape(tokens, n_out))
 
+    ws_ = ws_.reshape(-1)  # the kernel reads the flat 128x4 bytes
     if config.swap_ab:
         a, sfa, b, sfb, m_k, n_k = wq, ws_, xq, xs, n, tokens
     else:

@@ -25,7 +25,7 @@ import inspect
 import torch
 from torch import nn
 
-from ..formats import NVFP4, to_blocked
+from ..formats import NVFP4, check_block_scales, to_blocked
 from ..moe import NVFP4Experts
 
 #: checkpoint-name aliases of transformers 5 module names (hub names ModelOpt restores on export):
@@ -161,6 +161,10 @@ def _load_stacked(idx, prefix, e, h, i, transposed, algo, activation, error) -> 
             if t.dtype != dt or tuple(t.shape) != shape:
                 raise error(f"tensor {tk}: {t.dtype} {tuple(t.shape)}, expected {dt} {shape}"
                             f"{' (stacked, transposed: K packed along dim 1)' if transposed else ''}")
+        try:
+            check_block_scales(s, f"tensor {key}_weight_scale")  # the dense loader's and vLLM's byte rule
+        except ValueError as e:
+            raise error(str(e)) from None
         if transposed:  # byte [e, c, n] holds K = 2c (low nibble), 2c+1 of column n: repack row-major
             w, s = w.transpose(1, 2), s.transpose(1, 2)
         g2 = _expert_scalars(idx, f"{key}_weight_scale_2", e, error)

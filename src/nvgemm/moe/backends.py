@@ -68,7 +68,7 @@ _LAST = threading.local()
 _LOADED = False
 _CHECKED: dict[tuple, str | None] = {}
 #: Modules that register MoE kernel backends when imported; missing optional deps are skipped.
-_BUILTIN_MOE_MODULES: tuple[str, ...] = ()
+_BUILTIN_MOE_MODULES: tuple[str, ...] = ("nvgemm.triton_kernels.registry",)
 #: ||kernel - emulated|| / ||emulated|| allowed in the first-use check. Both quantize the same
 #: operands; a kernel may sum in another order, which can move the bf16 rounding of the
 #: intermediate h and then one FP4 code of its requantization (~1e-2 on that element, ~1e-3 in

@@ -204,17 +204,49 @@ def _nvgemm_method(method, layer, prefix: str):
                                    group_size=method.ctx.group_size or 16)
 
 
+_MOE_WARNED = []
+
+
+def _moe_method(config, layer, prefix: str, algo: str | None, sub_config):
+    """nvgemm's fused-MoE method for an NVFP4 / W4A16_NVFP4 ``RoutedExperts`` layer, or None (vLLM's)."""
+    if not isinstance(layer, V.RoutedExperts) or algo not in ("NVFP4", "W4A16_NVFP4") or sub_config is None:
+        return None
+    if not _compat.moe_supported():
+        if not _MOE_WARNED:
+            _MOE_WARNED.append(True)
+            log.warning("nvgemm_cutedsl: nvgemm's MoE method was checked against vLLM %s only; MoE layers stay with "
+                        "vLLM's own method on this vLLM", ", ".join(_compat.MOE_TESTED_VERSIONS))
+        return None
+    if config.is_layer_excluded(prefix):
+        return None
+    from .moe import moe_method_for
+
+    return moe_method_for(config, layer, prefix, weight_only=algo == "W4A16_NVFP4",
+                          group_size=int(getattr(sub_config, "group_size", None) or 16))
+
+
 class NvgemmModelOptNvFp4Config(V.ModelOptNvFp4Config):
-    """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with linear layers served by nvgemm."""
+    """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with linear and routed-expert layers served by nvgemm."""
 
     def get_quant_method(self, layer, prefix: str):
+        moe = _moe_method(self, layer, prefix, self.quant_method, self)
+        if moe is not None:
+            return moe
         return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)
 
 
 class NvgemmModelOptMixedPrecisionConfig(V.ModelOptMixedPrecisionConfig):
-    """``modelopt_mixed`` (MIXED_PRECISION) with its NVFP4 / W4A16_NVFP4 linear layers served by nvgemm."""
+    """``modelopt_mixed`` (MIXED_PRECISION) with its NVFP4 / W4A16_NVFP4 linear and routed-expert layers
+    served by nvgemm."""
 
     def get_quant_method(self, layer, prefix: str):
+        if isinstance(layer, V.RoutedExperts):
+            algo = self._resolve_quant_algo(prefix)
+            sub = {"NVFP4": getattr(self, "nvfp4_config", None),
+                   "W4A16_NVFP4": getattr(self, "w4a16_nvfp4_config", None)}.get(algo)
+            moe = _moe_method(self, layer, prefix, algo, sub)
+            if moe is not None:
+                return moe
         return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)
 
 

@@ -129,12 +129,13 @@ def make_moe_checkpoints(root: Path) -> dict[str, Path]:
 MOE_CASES = [("qwen3_moe", "NVFP4"), ("qwen3_moe", "W4A16_NVFP4"), ("deepseek_v3", "NVFP4")]
 
 
-def serve(ckpt: Path, tp: int, work: Path) -> tuple[list, Path, str]:
+def serve(ckpt: Path, tp: int, work: Path, ep: bool = False) -> tuple[list, Path, str]:
     """Run tests/vllm_engine/_serve.py; returns (results, dump folder, engine log)."""
-    tag = f"{ckpt.name}_tp{tp}"
+    tag = f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}"
     dump, out = work / f"dump_{tag}", work / f"{tag}.json"
     env = dict(os.environ, **ENGINE_ENV, NVGEMM_VLLM_DUMP=str(dump))
-    proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out), *(["ep"] if ep else [])],
+                          env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     (work / f"{tag}.log").write_text(proc.stdout)
     if proc.returncode != 0:
@@ -168,13 +169,13 @@ def moe_checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def moe_served(moe_checkpoints, tmp_path_factory):
-    """``moe_served(name, tp)``: the engine's results for a tiny MoE export, run once per (name, tp)."""
+    """``moe_served(name, tp, ep)``: the engine's results for a tiny MoE export, run once per (name, tp, ep)."""
     work = tmp_path_factory.mktemp("vllm_moe")
     cache: dict = {}
 
-    def get(name: str, tp: int):
-        if (name, tp) not in cache:
-            cache[(name, tp)] = serve(moe_checkpoints[name], tp, work)
-        return cache[(name, tp)]
+    def get(name: str, tp: int, ep: bool = False):
+        if (name, tp, ep) not in cache:
+            cache[(name, tp, ep)] = serve(moe_checkpoints[name], tp, work, ep)
+        return cache[(name, tp, ep)]
 
     return get

@@ -1,6 +1,7 @@
 """A real vLLM engine (CPU build) serves tiny ModelOpt MoE exports (Qwen3-MoE NVFP4 and W4A16_NVFP4,
 DeepSeek-V3 NVFP4 with a dense layer, a shared expert, grouped sigmoid routing with correction bias and
-routed_scaling_factor 2.5) through nvgemm's fused-MoE method, at tensor-parallel size 1 and 2.
+routed_scaling_factor 2.5) through nvgemm's fused-MoE method, at tensor-parallel size 1 and 2, and with
+expert parallelism (2 ranks, 4 of the 8 experts each, vLLM's expert_map).
 
 vLLM 0.32.0's CPU build has no NVFP4 MoE backend of its own (its NVFP4 MoE oracle raises on CPU), so
 these models are servable there only through nvgemm. Checked:
@@ -37,17 +38,24 @@ MOE_LAYERS = {"qwen3_moe": ["model.layers.0.mlp.experts", "model.layers.1.mlp.ex
 # The same reasoning and measurements as test_vllm_e2e.LOGPROB_TOL (tiny random models; W4A4 layers
 # amplify bf16-ulp differences of vLLM's and transformers' non-GEMM ops through E2M1 rounding).
 LOGPROB_TOL = {"NVFP4": 0.2, "W4A16_NVFP4": 0.05}
-CASES = [("qwen3_moe-NVFP4", 1), ("qwen3_moe-NVFP4", 2), ("qwen3_moe-W4A16_NVFP4", 1), ("deepseek_v3-NVFP4", 1),
-         ("deepseek_v3-NVFP4", 2)]
+CASES = [("qwen3_moe-NVFP4", 1, False), ("qwen3_moe-NVFP4", 2, False), ("qwen3_moe-NVFP4", 2, True),
+         ("qwen3_moe-W4A16_NVFP4", 1, False), ("deepseek_v3-NVFP4", 1, False), ("deepseek_v3-NVFP4", 2, False)]
+IDS = [f"{n}-tp{t}{'-ep' if ep else ''}" for n, t, ep in CASES]
 
 
-def expert_tensors(t: dict, layer: str, rank: int, tp: int):
-    """The op's stacked tensors for ``layer`` on ``rank``, from the checkpoint's per-expert tensors."""
+def expert_tensors(t: dict, layer: str, rank: int, tp: int, expert_map=None):
+    """The op's stacked tensors for ``layer`` on ``rank``, from the checkpoint's per-expert tensors: every
+    expert's gate/up rows and down_proj K sliced by tensor-parallel rank, or (expert parallelism) the
+    unsliced experts ``expert_map`` places on this rank, in local-slot order."""
     e = 0
     while f"{layer}.{e}.down_proj.weight" in t:
         e += 1
+    experts = list(range(e))
+    if expert_map is not None:
+        local = {int(l): g for g, l in enumerate(expert_map.tolist()) if l >= 0}
+        experts = [local[j] for j in range(len(local))]
     w13, s13, g13, i13, w2, s2, g2, i2 = ([] for _ in range(8))
-    for x in range(e):
+    for x in experts:
         p = f"{layer}.{x}"
         gw, uw = t[f"{p}.gate_proj.weight"].chunk(tp)[rank], t[f"{p}.up_proj.weight"].chunk(tp)[rank]
         gs, us = t[f"{p}.gate_proj.weight_scale"].chunk(tp)[rank], t[f"{p}.up_proj.weight_scale"].chunk(tp)[rank]
@@ -71,16 +79,21 @@ def expert_tensors(t: dict, layer: str, rank: int, tp: int):
             torch.stack(s2), torch.stack(g2), torch.stack(i2) if i2 else None)
 
 
-def check_moe_calls(ckpt: Path, dump: Path, tp: int, layers: list[str]) -> int:
+def check_moe_calls(ckpt: Path, dump: Path, tp: int, layers: list[str], ep: bool = False) -> int:
     tensors = load_file(str(ckpt / "model.safetensors"))
     files = sorted(dump.glob("*.moe*.pt"))
     seen, cache = set(), {}
     for f in files:
         d = torch.load(f)
-        assert d["tp_size"] == tp and d["activation"] == "silu_mul" and not d["router_weight_on_input"]
+        assert d["activation"] == "silu_mul" and not d["router_weight_on_input"]
+        if ep:  # experts split across ranks, each expert whole: tensor-parallel size 1 inside the MoE
+            assert d["ep_size"] == tp and d["tp_size"] == 1 and d["expert_map"] is not None
+            assert int((d["expert_map"] >= 0).sum()) == 8 // tp
+        else:
+            assert d["tp_size"] == tp and d["expert_map"] is None
         key = (d["layer"], d["rank"])
         if key not in cache:
-            cache[key] = expert_tensors(tensors, d["layer"], d["rank"], tp)
+            cache[key] = expert_tensors(tensors, d["layer"], d["rank"], 1 if ep else tp, d["expert_map"])
         want = nvfp4_moe_emulated(d["x"], d["topk_ids"], d["topk_weights"], *cache[key], "silu_mul", False,
                                   d["expert_map"], None, None, None)
         assert torch.equal(d["out"], want), f"{f.name}: max |diff| {float((d['out'].float() - want.float()).abs().max())}"
@@ -90,36 +103,38 @@ def check_moe_calls(ckpt: Path, dump: Path, tp: int, layers: list[str]) -> int:
     return len(files)
 
 
-@pytest.mark.parametrize("name,tp", CASES, ids=[f"{n}-tp{t}" for n, t in CASES])
-def test_every_moe_call_matches_the_emulated_op(moe_served, moe_checkpoints, name, tp):
-    _, dump, _ = moe_served(name, tp)
+@pytest.mark.parametrize("name,tp,ep", CASES, ids=IDS)
+def test_every_moe_call_matches_the_emulated_op(moe_served, moe_checkpoints, name, tp, ep):
+    _, dump, _ = moe_served(name, tp, ep)
     layers = MOE_LAYERS[name.split("-")[0]]
-    n = check_moe_calls(moe_checkpoints[name], dump, tp, layers)
+    n = check_moe_calls(moe_checkpoints[name], dump, tp, layers, ep)
     assert n >= len(layers) * tp * 2  # prefill and decode steps
 
 
-@pytest.mark.parametrize("name,tp", CASES, ids=[f"{n}-tp{t}" for n, t in CASES])
-def test_moe_logprobs_match_nvgemm_model(moe_served, moe_checkpoints, name, tp):
-    results, _, _ = moe_served(name, tp)
+@pytest.mark.parametrize("name,tp,ep", CASES, ids=IDS)
+def test_moe_logprobs_match_nvgemm_model(moe_served, moe_checkpoints, name, tp, ep):
+    results, _, _ = moe_served(name, tp, ep)
     assert all(len(r["token_ids"]) == 4 and len(r["logprobs"]) == 4 for r in results)
     diff = max_logprob_diff(results, nvgemm_logprobs(moe_checkpoints[name], results))
-    print(f"{name} tp={tp}: max |logprob(vLLM) - logprob(nvgemm model)| = {diff:.4g}")
+    print(f"{name} tp={tp} ep={ep}: max |logprob(vLLM) - logprob(nvgemm model)| = {diff:.4g}")
     assert diff <= LOGPROB_TOL[name.split("-", 1)[1]]
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe-NVFP4", "deepseek_v3-NVFP4"])
-def test_moe_tp2_matches_tp1(moe_served, name):
-    diff, steps = common_steps_diff(moe_served(name, 1)[0], moe_served(name, 2)[0])
-    print(f"{name}: max |logprob(TP=2) - logprob(TP=1)| = {diff:.4g} over {steps} steps")
+@pytest.mark.parametrize("name,ep", [("qwen3_moe-NVFP4", False), ("qwen3_moe-NVFP4", True), ("deepseek_v3-NVFP4", False)])
+def test_moe_tp2_matches_tp1(moe_served, name, ep):
+    diff, steps = common_steps_diff(moe_served(name, 1)[0], moe_served(name, 2, ep)[0])
+    print(f"{name}: max |logprob(TP=2{' EP' if ep else ''}) - logprob(TP=1)| = {diff:.4g} over {steps} steps")
     assert steps >= 2 and diff <= LOGPROB_TOL["NVFP4"]
 
 
-@pytest.mark.parametrize("name,tp", [("qwen3_moe-NVFP4", 2), ("qwen3_moe-W4A16_NVFP4", 1), ("deepseek_v3-NVFP4", 1)])
-def test_each_moe_layer_logs_its_backend_once(moe_served, name, tp):
-    _, _, log = moe_served(name, tp)
+@pytest.mark.parametrize("name,tp,ep", [("qwen3_moe-NVFP4", 2, False), ("qwen3_moe-NVFP4", 2, True),
+                                        ("qwen3_moe-W4A16_NVFP4", 1, False), ("deepseek_v3-NVFP4", 1, False)])
+def test_each_moe_layer_logs_its_backend_once(moe_served, name, tp, ep):
+    _, _, log = moe_served(name, tp, ep)
     kind = "W4A16" if "W4A16" in name else "W4A4"
+    local = 8 // tp if ep else 8
     for layer in MOE_LAYERS[name.split("-")[0]]:
         mine = [line for line in log.splitlines() if f"[nvgemm] nvgemm_cutedsl: vLLM MoE layer {layer} (" in line]
         assert len(mine) == tp, f"{layer}: {len(mine)} log lines for {tp} rank(s)"
         for line in mine:
-            assert f"({kind}, 8 local of 8 experts, top-2" in line and "served by M=1: emulated" in line, line
+            assert f"({kind}, {local} local of 8 experts, top-2" in line and "served by M=1: emulated" in line, line

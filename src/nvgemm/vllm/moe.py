@@ -226,8 +226,10 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
     def _dump(self, layer, x, ids, wts, em, out) -> None:
         d = Path(self.dump_dir)
         d.mkdir(parents=True, exist_ok=True)
-        rank = int(layer.moe_config.tp_rank)
-        torch.save({"layer": self.prefix, "kind": "moe", "rank": rank, "tp_size": int(layer.moe_config.tp_size),
+        mc = layer.moe_config
+        rank = int(mc.tp_rank) if not mc.use_ep else int(mc.ep_rank)
+        torch.save({"layer": self.prefix, "kind": "moe", "rank": rank, "tp_size": int(mc.tp_size),
+                    "ep_size": int(mc.ep_size) if mc.use_ep else 1,
                     "x": x.detach().cpu(), "topk_ids": ids.detach().cpu(), "topk_weights": wts.detach().cpu(),
                     "expert_map": None if em is None else em.detach().cpu(), "activation": self.activation,
                     "router_weight_on_input": bool(layer.apply_router_weight_on_input), "out": out.detach().cpu()},

@@ -148,3 +148,10 @@ def test_unequal_gate_up_input_scale_is_a_clear_error():
     _load(layer, ck)
     with pytest.raises(ValueError, match="expert 1 has gate input_scale .* != up input_scale"):
         method.process_weights_after_loading(layer)
+
+
+def test_moe_names_are_gated_to_checked_vllm_releases():
+    from nvgemm.vllm import _compat
+
+    assert _compat.moe_supported("0.32.0") and _compat.moe_supported("0.32.0+cpu")
+    assert not _compat.moe_supported("0.33.0")  # linear layers only there; MoE stays vLLM's

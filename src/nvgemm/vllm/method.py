@@ -14,8 +14,9 @@
 * ``apply`` is one ``nvfp4_linear`` per GEMM: traceable by torch.compile (the op has a fake
   implementation) and free of allocations other than the op's own output.
 
-The configs subclass vLLM's ModelOpt configs, so checkpoint parsing, exclusions, MoE and KV-cache
-handling stay vLLM's; only the linear layers vLLM resolves to NVFP4 are swapped.
+The configs subclass vLLM's ModelOpt configs, so checkpoint parsing, exclusions and KV-cache handling
+stay vLLM's; the linear layers vLLM resolves to NVFP4 are swapped, and NVFP4 / W4A16_NVFP4 routed-expert
+(``RoutedExperts``) layers get nvgemm's fused-MoE method (:mod:`nvgemm.vllm.moe`).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def check_moe_calls(ckpt: Path, dump: Path, tp: int, layers: list[str], ep: bool
             assert d["tp_size"] == tp and d["expert_map"] is None
         key = (d["layer"], d["rank"])
         if key not in cache:
-            cache[key] = expert_tensors(tensors, d["layer"], d["rank"], 1 if ep else tp, d["expert_map"])
+            cache[key] = expert_tensors(tensors, d["layer"], 0 if ep else d["rank"], 1 if ep else tp, d["expert_map"])
         want = nvfp4_moe_emulated(d["x"], d["topk_ids"], d["topk_weights"], *cache[key], "silu_mul", False,
                                   d["expert_map"], None, None, None)
         assert torch.equal(d["out"], want), f"{f.name}: max |diff| {float((d['out'].float() - want.float()).abs().max())}"

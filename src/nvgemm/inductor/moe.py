@@ -278,34 +278,11 @@ def normalise_call(args: tuple, kwargs: dict) -> list:
 
 def build_lowering(allowed: Optional[set[str]] = None):
     """The lowering-table entry for ``nvgemm::nvfp4_moe`` (not installed here)."""
-    from torch._inductor.kernel.custom_op import register_custom_op_autotuning
+    from .lowering import _has_unbacked, register_range_autotuning, split_points
 
-    from . import compat
-    from .lowering import RANGE_UPPER_BOUND, _has_unbacked, split_points
-
-    user_lowerings = compat.lowering_table()
-    op = torch.ops.nvgemm.nvfp4_moe_autotune.default
-    previous = user_lowerings.get(op)
     pts = split_points()
-    inner = {}
-    extra = {"include_fallback": False} if compat.available("include_fallback") else {}
-    graphs = compat.available("cudagraph_benchmarking")
-    try:
-        for device_kind, cudagraphs in (("cpu", False), ("cuda", True)):
-            for dynamic in (True, False):
-                register_custom_op_autotuning(
-                    nvfp4_moe_autotune, config_generator=_config_generator, name=NAME, input_gen_fns=INPUT_GEN_FNS,
-                    dispatch_on=({"tensor_name": "x", "dim": 0, "range_upper_bound": RANGE_UPPER_BOUND}
-                                 if dynamic else None),
-                    split_points=list(pts) if dynamic else None,
-                    **({"benchmark_with_cudagraphs": cudagraphs} if graphs else {}), **extra,
-                )
-                inner[device_kind, dynamic] = user_lowerings[op]
-    finally:
-        if previous is None:
-            user_lowerings.pop(op, None)
-        else:
-            user_lowerings[op] = previous
+    inner = register_range_autotuning(nvfp4_moe_autotune, torch.ops.nvgemm.nvfp4_moe_autotune.default,
+                                      _config_generator, NAME, INPUT_GEN_FNS, pts)
 
     def nvgemm_cutedsl_moe_lowering(*args, **kwargs):
         from torch._dynamo.utils import counters

@@ -34,6 +34,8 @@ MOE_PRIORITY = 0
 
 
 def supports(p: LinearProblem) -> str | None:
+    """Whether the Triton kernels serve problem ``p`` (a ``LinearProblem`` or a ``MoeProblem``: both have
+    device_type, capability and x_dtype; every op feature is supported)."""
     if p.device_type != "cuda":
         return f"needs a CUDA device, got {p.device_type}"
     if p.capability is None or tuple(p.capability) < (8, 0):
@@ -48,17 +50,6 @@ def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, ac
 
     return nvfp4_linear_triton(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
                                out_dtype)
-
-
-def moe_supports(p) -> str | None:
-    """Whether the Triton grouped MoE serves ``MoeProblem`` ``p`` (every op feature is supported)."""
-    if p.device_type != "cuda":
-        return f"needs a CUDA device, got {p.device_type}"
-    if p.capability is None or tuple(p.capability) < (8, 0):
-        return f"needs sm_80 or newer, got {p.capability}"
-    if p.x_dtype not in (torch.bfloat16, torch.float16):
-        return f"x must be bfloat16 or float16, got {p.x_dtype}"
-    return _triton_import_error()
 
 
 def moe_run(*args):
@@ -76,5 +67,5 @@ def cuda_quantizer(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
 
 
 register_backend(Backend(name=NAME, priority=PRIORITY, supports=supports, run=run))
-register_moe_backend(MoeBackend(name=MOE_NAME, priority=MOE_PRIORITY, supports=moe_supports, run=moe_run))
+register_moe_backend(MoeBackend(name=MOE_NAME, priority=MOE_PRIORITY, supports=supports, run=moe_run))
 nv_ops.set_cuda_quantizer(cuda_quantizer)

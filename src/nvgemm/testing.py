@@ -1,6 +1,7 @@
 """Tiny ModelOpt-exported NVFP4 checkpoints, built on CPU in about a second (tests, demo, benches).
 
-``make_tiny_checkpoint`` builds a small Llama- or Qwen2-style model from an embedded config,
+``make_tiny_checkpoint`` builds a small Llama- or Qwen2-style model, or a tiny MoE model (Qwen3-MoE,
+Mixtral, DeepSeek-V3 with shared expert and dense layer, Llama-4, NemotronH non-gated; ``MOE_KINDS``) from an embedded config,
 quantizes it with ModelOpt (``NVFP4_DEFAULT_CFG`` or ``W4A16_NVFP4_CFG``, random calibration)
 and exports it with ModelOpt's own Hugging Face exporter. No network, no hub.
 Facts it relies on: ModelOpt's calibration runs on CPU (its fake-quant *forward* asserts CUDA,
@@ -28,9 +29,49 @@ TINY_CONFIGS = {
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         tie_word_embeddings=False,
     ),
+    # MoE (ModelOpt 0.47 quantizes and exports each on CPU; shared/research/moe_nvfp4.md 3.3)
+    "qwen3_moe": dict(
+        arch="Qwen3MoeForCausalLM",  # fused experts, 8 experts top-2, router `mlp.gate`
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, max_position_embeddings=128, tie_word_embeddings=False,
+    ),
+    "mixtral": dict(
+        arch="MixtralForCausalLM",  # exported under hub names block_sparse_moe.experts.E.w1/w2/w3
+        vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+        tie_word_embeddings=False,
+    ),
+    "deepseek_v3": dict(
+        arch="DeepseekV3ForCausalLM",  # layer 0 dense MLP; layer 1: 8 routed + 1 shared expert, grouped top-2
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+        max_position_embeddings=128, tie_word_embeddings=False,
+    ),
+    "llama4": dict(
+        arch="Llama4ForCausalLM",  # stacked transposed experts, top-1 weight on the input, shared expert
+        vocab_size=256, hidden_size=64, intermediate_size=32, intermediate_size_mlp=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=1, max_position_embeddings=128, tie_word_embeddings=False,
+    ),
+    "nemotron_h": dict(
+        arch="NemotronHForCausalLM",  # non-gated relu2 experts + shared expert; layers: attention, MoE
+        vocab_size=256, hidden_size=64, num_hidden_layers=2, hybrid_override_pattern="*E", num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32, n_shared_experts=1, intermediate_size=64,
+        max_position_embeddings=128, tie_word_embeddings=False,
+    ),
 }
+MOE_KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3MoeForCausalLM": "qwen3_moe",
+                "MixtralForCausalLM": "mixtral", "DeepseekV3ForCausalLM": "deepseek_v3",
+                "Llama4ForCausalLM": "llama4_text", "NemotronHForCausalLM": "nemotron_h"}
 
-QUANT_CFGS = {"NVFP4": "NVFP4_DEFAULT_CFG", "W4A16_NVFP4": "W4A16_NVFP4_CFG"}
+QUANT_CFGS = {"NVFP4": "NVFP4_DEFAULT_CFG", "W4A16_NVFP4": "W4A16_NVFP4_CFG",
+              # routed experts only (NVIDIA's Kimi-K2.x / MiniMax-M2.x recipe): the rest stays BF16
+              "NVFP4_EXPERTS_ONLY": "NVFP4_EXPERTS_ONLY_CFG"}
 
 
 def build_tiny_model(kind: str = "llama", seed: int = 0, dtype: torch.dtype = torch.bfloat16, **overrides):
@@ -41,7 +82,7 @@ def build_tiny_model(kind: str = "llama", seed: int = 0, dtype: torch.dtype = to
         raise ValueError(f"unknown tiny model {kind!r}; have {sorted(TINY_CONFIGS)}")
     spec = dict(TINY_CONFIGS[kind], **overrides)
     arch = spec.pop("arch")
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[arch]
+    model_type = _MODEL_TYPES[arch]
     config = AutoConfig.for_model(model_type, **spec)
     config.architectures = [arch]
     torch.manual_seed(seed)

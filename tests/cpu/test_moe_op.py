@@ -113,6 +113,38 @@ def test_expert_map_shared_residual_out_dtype(seed):
     assert bool((z == 0).all())
 
 
+def test_expert_parallel_slices_sum_to_the_full_layer(seed):
+    """EP: two ranks holding disjoint experts (with their own per-expert input scales, sliced with the
+    weights; sglang#36597 forgot to slice them) reproduce the full layer. Top-1 with out_dtype fp32:
+    each token's output comes from exactly one rank, so the sum is bitwise the full output."""
+    full = NVFP4Experts.from_linears(make_experts(e=6, per_expert_ins=True))
+    ranks = [full.slice_experts([0, 2, 4]), full.slice_experts([5, 3, 1])]
+    assert torch.equal(ranks[1].w13_input_scale, full.w13_input_scale[[5, 3, 1]])
+    x = torch.randn(9, H).to(torch.bfloat16)
+    ids = torch.randint(0, 6, (9, 1), dtype=torch.int32)
+    wts = torch.rand(9, 1)
+
+    def run(m):
+        return torch.ops.nvgemm.nvfp4_moe(x, ids, wts, *m.tensors(), "silu_mul", False, m.expert_map, None, None,
+                                          torch.float32)
+
+    assert torch.equal(run(ranks[0]) + run(ranks[1]), run(full))
+    with pytest.raises(ValueError, match="must be distinct ids"):
+        full.slice_experts([0, 0])
+
+
+def test_batch_invariance(seed):
+    """flashinfer#3559 (output depended on batch composition): a token's output is the same alone and
+    inside a batch of 64. The emulated op is exactly batch-invariant; kernels must be within an M bucket."""
+    mod = NVFP4Experts.from_linears(make_experts(e=8))
+    x = torch.randn(64, H).to(torch.bfloat16)
+    ids = torch.randint(0, 8, (64, 2), dtype=torch.int32)
+    wts = torch.rand(64, 2)
+    full = mod(x, ids, wts)
+    for t in (0, 17, 63):
+        assert torch.equal(mod(x[t : t + 1], ids[t : t + 1], wts[t : t + 1])[0], full[t])
+
+
 def test_slot_order_sum_single_rounding(seed):
     """Contract step 5, bitwise: the K-slot output equals the fp32 sum over slots (in order) of the
     one-slot outputs computed with out_dtype=fp32 and weight 1, times the weights, rounded once."""

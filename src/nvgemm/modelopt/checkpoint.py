@@ -123,6 +123,11 @@ def _modelopt_config(algo, group_size, exclude, quantized_layers, where) -> Quan
                               "and MIXED_PRECISION maps of them")
     if group_size != 16:
         raise CheckpointError(f"{where}: group_size {group_size} != 16; NVFP4 uses 16-element blocks")
+    garbled = [p for p in exclude if "\x00" in p]
+    if garbled:  # ModelOpt 0.47 on NemotronH writes "lm_head.\x00backbone.pt_name_sentinel": the name is before NUL
+        log.warning("nvgemm_cutedsl: %s: exclude_modules %s hold a NUL-separated suffix (a ModelOpt export artifact); "
+                    "using the module names before it", where, garbled)
+        exclude = [p.split("\x00")[0].rstrip(".") if "\x00" in p else p for p in exclude]
     per_layer = {}
     for name, lc in quantized_layers.items():
         la = lc.get("quant_algo") if isinstance(lc, dict) else lc
@@ -269,10 +274,10 @@ def load_modelopt_checkpoint(
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, nn.Linear) or name in routers:  # MoE routers stay unquantized
             continue
-        algo = qcfg.algo_for(name)
+        ck = ckpt_name(idx, name)
+        algo = qcfg.algo_for(ck)  # the config names checkpoint modules
         if algo is None:
             continue
-        ck = ckpt_name(idx, name)
         if f"{ck}.weight_scale" not in idx:
             raise CheckpointError(f"missing tensor {ck}.weight_scale (the quantization config makes layer "
                                   f"{name} {algo}; is exclude_modules complete?)")

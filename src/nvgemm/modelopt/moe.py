@@ -28,37 +28,46 @@ from torch import nn
 from ..formats import NVFP4, to_blocked
 from ..moe import NVFP4Experts
 
-#: checkpoint-name aliases of transformers 5 module names (hub names ModelOpt restores on export)
-NAME_ALIASES = ((".mlp.", ".block_sparse_moe."),)
+#: checkpoint-name aliases of transformers 5 module names (hub names ModelOpt restores on export):
+#: (regex on the module name, replacement); Mixtral's block_sparse_moe, NemotronH's backbone
+NAME_ALIASES = ((r"\.mlp\.", ".block_sparse_moe."), (r"^model\.", "backbone."))
 _PROJ_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+#: transformers activation classes -> nvfp4_moe activations (gated experts must be SiLU)
+_ACTIVATIONS = {"SiLU": "silu", "SiLUActivation": "silu", "ReLUSquaredActivation": "relu2",
+                "GELUTanh": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh"}
 
 
 def ckpt_name(idx, name: str) -> str:
     """The checkpoint spelling of module/tensor ``name`` (itself, or a hub-name alias present in ``idx``)."""
     if name in idx or idx.has_prefix(name):
         return name
+    import re
+
     for model_part, ckpt_part in NAME_ALIASES:
-        alt = name.replace(model_part, ckpt_part)
+        alt = re.sub(model_part, ckpt_part, name, count=1)
         if alt != name and (alt in idx or idx.has_prefix(alt)):
             return alt
     return name
 
 
 def experts_kind(mod: nn.Module) -> str | None:
-    """"fused" (transformers 5 grouped experts), "bmm" (Llama-4 style) or None (not an experts module)."""
-    gu, down = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
-    if not (isinstance(gu, torch.Tensor) and isinstance(down, torch.Tensor) and gu.dim() == 3 and down.dim() == 3):
+    """"fused" (transformers 5 grouped experts, gated ``gate_up_proj`` or non-gated ``up_proj``), "bmm"
+    (Llama-4 style) or None (not an experts module)."""
+    up = getattr(mod, "gate_up_proj", None)
+    up = up if isinstance(up, torch.Tensor) else getattr(mod, "up_proj", None)
+    down = getattr(mod, "down_proj", None)
+    if not (isinstance(up, torch.Tensor) and isinstance(down, torch.Tensor) and up.dim() == 3 and down.dim() == 3):
         return None
     n_args = len(inspect.signature(mod.forward).parameters)
     return "fused" if n_args >= 3 else "bmm"
 
 
-def _activation(mod: nn.Module, name: str, error) -> str:
-    act = getattr(mod, "act_fn", None)
-    if type(act).__name__ not in ("SiLU", "SiLUActivation"):
-        raise error(f"experts {name}: activation {type(act).__name__} is not SiLU; nvgemm serves gated SiLU "
-                    "(silu_mul) experts from checkpoints")
-    return "silu_mul"
+def _activation(mod: nn.Module, name: str, gated: bool, error) -> str:
+    act = _ACTIVATIONS.get(type(getattr(mod, "act_fn", None)).__name__)
+    if gated and act != "silu" or act is None:
+        raise error(f"experts {name}: activation {type(getattr(mod, 'act_fn', None)).__name__} is not served "
+                    f"({'gated experts need SiLU' if gated else 'non-gated: ' + ', '.join(sorted(set(_ACTIVATIONS.values())))})")
+    return "silu_mul" if gated else act
 
 
 def load_experts(idx, name: str, mod: nn.Module, kind: str, qcfg, loader, error) -> NVFP4Experts | None:
@@ -66,28 +75,42 @@ def load_experts(idx, name: str, mod: nn.Module, kind: str, qcfg, loader, error)
 
     ``loader(idx, prefix, shape_holder, algo, qcfg)`` is the dense per-projection loader.
     """
-    activation = _activation(mod, name, error)
-    e = mod.gate_up_proj.shape[0]
-    if kind == "fused":  # [E, 2I, H], [E, H, I]
-        r13, h = mod.gate_up_proj.shape[1:]
+    gated = isinstance(getattr(mod, "gate_up_proj", None), torch.Tensor)
+    activation = _activation(mod, name, gated, error)
+    up = mod.gate_up_proj if gated else mod.up_proj
+    e = up.shape[0]
+    if kind == "fused":  # [E, 2I | I, H], [E, H, I]
+        r13, h = up.shape[1:]
         i = mod.down_proj.shape[2]
     else:  # bmm: [E, H, 2I], [E, I, H]
-        h, r13 = mod.gate_up_proj.shape[1:]
+        h, r13 = up.shape[1:]
         i = mod.down_proj.shape[1]
-    if r13 != 2 * i:
-        raise error(f"experts {name}: gate_up_proj has {r13} rows per expert, expected 2 * {i}")
+    if r13 != (2 * i if gated else i):
+        raise error(f"experts {name}: {'gate_up_proj' if gated else 'up_proj'} has {r13} rows per expert, "
+                    f"expected {'2 * ' if gated else ''}{i}")
     prefix = ckpt_name(idx, name)
-    if f"{prefix}.gate_up_proj" in idx:
-        algo = qcfg.algo_for(f"{prefix}.gate_up_proj") or qcfg.algo_for(prefix)
+    up_name = "gate_up_proj" if gated else "up_proj"
+    if f"{prefix}.{up_name}" in idx:
+        algo = qcfg.algo_for(f"{prefix}.{up_name}") or qcfg.algo_for(prefix)
         if algo is None:
             return None
         return _load_stacked(idx, prefix, e, h, i, kind == "bmm", algo, activation, error)
+    if not gated:
+        return _load_per_expert(idx, prefix, name, e, h, i, ("up_proj", "down_proj"), qcfg, loader, activation, error)
     for names in _PROJ_NAMES:
         if f"{prefix}.0.{names[0]}.weight" in idx or f"{prefix}.0.{names[0]}.weight_packed" in idx:
             break
     else:
         raise error(f"missing tensor {prefix}.0.gate_proj.weight (experts {name}: found neither per-expert "
                     f"{{gate,up,down}}_proj / w1,w3,w2 tensors nor stacked {prefix}.gate_up_proj)")
+    return _load_per_expert(idx, prefix, name, e, h, i, names, qcfg, loader, activation, error)
+
+
+def _load_per_expert(idx, prefix, name, e, h, i, names, qcfg, loader, activation, error) -> NVFP4Experts | None:
+    """Per-expert 2-D tensors ``prefix.{j}.{proj}.*``; ``names`` = (gate, up, down) or (up, down)."""
+    if f"{prefix}.0.{names[0]}.weight" not in idx and f"{prefix}.0.{names[0]}.weight_packed" not in idx:
+        raise error(f"missing tensor {prefix}.0.{names[0]}.weight (experts {name}: found neither per-expert "
+                    f"{'/'.join(names)} tensors nor stacked ones)")
     algos = {qcfg.algo_for(f"{prefix}.{j}.{p}") for j in range(e) for p in names}
     if algos == {None}:
         return None
@@ -95,12 +118,11 @@ def load_experts(idx, name: str, mod: nn.Module, kind: str, qcfg, loader, error)
         raise error(f"experts {name}: projections mix quantization algorithms {sorted(map(str, algos))}; "
                     "nvgemm needs one per MoE layer")
     algo = algos.pop()
-    g, u, d = names
     layers = []
     for j in range(e):
-        gate, up = (loader(idx, f"{prefix}.{j}.{p}", _Shape(i, h), algo, qcfg) for p in (g, u))
-        down = loader(idx, f"{prefix}.{j}.{d}", _Shape(h, i), algo, qcfg)
-        layers.append((gate, up, down))
+        ups = [loader(idx, f"{prefix}.{j}.{p}", _Shape(i, h), algo, qcfg) for p in names[:-1]]
+        down = loader(idx, f"{prefix}.{j}.{names[-1]}", _Shape(h, i), algo, qcfg)
+        layers.append((ups[0] if len(ups) == 2 else None, ups[-1], down))
     try:
         return NVFP4Experts.from_linears(layers, activation)
     except ValueError as err:
@@ -129,7 +151,8 @@ def _expert_scalars(idx, key: str, e: int, error) -> torch.Tensor:
 
 def _load_stacked(idx, prefix, e, h, i, transposed, algo, activation, error) -> NVFP4Experts:
     out = []
-    for proj, n, k in (("gate_up_proj", 2 * i, h), ("down_proj", h, i)):
+    gated = activation == "silu_mul"
+    for proj, n, k in (("gate_up_proj" if gated else "up_proj", 2 * i if gated else i, h), ("down_proj", h, i)):
         key = f"{prefix}.{proj}"
         kb = k // NVFP4.block_size
         w, s = idx.get(key), idx.get(f"{key}_weight_scale")

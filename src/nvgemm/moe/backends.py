@@ -10,13 +10,14 @@ off); a backend that disagrees or raises is disabled for that problem with one w
 Override: ``NVGEMM_MOE_BACKEND=<name>`` forces a MoE backend (an error if it cannot run the
 problem); otherwise ``NVGEMM_BACKEND=<name>`` forces it too when ``<name>`` is a registered MoE
 backend (``NVGEMM_BACKEND=emulated`` makes both ops emulated). Kernel modules register with
-:func:`register_moe_backend` when imported; list them with :func:`add_builtin_moe_module`
-(imported lazily on first dispatch, never at ``import nvgemm``).
+:func:`register_moe_backend` when imported; list them with :func:`add_builtin_moe_module` (the linear
+registry's ``add_builtin_module``: imported lazily on first dispatch, never at ``import nvgemm``).
+Selection and the first-use check are shared with ``nvfp4_linear`` (``nvgemm.runtime.backends``:
+``choose_backend``, ``checked_verdict``).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..runtime.backends import log, warn_once
+from ..runtime.backends import add_builtin_module, checked_verdict, choose_backend, load_builtin_backends, warn_once
 
 
 @dataclass(frozen=True)
@@ -65,15 +66,15 @@ class MoeBackend:
 _REGISTRY: dict[str, MoeBackend] = {}
 _LOCK = threading.Lock()
 _LAST = threading.local()
-_LOADED = False
 _CHECKED: dict[tuple, str | None] = {}
-#: Modules that register MoE kernel backends when imported; missing optional deps are skipped.
-_BUILTIN_MOE_MODULES: tuple[str, ...] = ("nvgemm.triton_kernels.registry",)
 #: ||kernel - emulated|| / ||emulated|| allowed in the first-use check. Both quantize the same
 #: operands; a kernel may sum in another order, which can move the bf16 rounding of the
 #: intermediate h and then one FP4 code of its requantization (~1e-2 on that element, ~1e-3 in
 #: norm); a wrong kernel is off by O(1).
 SELFCHECK_RTOL = 2.0**-6
+#: MoE kernel modules register on import like the linear ones: list them with this
+#: (``nvgemm.runtime.backends.add_builtin_module``; imported lazily on first dispatch).
+add_builtin_moe_module = add_builtin_module
 
 
 def register_moe_backend(backend: MoeBackend) -> None:
@@ -86,28 +87,8 @@ def unregister_moe_backend(name: str) -> None:
         _REGISTRY.pop(name, None)
 
 
-def add_builtin_moe_module(module: str) -> None:
-    """Add a module that registers MoE backends on import (used by kernel packages)."""
-    global _BUILTIN_MOE_MODULES, _LOADED
-    if module not in _BUILTIN_MOE_MODULES:
-        _BUILTIN_MOE_MODULES = _BUILTIN_MOE_MODULES + (module,)
-        _LOADED = False
-
-
-def _load_builtins() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    for mod in _BUILTIN_MOE_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ImportError as e:  # optional dependency missing: that backend is simply absent
-            log.info("nvgemm_cutedsl: MoE backend module %s not available: %s", mod, e)
-    _LOADED = True
-
-
 def moe_backends() -> list[MoeBackend]:
-    _load_builtins()
+    load_builtin_backends()
     with _LOCK:
         return sorted(_REGISTRY.values(), key=lambda b: (-b.priority, b.name))
 
@@ -159,62 +140,23 @@ def selfcheck_inputs(p: MoeProblem, device: torch.device) -> tuple:
 
 
 def _selfcheck(backend: MoeBackend, p: MoeProblem) -> str | None:
-    if os.environ.get("NVGEMM_SELFCHECK", "1") == "0":
-        return None
-    if p.device_type == "cuda":
-        if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
-            return None
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device(p.device_type)
-    key = (backend.name, p, str(device))
-    if key in _CHECKED:
-        return _CHECKED[key]
-    try:
-        args = selfcheck_inputs(p, device)
-        got = backend.run(*args).float()
-        want = _REGISTRY["emulated"].run(*args).float()
-        err = float((got - want).norm() / want.norm().clamp_min(1e-30))
-        bad = not bool(torch.isfinite(got).all()) or err > SELFCHECK_RTOL
-        verdict = f"disagrees with the emulated MoE op (relative error {err:.3g})" if bad else None
-    except Exception as e:  # a kernel failing to launch must not take the op down with it
-        verdict = f"raised {type(e).__name__}: {e}"
-    _CHECKED[key] = verdict
-    if verdict is not None:
-        warn_once(f"moe-selfcheck-{backend.name}-{p}",
-                  f"nvgemm_cutedsl: MoE backend {backend.name} {verdict} on {p}; disabled for this problem")
-    return verdict
+    return checked_verdict(_CHECKED, backend, p, selfcheck_inputs, _REGISTRY["emulated"].run, SELFCHECK_RTOL,
+                           "MoE backend")
 
 
 def select_moe_backend(p: MoeProblem, check: bool = True) -> MoeBackend:
     """The backend ``nvfp4_moe`` runs for ``p`` (deterministic; see the module docstring)."""
     all_b = moe_backends()
-    names = [b.name for b in all_b]
-    forced = os.environ.get("NVGEMM_MOE_BACKEND", "").strip()
-    var = "NVGEMM_MOE_BACKEND"
-    if not forced and os.environ.get("NVGEMM_BACKEND", "").strip() in names:
+    forced, var = os.environ.get("NVGEMM_MOE_BACKEND", "").strip(), "NVGEMM_MOE_BACKEND"
+    if not forced and os.environ.get("NVGEMM_BACKEND", "").strip() in {b.name for b in all_b}:
         forced, var = os.environ["NVGEMM_BACKEND"].strip(), "NVGEMM_BACKEND"
-    if forced:
-        for b in all_b:
-            if b.name == forced:
-                reason = b.supports(p)
-                if reason is not None:
-                    raise RuntimeError(f"{var}={forced} cannot run {p}: {reason}")
-                _LAST.name = b.name
-                return b
-        raise RuntimeError(f"{var}={forced!r} is not a registered MoE backend; have {names}")
-    reasons = []
-    for b in all_b:
-        reason = b.supports(p)
-        if reason is None and check and b.name != "emulated":
-            reason = _selfcheck(b, p)
-        if reason is None:
-            if b.name == "emulated" and p.device_type == "cuda":
-                warn_once(f"moe-emulated-{p.capability}-{p.weight_only}",
-                          "nvgemm_cutedsl: no NVFP4 MoE kernel for this problem "
-                          f"({'; '.join(reasons) or 'no MoE kernel backends registered'}); using the emulated "
-                          "MoE path (per-expert dequantize + fp32 matmul), which is correct but slow")
-            _LAST.name = b.name
-            return b
-        reasons.append(f"{b.name}: {reason}")
-    raise RuntimeError(f"no nvgemm MoE backend supports {p}: {reasons}")
+
+    def on_emulated(reasons):
+        warn_once(f"moe-emulated-{p.capability}-{p.weight_only}",
+                  "nvgemm_cutedsl: no NVFP4 MoE kernel for this problem "
+                  f"({'; '.join(reasons) or 'no MoE kernel backends registered'}); using the emulated "
+                  "MoE path (per-expert dequantize + fp32 matmul), which is correct but slow")
+
+    b = choose_backend(all_b, p, forced, var, _selfcheck if check else None, "MoE backend", on_emulated)
+    _LAST.name = b.name
+    return b

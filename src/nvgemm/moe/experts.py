@@ -117,6 +117,21 @@ class NVFP4Experts(nn.Module):
         e = w13.shape[0]
         return cls(*stack(w13), ins(w13_input_scale, e), *stack(w2), ins(w2_input_scale, e), activation, **kw)
 
+    def slice_experts(self, local: Sequence[int]) -> "NVFP4Experts":
+        """This rank's experts for expert parallelism: experts ``local`` (global ids) with their own
+        scales (per-expert input scales are sliced with the weights, never replaced by the layer's
+        max) and an ``expert_map`` sending every other global id to -1."""
+        if self.expert_map is not None:
+            raise ValueError("NVFP4Experts.slice_experts: already a slice (has an expert_map)")
+        idx = torch.as_tensor(list(local), dtype=torch.long)
+        if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= self.num_experts or idx.unique().numel() != idx.numel():
+            raise ValueError(f"NVFP4Experts.slice_experts: local experts {idx.tolist()} must be distinct ids in "
+                             f"[0, {self.num_experts})")
+        emap = torch.full((self.num_experts,), -1, dtype=torch.int32, device=self.w13.device)
+        emap[idx.to(emap.device)] = torch.arange(idx.numel(), dtype=torch.int32, device=emap.device)
+        ts = [None if t is None else t[idx.to(t.device)] for t in self.tensors()]
+        return NVFP4Experts(*ts, self.activation, self.router_weight_on_input, emap)
+
     # ------------------------------------------------------------------ compute
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,

@@ -160,3 +160,17 @@ def test_router_weight_on_input_applied_once():
     _close(out, ref, "weight on input")
     twice = _emulated(x, ids, wts * wts, w, router_weight_on_input=True)  # what applying it twice gives
     assert float((out.float() - twice.float()).norm() / twice.float().norm()) > 0.1
+
+
+def test_batch_invariance():
+    """flashinfer#3559 (output depends on batch composition): a token's output is the same bytes alone
+    (M = 1) and inside a batch of 17 with other tokens routed to the same experts."""
+    e, h, i, m = 4, 64, 32, 17
+    w = make_moe(e, h, i, seed=21)
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(m, h, generator=g).bfloat16()
+    ids, wts = _routing(m, 2, e, g)
+    full = _run(x, ids, wts, w)
+    for t in (0, 5, 16):
+        alone = _run(x[t:t + 1], ids[t:t + 1], wts[t:t + 1], w)
+        assert torch.equal(alone[0], full[t]), t

@@ -148,18 +148,22 @@ def checkpoints(tmp_path_factory):
     return make_checkpoints(tmp_path_factory.mktemp("ckpts"))
 
 
+def _cached_serve(ckpts: dict, work: Path):
+    """``get(name, tp, ep=False)``: the engine's results, served once per (name, tp, ep) in this session."""
+    cache: dict = {}
+
+    def get(name: str, tp: int, ep: bool = False):
+        if (name, tp, ep) not in cache:
+            cache[(name, tp, ep)] = serve(ckpts[name], tp, work, ep)
+        return cache[(name, tp, ep)]
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def served(checkpoints, tmp_path_factory):
     """``served(algo, tp)``: the engine's results, run once per (algo, tp) in this session."""
-    work = tmp_path_factory.mktemp("vllm")
-    cache: dict = {}
-
-    def get(algo: str, tp: int):
-        if (algo, tp) not in cache:
-            cache[(algo, tp)] = serve(checkpoints[algo], tp, work)
-        return cache[(algo, tp)]
-
-    return get
+    return _cached_serve(checkpoints, tmp_path_factory.mktemp("vllm"))
 
 
 @pytest.fixture(scope="session")
@@ -170,12 +174,4 @@ def moe_checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def moe_served(moe_checkpoints, tmp_path_factory):
     """``moe_served(name, tp, ep)``: the engine's results for a tiny MoE export, run once per (name, tp, ep)."""
-    work = tmp_path_factory.mktemp("vllm_moe")
-    cache: dict = {}
-
-    def get(name: str, tp: int, ep: bool = False):
-        if (name, tp, ep) not in cache:
-            cache[(name, tp, ep)] = serve(moe_checkpoints[name], tp, work, ep)
-        return cache[(name, tp, ep)]
-
-    return get
+    return _cached_serve(moe_checkpoints, tmp_path_factory.mktemp("vllm_moe"))

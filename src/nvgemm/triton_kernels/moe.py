@@ -112,6 +112,16 @@ def _act(y, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _dot_acc(a, w, acc, DOT_FP32: tl.constexpr):
+    """acc += a @ w.T: fp32 IEEE operands in the interpreter, else a's dtype (w's values are exact in it)."""
+    if DOT_FP32:
+        acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+    return acc
+
+
+@triton.jit
 def _alpha(ws2_ptr, ins_ptr, e, cols, N, stride_ws2e, QUANT_A: tl.constexpr, ALPHA_ROW: tl.constexpr):
     """fp32 ``input_scale[e] * weight_scale_2[e(, cols)]`` as a [1, BLOCK_N] row (or a scalar)."""
     if ALPHA_ROW:
@@ -163,17 +173,10 @@ def moe_gemm1_kernel(
                 a = a.to(tl.float32)
             else:
                 a = a.to(x_ptr.dtype.element_ty)  # exact: x's dtype values, or e2m1 * e4m3
-            w = _w_tile(we_ptr, sfe_ptr, offs_n, k0, N, K, stride_wn, BLOCK_K, BLOCK_N)
-            if DOT_FP32:
-                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, tl.trans(w.to(x_ptr.dtype.element_ty)), acc)
+            acc = _dot_acc(a, _w_tile(we_ptr, sfe_ptr, offs_n, k0, N, K, stride_wn, BLOCK_K, BLOCK_N), acc, DOT_FP32)
             if GATED:
                 wu = _w_tile(we_ptr, sfe_ptr, offs_n + N_OUT, k0, N, K, stride_wn, BLOCK_K, BLOCK_N)
-                if DOT_FP32:
-                    acc_up = tl.dot(a, tl.trans(wu), acc_up, input_precision="ieee")
-                else:
-                    acc_up = tl.dot(a, tl.trans(wu.to(x_ptr.dtype.element_ty)), acc_up)
+                acc_up = _dot_acc(a, wu, acc_up, DOT_FP32)
         y = acc * _alpha(ws2_ptr, ins_ptr, e, offs_n, N, stride_ws2e, QUANT_A, ALPHA_ROW)
         if GATED:
             y = _silu(y) * (acc_up * _alpha(ws2_ptr, ins_ptr, e, offs_n + N_OUT, N, stride_ws2e, QUANT_A, ALPHA_ROW))
@@ -214,11 +217,7 @@ def moe_gemm2_kernel(
                 a = a.to(tl.float32)
             else:
                 a = a.to(h_ptr.dtype.element_ty)
-            w = _w_tile(we_ptr, sfe_ptr, offs_n, k0, N, K, stride_wn, BLOCK_K, BLOCK_N)
-            if DOT_FP32:
-                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, tl.trans(w.to(h_ptr.dtype.element_ty)), acc)
+            acc = _dot_acc(a, _w_tile(we_ptr, sfe_ptr, offs_n, k0, N, K, stride_wn, BLOCK_K, BLOCK_N), acc, DOT_FP32)
         y = acc * _alpha(ws2_ptr, ins_ptr, e, offs_n, N, 0, QUANT_A, False)
         if APPLY_WEIGHT:
             y = tl.load(tw_ptr + pair, mask=valid, other=0.0)[:, None] * y

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_interpreter_files_exist():
-    assert {"interp_quantize.py", "interp_fused.py", "interp_gemm.py"} <= set(FILES)
+    assert {"interp_quantize.py", "interp_fused.py", "interp_gemm.py", "interp_moe.py"} <= set(FILES)
 
 
 @pytest.mark.parametrize("name", FILES)

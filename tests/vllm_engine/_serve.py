@@ -1,7 +1,8 @@
 """Serve a checkpoint with a real vLLM engine (CPU build) and write the generated tokens and logprobs.
 
 Run as a script (vLLM spawns processes, so this must not be imported by pytest):
-    python tests/vllm_engine/_serve.py CKPT TP OUT.json
+    python tests/vllm_engine/_serve.py CKPT TP OUT.json [ep]
+(``ep``: expert parallelism, vLLM's ``enable_expert_parallel``: each rank holds a subset of the experts)
 The caller sets NVGEMM_VLLM=1 (the opt-in) and NVGEMM_VLLM_DUMP (every nvgemm linear call is saved).
 """
 
@@ -15,12 +16,13 @@ LOGPROBS = 5
 
 def main() -> None:
     ckpt, tp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    ep = sys.argv[4:] == ["ep"]
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=ckpt, skip_tokenizer_init=True, enforce_eager=True,
               tensor_parallel_size=tp, dtype="bfloat16", max_model_len=64, max_num_seqs=4, seed=0,
-              distributed_executor_backend="uni" if tp == 1 else "mp")
+              distributed_executor_backend="uni" if tp == 1 else "mp", enable_expert_parallel=ep)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=LOGPROBS, detokenize=False)
     results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params)
     doc = []

@@ -69,12 +69,73 @@ def make_mixed(w4a4: Path, w4a16: Path, dst: Path) -> Path:
     return dst
 
 
-def serve(ckpt: Path, tp: int, work: Path) -> tuple[list, Path, str]:
+#: Tiny MoE exports for the vLLM CPU engine: hidden 128, 8 routed experts top-2, expert I = 64 (32 per rank
+#: at TP=2, a multiple of 16). DeepSeek-V3: layer 0 dense, layer 1 MoE with one shared expert, grouped
+#: sigmoid routing with correction bias and routed_scaling_factor 2.5; vLLM's CPU MLA kernel only
+#: compiles kv_lora_rank + qk_rope_head_dim = 576, hence 512 + 64.
+MOE_CONFIGS = {
+    "qwen3_moe": dict(
+        model_type="qwen3_moe", arch="Qwen3MoeForCausalLM", vocab_size=512, hidden_size=128, intermediate_size=256,
+        moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=256,
+        tie_word_embeddings=False),
+    "deepseek_v3": dict(
+        model_type="deepseek_v3", arch="DeepseekV3ForCausalLM", vocab_size=512, hidden_size=128,
+        intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=32,
+        qk_rope_head_dim=64, v_head_dim=32, max_position_embeddings=256, tie_word_embeddings=False,
+        # the keys DeepSeek-V3's own config.json has (vLLM creates e_score_correction_bias only for noaux_tc)
+        topk_method="noaux_tc", scoring_func="sigmoid"),
+}
+
+
+def build_moe_model(kind: str, seed: int = 0):
+    """A random tiny MoE causal LM (bf16, eval, eager experts so ModelOpt can quantize them); routers and
+    the DeepSeek correction bias get spread-out values so routing is not a tie."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(MOE_CONFIGS[kind])
+    model_type, arch = spec.pop("model_type"), spec.pop("arch")
+    config = AutoConfig.for_model(model_type, **spec)
+    config.architectures = [arch]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, experts_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith("e_score_correction_bias"):
+                p.normal_(0, 0.1)
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+    return model
+
+
+def make_moe_checkpoints(root: Path) -> dict[str, Path]:
+    from nvgemm.testing import quantize_and_export
+
+    out = {}
+    for kind, algo in MOE_CASES:
+        model = build_moe_model(kind)
+        out[f"{kind}-{algo}"] = ckpt = quantize_and_export(model, root / f"{kind}-{algo}", algo, 0)
+        cfg = json.loads((ckpt / "config.json").read_text())
+        extra = {k: v for k, v in MOE_CONFIGS[kind].items() if k in ("topk_method", "scoring_func")}
+        if extra:  # transformers does not write keys its config class does not know; vLLM reads them
+            cfg.update(extra)
+            (ckpt / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+MOE_CASES = [("qwen3_moe", "NVFP4"), ("qwen3_moe", "W4A16_NVFP4"), ("deepseek_v3", "NVFP4")]
+
+
+def serve(ckpt: Path, tp: int, work: Path, ep: bool = False) -> tuple[list, Path, str]:
     """Run tests/vllm_engine/_serve.py; returns (results, dump folder, engine log)."""
-    tag = f"{ckpt.name}_tp{tp}"
+    tag = f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}"
     dump, out = work / f"dump_{tag}", work / f"{tag}.json"
     env = dict(os.environ, **ENGINE_ENV, NVGEMM_VLLM_DUMP=str(dump))
-    proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out), *(["ep"] if ep else [])],
+                          env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     (work / f"{tag}.log").write_text(proc.stdout)
     if proc.returncode != 0:
@@ -87,15 +148,30 @@ def checkpoints(tmp_path_factory):
     return make_checkpoints(tmp_path_factory.mktemp("ckpts"))
 
 
+def _cached_serve(ckpts: dict, work: Path):
+    """``get(name, tp, ep=False)``: the engine's results, served once per (name, tp, ep) in this session."""
+    cache: dict = {}
+
+    def get(name: str, tp: int, ep: bool = False):
+        if (name, tp, ep) not in cache:
+            cache[(name, tp, ep)] = serve(ckpts[name], tp, work, ep)
+        return cache[(name, tp, ep)]
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def served(checkpoints, tmp_path_factory):
     """``served(algo, tp)``: the engine's results, run once per (algo, tp) in this session."""
-    work = tmp_path_factory.mktemp("vllm")
-    cache: dict = {}
+    return _cached_serve(checkpoints, tmp_path_factory.mktemp("vllm"))
 
-    def get(algo: str, tp: int):
-        if (algo, tp) not in cache:
-            cache[(algo, tp)] = serve(checkpoints[algo], tp, work)
-        return cache[(algo, tp)]
 
-    return get
+@pytest.fixture(scope="session")
+def moe_checkpoints(tmp_path_factory):
+    return make_moe_checkpoints(tmp_path_factory.mktemp("moe_ckpts"))
+
+
+@pytest.fixture(scope="session")
+def moe_served(moe_checkpoints, tmp_path_factory):
+    """``moe_served(name, tp, ep)``: the engine's results for a tiny MoE export, run once per (name, tp, ep)."""
+    return _cached_serve(moe_checkpoints, tmp_path_factory.mktemp("vllm_moe"))

@@ -211,32 +211,28 @@ def normalise_call(args: tuple, kwargs: dict) -> list:
     return [bound[n] for n in _choices.LINEAR_ARG_NAMES]
 
 
-def build_lowering(allowed: Optional[set[str]] = None):
-    """Return the lowering-table entry for ``nvgemm::nvfp4_linear`` (without installing it)."""
+def register_range_autotuning(custom_op_def, op, config_generator, name: str, input_gen_fns: dict, pts) -> dict:
+    """Inductor's autotuned lowerings of ``custom_op_def`` keyed ``(device kind, dynamic M)``, built with
+    ``register_custom_op_autotuning`` and taken back out of the lowering table (the caller installs its
+    own wrapper; ``op`` is ``custom_op_def``'s OpOverload). Static M: one autotune at that M; dynamic M: one per range of ``pts`` + ``torch.cond``."""
     from torch._inductor.kernel.custom_op import register_custom_op_autotuning
 
     from . import compat
 
     user_lowerings = compat.lowering_table()
-    # Autotuning is registered on nvfp4_linear_autotune (packed optionals, see
-    # choices.pack_linear_args); nvfp4_linear's own lowering packs and calls it.
-    op = torch.ops.nvgemm.nvfp4_linear_autotune.default
     previous = user_lowerings.get(op)
-    pts = split_points()
     inner = {}
     # the emulated candidate is the explicit fallback; before 2.15 the eager op is one more choice
     extra = {"include_fallback": False} if compat.available("include_fallback") else {}
     graphs = compat.available("cudagraph_benchmarking")
-    decode_policy = compat.available("decode_benchmark_policy")
     try:
         for device_kind, cudagraphs in (("cpu", False), ("cuda", True)):
             for dynamic in (True, False):
-                # Static M: one autotune at that M. Dynamic M: one per range + torch.cond.
                 register_custom_op_autotuning(
-                    _choices.nvfp4_linear_autotune,  # the CustomOpDef: every release takes it (2.11 nothing else)
-                    config_generator=_config_generator,
-                    name=NAME,
-                    input_gen_fns=INPUT_GEN_FNS,
+                    custom_op_def,  # the CustomOpDef: every release takes it (2.11 nothing else)
+                    config_generator=config_generator,
+                    name=name,
+                    input_gen_fns=input_gen_fns,
                     dispatch_on=({"tensor_name": "x", "dim": 0, "range_upper_bound": RANGE_UPPER_BOUND}
                                  if dynamic else None),
                     split_points=list(pts) if dynamic else None,
@@ -249,6 +245,19 @@ def build_lowering(allowed: Optional[set[str]] = None):
             user_lowerings.pop(op, None)
         else:
             user_lowerings[op] = previous
+    return inner
+
+
+def build_lowering(allowed: Optional[set[str]] = None):
+    """Return the lowering-table entry for ``nvgemm::nvfp4_linear`` (without installing it)."""
+    from . import compat
+
+    # Autotuning is registered on nvfp4_linear_autotune (packed optionals, see
+    # choices.pack_linear_args); nvfp4_linear's own lowering packs and calls it.
+    pts = split_points()
+    inner = register_range_autotuning(_choices.nvfp4_linear_autotune, torch.ops.nvgemm.nvfp4_linear_autotune.default,
+                                      _config_generator, NAME, INPUT_GEN_FNS, pts)
+    decode_policy = compat.available("decode_benchmark_policy")
 
     def nvgemm_cutedsl_lowering(*args, **kwargs):
         from torch._inductor import ir

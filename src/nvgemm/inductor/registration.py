@@ -6,6 +6,7 @@ Nothing happens at import. :func:`enable` installs, and :func:`disable` removes 
   ``torch._inductor.config.post_grad_custom_pre_pass`` (kept as a list with any user passes);
 * the autotuned lowering (:mod:`nvgemm.inductor.lowering`) in
   ``torch._inductor.lowering.user_lowerings[nvgemm::nvfp4_linear]`` (the ``lowerings`` table on 2.11);
+* the autotuned lowering of ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.inductor.moe`, same M ranges);
 * the PDL chain into Triton consumers (:mod:`nvgemm.inductor.pdl`).
 
 With nvgemm disabled, Inductor compiles ``nvgemm::nvfp4_linear`` as an opaque fallback kernel
@@ -81,7 +82,7 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
         if _STATE:
             disable()
         from torch._inductor import config
-        from . import capture, lowering, pdl as pdl_mod
+        from . import capture, lowering, moe as moe_lowering, pdl as pdl_mod
         from .choices import EMULATED  # noqa: F401  (registers nvgemm::nvfp4_linear_choice)
 
         user_lowerings = compat.lowering_table()
@@ -95,9 +96,13 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
         existing = [] if prev_pass is None else list(prev_pass) if isinstance(prev_pass, (list, tuple)) else [prev_pass]
         config.post_grad_custom_pre_pass = [the_pass, *existing] if existing else the_pass
         user_lowerings[op] = lowering.build_lowering(allowed)
+        moe_op = torch.ops.nvgemm.nvfp4_moe.default
+        prev_moe_lowering = user_lowerings.get(moe_op)
+        user_lowerings[moe_op] = moe_lowering.build_lowering(allowed)
         if pdl:
             pdl_mod.install()
-        _STATE.update(prev_pass=prev_pass, prev_lowering=prev_lowering, the_pass=the_pass, pdl=pdl,
+        _STATE.update(prev_pass=prev_pass, prev_lowering=prev_lowering, prev_moe_lowering=prev_moe_lowering,
+                      the_pass=the_pass, pdl=pdl,
                       claim_scaled_mm=claim_scaled_mm)
         log.info("nvgemm_cutedsl: enabled (M split points %s, pdl=%s, claim _scaled_mm*alpha=%s)",
                  user_lowerings[op].split_points, pdl, claim_scaled_mm)
@@ -138,6 +143,11 @@ def disable() -> None:
             user_lowerings.pop(op, None)
         else:
             user_lowerings[op] = _STATE["prev_lowering"]
+        moe_op = torch.ops.nvgemm.nvfp4_moe.default
+        if _STATE["prev_moe_lowering"] is None:
+            user_lowerings.pop(moe_op, None)
+        else:
+            user_lowerings[moe_op] = _STATE["prev_moe_lowering"]
         pdl_mod.uninstall()
         _STATE.clear()
         log.info("nvgemm_cutedsl: disabled")

@@ -9,6 +9,8 @@ Importing this module imports torch only (Triton loads on first use), and:
   ``emulated`` at -1000). It supports CUDA sm_80+ with Triton importable and bf16/fp16 x, for
   weight-only problems and for W4A4 problems (in-kernel quantize-dequantize of x: same values as a
   W4A4 kernel, see :mod:`nvgemm.triton_kernels.gemm_w4a16`);
+* registers MoE backend ``triton_moe`` for ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.triton_kernels.moe`,
+  priority :data:`MOE_PRIORITY`: above ``emulated``) on CUDA sm_80+ with Triton importable;
 * installs the Triton activation quantizer as the CUDA implementation of
   ``nvgemm::quantize_nvfp4`` (``nvgemm.ops.set_cuda_quantizer``), falling back to the torch
   reference on devices the kernel cannot serve.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from nvgemm import ops as nv_ops
+from nvgemm.moe.backends import MoeBackend, register_moe_backend
 from nvgemm.runtime.backends import Backend, LinearProblem, register_backend
 
 from . import fused_ops  # noqa: F401  (registers the fused quantizer ops)
@@ -26,9 +29,13 @@ from .fused_ops import _triton_import_error, triton_unusable
 
 NAME = "triton_w4a16"
 PRIORITY = 0
+MOE_NAME = "triton_moe"
+MOE_PRIORITY = 0
 
 
 def supports(p: LinearProblem) -> str | None:
+    """Whether the Triton kernels serve problem ``p`` (a ``LinearProblem`` or a ``MoeProblem``: both have
+    device_type, capability and x_dtype; every op feature is supported)."""
     if p.device_type != "cuda":
         return f"needs a CUDA device, got {p.device_type}"
     if p.capability is None or tuple(p.capability) < (8, 0):
@@ -45,6 +52,12 @@ def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, ac
                                out_dtype)
 
 
+def moe_run(*args):
+    from .moe import nvfp4_moe_triton
+
+    return nvfp4_moe_triton(*args)
+
+
 def cuda_quantizer(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
     if triton_unusable(x.device) is None:
         from .quantize import quantize_nvfp4_triton
@@ -54,4 +67,5 @@ def cuda_quantizer(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
 
 
 register_backend(Backend(name=NAME, priority=PRIORITY, supports=supports, run=run))
+register_moe_backend(MoeBackend(name=MOE_NAME, priority=MOE_PRIORITY, supports=supports, run=moe_run))
 nv_ops.set_cuda_quantizer(cuda_quantizer)

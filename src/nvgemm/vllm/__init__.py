@@ -10,7 +10,8 @@ engine core, each tensor-parallel worker). It does nothing unless the user opts 
 When enabled it checks the vLLM version (:mod:`nvgemm.vllm._compat`; an untested vLLM is a clear
 error, never a guess) and registers nvgemm's ``modelopt_fp4`` / ``modelopt_mixed`` quantization
 configs: the linear layers of ModelOpt ``NVFP4`` (W4A4), ``W4A16_NVFP4`` and ``MIXED_PRECISION``
-checkpoints then run through nvgemm (:mod:`nvgemm.vllm.method`); everything else is vLLM's.
+checkpoints then run through nvgemm (:mod:`nvgemm.vllm.method`), and so do their routed experts
+(:mod:`nvgemm.vllm.moe`, ``nvgemm::nvfp4_moe``); everything else is vLLM's.
 """
 
 from __future__ import annotations
@@ -69,4 +70,5 @@ def register() -> None:
     _show_logs()
     _REGISTERED = True
     log.info("nvgemm_cutedsl: vLLM %s plugin enabled in process %d: ModelOpt NVFP4 / W4A16_NVFP4 / "
-             "MIXED_PRECISION linear layers run on torch.ops.nvgemm.nvfp4_linear", version, os.getpid())
+             "MIXED_PRECISION linear layers run on torch.ops.nvgemm.nvfp4_linear, routed experts %s", version,
+             os.getpid(), "on torch.ops.nvgemm.nvfp4_moe" if _compat.moe_supported(version) else "stay vLLM's")

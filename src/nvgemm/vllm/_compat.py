@@ -24,6 +24,23 @@ Names used (module -> name: why; public = documented extension point):
 * ``vllm.config`` -> ``get_current_vllm_config_or_none`` (CUDA-graph capture sizes and the token
   budget, for warm-up).
 
+MoE (``nvgemm.vllm.moe``; checked against 0.32.0 only, by source and by the CPU engine: on any other
+release MoE layers stay with vLLM's own method and one warning says so, see :func:`moe_supported`):
+
+* ``vllm.model_executor.layers.fused_moe`` -> ``FusedMoEMethodBase`` (public base of fused-MoE quant
+  methods: ``create_weights`` / ``process_weights_after_loading`` / ``apply`` with router output),
+  ``RoutedExperts`` (the layer class ``get_quant_method`` sees for routed experts).
+* ``RoutedExperts`` attributes read: ``activation`` (``MoEActivation``, ``.value``), ``top_k``,
+  ``global_num_experts``, ``expert_map`` (int32 global -> local or -1), ``apply_router_weight_on_input``,
+  ``swiglu_limit/alpha/beta``, ``moe_config.{is_act_and_mul, tp_rank, tp_size, has_bias,
+  moe_parallel_config.use_all2all_kernels}``.
+* ``RoutedExperts.weight_loader`` keys its per-shard ``weight_scale_2`` / ``input_scale`` handling on
+  ``"ModelOpt" in type(quant_method).__name__`` and on ``quant_method.use_global_sf`` /
+  ``uses_weight_scale_2_pattern()``: nvgemm's method class is named ``NvgemmModelOptNvFp4FusedMoE`` and
+  sets ``use_global_sf = False`` (scales indexed by local expert).
+* ``ModelOptMixedPrecisionConfig._resolve_quant_algo(prefix)`` (private): the per-layer algorithm of
+  a MIXED_PRECISION checkpoint, and its ``nvfp4_config`` / ``w4a16_nvfp4_config`` sub-configs.
+
 The linear-kernel registry (``register_linear_kernel(..., "nvfp4")``) is deliberately not used:
 vLLM calls a registered kernel only after it has replaced each fused layer's per-shard
 ``weight_scale_2`` / ``input_scale`` by their maximum (so unequal shards could no longer be served
@@ -35,6 +52,8 @@ from __future__ import annotations
 
 #: vLLM releases whose internals listed above were checked (the CPU build reports the same version).
 TESTED_VERSIONS = ("0.32.0", "0.33.0")
+#: vLLM releases whose fused-MoE names (above) were checked.
+MOE_TESTED_VERSIONS = ("0.32.0",)
 
 
 class UnsupportedVllmError(RuntimeError):
@@ -61,11 +80,21 @@ def check_version(version: str | None = None) -> str:
     return _release(version)
 
 
+def moe_supported(version: str | None = None) -> bool:
+    """Whether nvgemm serves MoE layers on this vLLM (else they stay with vLLM's method, with one warning)."""
+    if version is None:
+        import vllm
+
+        version = getattr(vllm, "__version__", "unknown")
+    return _release(version) in MOE_TESTED_VERSIONS
+
+
 def load():
     """Import the vLLM names above (after :func:`check_version`); returns a namespace."""
     from types import SimpleNamespace
 
     from vllm.config import get_current_vllm_config_or_none
+    from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase, RoutedExperts
     from vllm.model_executor.layers.linear import (
         LinearBase,
         LinearMethodBase,

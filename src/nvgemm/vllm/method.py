@@ -17,8 +17,9 @@
 * ``apply`` is one ``nvfp4_linear`` per GEMM: traceable by torch.compile (the op has a fake
   implementation) and free of allocations other than the op's own output.
 
-The configs subclass vLLM's ModelOpt configs, so checkpoint parsing, exclusions, MoE and KV-cache
-handling stay vLLM's; only the linear layers vLLM resolves to NVFP4 are swapped.
+The configs subclass vLLM's ModelOpt configs, so checkpoint parsing, exclusions and KV-cache handling
+stay vLLM's; the linear layers vLLM resolves to NVFP4 are swapped, and NVFP4 / W4A16_NVFP4 routed-expert
+(``RoutedExperts``) layers get nvgemm's fused-MoE method (:mod:`nvgemm.vllm.moe`).
 """
 
 from __future__ import annotations
@@ -238,8 +239,29 @@ def _nvgemm_method(method, layer, prefix: str):
                                    group_size=method.ctx.group_size or 16)
 
 
+_MOE_WARNED = []
+
+
+def _moe_method(config, layer, prefix: str, algo: str | None, sub_config):
+    """nvgemm's fused-MoE method for an NVFP4 / W4A16_NVFP4 ``RoutedExperts`` layer, or None (vLLM's)."""
+    if not isinstance(layer, V.RoutedExperts) or algo not in ("NVFP4", "W4A16_NVFP4") or sub_config is None:
+        return None
+    if not _compat.moe_supported():
+        if not _MOE_WARNED:
+            _MOE_WARNED.append(True)
+            log.warning("nvgemm_cutedsl: nvgemm's MoE method was checked against vLLM %s only; MoE layers stay with "
+                        "vLLM's own method on this vLLM", ", ".join(_compat.MOE_TESTED_VERSIONS))
+        return None
+    if config.is_layer_excluded(prefix):
+        return None
+    from .moe import moe_method_for
+
+    return moe_method_for(config, layer, prefix, weight_only=algo == "W4A16_NVFP4",
+                          group_size=int(getattr(sub_config, "group_size", None) or 16))
+
+
 class NvgemmModelOptNvFp4Config(V.ModelOptNvFp4Config):
-    """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with linear layers served by nvgemm."""
+    """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with linear and routed-expert layers served by nvgemm."""
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, *args, **kwargs):
@@ -250,13 +272,24 @@ class NvgemmModelOptNvFp4Config(V.ModelOptNvFp4Config):
         return super().override_quantization_method(hf_quant_cfg, user_quant, *args, **kwargs)
 
     def get_quant_method(self, layer, prefix: str):
+        moe = _moe_method(self, layer, prefix, self.quant_method, self)
+        if moe is not None:
+            return moe
         return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)
 
 
 class NvgemmModelOptMixedPrecisionConfig(V.ModelOptMixedPrecisionConfig):
-    """``modelopt_mixed`` (MIXED_PRECISION) with its NVFP4 / W4A16_NVFP4 linear layers served by nvgemm."""
+    """``modelopt_mixed`` (MIXED_PRECISION) with its NVFP4 / W4A16_NVFP4 linear and routed-expert layers
+    served by nvgemm."""
 
     def get_quant_method(self, layer, prefix: str):
+        if isinstance(layer, V.RoutedExperts):
+            algo = self._resolve_quant_algo(prefix)
+            sub = {"NVFP4": getattr(self, "nvfp4_config", None),
+                   "W4A16_NVFP4": getattr(self, "w4a16_nvfp4_config", None)}.get(algo)
+            moe = _moe_method(self, layer, prefix, algo, sub)
+            if moe is not None:
+                return moe
         return _nvgemm_method(super().get_quant_method(layer, prefix), layer, prefix)
 
 

@@ -266,9 +266,9 @@ def moe_config(m: int, top_k: int, num_experts: int, n_out: int, k: int, interpr
 
 
 def _scales_2d(s: torch.Tensor, e: int, name: str) -> torch.Tensor:
-    """Per-expert swizzled block scales as raw bytes [E, S]."""
+    """Per-expert swizzled block scales (the op's tiled ``[E, *blocked_shape]``) as raw bytes [E, S]."""
     s = s.view(torch.uint8) if s.dtype != torch.uint8 else s
-    if s.dim() == 1:
+    if s.dim() == 1 or (s.dim() > 2 and s.shape[0] == e):
         s = s.reshape(e, -1)
     if s.dim() != 2 or s.shape[0] != e:
         raise ValueError(f"nvgemm.nvfp4_moe[triton]: {name} must hold one swizzled scale block per expert, got "

@@ -543,3 +543,41 @@ def _tcgen05_async(ins, ctx, op):
                         raise _err(e, w, ins, int(ln)) from None
             _pipe(w, ln).commit(arrive)
     return commit
+
+
+# ------------------------------------------------------------------------------------------------ cluster barrier
+
+
+@opcode("barrier.cluster")
+def _barrier_cluster(ins, ctx):
+    """``barrier.cluster.arrive{.release,.relaxed}{.aligned}`` / ``barrier.cluster.wait{.acquire}{.aligned}``
+    (PTX ISA 9.7.13.4): every thread of every CTA of the cluster arrives; ``wait`` blocks until all have
+    arrived in the thread's current phase. Modelled per whole warp (a partial warp is an error)."""
+    p = ins.parts
+    op = p[2] if len(p) > 2 else ""
+    mods = set(p[3:])
+    if op == "arrive" and mods <= {"release", "relaxed", "aligned"}:
+        def arrive(w, m):
+            _whole_warp(w, m, ins)
+            cl = w.cta.cluster
+            st = cl.ext.setdefault("barrier.cluster", {"count": 0, "gen": 0})
+            if "barrier.cluster" in w.ext:
+                raise EmulationError(f"barrier.cluster.arrive twice without a wait, {w.where(ins)}")
+            w.ext["barrier.cluster"] = st["gen"]
+            st["count"] += int(m.sum())
+            total = sum(int(x.live.sum()) for c in cl.ctas for x in c.warps)
+            if st["count"] == total:
+                st["count"], st["gen"] = 0, st["gen"] + 1
+        return arrive
+    if op == "wait" and mods <= {"acquire", "aligned"}:
+        def wait(w, m):
+            _whole_warp(w, m, ins)
+            gen = w.ext.pop("barrier.cluster", None)
+            if gen is None:
+                raise EmulationError(f"barrier.cluster.wait without a preceding arrive, {w.where(ins)}")
+            st = w.cta.cluster.ext["barrier.cluster"]
+            if st["gen"] > gen:
+                return None
+            return Wait(lambda: st["gen"] > gen, lambda: f"barrier.cluster ({st['count']} threads arrived)")
+        return wait
+    raise ctx.unsupported(ins)

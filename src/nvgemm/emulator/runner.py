@@ -91,10 +91,11 @@ class EmuKernel:
         fake.register_ptx(self.image_sha256, self.entry, self.ptx)
         self.last = None
 
-        def handler(rec: LaunchRecord, prog) -> None:
+        def handler(rec: LaunchRecord, load_program) -> None:
             self.records.append(rec)
             if record_only:
                 return
+            prog = load_program()
             if prog.static_size:
                 raise EmulationError(f"{self.entry[:60]}: {prog.static_size} bytes of static shared memory; the fake "
                                      "runtime reports 0 to the host code")
@@ -139,4 +140,36 @@ def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
     return k
 
 
-__all__ = ["EmuKernel", "prepare", "ptx_for"]
+
+
+def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry: str | None = None, dyn_smem: int = 0,
+               cluster=(1, 1, 1), order="forward", device: str = "H200") -> Launch:
+    """Run PTX text directly (no artifact): ``params`` are the entry's parameters in order (ints are
+    packed at the parameter's size, torch tensors as their data pointer, bytes as is); ``tensors``
+    (and tensor params) are the global allocations."""
+    import struct
+
+    from .ptx.program import compile_entry
+
+    prog = compile_entry(ptx, entry)
+    gmem = GlobalMemory()
+    for t in list(tensors) + [p for p in params if hasattr(p, "data_ptr")]:
+        gmem.register_tensor(t, f"tensor@{t.data_ptr():#x}")
+    buf = bytearray(prog.entry.param_bytes)
+    if len(params) != len(prog.entry.params):
+        raise ValueError(f"{len(params)} parameters given, the entry has {len(prog.entry.params)}")
+    for p, v in zip(prog.entry.params, params):
+        if hasattr(v, "data_ptr"):
+            v = v.data_ptr()
+        if isinstance(v, int):
+            v = (v & ((1 << (8 * p.size)) - 1)).to_bytes(p.size, "little")
+        elif isinstance(v, float):
+            v = struct.pack("<f" if p.size == 4 else "<d", v)
+        if len(v) != p.size:
+            raise ValueError(f"parameter {p.name}: {len(v)} bytes for a {p.size}-byte parameter")
+        buf[p.offset:p.offset + p.size] = v
+    launch = Launch(prog, tuple(grid), tuple(block), tuple(cluster), dyn_smem, bytes(buf), gmem, DEVICES[device])
+    return run_launch(launch, order)
+
+
+__all__ = ["EmuKernel", "launch_ptx", "prepare", "ptx_for"]

@@ -151,7 +151,8 @@ class FakeCuda:
 
     @contextlib.contextmanager
     def handling(self, handler: Callable[[LaunchRecord, "object"], None] | None):
-        """Launches inside the block go to ``handler(record, program)`` (None: record only)."""
+        """Launches inside the block go to ``handler(record, load_program)`` (None: record only);
+        ``load_program()`` compiles the launched entry (an unknown opcode raises there)."""
         prev = getattr(self._tls, "handler", None)
         self._tls.handler = handler
         self._tls.error = None
@@ -174,17 +175,19 @@ class FakeCuda:
             if ptx is None:
                 raise LookupError(f"nvgemm emulator: no PTX registered for kernel {name[:80]}... with image sha256 "
                                   f"{sha[:16]} (compile the same spec with keep_ptx and register it)")
-            from ..ptx.program import compile_entry
+            from ..ptx.program import compile_entry, parse_cached
 
-            prog = compile_entry(ptx, name)
-            params = [ctypes.string_at(L.args[i], p.size) for i, p in enumerate(prog.entry.params)]
+            entry = parse_cached(ptx).entries.get(name)
+            if entry is None:
+                raise LookupError(f"nvgemm emulator: the registered PTX has no entry {name[:80]}")
+            params = [ctypes.string_at(L.args[i], p.size) for i, p in enumerate(entry.params)]
             rec = LaunchRecord(name, sha, tuple(L.grid), tuple(L.block), tuple(L.cluster), int(L.dyn_smem),
                                bool(L.pdl), bool(L.cooperative), tuple(L.attr_ids[:L.n_attrs]),
                                int(L.max_dyn_smem_attr), params)
             self.records.append(rec)
             handler = getattr(self._tls, "handler", None)
             if handler is not None:
-                handler(rec, prog)
+                handler(rec, lambda: compile_entry(ptx, name))
             return 0
         except BaseException as e:  # never let an exception cross the C boundary: report it after
             self._tls.error = e

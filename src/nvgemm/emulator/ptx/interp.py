@@ -14,7 +14,7 @@ import random
 import numpy as np
 
 from .errors import DeadlockError, EmulationError
-from .machine import JUMPED, LANES, Cluster, Cta, Launch, Wait, Warp
+from .machine import FULL, JUMPED, LANES, Cluster, Cta, Launch, Wait, Warp
 
 DEFAULT_MAX_INSTRUCTIONS = 50_000_000
 
@@ -37,34 +37,42 @@ def branch(w: Warp, m: np.ndarray, taken: np.ndarray, target: int, pc: int) -> N
 def exit_lanes(w: Warp, m: np.ndarray) -> None:
     if w.conv and not w.live[~m].any():
         w.live = np.zeros(LANES, bool)
+        w.alive = False
         return
     if w.conv:
         w.pc[:] = w.upc
         w.conv = False
     w.live = w.live & ~m
+    w.alive = bool(w.live.any())
 
 
 def run_warp(w: Warp, prog, budget: list[int]):
-    """Generator: execute ``w`` until it exits; yields a :class:`Wait` at each blocking point."""
+    """Generator: execute ``w`` until it exits; yields a :class:`Wait` at each blocking point.
+
+    Converged fast path: while every live lane stands at one PC (``w.conv``) the warp keeps a scalar
+    PC and executes with the mask :data:`FULL` itself when all 32 lanes live (executors may test
+    ``mask is FULL`` to skip masking)."""
     ex, guards, is_branch, instrs = prog.executors, prog.guards, prog.is_branch, prog.instructions
     n = len(ex)
     w.conv, w.upc = True, 0
     executed = 0
+    full = bool(w.live.all())
     while True:
         if w.conv:
-            if not w.live.any():
+            if not w.alive:
                 break
             p = w.upc
-            m = w.live
+            m = FULL if full else w.live
         else:
             live = w.live
-            if not live.any():
+            if not w.alive:
                 break
             lp = w.pc[live]
             p = int(lp.min())
             if (lp == p).all():
                 w.conv, w.upc = True, p
-                m = live
+                full = bool(live.all())
+                m = FULL if full else live
             else:
                 m = live & (w.pc == p)
         if p >= n:
@@ -80,6 +88,8 @@ def run_warp(w: Warp, prog, budget: list[int]):
                 else:
                     w.pc[m] = p + 1
                 continue
+            if mm.all():
+                mm = FULL
         else:
             mm = m
         try:
@@ -95,7 +105,8 @@ def run_warp(w: Warp, prog, budget: list[int]):
             else:
                 w.pc[m] = p + 1
         elif r is JUMPED:
-            pass
+            if not w.conv:
+                full = False
         elif isinstance(r, Wait):
             if w.conv:
                 w.upc = p + 1
@@ -167,6 +178,12 @@ def cta_order(grid: tuple[int, int, int], cluster: tuple[int, int, int], order) 
 
 
 def run_launch(launch: Launch, order="forward", max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Launch:
+    """Execute ``launch`` (floating-point overflow / invalid results are values, not warnings)."""
+    with np.errstate(all="ignore"):
+        return _run_launch(launch, order, max_instructions)
+
+
+def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
     prog = launch.program
     grid, cl, block = launch.grid, launch.cluster, launch.block
     if any(g % c for g, c in zip(grid, cl)):

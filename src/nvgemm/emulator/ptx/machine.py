@@ -81,6 +81,8 @@ SHARED_WINDOW = 0xFFFF_8000_0000_0000  # generic addresses of the CTA's shared w
 PARAM_WINDOW = 0xFFFF_4000_0000_0000  # generic addresses of the kernel parameters
 CLUSTER_RANK_SHIFT = 24  # shared::cluster addresses: (rank << 24) | offset
 LANE_IDS = np.arange(LANES, dtype=np.uint32)
+FULL = np.ones(LANES, dtype=bool)  # the mask object of a converged full warp (read-only; test with `is`)
+FULL.setflags(write=False)
 POISON_BYTE = 0xA5
 
 
@@ -296,6 +298,7 @@ class Warp:
         }
         self.pc = np.zeros(LANES, dtype=np.int64)
         self.live = LANE_IDS < nlanes  # lanes that exist and have not exited
+        self.alive = nlanes > 0
         self.tid = (wid * LANES + LANE_IDS).astype(np.uint32)  # linear thread index in the CTA
         self.ext: dict[str, Any] = {}
         self.wait: Wait | None = None
@@ -372,4 +375,4 @@ class Launch:
 
 
 __all__ = ["AsyncWrite", "CLUSTER_RANK_SHIFT", "Cluster", "Cta", "DEVICES", "DeviceProfile", "GlobalMemory",
-           "JUMPED", "LANES", "LANE_IDS", "Launch", "PARAM_WINDOW", "SHARED_WINDOW", "SharedMemory", "Wait", "Warp"]
+           "FULL", "JUMPED", "LANES", "LANE_IDS", "Launch", "PARAM_WINDOW", "SHARED_WINDOW", "SharedMemory", "Wait", "Warp"]

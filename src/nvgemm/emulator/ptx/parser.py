@@ -333,7 +333,7 @@ def _parse_body(name: str, params: list[Param], body: str, line0: int, dirs: dic
                 regs[uniq] = bank
             continue
         if st.startswith("."):
-            if st.startswith((".local", ".shared", ".global", ".const")):
+            if st.startswith((".local", ".shared", ".global", ".const", ".extern")):
                 raise EmulationError(f"PTX line {line}: unsupported declaration inside {name}: {st!r}")
             continue  # .pragma, .loc, ...
         raw.append((st, line, scope))

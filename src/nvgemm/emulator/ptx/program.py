@@ -24,7 +24,7 @@ import numpy as np
 
 from . import ops as ops_registry
 from .errors import EmulationError, UnknownOpcodeError
-from .machine import LANE_IDS, LANES
+from .machine import FULL, LANE_IDS, LANES
 from .parser import Entry, Instruction, Module, Operand, parse_module
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -167,7 +167,12 @@ class CompileContext:
         bdt = np.dtype(BANK_DTYPE[bank])
 
         def setter(w, m, v):
-            np.copyto(w.bank[bank][i], convert_bits(np.asarray(v), bdt) if v.dtype != bdt else v, where=m)
+            if v.dtype != bdt:
+                v = convert_bits(v, bdt)
+            if m is FULL:
+                w.bank[bank][i] = v
+            else:
+                np.copyto(w.bank[bank][i], v, where=m)
 
         return setter
 
@@ -249,7 +254,20 @@ class Program:
 
 
 _CACHE: dict[tuple[str, str], Program] = {}
+_MODULES: dict[str, Module] = {}
 _CACHE_LOCK = threading.Lock()
+
+
+def parse_cached(ptx: str) -> Module:
+    """The parsed module of ``ptx`` (cached by the text's sha256)."""
+    key = hashlib.sha256(ptx.encode()).hexdigest()
+    with _CACHE_LOCK:
+        mod = _MODULES.get(key)
+    if mod is None:
+        mod = parse_module(ptx)
+        with _CACHE_LOCK:
+            _MODULES[key] = mod
+    return mod
 
 
 def compile_entry(ptx: str, entry: str | None = None) -> Program:
@@ -259,7 +277,7 @@ def compile_entry(ptx: str, entry: str | None = None) -> Program:
         p = _CACHE.get(key)
     if p is not None:
         return p
-    mod = parse_module(ptx)
+    mod = parse_cached(ptx)
     if entry is None:
         if len(mod.entries) != 1:
             raise EmulationError(f"PTX module has {len(mod.entries)} entries; name one: {list(mod.entries)}")
@@ -283,4 +301,4 @@ class OperandTypes:
         return TYPE_DTYPE[t]
 
 
-__all__ = ["BANK_DTYPE", "CompileContext", "Program", "TYPE_DTYPE", "compile_entry", "convert_bits"]
+__all__ = ["BANK_DTYPE", "CompileContext", "Program", "TYPE_DTYPE", "compile_entry", "convert_bits", "parse_cached"]

@@ -399,8 +399,7 @@ def _setp(ins, ctx):
     comb = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.get(bool_op)
 
     def ex(w, m):
-        with np.errstate(invalid="ignore"):
-            r = cmpf(ga(w), gb(w))
+        r = cmpf(ga(w), gb(w))
         if comb is not None:
             c = gc(w)
             p, q = comb(r, c), comb(~r, c)

@@ -42,8 +42,22 @@ def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def round_fmt(s: np.ndarray, e: np.ndarray | None, fmt: str, mode: str = "rn") -> np.ndarray:
     """Round the exact value ``s + e`` (float64, |e| <= half an ulp of s) to ``fmt``; returns float64
     values representable in ``fmt`` (inf / nan passed through)."""
-    mant, emin, fmax, _ = FORMATS[fmt]
     s = np.asarray(s, np.float64)
+    if mode == "rn" and (e is None or not e.any()):  # fast paths: numpy's conversions round to nearest even
+        if fmt == "f32":
+            return s.astype(np.float32).astype(np.float64)
+        if fmt == "f16":
+            return s.astype(np.float16).astype(np.float64)
+        if fmt == "f64":
+            return s
+        with np.errstate(over="ignore", invalid="ignore"):
+            f = s.astype(np.float32)
+            if ((f.astype(np.float64) == s) | np.isnan(s)).all():  # exact in f32: one rounding to bf16
+                u = f.view(np.uint32)
+                r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+                r = np.where(np.isnan(f), u, r)  # NaN stays NaN (canonicalised by to_bits)
+                return r.view(np.float32).astype(np.float64)
+    mant, emin, fmax, _ = FORMATS[fmt]
     e = np.zeros_like(s) if e is None else np.asarray(e, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         finite = np.isfinite(s)
@@ -231,6 +245,18 @@ def _directed_div(x, y, q, t, mode):
     return round_fmt(q, e, t, mode)
 
 
+def _bf16_product_rn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """bf16 x bf16 rounded to nearest-even bf16: the f32 product is exact (16 significant bits) unless
+    it is an f32 subnormal, where the general path rounds once from the exact float64 value."""
+    p = (x * y).astype(np.float32)
+    tiny = (np.abs(p) < np.float32(2.0**-126)) & (p != 0)
+    if tiny.any() or not np.isfinite(p).all():
+        return round_fmt(x * y, None, "bf16", "rn")
+    u = p.view(np.uint32)
+    r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return r.view(np.float32).astype(np.float64)
+
+
 def _compile_half(ins, ctx):
     op = ins.parts[0]
     t, mods, mode = _split(ins, ctx, {"ftz", "sat"})
@@ -245,33 +271,24 @@ def _compile_half(ins, ctx):
     gets = [ctx.src(o, rdt) for o in ins.operands[1:1 + nin]]
     sd = ctx.dst(ins.operands[0], rdt)
 
-    def halves(v):
-        if lanes2:
-            return [from_bits((v & np.uint32(0xFFFF)).astype(np.uint16), fmt),
-                    from_bits((v >> np.uint32(16)).astype(np.uint16), fmt)]
-        return [from_bits(v, fmt)]
-
     def ex(w, m):
-        ins_h = [halves(g(w)) for g in gets]
-        outs = []
-        for h in range(2 if lanes2 else 1):
-            xs = [x[h] for x in ins_h]
-            if op in ("add", "sub", "mul", "fma"):
-                s, e = _exact_op(op, xs)
-                r = round_fmt(s, e, fmt, mode)
-            elif op == "neg":
-                r = -xs[0]
-            elif op == "abs":
-                r = np.abs(xs[0])
-            else:
-                r = (np.fmin if op == "min" else np.fmax)(*xs)
-            if "sat" in mods:
-                r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
-            outs.append(to_bits(r, fmt))
-        if lanes2:
-            sd(w, m, (outs[0].astype(np.uint32) | (outs[1].astype(np.uint32) << np.uint32(16))))
+        # both halves of every lane at once: a .b32 register viewed as two 16-bit values (low half first)
+        xs = [from_bits(np.ascontiguousarray(g(w)).view(np.uint16), fmt) for g in gets]
+        if op == "mul" and fmt == "bf16" and mode == "rn":
+            r = _bf16_product_rn(xs[0], xs[1])
+        elif op in ("add", "sub", "mul", "fma"):
+            s, e = _exact_op(op, xs)
+            r = round_fmt(s, e, fmt, mode)
+        elif op == "neg":
+            r = -xs[0]
+        elif op == "abs":
+            r = np.abs(xs[0])
         else:
-            sd(w, m, outs[0])
+            r = (np.fmin if op == "min" else np.fmax)(*xs)
+        if "sat" in mods:
+            r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
+        out = to_bits(r, fmt)
+        sd(w, m, out.view(np.uint32) if lanes2 else out)
 
     return ex
 

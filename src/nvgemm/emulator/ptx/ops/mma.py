@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import EmulationError
-from ..machine import LANE_IDS
+from ..machine import FULL, LANE_IDS
 from .fp import from_bits, round_fmt, to_bits
 from . import opcode
 
@@ -57,6 +57,14 @@ def _c_index():
 A_ROW, A_COL = _a_index()
 B_ROW, B_COL = _b_index()
 C_ROW, C_COL = _c_index()
+# flat gathers: register halves [element i, lane] -> matrix positions, and back for C / D
+A_GATHER = np.zeros(256, np.int64)
+A_GATHER[A_ROW.ravel() * 16 + A_COL.ravel()] = np.arange(256)
+B_GATHER = np.zeros(128, np.int64)
+B_GATHER[B_ROW.ravel() * 8 + B_COL.ravel()] = np.arange(128)
+C_FLAT = (C_ROW * 8 + C_COL).ravel()
+C_GATHER = np.zeros(128, np.int64)
+C_GATHER[C_FLAT] = np.arange(128)
 
 
 @opcode("mma")
@@ -75,22 +83,17 @@ def _mma(ins, ctx):
     sd = [ctx.dst(x, np.uint32) for x in d.items]
 
     def ex(w, m):
-        if not m.all():
+        if m is not FULL and not m.all():
             raise EmulationError(f"mma.sync.aligned executed by a partial warp (lanes "
                                  f"{np.nonzero(~m)[0].tolist()} missing), {w.where(ins)}")
-        ar = np.stack([g(w) for g in ga])  # [4, 32]
-        halves = np.stack([ar & np.uint32(0xFFFF), ar >> np.uint32(16)], axis=1).reshape(8, 32).astype(np.uint16)
-        A = np.zeros((16, 16))
-        A[A_ROW, A_COL] = from_bits(halves, fmt)
-        br = np.stack([g(w) for g in gb])
-        bh = np.stack([br & np.uint32(0xFFFF), br >> np.uint32(16)], axis=1).reshape(4, 32).astype(np.uint16)
-        B = np.zeros((16, 8))
-        B[B_ROW, B_COL] = from_bits(bh, fmt)
-        C = np.zeros((16, 8))
-        C[C_ROW, C_COL] = np.stack([g(w) for g in gc]).astype(np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            D = A @ B + C
-        out = to_bits(round_fmt(D[C_ROW, C_COL], None, "f32", "rn"), "f32")
+        # registers [r, lane] -> 16-bit halves [element 2r + h, lane] (little endian: low half first)
+        ah = np.stack([g(w) for g in ga]).view(np.uint16).reshape(4, 32, 2).transpose(0, 2, 1).ravel()
+        bh = np.stack([g(w) for g in gb]).view(np.uint16).reshape(2, 32, 2).transpose(0, 2, 1).ravel()
+        A = from_bits(ah[A_GATHER], fmt).reshape(16, 16)
+        B = from_bits(bh[B_GATHER], fmt).reshape(16, 8)
+        C = np.stack([g(w) for g in gc]).ravel()[C_GATHER].astype(np.float64).reshape(16, 8)
+        D = A @ B + C
+        out = to_bits(round_fmt(D.ravel()[C_FLAT], None, "f32", "rn"), "f32").reshape(4, 32)
         for i in range(4):
             sd[i](w, m, out[i])
 

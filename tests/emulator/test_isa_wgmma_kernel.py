@@ -30,8 +30,8 @@ from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402
 from nvgemm.templates.sm90.launch import cached_sm90_weight, kernel_view_ref, prepare_sm90_args  # noqa: E402
 
 CASES = [
-    pytest.param(5, 256, 512, 32, 1, id="m5-n256-k512-t32", marks=pytest.mark.compile_only),
-    pytest.param(37, 384, 1024, 64, 2, id="m37-n384-k1024-t64-splitk2", marks=[pytest.mark.compile_only,
+    pytest.param(5, 256, 512, 32, 1, id="m5-n256-k512-t32", marks=pytest.mark.emulator),
+    pytest.param(37, 384, 1024, 64, 2, id="m37-n384-k1024-t64-splitk2", marks=[pytest.mark.emulator,
                                                                              pytest.mark.slow]),
 ]
 

@@ -39,14 +39,14 @@ from nvgemm.templates.sm100.launch import kernel_view_ref, prepare_sm100_args  #
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
 
 CASES = [
-    pytest.param(128, 256, 512, dict(tile_n=128), id="m128-n256-k512-t128", marks=pytest.mark.compile_only),
-    pytest.param(7, 512, 512, dict(tile_n=16, swap_ab=True), id="m7-n512-k512-swap16", marks=pytest.mark.compile_only),
+    pytest.param(128, 256, 512, dict(tile_n=128), id="m128-n256-k512-t128", marks=pytest.mark.emulator),
+    pytest.param(7, 512, 512, dict(tile_n=16, swap_ab=True), id="m7-n512-k512-swap16", marks=pytest.mark.emulator),
     pytest.param(256, 256, 512, dict(tile_n=128, cluster_m=2, cluster_n=2), id="m256-n256-k512-t128-c2x2-multicast",
-                 marks=pytest.mark.compile_only),
-    pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.compile_only,
+                 marks=pytest.mark.emulator),
+    pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.emulator,
                                                                                   pytest.mark.slow]),
     pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",
-                 marks=[pytest.mark.compile_only, pytest.mark.slow]),
+                 marks=[pytest.mark.emulator, pytest.mark.slow]),
 ]
 
 

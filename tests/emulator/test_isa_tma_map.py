@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("cutlass")
 if shutil.which("gcc") is None:
     pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
-pytestmark = pytest.mark.compile_only
+pytestmark = pytest.mark.emulator
 
 import nvgemm.ops  # noqa: E402,F401
 from nvgemm.emulator.isa.tma import decode_tensor_map  # noqa: E402
@@ -33,9 +33,9 @@ from nvgemm.templates.sm100.launch import prepare_sm100_args  # noqa: E402
 OUT = {torch.bfloat16: ("bf16", 2, 64), torch.float16: ("f16", 2, 64), torch.float32: ("f32", 4, 128)}
 
 
-@pytest.mark.parametrize("m,n,k,tile_n,out_dtype", [(80, 384, 768, 128, torch.float16),
-                                                   (200, 192, 1536, 64, torch.float32)],
-                         ids=["m80-n384-k768-t128-f16", "m200-n192-k1536-t64-f32"])
+@pytest.mark.parametrize("m,n,k,tile_n,out_dtype", [
+    pytest.param(80, 384, 768, 128, torch.float16, id="m80-n384-k768-t128-f16"),
+    pytest.param(200, 192, 1536, 64, torch.float32, id="m200-n192-k1536-t64-f32", marks=pytest.mark.slow)])
 def test_captured_tensor_maps_decode_to_host_tensors(m, n, k, tile_n, out_dtype, tmp_path, monkeypatch):
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     from nvgemm.emulator.runner import prepare

@@ -12,22 +12,11 @@ encoder, the TMA box swizzle, the UMMA descriptors, and the scale-factor placeme
 Mutation check (by hand, see the commit message): reversing the scale bytes of a TMEM cell fails every case.
 """
 
-import os
-
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
-if "CUTE_DSL_DUMP_DIR" not in os.environ:
-    import tempfile
-
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
-
-import shutil
-
 import pytest
 import torch
+from isa_env import kernel_test_env
 
-pytest.importorskip("cutlass")
-if shutil.which("gcc") is None:
-    pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
+kernel_test_env("sm_100a")
 
 import nvgemm.ops  # noqa: E402,F401 -- registers torch.ops.nvgemm (the activation quantizer)
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402

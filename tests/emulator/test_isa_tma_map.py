@@ -4,22 +4,11 @@ launched through the emulator's fake CUDA runtime with ``record_only``; the capt
 tensors the host passed (address, element type, dims, strides) and to the kernel's tile boxes and swizzles,
 for problems the decoding was not fitted on."""
 
-import os
-
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
-if "CUTE_DSL_DUMP_DIR" not in os.environ:
-    import tempfile
-
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
-
-import shutil
-
 import pytest
 import torch
+from isa_env import kernel_test_env
 
-pytest.importorskip("cutlass")
-if shutil.which("gcc") is None:
-    pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
+kernel_test_env("sm_100a")
 pytestmark = pytest.mark.emulator
 
 import nvgemm.ops  # noqa: E402,F401

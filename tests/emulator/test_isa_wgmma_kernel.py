@@ -7,22 +7,11 @@ Mutation check (by hand, see the commit message): swapping the register-A fragme
 ``wgmma.a_fragment_coords`` makes the first case differ by up to 107.
 """
 
-import os
-
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-if "CUTE_DSL_DUMP_DIR" not in os.environ:
-    import tempfile
-
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
-
-import shutil
-
 import pytest
 import torch
+from isa_env import kernel_test_env
 
-pytest.importorskip("cutlass")
-if shutil.which("gcc") is None:
-    pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
+kernel_test_env("sm_90a")
 
 from nvgemm.formats.nvfp4 import quantize_weight  # noqa: E402
 from nvgemm.runtime.compile_spec import make_spec  # noqa: E402

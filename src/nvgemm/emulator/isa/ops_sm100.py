@@ -15,7 +15,12 @@ Timing model (each choice is a legal execution and the strictest one that stays 
   ``tcgen05.wait::ld/st`` and ``tcgen05.fence::*`` have nothing left to order.
 * ``mbarrier.try_wait`` whose phase is incomplete parks the warp until it completes (a legal outcome of the
   suspend-time hint); the core reports a deadlock if it never does.
+* ``barrier.cluster.arrive/wait``: every thread of every CTA of the cluster (the core co-schedules them).
 * ``cta_group::2`` forms (two CTAs' tensor memory) and TMA into a peer CTA are rejected at compile time.
+  Modelling them needs more than this module: CuTe addresses the pair leader's mbarrier from both CTAs by
+  clearing bit 24 of a CTA-local shared address (``and.b32 r, r, 0xFEFFFFF8`` before the
+  ``.cta_group::2`` TMA), i.e. on hardware a CTA's own shared addresses carry its rank in bits 24+, while the
+  core keeps the own CTA's addresses below ``1 << 24`` and puts peers at ``(rank + 1) << 24``.
 
 At CTA exit: pending TMA stores are performed, pending loads land, every tensor-memory allocation must have
 been freed, and tcgen05 operations issued but never committed are an error.

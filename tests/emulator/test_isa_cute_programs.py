@@ -60,3 +60,25 @@ def test_cute_wgmma_ss_tile_matches_torch(seed):
     launch = _launch_pointer_kernel(ptx, (a, b, c), (1, 1, 1), (128, 1, 1), 48 * 1024)
     assert launch.stats["warp_instructions"] > 0
     torch.testing.assert_close(c, (a.double() @ b.double().T).float(), rtol=0, atol=0)
+
+
+def test_cute_tcgen05_f16_tile_matches_torch(seed):
+    """CuTe's ``tcgen05.mma.kind::f16`` SS atom with its own UMMA smem layouts / descriptors and instruction
+    descriptor, a TMEM accumulator (alloc, relinquish, dealloc), ``tcgen05.commit`` to an mbarrier, and
+    ``tcgen05.ld.32x32b`` through CuTe's TMEM copy partitioner."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+    from emu_isa_cute_programs import TC_K, TC_M, TC_N, tcgen05_f16_tile
+
+    ptr = lambda dt: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=16)  # noqa: E731
+    compiled = cute.compile(tcgen05_f16_tile, ptr(cutlass.BFloat16), ptr(cutlass.BFloat16), ptr(cutlass.Float32),
+                            options="--gpu-arch sm_100a --keep-ptx")
+    ptx = compiled.__ptx__
+    assert "tcgen05.mma.cta_group::1.kind::f16" in ptx and "tcgen05.ld.sync.aligned.32x32b" in ptx
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randint(-8, 9, (TC_M, TC_K), generator=g) * 0.25).to(torch.bfloat16)
+    b = (torch.randint(-8, 9, (TC_N, TC_K), generator=g) * 0.5).to(torch.bfloat16)
+    c = torch.full((TC_M, TC_N), float("nan"))
+    _launch_pointer_kernel(ptx, (a, b, c), (1, 1, 1), (128, 1, 1), 64 * 1024)
+    torch.testing.assert_close(c, (a.double() @ b.double().T).float(), rtol=0, atol=0)

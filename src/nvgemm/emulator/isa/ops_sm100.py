@@ -495,27 +495,37 @@ def _tcgen05_async(ins, ctx, op):
             if len(ops) != 7:
                 raise ctx.unsupported(ins, "disable-output-lane / scale-input-d operands are not modelled")
         else:
-            gen = ctx.src(ops[4], np.bool_)
-            if len(ops) != 5:
-                raise ctx.unsupported(ins, "disable-output-lane / scale-input-d operands are not modelled")
+            gmask = None
+            rest = ops[4:]
+            if rest and rest[0].kind == "vec":
+                if len(rest[0].items) != 4:
+                    raise ctx.unsupported(ins, "disable-output-lane must be 4 registers for cta_group::1")
+                gmask = [ctx.src(x, np.uint32) for x in rest[0].items]
+                rest = rest[1:]
+            if len(rest) != 1:
+                raise ctx.unsupported(ins, "scale-input-d is not modelled")
+            gen = ctx.src(rest[0], np.bool_)
 
         def mma(w, m):
             vals = [g(w) for g in (gd, gadesc, gbdesc, gidesc)]
             sf = (gsfa(w), gsfb(w)) if scaled else None
+            masks = [g(w) for g in gmask] if (not scaled and gmask is not None) else None
             en = gen(w)
             for ln in np.nonzero(m)[0]:
                 d, ad, bd, idesc = (int(v[ln]) for v in vals)
                 enable = bool(en[ln])
                 sfa, sfb = (int(sf[0][ln]), int(sf[1][ln])) if scaled else (0, 0)
+                dis = [int(x[ln]) for x in masks] if masks is not None else None
                 where = lambda j, ln=ln: w.where(ins, int(ln))  # noqa: E731
 
-                def run(d=d, ad=ad, bd=bd, idesc=idesc, enable=enable, sfa=sfa, sfb=sfb, where=where, ln=ln):
+                def run(d=d, ad=ad, bd=bd, idesc=idesc, enable=enable, sfa=sfa, sfb=sfb, where=where, ln=ln,
+                        dis=dis):
                     reader = lambda x, width: w.cta.shared.read(x, width, where)  # noqa: E731
                     try:
                         if scaled:
                             mma_mxf4nvf4(w.cta.tmem, reader, d, ad, bd, idesc, sfa, sfb, enable)
                         else:
-                            mma_f16(w.cta.tmem, reader, d, ad, bd, idesc, enable)
+                            mma_f16(w.cta.tmem, reader, d, ad, bd, idesc, enable, disable_output_lane=dis)
                     except IsaError as e:
                         raise _err(e, w, ins, int(ln)) from None
                 _pipe(w, ln).issue(run)

@@ -1,7 +1,7 @@
 """The PTX emulator's full sweep (opt-in; default CI runs a subset in tests/emulator):
 
-1. every sm90 ``mma`` config the runtime picks for the preset Llama shapes (M = 1..32, plain and
-   ``silu_mul``), scaled down to N <= 2 tiles and K <= 2048, run on the emulator through its real
+1. every sm90 config (``mma`` and ``wgmma``) the runtime picks for the preset Llama shapes (M = 1..64,
+   plain and ``silu_mul``), scaled down to N <= 2 tiles and K <= 2048, run on the emulator through its real
    AOT artifact and compared with the emulated backend (bit for bit on exact data; ``silu_mul``
    within ``RANDOM_RTOL``), split-K counters checked back at zero;
 2. the launch recorder for every config the policy emits for the preset shapes on sm_90a and
@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT / "tests" / "emulator"))
 import torch  # noqa: E402
 
 
-def sweep_picks(limit: int | None, rows: list) -> None:
-    from test_sm90_mma_emu import _policy_mma_picks, _run_pick, _scaled_down
+def sweep_picks(limit: int | None, rows: list, families: tuple[str, ...]) -> None:
+    from test_sm90_mma_emu import _all_picks, _run_pick, _scaled_down
 
-    picks = sorted(_policy_mma_picks().items(), key=lambda kv: (kv[0][0].name(), kv[0][1]))[:limit]
+    picks = [p for p in _all_picks() if p[0][0].family in families][:limit]
     for (cfg, act), (m, n0, k0) in picks:
         t0 = time.perf_counter()
         shape = _scaled_down(cfg, act, m)
@@ -51,7 +51,6 @@ def sweep_recorder(limit: int | None, rows: list) -> None:
     from test_launch_recorder import _small_problem, check_sm90, check_sm100
 
     for arch in ("sm_90a", "sm_100a"):
-        os.environ["CUTE_DSL_ARCH"] = arch
         for cfg in sass_tool.policy_configs(arch)[:limit]:
             t0 = time.perf_counter()
             shape = _small_problem(cfg, arch)
@@ -67,20 +66,21 @@ def sweep_recorder(limit: int | None, rows: list) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=("picks", "recorder"))
-    ap.add_argument("--limit", type=int)
+    ap.add_argument("--limit", type=int, help="at most this many kernels per part (and per arch)")
+    ap.add_argument("--families", default="mma,wgmma", help="sm90 families of the picks part (default mma,wgmma)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "emulator_sweep.md"))
     a = ap.parse_args()
     torch.set_num_threads(1)
     rows: list = []
     t0 = time.perf_counter()
     if a.only in (None, "picks"):
-        sweep_picks(a.limit, rows)
+        sweep_picks(a.limit, rows, tuple(a.families.split(",")))
     if a.only in (None, "recorder"):
         sweep_recorder(a.limit, rows)
     fails = [r for r in rows if r[4].startswith("FAIL")]
-    lines = ["# PTX emulator sweep", "", f"Command: `python bench/emulator_sweep.py{' --only ' + a.only if a.only else ''}"
-             f"{' --limit ' + str(a.limit) if a.limit else ''}` (CPU, 2 shared cores; seconds include the AOT "
-             "build + keep_ptx compile of a kernel not yet cached).", "",
+    cmd = " ".join(["python bench/emulator_sweep.py"] + sys.argv[1:])
+    lines = ["# PTX emulator sweep", "", f"Command: `{cmd}` ({time.strftime('%Y-%m-%d')}, CPU only, 2 shared cores; "
+             "seconds are wall time and include the AOT build + keep_ptx compile of a kernel not yet cached).", "",
              f"{len(rows)} kernels, {len(fails)} failures, {time.perf_counter() - t0:.0f} s total.", "",
              "| kind | kernel | variant | problem | result | s | warp-instr |", "|---|---|---|---|---|---:|---:|"]
     lines += [f"| {k} | {n} | {v} | {p} | {r} | {s:.1f} | {i} |" for k, n, v, p, r, s, i in rows]

@@ -40,9 +40,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="run the decode step under torch.compile(mode='max-autotune') with nvgemm enabled")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--emulate-kernels", choices=["sm90"], default=None,
-                   help="run every linear on the real sm_90a kernel executed by the CPU PTX emulator "
-                        "(NVGEMM_BACKEND=emu_sm90; slow: use few --tokens) and print each linear's agreement")
+    p.add_argument("--emulate-kernels", choices=["sm90", "sm100"], default=None,
+                   help="run every linear on the real sm_90a / sm_100a kernel executed by the CPU PTX emulator "
+                        "(NVGEMM_BACKEND=emu_sm90 / emu_sm100; slow: use few --tokens) and print each linear's "
+                        "agreement (sm100 runs the W4A4 kernel: the default --algo NVFP4)")
     p.set_defaults(func=run)
     return p
 

@@ -12,6 +12,7 @@ does not request (the dynamic window is ``.align 1024``); the expectation subtra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 
@@ -26,9 +27,22 @@ from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402
 pytestmark = pytest.mark.emulator
 
 
+@contextlib.contextmanager
+def _arch(arch):
+    prev = os.environ.get("CUTE_DSL_ARCH")
+    os.environ["CUTE_DSL_ARCH"] = arch
+    try:
+        yield
+    finally:
+        if prev is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = prev
+
+
 def check_sm90(cfg, m, n, k, activation="none"):
-    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-    r = record_sm90(cfg, m, n, k, activation)
+    with _arch("sm_90a"):
+        r = record_sm90(cfg, m, n, k, activation)
     rec, exp = r.record, r.expected
     assert rec.grid == exp["grid"], (cfg.name(), rec.grid, exp["grid"])
     assert rec.block == exp["block"] and rec.cluster == exp["cluster"]
@@ -41,11 +55,8 @@ def check_sm90(cfg, m, n, k, activation="none"):
 
 
 def check_sm100(cfg, m, n, k, activation="none"):
-    os.environ["CUTE_DSL_ARCH"] = "sm_100a"
-    try:
+    with _arch("sm_100a"):
         r = record_sm100(cfg, m, n, k, activation)
-    finally:
-        os.environ["CUTE_DSL_ARCH"] = "sm_90a"
     rec, exp = r.record, r.expected
     assert rec.grid == exp["grid"], (cfg.name(), rec.grid, exp["grid"])
     assert rec.block == exp["block"] and rec.cluster == exp["cluster"], (rec.block, rec.cluster)
@@ -103,7 +114,6 @@ def _small_problem(cfg, arch):
 def test_every_policy_config_launch_matches_the_launcher(arch):
     from nvgemm.runtime import sass_tool
 
-    os.environ["CUTE_DSL_ARCH"] = arch
     cfgs = sass_tool.policy_configs(arch)
     failures = []
     for cfg in cfgs:

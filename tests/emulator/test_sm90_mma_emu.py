@@ -9,11 +9,11 @@ with the emulated backend (``nvgemm.ops.nvfp4_linear_emulated``):
   (identical bits, every tile counter back at zero, a second launch on the same workspace),
   scalar / per-column alpha, bias, residual, silu_mul, bf16 / fp16 activations, bf16 / fp16 / fp32
   out; the policy's mma picks for the preset Llama shapes on small N / K;
-* mutations of the real PTX (lane pairing of the B fragments, the K-tail zero-fill predicate) make
-  the comparison fail.
+* mutations of the real PTX (lane pairing of the B fragments, the K-tail zero-fill predicate, the PDL
+  wait moved late) make the comparison (or the PDL-hazard record) fail.
 
-Default CI runs a representative subset (4 kernels); ``pytest -m emulator_full`` runs every mma pick
-(``bench/emulator_sweep.py`` writes its result file).
+Default CI runs a representative subset; ``pytest -m emulator_full`` runs every sm90 pick, mma and
+wgmma (``bench/emulator_sweep.py`` writes its result file).
 """
 
 from __future__ import annotations
@@ -56,6 +56,15 @@ def test_decode_kernel_bit_exact(m, n, k):
     assert r.launch.stats["griddepcontrol.wait"] == r.launch.stats["griddepcontrol.launch_dependents"] > 0
 
 
+def test_pdl_kernel_touches_only_the_weights_before_griddepcontrol_wait():
+    """The PDL design (mma.py): weight and scale copies are issued before ``griddepcontrol.wait``
+    (the host synchronises once after preparing a weight), activations and every store after it."""
+    r = run_sm90(DECODE, exact_operands(8, 256, 512, seed=2))
+    assert r.launch.ext.get("pdl_pre_wait_reads", set()) <= {"mW", "mS"}
+    assert r.launch.ext["pdl_pre_wait_reads"], "no weight copy before the wait: the PDL prologue is gone"
+    assert not r.launch.ext.get("pdl_pre_wait_writes")
+
+
 def test_decode_kernel_random_data_within_tolerance():
     ops = random_operands(8, 256, 512, seed=3)
     assert rel_err(run_sm90(DECODE, ops).out, reference(ops)) < RANDOM_RTOL
@@ -81,6 +90,31 @@ def test_silu_mul_gate_up_pairing_within_tolerance():
 
 def test_fp16_activations_fp16_out_with_bias_bit_exact():
     _equal(DECODE, exact_operands(9, 256, 512, x_dtype=torch.float16, bias=True, seed=9))
+
+
+def test_fp16_path_with_e4m3_subnormal_block_scales_bit_exact():
+    """fp16 activations re-encode the block scales for f16 (``s * 2**7``): e4m3 subnormals (m * 2**-9)
+    must survive that exactly."""
+    ops = exact_operands(6, 256, 512, x_dtype=torch.float16, bias=True, seed=31)
+    g = torch.Generator().manual_seed(31)
+    sub = (torch.randint(1, 8, (256, 512 // 16), generator=g).float() * 2.0**-9).to(torch.float8_e4m3fn)
+    from nvgemm.formats import to_blocked
+
+    ops.weight_scale = to_blocked(sub)
+    ops.weight_scale_2 = torch.tensor(64.0)
+    _equal(DECODE, ops)
+
+
+def test_strided_activation_and_residual_rows():
+    """Row strides larger than the row (views of wider buffers) reach the kernel as dynamic strides."""
+    ops = exact_operands(11, 256, 768, alpha="vector", bias=True, residual=True, out_dtype=torch.float32, seed=41)
+    xw = torch.zeros(11, 768 + 64, dtype=ops.x.dtype)
+    xw[:, :768] = ops.x
+    rw = torch.zeros(11, 256 + 48, dtype=torch.float32)
+    rw[:, :256] = ops.residual
+    ops.x, ops.residual = xw[:, :768], rw[:, :256]
+    r = _equal(SPLIT3, ops)
+    assert r.args.x.stride(0) == 768 + 64 and r.args.residual.stride(0) == 256 + 48
 
 
 # ------------------------------------------------------------------------------------------ mutations
@@ -109,6 +143,12 @@ def test_mutations_of_the_real_ptx_fail_the_comparison():
     except EmulationError as e:  # K = 544: the last row's copy past K leaves the activation tensor
         failed = "out-of-bounds global access" in str(e)
     assert failed
+    # (3) the PDL wait moved to the end (after every activation copy): the hazard record names mX
+    nowait = _mutate(k, r"griddepcontrol\.wait;", "", 1)
+    nowait = dataclasses.replace(nowait, ptx=nowait.ptx.replace("griddepcontrol.launch_dependents;",
+                                                                "griddepcontrol.launch_dependents; griddepcontrol.wait;"))
+    late = run_sm90(DECODE, ops, kernel=nowait)
+    assert torch.equal(late.out, want) and "mX" in late.launch.ext["pdl_pre_wait_reads"]
     # the unmutated kernel still passes afterwards (its PTX is re-registered per launch)
     assert torch.equal(run_sm90(DECODE, ops).out, want)
 
@@ -116,18 +156,22 @@ def test_mutations_of_the_real_ptx_fail_the_comparison():
 # ------------------------------------------------------------------------------------------ policy picks
 
 
-def _policy_mma_picks():
+def _policy_picks(families=("mma",), ms=(1, 2, 4, 8, 16, 32)):
     from nvgemm.runtime import sass_tool
     from nvgemm.runtime.sm90_backend import pick_config
 
     picks = {}
     for n, k in sass_tool.LLAMA_SHAPES:
-        for m in (1, 2, 4, 8, 16, 32):
+        for m in ms:
             for act in ("none", "silu_mul"):
                 c = pick_config(m, n, k, torch.bfloat16, act, 132)
-                if c.family == "mma":
+                if c.family in families:
                     picks.setdefault((c, act), (m, n, k))
     return picks
+
+
+def _policy_mma_picks():
+    return _policy_picks()
 
 
 def _scaled_down(cfg, act, m):
@@ -167,12 +211,18 @@ def test_policy_mma_picks_representative_subset():
         _run_pick(cfg, act, m)
 
 
+def _all_picks():
+    return sorted(_policy_picks(("mma", "wgmma"), (1, 2, 4, 8, 16, 32, 64)).items(),
+                  key=lambda kv: (kv[0][0].name(), kv[0][1]))
+
+
 @pytest.mark.emulator_full
-@pytest.mark.parametrize("i", range(40))
-def test_policy_mma_picks_full(i):
-    picks = sorted(_policy_mma_picks().items(), key=lambda kv: (kv[0][0].name(), kv[0][1]))
+@pytest.mark.parametrize("i", range(60))
+def test_policy_picks_full(i):
+    """Every sm90 pick (mma and wgmma, M up to 64) for the preset shapes, scaled down."""
+    picks = _all_picks()
     if i >= len(picks):
-        pytest.skip(f"only {len(picks)} mma picks")
+        pytest.skip(f"only {len(picks)} picks")
     (cfg, act), (m, _n, _k) = picks[i]
     _run_pick(cfg, act, m)
 
@@ -193,3 +243,19 @@ def test_emu_sm90_backend_is_forced_only_and_matches(monkeypatch):
     got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
     assert last_selected() == "emu_sm90"
     assert torch.equal(got, want)
+
+
+def test_emu_sm100_backend_runs_the_w4a4_kernel(monkeypatch):
+    """``NVGEMM_BACKEND=emu_sm100``: the sm_100a W4A4 kernel (policy pick for the B200 profile) on the
+    emulator agrees with the emulated op (both quantize the activations the same way; they differ by
+    fp32 summation order and the output rounding)."""
+    import nvgemm.ops  # noqa: F401
+    from nvgemm.runtime.backends import last_selected
+
+    ops = random_operands(4, 256, 512, seed=23)
+    ops.input_scale = (ops.x.float().abs().amax() / 2688).reshape(())
+    want = reference(ops)
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
+    got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() == "emu_sm100"
+    assert rel_err(got, want) < RANDOM_RTOL

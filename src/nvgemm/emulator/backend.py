@@ -1,20 +1,19 @@
-"""Backend ``emu_sm90`` of ``nvgemm::nvfp4_linear``: the real sm_90a kernels, executed on the CPU by
-the PTX emulator (``NVGEMM_BACKEND=emu_sm90``; never chosen automatically).
+"""Backends ``emu_sm90`` and ``emu_sm100`` of ``nvgemm::nvfp4_linear``: the real sm_90a / sm_100a
+kernels, executed on the CPU by the PTX emulator (``NVGEMM_BACKEND=emu_sm90`` / ``emu_sm100``; never
+chosen automatically: their priority is below the emulated reference, which supports everything).
 
-Each call runs the production sm90 host path (:func:`~nvgemm.templates.sm90.launch.prepare_sm90_args`,
+Each call runs the production host path of the family (``prepare_sm90_args`` / ``prepare_sm100_args``,
 the kernel cache's AOT artifact, ``AotKernel`` argument packing) on CPU tensors, with the artifact
-relinked against the fake CUDA runtime and its PTX interpreted (:mod:`nvgemm.emulator.runner`).
-The config is the runtime's own pick (:func:`nvgemm.runtime.sm90_backend.pick_config`); where that
-is a ``wgmma`` config (M > 32), whose ``wgmma`` instructions the interpreter does not run yet, the
-``mma`` decode family's 32-token config serves the call instead (one warning). Slow (about 0.5-5 s
-per call on one core): a correctness tool, not a compute path.
-
-An ``emu_sm100`` backend needs the tcgen05 / TMA / mbarrier opcode families (``nvgemm.emulator.isa``)
-wired into the interpreter; it is not registered until they are.
+relinked against the fake CUDA runtime and its PTX interpreted (:mod:`nvgemm.emulator.runner`; the
+wgmma, TMA, mbarrier and tcgen05 opcodes come from :mod:`nvgemm.emulator.isa`). The config is the
+runtime's own pick (``pick_config`` of the sm90 backend, the sm100 policy's first candidate) for the
+device profile (H200: 132 SMs, B200: 148). Slow (about 0.5-30 s per call on one core): a
+correctness tool, not a compute path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 from typing import Optional
@@ -24,23 +23,13 @@ import torch
 from ..runtime.backends import Backend, LinearProblem, register_backend, warn_once
 
 BACKEND_NAME = "emu_sm90"
+SM100_BACKEND_NAME = "emu_sm100"
 PRIORITY = -2000  # below the emulated reference (which supports everything): only ever forced
 
-_X = (torch.bfloat16, torch.float16)
 _SM_COUNT = 132  # the H100 / H200 device profile
 
 
-def supports(p: LinearProblem) -> Optional[str]:
-    if p.device_type != "cpu":
-        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    if p.x_dtype not in _X:
-        return f"x must be bfloat16 or float16, got {p.x_dtype}"
-    if p.k % 32:
-        return f"K={p.k} is not a multiple of 32"
-    if p.activation == "silu_mul" and (p.n % 2 or (p.n // 2) % 16):
-        return f"silu_mul needs N/2 = {p.n // 2} to be a multiple of 16"
-    if p.m < 1:
-        return "empty input (M = 0)"
+def _tooling() -> Optional[str]:
     if importlib.util.find_spec("cutlass") is None:
         return "needs nvidia-cutlass-dsl (the PTX comes from compiling the kernel with keep_ptx)"
     if shutil.which("gcc") is None:
@@ -48,18 +37,20 @@ def supports(p: LinearProblem) -> Optional[str]:
     return None
 
 
-def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
-    """The runtime's pick, or the mma family's 32-token config where the pick is a wgmma kernel."""
-    from ..runtime.sm90_backend import pick_config
-    from ..templates.sm90.config import Sm90W4A16Config
+def supports(p: LinearProblem) -> Optional[str]:
+    """The sm90 backend's own rules, for CPU tensors on the H200 profile."""
+    from ..runtime import sm90_backend
 
-    cfg = pick_config(m, n, k, x_dtype, activation, _SM_COUNT)
-    if cfg.family != "mma":
-        warn_once(f"emu-wgmma-{cfg.name()}",
-                  f"nvgemm emulator: the pick {cfg.name()} is a wgmma kernel, which the PTX emulator does not run "
-                  "yet; emu_sm90 runs the mma family's t32x256x256 config for it")
-        cfg = Sm90W4A16Config("mma", tile_m=32, tile_n=256, tile_k=256, num_warps=8, stages=3, pdl=True)
-    return cfg
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return sm90_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(9, 0))) or _tooling()
+
+
+def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
+    """The sm90 runtime's pick for the H200 profile (mma or wgmma family)."""
+    from ..runtime.sm90_backend import pick_config
+
+    return pick_config(m, n, k, x_dtype, activation, _SM_COUNT)
 
 
 def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
@@ -86,7 +77,43 @@ def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, res
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
-BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90)
-register_backend(BACKEND)
+_SM100_SM_COUNT = 148  # the B200 profile
 
-__all__ = ["BACKEND", "BACKEND_NAME", "config_for", "run_emu_sm90", "supports"]
+
+def supports_sm100(p: LinearProblem) -> Optional[str]:
+    """The sm100 backend's own rules, for CPU tensors on the B200 profile."""
+    from ..runtime import sm100_backend
+
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return sm100_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
+
+
+def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
+    from ..ops import check_linear_args
+    from ..runtime.sm100_backend import _policy_config, compile_spec_for
+    from ..templates.sm100.launch import prepare_sm100_args
+    from .runner import prepare
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
+    cfg = _policy_config(m, n, k, spec.out_dtype, spec.activation, "sm_100a", _SM100_SM_COUNT)
+    if cfg is None:
+        raise RuntimeError(f"nvgemm emulator sm100: no implementable config for M={m} N={n} K={k}")
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, cfg)
+    kernel = prepare(compile_spec_for(cfg, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
+    z = 0
+    kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha if args.alpha is not None else z,
+                  args.bias if args.bias is not None else z, args.residual if args.residual is not None else z,
+                  args.workspace if args.workspace is not None else z, args.counters if args.counters is not None else z,
+                  args.m, args.n, args.k, 0)
+    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+
+
+BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90)
+SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100)
+register_backend(BACKEND)
+register_backend(SM100_BACKEND)
+
+__all__ = ["BACKEND", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "config_for", "run_emu_sm100",
+           "run_emu_sm90", "supports", "supports_sm100"]

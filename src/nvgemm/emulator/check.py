@@ -113,8 +113,6 @@ def run_sm90(config, ops: Operands, *, order="forward", workspace=None, device: 
     ws = workspace if workspace is not None else Sm90Workspace(torch.device("cpu"))
     args = prepare_sm90_args(ops.x, prepared, ops.input_scale, ops.bias, ops.residual, ops.activation,
                              ops.out_dtype, config, workspace=ws)
-    from ..runtime.backends import warn_once  # noqa: F401  (import cycle guard: backends before sm90_backend)
-
     k = kernel or prepare(compile_spec_for(config, args.spec, ops.x.dtype), device=device)
     launch = k.launch(*args.abi_values(), 0, order=order)
     return Sm90Run(args.out.reshape(*ops.x.shape[:-1], args.out.shape[-1]), launch, args, k)

@@ -19,7 +19,6 @@ import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .cuda import LaunchRecord, _cache_root, fake_cuda, relink

@@ -59,7 +59,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "nvgemm.runtime.sm100_backend",
     "nvgemm.runtime.sm90_backend",
     "nvgemm.triton_kernels.registry",
-    "nvgemm.emulator.backend",  # emu_sm90: only when forced (NVGEMM_BACKEND=emu_sm90)
+    "nvgemm.emulator.backend",  # emu_sm90 / emu_sm100: only when forced (NVGEMM_BACKEND=...)
 )
 
 

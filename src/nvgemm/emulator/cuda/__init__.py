@@ -113,14 +113,41 @@ def relink(entry_dir: Path, out_dir: Path | None = None) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     static_rt = dsl_runtime_dir() / "libcuda_dialect_runtime_static.a"
     tmp = d / f".kernel_emu.{os.getpid()}.{threading.get_ident()}.so"
+    extra = _missing_stubs(d, [obj, static_rt], fake)
     cmd = [_cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-o", str(tmp), str(entry_dir / "shim.c"), str(obj),
-           str(static_rt), f"-L{fake.parent}", f"-l:{LIB_NAME}", f"-Wl,-rpath,{fake.parent}",
+           str(static_rt), *extra, f"-L{fake.parent}", f"-l:{LIB_NAME}", f"-Wl,-rpath,{fake.parent}",
            "-Wl,--exclude-libs,ALL", "-Wl,-z,defs", "-Wl,--as-needed"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvgemm emulator: relinking {entry_dir} failed ({' '.join(cmd)}):\n{r.stderr}")
     os.replace(tmp, so)
     return so
+
+
+def _symbols(path: Path, *flags: str) -> set[str]:
+    r = subprocess.run(["nm", *flags, str(path)], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"nvgemm emulator: nm {' '.join(flags)} {path} failed: {r.stderr.strip()}")
+    return {ln.split()[-1].split("@")[0] for ln in r.stdout.splitlines() if ln.strip() and not ln.endswith(":")}
+
+
+def _missing_stubs(d: Path, objects: list[Path], fake: Path) -> list[str]:
+    """A C file of failing stubs for the ``cuda*`` symbols the objects import that the fake runtime does
+    not define (another cutlass-dsl version's static runtime may import more): they return
+    cudaErrorNotSupported and say so when called, instead of the link failing."""
+    need: set[str] = set()
+    defined: set[str] = set()
+    for o in objects:
+        need |= _symbols(o, "--undefined-only")
+        defined |= _symbols(o, "--defined-only")
+    missing = sorted(s for s in need - defined - _symbols(fake, "-D", "--defined-only") if s.startswith("cuda"))
+    if not missing:
+        return []
+    src = d / "missing_stubs.c"
+    body = "".join(f'int {m}(void) {{ fprintf(stderr, "nvgemm emulator fake CUDA runtime: {m} is not emulated\\n"); '
+                   f"return 801; }}\n" for m in missing)
+    src.write_text("#include <stdio.h>\n" + body)
+    return [str(src)]
 
 
 class FakeCuda:

@@ -52,7 +52,10 @@ Extension slots for opcode modules (wgmma, TMA, mbarrier, tcgen05 from ``nvgemm.
 ---------------------------------------------------------------------------------------------------
 * ``Warp.ext`` / ``Cta.ext`` / ``Launch.ext``: dicts an opcode family keeps its state in, keyed by
   family name (e.g. ``Cta.ext["mbarrier"]`` objects by shared offset; ``Warp.ext["wgmma"]`` the
-  warp's pending accumulator groups).
+  warp's pending accumulator groups). Core keys: ``Warp.ext["cp.async"]`` (groups),
+  ``Warp.ext["griddepcontrol.wait"]`` (the warp passed its PDL wait), ``Cta.ext["bar"]`` (named
+  barriers), ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes"]`` (allocation names touched
+  before the PDL wait), ``Launch.ext["cta_exit_hooks"]`` (callables run on each CTA after it exits).
 * ``Cta.tmem``: the tensor-memory slot (None until ``tcgen05.alloc``; an opcode module puts its
   object there).
 * ``Cta.async_queues``: named async-proxy queues (list of pending operations) an opcode module
@@ -168,6 +171,13 @@ class GlobalMemory:
         raise EmulationError(
             f"out-of-bounds global access: {width} bytes at {addr:#x}, {where(bad)}; nearest allocation "
             f"{near.name} [{near.base:#x}, {near.base + near.size:#x}) (offset {addr - near.base})")
+
+    def names_of(self, addrs: np.ndarray) -> set[str]:
+        """Names of the allocations holding ``addrs`` (for the PDL-hazard record)."""
+        if not len(self.allocs) or not len(addrs):
+            return set()
+        idx = np.searchsorted(self._bases, addrs.astype(np.uint64), side="right") - 1
+        return {self.allocs[i].name for i in np.unique(idx) if i >= 0}
 
     def read(self, addrs: np.ndarray, width: int, where: Callable[[int], str]) -> np.ndarray:
         """Bytes ``[n, width]`` at ``addrs`` (one allocation per access; grouped if several)."""

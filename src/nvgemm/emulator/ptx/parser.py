@@ -45,6 +45,7 @@ class Operand:
     base: "Operand | None" = None
     offset: int = 0
     text: str = ""
+    neg: bool = False  # a negated predicate source ``!%p``
 
 
 @dataclass
@@ -396,7 +397,7 @@ def _parse_body(name: str, params: list[Param], body: str, line0: int, dirs: dic
         if tok.startswith("!"):
             o = resolve_name(tok[1:], sc)
             o.text = tok
-            o.offset = -1  # negated predicate source
+            o.neg = True
             return o
         return resolve_name(tok, sc)
 

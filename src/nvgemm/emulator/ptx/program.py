@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -115,7 +114,7 @@ class CompileContext:
         if op.kind == "reg":
             bank, i = self.reg(op)
             bdt = np.dtype(BANK_DTYPE[bank])
-            if op.offset == -1:  # !%p
+            if op.neg:  # !%p
                 return lambda w: ~w.bank[bank][i]
             if bdt == dtype:
                 return lambda w: w.bank[bank][i]
@@ -288,17 +287,6 @@ def compile_entry(ptx: str, entry: str | None = None) -> Program:
     with _CACHE_LOCK:
         _CACHE[key] = p
     return p
-
-
-@dataclass
-class OperandTypes:
-    """Helper for opcode modules: the dtype of a PTX type suffix."""
-
-    @staticmethod
-    def of(t: str):
-        if t not in TYPE_DTYPE:
-            raise KeyError(t)
-        return TYPE_DTYPE[t]
 
 
 __all__ = ["BANK_DTYPE", "CompileContext", "Program", "TYPE_DTYPE", "compile_entry", "convert_bits", "parse_cached"]

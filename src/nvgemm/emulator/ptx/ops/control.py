@@ -14,7 +14,9 @@ Communication Instructions").
   clears ``p``. Every lane of ``membermask`` must execute it, and reading a lane that does not is an
   error (undefined on hardware).
 * ``griddepcontrol.wait`` / ``launch_dependents`` (PDL): launches are executed in order, so both only
-  record that they ran (``Launch.stats``).
+  record that they ran (``Launch.stats``); global accesses a warp makes before its ``wait`` are
+  collected per allocation in ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes"]`` (what a
+  PDL kernel may touch while its predecessor still runs).
 """
 
 from __future__ import annotations
@@ -263,6 +265,7 @@ def _gdc(ins, ctx):
     def ex(w, m):
         st = w.cta.launch.stats
         st[key] = st.get(key, 0) + 1
+        w.ext[key] = True
 
     return ex
 

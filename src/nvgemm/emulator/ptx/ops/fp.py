@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..machine import LANES
 from ..program import TYPE_DTYPE
 from . import opcode
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import EmulationError
-from ..machine import CLUSTER_RANK_SHIFT, LANES, PARAM_WINDOW, SHARED_WINDOW, AsyncWrite, Wait
+from ..machine import CLUSTER_RANK_SHIFT, FULL, LANES, PARAM_WINDOW, SHARED_WINDOW, AsyncWrite
+
+ALL_LANES = np.arange(LANES)
 from ..program import TYPE_DTYPE
 from . import opcode
 
@@ -91,10 +93,19 @@ def _route(w, space, addrs):
     return "mixed"
 
 
+def note_pdl(w, kind: str, addrs: np.ndarray) -> None:
+    """Global accesses before this warp's ``griddepcontrol.wait`` (PDL: the previous kernel may still
+    be running): ``Launch.ext["pdl_pre_wait_reads" / "..._writes"]`` collect the allocations touched."""
+    if not w.ext.get("griddepcontrol.wait"):
+        launch = w.cta.launch
+        launch.ext.setdefault(f"pdl_pre_wait_{kind}", set()).update(launch.gmem.names_of(addrs))
+
+
 def read_bytes(w, ins, space, addrs: np.ndarray, width: int, lanes: np.ndarray) -> np.ndarray:
     where = _where(w, ins, lanes)
     r = _route(w, space, addrs)
     if r == "global":
+        note_pdl(w, "reads", addrs)
         return w.cta.launch.gmem.read(addrs, width, where)
     if r in ("shared", "shared::cta", "shared::cluster", "generic-shared"):
         smem, offs = shared_target(w, None if r == "generic-shared" else space, addrs, where)
@@ -117,6 +128,7 @@ def write_bytes(w, ins, space, addrs: np.ndarray, data: np.ndarray, lanes: np.nd
     where = _where(w, ins, lanes)
     r = _route(w, space, addrs)
     if r == "global":
+        note_pdl(w, "writes", addrs)
         w.cta.launch.gmem.write(addrs, data, where)
         return
     if r in ("shared", "shared::cta", "shared::cluster", "generic-shared"):
@@ -146,7 +158,7 @@ def _ld(ins, ctx):
     width = dt.itemsize * vec
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         raw = read_bytes(w, ins, space, ga(w)[lanes], width, lanes)
         vals = np.ascontiguousarray(raw).view(dt).reshape(len(lanes), vec)
         for i, s in enumerate(sets):
@@ -168,7 +180,7 @@ def _st(ins, ctx):
     gets = [ctx.src(s, dt) for s in srcs]
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         vals = np.stack([g(w)[lanes] for g in gets], axis=1).astype(dt, copy=False)
         data = np.ascontiguousarray(vals).view(np.uint8).reshape(len(lanes), dt.itemsize * vec)
         write_bytes(w, ins, space, ga(w)[lanes], data, lanes)
@@ -237,7 +249,7 @@ def _cp_async(ins, ctx):
             gsz = ctx.src(extra, np.uint32)
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         n = len(lanes)
         srcsz = np.full(n, cp, np.int64)
         if gsz is not None:
@@ -251,6 +263,8 @@ def _cp_async(ins, ctx):
         sa = gsrc(w)[lanes]
         full = srcsz == cp
         where = _where(w, ins, lanes)
+        if (srcsz > 0).any():
+            note_pdl(w, "reads", sa[srcsz > 0])
         if full.any():
             fl = np.nonzero(full)[0]
             data[fl] = w.cta.launch.gmem.read(sa[fl], cp, lambda j: where(int(fl[j])))
@@ -396,7 +410,7 @@ def _atom(ins, ctx):
         raise AssertionError(op)
 
     def ex(w, m):
-        lanes = np.nonzero(m)[0]
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
         addrs = ga(w)
         bs = [g(w) for g in gv]
         out = np.zeros(LANES, dt)

@@ -207,3 +207,25 @@ def test_ld_lane_partitions_and_shapes():
         ld_32x32b(tmem, make_taddr(0, 16), 0, 3)
     with pytest.raises(IsaError, match="lane 0, column 24 that nothing wrote"):
         ld_32x32b(tmem, make_taddr(0, 16), 0, 16)
+
+
+def test_mma_f16_disable_output_lane(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = 16
+    a = torch.randint(-8, 9, (128, 64), generator=g).to(torch.bfloat16)
+    b = torch.randint(-8, 9, (n, 64), generator=g).to(torch.bfloat16)
+    smem = np.zeros(40 * 1024, dtype=np.uint8)
+    store_rows_sw128(smem, 1024, a.view(torch.int16).numpy().view(np.uint8).reshape(128, 128))
+    store_rows_sw128(smem, 20 * 1024, b.view(torch.int16).numpy().view(np.uint8).reshape(n, 128))
+    tmem = Tmem()
+    old = np.full((128, n), 7.0, dtype=np.float32)
+    tmem.write(0, 0, numerics.f32_bits(old), "test")
+    mask = np.array([0x80000001, 0, 0, 0xFFFFFFFF], dtype=np.uint32)  # lanes 0, 31 and 96..127 disabled
+    mma_f16(tmem, smem, make_taddr(0, 0), tc_desc(1024, 16, 1024, 2), tc_desc(20 * 1024, 16, 1024, 2),
+            idesc_f16(128, n, True), False, disable_output_lane=mask)
+    ref = (a.double()[:, :16] @ b.double()[:, :16].T).float().numpy()
+    off = np.zeros(128, bool)
+    off[[0, 31]] = True
+    off[96:] = True
+    ref[off] = 7.0
+    np.testing.assert_array_equal(numerics.bits_f32(tmem.cells[:, :n]), ref)

@@ -334,3 +334,25 @@ def test_groups_chain_within_one_group_and_fence_rule():
     grp.issue(["d"], [], lambda read: [read("d")])
     with pytest.raises(IsaError, match="non-negative"):
         grp.wait_group(-1, {}.__getitem__)
+
+
+def test_mma_async_m_major_a_descriptor(seed):
+    """imm-trans-a = 1: A (64 x 16) M-major in shared memory with the 64B swizzle, ((T,4,m),(8,k)) :
+    ((1,T,LBO),(4T,SBO)) per the ISA's canonical table, stored element by element through CuTe's Swizzle<2,4,3>."""
+    n = 8
+    a, b, d, smem, _ = _setup(n, seed)
+    codes = bf16_codes(a)  # (M, K)
+    big = np.zeros(16384, dtype=np.uint8)
+    big[:smem.size] = smem
+    base, lbo, sbo = 8192, 512, 1024  # the next 32 M at LBO, the next 8 K at SBO
+    shape, stride = ((8, 4, 2), (8, 2)), ((1, 8, lbo // 2), (32, sbo // 2))
+    for i in range(64):
+        for k in range(16):
+            el = cute_layout_offset(shape[0], stride[0], i) + cute_layout_offset(shape[1], stride[1], k)
+            addr = cute_swizzle(base + 2 * el, 2, 4, 3)
+            big[addr:addr + 2] = np.array([codes[i, k]], dtype=np.uint16).view(np.uint8)
+    shape_ = WgmmaShape.parse(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16")
+    out = mma_async(shape_, d_to_registers(d.numpy()), wgmma_desc(base, lbo, sbo, 64), wgmma_desc(1024, 16, 1024, 128),
+                    big, scale_d=True, imm_trans_a=1)
+    ref = a.double() @ b[:, :16].double().T + d.double()
+    np.testing.assert_array_equal(d_from_registers(out, n), ref.float().numpy())

@@ -15,7 +15,12 @@ Timing model (each choice is a legal execution and the strictest one that stays 
   ``tcgen05.wait::ld/st`` and ``tcgen05.fence::*`` have nothing left to order.
 * ``mbarrier.try_wait`` whose phase is incomplete parks the warp until it completes (a legal outcome of the
   suspend-time hint); the core reports a deadlock if it never does.
+* ``barrier.cluster.arrive/wait``: every thread of every CTA of the cluster (the core co-schedules them).
 * ``cta_group::2`` forms (two CTAs' tensor memory) and TMA into a peer CTA are rejected at compile time.
+  Modelling them needs more than this module: CuTe addresses the pair leader's mbarrier from both CTAs by
+  clearing bit 24 of a CTA-local shared address (``and.b32 r, r, 0xFEFFFFF8`` before the
+  ``.cta_group::2`` TMA), i.e. on hardware a CTA's own shared addresses carry its rank in bits 24+, while the
+  core keeps the own CTA's addresses below ``1 << 24`` and puts peers at ``(rank + 1) << 24``.
 
 At CTA exit: pending TMA stores are performed, pending loads land, every tensor-memory allocation must have
 been freed, and tcgen05 operations issued but never committed are an error.
@@ -490,27 +495,37 @@ def _tcgen05_async(ins, ctx, op):
             if len(ops) != 7:
                 raise ctx.unsupported(ins, "disable-output-lane / scale-input-d operands are not modelled")
         else:
-            gen = ctx.src(ops[4], np.bool_)
-            if len(ops) != 5:
-                raise ctx.unsupported(ins, "disable-output-lane / scale-input-d operands are not modelled")
+            gmask = None
+            rest = ops[4:]
+            if rest and rest[0].kind == "vec":
+                if len(rest[0].items) != 4:
+                    raise ctx.unsupported(ins, "disable-output-lane must be 4 registers for cta_group::1")
+                gmask = [ctx.src(x, np.uint32) for x in rest[0].items]
+                rest = rest[1:]
+            if len(rest) != 1:
+                raise ctx.unsupported(ins, "scale-input-d is not modelled")
+            gen = ctx.src(rest[0], np.bool_)
 
         def mma(w, m):
             vals = [g(w) for g in (gd, gadesc, gbdesc, gidesc)]
             sf = (gsfa(w), gsfb(w)) if scaled else None
+            masks = [g(w) for g in gmask] if (not scaled and gmask is not None) else None
             en = gen(w)
             for ln in np.nonzero(m)[0]:
                 d, ad, bd, idesc = (int(v[ln]) for v in vals)
                 enable = bool(en[ln])
                 sfa, sfb = (int(sf[0][ln]), int(sf[1][ln])) if scaled else (0, 0)
+                dis = [int(x[ln]) for x in masks] if masks is not None else None
                 where = lambda j, ln=ln: w.where(ins, int(ln))  # noqa: E731
 
-                def run(d=d, ad=ad, bd=bd, idesc=idesc, enable=enable, sfa=sfa, sfb=sfb, where=where, ln=ln):
+                def run(d=d, ad=ad, bd=bd, idesc=idesc, enable=enable, sfa=sfa, sfb=sfb, where=where, ln=ln,
+                        dis=dis):
                     reader = lambda x, width: w.cta.shared.read(x, width, where)  # noqa: E731
                     try:
                         if scaled:
                             mma_mxf4nvf4(w.cta.tmem, reader, d, ad, bd, idesc, sfa, sfb, enable)
                         else:
-                            mma_f16(w.cta.tmem, reader, d, ad, bd, idesc, enable)
+                            mma_f16(w.cta.tmem, reader, d, ad, bd, idesc, enable, disable_output_lane=dis)
                     except IsaError as e:
                         raise _err(e, w, ins, int(ln)) from None
                 _pipe(w, ln).issue(run)
@@ -543,3 +558,41 @@ def _tcgen05_async(ins, ctx, op):
                         raise _err(e, w, ins, int(ln)) from None
             _pipe(w, ln).commit(arrive)
     return commit
+
+
+# ------------------------------------------------------------------------------------------------ cluster barrier
+
+
+@opcode("barrier.cluster")
+def _barrier_cluster(ins, ctx):
+    """``barrier.cluster.arrive{.release,.relaxed}{.aligned}`` / ``barrier.cluster.wait{.acquire}{.aligned}``
+    (PTX ISA 9.7.13.4): every thread of every CTA of the cluster arrives; ``wait`` blocks until all have
+    arrived in the thread's current phase. Modelled per whole warp (a partial warp is an error)."""
+    p = ins.parts
+    op = p[2] if len(p) > 2 else ""
+    mods = set(p[3:])
+    if op == "arrive" and mods <= {"release", "relaxed", "aligned"}:
+        def arrive(w, m):
+            _whole_warp(w, m, ins)
+            cl = w.cta.cluster
+            st = cl.ext.setdefault("barrier.cluster", {"count": 0, "gen": 0})
+            if "barrier.cluster" in w.ext:
+                raise EmulationError(f"barrier.cluster.arrive twice without a wait, {w.where(ins)}")
+            w.ext["barrier.cluster"] = st["gen"]
+            st["count"] += int(m.sum())
+            total = sum(int(x.live.sum()) for c in cl.ctas for x in c.warps)
+            if st["count"] == total:
+                st["count"], st["gen"] = 0, st["gen"] + 1
+        return arrive
+    if op == "wait" and mods <= {"acquire", "aligned"}:
+        def wait(w, m):
+            _whole_warp(w, m, ins)
+            gen = w.ext.pop("barrier.cluster", None)
+            if gen is None:
+                raise EmulationError(f"barrier.cluster.wait without a preceding arrive, {w.where(ins)}")
+            st = w.cta.cluster.ext["barrier.cluster"]
+            if st["gen"] > gen:
+                return None
+            return Wait(lambda: st["gen"] > gen, lambda: f"barrier.cluster ({st['count']} threads arrived)")
+        return wait
+    raise ctx.unsupported(ins)

@@ -8,9 +8,12 @@ the A registers, the accumulators and shared memory are read when ``wait_group``
 the core's checked shared-memory read (poisoned bytes or bytes an async copy still writes are errors).
 
 The ISA's fence rule (9.7.15.6.1): registers that ordinary instructions wrote after the last
-``wgmma.fence`` may not feed a ``wgmma.mma_async`` (as A or accumulator). The core does not report register
-writes, so the module compares the registers an ``mma_async`` uses with a snapshot taken at the fence
-(updated by the groups' own write-backs): a value that changed is an error naming the register.
+``wgmma.fence`` should not feed a ``wgmma.mma_async`` (as A or accumulator). PTX registers are virtual, and
+compiler-generated PTX does break the rule as written (CuTeDSL's accumulator initialisation is scheduled
+after the fence); ptxas then orders or serialises the WGMMA itself, so the values are still defined. The
+module therefore counts such uses instead of failing: it compares the registers an ``mma_async`` uses with
+a snapshot taken at the fence (updated by the groups' own write-backs) and adds the changed ones to
+``Launch.stats["wgmma_unfenced_register_writes"]``.
 """
 
 from __future__ import annotations
@@ -135,10 +138,10 @@ def _wgmma(ins, ctx):
         snap = st.snapshot.get("b32")
         bank = w.bank["b32"]
         if snap is not None:
-            for i in d_keys + a_keys:
-                if not np.array_equal(bank[i], snap[i]):
-                    raise EmulationError(f"wgmma.mma_async reads register #{i} (b32 bank) that was written after the "
-                                         f"last wgmma.fence (ISA 9.7.15.6.1 requires a fence), {w.where(ins)}")
+            stale = sum(not np.array_equal(bank[i], snap[i]) for i in d_keys + a_keys)
+            if stale:
+                stats = w.cta.launch.stats
+                stats["wgmma_unfenced_register_writes"] = stats.get("wgmma_unfenced_register_writes", 0) + stale
         b_desc = int(_uniform(get_b_desc(w), "the B descriptor", w, ins))
         a_desc = int(_uniform(get_a_desc(w), "the A descriptor", w, ins)) if get_a_desc else None
         scale_d = bool(_uniform(get_scale_d(w), "scale-d", w, ins))

@@ -203,24 +203,37 @@ def _check_shape(d: InstrDesc, cta_group: int) -> None:
 
 
 def _accumulate(tmem: Tmem, d_taddr: int, d: InstrDesc, av: np.ndarray, bv: np.ndarray, enable_input_d: bool,
-                op: str) -> None:
+                op: str, disable_output_lane=None) -> None:
     lane, col = split_taddr(d_taddr)
     if lane != 0:
         raise IsaError(f"{op}: D address {d_taddr:#x} must start at lane 0 for M = 128")
-    prev = numerics.bits_f32(tmem.read(0, col, 128, d.n, op)) if enable_input_d else None
-    tmem.write(0, col, numerics.f32_bits(numerics.dot_f32(av, bv, prev)), op)
+    keep = np.ones(128, dtype=bool)
+    if disable_output_lane is not None:  # 4 x b32: bit i % 32 of word i // 32 disables lane (row) i
+        words = np.asarray(disable_output_lane, dtype=np.uint32)
+        keep = ((words[np.arange(128) // 32] >> (np.arange(128) % 32).astype(np.uint32)) & 1) == 0
+    rows = np.nonzero(keep)[0]
+    if not len(rows):
+        return
+    prev = numerics.bits_f32(tmem.read(0, col, 128, d.n, op))[rows] if enable_input_d else None
+    out = numerics.f32_bits(numerics.dot_f32(av[rows], bv, prev))
+    if len(rows) == 128:
+        tmem.write(0, col, out, op)
+    else:
+        for r, vals in zip(rows, out):
+            tmem.write(int(r), col, vals[None, :], op)
 
 
 def mma_f16(tmem: Tmem, smem: np.ndarray, d_taddr: int, a_desc: int, b_desc: int, idesc: int,
-            enable_input_d: bool, *, cta_group: int = 1, window_base: int = 0) -> None:
-    """``tcgen05.mma.cta_group::1.kind::f16 [d], a-desc, b-desc, idesc, enable-input-d`` (A from smem)."""
+            enable_input_d: bool, *, disable_output_lane=None, cta_group: int = 1, window_base: int = 0) -> None:
+    """``tcgen05.mma.cta_group::1.kind::f16 [d], a-desc, b-desc, idesc, {disable-output-lane}, enable-input-d``
+    (A from smem; rows whose disable-output-lane bit is set are left unchanged)."""
     d = decode_idesc("f16", idesc)
     _check_shape(d, cta_group)
     a = read_operand(smem, decode_tcgen05_desc(a_desc), d.m, d.k, 16, d.a_major, window_base=window_base)
     b = read_operand(smem, decode_tcgen05_desc(b_desc), d.n, d.k, 16, d.b_major, window_base=window_base)
     av = numerics.values(a, d.atype) * (-1.0 if d.negate_a else 1.0)
     bv = numerics.values(b, d.btype) * (-1.0 if d.negate_b else 1.0)
-    _accumulate(tmem, d_taddr, d, av, bv, enable_input_d, "tcgen05.mma.kind::f16")
+    _accumulate(tmem, d_taddr, d, av, bv, enable_input_d, "tcgen05.mma.kind::f16", disable_output_lane)
 
 
 def scale_factors(tmem: Tmem, sf_taddr: int, rows: int, data_id: int, nblocks: int, op: str) -> np.ndarray:

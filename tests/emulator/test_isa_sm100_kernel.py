@@ -12,22 +12,11 @@ encoder, the TMA box swizzle, the UMMA descriptors, and the scale-factor placeme
 Mutation check (by hand, see the commit message): reversing the scale bytes of a TMEM cell fails every case.
 """
 
-import os
-
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
-if "CUTE_DSL_DUMP_DIR" not in os.environ:
-    import tempfile
-
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
-
-import shutil
-
 import pytest
 import torch
+from isa_env import kernel_test_env
 
-pytest.importorskip("cutlass")
-if shutil.which("gcc") is None:
-    pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
+kernel_test_env("sm_100a")
 
 import nvgemm.ops  # noqa: E402,F401 -- registers torch.ops.nvgemm (the activation quantizer)
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
@@ -39,12 +28,14 @@ from nvgemm.templates.sm100.launch import kernel_view_ref, prepare_sm100_args  #
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
 
 CASES = [
-    pytest.param(128, 256, 512, dict(tile_n=128), id="m128-n256-k512-t128", marks=pytest.mark.compile_only),
-    pytest.param(7, 512, 512, dict(tile_n=16, swap_ab=True), id="m7-n512-k512-swap16", marks=pytest.mark.compile_only),
-    pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.compile_only,
+    pytest.param(128, 256, 512, dict(tile_n=128), id="m128-n256-k512-t128", marks=pytest.mark.emulator),
+    pytest.param(7, 512, 512, dict(tile_n=16, swap_ab=True), id="m7-n512-k512-swap16", marks=pytest.mark.emulator),
+    pytest.param(256, 256, 512, dict(tile_n=128, cluster_m=2, cluster_n=2), id="m256-n256-k512-t128-c2x2-multicast",
+                 marks=pytest.mark.emulator),
+    pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.emulator,
                                                                                   pytest.mark.slow]),
     pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",
-                 marks=[pytest.mark.compile_only, pytest.mark.slow]),
+                 marks=[pytest.mark.emulator, pytest.mark.slow]),
 ]
 
 

@@ -7,22 +7,11 @@ Mutation check (by hand, see the commit message): swapping the register-A fragme
 ``wgmma.a_fragment_coords`` makes the first case differ by up to 107.
 """
 
-import os
-
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-if "CUTE_DSL_DUMP_DIR" not in os.environ:
-    import tempfile
-
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
-
-import shutil
-
 import pytest
 import torch
+from isa_env import kernel_test_env
 
-pytest.importorskip("cutlass")
-if shutil.which("gcc") is None:
-    pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
+kernel_test_env("sm_90a")
 
 from nvgemm.formats.nvfp4 import quantize_weight  # noqa: E402
 from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
@@ -30,8 +19,8 @@ from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402
 from nvgemm.templates.sm90.launch import cached_sm90_weight, kernel_view_ref, prepare_sm90_args  # noqa: E402
 
 CASES = [
-    pytest.param(5, 256, 512, 32, 1, id="m5-n256-k512-t32", marks=pytest.mark.compile_only),
-    pytest.param(37, 384, 1024, 64, 2, id="m37-n384-k1024-t64-splitk2", marks=[pytest.mark.compile_only,
+    pytest.param(5, 256, 512, 32, 1, id="m5-n256-k512-t32", marks=pytest.mark.emulator),
+    pytest.param(37, 384, 1024, 64, 2, id="m37-n384-k1024-t64-splitk2", marks=[pytest.mark.emulator,
                                                                              pytest.mark.slow]),
 ]
 

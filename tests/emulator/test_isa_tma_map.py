@@ -4,23 +4,12 @@ launched through the emulator's fake CUDA runtime with ``record_only``; the capt
 tensors the host passed (address, element type, dims, strides) and to the kernel's tile boxes and swizzles,
 for problems the decoding was not fitted on."""
 
-import os
-
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
-if "CUTE_DSL_DUMP_DIR" not in os.environ:
-    import tempfile
-
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
-
-import shutil
-
 import pytest
 import torch
+from isa_env import kernel_test_env
 
-pytest.importorskip("cutlass")
-if shutil.which("gcc") is None:
-    pytest.skip("the emulator relinks artifacts with gcc", allow_module_level=True)
-pytestmark = pytest.mark.compile_only
+kernel_test_env("sm_100a")
+pytestmark = pytest.mark.emulator
 
 import nvgemm.ops  # noqa: E402,F401
 from nvgemm.emulator.isa.tma import decode_tensor_map  # noqa: E402
@@ -33,9 +22,9 @@ from nvgemm.templates.sm100.launch import prepare_sm100_args  # noqa: E402
 OUT = {torch.bfloat16: ("bf16", 2, 64), torch.float16: ("f16", 2, 64), torch.float32: ("f32", 4, 128)}
 
 
-@pytest.mark.parametrize("m,n,k,tile_n,out_dtype", [(80, 384, 768, 128, torch.float16),
-                                                   (200, 192, 1536, 64, torch.float32)],
-                         ids=["m80-n384-k768-t128-f16", "m200-n192-k1536-t64-f32"])
+@pytest.mark.parametrize("m,n,k,tile_n,out_dtype", [
+    pytest.param(80, 384, 768, 128, torch.float16, id="m80-n384-k768-t128-f16"),
+    pytest.param(200, 192, 1536, 64, torch.float32, id="m200-n192-k1536-t64-f32", marks=pytest.mark.slow)])
 def test_captured_tensor_maps_decode_to_host_tensors(m, n, k, tile_n, out_dtype, tmp_path, monkeypatch):
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     from nvgemm.emulator.runner import prepare

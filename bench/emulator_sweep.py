@@ -8,7 +8,7 @@
    sm_100a (grid / block / cluster / smem / PDL / parameter ABI vs the launcher).
 
 Writes ``bench/results/emulator_sweep.md`` (one row per kernel: verdict, seconds, warp-instructions;
-the committed file joins ``--only picks`` with ``--only recorder --limit 12``).
+the committed file joins ``--only picks`` with ``--only recorder``).
 
     python bench/emulator_sweep.py [--only picks|recorder] [--limit N] [--families mma,wgmma]
 """

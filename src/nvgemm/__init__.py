@@ -11,6 +11,7 @@ from . import ops  # noqa: F401  (registers torch.ops.nvgemm.*)
 from .triton_kernels import fused_ops as _fused_ops  # noqa: F401  (fused quantizer ops; torch only)
 from .formats import NVFP4, Nvfp4Format, quantize_weight  # noqa: F401
 from .linear import NVFP4Linear  # noqa: F401
+from .moe import NVFP4Experts  # noqa: F401  (registers torch.ops.nvgemm.nvfp4_moe)
 
 
 def load_modelopt_checkpoint(*args, **kwargs):

@@ -1,6 +1,7 @@
 """``nvgemm demo``: quantize (or load) an NVFP4 checkpoint, greedy-decode with nvgemm, check it.
 
-With no arguments: builds a small Llama-style model from an embedded config, quantizes it with
+With no arguments: builds a small Llama-style model (``--model moe``: a tiny Qwen3-MoE; also
+mixtral, deepseek_v3, llama4) from an embedded config, quantizes it with
 ModelOpt (NVFP4_DEFAULT_CFG, random calibration), exports it with ModelOpt's HF exporter, loads
 it with nvgemm, greedy-decodes a few tokens (KV cache), and prints per-token latency, the path
 (backend) each linear ran, and agreement with the checkpoint's dequantize-and-matmul reference.
@@ -21,6 +22,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+MOE_DEMO_KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")  # nvgemm.testing.TINY_CONFIGS
 DEMO_CONFIG = dict(
     kind="llama", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
     num_attention_heads=8, num_key_value_heads=4, vocab_size=1024, max_position_embeddings=512,
@@ -28,9 +30,13 @@ DEMO_CONFIG = dict(
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("demo", help="quantize a small Llama with ModelOpt, decode it with nvgemm, check it",
+    p = sub.add_parser("demo", help="quantize a small Llama or MoE model with ModelOpt, decode it with nvgemm, check it",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, help="an exported ModelOpt NVFP4 checkpoint folder (default: build one)")
+    p.add_argument("--model", choices=["llama", "moe", *MOE_DEMO_KINDS], default="llama",
+                   help="built-in model: a small Llama (default), or a tiny MoE (moe = qwen3_moe; also mixtral, "
+                        "deepseek_v3 with shared expert and dense layer, llama4 with stacked experts, "
+                        "nemotron_h with non-gated relu2 experts)")
     p.add_argument("--algo", choices=["NVFP4", "W4A16_NVFP4"], default="NVFP4",
                    help="quantization for the built-in model (default NVFP4 = W4A4)")
     p.add_argument("--tokens", type=int, default=8, help="tokens to generate (default 8)")
@@ -59,6 +65,8 @@ THIRD_PARTY_NOISE = (
      "the exported bytes and logits with the installed transformers"),
     ("transformers.configuration_utils", "`torch_dtype` is deprecated",
      "ModelOpt's HF exporter reads config.torch_dtype (modelopt/torch/export/unified_export_hf.py)"),
+    ("modelopt.torch.quantization.qtensor.nvfp4_tensor", "torch.searchsorted(): input value tensor is non-contiguous",
+     "ModelOpt 0.47 quantizes Llama-4's stacked BMM experts through a non-contiguous view (--model llama4)"),
     ("torch.utils.cpp_extension", "No CUDA runtime is found",
      "torch.utils.cpp_extension, imported by ModelOpt, logs this on every GPU-less machine"),
 )
@@ -116,8 +124,10 @@ def _greedy(model, ids, n_tokens, step_fn=None):
         if step_fn is not None:  # decode steps run compiled: eager paths recorded by the prefill are stale
             from .linear import NVFP4Linear
 
+            from .moe import NVFP4Experts
+
             for mod in model.modules():
-                if isinstance(mod, NVFP4Linear):
+                if isinstance(mod, (NVFP4Linear, NVFP4Experts)):
                     mod.last_path = None
         out.append(nxt)
         for _ in range(n_tokens - 1):
@@ -168,7 +178,8 @@ def _run(args) -> int:
 
     from .linear import NVFP4Linear
     from .modelopt import load_modelopt_checkpoint
-    from .modelopt.reference import build_reference_model, dequant_linear_of
+    from .modelopt.reference import DequantExperts, build_reference_model, dequant_linear_of
+    from .moe import NVFP4Experts
 
     emulate = getattr(args, "emulate_kernels", None)
     device = "cpu" if emulate else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -176,20 +187,24 @@ def _run(args) -> int:
     if args.checkpoint is None:
         from .testing import build_tiny_model, quantize_and_export
 
-        cfg = dict(DEMO_CONFIG)
-        kind = cfg.pop("kind")
-        print(f"nvgemm demo: building a {cfg['num_hidden_layers']}-layer Llama-style model "
-              f"(hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']}), quantizing with ModelOpt {args.algo} ...")
+        cfg = dict(DEMO_CONFIG) if args.model == "llama" else {}
+        kind = cfg.pop("kind", "qwen3_moe" if args.model == "moe" else args.model)
+        built = build_tiny_model(kind, args.seed, **cfg)
+        c = built.config
+        print(f"nvgemm demo: building a {c.num_hidden_layers}-layer {type(built).__name__} "
+              f"(hidden {c.hidden_size}, vocab {c.vocab_size}), quantizing with ModelOpt {args.algo} ...")
         t0 = time.perf_counter()
         tmp = tempfile.TemporaryDirectory(prefix="nvgemm_demo_")
-        ckpt = quantize_and_export(build_tiny_model(kind, args.seed, **cfg), Path(tmp.name) / "ckpt", args.algo, args.seed)
+        ckpt = quantize_and_export(built, Path(tmp.name) / "ckpt", args.algo, args.seed)
         print(f"  quantized and exported with ModelOpt in {time.perf_counter() - t0:.1f} s -> {ckpt}")
     else:
         ckpt = args.checkpoint
     t0 = time.perf_counter()
     model = load_modelopt_checkpoint(ckpt, device=device)
+    n_moe = len(getattr(model, "nvgemm_moe_layers", ()))
     print(f"  loaded with nvgemm on {device} in {time.perf_counter() - t0:.2f} s "
-          f"({len(model.nvgemm_quantized_layers)} NVFP4 linears, quant_algo {model.nvgemm_quant_config.quant_algo})")
+          f"({len(model.nvgemm_quantized_layers)} NVFP4 linears" + (f", {n_moe} NVFP4 MoE layers" if n_moe else "") +
+          f", quant_algo {model.nvgemm_quant_config.quant_algo})")
     ref = build_reference_model(model)
 
     gen = torch.Generator().manual_seed(args.seed)
@@ -206,12 +221,12 @@ def _run(args) -> int:
     captured: dict[str, tuple] = {}
 
     def capture(name):
-        def hook(mod, inp, out):
-            captured[name] = (inp[0].detach(), out.detach())
+        def hook(mod, inp, kw, out):
+            captured[name] = (inp, kw, out.detach())
         return hook
 
-    handles = [mod.register_forward_hook(capture(name)) for name, mod in model.named_modules()
-               if isinstance(mod, NVFP4Linear)]
+    handles = [mod.register_forward_hook(capture(name), with_kwargs=True) for name, mod in model.named_modules()
+               if isinstance(mod, (NVFP4Linear, NVFP4Experts))]
     toks, logits, prefill, times = _greedy(model, ids, args.tokens, step_fn)
     for h in handles:
         h.remove()
@@ -221,11 +236,11 @@ def _run(args) -> int:
     worst, worst_name = 0.0, ""
     per_linear: list[tuple[str, float]] = []
     for name, mod in model.named_modules():
-        if isinstance(mod, NVFP4Linear):
+        if isinstance(mod, (NVFP4Linear, NVFP4Experts)):
             kinds.setdefault(name.rsplit(".", 1)[-1], Counter())[mod.last_path or "torch.compile (nvgemm)"] += 1
             if name in captured:
-                x, y = captured[name]
-                want = dequant_linear_of(mod)(x).float()
+                inp, kw, y = captured[name]
+                want = (dequant_linear_of(mod) if isinstance(mod, NVFP4Linear) else DequantExperts(mod))(*inp, **kw).float()
                 err = float((y.float() - want).abs().max() / want.abs().max().clamp_min(1e-12))
                 per_linear.append((name, err))
                 if err >= worst:
@@ -235,7 +250,7 @@ def _run(args) -> int:
     if times:
         print(f"decode: {len(times)} steps, per-token latency median {statistics.median(times) * 1e3:.2f} ms "
               f"(min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f})")
-    print("\npath each linear ran (last decode step):")
+    print("\npath each linear / MoE experts layer ran (last decode step):")
     for layer, c in sorted(kinds.items()):
         print(f"  {layer:<12} " + ", ".join(f"{p} x{n}" for p, n in sorted(c.items())))
     same = bool((toks == ref_toks).all())
@@ -245,12 +260,13 @@ def _run(args) -> int:
         for name, err in per_linear:
             print(f"  {name:<40} max|diff|/max|ref| = {err:.2e}")
     print("\nagreement with the checkpoint's dequantize-and-matmul reference:")
-    print(f"  every linear, last decode step: worst max|diff|/max|ref| = {worst:.2e} ({worst_name})")
+    print(f"  every linear{' and MoE layer' if n_moe else ''}, last decode step: worst max|diff|/max|ref| = "
+          f"{worst:.2e} ({worst_name})")
     print(f"  first-step logits: max|diff|/max|logit| = {rel:.2e}; greedy tokens identical: {same}")
     print(f"  generated: {toks[0].tolist()}")
     if tmp is not None:
         tmp.cleanup()
-    # per linear: the same math, up to fp32 summation order and one bf16 rounding (2^-8 relative)
+    # per linear / MoE layer: the same math, up to fp32 summation order and one bf16 rounding (2^-8 relative)
     ok = worst <= 2.0**-7
     print("\nOK" if ok else "\nMISMATCH: an nvgemm linear disagrees with the reference beyond bf16 rounding")
     return 0 if ok else 1

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_weight, to_blocked
+from . import prepared as _prepared  # noqa: F401  (registers nvgemm::nvfp4_linear_sm90_prepared)
 from .ops import check_linear_args
 from .runtime.backends import last_selected
 
@@ -24,6 +25,11 @@ class NVFP4Linear(nn.Module):
 
     ``activation`` ("none", "silu", "gelu_tanh", "silu_mul") is applied in the GEMM epilogue.
     ``last_path`` names the backend the most recent eager forward ran on.
+
+    On Hopper, :meth:`prepare_for_sm90` replaces ``weight`` / ``weight_scale`` by the sm90 kernels'
+    layout (buffers ``sm90_weight`` / ``sm90_scale``), so the layer holds its weight once; its
+    ``state_dict`` still holds the checkpoint layout (re-encoded, value-exact) and loading one
+    re-prepares into the same buffers.
     """
 
     def __init__(
@@ -53,6 +59,7 @@ class NVFP4Linear(nn.Module):
         )
         self.register_buffer("bias", torch.zeros(out_features, dtype=bias_dtype, device=device) if bias else None)
         self.last_path: str | None = None
+        self.sm90_kind: str | None = None  # set by prepare_for_sm90
 
     # ------------------------------------------------------------------ construction
 
@@ -113,6 +120,8 @@ class NVFP4Linear(nn.Module):
             raise ValueError("NVFP4Linear.fuse needs at least one layer")
         k = layers[0].in_features
         for i, l in enumerate(layers):
+            if l.sm90_kind is not None:
+                raise ValueError(f"NVFP4Linear.fuse: shard {i} is held in the sm90 layout; fuse before prepare_for_sm90")
             if l.in_features != k:
                 raise ValueError(f"NVFP4Linear.fuse: shard {i} has in_features={l.in_features}, expected {k}")
             if l.weight_only != layers[0].weight_only:
@@ -139,6 +148,45 @@ class NVFP4Linear(nn.Module):
         ins = None if layers[0].weight_only else layers[0].input_scale.clone()
         return cls.from_tensors(weight, scale, ws2, ins, bias)
 
+    # ------------------------------------------------------------------ one copy on Hopper
+
+    def prepare_for_sm90(self, kind: str = "bf16") -> int:
+        """Hold the weight only in the sm90 kernels' layout for ``kind`` ("bf16" / "fp16")
+        activations (:mod:`nvgemm.prepared`); returns the bytes the layer now holds for it.
+        Activations of the other dtype, and devices other than an sm_90 GPU, still work (the
+        checkpoint layout is rebuilt per call, with a warning)."""
+        from .templates.sm90.operand import prepare_sm90_weight
+
+        if self.sm90_kind is not None:
+            raise RuntimeError(f"NVFP4Linear: already prepared for sm90 ({self.sm90_kind})")
+        if self.in_features % 32:
+            raise ValueError(f"NVFP4Linear.prepare_for_sm90: K={self.in_features} is not a multiple of 32")
+        p = prepare_sm90_weight(self.weight, self.weight_scale, self.weight_scale_2, kind)
+        self.weight = None
+        self.weight_scale = None
+        self.register_buffer("sm90_weight", p.weight, persistent=False)
+        self.register_buffer("sm90_scale", p.scale, persistent=False)
+        self.sm90_kind = kind
+        if not getattr(self, "_sm90_hooks", False):
+            self._register_state_dict_hook(_sm90_state_dict_hook)
+            self._register_load_state_dict_pre_hook(_sm90_load_pre_hook, with_module=True)
+            self._sm90_hooks = True
+        return p.nbytes()
+
+    def _sm90_prepared(self):
+        from .prepared import sm90_weight_of
+
+        return sm90_weight_of(self.sm90_weight, self.sm90_scale, self.weight_scale_2, self.out_features,
+                              self.in_features, self.sm90_kind)
+
+    def checkpoint_layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, weight_scale) in the checkpoint layout (re-encoded when prepared for sm90)."""
+        if self.sm90_kind is None:
+            return self.weight, self.weight_scale
+        from .templates.sm90.operand import to_modelopt
+
+        return to_modelopt(self._sm90_prepared())
+
     def _validate(self) -> None:
         x = torch.empty((1, self.in_features), dtype=torch.bfloat16, device="meta")
         check_linear_args(
@@ -150,8 +198,13 @@ class NVFP4Linear(nn.Module):
     # ------------------------------------------------------------------ compute
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        out = torch.ops.nvgemm.nvfp4_linear(x, self.weight, self.weight_scale, self.weight_scale_2,
-                                            self.input_scale, self.bias, residual, self.activation, None)
+        if self.sm90_kind is not None:
+            out = torch.ops.nvgemm.nvfp4_linear_sm90_prepared(
+                x, self.sm90_weight, self.sm90_scale, self.weight_scale_2, self.input_scale, self.bias, residual,
+                self.activation, None, self.out_features, self.in_features, self.sm90_kind)
+        else:
+            out = torch.ops.nvgemm.nvfp4_linear(x, self.weight, self.weight_scale, self.weight_scale_2,
+                                                self.input_scale, self.bias, residual, self.activation, None)
         if not torch.compiler.is_compiling():
             self.last_path = last_selected()
         return out
@@ -159,9 +212,89 @@ class NVFP4Linear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K] = E2M1 * block scale * weight_scale_2 (the reference weight)."""
         kb = self.in_features // NVFP4.block_size
-        return dequantize(self.weight, from_blocked(self.weight_scale, self.out_features, kb), self.weight_scale_2)
+        w, s = self.checkpoint_layout()
+        return dequantize(w, from_blocked(s, self.out_features, kb), self.weight_scale_2)
 
     def extra_repr(self) -> str:
         mode = "W4A16" if self.weight_only else "W4A4"
+        held = "" if self.sm90_kind is None else f", held in the sm90 layout ({self.sm90_kind})"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"{mode}, activation={self.activation}")
+                f"{mode}, activation={self.activation}{held}")
+
+
+def _sm90_state_dict_hook(module: NVFP4Linear, state_dict, prefix, local_metadata):
+    """A prepared layer saves the checkpoint layout (value-exact re-encoding)."""
+    if module.sm90_kind is not None:
+        w, s = module.checkpoint_layout()
+        state_dict[prefix + "weight"] = w
+        state_dict[prefix + "weight_scale"] = s
+    return state_dict
+
+
+def _sm90_load_pre_hook(module: NVFP4Linear, state_dict, prefix, local_metadata, strict, missing_keys,
+                        unexpected_keys, error_msgs):
+    """Loading a checkpoint-layout state into a prepared layer re-prepares it into the same buffers
+    (CUDA graphs captured on them replay the new weight)."""
+    if module.sm90_kind is None or prefix + "weight" not in state_dict:
+        return
+    from .templates.sm90.operand import prepare_sm90_weight
+
+    w = state_dict.pop(prefix + "weight")
+    s = state_dict.pop(prefix + "weight_scale", None)
+    if s is None:
+        error_msgs.append(f"{prefix}weight_scale missing (needed with {prefix}weight)")
+        return
+    ws2 = state_dict.get(prefix + "weight_scale_2", module.weight_scale_2)
+    dev = module.sm90_weight.device
+    p = prepare_sm90_weight(w.to(dev), s.to(dev), ws2.to(dev), module.sm90_kind)
+    if p.weight.shape != module.sm90_weight.shape:
+        error_msgs.append(f"{prefix}weight: shape {tuple(w.shape)} does not match the layer "
+                          f"({module.out_features}, {module.in_features // 2})")
+        return
+    with torch.no_grad():
+        module.sm90_weight.copy_(p.weight)
+        module.sm90_scale.copy_(p.scale)
+
+
+def prepare_for_sm90(model: nn.Module, kind: str = "bf16", *, log=None) -> dict[str, int]:
+    """:meth:`NVFP4Linear.prepare_for_sm90` on every NVFP4Linear of ``model`` the sm90 kernels will
+    serve for ``kind`` activations (:func:`nvgemm.prepared.sm90_serve_reason` at M in
+    :data:`~nvgemm.prepared.DECISION_M`: an sm_90 GPU, K % 32 == 0, the kernel passing its first-use
+    check, no ``NVGEMM_BACKEND`` naming another backend). Logs one line per prepared layer (bytes
+    held, checkpoint bytes freed) and a total; returns {layer name: bytes held}."""
+    import logging
+
+    from .prepared import DECISION_M, sm90_serve_reason
+    from .runtime.backends import LinearProblem
+
+    log = log or logging.getLogger("nvgemm_cutedsl")
+    x_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kind]
+    out, ckpt, kept = {}, 0, {}
+    hopper = False
+    for name, mod in model.named_modules():
+        if not isinstance(mod, NVFP4Linear) or mod.sm90_kind is not None:
+            continue
+        dev = mod.weight.device
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+        hopper |= cap == (9, 0)
+        why = sm90_serve_reason(
+            LinearProblem(m=m, n=mod.out_features, k=mod.in_features, device_type=dev.type, capability=cap,
+                          weight_only=mod.weight_only, x_dtype=x_dtype, out_dtype=x_dtype,
+                          alpha="vector" if mod.weight_scale_2.dim() == 1 else "scalar", bias=mod.bias is not None,
+                          activation=mod.activation, residual=False) for m in DECISION_M)
+        if why is not None:
+            kept.setdefault(why, []).append(name)
+            continue
+        before = sum(t.numel() * t.element_size() for t in (mod.weight, mod.weight_scale))
+        out[name] = mod.prepare_for_sm90(kind)
+        ckpt += before
+        log.info("nvgemm: %s held in the sm90 layout only: %.2f MiB (its checkpoint layout, %.2f MiB, freed; "
+                 "re-encoded on save)", name, out[name] / 2**20, before / 2**20)
+    if out and torch.cuda.is_available():  # the PDL kernels stream weights before griddepcontrol.wait
+        torch.cuda.synchronize()
+    if out or hopper:
+        why = "; ".join(f"{len(v)} ({v[0]}{', ...' if len(v) > 1 else ''}): {r}" for r, v in kept.items())
+        log.info("nvgemm: %d NVFP4 layers held once, in the sm90 layout: %.2f MiB (checkpoint layout %.2f MiB, "
+                 "not kept)%s", len(out), sum(out.values()) / 2**20, ckpt / 2**20,
+                 f"; kept in the checkpoint layout: {why}" if why else "")
+    return out

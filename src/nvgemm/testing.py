@@ -1,15 +1,20 @@
 """Tiny ModelOpt-exported NVFP4 checkpoints, built on CPU in about a second (tests, demo, benches).
 
-``make_tiny_checkpoint`` builds a small Llama- or Qwen2-style model from an embedded config,
+``make_tiny_checkpoint`` builds a small Llama- or Qwen2-style model, or a tiny MoE model (Qwen3-MoE,
+Mixtral, DeepSeek-V3 with shared expert and dense layer, Llama-4, NemotronH non-gated; ``MOE_KINDS``) from an embedded config,
 quantizes it with ModelOpt (``NVFP4_DEFAULT_CFG`` or ``W4A16_NVFP4_CFG``, random calibration)
 and exports it with ModelOpt's own Hugging Face exporter. No network, no hub.
 Facts it relies on: ModelOpt's calibration runs on CPU (its fake-quant *forward* asserts CUDA,
 so nothing here runs the quantized model through ModelOpt), and the exporter needs
 ``config.architectures`` set on a model built from a config.
+
+``sm90_stand_in`` lets CPU tests run the Hopper host path (the sm90 backend selected, weights
+prepared or held in its layout) with the launch replaced by the emulated op.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -28,9 +33,49 @@ TINY_CONFIGS = {
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         tie_word_embeddings=False,
     ),
+    # MoE (ModelOpt 0.47 quantizes and exports each on CPU; shared/research/moe_nvfp4.md 3.3)
+    "qwen3_moe": dict(
+        arch="Qwen3MoeForCausalLM",  # fused experts, 8 experts top-2, router `mlp.gate`
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, max_position_embeddings=128, tie_word_embeddings=False,
+    ),
+    "mixtral": dict(
+        arch="MixtralForCausalLM",  # exported under hub names block_sparse_moe.experts.E.w1/w2/w3
+        vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+        tie_word_embeddings=False,
+    ),
+    "deepseek_v3": dict(
+        arch="DeepseekV3ForCausalLM",  # layer 0 dense MLP; layer 1: 8 routed + 1 shared expert, grouped top-2
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+        max_position_embeddings=128, tie_word_embeddings=False,
+    ),
+    "llama4": dict(
+        arch="Llama4ForCausalLM",  # stacked transposed experts, top-1 weight on the input, shared expert
+        vocab_size=256, hidden_size=64, intermediate_size=32, intermediate_size_mlp=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=1, max_position_embeddings=128, tie_word_embeddings=False,
+    ),
+    "nemotron_h": dict(
+        arch="NemotronHForCausalLM",  # non-gated relu2 experts + shared expert; layers: attention, MoE
+        vocab_size=256, hidden_size=64, num_hidden_layers=2, hybrid_override_pattern="*E", num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32, n_shared_experts=1, intermediate_size=64,
+        max_position_embeddings=128, tie_word_embeddings=False,
+    ),
 }
+MOE_KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3MoeForCausalLM": "qwen3_moe",
+                "MixtralForCausalLM": "mixtral", "DeepseekV3ForCausalLM": "deepseek_v3",
+                "Llama4ForCausalLM": "llama4_text", "NemotronHForCausalLM": "nemotron_h"}
 
-QUANT_CFGS = {"NVFP4": "NVFP4_DEFAULT_CFG", "W4A16_NVFP4": "W4A16_NVFP4_CFG"}
+QUANT_CFGS = {"NVFP4": "NVFP4_DEFAULT_CFG", "W4A16_NVFP4": "W4A16_NVFP4_CFG",
+              # routed experts only (NVIDIA's Kimi-K2.x / MiniMax-M2.x recipe): the rest stays BF16
+              "NVFP4_EXPERTS_ONLY": "NVFP4_EXPERTS_ONLY_CFG"}
 
 
 def build_tiny_model(kind: str = "llama", seed: int = 0, dtype: torch.dtype = torch.bfloat16, **overrides):
@@ -41,7 +86,7 @@ def build_tiny_model(kind: str = "llama", seed: int = 0, dtype: torch.dtype = to
         raise ValueError(f"unknown tiny model {kind!r}; have {sorted(TINY_CONFIGS)}")
     spec = dict(TINY_CONFIGS[kind], **overrides)
     arch = spec.pop("arch")
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[arch]
+    model_type = _MODEL_TYPES[arch]
     config = AutoConfig.for_model(model_type, **spec)
     config.architectures = [arch]
     torch.manual_seed(seed)
@@ -81,3 +126,48 @@ def quantize_and_export(model, out_dir: str | Path, algo: str = "NVFP4", seed: i
 def make_tiny_checkpoint(out_dir: str | Path, kind: str = "llama", algo: str = "NVFP4", seed: int = 0) -> Path:
     """Build, quantize and export a tiny checkpoint into ``out_dir``; returns the folder."""
     return quantize_and_export(build_tiny_model(kind, seed), out_dir, algo, seed)
+
+
+@contextlib.contextmanager
+def sm90_stand_in():
+    """The sm90 kernels' stand-in on CPU, for tests of what a Hopper GPU holds and computes.
+
+    Inside the block, backend ``cutedsl_sm90`` takes CPU problems by the real rules of
+    :func:`nvgemm.runtime.sm90_backend.supports` (read as if on an sm_90 GPU) and runs the real host
+    path -- ``run_sm90`` derives and memoises the prepared copy of a checkpoint-layout weight,
+    ``nvgemm::nvfp4_linear_sm90_prepared`` passes a held layer's own prepared tensors -- with only
+    the launch replaced: the emulated op on the checkpoint layout re-encoded from the prepared
+    tensors the kernel would read (:func:`nvgemm.templates.sm90.operand.to_modelopt`, value-exact).
+    Results are bit-identical to the emulated op exactly when the launch is handed the right
+    prepared weight. Yields the list of prepared weights handed to the launch."""
+    from dataclasses import replace
+
+    from .ops import nvfp4_linear_emulated
+    from .runtime import backends as B
+    from .runtime import sm90_backend
+    from .templates.sm90.operand import to_modelopt
+
+    B.load_builtin_backends()
+    name = sm90_backend.BACKEND_NAME
+    real, run_prepared, checked = B._REGISTRY[name], sm90_backend.run_prepared, dict(B._CHECKED)
+    launched: list = []
+
+    def supports(p):
+        return sm90_backend.supports(replace(p, device_type="cuda", capability=(9, 0)) if p.device_type == "cpu" else p)
+
+    def launch(x, p, input_scale, bias, residual, activation, out_dtype, config=None):
+        launched.append(p)
+        w, s = to_modelopt(p)
+        ws2 = p.weight_scale_2 if p.weight_scale_2.numel() > 1 else p.weight_scale_2.reshape(())
+        return nvfp4_linear_emulated(x, w, s, ws2, input_scale, bias, residual, activation, out_dtype)
+
+    B.register_backend(replace(real, supports=supports))
+    sm90_backend.run_prepared = launch
+    B._CHECKED.clear()
+    try:
+        yield launched
+    finally:
+        B.register_backend(real)
+        sm90_backend.run_prepared = run_prepared
+        B._CHECKED.clear()
+        B._CHECKED.update(checked)

@@ -449,8 +449,9 @@ def test_get_loads_once_and_respects_build_false(kc, monkeypatch):
     made = []
 
     class FakeKernel:
-        def __init__(self, path, abi, name=""):
+        def __init__(self, path, abi, name="", image=None):
             made.append((Path(path).name, abi, name))
+            assert image == (Path(path)).read_bytes()  # the verified bytes are handed over
 
     monkeypatch.setattr(aot, "AotKernel", FakeKernel)
     s = _spec()

@@ -274,3 +274,74 @@ def test_from_linear_is_modelopt_recipe(seed):
     q = quantize_weight(lin.weight.detach())
     assert torch.equal(mod.weight, q.packed) and mod.weight_only
     torch.testing.assert_close(mod.dequantized_weight(), lin.weight.detach(), rtol=0.5, atol=float(lin.weight.abs().max()) / 6)
+
+
+# ----------------------------------------------------------------------- one copy on Hopper
+
+
+def _held_bytes(model) -> int:
+    """Bytes the NVFP4 layers hold for their weights: the storages of their weight tensors (either
+    layout) plus what the launchers derived from them (:func:`nvgemm.templates.derived.derived_nbytes`)."""
+    from nvgemm.templates.derived import derived_nbytes
+
+    total = 0
+    for m in model.modules():
+        if isinstance(m, NVFP4Linear):
+            ts = [t for t in (m.weight, m.weight_scale, getattr(m, "sm90_weight", None), getattr(m, "sm90_scale", None))
+                  if t is not None]
+            total += sum(t.untyped_storage().nbytes() for t in ts) + derived_nbytes(ts[0])
+    return total
+
+
+def test_sm90_layers_held_once_at_load(ckpts, caplog):
+    """Issue 22 item 14: on Hopper (the sm90 stand-in on CPU: the registry selects cutedsl_sm90 by its
+    real rules, the launch is the emulated op on what it is handed) the loader holds every NVFP4 layer
+    once, in the sm90 layout, and logs the bytes per layer and in total; the logits are the
+    checkpoint-layout model's bit for bit, and state_dict is the checkpoint's bytes. The prepared
+    layout's size is computed from the shapes: 16-row tiles, K padded to 256, K/2 + K/16 bytes a row."""
+    import logging
+
+    from nvgemm.testing import sm90_stand_in
+
+    ckpt = ckpts[("qwen2", "NVFP4")]  # q/k/v carry a bias
+    ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(3))
+    with sm90_stand_in() as launched:
+        two = load_modelopt_checkpoint(ckpt, sm90_one_copy=False)
+        ckpt_bytes = _held_bytes(two)
+        with caplog.at_level(logging.INFO, logger="nvgemm_cutedsl"):
+            one = load_modelopt_checkpoint(ckpt)
+        with torch.no_grad():
+            want = two(ids).logits
+            n = len(launched)
+            got = one(ids).logits
+        assert len(launched) == n + 14  # every layer ran on the (stand-in) kernel, none fell back
+    layers = {name: m for name, m in one.named_modules() if isinstance(m, NVFP4Linear)}
+    assert len(layers) == 14 and all(m.sm90_kind == "bf16" and m.weight is None for m in layers.values())
+    assert torch.equal(got, want)
+    one_copy = sum(-(-m.out_features // 16) * 16 * (-(-m.in_features // 256) * 256) * 9 // 16 for m in layers.values())
+    assert _held_bytes(one) == one_copy
+    assert _held_bytes(two) >= ckpt_bytes + one_copy  # without: the kernels' copy beside the checkpoint's
+    lines = [r.getMessage() for r in caplog.records]
+    for name, m in layers.items():
+        mib = m.sm90_weight.numel() / 2**20 + m.sm90_scale.numel() / 2**20
+        head = f"nvgemm: {name} held in the sm90 layout only: {mib:.2f} MiB"
+        assert sum(line.startswith(head) for line in lines) == 1
+    assert any(line.startswith(f"nvgemm: 14 NVFP4 layers held once, in the sm90 layout: {one_copy / 2**20:.2f} MiB")
+               for line in lines)
+    # saving re-encodes the checkpoint layout: the same bytes (this checkpoint has no zero or negative
+    # block scale, the two forms the prepared layout normalises)
+    sd_one, sd_two = one.state_dict(), two.state_dict()
+    assert sd_one.keys() == sd_two.keys()
+    for key, t in sd_two.items():
+        if t.dtype == torch.float8_e4m3fn:
+            n, kh = sd_two[key[: -len("_scale")]].shape
+            assert bool((from_blocked(t, n, kh // 8).float() > 0).all()), f"{key}: a zero or negative block scale"
+            t, sd_one[key] = t.view(torch.uint8), sd_one[key].view(torch.uint8)
+        assert torch.equal(sd_one[key], t), key
+    # the dequantize-and-matmul reference (the demo's) reads a held layer's re-encoded checkpoint layout
+    from nvgemm.modelopt.reference import build_reference_model
+
+    with torch.no_grad():
+        assert torch.equal(build_reference_model(one)(ids).logits, build_reference_model(two)(ids).logits)
+    # opting out: nothing held in the sm90 layout
+    assert not any(m.sm90_kind for m in two.modules() if isinstance(m, NVFP4Linear))

@@ -43,3 +43,15 @@ def test_demo_on_a_checkpoint_weight_only(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "quant_algo W4A16_NVFP4" in out and "quantized and exported" not in out
+
+
+def test_demo_moe(capsys):
+    """`nvgemm demo --model moe`: a tiny Qwen3-MoE quantized, exported, loaded and decoded; the
+    per-layer report covers the MoE experts layers (compared with DequantExperts)."""
+    rc = main(["demo", "--model", "moe", "--tokens", "3", "--prompt-len", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "Qwen3MoeForCausalLM" in out and "2 NVFP4 MoE layers" in out
+    assert re.search(r"experts\s+emulated x2", out), out
+    assert re.search(r"every linear and MoE layer, last decode step: worst max\|diff\|/max\|ref\| = ([0-9.e+-]+)", out)
+    assert out.rstrip().endswith("OK")

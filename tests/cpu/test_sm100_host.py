@@ -245,10 +245,11 @@ def test_cluster_occupancy_aot_values():
         guaranteed_clusters(170, 2)
 
 
-def test_runtime_occupancy_resolution_keeps_aot_keys():
-    """The run-time compile spec equals the AOT spec (so precompiled kernels are found) whenever
-    the device holds at least the AOT cluster count; it carries the queried count when the
-    device holds fewer; a failing query falls back to the AOT value with one warning."""
+def test_runtime_occupancy_resolution_uses_the_driver_count():
+    """The run-time compile spec carries the driver's cluster count whenever it differs from the
+    AOT (guaranteed) count -- more (a balanced B200: 37 clusters of 4 where 34 are guaranteed) or
+    fewer; it equals the AOT spec when they agree; a failing query falls back to the AOT value
+    with one warning."""
     import logging
 
     from nvgemm.runtime.occupancy import resolve_max_active_clusters
@@ -258,7 +259,8 @@ def test_runtime_occupancy_resolution_keeps_aot_keys():
     spec = EpilogueSpec(alpha="scalar")
     aot = compile_spec_for(cfg, spec, "sm_100a", 148)
     assert aot.hw.max_active_clusters == 0
-    assert compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 37) == aot  # balanced B200: 37 >= 34
+    big = compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 37)  # balanced B200: 37 > 34 guaranteed
+    assert big.hw.max_active_clusters == 37 and big != aot
     assert compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 34) == aot
     small = compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 20)  # e.g. an SM partition
     assert small.hw.max_active_clusters == 20 and small != aot
@@ -280,6 +282,47 @@ def test_runtime_occupancy_resolution_keeps_aot_keys():
     finally:
         lg.removeHandler(h)
     assert len([r for r in records if r.levelno == logging.WARNING]) == 1
+
+
+def test_device_sized_kernel_falls_back_to_the_precompiled_one(monkeypatch):
+    """A device-sized spec is built when cutlass-dsl is here; on a serving box without it, a
+    missing device-sized kernel runs the precompiled AOT kernel with one warning."""
+    import dataclasses
+    import warnings
+
+    from nvgemm.runtime import cache as cache_mod
+    from nvgemm.runtime.sm100_backend import compile_spec_for, kernel_for
+
+    cfg = Sm100Nvfp4GemmConfig(tile_n=16, swap_ab=True, cluster_m=4)
+    spec = EpilogueSpec(alpha="scalar")
+    aot = compile_spec_for(cfg, spec, "sm_100a", 148)
+    dev = compile_spec_for(cfg, spec, "sm_100a", 148, lambda c: 37)
+
+    class FakeCache:
+        def __init__(self, have):
+            self.have, self.calls = set(have), []
+
+        def get(self, s, build=True):
+            self.calls.append((s.hw.max_active_clusters, build))
+            if s in self.have or build:
+                return ("kernel", s.hw.max_active_clusters)
+            raise cache_mod.CacheMiss(s.name())
+
+    monkeypatch.setattr(cache_mod, "_dsl_available", lambda: True)
+    c = FakeCache([aot])
+    assert kernel_for(dev, c) == ("kernel", 37) and c.calls == [(37, True)]
+    monkeypatch.setattr(cache_mod, "_dsl_available", lambda: False)
+    c = FakeCache([aot])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert kernel_for(dev, c) == ("kernel", 0)
+        assert kernel_for(dev, c) == ("kernel", 0)
+    assert c.calls == [(37, False), (0, False)] * 2
+    assert sum("holds 37 clusters" in str(x.message) for x in w) == 1
+    c = FakeCache([aot, dev])
+    assert kernel_for(dev, c) == ("kernel", 37)
+    with pytest.raises(cache_mod.CacheMiss):
+        kernel_for(dataclasses.replace(dev, arch="sm_103a"), FakeCache([]))
 
 
 def test_kernel_bakes_the_resolved_cluster_count():

@@ -7,6 +7,12 @@ Examples::
     nvgemm plan --model Qwen3-32B --gpu B200 --m-range 1,256      # dynamic-batch buckets
     nvgemm plan --model Mistral-7B --gpu H100 --m 1,16            # W4A16 on Hopper
     nvgemm plan --model Llama-3.1-8B --m 8 --json
+    nvgemm plan --model Qwen3-30B-A3B --gpu B200 --m 1,8,32,128   # MoE: routing table + per-expert GEMMs
+
+MoE presets (DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, Llama-4-Scout, Mixtral-8x7B) add a routing
+table: expected active experts A(M) and tokens per active expert M*k/A(M) under uniform routing, the
+NVFP4 bytes of the active (and shared) experts and their time at the GPU's achievable bandwidth (a
+labelled model, not a measurement). The expert GEMM rows are planned at M = ceil(tokens per active expert).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "performance model (a range, labelled 'model'; not a measurement).",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense)")
+    src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense; "
+                     "MoE: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, Llama-4-Scout, Mixtral-8x7B)")
     src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
     p.add_argument("--gpu", default="B200", help="named GPU: B200, GB200, B300, H100, H200 (default B200)")
     p.add_argument("--sm-count", type=int, default=None, help="override the GPU's SM count")
@@ -47,7 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _problems(args):
-    from .presets import get_preset
+    from .presets import get_moe_preset, get_preset
     from .problem import GemmProblem, Target
 
     target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
@@ -55,7 +62,11 @@ def _problems(args):
     if fmt == "auto":
         fmt = "w4a16" if target.family == "sm90" else "w4a4"
     a_format = "nvfp4" if fmt == "w4a4" else "bf16"
-    if args.model:
+    moe = get_moe_preset(args.model) if args.model else None
+    if moe is not None:
+        layers = [(lg.name, lg.n, lg.k) for lg in (*moe.dense_gemms(), *moe.expert_gemms())]
+        title = f"{moe.name} MoE layer ({moe.source})"
+    elif args.model:
         preset = get_preset(args.model)
         layers = [(lg.name, lg.n, lg.k) for lg in preset.layers]
         title = f"{preset.name} ({preset.source})"
@@ -66,7 +77,25 @@ def _problems(args):
         (name, GemmProblem(n=n, k=k, m=1, a_format=a_format, out_dtype=args.out_dtype, target=target))
         for name, n, k in layers
     ]
-    return title, target, fmt, base
+    return title, target, fmt, base, moe
+
+
+def _routing_rows(moe, ms, gpu) -> list[dict]:
+    """Per M: uniform-routing statistics and the modelled weight-streaming floor of the MoE layer."""
+    import math
+
+    from nvgemm.perfmodel.hardware import GPUS
+
+    bw = GPUS[gpu].achievable_bw if gpu in GPUS else None
+    rows = []
+    for m in ms:
+        a = moe.active_experts(m)
+        tpe = moe.tokens_per_active_expert(m)
+        nbytes = a * moe.expert_bytes() + moe.shared_bytes()
+        rows.append({"m": m, "active_experts": round(a, 2), "tokens_per_active_expert": round(tpe, 3),
+                     "expert_gemm_m": math.ceil(tpe - 1e-9), "weight_mb": round(nbytes / 1e6, 2),
+                     "model_floor_us": None if bw is None else round(nbytes / bw * 1e6, 2)})
+    return rows
 
 
 def _model_gpu(target) -> str | None:
@@ -102,7 +131,7 @@ def run(args) -> int:
     from .policy import bucket_candidates, candidates, problem_status
 
     try:
-        title, target, fmt, base = _problems(args)
+        title, target, fmt, base, moe = _problems(args)
     except (KeyError, ValueError, RuntimeError) as e:
         print(f"nvgemm plan: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
@@ -112,8 +141,17 @@ def run(args) -> int:
     use_nvmmh = not args.no_nvmmh
     model_gpu = _model_gpu(target)
     rows = []
+    routing = None
+    if moe is not None:
+        routing = _routing_rows(moe, list(args.m_range) if args.m_range else args.m, model_gpu)
     for layer, prob in base:
-        if args.m_range:
+        if moe is not None and layer.startswith("expert."):  # each expert GEMM sees its routed tokens only
+            items = []
+            for r in routing:
+                pm = prob.with_m(r["expert_gemm_m"])
+                items.append((f"{r['m']} ({r['expert_gemm_m']}/expert)", pm,
+                              candidates(pm, args.max_candidates, use_nvmmh=use_nvmmh) if problem_status(pm) else []))
+        elif args.m_range:
             per = bucket_candidates(prob.with_m_range(*args.m_range), args.max_candidates, use_nvmmh=use_nvmmh)
             items = [(f"{lo}..{hi}", prob.with_m_range(lo, hi), cands) for (lo, hi), cands in per]
             if not items:
@@ -144,13 +182,22 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"title": title, "target": target.__dict__, "format": fmt, "nvmmh": lib,
                           "model_gpu": model_gpu, "model_note": "model_us: CPU performance model, not a measurement",
-                          "rows": rows}, indent=1))
+                          "moe_routing": routing, "rows": rows}, indent=1))
         return 0
     print(f"nvgemm plan: {title}")
     print(f"target {target.gpu or '?'} {target.arch} {target.sm_count} SMs, {fmt}, out {args.out_dtype}, "
           f"nvMatmulHeuristics {lib}, cap {args.max_candidates}")
     print(f"time: nvMatmulHeuristics' estimate (nvMMH), else nvgemm's CPU performance model on "
           f"{model_gpu or 'no modelled GPU'} (model: a low-high range per call, not a measurement)")
+    if routing is not None:
+        print(f"\nrouting ({moe.num_experts} experts, top-{moe.top_k}, uniform): weight MB = active experts"
+              f"{' + shared' if moe.shared_intermediate else ''} (NVFP4); floor = MB / achievable bandwidth of "
+              f"{model_gpu or '?'} (model, not a measurement)")
+        print(f"  {'M':>5} {'active':>8} {'tokens/active expert':>21} {'weight MB':>10} {'floor us':>9}")
+        for r in routing:
+            fl = "-" if r["model_floor_us"] is None else f"{r['model_floor_us']:.1f}"
+            print(f"  {r['m']:>5} {r['active_experts']:>8.1f} {r['tokens_per_active_expert']:>21.2f} "
+                  f"{r['weight_mb']:>10.1f} {fl:>9}")
     for r in rows:
         print(f"\n[{r['layer']}] M={r['m']} N={r['n']} K={r['k']}")
         if r["status"] != "ok":

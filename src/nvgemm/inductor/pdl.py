@@ -20,9 +20,13 @@ Every other Triton kernel is unaffected: ``triton.enable_pdl`` stays off and PyT
 conditions (single-launch kernel, same stream, a real data dependency on the producer's output,
 ``nvgemm_pdl != "0"``, sm_90+) still apply. :func:`uninstall` restores the originals.
 
-Correctness does not depend on the producer triggering early: ``griddepcontrol.wait`` returns
-once the preceding grid has completed or triggered, so a consumer launched with PDL after a
-producer that never calls ``launch_dependents`` merely gains nothing.
+Correctness does not depend on when the producer triggers: per the PTX ISA, ``griddepcontrol.wait``
+waits until all prerequisite grids in flight have *completed* and all their memory operations are
+performed and made visible to the current grid. ``launch_dependents`` only lets the dependent grid
+be *scheduled* early (once every CTA of the producer has executed it or exited); it never releases
+a ``wait``. A consumer launched with PDL after a producer that never calls ``launch_dependents``
+merely starts later (when the producer completes), and what the consumer does before its ``wait``
+must not read the producer's output.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ Understood layouts:
   * compressed-tensors ``nvfp4-pack-quantized``: ``weight_packed``, ``weight_scale``,
     ``weight_global_scale`` and ``input_global_scale`` are *divisors*; they are converted to
     ModelOpt's multipliers as ``1 / divisor`` in fp32 (one rounding, <= 0.5 ulp relative).
+  * MoE layers (``nvgemm.modelopt.moe``): transformers 5 fused experts and Llama-4 BMM experts become
+    ``NVFP4Experts`` (per-expert or stacked checkpoint tensors, per-expert scales kept exact); routers
+    stay unquantized; shared experts and dense MLPs are ordinary ``NVFP4Linear`` layers.
   * Already-swizzled 1-D scales (TensorRT-LLM style) whose size is exactly the 128x4 layout's are
     un-swizzled with the exact inverse, and the conversion is logged; any other 1-D size is refused.
 
@@ -30,7 +33,10 @@ import torch
 from torch import nn
 
 from ..formats import NVFP4, blocked_numel, from_blocked
-from ..linear import NVFP4Linear
+from ..linear import NVFP4Linear, prepare_for_sm90
+from ..moe import NVFP4Experts
+from ..prepared import one_copy_wanted
+from .moe import ckpt_name, replace_moe_layers
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -118,6 +124,11 @@ def _modelopt_config(algo, group_size, exclude, quantized_layers, where) -> Quan
                               "and MIXED_PRECISION maps of them")
     if group_size != 16:
         raise CheckpointError(f"{where}: group_size {group_size} != 16; NVFP4 uses 16-element blocks")
+    garbled = [p for p in exclude if "\x00" in p]
+    if garbled:  # ModelOpt 0.47 on NemotronH writes "lm_head.\x00backbone.pt_name_sentinel": the name is before NUL
+        log.warning("nvgemm_cutedsl: %s: exclude_modules %s hold a NUL-separated suffix (a ModelOpt export artifact); "
+                    "using the module names before it", where, garbled)
+        exclude = [p.split("\x00")[0].rstrip(".") if "\x00" in p else p for p in exclude]
     per_layer = {}
     for name, lc in quantized_layers.items():
         la = lc.get("quant_algo") if isinstance(lc, dict) else lc
@@ -151,6 +162,13 @@ class _TensorIndex:
                     raise CheckpointError(f"tensor {k} appears in both {self.where[k].name} and {f.name}")
                 self.where[k] = f
         self.used: set[str] = set()
+        self._prefixes: set[str] | None = None
+
+    def has_prefix(self, prefix: str) -> bool:
+        """Whether some tensor is named ``prefix.<...>``."""
+        if self._prefixes is None:
+            self._prefixes = {k[:i] for k in self.where for i in range(len(k)) if k[i] == "."}
+        return prefix in self._prefixes
 
     def __contains__(self, key: str) -> bool:
         return key in self.where
@@ -233,12 +251,18 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
 
 
 def load_modelopt_checkpoint(
-    ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+    ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, *,
+    sm90_one_copy: bool | None = None,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
     Non-quantized weights (embeddings, norms, ``lm_head``) keep the checkpoint's values cast to
     ``dtype``. Raises ``CheckpointError`` for anything it cannot load exactly.
+
+    On an sm_90 GPU the layers the sm90 kernels will serve are then held once, in the kernels'
+    layout (:func:`nvgemm.linear.prepare_for_sm90`; one log line per layer and a total);
+    ``sm90_one_copy=False`` (or ``NVGEMM_SM90_ONE_COPY=0`` when not given) keeps the checkpoint
+    layout, and the kernels' prepared copy beside it at the first call.
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -252,17 +276,19 @@ def load_modelopt_checkpoint(
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     idx = _TensorIndex(ckpt)
 
+    moe_layers, routers = replace_moe_layers(model, idx, qcfg, load_nvfp4_linear, CheckpointError)
     replaced = []
     for name, mod in list(model.named_modules()):
-        if not isinstance(mod, nn.Linear):
+        if not isinstance(mod, nn.Linear) or name in routers:  # MoE routers stay unquantized
             continue
-        algo = qcfg.algo_for(name)
+        ck = ckpt_name(idx, name)
+        algo = qcfg.algo_for(ck)  # the config names checkpoint modules
         if algo is None:
             continue
-        if f"{name}.weight_scale" not in idx:
-            raise CheckpointError(f"missing tensor {name}.weight_scale (the quantization config makes layer "
+        if f"{ck}.weight_scale" not in idx:
+            raise CheckpointError(f"missing tensor {ck}.weight_scale (the quantization config makes layer "
                                   f"{name} {algo}; is exclude_modules complete?)")
-        new = load_nvfp4_linear(idx, name, mod, algo, qcfg).to(device)
+        new = load_nvfp4_linear(idx, ck, mod, algo, qcfg).to(device)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
         replaced.append(name)
@@ -274,14 +300,15 @@ def load_modelopt_checkpoint(
     for key, ref in expected.items():
         if key not in persistent:
             continue  # non-persistent buffers (rotary tables) were built for real by the config
-        if key not in idx:
+        ck = ckpt_name(idx, key)
+        if ck not in idx:
             continue
-        t = idx.get(key)
+        t = idx.get(ck)
         if tuple(t.shape) != tuple(ref.shape):
             raise CheckpointError(f"tensor {key}: shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
         if t.dtype == torch.uint8 or t.dtype == torch.float8_e4m3fn:
             raise CheckpointError(f"tensor {key}: quantized dtype {t.dtype} for a layer nvgemm treats as unquantized")
-        state[key] = t.to(dtype) if t.is_floating_point() else t
+        state[key] = t.to(ref.dtype) if t.is_floating_point() else t  # the model's dtype (fp32 routers stay fp32)
     model.load_state_dict(state, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False) or getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
@@ -295,14 +322,18 @@ def load_modelopt_checkpoint(
                               "; nvgemm does not know what to do with it")
     model.to(device)
     model.eval()
+    kind = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    if kind is not None and one_copy_wanted(sm90_one_copy):
+        prepare_for_sm90(model, kind, log=log)  # layer by layer: one layer's two copies at a time
     model.nvgemm_quant_config = qcfg
     model.nvgemm_quantized_layers = replaced
+    model.nvgemm_moe_layers = moe_layers
     return model
 
 
 def _is_nvfp4_buffer(model: nn.Module, key: str) -> bool:
     parent, _, _ = key.rpartition(".")
     try:
-        return isinstance(model.get_submodule(parent), NVFP4Linear)
+        return isinstance(model.get_submodule(parent), (NVFP4Linear, NVFP4Experts))
     except AttributeError:
         return False

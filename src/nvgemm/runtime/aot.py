@@ -40,6 +40,8 @@ from nvgemm.templates.registry import (
     validate_abi,
 )
 
+from .trusted_fs import write_all
+
 AOT_ABI_VERSION = 1
 ENTRY_SYMBOLS = ("nvgemm_aot_abi_version", "nvgemm_aot_load", "nvgemm_aot_launch")
 
@@ -411,14 +413,73 @@ def _tensor_filler(a: TensorArg):
     return fill
 
 
-class AotKernel:
-    """A linked kernel library opened with ctypes; :meth:`launch` packs torch tensors per the ABI."""
+_LIB_FDS: list[int] = []  # memfds of loaded kernel libraries, open for the life of the process (see load_image)
+_LIB_LOCK = threading.Lock()
 
-    def __init__(self, so_path: str | os.PathLike, abi: tuple[AbiArg, ...], name: str = ""):
+
+def load_image(image: bytes, name: str = "kernel") -> ctypes.CDLL:
+    """``dlopen`` exactly the bytes ``image`` (RTLD_LOCAL), never a path someone could change.
+
+    The bytes go into an anonymous sealed memory file (``memfd_create``; sealed against writes,
+    growing and shrinking before the load), which is opened as ``/proc/self/fd/N``: what the
+    dynamic loader maps -- and whose constructors run -- is the image the caller verified. The
+    descriptor stays open for the life of the process: glibc identifies a loaded library by the
+    name it was opened with, so a reused ``/proc/self/fd/N`` must never name another library.
+    Without memfd (no /proc, seccomp), the bytes are written to a fresh 0700 private directory
+    and loaded from there."""
+    with _LIB_LOCK:
+        try:
+            fd = os.memfd_create(f"nvgemm-{name}"[:200], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                write_all(fd, image)
+                import fcntl
+
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+                path = f"/proc/self/fd/{fd}"
+                if os.path.exists(path):
+                    lib = ctypes.CDLL(path)
+                    _LIB_FDS.append(fd)
+                    return lib
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="nvgemm-lib-")  # 0700, ours
+        p = os.path.join(d, "kernel.so")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            write_all(fd, image)
+        finally:
+            os.close(fd)
+        try:
+            return ctypes.CDLL(p)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class AotKernel:
+    """A linked kernel library opened with ctypes; :meth:`launch` packs torch tensors per the ABI.
+
+    ``image`` is the library's bytes as the kernel cache verified them; they are loaded as they are
+    (:func:`load_image`). Without it the file at ``so_path`` is read once (not following a link)
+    and those bytes are loaded."""
+
+    def __init__(self, so_path: str | os.PathLike, abi: tuple[AbiArg, ...], name: str = "", *,
+                 image: bytes | None = None):
         self._init_packing(abi, name or Path(so_path).stem)
         self.path = str(so_path)
+        if image is None:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                image = f.read()
         preload_cudart()
-        self._lib = ctypes.CDLL(self.path)  # RTLD_LOCAL: identical shim symbol names never clash
+        self._lib = load_image(image, self.name)  # RTLD_LOCAL: identical shim symbol names never clash
         for sym in ENTRY_SYMBOLS:
             if not hasattr(self._lib, sym):
                 raise OSError(f"{self.path}: missing entry symbol {sym}")
@@ -524,6 +585,7 @@ __all__ = [
     "check_header_abi",
     "find_cudart",
     "link_shared",
+    "load_image",
     "parse_header",
     "preload_cudart",
     "tensor_layout",

@@ -149,34 +149,74 @@ def _selfcheck_inputs(problem: LinearProblem, device: torch.device):
             problem.activation, problem.out_dtype)
 
 
-def _selfcheck(backend: Backend, problem: LinearProblem) -> str | None:
-    """None if ``backend`` agrees with the emulated op on ``problem``'s shape and kind."""
+def selfcheck_device(device_type: str) -> torch.device | None:
+    """The device a first-use check runs on; None = skip it (``NVGEMM_SELFCHECK=0``, a hypothetical
+    CUDA problem planned on a GPU-less host, or a CUDA graph being captured)."""
     if os.environ.get("NVGEMM_SELFCHECK", "1") == "0":
         return None
-    if problem.device_type == "cuda":
+    if device_type == "cuda":
         if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
-            return None  # a hypothetical problem (planning on a GPU-less host), or mid-capture
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device(problem.device_type)
+            return None
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
+def checked_verdict(checked: dict, backend, problem, make_args, reference, rtol: float, label: str) -> str | None:
+    """The first-use check shared by the ops' registries: ``backend.run`` vs ``reference`` on
+    ``make_args(problem, device)``, cached in ``checked``; None if they agree within ``rtol`` (relative
+    Frobenius norm), else the reason, warned once (``label``: "backend" / "MoE backend")."""
+    device = selfcheck_device(problem.device_type)
+    if device is None:
+        return None
     key = (backend.name, problem, str(device))
-    if key in _CHECKED:
-        return _CHECKED[key]
-    emulated = _REGISTRY["emulated"]
+    if key in checked:
+        return checked[key]
     try:
-        args = _selfcheck_inputs(problem, device)
+        args = make_args(problem, device)
         got = backend.run(*args).float()
-        want = emulated.run(*args).float()
+        want = reference(*args).float()
         err = float((got - want).norm() / want.norm().clamp_min(1e-30))
-        bad = not bool(torch.isfinite(got).all()) or err > SELFCHECK_RTOL
-        verdict = f"disagrees with the emulated op (relative error {err:.3g})" if bad else None
+        bad = not bool(torch.isfinite(got).all()) or err > rtol
+        what = "op" if label == "backend" else label.replace("backend", "op")
+        verdict = f"disagrees with the emulated {what} (relative error {err:.3g})" if bad else None
     except Exception as e:  # a kernel failing to launch must not take the op down with it
         verdict = f"raised {type(e).__name__}: {e}"
-    _CHECKED[key] = verdict
+    checked[key] = verdict
     if verdict is not None:
-        warn_once(f"selfcheck-{backend.name}-{problem}",
-                  f"nvgemm_cutedsl: backend {backend.name} {verdict} on {problem}; disabled for this problem")
+        warn_once(f"selfcheck-{label}-{backend.name}-{problem}",
+                  f"nvgemm_cutedsl: {label} {backend.name} {verdict} on {problem}; disabled for this problem")
     return verdict
+
+
+def _selfcheck(backend: Backend, problem: LinearProblem) -> str | None:
+    """None if ``backend`` agrees with the emulated op on ``problem``'s shape and kind."""
+    return checked_verdict(_CHECKED, backend, problem, _selfcheck_inputs, _REGISTRY["emulated"].run, SELFCHECK_RTOL,
+                           "backend")
+
+
+def choose_backend(all_b: list, problem, forced: str, var: str, selfcheck, label: str, on_emulated) -> "Backend":
+    """Shared selection: ``forced`` (from env var ``var``) if set, else the first backend in ``all_b``
+    whose ``supports`` and (kernel backends, when ``selfcheck``) first-use check pass;
+    ``on_emulated(reasons)`` runs when the emulated backend serves a CUDA problem."""
+    if forced:
+        for b in all_b:
+            if b.name == forced:
+                reason = b.supports(problem)
+                if reason is not None:
+                    raise RuntimeError(f"{var}={forced} cannot run {problem}: {reason}")
+                return b
+        raise RuntimeError(f"{var}={forced!r} is not a registered {label}; have {[b.name for b in all_b]}")
+    reasons = []
+    for b in all_b:
+        reason = b.supports(problem)
+        if reason is None and selfcheck is not None and b.name != "emulated":
+            reason = selfcheck(b, problem)
+        if reason is None:
+            if b.name == "emulated" and problem.device_type == "cuda":
+                on_emulated(reasons)
+            return b
+        reasons.append(f"{b.name}: {reason}")
+    raise RuntimeError(f"no nvgemm {label} supports {problem}: {reasons}")
 
 
 def last_selected() -> str | None:
@@ -196,29 +236,13 @@ def _select_backend(problem: LinearProblem, check: bool = True) -> Backend:
     ``NVGEMM_BACKEND=<name>`` forces one backend (an error if it cannot run the problem).
     With ``check`` a kernel backend passes the first-use check above before it is chosen.
     """
-    forced = os.environ.get("NVGEMM_BACKEND", "").strip()
-    all_b = backends()
-    if forced:
-        for b in all_b:
-            if b.name == forced:
-                reason = b.supports(problem)
-                if reason is not None:
-                    raise RuntimeError(f"NVGEMM_BACKEND={forced} cannot run {problem}: {reason}")
-                return b
-        raise RuntimeError(f"NVGEMM_BACKEND={forced!r} is not a registered backend; have {[b.name for b in all_b]}")
-    reasons = []
-    for b in all_b:
-        reason = b.supports(problem)
-        if reason is None and check and b.name != "emulated":
-            reason = _selfcheck(b, problem)
-        if reason is None:
-            if b.name == "emulated" and problem.device_type == "cuda":
-                warn_once(
-                    f"emulated-{problem.capability}-{problem.weight_only}",
-                    f"nvgemm_cutedsl: no NVFP4 kernel for this problem on sm_{''.join(map(str, problem.capability or ()))} "
-                    f"({'; '.join(reasons) or 'no kernel backends registered'}); using the emulated path "
-                    "(dequantize + fp32 matmul), which is correct but slow",
-                )
-            return b
-        reasons.append(f"{b.name}: {reason}")
-    raise RuntimeError(f"no nvgemm backend supports {problem}: {reasons}")
+    def on_emulated(reasons):
+        warn_once(
+            f"emulated-{problem.capability}-{problem.weight_only}",
+            f"nvgemm_cutedsl: no NVFP4 kernel for this problem on sm_{''.join(map(str, problem.capability or ()))} "
+            f"({'; '.join(reasons) or 'no kernel backends registered'}); using the emulated path "
+            "(dequantize + fp32 matmul), which is correct but slow",
+        )
+
+    return choose_backend(backends(), problem, os.environ.get("NVGEMM_BACKEND", "").strip(), "NVGEMM_BACKEND",
+                          _selfcheck if check else None, "backend", on_emulated)

@@ -17,6 +17,14 @@ bit-flipped file fails its checksum: it is reported once per process (``warnings
 aside and rebuilt. An entry from another toolchain / nvgemm source version lives under another
 fingerprint id, so it is simply a miss. Warm loads never import cutlass.
 
+Trust: the entries are shared libraries loaded into the process, so every directory and file is
+opened through descriptors that refuse symlinks, other users' files and group/other-writable
+modes, and what is created is 0700 / 0600 (:mod:`.trusted_fs`). ``kernel.so`` is read once, its
+bytes are checked against ``meta.json`` and exactly those bytes are loaded
+(:func:`nvgemm.runtime.aot.load_image`): no constructor of an unverified or swapped file runs.
+The ``meta.json`` digest detects damage only; it needs no key, since only the cache's owner (or
+root) can write it.
+
 When cutlass-dsl is not installed (a serving box), lookups accept entries from any fingerprint whose
 kernel-source hash matches this nvgemm (the DSL version that built them cannot be known here, and
 the linked library does not depend on it); misses raise instead of compiling.
@@ -32,6 +40,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -43,6 +52,16 @@ from typing import Any, Iterator
 from nvgemm.templates.registry import CompileSpec, abi_from_json
 
 from .compile_spec import KEY_VERSION, compile_key, fingerprint, spec_json
+from .trusted_fs import (
+    UntrustedCacheError,
+    closing_fd,
+    create_file,
+    open_dir,
+    open_lock_file,
+    open_root,
+    read_file,
+    restrict_tree,
+)
 
 log = logging.getLogger("nvgemm_cutedsl.cache")
 
@@ -118,31 +137,76 @@ class KernelCache:
         return self.fp_dir() / self.key(spec)
 
     @contextlib.contextmanager
+    def _fp_fd(self, fid: str, *, create: bool) -> Iterator[int]:
+        """A checked descriptor of ``root/<fid>`` (see :mod:`.trusted_fs`); created 0700 when asked."""
+        with closing_fd(open_root(self.root, create=create)) as rfd:
+            with closing_fd(open_dir(rfd, fid, self.root / fid, create=create)) as fd:
+                yield fd
+
+    @contextlib.contextmanager
     def _lock(self, fid: str, key: str) -> Iterator[None]:
-        d = self.fp_dir(fid)
-        d.mkdir(parents=True, exist_ok=True)
-        with open(d / f"{key}.lock", "a+") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        with self._fp_fd(fid, create=True) as dfd:
+            fd = open_lock_file(dfd, f"{key}.lock", self.fp_dir(fid) / f"{key}.lock")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def _write_fingerprint(self) -> None:
-        p = self.fp_dir() / "fingerprint.json"
-        if not p.exists():
-            tmp = p.with_name(f".fingerprint.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(self.fingerprint_info, indent=1, sort_keys=True))
-            os.replace(tmp, p)
+        with self._fp_fd(self.fid, create=True) as dfd:
+            try:
+                os.stat("fingerprint.json", dir_fd=dfd, follow_symlinks=False)
+                return
+            except FileNotFoundError:
+                pass
+            tmp = f".fingerprint.{os.getpid()}.{threading.get_ident()}.tmp"
+            create_file(dfd, tmp, json.dumps(self.fingerprint_info, indent=1, sort_keys=True).encode())
+            os.replace(tmp, "fingerprint.json", src_dir_fd=dfd, dst_dir_fd=dfd)
 
     # ---- verification --------------------------------------------------------------------
     def read_entry(self, d: Path, key: str, fid: str, *, full: bool = False) -> dict:
-        """Metadata of a published entry; CacheMiss if absent or from another version, CorruptEntry if damaged."""
-        mp = d / "meta.json"
+        """Metadata of a published entry ``d`` (= ``root/<fid>/<key>``); CacheMiss if absent or from
+        another version, CorruptEntry if damaged, UntrustedCacheError if not safe to load from."""
+        return self._verified(Path(d), key, fid, ENTRY_FILES if full else ("kernel.so",))[0]
+
+    def _verified(self, d: Path, key: str, fid: str, names: tuple[str, ...]) -> tuple[dict, dict[str, bytes]]:
+        """(payload, {name: bytes}) of an entry whose files ``names`` were read once through checked
+        descriptors and matched ``meta.json``: the returned bytes are the verified bytes."""
+        if d != self.fp_dir(fid) / key:
+            raise ValueError(f"{d} is not the entry {key} of {self.fp_dir(fid)}")
         try:
-            raw = mp.read_bytes()
+            with self._fp_fd(fid, create=False) as ffd, closing_fd(open_dir(ffd, key, d)) as dfd:
+                try:
+                    raw = read_file(dfd, "meta.json", d / "meta.json", limit=1 << 24)
+                except ValueError as e:
+                    raise CorruptEntry(str(e)) from None
+                payload = self._check_meta(raw, key, fid)
+                blobs = {}
+                for name in names:
+                    want = payload["files"].get(name)
+                    if want is None:
+                        raise CorruptEntry(f"{name} not recorded in meta.json")
+                    try:
+                        data = read_file(dfd, name, d / name, limit=want["size"])
+                    except FileNotFoundError:
+                        raise CorruptEntry(f"{name} missing") from None
+                    except ValueError as e:  # larger than recorded: not read any further
+                        raise CorruptEntry(str(e)) from None
+                    if len(data) != want["size"]:
+                        raise CorruptEntry(f"{name} size {len(data)} != recorded {want['size']} (truncated?)")
+                    if hashlib.sha256(data).hexdigest() != want["sha256"]:
+                        raise CorruptEntry(f"{name} checksum mismatch")
+                    blobs[name] = data
         except FileNotFoundError:
             raise CacheMiss(key) from None
+        return payload, blobs
+
+    @staticmethod
+    def _check_meta(raw: bytes, key: str, fid: str) -> dict:
         try:
             doc = json.loads(raw)
             payload, digest = doc["payload"], doc["sha256"]
@@ -156,24 +220,13 @@ class KernelCache:
 
         if payload.get("abi_version") != AOT_ABI_VERSION:
             raise CacheMiss(f"{key}: AOT ABI version {payload.get('abi_version')} != {AOT_ABI_VERSION}")
-        for name in ENTRY_FILES if full else ("kernel.so",):
-            fp = d / name
-            want = payload["files"].get(name)
-            try:
-                size = fp.stat().st_size
-            except FileNotFoundError:
-                raise CorruptEntry(f"{name} missing") from None
-            if want is None or size != want["size"]:
-                raise CorruptEntry(f"{name} size {size} != recorded {want and want['size']} (truncated?)")
-            if _sha256_file(fp) != want["sha256"]:
-                raise CorruptEntry(f"{name} checksum mismatch")
         return payload
 
-    def _report_corrupt(self, key: str, d: Path, why: str) -> None:
+    def _report_corrupt(self, key: str, d: Path, why: str, action: str = "rebuilding it") -> None:
         self.stats["corrupt"] += 1
         if str(d) not in _REPORTED:  # once per entry per process, however many caches point at it
             _REPORTED.add(str(d))
-            msg = f"nvgemm_cutedsl: corrupt kernel cache entry {d}: {why}; rebuilding it"
+            msg = f"nvgemm_cutedsl: corrupt kernel cache entry {d}: {why}; {action}"
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
@@ -191,35 +244,55 @@ class KernelCache:
             return [self.fid]
         # No DSL here: accept any fingerprint built from these kernel sources (newest first).
         out = [self.fid]
-        if self.root.is_dir():
-            cands = []
-            for p in self.root.glob("*/fingerprint.json"):
+        try:
+            rfd = open_root(self.root)
+        except FileNotFoundError:
+            return out
+        cands = []
+        with closing_fd(rfd):
+            for name in os.listdir(rfd):
+                st = os.stat(name, dir_fd=rfd, follow_symlinks=False)
+                if name == self.fid or not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    continue  # e.g. the checkout cache's README.md
                 try:
-                    info = json.loads(p.read_text())
-                except (OSError, ValueError):
+                    with closing_fd(open_dir(rfd, name, self.root / name)) as fd:
+                        raw = read_file(fd, "fingerprint.json", self.root / name / "fingerprint.json", limit=1 << 20)
+                        mtime = os.stat("fingerprint.json", dir_fd=fd, follow_symlinks=False).st_mtime
+                    info = json.loads(raw)
+                except (FileNotFoundError, ValueError):
                     continue
                 if (
-                    info.get("kernel_sources") == self.fingerprint_info["kernel_sources"]
+                    isinstance(info, dict)
+                    and info.get("kernel_sources") == self.fingerprint_info["kernel_sources"]
                     and info.get("key_version") == KEY_VERSION
-                    and p.parent.name != self.fid
                 ):
-                    cands.append((p.stat().st_mtime, p.parent.name))
-            out += [f for _, f in sorted(cands, reverse=True)]
-        return out
+                    cands.append((mtime, name))
+        return out + [f for _, f in sorted(cands, reverse=True)]
 
     def lookup(self, spec: CompileSpec) -> tuple[str, Path, dict] | None:
         """(key, entry dir, meta) of a valid entry, or None. Corrupt entries are reported and removed."""
+        hit = self._lookup(spec, ("kernel.so",))
+        return None if hit is None else hit[:3]
+
+    def _lookup(self, spec: CompileSpec, names: tuple[str, ...]) -> tuple[str, Path, dict, dict[str, bytes]] | None:
         for fid in self._candidate_fids():
             key = self.key(spec, fid)
             d = self.fp_dir(fid) / key
             try:
-                return key, d, self.read_entry(d, key, fid)
+                return (key, d, *self._verified(d, key, fid, names))
             except CacheMiss:
                 continue
-            except CorruptEntry:
-                with self._lock(fid, key):
+            except CorruptEntry as e:
+                with contextlib.ExitStack() as stack:
+                    try:
+                        stack.enter_context(self._lock(fid, key))
+                    except OSError as le:  # a read-only cache (a serving image): report, cannot repair
+                        if le.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                            raise
+                        self._report_corrupt(key, d, str(e), action="the cache is read-only: not used")
+                        continue
                     try:  # re-check: another process may have rebuilt or removed it meanwhile
-                        return key, d, self.read_entry(d, key, fid)
+                        return (key, d, *self._verified(d, key, fid, names))
                     except CacheMiss:
                         continue
                     except CorruptEntry as e2:
@@ -263,6 +336,7 @@ class KernelCache:
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:16]}-", dir=self.fp_dir()))
         try:
             info = build_artifacts(spec, tmp, key)
+            restrict_tree(tmp)  # 0700 / 0600 whatever the umask or the tools that wrote the files
             files = {n: {"size": (tmp / n).stat().st_size, "sha256": _sha256_file(tmp / n)} for n in ENTRY_FILES}
             payload = {
                 "key_version": KEY_VERSION,
@@ -274,11 +348,8 @@ class KernelCache:
                 **info,
             }
             doc = {"payload": payload, "sha256": _meta_digest(payload)}
-            with open(tmp / "meta.json", "w") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o755)
+            with closing_fd(os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)) as tfd:
+                create_file(tfd, "meta.json", json.dumps(doc, indent=1, sort_keys=True).encode())
             try:
                 os.rename(tmp, d)
             except OSError as e:
@@ -303,7 +374,7 @@ class KernelCache:
         if k is not None:
             self._by_spec[spec] = k
             return k
-        hit = self.lookup(spec)
+        hit = self._lookup(spec, ("kernel.so",))
         if hit is None:
             if not build:
                 self.stats["miss"] += 1
@@ -311,9 +382,11 @@ class KernelCache:
             r = self.ensure(spec)
             if r.status == "failed":
                 raise RuntimeError(f"nvgemm_cutedsl: no kernel for {spec.name()}: {r.error}")
-            hit = (r.key, r.path, r.meta)
-        _, d, meta = hit
-        kern = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=meta.get("kernel_name", ""))
+            hit = (r.key, r.path, *self._verified(r.path, r.key, r.path.parent.name, ("kernel.so",)))
+        _, d, meta, blobs = hit
+        # load exactly the bytes that were just verified (never the path again: it could change)
+        kern = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=meta.get("kernel_name", ""),
+                         image=blobs["kernel.so"])
         self.stats["loaded"] += 1
         with self._mem_lock:
             kern = self._mem.setdefault(key, kern)
@@ -332,4 +405,5 @@ def default_cache() -> KernelCache:
     return _DEFAULT
 
 
-__all__ = ["CacheMiss", "CacheResult", "CorruptEntry", "KernelCache", "default_cache", "default_cache_dir"]
+__all__ = ["CacheMiss", "CacheResult", "CorruptEntry", "KernelCache", "UntrustedCacheError", "default_cache",
+           "default_cache_dir"]

@@ -86,11 +86,13 @@ def resolve_max_active_clusters(
 ) -> int:
     """The ``HardwareSpec.max_active_clusters`` a run-time compile spec carries.
 
-    ``0`` (= "the template's per-arch AOT value", the same key an ahead-of-time build uses) when
-    the hardware holds at least that many clusters, so precompiled kernels are found; the
-    queried number when the device holds fewer (a partitioned GPU, MPS, another SKU), so the
-    persistent grid never spills into a second wave. A failing query keeps the AOT value and
-    warns once."""
+    The driver's answer whenever it differs from the template's per-arch AOT value -- more
+    clusters (a balanced B200 holds 37 clusters of 4 where 34 are guaranteed) fill the SMs the
+    guaranteed count leaves idle, fewer (a partitioned GPU, MPS, another SKU) keep the persistent
+    grid from spilling into a second wave. ``0`` (= "the AOT value", the key an ahead-of-time
+    build uses) when they agree, when there is no query (ahead of time) or when the query fails
+    (warned once). Where the device-sized kernel is not in the cache and cannot be built, the
+    backend runs the precompiled AOT kernel (:func:`nvgemm.runtime.sm100_backend.kernel_for`)."""
     from ..templates.sm100.occupancy import aot_max_active_clusters
 
     aot = aot_max_active_clusters(arch, sm_count, cluster_size)
@@ -109,9 +111,7 @@ def resolve_max_active_clusters(
         return 0
     if hw < 1:
         raise RuntimeError(f"nvgemm_cutedsl: a cluster of {cluster_size} CTAs does not fit on this device")
-    if hw > aot:
-        log.debug("nvgemm_cutedsl: device holds %d clusters of %d, the AOT value is %d", hw, cluster_size, aot)
-    return 0 if hw >= aot else hw
+    return 0 if hw == aot else hw
 
 
 __all__ = ["PROBE_THREADS", "query_max_active_clusters", "resolve_max_active_clusters"]

@@ -11,6 +11,7 @@ config selection through the candidate policy, the hardware cluster-occupancy qu
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -27,8 +28,8 @@ def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str
     """The kernel cache's compile spec for one config on one device.
 
     ``occupancy_query(cluster_size) -> clusters`` (the driver query at run time; None ahead of
-    time) decides ``hw.max_active_clusters``: 0 -- the template's per-arch AOT value, i.e. the key
-    a precompiled kernel has -- unless the device holds fewer clusters than that
+    time) decides ``hw.max_active_clusters``: the device's count, or 0 -- the template's per-arch
+    AOT value, i.e. the key a precompiled kernel has -- when they agree
     (:func:`nvgemm.runtime.occupancy.resolve_max_active_clusters`)."""
     from ..templates.registry import HardwareSpec
     from .compile_spec import make_spec
@@ -37,6 +38,35 @@ def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str
     mac = resolve_max_active_clusters(arch, sm_count, config.cluster_m * config.cluster_n, occupancy_query)
     return make_spec(TEMPLATE_ID, config, arch, epilogue=spec,
                      hw=HardwareSpec(sm_count=sm_count, max_active_clusters=mac))
+
+
+_AOT_FALLBACK_WARNED: set = set()
+
+
+def kernel_for(cspec, cache=None):
+    """The loaded kernel of ``cspec``; a device-sized spec (``hw.max_active_clusters`` set) that
+    is not in the cache and cannot be built here (no cutlass-dsl) runs the precompiled AOT kernel
+    instead, with one warning per spec (correct either way; the grid is then sized by the
+    guaranteed count)."""
+    import dataclasses
+
+    from . import cache as cache_mod
+
+    cache = cache or cache_mod.default_cache()
+    if not cspec.hw.max_active_clusters:
+        return cache.get(cspec)
+    try:
+        return cache.get(cspec, build=cache_mod._dsl_available())
+    except cache_mod.CacheMiss:
+        aot = dataclasses.replace(cspec, hw=dataclasses.replace(cspec.hw, max_active_clusters=0))
+        k = cache.get(aot, build=False)
+        if cspec not in _AOT_FALLBACK_WARNED:
+            _AOT_FALLBACK_WARNED.add(cspec)
+            warnings.warn(
+                f"nvgemm_cutedsl sm100: {cspec.name()}: this device holds {cspec.hw.max_active_clusters} clusters, "
+                "the precompiled kernel's persistent grid is sized for the guaranteed count; run `nvgemm precompile` "
+                "where cutlass-dsl can build the device-sized kernel (or install it here)", RuntimeWarning, stacklevel=2)
+        return k
 
 
 def arch_of(capability: tuple[int, int]) -> str:
@@ -97,7 +127,6 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
     ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
     """
     from ..ops import check_linear_args
-    from .cache import default_cache
     from .occupancy import query_max_active_clusters
 
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
@@ -113,7 +142,7 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
                               stream_id=stream.cuda_stream)
     cspec = compile_spec_for(config, spec, arch_of(cap), props.multi_processor_count,
                              functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
-    kernel = default_cache().get(cspec)
+    kernel = kernel_for(cspec)
     launch_sm100(args, kernel, stream)
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 

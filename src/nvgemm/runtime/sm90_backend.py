@@ -118,22 +118,30 @@ def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residua
                   f"{spec.out_dtype}; this call uses the emulated op")
         return nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
                                      activation, out_dtype)
+    prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
+    return run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
+
+
+def run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype, config=None):
+    """The kernel on an already prepared weight (:class:`~nvgemm.templates.sm90.operand.Sm90Weight`);
+    the caller has validated the call (residual in the output dtype, x of the prepared kind)."""
     props = torch.cuda.get_device_properties(x.device)
-    n, k = weight.shape[0], weight.shape[1] * 2
+    n, k = prepared.n, prepared.k
     m = x.numel() // k
     if config is None:
         config = pick_config(m, n, k, x.dtype, activation, props.multi_processor_count)
     elif isinstance(config, str):
         config = config_from_name(config)
-    prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
-    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
+    stream = torch.cuda.current_stream(x.device)
+    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config,
+                             stream_id=stream.cuda_stream)
     kernel = _kernel_for(config, args.spec, x.dtype, props.multi_processor_count)
-    launch_sm90(args, kernel, torch.cuda.current_stream(x.device))
+    launch_sm90(args, kernel, stream)
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm90)
 register_backend(BACKEND)
 
-__all__ = ["ARCH", "BACKEND", "compile_spec_for", "default_config", "pick_config", "run_sm90", "supports",
-           "template_id_of"]
+__all__ = ["ARCH", "BACKEND", "compile_spec_for", "default_config", "pick_config", "run_prepared", "run_sm90",
+           "supports", "template_id_of"]

@@ -41,6 +41,7 @@ class Gemm:
     weight_scale: torch.Tensor  # 1-D 128x4-swizzled e4m3 of rows [start, stop)
     weight_scale_2: torch.Tensor  # fp32 () or (stop - start,)
     input_scale: torch.Tensor | None  # fp32 () ; None = weight-only (W4A16)
+    tiles: tuple[int, int] | None = None  # held once (:func:`hold_sm90`): row tiles of the sm90 layout; no weight_scale
 
     @property
     def alpha(self) -> str:
@@ -107,15 +108,86 @@ def plan_gemms(
     return gemms
 
 
-def run_gemms(x: torch.Tensor, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None) -> torch.Tensor:
-    """The layer's output: one ``nvgemm::nvfp4_linear`` per GEMM, concatenated along N."""
+def run_gemms(x: torch.Tensor, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None,
+              sm90: "Sm90Held | None" = None) -> torch.Tensor:
+    """The layer's output: one ``nvgemm::nvfp4_linear`` per GEMM, concatenated along N
+    (``nvgemm::nvfp4_linear_sm90_prepared`` on GEMM ``g``'s tiles when ``weight`` is held in the
+    sm90 layout, ``sm90`` from :func:`hold_sm90`)."""
     outs = []
     for g in gemms:
+        b = None if bias is None else (bias if (g.start == 0 and g.stop == bias.shape[0]) else bias[g.start:g.stop])
+        if sm90 is not None:
+            t0, t1 = g.tiles
+            whole = t0 == 0 and t1 == weight.shape[0]
+            pw, ps = (weight, sm90.scale) if whole else (weight[t0:t1], sm90.scale[t0:t1])
+            outs.append(torch.ops.nvgemm.nvfp4_linear_sm90_prepared(
+                x, pw, ps, g.weight_scale_2, g.input_scale, b, None, "none", None, g.stop - g.start, sm90.k, sm90.kind))
+            continue
         w = weight if (g.start == 0 and g.stop == weight.shape[0]) else weight[g.start:g.stop]
-        b = None if bias is None else (bias if w is weight else bias[g.start:g.stop])
         outs.append(torch.ops.nvgemm.nvfp4_linear(x, w, g.weight_scale, g.weight_scale_2, g.input_scale, b,
                                                   None, "none", None))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+# ------------------------------------------------------------------------- one copy on Hopper
+
+
+@dataclass
+class Sm90Held:
+    """A layer whose weight is held once, in the sm90 kernels' layout: every GEMM's prepared rows
+    stacked along 16-row tiles (GEMM ``g`` reads tiles ``g.tiles`` of the weight and of ``scale``)."""
+
+    scale: torch.Tensor  # uint8 [tiles, chunks * 64]
+    kind: str  # "bf16" | "fp16": the activation dtype the layout decodes to
+    k: int
+
+
+def sm90_serve_reason(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
+                      m_values: Iterable[int]) -> str | None:
+    """None when the sm90 kernels serve every (GEMM, M) of the layer (:mod:`nvgemm.prepared`)."""
+    from ..prepared import sm90_serve_reason as serve_reason
+
+    return serve_reason(p for _, _, p in problems_of(gemms, k, device, x_dtype, bias, m_values))
+
+
+def hold_sm90(weight: torch.Tensor, gemms: Sequence[Gemm], kind: str) -> tuple[torch.Tensor, Sm90Held]:
+    """The layer's weight in the sm90 layout (one tensor, GEMM by GEMM; each GEMM's rows padded to
+    whole tiles). Sets each GEMM's ``tiles`` and drops its checkpoint-layout ``weight_scale``; the
+    caller drops ``weight``, so the layer holds one copy."""
+    from ..templates.sm90.config import CHUNK, K_ALIGN, ROW_TILE
+    from ..templates.sm90.operand import prepare_sm90_weight
+
+    k = weight.shape[1] * 2
+    chunks = -(-k // K_ALIGN) * K_ALIGN // CHUNK
+    bounds = [0]
+    for g in gemms:
+        bounds.append(bounds[-1] + -(-(g.stop - g.start) // ROW_TILE))
+    pw = ps = None
+    if len(gemms) > 1:  # filled GEMM by GEMM: one GEMM's prepared temporaries at a time
+        pw = torch.empty((bounds[-1], chunks * 512), dtype=torch.uint8, device=weight.device)
+        ps = torch.empty((bounds[-1], chunks * 64), dtype=torch.uint8, device=weight.device)
+    for i, g in enumerate(gemms):
+        p = prepare_sm90_weight(weight[g.start:g.stop], g.weight_scale, g.weight_scale_2, kind)
+        if pw is None:
+            pw, ps = p.weight, p.scale
+        else:
+            pw[bounds[i]:bounds[i + 1]] = p.weight
+            ps[bounds[i]:bounds[i + 1]] = p.scale
+        g.tiles, g.weight_scale = (bounds[i], bounds[i + 1]), None
+    if weight.device.type == "cuda":  # the kernels stream weights before griddepcontrol.wait (PDL)
+        torch.cuda.current_stream(weight.device).synchronize()
+    return pw, Sm90Held(ps, kind, k)
+
+
+def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: str = "checkpoint") -> str:
+    """``weight memory: <held> X MiB + nvgemm copies Y MiB`` of one layer, for its load log line
+    (the copies are what the launchers derived from it: the sm90 prepared layout, sm100's
+    interleaved gate_up; :func:`nvgemm.templates.derived.derived_nbytes`). ``held`` names the
+    layout of ``weight`` (``"sm90 layout only"`` when :func:`hold_sm90` replaced the checkpoint's)."""
+    from ..templates.derived import derived_nbytes
+
+    ckpt = weight.numel() * weight.element_size() + sum(s.numel() * s.element_size() for s in scales)
+    return f"weight memory: {held} {ckpt / 2**20:.2f} MiB + nvgemm copies {derived_nbytes(weight) / 2**20:.2f} MiB"
 
 
 # ---------------------------------------------------------------------------------------- warm-up
@@ -138,7 +210,8 @@ _WARMED: set = set()  # problems already resolved in this process (kernel compil
 
 
 def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch.Tensor | None,
-            x_dtype: torch.dtype, m_values: Sequence[int]) -> list[tuple[int, object, str]]:
+            x_dtype: torch.dtype, m_values: Sequence[int],
+            sm90: Sm90Held | None = None) -> list[tuple[int, object, str]]:
     """Resolve every kernel the layer will use for the token counts ``m_values``, now.
 
     For each (GEMM, M): the runtime selects its backend, which on a GPU runs the first-use check
@@ -151,7 +224,7 @@ def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch
     from ..runtime.backends import select_backend
 
     device = weight.device
-    k = weight.shape[1] * 2
+    k = weight.shape[1] * 2 if sm90 is None else sm90.k
     chosen = []
     ran_layer = False
     for gi, g, p in problems_of(gemms, k, device, x_dtype, bias is not None, m_values):
@@ -163,7 +236,7 @@ def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch
         if key in _WARMED and ran_layer:
             continue
         x = torch.zeros((p.m, k), dtype=x_dtype, device=device)
-        run_gemms(x, weight, [g], None if bias is None else bias)
+        run_gemms(x, weight, [g], None if bias is None else bias, sm90)
         _WARMED.add(key)
         ran_layer = True
     if device.type == "cuda":

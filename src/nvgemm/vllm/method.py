@@ -10,7 +10,10 @@
 * ``process_weights_after_loading`` keeps each shard's scales (:func:`nvgemm.vllm.layer.plan_gemms`:
   scalar alpha when shards agree, per-column alpha or separate GEMMs when they do not), swizzles
   the block scales once, warms up every kernel the layer will use (before vLLM captures CUDA
-  graphs) and logs once which backend serves the layer and why a faster one does not.
+  graphs) and logs once which backend serves the layer and why a faster one does not. On Hopper,
+  when the sm90 kernels serve every (GEMM, M), the weight is replaced by their layout first
+  (:func:`nvgemm.vllm.layer.hold_sm90`: one copy on the GPU; ``NVGEMM_SM90_ONE_COPY=0`` keeps the
+  checkpoint layout and the kernels' copy beside it); the log line states the bytes held.
 * ``apply`` is one ``nvfp4_linear`` per GEMM: traceable by torch.compile (the op has a fake
   implementation) and free of allocations other than the op's own output.
 
@@ -28,7 +31,9 @@ from pathlib import Path
 import torch
 
 from . import _compat
-from .layer import describe_choices, plan_gemms, run_gemms, warm_up
+from ..prepared import one_copy_wanted
+from ..templates.sm90.operand import kind_of
+from .layer import describe_choices, hold_sm90, plan_gemms, run_gemms, sm90_serve_reason, warm_up, weight_memory
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -88,6 +93,7 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
         self.weight_only = weight_only
         self.prefix = prefix
         self.gemms = []
+        self.sm90 = None  # layer.Sm90Held when the weight is held once, in the sm90 layout
         self.dump_dir = os.environ.get(DUMP_ENV) or None
 
     def create_weights(self, layer, input_size_per_partition: int, output_partition_sizes: list[int],
@@ -128,20 +134,29 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
                                 layer.logical_widths, self.prefix)
         for name in ("weight_scale", "weight_scale_2", "input_scale"):
             delattr(layer, name)
-        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-        for i, g in enumerate(self.gemms):  # visible in named_buffers(), moved with the module
-            layer.register_buffer(f"nvgemm_weight_scale_{i}", g.weight_scale, persistent=False)
-            layer.register_buffer(f"nvgemm_weight_scale_2_{i}", g.weight_scale_2, persistent=False)
-            if g.input_scale is not None:
-                layer.register_buffer(f"nvgemm_input_scale_{i}", g.input_scale, persistent=False)
         bias = getattr(layer, "bias", None)
         x_dtype = bias.dtype if bias is not None and bias.dtype in (torch.bfloat16, torch.float16) else \
             _model_dtype()
-        chosen = warm_up(self.prefix, weight, self.gemms, bias, x_dtype, warmup_token_counts(weight.device))
-        self._log(layer, weight, bias, x_dtype, chosen)
+        m_values = warmup_token_counts(weight.device)
+        self.sm90, why = None, "off (NVGEMM_SM90_ONE_COPY=0)"
+        if one_copy_wanted():  # Hopper: hold the weight once, in the sm90 layout, when those kernels serve it all
+            why = sm90_serve_reason(self.gemms, layer.input_size_per_partition, weight.device, x_dtype,
+                                    bias is not None, m_values)
+            if why is None:
+                weight, self.sm90 = hold_sm90(weight, self.gemms, kind_of(x_dtype))  # the checkpoint layout goes
+                layer.register_buffer("nvgemm_sm90_scale", self.sm90.scale, persistent=False)
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        for i, g in enumerate(self.gemms):  # visible in named_buffers(), moved with the module
+            if g.weight_scale is not None:
+                layer.register_buffer(f"nvgemm_weight_scale_{i}", g.weight_scale, persistent=False)
+            layer.register_buffer(f"nvgemm_weight_scale_2_{i}", g.weight_scale_2, persistent=False)
+            if g.input_scale is not None:
+                layer.register_buffer(f"nvgemm_input_scale_{i}", g.input_scale, persistent=False)
+        chosen = warm_up(self.prefix, weight, self.gemms, bias, x_dtype, m_values, self.sm90)
+        self._log(layer, weight, bias, x_dtype, chosen, why)
 
-    def _log(self, layer, weight, bias, x_dtype, chosen) -> None:
-        k = weight.shape[1] * 2
+    def _log(self, layer, weight, bias, x_dtype, chosen, sm90_why=None) -> None:
+        k = layer.input_size_per_partition
         kinds = ", ".join(f"N={g.stop - g.start} alpha {'per-column' if g.alpha == 'vector' else 'scalar'}"
                           + ("" if g.input_scale is None else f" input_scale {float(g.input_scale):.4g}")
                           for g in self.gemms)
@@ -154,13 +169,18 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
             if passed:
                 fallbacks.append(f"{name} because " + "; ".join(passed))
         config = _configs(first)
-        log.info("nvgemm_cutedsl: vLLM layer %s (%s, K=%d, shards %s, %d GEMM%s: %s) served by %s%s%s",
+        memory = weight_memory(weight, [self.sm90.scale] if self.sm90 else [g.weight_scale for g in self.gemms],
+                               "sm90 layout only" if self.sm90 else "checkpoint")
+        if self.sm90 is None and sm90_why and _hopper(weight.device):
+            memory += f" (not held once in the sm90 layout: {sm90_why})"
+        log.info("nvgemm_cutedsl: vLLM layer %s (%s, K=%d, shards %s, %d GEMM%s: %s) served by %s%s%s; %s",
                  self.prefix, "W4A16" if self.weight_only else "W4A4", k, list(layer.logical_widths),
                  len(self.gemms), "" if len(self.gemms) == 1 else "s", kinds, describe_choices(chosen),
-                 f"; configs {config}" if config else "", f"; fallback: {' | '.join(fallbacks)}" if fallbacks else "")
+                 f"; configs {config}" if config else "", f"; fallback: {' | '.join(fallbacks)}" if fallbacks else "",
+                 memory)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        out = run_gemms(x, layer.weight, self.gemms, bias)
+        out = run_gemms(x, layer.weight, self.gemms, bias, self.sm90)
         if self.dump_dir is not None and not torch.compiler.is_compiling():
             self._dump(layer, x, bias, out)
         return out
@@ -173,6 +193,10 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
                     "x": x.detach().cpu(), "bias": None if bias is None else bias.detach().cpu(),
                     "out": out.detach().cpu()},
                    d / f"{self.prefix}.rank{rank}.pid{os.getpid()}.{next(_DUMP_COUNTER)}.pt")
+
+
+def _hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def _model_dtype() -> torch.dtype:

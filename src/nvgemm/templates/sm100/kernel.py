@@ -35,6 +35,12 @@ PDL (``config.pdl``)
     reading alpha, bias, residual, the split-K workspace or writing the output. Every warp
     executes ``griddepcontrol.launch_dependents`` when its part of the main loop is done
     (TMA: last load issued; MMA: last MMA issued; epilogue: last accumulator read from TMEM).
+    Per the PTX ISA only the first execution in a CTA counts (repeated ones have no further
+    effect), so a CTA signals when its *earliest* warp gets there -- in practice the TMA warp
+    after its last load; the dependent grid may then be scheduled once every CTA has signalled or
+    exited. That is only a scheduling hint: the dependent's ``griddepcontrol.wait`` still waits
+    for this grid to complete and its memory operations to be visible, so the output written
+    after the signal is safe.
 
 Swap-AB (``config.swap_ab``)
     the kernel itself is operand-agnostic: the host passes A = weight [N, K/2], B = activations

@@ -18,8 +18,8 @@ kernel's math expressed on the prepared arguments):
   zero at launch (the kernel resets them), from :class:`SplitKWorkspaces` -- safe under CUDA
   graph capture (see there);
 * silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
-  interleaved copy of a weight is made once and cached (keyed by the weight's storage and
-  version), which costs one extra copy of each gate_up weight in device memory. A loader
+  interleaved copy of a weight is made once and cached (keyed by the weight's storage, offset and
+  version: :mod:`nvgemm.templates.derived`), which costs one extra copy of each gate_up weight in device memory. A loader
   that stores gate_up pre-interleaved would avoid that copy (not done).
 
 The problem-level limits are the template's own rule
@@ -30,15 +30,15 @@ in :mod:`nvgemm.runtime.sm100_backend`.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from ...epilogues.spec import EpilogueSpec
 from ...formats import NVFP4, blocked_numel
+from ..derived import DerivedCache
+from ..workspace import WORKSPACES, SplitKWorkspaces, is_capturing as _is_capturing  # noqa: F401
 from .config import Sm100Nvfp4GemmConfig
 from .validity import can_implement_problem
 
@@ -86,81 +86,6 @@ def splitk_workspace_shape(m: int, n: int, config: Sm100Nvfp4GemmConfig) -> tupl
     return tiles * config.split_k * config.tile_n * CTA_TILE_M, tiles
 
 
-def _is_capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-class SplitKWorkspaces:
-    """Split-K workspace + zeroed counters per (device, stream), safe under CUDA graphs.
-
-    A captured graph keeps the raw device pointers of every workspace it launched with, so no
-    buffer handed out here is ever freed or handed to anything that could use it concurrently:
-
-    * eager calls share one current pair per (device, stream) (launches on one stream are
-      ordered, and the kernel leaves every counter at 0). When a call needs more, a new pair of
-      at least twice the size is allocated (counters zeroed) and the old pair is **retired but
-      kept alive** for the life of the process (or until :meth:`release_retired`), since a graph
-      captured earlier may still replay onto it;
-    * a call made while its stream is being captured uses the current pair if it is large
-      enough (its counters are already zero). Otherwise it gets a pair of its own, allocated in
-      the capture (the counters' zeroing is recorded into the graph, so every replay re-zeroes
-      them); that pair is kept alive and never given to any other call.
-
-    A graph must replay on the stream it was captured on (or be ordered with that stream's
-    other launches); two concurrent launches that share a pair would race on its counters.
-    """
-
-    def __init__(self, capturing: Callable[[], bool] = _is_capturing, growth: float = 2.0):
-        self._capturing = capturing
-        self._growth = growth
-        self._lock = threading.Lock()
-        self._current: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._captured: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    @staticmethod
-    def _alloc(device, ws_numel: int, n_cnt: int):
-        return (torch.empty(ws_numel, dtype=torch.float32, device=device),
-                torch.zeros(n_cnt, dtype=torch.int32, device=device))
-
-    def get(self, device: torch.device, ws_numel: int, n_cnt: int, stream_id: int = 0):
-        """(workspace, counters) with at least ``ws_numel`` / ``n_cnt`` elements."""
-        key = (str(device), stream_id)
-        with self._lock:
-            cur = self._current.get(key)
-            fits = cur is not None and cur[0].numel() >= ws_numel and cur[1].numel() >= n_cnt
-            if fits:
-                return cur
-            if self._capturing():
-                pair = self._alloc(device, ws_numel, n_cnt)
-                self._captured.append(pair)
-                return pair
-            if cur is not None:
-                self._retired.append(cur)
-                ws_numel = max(ws_numel, int(cur[0].numel() * self._growth))
-                n_cnt = max(n_cnt, int(cur[1].numel() * self._growth))
-            pair = self._alloc(device, ws_numel, n_cnt)
-            self._current[key] = pair
-            return pair
-
-    def release_retired(self) -> int:
-        """Free the retired and capture-private pairs (only when no graph that may have used
-        them can replay any more); returns how many pairs were dropped."""
-        with self._lock:
-            n = len(self._retired) + len(self._captured)
-            self._retired.clear()
-            self._captured.clear()
-            return n
-
-    def held_bytes(self) -> int:
-        with self._lock:
-            pairs = list(self._current.values()) + self._retired + self._captured
-        return sum(w.numel() * 4 + c.numel() * 4 for w, c in pairs)
-
-
-WORKSPACES = SplitKWorkspaces()
-
-
 def splitk_buffers(device: torch.device, m: int, n: int, config: Sm100Nvfp4GemmConfig, stream_id: int = 0):
     """Workspace + zeroed counters for MMA problem (m, n) from the process-wide pool."""
     ws_numel, n_cnt = splitk_workspace_shape(m, n, config)
@@ -176,33 +101,28 @@ def gate_up_permutation(n: int, device=None) -> torch.Tensor:
     return torch.stack([idx, idx + h], dim=1).reshape(-1)
 
 
-_GATED_LOCK = threading.Lock()
-_GATED_CACHE: dict[tuple, tuple] = {}
+GATED = DerivedCache()
 
 
 def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
     """(weight, swizzled weight_scale, weight_scale_2, bias) with gate/up rows interleaved.
 
-    The packed weight and its (re-swizzled) scales are cached per weight storage + version;
-    per-N vectors (weight_scale_2, bias) are permuted per call (they are small)."""
+    The packed weight and its (re-swizzled) scales are derived once per weight storage and
+    version (:mod:`nvgemm.templates.derived`: a per-call view such as ``weight_scale.view(e4m3)``
+    of a uint8 scale hits; an in-place update re-derives into the same buffers); per-N vectors
+    (weight_scale_2, bias) are permuted per call (they are small)."""
     from ...formats import from_blocked, to_blocked
 
     n, kb = weight.shape[0], weight.shape[1] * 2 // NVFP4.block_size
     perm = gate_up_permutation(n, weight.device)
-    key = (id(weight), weight._version, id(weight_scale), weight_scale._version)
-    with _GATED_LOCK:
-        hit = _GATED_CACHE.get(key)
-    # the entry must belong to these very tensor objects (ids are reused after a tensor dies)
-    if hit is None or hit[0]() is not weight or hit[1]() is not weight_scale:
-        w_i = weight[perm].contiguous()
-        s_i = to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
-        hit = (weakref.ref(weight), weakref.ref(weight_scale), w_i, s_i)
-        with _GATED_LOCK:
-            _GATED_CACHE[key] = hit
-        weakref.finalize(weight, _GATED_CACHE.pop, key, None)  # drop the copy with its source
+
+    def make():
+        return weight[perm].contiguous(), to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
+
+    w_i, s_i = GATED.get("gate_up", weight, (weight, weight_scale), make, capturing=_is_capturing())
     w2 = weight_scale_2[perm] if weight_scale_2.dim() == 1 else weight_scale_2
     b = bias[perm] if bias is not None else None
-    return hit[2], hit[3], w2, b
+    return w_i, s_i, w2, b
 
 
 def _aligned16(t: torch.Tensor) -> torch.Tensor:

@@ -7,14 +7,18 @@ Per call (``prepare_sm90_args``) the host allocates nothing but the output (and,
 quantize-dequantized activations) and launches nothing but the GEMM (and the W4A4 qdq kernel):
 
 * weights are prepared once per (weight, activation dtype) (:func:`cached_sm90_weight`, keyed by
-  identity, data pointer and version counter, dropped when the weight is freed);
+  storage, offset, shape and version counter -- a per-call view of a weight hits --, re-prepared
+  into the same buffers after an in-place update, dropped when the weight is freed; see
+  :mod:`nvgemm.templates.derived`);
 * absent bias / residual / split-K buffers are compile-time variants of the kernel, which never
   reads them: the ABI slots get tensors the call already has (alpha, the output);
 * bias in another dtype than fp32 and W4A4's ``alpha = input_scale * weight_scale_2`` are derived
   once and cached like the weights;
-* split-K partials and tile counters live in a per-device :class:`Sm90Workspace`, allocated (and
-  the counters zeroed) once, grown only outside CUDA-graph capture; the kernel leaves every
-  counter at zero, so a captured call replays without any fill.
+* split-K partials and tile counters come from the shared pool, one pair per (device, stream)
+  (:data:`nvgemm.templates.workspace.WORKSPACES`: allocated with the counters zeroed, grown by
+  retiring -- never freeing -- the old pair, bounded under CUDA-graph capture), or from an explicit
+  :class:`Sm90Workspace`; the kernel leaves every counter at zero, so a captured call replays
+  without any fill.
 
 W4A4 checkpoints on Hopper (``input_scale`` given): no FP4 tensor cores, so the kernel runs on
 ``x' = E2M1[q_x] * s_x`` (exact in bf16 / fp16), quantized with the same convention as the
@@ -25,8 +29,6 @@ emulated op and the Blackwell kernels (:mod:`nvgemm.formats`), in one Triton ker
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,36 +36,20 @@ import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
+from ..derived import DerivedCache, refill_tensors
+from ..workspace import WORKSPACES
 from .config import DECODE_UNSCALE, Sm90W4A16Config, shape_problem, validate_config
 from .operand import Sm90Weight, decode_ref, kind_of, prepare_sm90_weight
 
 # --------------------------------------------------------------------------- caches of derived tensors
 
-_DERIVED: dict[tuple, tuple[tuple, object]] = {}
-_DERIVED_LOCK = threading.Lock()
-
-
-def _key(*ts) -> tuple:
-    return tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor)
-                 else t for t in ts)
+DERIVED = DerivedCache()
 
 
 def _memo(tag: str, anchor: torch.Tensor, inputs: tuple, make):
-    """``make()`` memoized per (tag, anchor tensor identity), invalidated when any input changes and
-    dropped when the anchor is freed."""
-    slot = (tag, id(anchor))
-    key = _key(*inputs)
-    with _DERIVED_LOCK:
-        hit = _DERIVED.get(slot)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-    value = make()
-    with _DERIVED_LOCK:
-        new = slot not in _DERIVED
-        _DERIVED[slot] = (key, value)
-    if new:
-        weakref.finalize(anchor, _DERIVED.pop, slot, None)
-    return value
+    """``make()`` memoized per (tag, anchor tensor's storage/offset/shape), re-derived into the same
+    buffers when an input changes in place (:mod:`nvgemm.templates.derived`)."""
+    return DERIVED.get(tag, anchor, inputs, make, capturing=capturing(anchor.device))
 
 
 def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
@@ -74,13 +60,24 @@ def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_
     CUDA-graph capture): the PDL kernels start streaming weights *before* ``griddepcontrol.wait``,
     which is only safe for bytes no still-running predecessor kernel is writing."""
 
+    def settle() -> None:
+        if weight.device.type == "cuda":
+            torch.cuda.current_stream(weight.device).synchronize()
+
     def make() -> Sm90Weight:
         p = prepare_sm90_weight(weight, weight_scale, weight_scale_2, kind)
-        if weight.device.type == "cuda" and not capturing(weight.device):
-            torch.cuda.current_stream(weight.device).synchronize()
+        if not capturing(weight.device):
+            settle()
         return p
 
-    return _memo(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind), make)
+    def refill(old: Sm90Weight, new: Sm90Weight) -> bool:
+        done = refill_tensors(old, new)
+        if done:
+            settle()
+        return done
+
+    return DERIVED.get(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind), make,
+                       capturing=capturing(weight.device), refill=refill)
 
 
 def _fp32_on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
@@ -101,7 +98,7 @@ def _alpha(prepared: Sm90Weight, input_scale: Optional[torch.Tensor], dev: torch
 
 
 class Sm90Workspace:
-    """Split-K fp32 partials and int32 tile counters of one device (see the module docstring).
+    """An explicit split-K workspace (fp32 partials, int32 tile counters) for one stream's calls.
 
     Valid for the life of any CUDA graph that captured a call using it: it is only ever grown
     (never freed or moved while referenced by ``self``), and growing raises during capture. Calls
@@ -132,17 +129,6 @@ class Sm90Workspace:
 def capturing(device: torch.device) -> bool:
     """Whether the current stream of ``device`` is capturing a CUDA graph."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-_WORKSPACES: dict[str, Sm90Workspace] = {}
-
-
-def workspace_for(device: torch.device) -> Sm90Workspace:
-    key = str(device)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = _WORKSPACES.setdefault(key, Sm90Workspace(device))
-    return ws
 
 
 def split_k_needs(config: Sm90W4A16Config, m: int, prepared: Sm90Weight, n_out: int, gated: bool) -> tuple[int, int]:
@@ -215,6 +201,7 @@ def prepare_sm90_args(
     *,
     workspace: Optional[Sm90Workspace] = None,
     out: Optional[torch.Tensor] = None,
+    stream_id: int = 0,
 ) -> Sm90Args:
     """One ``nvfp4_linear`` call -> kernel arguments (pure torch; works on CPU for tests).
 
@@ -260,12 +247,13 @@ def prepare_sm90_args(
         r = out
     work, count = alpha, None
     need_w, need_c = split_k_needs(config, m, prepared, n_out, gated)
-    ws = workspace or (workspace_for(dev) if need_w else None)
-    if need_w:
-        ws.ensure(need_w, need_c)
-        work, count = ws.work, ws.count
+    if need_w and workspace is not None:
+        workspace.ensure(need_w, need_c)
+        work, count = workspace.work, workspace.count
+    elif need_w:  # the shared pool: one pair per (device, stream), see nvgemm.templates.workspace
+        work, count = WORKSPACES.get(dev, need_w, need_c, stream_id)
     if count is None:
-        count = ws.count if ws is not None else _int32_dummy(dev)
+        count = workspace.count if workspace is not None else _int32_dummy(dev)
     return Sm90Args(x2, prepared.weight, prepared.scale, alpha, b, r, out, work, count, spec, prepared)
 
 
@@ -314,5 +302,4 @@ __all__ = [
     "prepare_sm90_args",
     "qdq_activation",
     "split_k_needs",
-    "workspace_for",
 ]

@@ -406,6 +406,23 @@ def restore_codes(p: Sm90Weight) -> torch.Tensor:
     return c[: p.n, : p.k].to(torch.int32)
 
 
+def to_modelopt(p: Sm90Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checkpoint (ModelOpt) layout back from a prepared weight: packed E2M1 uint8 [n, k/2] and
+    the 128x4-swizzled e4m3 block scales (1-D), value-exact: ``E2M1 * s`` of every element equals
+    the original's (a negative scale comes back positive with its sign in the codes, a zero-scale
+    block as zero codes with scale 1.0: the forms :func:`prepare_sm90_weight` stored)."""
+    from nvgemm.formats import to_blocked
+
+    codes = restore_codes(p)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    nt, nc = p.n_tiles, p.n_chunks
+    # inverse of the scale permutation in prepare_sm90_weight
+    sc = p.scale.reshape(nt, nc // 4, 8, 4, 2, 2, 2).permute(0, 5, 2, 1, 4, 6, 3).reshape(p.n_pad, p.k_pad // 16)
+    enc = sc[: p.n, : p.k // NVFP4.block_size].to(torch.int32)
+    value = torch.ldexp((8 + (enc & 7)).float(), (enc >> 3) - 13)  # 2**E * (1 + f/8), E = (enc >> 3) - 10
+    return packed, to_blocked(value.to(torch.float8_e4m3fn))
+
+
 def e2m1_of(codes: torch.Tensor) -> torch.Tensor:
     return E2M1_VALUES.to(codes.device)[codes.long()]
 
@@ -425,6 +442,7 @@ __all__ = [
     "pad_rows_for",
     "prepare_sm90_weight",
     "restore_codes",
+    "to_modelopt",
     "sw128_kmajor_offset",
     "x_slot_offset",
 ]

@@ -39,14 +39,22 @@ def _bfly(v: torch.Tensor, offset: int) -> torch.Tensor:
 
 
 def requant_lanes(gate: torch.Tensor, up: torch.Tensor, input_scale: torch.Tensor, round_dtype: torch.dtype,
-                  amax_bfly=AMAX_BFLY, pair_bfly: int = PAIR_BFLY):
-    """Steps 1-4 for warps of lanes: ``gate`` / ``up`` fp32 [..., 16] (post alpha/bias), returns
-    (bytes uint8 [..., 8] in lane order 0,4,..,28, sf float8_e4m3fn [...])."""
+                  **mut):
+    """Steps 1-4 for warps whose lane ``2j`` holds ``gate[..., j]`` and lane ``2j+1`` ``up[..., j]``
+    (fp32 [..., 16], post alpha/bias); see :func:`requant_warp`."""
     lanes = torch.zeros(*gate.shape[:-1], WARP, dtype=torch.float32, device=gate.device)
     lanes[..., 0::2] = gate.float()
     lanes[..., 1::2] = up.float()
+    return requant_warp(lanes, input_scale, round_dtype, **mut)
+
+
+def requant_warp(lanes: torch.Tensor, input_scale: torch.Tensor, round_dtype: torch.dtype,
+                 amax_bfly=AMAX_BFLY, pair_bfly: int = PAIR_BFLY):
+    """Steps 1-4 on what the 32 lanes of warps hold for one register: ``lanes`` fp32 [..., 32]
+    (even lane = gate, odd lane = up). Returns (bytes uint8 [..., 8]: the bytes stored by lanes
+    0, 4, .., 28, sf float8_e4m3fn [...]: the scale stored by lane 0)."""
     up_l = _bfly(lanes, 1)
-    even = (torch.arange(WARP, device=gate.device) % 2) == 0
+    even = (torch.arange(WARP, device=lanes.device) % 2) == 0
     h = (lanes * torch.sigmoid(lanes)) * up_l
     h = torch.where(even, h.to(round_dtype).float(), torch.zeros_like(h))
     amax = h.abs()

@@ -94,3 +94,42 @@ def test_old_16x256b_atom_breaks_the_blocks():
     h = (torch.nn.functional.silu(pre[:, :64]) * pre[:, 64:]).to(torch.bfloat16)
     ref_p, ref_s = torch.ops.nvgemm.quantize_nvfp4(h, gs, True)
     assert not (torch.equal(packed, ref_p) and torch.equal(scales, ref_s.view(torch.uint8)))
+
+
+@pytest.mark.parametrize("alpha,tile_n", [("scalar", 16), ("vector", 32)])
+def test_fused_requant_kernel_compiles_without_spills(alpha, tile_n):
+    """The out_quant epilogue compiles for sm_100a: per register one e2m1x2 and one e4m3x2 conversion,
+    true divisions, 6 butterfly shuffles (gate/up pair, 4 amax steps, nibble pair), byte stores; no local
+    memory (LDL/STL) in the SASS."""
+    import re
+
+    from nvgemm.runtime import sass_tool
+    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.templates.registry import check_spec, get_template
+
+    epi = EpilogueSpec(alpha=alpha, bias=True, activation="silu_mul", out_quant=True)
+    spec = make_spec("sm100_nvfp4_gemm", C(tile_n=tile_n, swap_ab=True), "sm_100a", epilogue=epi)
+    assert check_spec(spec), check_spec(spec).reason
+    f = get_template("sm100_nvfp4_gemm").compile(spec, keep_ptx=True)
+    ptx = f.__ptx__
+    regs = min(tile_n, 32)  # epi_n registers per sub-tile; the sub-tile loop is not unrolled
+    assert ptx.count("cvt.rn.satfinite.e2m1x2.f32") == regs
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == regs
+    assert ptx.count("cvt.rn.f16x2.e4m3x2") == regs
+    assert ptx.count("shfl.sync.bfly") == 6 * regs
+    assert ptx.count("div.rn.f32") >= 2 * regs
+    assert ptx.count("st.global.b8") == 2 * regs  # one code byte, one scale byte per register (predicated)
+    if sass_tool.find_cuobjdump() is None:
+        pytest.skip("no cuobjdump for the SASS spill check")
+    sass = sass_tool.dump_sass(f)[0]
+    assert not re.search(r"\b(LDL|STL)\b", sass), "the fused requant epilogue spills to local memory"
+
+
+def test_out_quant_rejects_what_it_does_not_implement():
+    from nvgemm.templates.sm100.kernel import Sm100Nvfp4GemmKernel
+
+    with pytest.raises(ValueError, match="1-CTA swap-AB"):
+        Sm100Nvfp4GemmKernel(C(tile_n=64), EpilogueSpec(activation="silu_mul", out_quant=True), 148)
+    with pytest.raises(ValueError, match="out_quant"):
+        EpilogueSpec(activation="none", out_quant=True)
+    assert EpilogueSpec(activation="silu_mul").key() == "ascalar-b0-silu_mul-r0-bfloat16"  # old keys unchanged

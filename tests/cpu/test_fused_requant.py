@@ -143,3 +143,24 @@ def test_opcheck_and_errors():
     with pytest.raises(ValueError, match="does not match weight"):
         torch.ops.nvgemm.nvfp4_linear_prequant(p, s, torch.zeros(8, 16, dtype=torch.uint8), to_blocked(q.scale),
                                                q.global_scale, gs, None, None, torch.bfloat16)
+
+
+def test_sm100_requant_launch_arguments():
+    """The launcher's buffers for the out_quant kernel (no cutlass needed): zeroed codes and swizzled scale
+    bytes of the right sizes, alpha followed by the next layer's input_scale; clear errors otherwise."""
+    from nvgemm.epilogues import EpilogueSpec
+    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
+    from nvgemm.templates.sm100.launch import prepare_sm100_requant_args
+
+    x, w, ws, ws2, ins, b = _gate_up(5, 48, 64, torch.bfloat16, True, True)
+    gs = torch.tensor(0.125)
+    epi = EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", out_quant=True)
+    args = prepare_sm100_requant_args(x, w, ws, ws2, ins, b, gs, epi, C(tile_n=16, swap_ab=True))
+    assert args.out.shape == (5, 24) and args.out.dtype == torch.uint8 and not args.out.any()
+    assert args.residual.shape == (blocked_numel(5, 3),) and not args.residual.any()
+    assert args.alpha.shape == (97,) and float(args.alpha[-1]) == 0.125
+    assert torch.equal(args.alpha[:96], (ins * ws2)[torch.arange(96).reshape(2, 48).t().reshape(-1)])  # interleaved
+    with pytest.raises(ValueError, match="1-CTA swap-AB"):
+        prepare_sm100_requant_args(x, w, ws, ws2, ins, b, gs, epi, C(tile_n=64))
+    with pytest.raises(ValueError, match="out_input_scale"):
+        prepare_sm100_requant_args(x, w, ws, ws2, ins, b, torch.ones(2), epi, C(tile_n=16, swap_ab=True))

@@ -23,7 +23,7 @@ from nvgemm.epilogues.requant import fused_requant_reference  # noqa: E402
 from nvgemm.formats import dequantize, from_blocked, to_blocked  # noqa: E402
 from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100.launch import prepare_sm100_args  # noqa: E402
+from nvgemm.templates.sm100.launch import prepare_sm100_requant_args  # noqa: E402
 
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
 
@@ -45,9 +45,10 @@ def test_fused_requant_kernel_on_emulator(m, i, k, tmp_path, monkeypatch, seed):
     w_packed, w_scale = _exact_codes(g, 2 * i, k)  # checkpoint order [gate; up]
     bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
     one = torch.tensor(1.0)
-    gated = EpilogueSpec(alpha="scalar", bias=True, activation="silu_mul", out_dtype=torch.bfloat16)
-    args = prepare_sm100_args(torch.zeros(m, k, dtype=torch.bfloat16), w_packed, to_blocked(w_scale), one, one,
-                              bias, None, gated, config)
+    gs = torch.tensor(1.0)  # replaced below, once h is known
+    epi = EpilogueSpec(alpha="scalar", bias=True, activation="silu_mul", out_quant=True)
+    args = prepare_sm100_requant_args(torch.zeros(m, k, dtype=torch.bfloat16), w_packed, to_blocked(w_scale), one,
+                                      one, bias, gs, epi, config)
     x_packed, x_scale = _exact_codes(g, m, k)
     args.b.copy_(x_packed)
     args.sfb.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8))
@@ -62,16 +63,13 @@ def test_fused_requant_kernel_on_emulator(m, i, k, tmp_path, monkeypatch, seed):
     assert torch.equal(model_p, ref_p) and torch.equal(model_s.view(torch.uint8), ref_s.view(torch.uint8))
     assert (from_blocked(ref_s, m, i // 16).float() == 448).any()
 
-    codes = torch.zeros(m, i // 2, dtype=torch.uint8)
-    scales = torch.zeros(ref_s.numel(), dtype=torch.uint8)
-    alpha_gs = torch.stack([args.alpha.reshape(-1)[0], gs]).float().contiguous()
-    spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a",
-                     epilogue=EpilogueSpec(alpha="scalar", bias=True, activation="silu_mul", out_quant=True))
-    launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, codes, alpha_gs, args.bias, scales, 0, 0,
-                                  args.m, args.n, args.k, 0)
+    args.alpha[-1] = gs
+    spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
+    launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, args.bias,
+                                  args.residual, 0, 0, args.m, args.n, args.k, 0)
     assert launch is not None and launch.stats["warp_instructions"] > 0
-    assert torch.equal(codes, ref_p)
-    assert torch.equal(scales, ref_s.view(torch.uint8))  # incl. the zero padding rows / K blocks
+    assert torch.equal(args.out, ref_p)
+    assert torch.equal(args.residual, ref_s.view(torch.uint8))  # incl. the zero padding rows / K blocks
 
 
 def test_emulator_narrow_conversions_match_torch():

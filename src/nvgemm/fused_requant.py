@@ -14,13 +14,16 @@
 * :func:`gated_mlp`: ``down(silu_mul(gate_up(x)))`` for two :class:`~nvgemm.NVFP4Linear` layers, through
   the two ops above when both are W4A4 (one activation round trip less), else the plain chain.
 
-Backends: only the emulated one (CPU/CUDA, torch) is registered here. The sm_100a kernel epilogue
-that implements it on device is modelled lane by lane in :mod:`nvgemm.epilogues.requant`; it is not
-wired into the runtime yet (see README, Blackwell section).
+Backends: the emulated one (CPU/CUDA, torch), and with ``NVGEMM_BACKEND=emu_sm100`` on CPU tensors the
+sm_100a kernel's fused requant epilogue (``EpilogueSpec(out_quant=True)``, modelled lane by lane in
+:mod:`nvgemm.epilogues.requant`) executed by the PTX emulator. Not yet dispatched to the kernel on a GPU
+(see README, Blackwell section).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Optional
 
 import torch
@@ -73,6 +76,12 @@ def nvfp4_linear_requant(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Emulated fused gate_up GEMM + SwiGLU + NVFP4 requant (see the module docstring)."""
     spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    if os.environ.get("NVGEMM_BACKEND", "").strip() == "emu_sm100" and x.device.type == "cpu":
+        # the real sm_100a kernel (fused requant epilogue) on the PTX emulator; a correctness tool
+        from .emulator.backend import run_emu_sm100_requant
+
+        return run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                     dataclasses.replace(spec, out_quant=True))
     from .formats import quantize_activation
 
     qx, sx = quantize_activation(x, input_scale.to(x.device))

@@ -93,3 +93,29 @@ def test_emulator_narrow_conversions_match_torch():
     t = torch.tensor(every, dtype=torch.uint8).view(torch.float8_e4m3fn).double().numpy()
     v = e4m3_to_f64(every)
     assert np.array_equal(np.isnan(v), np.isnan(t)) and np.array_equal(v[~np.isnan(v)], t[~np.isnan(t)])
+
+
+@pytest.mark.emulator
+def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
+    """gate_up -> down for two NVFP4Linear layers with the gate_up GEMM run by the sm_100a kernel's fused
+    requant epilogue on the emulator (``NVGEMM_BACKEND=emu_sm100``; down on the emulated op): the output
+    equals the emulated unfused chain ``down(gate_up(x))`` bit for bit. Exact data as above, and x chosen so
+    that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j, input_scale 1)."""
+    import nvgemm
+    from nvgemm.fused_requant import gated_mlp
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(3)
+    m, i, k, h = 5, 32, 256, 64
+    w_packed, w_scale = _exact_codes(g, 2 * i, k)
+    bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
+    gu = nvgemm.NVFP4Linear.from_tensors(w_packed, w_scale, torch.tensor(1.0), torch.tensor(1.0), bias,
+                                         activation="silu_mul")
+    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h), input_scale=torch.tensor(3e6 / 2688))
+    x_packed, x_scale = _exact_codes(g, m, k)
+    x_packed.view(m, k // 16, 8)[:, :, 0] = 0x07  # element 0 of every block = +6 (code 7), element 1 = 0
+    x = dequantize(x_packed, x_scale).to(torch.bfloat16)
+    ref = gated_mlp(gu, down, x)
+    assert torch.equal(ref, down(gu(x)))
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
+    assert torch.equal(gated_mlp(gu, down, x), ref)

@@ -43,7 +43,10 @@ def test_fused_requant_kernel_on_emulator(m, i, k, tmp_path, monkeypatch, seed):
     config = C(tile_n=16, swap_ab=True)
     g = torch.Generator().manual_seed(seed)
     w_packed, w_scale = _exact_codes(g, 2 * i, k)  # checkpoint order [gate; up]
-    bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
+    # gate bias +4096, and -4096 on every 3rd feature: silu(g) = -0 there in kernel and torch alike, so h
+    # holds signed zeros inside non-zero blocks (E2M1 code 0, not 0x8 = -0, per nvgemm.formats)
+    gate_bias = torch.where(torch.arange(i) % 3 == 2, -4096.0, 4096.0)
+    bias = torch.cat([gate_bias, torch.zeros(i)]).to(torch.bfloat16)
     one = torch.tensor(1.0)
     gs = torch.tensor(1.0)  # replaced below, once h is known
     epi = EpilogueSpec(alpha="scalar", bias=True, activation="silu_mul", out_quant=True)
@@ -62,6 +65,7 @@ def test_fused_requant_kernel_on_emulator(m, i, k, tmp_path, monkeypatch, seed):
     model_p, model_s = fused_requant_reference(pre, gs, torch.bfloat16)
     assert torch.equal(model_p, ref_p) and torch.equal(model_s.view(torch.uint8), ref_s.view(torch.uint8))
     assert (from_blocked(ref_s, m, i // 16).float() == 448).any()
+    assert torch.signbit(h.float()[h == 0]).any()  # negative zeros reach the quantizer
 
     args.alpha[-1] = gs
     spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)

@@ -11,7 +11,8 @@ gated features of one token -- exactly one NVFP4 block of the down projection's 
    ``h = round_out_dtype(silu(g)*u)`` (the epilogue order of :mod:`nvgemm.epilogues.spec`);
 2. block amax over the 16 even lanes: ``shfl.bfly`` 2, 4, 8, 16 (odd lanes carry 0);
 3. ``sf = e4m3(min(amax / (6*gs), 448))``, ``S = float(sf)*gs``, ``q = e2m1(h / S)`` (true division,
-   0 for an all-zero block) -- the :func:`nvgemm.formats.quantize_activation` convention;
+   0 for an all-zero block and for ``h == -0`` too: every zero is code 0, while the hardware cvt keeps a
+   zero's sign, so the kernel selects +0 itself) -- the :func:`nvgemm.formats.quantize_activation` convention;
 4. lane ``4i`` gets lane ``4i+2``'s code (``shfl.bfly 2``) and stores byte ``code_lo | code_hi<<4`` at
    ``packed[token, 8*block + i]``; lane 0 stores ``sf`` at ``blocked_offset(token, block)``.
 

@@ -472,8 +472,10 @@ class Sm100EpilogueMixin:
                 amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2 << off))
             sf = to_e4m3(cute.arch.fmin(div_rn(amax, den), cutlass.Float32(448.0)))
             step = e4m3_to_f32(sf) * gs
+            # +0 for an all-zero block and for h == +-0: cvt keeps a zero's sign (-0 -> code 0x8), while
+            # nvgemm.formats encodes every zero as code 0
             q = cutlass.Float32(0.0)
-            if step != cutlass.Float32(0.0):
+            if (step != cutlass.Float32(0.0)) & (h != cutlass.Float32(0.0)):
                 q = div_rn(h, step)
             q_hi = cute.arch.shuffle_sync_bfly(q, offset=2)
             byte = to_e2m1x2(q_hi, q)

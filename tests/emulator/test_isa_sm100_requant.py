@@ -35,12 +35,13 @@ def _exact_codes(g, rows, k):
 
 
 @pytest.mark.emulator
-@pytest.mark.parametrize("m,i,k", [(7, 64, 512), (7, 80, 256)], ids=["m7-i64-k512", "m7-i80-k256"])
-def test_fused_requant_kernel_on_emulator(m, i, k, tmp_path, monkeypatch, seed):
+@pytest.mark.parametrize("m,i,k,sk", [(7, 64, 512, 1), (7, 80, 256, 1), (7, 64, 512, 2)],
+                         ids=["m7-i64-k512", "m7-i80-k256", "m7-i64-k512-sk2"])
+def test_fused_requant_kernel_on_emulator(m, i, k, sk, tmp_path, monkeypatch, seed):
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     from nvgemm.emulator.runner import prepare
 
-    config = C(tile_n=16, swap_ab=True)
+    config = C(tile_n=16, swap_ab=True, split_k=sk)  # split-K: the last split reduces, then requantizes
     g = torch.Generator().manual_seed(seed)
     w_packed, w_scale = _exact_codes(g, 2 * i, k)  # checkpoint order [gate; up]
     # gate bias +4096, and -4096 on every 3rd feature: silu(g) = -0 there in kernel and torch alike, so h
@@ -69,8 +70,9 @@ def test_fused_requant_kernel_on_emulator(m, i, k, tmp_path, monkeypatch, seed):
 
     args.alpha[-1] = gs
     spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
+    z = lambda t: t if t is not None else 0  # noqa: E731
     launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, args.bias,
-                                  args.residual, 0, 0, args.m, args.n, args.k, 0)
+                                  args.residual, z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
     assert launch is not None and launch.stats["warp_instructions"] > 0
     assert torch.equal(args.out, ref_p)
     assert torch.equal(args.residual, ref_s.view(torch.uint8))  # incl. the zero padding rows / K blocks

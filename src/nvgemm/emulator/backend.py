@@ -132,8 +132,9 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
                                       spec, config)
     kernel = prepare(compile_spec_for(config, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
-    kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, args.bias if args.bias is not None else 0,
-                  args.residual, 0, 0, args.m, args.n, args.k, 0)
+    z = lambda t: t if t is not None else 0  # noqa: E731
+    kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias), args.residual,
+                  z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
     return args.out, args.residual.view(torch.float8_e4m3fn)
 
 

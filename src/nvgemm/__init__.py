@@ -12,6 +12,7 @@ from .triton_kernels import fused_ops as _fused_ops  # noqa: F401  (fused quanti
 from .formats import NVFP4, Nvfp4Format, quantize_weight  # noqa: F401
 from .linear import NVFP4Linear  # noqa: F401
 from .moe import NVFP4Experts  # noqa: F401  (registers torch.ops.nvgemm.nvfp4_moe)
+from . import fused_requant  # noqa: F401  (registers nvgemm::nvfp4_linear_requant / _prequant)
 
 
 def load_modelopt_checkpoint(*args, **kwargs):

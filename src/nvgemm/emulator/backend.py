@@ -109,10 +109,39 @@ def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, re
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
+def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, spec,
+                          config=None):
+    """``nvgemm::nvfp4_linear_requant`` through the sm_100a kernel's fused requant epilogue on the emulator
+    (CPU tensors; ``spec`` has ``out_quant=True``). Config: ``config`` or the smallest 1-CTA swap-AB tile
+    that holds every token in one N tile. Returns (packed codes, swizzled e4m3 scales)."""
+    from ..runtime.sm100_backend import compile_spec_for
+    from ..templates.sm100.config import Sm100Nvfp4GemmConfig
+    from ..templates.sm100.launch import prepare_sm100_requant_args
+    from .runner import prepare
+
+    why = _tooling()
+    if why:
+        raise RuntimeError(f"nvgemm emulator sm100 (fused requant): {why}")
+    m = x.shape[0]
+    if config is None:
+        tile_n = next((t for t in (8, 16, 32, 64, 128) if t >= m), None)
+        if tile_n is None:
+            raise ValueError(f"nvgemm emulator sm100 (fused requant): M={m} tokens > 128 (one swap-AB N tile)")
+        config = Sm100Nvfp4GemmConfig(tile_n=tile_n, swap_ab=True)
+    args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                      spec, config)
+    kernel = prepare(compile_spec_for(config, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
+    z = lambda t: t if t is not None else 0  # noqa: E731
+    kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias), args.residual,
+                  z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
+    return args.out, args.residual.view(torch.float8_e4m3fn)
+
+
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90)
 SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100)
 register_backend(BACKEND)
 register_backend(SM100_BACKEND)
 
 __all__ = ["BACKEND", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "config_for", "run_emu_sm100",
+           "run_emu_sm100_requant",
            "run_emu_sm90", "supports", "supports_sm100"]

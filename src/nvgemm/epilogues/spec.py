@@ -37,6 +37,9 @@ class EpilogueSpec:
     activation: str = "none"
     residual: bool = False
     out_dtype: torch.dtype = torch.bfloat16
+    #: fused NVFP4 requant (sm_100a swap-AB only): the rounded silu_mul output is quantized for the
+    #: next W4A4 layer in the epilogue (packed codes + swizzled scales); see nvgemm.epilogues.requant
+    out_quant: bool = False
 
     def __post_init__(self):
         if self.alpha not in ALPHA_KINDS:
@@ -45,6 +48,10 @@ class EpilogueSpec:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.out_dtype not in OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {self.out_dtype}")
+        if self.out_quant and (self.activation != "silu_mul" or self.residual or self.out_dtype == torch.float32):
+            raise ValueError("out_quant (fused NVFP4 requant) needs activation='silu_mul', no residual and a "
+                             f"bf16/fp16 rounding dtype; got {self.activation!r}, residual={self.residual}, "
+                             f"{self.out_dtype}")
 
     @property
     def gated(self) -> bool:
@@ -60,7 +67,8 @@ class EpilogueSpec:
     def key(self) -> str:
         """Stable short string for cache keys and kernel names."""
         dt = str(self.out_dtype).replace("torch.", "")
-        return f"a{self.alpha}-b{int(self.bias)}-{self.activation}-r{int(self.residual)}-{dt}"
+        return f"a{self.alpha}-b{int(self.bias)}-{self.activation}-r{int(self.residual)}-{dt}" + (
+            "-q4" if self.out_quant else "")
 
 
 def gelu_tanh_ref(y: torch.Tensor) -> torch.Tensor:

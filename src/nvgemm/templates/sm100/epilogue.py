@@ -354,7 +354,9 @@ class Sm100EpilogueMixin:
     ):
         """Epilogue math on one register sub-tile (fp32 -> one rounding) and its store; returns
         the updated count of TMA-store sub-tiles."""
-        if cutlass.const_expr(self.feature_along_m):
+        if cutlass.const_expr(self.spec.out_quant):
+            self._store_requant(rAcc, cs, mC, mR, mAlpha, alpha_r, bias_r, m_size, n_size)
+        elif cutlass.const_expr(self.feature_along_m):
             self._store_swap_ab(rAcc, cs, mC, mR, alpha_r, bias_r, m_size, n_size)
         else:
             r0, c0, _l = cs[0]
@@ -442,6 +444,47 @@ class Sm100EpilogueMixin:
                     if cutlass.const_expr(self.spec.residual):
                         res = mR[r, c, 0].to(cutlass.Float32)
                     mC[r, c, 0] = self.epi.apply(rAcc[i], alpha_r, bias_r, res).to(self.c_dtype)
+
+    @cute.jit
+    def _store_requant(self, rAcc, cs, mQ, mS, mAlpha, alpha_r, bias_r, m_size, n_size):
+        """Fused SwiGLU + NVFP4 requant (swap-AB, interleaved gate/up; the lane model of
+        :mod:`nvgemm.epilogues.requant`): per register the warp's 32 lanes hold rows 32w..32w+31 of one
+        token = gate/up of 16 gated features = one NVFP4 block of the next layer's input. Shuffles run
+        on every lane; only the stores are predicated (M tail: tokens >= n_size)."""
+        from .requant import div_rn, e4m3_to_f32, to_e2m1x2, to_e4m3
+
+        # the next layer's input_scale sits right after the alpha values (none: 0, scalar: 1, vector: m)
+        gs_at = {"none": 0, "scalar": 1}.get(self.spec.alpha, None)
+        gs = mAlpha[m_size if gs_at is None else gs_at].to(cutlass.Float32)
+        den = cutlass.Float32(6.0) * gs
+        kb = m_size // 32
+        kb4 = (kb + 3) // 4
+        for i in cutlass.range_constexpr(self.epi_n):
+            r, c, _l = cs[i]
+            inb = (r < m_size) & (c < n_size)
+            y = self.epi.apply_pre(rAcc[i], alpha_r, bias_r)
+            up = cute.arch.shuffle_sync_bfly(y, offset=1)
+            h = self.epi.activation.apply_gated(y, up).to(self.c_dtype).to(cutlass.Float32)
+            if r % 2 == 1:
+                h = cutlass.Float32(0.0)
+            amax = cute.arch.fmax(h, -h)
+            for off in cutlass.range_constexpr(4):
+                amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2 << off))
+            sf = to_e4m3(cute.arch.fmin(div_rn(amax, den), cutlass.Float32(448.0)))
+            step = e4m3_to_f32(sf) * gs
+            # +0 for an all-zero block and for h == +-0: cvt keeps a zero's sign (-0 -> code 0x8), while
+            # nvgemm.formats encodes every zero as code 0
+            q = cutlass.Float32(0.0)
+            if (step != cutlass.Float32(0.0)) & (h != cutlass.Float32(0.0)):
+                q = div_rn(h, step)
+            q_hi = cute.arch.shuffle_sync_bfly(q, offset=2)
+            byte = to_e2m1x2(q_hi, q)
+            if inb & (r % 4 == 0):
+                mQ[r // 4, c, 0] = byte.to(cutlass.Uint8)
+            if inb & (r % 32 == 0):
+                b = r // 32
+                mS[((c // 128) * kb4 + b // 4) * 512 + (c % 32) * 16 + ((c // 32) % 4) * 4 + b % 4, 0, 0] = sf.to(
+                    cutlass.Uint8)
 
 
 # ---------------------------------------------------------------------- host probe

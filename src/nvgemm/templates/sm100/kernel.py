@@ -133,6 +133,9 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         self.spec = epilogue
         self.epi = CuteEpilogue(epilogue)
         self.feature_along_m = config.swap_ab
+        if epilogue.out_quant and not (config.swap_ab and config.tile_m == 128):
+            raise ValueError(f"nvgemm_cutedsl: the fused NVFP4 requant epilogue (out_quant) is implemented for "
+                             f"1-CTA swap-AB tiles only; {config.name()} is not one")
         self.c_dtype = self.epi.cast.cute_dtype
         self.bias_dtype = _cute_dtype(bias_dtype or epilogue.out_dtype)
         self.residual_dtype = _cute_dtype(residual_dtype or epilogue.out_dtype)
@@ -294,14 +297,27 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
                 m_out = m // 2
             else:
                 n_out = n // 2
-        if cutlass.const_expr(self.config.swap_ab):
+        if cutlass.const_expr(self.spec.out_quant):
+            pass  # packed-code output: the launcher checks I % 16 == 0 (8-byte rows of codes)
+        elif cutlass.const_expr(self.config.swap_ab):
             m_out = cute.assume(m_out, divby=c_div)
         else:
             n_out = cute.assume(n_out, divby=c_div)
-        mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
-        mR = cute.make_tensor(residual_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
         feat = m if self.feature_along_m else n
-        mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat))
+        if cutlass.const_expr(self.spec.out_quant):
+            # fused requant (swap-AB, see epilogue._store_requant): c_ptr = packed codes [tokens, m/4]
+            # bytes (col-major view (m/4, tokens)), residual_ptr = the 128x4-swizzled e4m3 scales of the
+            # [tokens, m/32] matrix (1-D bytes, zero-allocated; a (bytes, 1, 1) view so the epilogue's
+            # residual partitions still trace; never read); the next layer's input_scale follows the
+            # alpha values in alpha_ptr (index 0 / 1 / feat for alpha none / scalar / vector)
+            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m // 4, n, 1), order=c_order))
+            kb4 = (m // 32 + 3) // 4
+            mR = cute.make_tensor(residual_ptr, cute.make_layout((((n + 127) // 128) * 512 * kb4, 1, 1)))
+            mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat + 1))
+        else:
+            mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
+            mR = cute.make_tensor(residual_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
+            mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat))
         mBias = cute.make_tensor(bias_ptr, cute.make_layout(feat))
         mSFA = cute.make_tensor(sfa_ptr, blockscaled_utils.tile_atom_to_shape_SF(mA.shape, self.sf_vec_size))
         mSFB = cute.make_tensor(sfb_ptr, blockscaled_utils.tile_atom_to_shape_SF(mB.shape, self.sf_vec_size))
@@ -843,10 +859,11 @@ class Sm100Nvfp4GemmTemplate:
             PointerArg("b_ptr", "Float4E2M1FN", assumed_align=16),
             PointerArg("sfa_ptr", "Float8E4M3FN", assumed_align=16),
             PointerArg("sfb_ptr", "Float8E4M3FN", assumed_align=16),
-            PointerArg("c_ptr", out, assumed_align=16),  # allocated by the launcher: 16-byte aligned
+            # out_quant: c_ptr = packed FP4 codes, residual_ptr = swizzled e4m3 scales (bytes)
+            PointerArg("c_ptr", "Uint8" if spec.epilogue.out_quant else out, assumed_align=16),
             PointerArg("alpha_ptr", "Float32", assumed_align=16),  # vector loads of alpha / bias /
             PointerArg("bias_ptr", out, assumed_align=16),  # residual rows: the launcher aligns
-            PointerArg("residual_ptr", out, assumed_align=16),
+            PointerArg("residual_ptr", "Uint8" if spec.epilogue.out_quant else out, assumed_align=16),
             PointerArg("workspace_ptr", "Float32", assumed_align=16),
             PointerArg("counter_ptr", "Int32", assumed_align=4),
             ScalarArg("m", "int32"),

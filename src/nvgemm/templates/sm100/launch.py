@@ -196,6 +196,44 @@ def prepare_sm100_args(
                      m_k, n_k, k, spec, config)
 
 
+def prepare_sm100_requant_args(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_input_scale: torch.Tensor,
+    spec: EpilogueSpec,
+    config: Sm100Nvfp4GemmConfig,
+) -> Sm100Args:
+    """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``): those of the gated
+    GEMM, with ``out`` = zeroed packed codes [tokens, I/2] (uint8), ``residual`` = zeroed 128x4-swizzled
+    scale bytes of the [tokens, I/16] matrix (padding stays zero: the kernel writes real blocks only)
+    and ``alpha`` = the alpha values followed by the next layer's input_scale (the kernel's ABI)."""
+    import dataclasses
+
+    if not spec.out_quant:
+        raise ValueError("prepare_sm100_requant_args: the epilogue spec must have out_quant=True")
+    if not (config.swap_ab and config.tile_m == 128):
+        raise ValueError(f"nvgemm_cutedsl sm100: the fused requant epilogue needs a 1-CTA swap-AB config, "
+                         f"got {config.name()}")
+    i = weight.shape[0] // 2
+    if weight.shape[0] % 2 or i % NVFP4.block_size:
+        raise ValueError(f"nvgemm_cutedsl sm100: fused requant needs N = 2I with I % 16 == 0, got N={weight.shape[0]}")
+    if out_input_scale.dtype != torch.float32 or out_input_scale.numel() != 1:
+        raise ValueError(f"nvgemm_cutedsl sm100: out_input_scale must be a float32 scalar, got "
+                         f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
+    gated = dataclasses.replace(spec, out_quant=False)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, gated, config)
+    tokens, dev = args.n, x.device
+    alpha = args.alpha.reshape(-1) if spec.alpha != "none" else torch.zeros(0, device=dev)
+    alpha_gs = _aligned16(torch.cat([alpha.float(), out_input_scale.float().reshape(1).to(dev)]))
+    codes = torch.zeros((tokens, i // 2), dtype=torch.uint8, device=dev)
+    scales = torch.zeros(blocked_numel(tokens, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
+    return dataclasses.replace(args, out=codes, residual=scales, alpha=alpha_gs, spec=spec)
+
+
 def kernel_view_ref(args: Sm100Args) -> torch.Tensor:
     """The kernel's math on the prepared arguments, in torch fp32 (CPU-testable): decode A/B
     with their own scales, C = A @ B^T in the MMA's (m, n) frame, the epilogue with per-feature

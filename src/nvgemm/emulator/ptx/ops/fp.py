@@ -329,9 +329,83 @@ _FLOAT_T = {"f16", "bf16", "f32", "f64"}
 _INT_T = {"s8", "u8", "s16", "u16", "s32", "u32", "s64", "u64", "b8", "b16", "b32", "b64"}
 
 
+_E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e2m1_rn_satfinite(x: np.ndarray) -> np.ndarray:
+    """float64 -> E2M1 codes (PTX ``cvt.rn.satfinite.e2m1x2.f32`` per element): nearest grid value, ties to the
+    even code, saturating at 6 (also +-inf); the sign bit is the input's (``-0.0`` and negative values that
+    round to zero give 0x8). NaN has no E2M1 encoding; mapped to 0x7 (documented, not a PTX statement)."""
+    a = np.abs(np.nan_to_num(x, nan=6.0, posinf=6.0, neginf=-6.0))
+    dist = np.abs(a[..., None] - _E2M1_GRID)
+    idx = np.argmin(dist, axis=-1)  # the first (lower) index on a tie
+    nxt = np.minimum(idx + 1, 7)
+    tie = (np.take_along_axis(dist, nxt[..., None], -1)[..., 0] == np.take_along_axis(dist, idx[..., None], -1)[..., 0])
+    idx = np.where(tie & (idx % 2 == 1) & (idx < 7), idx + 1, idx)
+    return (idx | (np.signbit(x) & ~np.isnan(x)).astype(np.int64) << 3).astype(np.uint32)
+
+
+def e4m3_rn_satfinite(x: np.ndarray) -> np.ndarray:
+    """float64 -> float8 e4m3fn bits (``cvt.rn.satfinite.e4m3x2.f32`` per element): RNE with subnormals
+    (quantum 2**-9), finite overflow saturates to +-448, NaN -> 0x7F."""
+    xf = np.nan_to_num(x, nan=0.0, posinf=448.0, neginf=-448.0)
+    a0 = np.abs(xf)
+    with np.errstate(divide="ignore"):
+        e0 = np.maximum(np.floor(np.log2(np.where(a0 > 0, a0, 1.0))), -6)
+    q = np.ldexp(1.0, (e0 - 3).astype(np.int64))  # the quantum of the binade (subnormals: 2**-9)
+    r = np.copysign(np.minimum(np.rint(a0 / q) * q, 448.0), xf)  # rint: ties to even; satfinite
+    a = np.abs(r)
+    with np.errstate(divide="ignore"):
+        ex = np.where(a > 0, np.floor(np.log2(np.where(a > 0, a, 1.0))), -7)
+    sub = ex < -6
+    exp_bits = np.where(sub, 0, ex + 7).astype(np.int64)
+    mant = np.where(sub, a / 2.0**-9, (a / np.ldexp(1.0, ex.astype(np.int64)) - 1.0) * 8).astype(np.int64)
+    bits = (np.signbit(r).astype(np.int64) << 7) | (exp_bits << 3) | mant
+    return np.where(np.isnan(x), 0x7F, bits).astype(np.uint32)
+
+
+def e4m3_to_f64(b: np.ndarray) -> np.ndarray:
+    b = b.astype(np.int64) & 0xFF
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    ex, mant = (b >> 3) & 0xF, b & 0x7
+    v = np.where(ex == 0, mant * 2.0**-9, np.ldexp(1.0 + mant / 8.0, (ex - 7)))
+    return np.where((b & 0x7F) == 0x7F, np.nan, sign * v)
+
+
+def _cvt_narrow(ins, ctx, parts):
+    """``cvt.rn.satfinite.{e2m1x2,e4m3x2}.f32 d, a, b`` (a -> the upper half of d) and ``cvt.rn.f16x2.e4m3x2``."""
+    dtype_t, atype_t, mods = parts[-2], parts[-1], set(parts[:-2])
+    if dtype_t in ("e2m1x2", "e4m3x2") and atype_t == "f32" and mods == {"rn", "satfinite"}:
+        d, a, b = ins.operands
+        ga, gb = ctx.src(a, np.float32), ctx.src(b, np.float32)
+        sd = ctx.dst(d, np.uint16)
+        enc, width = (e2m1_rn_satfinite, 4) if dtype_t == "e2m1x2" else (e4m3_rn_satfinite, 8)
+
+        def ex(w, m):
+            hi = enc(ga(w).astype(np.float64))
+            lo = enc(gb(w).astype(np.float64))
+            sd(w, m, ((hi << np.uint32(width)) | lo).astype(np.uint16))
+
+        return ex
+    if dtype_t == "f16x2" and atype_t == "e4m3x2" and mods == {"rn"}:
+        d, a = ins.operands
+        ga, sd = ctx.src(a, np.uint16), ctx.dst(d, np.uint32)
+
+        def ex2(w, m):
+            v = ga(w).astype(np.uint32)
+            hi = to_bits(e4m3_to_f64(v >> np.uint32(8)), "f16").astype(np.uint32)
+            lo = to_bits(e4m3_to_f64(v & np.uint32(0xFF)), "f16").astype(np.uint32)
+            sd(w, m, (hi << np.uint32(16)) | lo)
+
+        return ex2
+    raise ctx.unsupported(ins)
+
+
 @opcode("cvt")
 def _cvt(ins, ctx):
     parts = ins.parts[1:]
+    if len(parts) >= 2 and ("e2m1x2" in parts[-2:] or "e4m3x2" in parts[-2:]):
+        return _cvt_narrow(ins, ctx, parts)
     if len(parts) >= 2 and parts[-2] in _FLOAT_T | _INT_T | {"bf16x2", "f16x2"}:
         dtype_t, atype_t = parts[-2], parts[-1]
         mods = parts[:-2]

@@ -1,0 +1,127 @@
+"""The sm_100a kernel with the fused SwiGLU + NVFP4 requant epilogue (``EpilogueSpec(out_quant=True)``)
+executed on the PTX emulator through its real AOT artifact: the packed FP4 codes and the 128x4-swizzled e4m3
+scales it writes must equal, byte for byte, ``quantize_nvfp4`` of the rounded SwiGLU output computed in torch
+from the same (exact) operands -- and the lane model of :mod:`nvgemm.epilogues.requant`.
+
+Exactness-preserving data: random E2M1 codes with power-of-two block scales and alpha = 1 (every fp32
+accumulator is exact, see test_isa_sm100_kernel.py); the gate rows get a bias of 4096, so every gate lies in
+[2048, 6144] where ``g / (1 + exp(-g)) == g * sigmoid(g) == g`` exactly in fp32 (kernel and torch agree
+without depending on exp's accuracy); ``h = g * up`` is one fp32 product in both, then one rounding to bf16.
+The quantization steps (amax, e4m3 scale, true division, E2M1 RNE) are what is under test.
+Token tails (M = 7 in a 16-token tile), I = 80 (a ragged second 128-row tile, K blocks padded 5 -> 8).
+"""
+
+import pytest
+import torch
+from isa_env import kernel_test_env
+
+kernel_test_env("sm_100a")
+
+import nvgemm.ops  # noqa: E402,F401
+from nvgemm.epilogues import EpilogueSpec  # noqa: E402
+from nvgemm.epilogues.requant import fused_requant_reference  # noqa: E402
+from nvgemm.formats import dequantize, from_blocked, to_blocked  # noqa: E402
+from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100.launch import prepare_sm100_requant_args  # noqa: E402
+
+POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
+
+
+def _exact_codes(g, rows, k):
+    packed = torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8)
+    scales = POW2_E4M3[torch.randint(0, 5, (rows, k // 16), generator=g)].view(torch.float8_e4m3fn)
+    return packed, scales
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("m,i,k,sk", [(7, 64, 512, 1), (7, 80, 256, 1), (7, 64, 512, 2)],
+                         ids=["m7-i64-k512", "m7-i80-k256", "m7-i64-k512-sk2"])
+def test_fused_requant_kernel_on_emulator(m, i, k, sk, tmp_path, monkeypatch, seed):
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    from nvgemm.emulator.runner import prepare
+
+    config = C(tile_n=16, swap_ab=True, split_k=sk)  # split-K: the last split reduces, then requantizes
+    g = torch.Generator().manual_seed(seed)
+    w_packed, w_scale = _exact_codes(g, 2 * i, k)  # checkpoint order [gate; up]
+    # gate bias +4096, and -4096 on every 3rd feature: silu(g) = -0 there in kernel and torch alike, so h
+    # holds signed zeros inside non-zero blocks (E2M1 code 0, not 0x8 = -0, per nvgemm.formats)
+    gate_bias = torch.where(torch.arange(i) % 3 == 2, -4096.0, 4096.0)
+    bias = torch.cat([gate_bias, torch.zeros(i)]).to(torch.bfloat16)
+    one = torch.tensor(1.0)
+    gs = torch.tensor(1.0)  # replaced below, once h is known
+    epi = EpilogueSpec(alpha="scalar", bias=True, activation="silu_mul", out_quant=True)
+    args = prepare_sm100_requant_args(torch.zeros(m, k, dtype=torch.bfloat16), w_packed, to_blocked(w_scale), one,
+                                      one, bias, gs, epi, config)
+    x_packed, x_scale = _exact_codes(g, m, k)
+    args.b.copy_(x_packed)
+    args.sfb.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8))
+
+    # torch reference from the checkpoint-order operands
+    acc = dequantize(x_packed, x_scale) @ dequantize(w_packed, w_scale).t()  # [m, 2I], exact
+    pre = acc + bias.float()
+    h = (pre[:, :i] * torch.sigmoid(pre[:, :i]) * pre[:, i:]).to(torch.bfloat16)
+    gs = (h.float().abs().amax() / 2688 * 0.25).reshape(())  # some blocks saturate the e4m3 scale
+    ref_p, ref_s = torch.ops.nvgemm.quantize_nvfp4(h, gs, True)
+    model_p, model_s = fused_requant_reference(pre, gs, torch.bfloat16)
+    assert torch.equal(model_p, ref_p) and torch.equal(model_s.view(torch.uint8), ref_s.view(torch.uint8))
+    assert (from_blocked(ref_s, m, i // 16).float() == 448).any()
+    assert torch.signbit(h.float()[h == 0]).any()  # negative zeros reach the quantizer
+
+    args.alpha[-1] = gs
+    spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
+    z = lambda t: t if t is not None else 0  # noqa: E731
+    launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, args.bias,
+                                  args.residual, z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
+    assert launch is not None and launch.stats["warp_instructions"] > 0
+    assert torch.equal(args.out, ref_p)
+    assert torch.equal(args.residual, ref_s.view(torch.uint8))  # incl. the zero padding rows / K blocks
+
+
+def test_emulator_narrow_conversions_match_torch():
+    """The emulator's cvt.rn.satfinite.{e2m1x2,e4m3x2}.f32 / cvt.rn.f16x2.e4m3x2 element rules against
+    nvgemm.formats' E2M1 encoder (ModelOpt's rule) and torch's float8_e4m3fn cast: ties, saturation,
+    subnormal e4m3 scales, signed zeros, every e4m3 byte decoded."""
+    import numpy as np
+
+    from nvgemm.emulator.ptx.ops.fp import e2m1_rn_satfinite, e4m3_rn_satfinite, e4m3_to_f64
+    from nvgemm.formats import e2m1_encode
+
+    g = torch.Generator().manual_seed(0)
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 100.0, -0.25, -0.1, -5.0, 0.0, 6.0, -6.5]
+    x = torch.cat([torch.randn(20000, generator=g) * 3, torch.tensor(ties)])
+    assert np.array_equal(e2m1_rn_satfinite(x.double().numpy()), e2m1_encode(x).numpy().astype(np.uint32))
+    y = torch.cat([torch.randn(20000, generator=g).abs() * torch.logspace(-4, 3, 20000),
+                   torch.tensor([448.0, 460.0, 464.0, 470.0, 1e4, 2.0**-10, 2.0**-9 * 1.5, 0.0, 2.0**-9 * 2.5])])
+    ref = y.clamp(max=448).to(torch.float8_e4m3fn).view(torch.uint8).numpy().astype(np.uint32)
+    assert np.array_equal(e4m3_rn_satfinite(y.double().numpy()), ref)
+    every = np.arange(256)
+    t = torch.tensor(every, dtype=torch.uint8).view(torch.float8_e4m3fn).double().numpy()
+    v = e4m3_to_f64(every)
+    assert np.array_equal(np.isnan(v), np.isnan(t)) and np.array_equal(v[~np.isnan(v)], t[~np.isnan(t)])
+
+
+@pytest.mark.emulator
+def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
+    """gate_up -> down for two NVFP4Linear layers with the gate_up GEMM run by the sm_100a kernel's fused
+    requant epilogue on the emulator (``NVGEMM_BACKEND=emu_sm100``; down on the emulated op): the output
+    equals the emulated unfused chain ``down(gate_up(x))`` bit for bit. Exact data as above, and x chosen so
+    that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j, input_scale 1)."""
+    import nvgemm
+    from nvgemm.fused_requant import gated_mlp
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(3)
+    m, i, k, h = 5, 32, 256, 64
+    w_packed, w_scale = _exact_codes(g, 2 * i, k)
+    bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
+    gu = nvgemm.NVFP4Linear.from_tensors(w_packed, w_scale, torch.tensor(1.0), torch.tensor(1.0), bias,
+                                         activation="silu_mul")
+    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h), input_scale=torch.tensor(3e6 / 2688))
+    x_packed, x_scale = _exact_codes(g, m, k)
+    x_packed.view(m, k // 16, 8)[:, :, 0] = 0x07  # element 0 of every block = +6 (code 7), element 1 = 0
+    x = dequantize(x_packed, x_scale).to(torch.bfloat16)
+    ref = gated_mlp(gu, down, x)
+    assert torch.equal(ref, down(gu(x)))
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
+    assert torch.equal(gated_mlp(gu, down, x), ref)

@@ -34,9 +34,18 @@ def _cuda_capability():
     return torch.cuda.get_device_capability()
 
 
+def _slow_opted_in(config) -> bool:
+    """``slow`` tests (the long sweeps beside each fast representative subset) run only when asked:
+    ``pytest -m slow`` (or any -m expression naming it) or ``NVGEMM_TEST_SLOW=1``."""
+    return "slow" in (config.getoption("-m") or "") or os.environ.get("NVGEMM_TEST_SLOW") == "1"
+
+
 def pytest_collection_modifyitems(config, items):
     cap = _cuda_capability()
+    run_slow = _slow_opted_in(config)
     for item in items:
+        if item.get_closest_marker("slow") and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: opt-in with pytest -m slow or NVGEMM_TEST_SLOW=1"))
         # markers, not item.keywords: keywords also hold every parent directory's name, so a
         # checkout in a directory called "sm100" or "gpu" would skip the whole suite
         if item.get_closest_marker("gpu") and cap is None:

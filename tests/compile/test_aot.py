@@ -218,7 +218,6 @@ CONCURRENT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
 def test_four_processes_compile_each_real_kernel_once(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT.format(root=str(tmp_path / "kc"), idx=i)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]

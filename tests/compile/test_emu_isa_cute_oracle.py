@@ -53,12 +53,40 @@ def tv_coords(text: str, rows: int, values: int):
     return r, c
 
 
-@pytest.mark.parametrize("n", [8, 32, 128, 256])
-def test_wgmma_fragments_match_cute_tv_layouts(n):
-    from emu_isa_cute_atoms import wgmma_tv_layouts
+NS = (8, 32, 128, 256)
 
+_QUERY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from emu_isa_cute_atoms import wgmma_tv_layouts
+res = {}
+for n in map(int, sys.argv[2:]):
     out = {}
     wgmma_tv_layouts(out, n, True)
+    res[n] = out
+print(json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def cute_layouts():
+    """CuTe's TV layouts, queried in a fresh process pinned to sm_90a: CuTeDSL keeps the arch of the
+    first compile in a process (another test module compiling for sm_100a first made the wgmma atom
+    refuse to trace)."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
+    res = subprocess.run([sys.executable, "-c", _QUERY, os.path.dirname(__file__), *map(str, NS)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+
+
+@pytest.mark.parametrize("n", NS)
+def test_wgmma_fragments_match_cute_tv_layouts(n, cute_layouts):
+    out = cute_layouts[n]
     ra, ca = a_fragment_coords()
     np.testing.assert_array_equal(np.stack(tv_coords(out["A"], 64, 8)), np.stack([ra, ca]))
     rd, cd = d_fragment_coords(n)

@@ -60,7 +60,7 @@ def test_sm100_kernel_on_emulator_matches_reference(m, n, k, cfg, tmp_path, monk
     x_packed, x_scale = _exact_codes(g, m, k)  # replace the quantized activations by exact codes, same layout
     xa, xs = (args.b, args.sfb) if config.swap_ab else (args.a, args.sfa)
     xa.copy_(x_packed)
-    xs.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8))
+    xs.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8).reshape(xs.shape))
     spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
     z = lambda t: t if t is not None else 0  # noqa: E731
     launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias),

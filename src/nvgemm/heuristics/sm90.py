@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config
+from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config, wgmma_tail_tiles
 
 from .implementable import can_implement
 from .problem import Candidate, GemmProblem, ceil_div
@@ -90,7 +90,11 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
         for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
                 # split-K splits only the tiles of the last, partial wave: worth pricing at any grid
+                # with one (no partial wave: every split_k runs the unsplit kernel -- priced once)
+                tiles = ceil_div(n, tn) * ceil_div(m, tmw)
                 for s in WGMMA_SPLITS:
+                    if s > 1 and not wgmma_tail_tiles(tiles, s, sms):
+                        continue
                     add(W("wgmma", tile_m=tmw, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True),
                         f"wgmma (register-A decode): {tmw} tokens x {tn} rows per CTA, {w} warps, tile_k {tk}, "
                         f"{st}-stage ring, split-K {s}")
@@ -102,12 +106,13 @@ def _gpu_of(problem: GemmProblem) -> str:
     return gpu if gpu in ("H100", "H200") else "H200"
 
 
-def ranked_candidates(problem: GemmProblem) -> list[Candidate]:
+def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Candidate]:
     """:func:`rule_candidates` ordered by the performance model (fastest first); candidates the
-    model cannot price keep their rule order after the priced ones."""
+    model cannot price keep their rule order after the priced ones. ``limit``: the first
+    ``limit`` only (the model builds its full report for those alone)."""
     cands = rule_candidates(problem)
     try:
-        from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, lookup, rank
+        from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, estimate_us, lookup, rank
     except ImportError:  # pragma: no cover - the model ships with nvgemm
         return cands
 
@@ -118,21 +123,24 @@ def ranked_candidates(problem: GemmProblem) -> list[Candidate]:
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k
     gpu, sms = _gpu_of(problem), problem.target.sm_count
-    ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE)
+    ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE,
+                  limit=limit)
     if not ranked:
-        return cands
+        return cands[:limit]
     base = bf16_baseline(m, n, k, gpu, sms)
     b_mid = 0.5 * (base.total_us[0] + base.total_us[1])
-    priced = {id(c) for c, _ in ranked}
-    out = [replace(c, reason=f"{c.reason}; modelled {e.mid_us:.1f} us (bf16 cuBLAS modelled {b_mid:.1f} us)",
-                   est_runtime_us=e.mid_us)
+    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms) is not None}
+    # the model's time goes into the reason (labelled); est_runtime_us stays nvMatmulHeuristics' field
+    out = [replace(c, reason=f"{c.reason}; model {e.mid_us:.1f} us (bf16 cuBLAS model {b_mid:.1f} us)")
            for c, e in ranked]
-    return out + [c for c in cands if id(c) not in priced]
+    out += [c for c in cands if id(c) not in priced]
+    return out if limit is None else out[:limit]
+
 
 
 def candidates(problem: GemmProblem, max_candidates: int = 8, use_nvmmh: bool = True) -> list[Candidate]:
     del use_nvmmh  # no nvMatmulHeuristics precision for bf16 x fp4
-    return ranked_candidates(problem)[:max_candidates]
+    return ranked_candidates(problem, limit=max_candidates)
 
 
 __all__ = ["WGMMA_SHAPES", "candidates", "ranked_candidates", "rule_candidates", "wgmma_tile_ms"]

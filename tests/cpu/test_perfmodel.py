@@ -216,7 +216,7 @@ def test_model_single_round_latency_chain_by_hand():
     # 8 CTAs/SM fit; 132 CTAs -> one round of 1 CTA per SM, w = 1 warp per scheduler:
     # step_sm = colimit(max(50 + L, L / 1), 1 x 100, 1000 / 64) = 50 + L (the others < half of it);
     # step_chip = 132 x (1e6 / 1320) B / (4.3e12 / 1.98e9 B/clk) = 46 cycles: far below -> step = 50 + L
-    # fill = L + 1 x 1 x 1000 / 64; no tail (no pass / fixed instructions, no epilogue)
+    # fill = L + 1 x 1000 / 64 (one CTA's first stage through the port); no tail (no pass / fixed instructions, no epilogue)
     for i, lat in enumerate((1200.0, 2000.0)):
         cyc = (lat + 1000 / 64) + 10 * (50 + lat)
         assert close(e.kernel_us[i], cyc / CLK * 1e6)
@@ -246,7 +246,7 @@ def test_idle_sms_partial_wave_fill_tail_and_splitk_by_hand():
         latency = max(50 + 0.5 * lat, lat / 2)  # SASS chain vs Little's law (2 steps in flight per L)
         step_sm = latency  # issue 100, fabric 8192 / 64 = 128: both below half of it
         dram_step = 8192.0 / BW_CLK[i]  # chip cycles per CTA step (DRAM bytes per step = 8192)
-        fill = lat + 1 * 2 * 8192 / 64  # one loaded latency + the 2 prologue stages through the port
+        fill = lat + 1 * 8192 / 64  # one loaded latency + the first ring stage through the SM's port
         tail = 1 * 40 + 3 * l2  # fixed instructions x 1 warp per scheduler + the split-K round trips
         round1 = fill + 10 * _colimit2(step_sm, 132 * dram_step) + tail
         # the partial round: 92 CTAs; the 40 idle SMs add no bandwidth; its CTAs pay a fresh fill (q = 1)
@@ -358,6 +358,25 @@ def test_sm100_stages_tmem_and_splitk_reduce_by_hand():
     assert fam.shape_problem(C100(128, 8, swap_ab=True), 9, 4096, 4096).startswith("narrow tile_n=8")
 
 
+def test_sm100_grid_is_the_launchers_persistent_bound():
+    """The model's persistent grid is the launcher's: ``max_active_clusters_for`` bakes
+    ``aot_max_active_clusters`` (the clusters the B200's GPC topology guarantees: 34 of 4, 14 of 8
+    -- not sm_count // cluster = 37 / 18) into the kernel, and the model calls the same function."""
+    from types import SimpleNamespace
+
+    from nvgemm.templates.sm100.kernel import max_active_clusters_for
+
+    b200 = get_hardware("B200")
+    fam = F100.Sm100Facts()
+    for cm, want in ((1, 148), (2, 148), (4, 136)):
+        c = C100(128, 8, cm, 1, swap_ab=True, split_k=4)
+        spec = SimpleNamespace(arch=b200.arch, config=c, hw=SimpleNamespace(sm_count=b200.sm_count,
+                                                                           max_active_clusters=None))
+        assert max_active_clusters_for(spec) * cm == want == F100.persistent_ctas(b200, cm)
+        # 57344 rows / 128 = 448 weight tiles x 4 splits = 1792 units: more than the grid holds
+        assert fam.geometry(c, 1, 57344, 8192, b200).ctas == want
+
+
 # ------------------------------------------------------------------------------ table and API
 
 
@@ -378,9 +397,99 @@ def test_table_file_format_round_trips():
     from nvgemm.runtime.sass_tool import format_table
 
     t = load_table()
-    clean = {"header": t["header"], "entries": t["entries"]}
+    clean = {"header": t["header"], "entries": t["entries"], **({"spills": t["spills"]} if "spills" in t else {})}
     assert json.loads(format_table(clean)) == clean
     assert TABLE_PATH.read_text() == format_table(clean)
+
+
+def _spill_table():
+    """A table with one main-loop entry and spill records of two variants of its config."""
+    ok = {"ldl": 0, "stl": 0, "ldl_loop": 0, "stl_loop": 0, "regs": 76}
+    bad = {"ldl": 1, "stl": 1, "ldl_loop": 1, "stl_loop": 0, "regs": 64}
+    sk4 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=4, num_warps=8, stages=3, pdl=True)
+    sk7 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=7, num_warps=8, stages=3, pdl=True)
+    base = C90("mma", tile_m=32, tile_n=128, tile_k=256, num_warps=8, stages=3, pdl=True)
+    t = {"header": {}, "entries": {"sm_90a": {base.name(): {"ldl": 0, "stl": 0}}},
+         "spills": {"sm_90a": {sk4.name(): {"none": {"ref": ok, "full": bad}, "silu_mul": {"ref": ok, "full": ok}}}}}
+    return t, base, sk4, sk7
+
+
+def test_spill_status_is_per_variant():
+    from nvgemm.perfmodel.table import spill_status
+
+    t, base, sk4, sk7 = _spill_table()
+    # sk4 spills with the full epilogue of activation none (either recorded variant counts)
+    assert spill_status(sk4, "none", table=t) is True
+    assert spill_status(sk4, "silu_mul", table=t) is False
+    # the base config's own entry (reference epilogue) is clean; sk7 was never compiled: unknown,
+    # although it shares the base's main loop (a twin's spills are never borrowed)
+    assert spill_status(base, "none", table=t) is False
+    # sk7 was never compiled: inferred from its recorded split-K sibling sk4, which spills (a
+    # twin's record is never used to call a variant clean: for silu_mul sk4 is clean, sk7 unknown)
+    assert spill_status(sk7, "none", table=t) is True
+    assert spill_status(sk7, "silu_mul", table=t) is None
+    t["spills"]["sm_90a"][sk4.name()]["silu_mul"]["full"] = {"error": "ValueError: boom"}
+    assert spill_status(sk4, "silu_mul", table=t) is True  # a failed compile is not spill-free
+
+
+def test_policy_drops_recorded_spilling_variants(monkeypatch):
+    """The sm90 policy reads the spill records: a variant recorded as spilling is never emitted
+    (here a synthetic record for every candidate of one problem: all dropped but one)."""
+    from nvgemm.heuristics import sm90 as H
+    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.perfmodel import table as T
+
+    prob = GemmProblem(n=4096, k=14336, m=32, a_format="bf16", target=Target.from_gpu("H200"))
+    cands = H.ranked_candidates(prob, limit=3)
+    assert len(cands) == 3
+    real = T.load_table()
+    bad = {"ldl": 2, "stl": 1, "ldl_loop": 1, "stl_loop": 0, "regs": 64}
+    fake = {**real, "spills": {"sm_90a": {c.name: {"none": {"ref": bad, "full": bad}} for c in cands[:2]}}}
+    monkeypatch.setattr(T, "load_table", lambda path=None: fake)
+    after = H.ranked_candidates(prob, limit=3)
+    assert [c.name for c in after][0] == cands[2].name
+    assert not {c.name for c in after} & {c.name for c in cands[:2]}
+
+
+def test_named_spilling_variants_are_recorded_and_not_emitted():
+    """Issue 23: ``mma_t32x128x256_w8_s3_sk7`` (LDL in the main loop even with the reference
+    epilogue) and its ``_sk4`` twin with per-column alpha + bias + residual spill; the committed
+    table records both from their SASS and the policy never emits them for activation none."""
+    from nvgemm.heuristics import candidates
+    from nvgemm.heuristics.presets import PRESETS
+    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.perfmodel.table import spill_status
+    from nvgemm.runtime.sass_tool import SM90_M
+
+    sk7 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=7, num_warps=8, stages=3, pdl=True)
+    sk4 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=4, num_warps=8, stages=3, pdl=True)
+    rec = load_table()["spills"]["sm_90a"]
+    assert rec[sk7.name()]["none"]["ref"]["ldl_loop"] > 0
+    assert rec[sk4.name()]["none"]["full"]["ldl"] > 0 and rec[sk4.name()]["none"]["ref"]["ldl"] == 0
+    assert spill_status(sk7, "none") and spill_status(sk4, "none")
+    target = Target.from_gpu("H200")
+    for n, k in sorted({(lg.n, lg.k) for p in PRESETS.values() for lg in p.layers}):
+        for m in SM90_M:
+            names = {c.name for c in candidates(GemmProblem(n=n, k=k, m=m, a_format="bf16", target=target),
+                                                use_nvmmh=False)}
+            assert sk7.name() not in names and sk4.name() not in names, (n, k, m)
+
+
+def test_every_recorded_pair_the_policy_emits_is_spill_free():
+    """Every (config, activation) the policy emits for the preset shapes that the compile sweep has
+    recorded is spill-free in both epilogues (by the policy's filter, checked here end to end), and
+    every first choice for the Llama-3.1-8B / 3.3-70B shapes is recorded (the sweep's minimum:
+    ``python bench/compile_sweep_sm90.py --shapes llama --top 1``)."""
+    from nvgemm.perfmodel.table import spill_status
+    from nvgemm.runtime.sass_tool import LLAMA_SHAPES, SM90_M, policy_pairs
+
+    pairs = policy_pairs("sm_90a")
+    assert pairs
+    for (cfg, act), probs in pairs.items():
+        assert spill_status(cfg, act) is not True, (cfg.name(), act, probs[:3])
+    firsts = policy_pairs("sm_90a", shapes=LLAMA_SHAPES, ms=SM90_M, top=1)
+    missing = [(c.name(), a) for c, a in firsts if spill_status(c, a) is None]
+    assert not missing, f"first choices without a spill record: {missing[:5]} (run bench/compile_sweep_sm90.py)"
 
 
 def test_regenerate_updates_only_what_it_compiled(tmp_path, monkeypatch):

@@ -3,8 +3,9 @@ by the performance model (:mod:`nvgemm.perfmodel`: a MODEL until an H200 measure
 
 nvMatmulHeuristics has no mixed bf16 x FP4 precision, so the candidates come from the two kernel
 families' search spaces (``templates/sm90/config.py``), filtered by ``can_implement`` and ordered
-by modelled time on the target (H200 figures, the target's SM count); configs whose SASS (the
-model's committed facts table) spills to local memory are dropped:
+by modelled time on the target (H200 figures, the target's SM count); a (config, activation) variant
+whose own SASS spills to local memory (the ``spills`` records of the model's committed table,
+compiled with the reference and the fullest epilogue: ``bench/compile_sweep_sm90.py``) is dropped:
 
 * ``mma`` (decode kernel, mma.sync tensor cores, cp.async ring, in-kernel split-K): every M; the
   model prices tile_m (8 / 16 / 32 tokens per CTA; more tokens = more M tiles that re-read the
@@ -23,6 +24,7 @@ both families.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config, wgmma_tail_tiles
 
@@ -71,10 +73,10 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     out: list[Candidate] = []
     seen: set = set()
 
-    def add(cfg: Sm90W4A16Config, reason: str) -> None:
-        if cfg not in seen and can_implement(problem, cfg):
-            seen.add(cfg)
-            out.append(Candidate(cfg, reason))
+    def add(cand: Candidate) -> None:
+        if cand.config not in seen and can_implement(problem, cand.config):
+            seen.add(cand.config)
+            out.append(cand)
 
     tm = _tile_m(m)
     sms = problem.target.sm_count
@@ -84,21 +86,32 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
         # split-K only to bring the grid to one to three CTAs per SM (the model prices the rest)
         splits = [s for s in MMA_SPLITS if s == 1 or sms <= ctas * s <= 3 * sms]
         for s in splits:
-            add(W("mma", tile_m=tm, tile_n=tn, tile_k=256, split_k=s, num_warps=w, stages=st, pdl=True),
-                f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, split-K {s}")
+            add(_candidate("mma", tm, tn, 256, s, w, st))
     if m >= WGMMA_MIN_M:
         for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
-                # split-K splits only the tiles of the last, partial wave: worth pricing at any grid
-                # with one (no partial wave: every split_k runs the unsplit kernel -- priced once)
+                # split-K splits only the tiles of the last, partial wave, into split_k CTAs each:
+                # priced where that tail exists (else every split_k runs the unsplit kernel) and its
+                # split CTAs fit in two rounds of one CTA per SM (more only adds rounds to the tail)
                 tiles = ceil_div(n, tn) * ceil_div(m, tmw)
                 for s in WGMMA_SPLITS:
-                    if s > 1 and not wgmma_tail_tiles(tiles, s, sms):
-                        continue
-                    add(W("wgmma", tile_m=tmw, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True),
-                        f"wgmma (register-A decode): {tmw} tokens x {tn} rows per CTA, {w} warps, tile_k {tk}, "
-                        f"{st}-stage ring, split-K {s}")
+                    if s > 1:
+                        tail = wgmma_tail_tiles(tiles, s, sms)
+                        if not tail or tail * s > 2 * sms:
+                            continue
+                    add(_candidate("wgmma", tmw, tn, tk, s, w, st))
     return out
+
+
+@lru_cache(maxsize=4096)
+def _candidate(family: str, tm: int, tn: int, tk: int, s: int, w: int, st: int) -> Candidate:
+    """The rule candidate of one config with its reason (shape-independent: memoised)."""
+    cfg = W(family, tile_m=tm, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True)
+    if family == "mma":
+        return Candidate(cfg, f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, "
+                              f"split-K {s}")
+    return Candidate(cfg, f"wgmma (register-A decode): {tm} tokens x {tn} rows per CTA, {w} warps, tile_k {tk}, "
+                          f"{st}-stage ring, split-K {s}")
 
 
 def _gpu_of(problem: GemmProblem) -> str:
@@ -112,13 +125,13 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
     ``limit`` only (the model builds its full report for those alone)."""
     cands = rule_candidates(problem)
     try:
-        from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, estimate_us, lookup, rank
+        from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, estimate_us, rank
+        from nvgemm.perfmodel.table import spill_status
     except ImportError:  # pragma: no cover - the model ships with nvgemm
         return cands
 
-    def spills(c: Candidate) -> bool:  # no spills anywhere (the SASS facts table says)
-        f = lookup(c.config, "sm_90a")
-        return f is not None and (f.ldl or f.stl) > 0
+    def spills(c: Candidate) -> bool:  # the variant's own SASS spills (per config and activation)
+        return bool(spill_status(c.config, problem.epilogue, "sm_90a"))
 
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k

@@ -12,7 +12,7 @@ else -- no waves, no idle SMs, no tail, no split-K reduce kernel -- so it is an 
 its bytes and every modelled ratio nvgemm/bf16 is at most the byte ratio (2 / 0.5625 = 3.56x for
 the weights; ``tests/cpu/test_perfmodel.py`` checks it). Calibration against published bf16 GEMV
 numbers (``bench/results/model_calibration.md``): on H200, 235-822 MB matrices, the model lands at
-77-89 % of 4.8 TB/s against 70-82 % published for cuBLAS and 72-89 % for the best custom kernels,
+76-89 % of 4.8 TB/s against 70-82 % published for cuBLAS and 72-89 % for the best custom kernels,
 so the modelled baseline is if anything faster than cuBLAS (ratios against it are conservative).
 B200 6656 x 19968 at M = 1: 46.2 us measured (FlashInfer PR #4466); the model's range brackets it.
 

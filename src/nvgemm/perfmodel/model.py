@@ -36,10 +36,12 @@ Rounds (engine ``sass_chain``: the sm90 families)
     (``step_chip``). DRAM bytes per CTA step = the call's DRAM bytes / all CTA steps, so the
     rounds' byte steps add up to the byte floor.
 fill
-    each round starts with one loaded DRAM latency ``L`` plus the prologue's ring stages pushed
-    through the SM's port (``k x depth x bytes per step / fabric``): nothing streams before the
-    first data arrive. A later round's CTAs start while the SM's other resident CTAs still
-    stream (they are staggered by then), so a later round pays ``fill / q`` (``q = 1``: all of it).
+    each round starts with one loaded DRAM latency ``L`` -- the prologue issues its ring stages at
+    once and nothing is consumed before the first data arrive -- plus the first stage of each of the
+    ``k`` resident CTAs through the SM's port (``k x bytes per step / fabric``); the prologue's
+    other stages are part of the steady-state steps. A later round's CTAs start while the SM's
+    other resident CTAs still stream (they are staggered by then), so a later round pays
+    ``fill / q`` (``q = 1``: all of it).
 tail
     every round's CTAs finish with their per-pass and fixed instructions (``w x``) and the
     exposed epilogue; CTAs that reduce split-K partials in-kernel pay the serial L2 round trips
@@ -58,7 +60,8 @@ Pipeline engine (``pipeline``: the persistent, warp-specialised sm100 kernel)
     (:func:`nvgemm.templates.sm100.occupancy.aot_max_active_clusters` x cluster size) each take
     ``units_per_cta`` work units of ``stages`` K tiles; rounds of units: all ``grid`` CTAs in
     the full rounds, ``units mod grid`` in the last; a stage takes ``colimit(L / stages, stage
-    bytes / fabric, MMA cycles, chip byte step)``. Fill once (the ring stays full across units),
+    bytes / fabric, MMA cycles, chip byte step)``. Fill once (one DRAM latency + one stage through
+    the port; the ring stays full across units),
     then the exposed epilogue and the split-K round trips as the tail.
 
 Floors (reported, not added): byte floor = DRAM bytes / achievable bandwidth; issue floor = all
@@ -119,7 +122,7 @@ class Estimate:
     pct_of_peak: tuple[float, float]
     rounds: int = 1  # rounds of CTAs on the busiest SM (all grids of the call)
     active_sms: int = 0  # SMs that hold at least one CTA
-    fill_us: tuple[float, float] = (0.0, 0.0)  # first round's fill (loaded DRAM latency + prologue)
+    fill_us: tuple[float, float] = (0.0, 0.0)  # first round's fill (loaded DRAM latency + first stage)
     tail_us: tuple[float, float] = (0.0, 0.0)  # the last CTA's epilogue / split-K reduction
     notes: tuple[str, ...] = field(default=())
     _peak: float = 0.0  # peak bandwidth TB/s of the modelled GPU
@@ -221,6 +224,15 @@ def colimit(*terms: float) -> float:
     return hi * g
 
 
+def _colimit2(a: float, b: float) -> float:
+    """``colimit(a, b)`` without the varargs (the hot path of the ranking)."""
+    if a < b:
+        a, b = b, a
+    if b <= COLIMIT_MARGIN * a:
+        return a
+    return a * (1.0 + _h(b / a) - _H_MARGIN)
+
+
 def rounds(n: int, sms: int, q: int) -> list[tuple[int, int, int]]:
     """Rounds of an ``n``-CTA grid on ``sms`` SMs with ``q`` resident CTAs per SM, breadth-first
     (``n // sms`` CTAs on every SM, one more on ``n % sms`` of them): ``(count, k, a)`` = that
@@ -238,64 +250,78 @@ def rounds(n: int, sms: int, q: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _sass_chain(facts: KernelFacts, geo: Geometry, hw: Hardware, occ: Occupancy, lat: float, l2: float,
-                bw_bytes_per_clk: float, detail: bool = True):
-    """Kernel cycles of a sass_chain family at DRAM latency ``lat`` (see the module docstring);
-    ``detail``: a dict with the busiest SM's timeline, fill, tail, rounds and the limiter, else
-    the cycles alone (the ranking's fast path)."""
+def _sass_chain(facts: KernelFacts, geo: Geometry, hw: Hardware, occ: Occupancy, ends, detail: bool = True) -> list:
+    """Kernel cycles of a sass_chain family at each ``(DRAM latency, L2 latency, achievable bytes
+    per cycle)`` of ``ends`` (see the module docstring). ``detail``: per end a dict with the
+    busiest SM's timeline, fill, tail, rounds and the limiter, else the cycles alone (the
+    ranking's fast path)."""
     warps = -(-geo.threads // 32)
     sched = hw.schedulers_per_sm
     fabric = hw.sm_fabric_bytes_per_clk
     bytes_iter = geo.stream_bytes_per_iter + geo.other_bytes_per_iter
     issue_iter = facts.loop_issue_cycles or facts.loop_instrs
     f = geo.l2_reread_fraction  # re-read iterations wait for L2, not DRAM
-    eff_lat = f * l2 + (1.0 - f) * lat
     depth = max(geo.depth, 1.0)
-    latency = max(facts.chain_base + facts.round_trips * eff_lat, eff_lat / depth)  # Little: depth steps per L
     splitk = geo.splitk
     trips = splitk.dependent_l2_trips if splitk is not None and splitk.kind != "kernel" else 0.0
     full_ctas = geo.ctas - geo.tail_ctas
     steps = full_ctas * geo.iters_per_cta + geo.tail_ctas * geo.tail_iters
-    dram_step = geo.dram_bytes / steps / bw_bytes_per_clk if steps else 0.0  # chip cycles per CTA step
     tensor_step = 0.0
     if geo.tensor_tflops and steps:
         tensor_step = geo.tensor_flops / steps / (geo.tensor_tflops * 1e12 / hw.sm_count / hw.clock_hz)
     per_cta = geo.passes_per_cta * facts.pass_instrs + facts.fixed_instrs
     q = occ.ctas_per_sm
-    cycles = sm_cycles = fill0 = tail = 0.0
-    n_rounds = 0
-    limiter = ""
-    first = True
     grids = ((geo.ctas, geo.iters_per_cta, True),) if not geo.tail_ctas else (
         (full_ctas, geo.iters_per_cta, False), (geo.tail_ctas, geo.tail_iters, True))
+    plan = []  # per round group: (count, iters, reduce, w, issue, fabric, tensor, a, first stage / fabric)
     for n, iters, reduce in grids:
         for count, k, a in rounds(n, hw.sm_count, q):
             w = -(-k * warps // sched)
-            issue, fab, ten = w * issue_iter, k * bytes_iter / fabric, k * tensor_step
-            step_sm = colimit(latency, issue, fab, ten)
+            plan.append((count, iters, reduce, w, w * issue_iter, k * bytes_iter / fabric, k * tensor_step, a,
+                         k * bytes_iter / fabric))
+    out = []
+    for lat, l2, bw_clk in ends:
+        eff_lat = f * l2 + (1.0 - f) * lat
+        latency = max(facts.chain_base + facts.round_trips * eff_lat, eff_lat / depth)  # Little: depth steps per L
+        dram_step = geo.dram_bytes / steps / bw_clk if steps else 0.0  # chip cycles per CTA step
+        reduce_tail = trips * l2 + geo.epilogue_cycles
+        cycles = sm_cycles = fill0 = tail = 0.0
+        limiter = ""
+        first = True
+        for count, iters, reduce, w, issue, fab, ten, a, prologue in plan:
+            hi = max(latency, issue, fab, ten)
+            lim = COLIMIT_MARGIN * hi
+            if (issue > lim) + (fab > lim) + (ten > lim) + (latency > lim) > 1:
+                step_sm = colimit(latency, issue, fab, ten)
+            else:
+                step_sm = hi  # one term above the margin: the plain maximum
             step_chip = a * dram_step
-            step = colimit(step_sm, step_chip)
-            fill = lat + k * depth * bytes_iter / fabric
-            tail = w * per_cta + geo.epilogue_cycles + (trips * l2 if reduce else 0.0)
+            step = _colimit2(step_sm, step_chip)
+            fill = lat + prologue
+            tail = w * per_cta + (reduce_tail if reduce else geo.epilogue_cycles)
             rnd_fill = fill + (count - 1) * fill / q if first else count * fill / q
             cycles += rnd_fill + count * (iters * step + tail)
             if detail:
                 sm_cycles += rnd_fill + count * (iters * step_sm + tail)
-                n_rounds += count
                 if first:
                     fill0 = fill
                     terms = {"latency": latency, "issue": issue, "fabric": fab, "tensor": ten}
                     limiter = "bytes" if step_chip >= step_sm else max(terms, key=terms.get)
             first = False
-    if not detail:
-        return cycles
-    return {"cycles": cycles, "sm_cycles": sm_cycles, "fill": fill0, "tail": tail, "rounds": n_rounds,
-            "limiter": limiter, "active_sms": min(hw.sm_count, geo.ctas)}
+        out.append(cycles if not detail else {
+            "cycles": cycles, "sm_cycles": sm_cycles, "fill": fill0, "tail": tail,
+            "rounds": sum(g[0] for g in plan), "limiter": limiter, "active_sms": min(hw.sm_count, geo.ctas)})
+    return out
 
 
-def _pipeline(facts: KernelFacts, geo: Geometry, hw: Hardware, lat: float, l2: float,
-              bw_bytes_per_clk: float, detail: bool = True):
-    """Kernel cycles of the persistent pipeline engine (see the module docstring)."""
+def _pipeline(facts: KernelFacts, geo: Geometry, hw: Hardware, ends, detail: bool = True) -> list:
+    """Kernel cycles of the persistent pipeline engine at each end of ``ends`` (see
+    :func:`_sass_chain` and the module docstring)."""
+    return [_pipeline_at(facts, geo, hw, lat, l2, bw, detail) for lat, l2, bw in ends]
+
+
+def _pipeline_at(facts: KernelFacts, geo: Geometry, hw: Hardware, lat: float, l2: float,
+                 bw_bytes_per_clk: float, detail: bool):
     bytes_stage = geo.stream_bytes_per_iter + geo.other_bytes_per_iter
     units = max(geo.units_per_cta, 1)
     k_per_unit = geo.iters_per_cta / units
@@ -321,7 +347,7 @@ def _pipeline(facts: KernelFacts, geo: Geometry, hw: Hardware, lat: float, l2: f
         if not limiter:
             limiter = "bytes" if step_chip >= step_sm else max(terms, key=terms.get)
     trips = geo.splitk.dependent_l2_trips if geo.splitk else 0.0
-    fill = lat + geo.depth * bytes_stage / hw.sm_fabric_bytes_per_clk
+    fill = lat + bytes_stage / hw.sm_fabric_bytes_per_clk
     tail = geo.epilogue_cycles + trips * l2
     if not detail:
         return fill + cycles + tail
@@ -366,14 +392,12 @@ def total_us_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFac
     if occ.ctas_per_sm == 0:
         raise ValueError(f"{config.name()}: does not fit on an SM ({occ.limiter})")
     launch, sk, aux = _call_terms(geo, hw)
-    out = []
-    for i, (lat, l2, bw) in enumerate(_ends(hw)):
-        if fam.engine == "pipeline":
-            cyc = _pipeline(facts, geo, hw, lat, l2, bw, detail=False)
-        else:
-            cyc = _sass_chain(facts, geo, hw, occ, lat, l2, bw, detail=False)
-        out.append(cyc / hw.clock_hz * US + launch[i] + sk[i] + aux[i])
-    return (out[0], out[1])
+    if fam.engine == "pipeline":
+        cyc = _pipeline(facts, geo, hw, _ends(hw), detail=False)
+    else:
+        cyc = _sass_chain(facts, geo, hw, occ, _ends(hw), detail=False)
+    us = US / hw.clock_hz
+    return (cyc[0] * us + launch[0] + sk[0] + aux[0], cyc[1] * us + launch[1] + sk[1] + aux[1])
 
 
 def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFacts, fam: FamilyFacts) -> Estimate:
@@ -397,12 +421,11 @@ def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFac
     tensor_floor = geo.tensor_flops / (geo.tensor_tflops * 1e12) * US if geo.tensor_tflops else 0.0
 
     chains, kernels, limiters, fills, tails = [], [], [], [], []
-    r = {}
-    for lat, l2, bw_clk in _ends(hw):
-        if fam.engine == "pipeline":
-            r = _pipeline(facts, geo, hw, lat, l2, bw_clk)
-        else:
-            r = _sass_chain(facts, geo, hw, occ, lat, l2, bw_clk)
+    if fam.engine == "pipeline":
+        per_end = _pipeline(facts, geo, hw, _ends(hw))
+    else:
+        per_end = _sass_chain(facts, geo, hw, occ, _ends(hw))
+    for r in per_end:
         chains.append(r["sm_cycles"] / clk * US)
         kernels.append(r["cycles"] / clk * US)
         limiters.append(r["limiter"])

@@ -290,7 +290,9 @@ def write_spills(records: dict, arch: str = "sm_90a", path: Path | None = None) 
     for name, per_act in records.items():
         sp.setdefault(name, {}).update(per_act)
     table["spills"][arch] = dict(sorted(sp.items()))
-    p.write_text(format_table(table))
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(format_table(table))
+    os.replace(tmp, p)  # atomic: a sweep stopped mid-write leaves the old table, not half a file
     clear_cache()
 
 

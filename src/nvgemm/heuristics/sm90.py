@@ -122,33 +122,35 @@ def _gpu_of(problem: GemmProblem) -> str:
 def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Candidate]:
     """:func:`rule_candidates` ordered by the performance model (fastest first); candidates the
     model cannot price keep their rule order after the priced ones. ``limit``: the first
-    ``limit`` only (the model builds its full report for those alone)."""
+    ``limit`` only. The model's fast path prices them (``rank(..., report=False)``: no full
+    report is built)."""
     cands = rule_candidates(problem)
     try:
         from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, estimate_us, rank
-        from nvgemm.perfmodel.table import spill_status
+        from nvgemm.perfmodel.table import load_table, spill_status
     except ImportError:  # pragma: no cover - the model ships with nvgemm
         return cands
 
+    table = load_table()
+
     def spills(c: Candidate) -> bool:  # the variant's own SASS spills (per config and activation)
-        return bool(spill_status(c.config, problem.epilogue, "sm_90a"))
+        return bool(spill_status(c.config, problem.epilogue, "sm_90a", table))
 
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k
     gpu, sms = _gpu_of(problem), problem.target.sm_count
     ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE,
-                  limit=limit)
+                  limit=limit, report=False)
     if not ranked:
         return cands[:limit]
     base = bf16_baseline(m, n, k, gpu, sms)
     b_mid = 0.5 * (base.total_us[0] + base.total_us[1])
     priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms) is not None}
     # the model's time goes into the reason (labelled); est_runtime_us stays nvMatmulHeuristics' field
-    out = [replace(c, reason=f"{c.reason}; model {e.mid_us:.1f} us (bf16 cuBLAS model {b_mid:.1f} us)")
-           for c, e in ranked]
+    out = [replace(c, reason=f"{c.reason}; model {0.5 * (t[0] + t[1]):.1f} us (bf16 cuBLAS model {b_mid:.1f} us)")
+           for c, t in ranked]
     out += [c for c in cands if id(c) not in priced]
     return out if limit is None else out[:limit]
-
 
 
 def candidates(problem: GemmProblem, max_candidates: int = 8, use_nvmmh: bool = True) -> list[Candidate]:

@@ -523,7 +523,7 @@ def _issue_key(config, gpu: str, sm_count: int | None) -> float:
 
 
 def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
-         key=None, tie: float = MODEL_TIE, limit: int | None = None) -> list[tuple[object, Estimate]]:
+         key=None, tie: float = MODEL_TIE, limit: int | None = None, report: bool = True) -> list[tuple[object, Estimate]]:
     """``configs`` the model can estimate, fastest first: by the middle of the range, except that
     configs within ``tie`` (relative) of the fastest remaining one are ties, led by the one that
     issues the fewest main-loop instructions per weight element (more issue headroom if the GPU is
@@ -531,7 +531,8 @@ def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
     an estimate are dropped. ``key`` maps an item to its config (e.g. ``lambda c: c.config`` to
     rank the policy's ``Candidate`` objects); the items themselves are returned. ``limit``: only
     the first ``limit`` (the others are priced by the fast path, :func:`total_us_with`, and
-    their full :class:`Estimate` is never built)."""
+    their full :class:`Estimate` is never built). ``report=False``: pairs ``(item, (low, high)
+    us)`` instead of full estimates (the policy's path: no report at all)."""
     m, n, k = int(m), int(n), int(k)
     scored = []
     for i, c in enumerate(configs):
@@ -549,7 +550,8 @@ def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
             j += 1
         best_i = min(range(j), key=lambda i: (_issue_key(scored[i][4], gpu, sm_count), *scored[i][:3])) if j > 1 else 0
         pick = scored.pop(best_i)
-        out.append((pick[3], _estimate_cached(pick[4], m, n, k, gpu, sm_count)))
+        out.append((pick[3], _estimate_cached(pick[4], m, n, k, gpu, sm_count) if report
+                    else _total_cached(pick[4], m, n, k, gpu, sm_count)))
     return out
 
 

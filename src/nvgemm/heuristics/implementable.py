@@ -82,12 +82,15 @@ def can_implement_sm100(problem: GemmProblem, config: Sm100Nvfp4GemmConfig) -> S
 
 
 def can_implement_sm90(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
-    try:
-        st = _sm90_problem_status(problem)
-    except TypeError:  # an unhashable field value: without the memo
-        st = _sm90_problem_status.__wrapped__(problem)
+    st = sm90_problem_status(problem)
     if not st:
         return st
+    return sm90_config_fits(problem, config)
+
+
+def sm90_config_fits(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
+    """The config-dependent half of :func:`can_implement_sm90`, for a problem whose own rules
+    (:func:`sm90_problem_status`) hold -- the policy checks those once per problem."""
     st = _sm90_config_status(config)
     if not st:
         return st
@@ -96,13 +99,24 @@ def can_implement_sm90(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
     # padded to 16-row tiles, predicated stores).
     if why := sm90_config.shape_problem(config, problem.m_hi, problem.n, problem.k, problem.epilogue == "silu_mul"):
         return Status.fail(why)
-    return Status.success()
+    return _OK
 
 
 @lru_cache(maxsize=4096)
 def _sm90_config_status(config: Sm90W4A16Config) -> Status:
     """The config's own validity (shape-independent; memoised: the policy asks it per problem)."""
     return sm90_config.validate_config(config)
+
+
+_OK = Status.success()
+
+
+def sm90_problem_status(problem: GemmProblem) -> Status:
+    """The problem-only rules of the sm90 family (memoised per hashable problem)."""
+    try:
+        return _sm90_problem_status(problem)
+    except TypeError:  # an unhashable field value: without the memo
+        return _sm90_problem_status.__wrapped__(problem)
 
 
 @lru_cache(maxsize=4096)

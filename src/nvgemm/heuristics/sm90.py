@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config, wgmma_tail_tiles
 
-from .implementable import can_implement
+from .implementable import sm90_config_fits, sm90_problem_status
 from .problem import Candidate, GemmProblem, ceil_div
 
 W = Sm90W4A16Config
@@ -73,8 +73,11 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     out: list[Candidate] = []
     seen: set = set()
 
-    def add(cand: Candidate) -> None:
-        if cand.config not in seen and can_implement(problem, cand.config):
+    if not sm90_problem_status(problem):
+        return out  # can_implement fails for every config (the problem's own rules)
+
+    def add(cand: Candidate) -> None:  # can_implement, less the problem rules checked above
+        if cand.config not in seen and sm90_config_fits(problem, cand.config):
             seen.add(cand.config)
             out.append(cand)
 
@@ -145,10 +148,12 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
         return cands[:limit]
     base = bf16_baseline(m, n, k, gpu, sms)
     b_mid = 0.5 * (base.total_us[0] + base.total_us[1])
-    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms) is not None}
     # the model's time goes into the reason (labelled); est_runtime_us stays nvMatmulHeuristics' field
     out = [replace(c, reason=f"{c.reason}; model {0.5 * (t[0] + t[1]):.1f} us (bf16 cuBLAS model {b_mid:.1f} us)")
            for c, t in ranked]
+    if limit is not None and len(out) >= limit:
+        return out  # the unpriced ones would come after these
+    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms) is not None}
     out += [c for c in cands if id(c) not in priced]
     return out if limit is None else out[:limit]
 

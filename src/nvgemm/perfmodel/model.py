@@ -171,10 +171,18 @@ def _finite(x: float):
 def occupancy(facts: KernelFacts, geo: Geometry, hw: Hardware) -> Occupancy:
     """Resident CTAs per SM from registers (per scheduler quadrant), shared memory, threads
     (shape-independent: memoised per (facts, threads, forced residency, hardware))."""
-    return _occupancy(facts, geo.threads, geo.resident_ctas, hw)
+    key = (id(facts), id(hw), geo.threads, geo.resident_ctas)
+    hit = _OCC.get(key)
+    if hit is None or hit[0] is not facts or hit[1] is not hw:
+        # keyed by identity (hashing two large frozen records costs more than the occupancy);
+        # the entry keeps both alive, so an id cannot be reused while it is cached
+        hit = _OCC[key] = (facts, hw, _occupancy(facts, geo.threads, geo.resident_ctas, hw))
+    return hit[2]
 
 
-@functools.lru_cache(maxsize=4096)
+_OCC: dict = {}
+
+
 def _occupancy(facts: KernelFacts, threads: int, resident: int | None, hw: Hardware) -> Occupancy:
     warps = ceil_div(threads, 32)
     if resident is not None:
@@ -378,10 +386,17 @@ def _call_terms(geo: Geometry, hw: Hardware):
     return launch, sk, aux
 
 
-@functools.lru_cache(maxsize=64)
 def _ends(hw: Hardware):
-    """(DRAM latency, L2 latency, achievable bytes per cycle) at the low and the high end."""
-    return tuple(zip(hw.dram_latency, hw.l2_latency, [bw / hw.clock_hz for bw in hw.achievable_bw_range[::-1]]))
+    """(DRAM latency, L2 latency, achievable bytes per cycle) at the low and the high end
+    (memoised by identity, as :func:`occupancy`)."""
+    hit = _ENDS.get(id(hw))
+    if hit is None or hit[0] is not hw:
+        ends = tuple(zip(hw.dram_latency, hw.l2_latency, [bw / hw.clock_hz for bw in hw.achievable_bw_range[::-1]]))
+        hit = _ENDS[id(hw)] = (hw, ends)
+    return hit[1]
+
+
+_ENDS: dict = {}
 
 
 def total_us_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFacts, fam: FamilyFacts):

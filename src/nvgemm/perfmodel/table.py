@@ -124,6 +124,19 @@ def spill_status(config, activation: str = "none", arch: str = "sm_90a", table: 
     config whose other split-K variants were recorded spilling for ``activation`` is taken to spill
     too (the split-K epilogue's registers are what push those kernels over; conservative)."""
     t = table if table is not None else load_table()
+    memo = t.setdefault("_spill_memo", {})
+    key = (config, activation, arch)
+    try:
+        return memo[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable config: no memo
+        return _spill_status(t, config, activation, arch)
+    memo[key] = out = _spill_status(t, config, activation, arch)
+    return out
+
+
+def _spill_status(t: dict, config, activation: str, arch: str) -> bool | None:
     name = config.name()
     sp = t.get("spills", {}).get(arch, {})
     rec = sp.get(name, {}).get(activation)

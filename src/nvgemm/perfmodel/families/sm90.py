@@ -72,7 +72,9 @@ def _pad(n: int, k: int) -> tuple[int, int]:
     return ceil_div(n, ROW_TILE) * ROW_TILE, ceil_div(k, K_ALIGN) * K_ALIGN
 
 
+@lru_cache(maxsize=1024)
 def _weight_bytes(n: int, k: int) -> float:
+    """Padded weight + scale bytes (memoised: every config priced for a shape asks it)."""
     n_pad, k_pad = _pad(n, k)
     return n_pad * k_pad * NVFP4_BYTES
 

@@ -74,7 +74,8 @@ def _header(title: str, cmd: str) -> list[str]:
 
 SM90_ASSUMPTIONS = """## Model assumptions (H200)
 
-- 132 SMs x 4 schedulers at 1.98 GHz; 4.3 TB/s achievable of 4.8 TB/s peak HBM; 50 MB L2 (weights re-read
+- 132 SMs x 4 schedulers at 1.98 GHz; 3.85-4.3 TB/s achievable of 4.8 TB/s peak HBM (80-90 %, calibrated
+  on published H200 bf16 GEMVs: `bench/results/model_calibration.md`); 50 MB L2 (weights re-read
   from DRAM by later M tiles when they exceed 80 % of it); DRAM latency 1200-2000 cycles, L2 270-550 cycles;
   64 B/clock per SM from L2/DRAM (assumption).
 - Launch: 1.5-2.5 us per kernel in a CUDA graph, less 0.3-0.7 us with PDL (the mma family launches with
@@ -83,143 +84,29 @@ SM90_ASSUMPTIONS = """## Model assumptions (H200)
   3 dependent L2 round trips). The host path launches nothing else for W4A16 (no fills: absent operands
   reuse tensors of the call, split-K buffers live in a per-device workspace); a W4A4 layer adds its one
   Triton qdq kernel (not included below: these rows are W4A16).
-- Kernel = max(byte floor, issue floor, tensor floor, latency chain) (`nvgemm/perfmodel/model.py`):
-  the issue floor uses the SASS main loop (1 warp-instruction per scheduler per clock; integer/logic ops 2,
-  conversions 8 cycles); the latency chain replays the main loop's control bits for one warp
-  (`T1(L) = base + round_trips x L`; the mma family's cp.async ring of depth D bounds it below by
-  L / (D - 1) per stage: only D - 1 stages are in flight), then `step = max(T1(L), warps per scheduler x
-  issue cycles)`, in waves of resident CTAs (occupancy from registers per scheduler quadrant, shared
-  memory incl. the launch's dynamic ring, threads).
+- Kernel (`nvgemm/perfmodel/model.py`): the grid's CTAs are spread over the 132 SMs in rounds of the
+  resident CTAs per SM (occupancy from registers per scheduler quadrant, shared memory incl. the dynamic
+  ring, threads); a partial last round runs on the SMs that hold CTAs and the idle ones add nothing. Each
+  round = fill (one loaded DRAM latency + the first ring stage through the port; a later round pays fill / residency)
+  + iterations x step + the CTAs' tail (per-CTA instructions, exposed epilogue, in-kernel split-K round
+  trips). step = colimit(per-CTA step, chip byte step): the per-CTA step is colimit(latency, warps per
+  scheduler x SASS issue cycles, fabric, tensor-core time) with latency = max(SASS replay `T1(L) = base +
+  round_trips x L`, Little's law L / ring depth); the chip byte step = CTAs of the round x DRAM bytes per
+  CTA step / achievable bandwidth (the sum of the SMs' streams, capped by the chip). colimit = the largest
+  term plus a share of any other within a factor 2 of it (equal terms +17 %): co-limits are not max()-ed.
 - Tensor cores: the wgmma family's WGMMA FLOPs (incl. its tile padding) at 70 % of the 989 TFLOP/s dense
-  bf16 peak per SM -- the efficiency the bf16 baseline is given end to end; an assumption for both. The
-  tensor time of a main-loop step is part of the step (`max` with the latency, issue and byte terms: the
-  model takes the register-A kernel's decode, copies and WGMMAs to overlap perfectly), so CTAs pay it in
-  waves over the 132 SMs: a partial last wave costs a full step count. The wgmma family's split-K
-  splits only the tiles of that last wave (its tail), each into split-K CTAs after the whole tiles. The
-  mma family's `mma.sync` at 2/3 of that peak.
-- bf16 cuBLAS baseline: bf16 weights (2 B/element) streamed at 0.78-0.93 (M=1), 0.75-0.90 (M<=16),
-  0.70-0.88 (M<=64), 0.65-0.85 (M>64) of the achievable bandwidth, or its tensor floor (2 x M8 x N x K
-  FLOPs, M8 = M rounded up to 8 rows, at 70 % of the peak) if higher, + one launch
-  (`nvgemm/perfmodel/baseline.py`, cross-checked below). "x bf16" = modelled bf16 time / modelled nvgemm
-  time, middle of both ranges.
-- "% of 4.3 TB/s" = NVFP4 weight + scale bytes (0.5625 B/element) / modelled per-call time, as a range
-  (pessimistic-optimistic).
+  bf16 peak, the mma family's `mma.sync` at 2/3 of that peak, per SM, as a term of every step (so a
+  tensor-bound kernel pays for its partial last round). The wgmma family's split-K splits only the tiles
+  of that last round (its tail), each into split-K CTAs after the whole tiles.
+- bf16 cuBLAS baseline (`nvgemm/perfmodel/baseline.py`): the same bandwidth range, fill, launch (with the
+  PDL saving) and co-limit rule: launch + one DRAM latency + colimit(bf16 bytes / bandwidth, 2 x M8 x N x K
+  FLOPs at 70 % of the peak), M8 = M rounded up to 8 rows; charged no waves or tail (an ideal stream, if
+  anything faster than cuBLAS: `bench/results/model_calibration.md`). "x bf16" = modelled bf16 time /
+  modelled nvgemm time, middle of both ranges; it can never exceed the byte ratio ("bytes x" column;
+  `tests/cpu/test_perfmodel.py::test_no_modelled_ratio_exceeds_the_byte_ratio`).
+- "% of 4.8 TB/s" = NVFP4 weight + scale bytes (0.5625 B/element) / modelled per-call time, as a range
+  (pessimistic-optimistic), against the peak.
 """
-
-#: The model's numbers for the policy's picks BEFORE issue 14 (the gemv / wgmma kernels of commit
-#: f271fdc, bench/results/sm90_model.md there; same model, same table method): (config, us low-high).
-BEFORE = {
-    (6144, 4096, 1): ('gemv_t1x16x4096_w4_s1', '8.7-14.1'),
-    (6144, 4096, 2): ('gemv_t2x16x4096_w4_s1', '13.0-20.8'),
-    (6144, 4096, 4): ('gemv_t4x16x4096_w4_s1', '18.4-27.9'),
-    (6144, 4096, 8): ('gemv_t8x16x4096_w4_s1', '48.4-68.8'),
-    (6144, 4096, 16): ('gemv_t8x16x4096_w4_s1', '66.1-69.1'),
-    (6144, 4096, 32): ('gemv_t8x16x4096_w4_s1', '128.6-136.2'),
-    (6144, 4096, 64): ('wgmma_t64x128x64_w4_s4_sk8', '25.9-36.6'),
-    (4096, 4096, 1): ('gemv_t1x16x4096_w4_s1', '8.4-13.8'),
-    (4096, 4096, 2): ('gemv_t2x16x4096_w4_s1', '12.6-20.4'),
-    (4096, 4096, 4): ('gemv_t4x16x4096_w4_s1', '17.7-27.2'),
-    (4096, 4096, 8): ('gemv_t8x16x4096_w4_s1', '46.8-67.2'),
-    (4096, 4096, 16): ('gemv_t8x16x4096_w4_s1', '45.2-58.7'),
-    (4096, 4096, 32): ('gemv_t8x16x4096_w4_s1', '86.9-89.9'),
-    (4096, 4096, 64): ('wgmma_t64x128x64_w4_s4_sk4', '40.4-57.6'),
-    (28672, 4096, 1): ('gemv_t1x16x4096_w4_s1', '24.7-37.4'),
-    (28672, 4096, 2): ('gemv_t2x16x4096_w4_s1', '33.9-51.4'),
-    (28672, 4096, 4): ('gemv_t4x16x4096_w4_s1', '64.5-93.3'),
-    (28672, 4096, 8): ('gemv_t8x16x4096_w4_s1', '149.5-157.0'),
-    (28672, 4096, 16): ('gemv_t8x16x4096_w4_s1', '300.2-320.7'),
-    (28672, 4096, 32): ('gemv_t8x16x4096_w4_s1', '577.1-580.1'),
-    (28672, 4096, 64): ('wgmma_t64x128x64_w4_s4', '151.6-206.4'),
-    (4096, 14336, 1): ('gemv_t1x16x4096_w4_s1', '21.6-34.3'),
-    (4096, 14336, 2): ('gemv_t2x16x4096_w4_s1', '37.4-59.8'),
-    (4096, 14336, 4): ('gemv_t4x16x4096_w4_s1', '56.4-85.3'),
-    (4096, 14336, 8): ('gemv_t8x16x4096_w4_s1', '167.2-240.0'),
-    (4096, 14336, 16): ('gemv_t8x16x4096_w4_s1', '151.5-196.3'),
-    (4096, 14336, 32): ('gemv_t8x16x4096_w4_s1', '299.5-302.5'),
-    (4096, 14336, 64): ('wgmma_t64x128x64_w4_s4_sk4', '125.3-174.9'),
-    (10240, 8192, 1): ('gemv_t1x16x4096_w4_s1', '22.4-35.1'),
-    (10240, 8192, 2): ('gemv_t2x16x4096_w4_s1', '22.0-34.7'),
-    (10240, 8192, 4): ('gemv_t4x16x4096_w4_s1', '58.4-87.3'),
-    (10240, 8192, 8): ('gemv_t8x16x4096_w4_s1', '99.9-129.6'),
-    (10240, 8192, 16): ('gemv_t8x16x4096_w4_s1', '241.2-279.1'),
-    (10240, 8192, 32): ('gemv_t8x16x4096_w4_s1', '398.6-436.6'),
-    (10240, 8192, 64): ('wgmma_t64x128x64_w4_s4', '299.1-405.5'),
-    (8192, 8192, 1): ('gemv_t1x16x4096_w4_s1', '13.3-21.2'),
-    (8192, 8192, 2): ('gemv_t2x16x4096_w4_s1', '21.7-34.3'),
-    (8192, 8192, 4): ('gemv_t4x16x4096_w4_s1', '32.0-47.9'),
-    (8192, 8192, 8): ('gemv_t8x16x4096_w4_s1', '90.1-128.0'),
-    (8192, 8192, 16): ('gemv_t8x16x4096_w4_s1', '157.8-160.8'),
-    (8192, 8192, 32): ('gemv_t8x16x4096_w4_s1', '312.1-315.1'),
-    (8192, 8192, 64): ('wgmma_t64x128x64_w4_s4_sk2', '142.3-198.3'),
-    (57344, 8192, 1): ('gemv_t1x16x4096_w4_s1', '72.3-109.3'),
-    (57344, 8192, 2): ('gemv_t2x16x4096_w4_s1', '114.0-175.2'),
-    (57344, 8192, 4): ('gemv_t4x16x4096_w4_s1', '202.8-296.3'),
-    (57344, 8192, 8): ('gemv_t8x16x4096_w4_s1', '552.9-590.8'),
-    (57344, 8192, 16): ('gemv_t8x16x4096_w4_s1', '1064.2-1067.2'),
-    (57344, 8192, 32): ('gemv_t8x16x4096_w4_s1', '2105.6-2135.2'),
-    (57344, 8192, 64): ('wgmma_t64x128x64_w4_s4', '595.1-805.0'),
-    (8192, 28672, 1): ('gemv_t1x16x4096_w4_s1', '35.4-55.3'),
-    (8192, 28672, 2): ('gemv_t2x16x4096_w4_s1', '63.1-100.0'),
-    (8192, 28672, 4): ('gemv_t4x16x4096_w4_s1', '96.5-144.7'),
-    (8192, 28672, 8): ('gemv_t8x16x4096_w4_s1', '290.8-416.0'),
-    (8192, 28672, 16): ('gemv_t8x16x4096_w4_s1', '512.0-515.0'),
-    (8192, 28672, 32): ('gemv_t8x16x4096_w4_s1', '1020.6-1023.6'),
-    (8192, 28672, 64): ('wgmma_t64x128x64_w4_s4_sk2', '481.9-667.2'),
-}
-
-#: The model's numbers for the policy's picks at M = 48..256 BEFORE the register-A wgmma family
-#: (main b6ffd2d: the mma decode kernel in M tiles of 32 for every M > 32; same model, its table):
-#: (config, us low-high).
-BEFORE_WGMMA = {
-    (6144, 4096, 48): ('mma_t32x128x256_w8_s3_sk2_pdl', '9.8-11.7'),
-    (6144, 4096, 64): ('mma_t32x128x256_w8_s3_sk2_pdl', '9.8-11.7'),
-    (6144, 4096, 96): ('mma_t32x128x256_w8_s3_sk2_pdl', '15.5-18.7'),
-    (6144, 4096, 128): ('mma_t32x128x256_w8_s3_sk2_pdl', '15.3-18.4'),
-    (6144, 4096, 192): ('mma_t32x128x256_w8_s3_pdl', '26.4-29.2'),
-    (6144, 4096, 256): ('mma_t32x128x256_w8_s3_pdl', '26.2-29.0'),
-    (4096, 4096, 48): ('mma_t32x128x256_w8_s3_sk4_pdl', '6.0-7.9'),
-    (4096, 4096, 64): ('mma_t32x128x256_w8_s3_sk4_pdl', '6.0-7.9'),
-    (4096, 4096, 96): ('mma_t32x128x256_w8_s3_sk4_pdl', '9.3-12.0'),
-    (4096, 4096, 128): ('mma_t32x128x256_w4_s3_sk2_pdl', '9.2-11.9'),
-    (4096, 4096, 192): ('mma_t32x128x256_w8_s3_sk2_pdl', '15.2-18.2'),
-    (4096, 4096, 256): ('mma_t32x128x256_w4_s3_pdl', '15.4-18.2'),
-    (28672, 4096, 48): ('mma_t32x128x256_w8_s3_pdl', '33.3-34.7'),
-    (28672, 4096, 64): ('mma_t32x128x256_w8_s3_pdl', '33.3-34.7'),
-    (28672, 4096, 96): ('mma_t32x128x256_w8_s3_pdl', '49.5-50.9'),
-    (28672, 4096, 128): ('mma_t32x128x256_w8_s3_pdl', '64.2-66.6'),
-    (28672, 4096, 192): ('mma_t32x128x256_w8_s3_pdl', '95.9-99.0'),
-    (28672, 4096, 256): ('mma_t32x128x256_w8_s3_pdl', '127.6-129.0'),
-    (4096, 14336, 48): ('mma_t32x128x256_w8_s3_sk4_pdl', '15.5-17.4'),
-    (4096, 14336, 64): ('mma_t32x128x256_w8_s3_sk4_pdl', '15.5-17.4'),
-    (4096, 14336, 96): ('mma_t32x128x256_w8_s3_sk4_pdl', '24.7-28.6'),
-    (4096, 14336, 128): ('mma_t32x128x256_w4_s3_sk2_pdl', '27.0-31.7'),
-    (4096, 14336, 192): ('mma_t32x128x256_w8_s3_sk2_pdl', '45.2-50.0'),
-    (4096, 14336, 256): ('mma_t32x128x256_w4_s3_pdl', '49.8-56.1'),
-    (10240, 8192, 48): ('mma_t32x128x256_w8_s3_pdl', '32.2-33.6'),
-    (10240, 8192, 64): ('mma_t32x128x256_w8_s3_pdl', '32.2-33.6'),
-    (10240, 8192, 96): ('mma_t32x128x256_w8_s3_pdl', '34.5-35.9'),
-    (10240, 8192, 128): ('mma_t32x128x256_w8_s3_pdl', '56.6-64.5'),
-    (10240, 8192, 192): ('mma_t32x128x256_w8_s3_pdl', '68.3-69.7'),
-    (10240, 8192, 256): ('mma_t32x128x256_w8_s3_pdl', '90.8-95.9'),
-    (8192, 8192, 48): ('mma_t32x128x256_w8_s3_sk2_pdl', '17.4-19.3'),
-    (8192, 8192, 64): ('mma_t32x128x256_w8_s3_sk2_pdl', '17.4-19.3'),
-    (8192, 8192, 96): ('mma_t32x128x256_w8_s3_sk2_pdl', '27.8-31.9'),
-    (8192, 8192, 128): ('mma_t32x128x256_w4_s3_pdl', '30.1-34.8'),
-    (8192, 8192, 192): ('mma_t32x128x256_w8_s3_pdl', '50.4-54.7'),
-    (8192, 8192, 256): ('mma_t32x128x256_w4_s3_pdl', '57.5-64.5'),
-    (57344, 8192, 48): ('mma_t32x128x256_w8_s3_pdl', '125.2-127.3'),
-    (57344, 8192, 64): ('mma_t32x128x256_w8_s3_pdl', '125.7-127.3'),
-    (57344, 8192, 96): ('mma_t32x128x256_w8_s3_pdl', '188.1-190.2'),
-    (57344, 8192, 128): ('mma_t32x128x256_w8_s3_pdl', '250.5-251.9'),
-    (57344, 8192, 192): ('mma_t32x128x256_w8_s3_pdl', '375.4-376.8'),
-    (57344, 8192, 256): ('mma_t32x128x256_w8_s3_pdl', '500.2-501.6'),
-    (8192, 28672, 48): ('mma_t32x128x256_w8_s3_sk2_pdl', '64.5-65.9'),
-    (8192, 28672, 64): ('mma_t32x128x256_w8_s3_sk2_pdl', '65.3-66.7'),
-    (8192, 28672, 96): ('mma_t32x128x256_w8_s3_sk2_pdl', '98.1-111.7'),
-    (8192, 28672, 128): ('mma_t32x128x256_w8_s3_pdl', '125.9-127.3'),
-    (8192, 28672, 192): ('mma_t32x128x256_w8_s3_pdl', '192.3-216.3'),
-    (8192, 28672, 256): ('mma_t32x128x256_w8_s3_pdl', '251.0-252.4'),
-}
 
 def sm90_report(out: Path) -> None:
     import torch
@@ -232,18 +119,20 @@ def sm90_report(out: Path) -> None:
     lines = _header("sm90 W4A16 decode on H200: performance MODEL of the policy's picks (issue 14)",
                     "python bench/perf_model.py sm90")
     lines += [
-        "## Model: policy pick per shape and M, against bf16 cuBLAS and the kernels before issue 14",
+        "## Model: policy pick per shape and M, against bf16 cuBLAS",
         "",
         "Policy pick = what the sm90 runtime runs (`runtime/sm90_backend.pick_config`: the first candidate of",
-        "`heuristics/sm90.py`, which ranks both families' configs with this model). Model best = the fastest",
-        "modelled config over the families' search spaces (tiles, warps, ring depth, split-K). Before = the same",
-        "model on the policy's pick before the change that brought it: at M <= 32 before issue 14 (gemv,",
-        "f271fdc), at M >= 48 before the register-A WGMMA kernel (main b6ffd2d: the mma decode kernel in M",
-        "tiles of 32, each re-reading the weights).",
+        "`heuristics/sm90.py`, which ranks both families' configs with this model and drops variants whose SASS",
+        "spills). Model best = the fastest modelled config over the families' search spaces (tiles, warps, ring",
+        "depth, split-K; spills not checked). Rounds = rounds of CTAs x SMs holding CTAs (of 132). Limit = what",
+        "sets the first round's step at the (low, high) end. Bytes x = the ratio of the bytes the two GEMMs",
+        "move (bf16 weights + activations + output vs NVFP4 weights + scales + the same): the ceiling of x bf16.",
+        "(The columns comparing with the kernels before issue 14 are gone: they were priced by the previous",
+        "model, whose numbers this one does not reproduce.)",
         "",
-        "| N x K (layer) | M | model: policy pick | model us | model % of 4.3 TB/s | model x bf16 | model bf16 us"
-        " | model: best config | model best us | before: pick | before: model us |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| N x K (layer) | M | model: policy pick | model us | model % of 4.8 TB/s | model x bf16 | bytes x | model bf16 us"
+        " | rounds | limit | model: best config | model best us |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     picks = {}
     rows = []
@@ -255,11 +144,12 @@ def sm90_report(out: Path) -> None:
             bc, be = best(fams, m, n, k, "H200")
             picks.setdefault(pick, []).append((n, k, m))
             rows.append((n, k, m, e, be, b))
-            old_cfg, old_us = (BEFORE_WGMMA if m >= 48 else BEFORE).get((n, k, m), ("-", "-"))
+            bound = b.bytes / (e.geometry.weight_bytes + 2.0 * m * k + 2.0 * m * n)
+            lim = e.limiter[0] if e.limiter[0] == e.limiter[1] else f"{e.limiter[0]}/{e.limiter[1]}"
             lines.append(
-                f"| {n}x{k} ({layer}) | {m} | {_short(pick.name())} | {_r(e.total_us)} | {_pct(e)} | "
-                f"{b.mid_us / e.mid_us:.2f} | {_r(b.total_us)} | {_short(bc.name())} | {_r(be.total_us)} | "
-                f"{old_cfg} | {old_us} |")
+                f"| {n}x{k} ({layer}) | {m} | {_short(pick.name())} | {_r(e.total_us)} | {_pct(e, peak=True)} | "
+                f"{b.mid_us / e.mid_us:.2f} | {bound:.2f} | {_r(b.total_us)} | {e.rounds} x {e.active_sms} | {lim} | "
+                f"{_short(bc.name())} | {_r(be.total_us)} |")
     lines += [""] + sm90_targets(rows) + ["", "## Model inputs: SASS facts of the policy's picks (from the table)", "",
               "| config | regs | model CTAs/SM (limit) | main-loop SASS instr per weight element | serial DRAM round"
               " trips per iteration | LDL/STL (in loop) | weight bytes in flight per SM, peak |",
@@ -313,13 +203,10 @@ def sm90_targets(rows) -> list[str]:
              f"{count(big, lambda n, k, m, e, be, b: e.total_us[1] <= b.total_us[0])} | "
              f"{count(big, lambda n, k, m, e, be, b: be.total_us[1] <= b.total_us[0])} |", "",
              "Bandwidth target missed at the pessimistic end: " + (", ".join(misses) if misses else "none") + ".", "",
-             "Physical reach (the arithmetic issue 14 asks for): at 75 % of 4.3 TB/s a call may take at most weight",
-             "bytes / 3.2 GB/ms. 8B down (4096x14336, 33.0 MB) allows 10.2 us: the byte floor is 7.7 us and one",
-             "launch 1.5-2.5 us less 0.3-0.7 us with PDL, so even a kernel exactly at the byte floor models at",
-             "8.9-10.5 us: the target is at the edge of reach there, and the split-K partial round trips (~0.5 us)",
-             "and the per-SM tail decide which side. 6144x4096 (14.2 MB) allows 4.4 us and 4096x4096 (9.4 MB) 2.9 us",
-             "against a 3.3 / 2.2 us byte floor plus one launch: out of reach in this model (the target list leaves",
-             "them out).", ""] + sm90_sweep() + [""] + sm90_compute_bound(rows)
+             "Physical reach: at 75 % of 4.3 TB/s a call may take at most weight bytes / 3.2 GB/ms; the model",
+             "charges every call at least one launch (0.8-2.2 us with PDL), one DRAM latency and its bytes at",
+             "3.85-4.3 TB/s, so the small layers (6144x4096, 4096x4096) cannot reach it with any kernel and the",
+             "target list leaves them out.", ""] + sm90_sweep() + [""] + sm90_compute_bound(rows)
     return lines
 
 
@@ -387,17 +274,18 @@ def sm90_compute_bound(rows) -> list[str]:
         "Why no NVFP4 path can beat bf16 at M = 256 (the arithmetic item 5 asks for): 57344x8192 at M = 256 is",
         f"{flops / 1e9:.0f} GFLOP: {t_peak:.0f} us at the H200's dense bf16 peak ({hw.bf16_tflops:.0f} TFLOP/s), "
         f"{t_eff:.0f} us at the {TENSOR_EFFICIENCY:.0%} both models assume.",
-        f"Its bf16 weights are {bf16_bytes / 1e6:.0f} MB ({bf16_bytes / hw.achievable_bw * 1e6:.0f} us at 4.3 TB/s), "
+        f"Its bf16 weights are {bf16_bytes / 1e6:.0f} MB ({bf16_bytes / hw.achievable_bw * 1e6:.0f} us at "
+        f"{hw.achievable_bw_tbs} TB/s), "
         f"NVFP4 {fp4_bytes / 1e6:.0f} MB ({fp4_bytes / hw.achievable_bw * 1e6:.0f} us): both GEMMs are "
         "tensor-core bound, and Hopper",
         "multiplies NVFP4 weights only as bf16/fp16 operands (no FP4 tensor cores; FP8 would round the",
         "activations and the 6-significant-bit E2M1 x e4m3 products), so every NVFP4 path does the same",
         "FLOPs on the same tensor cores: the best it can do is tie. The register-A WGMMA kernel models at",
         f"{_r(e.total_us)} us against bf16's {_r(b.total_us)} us: the same 70 % tensor rate, but the model charges",
-        "the NVFP4 kernel its grid explicitly -- CTAs in waves over 132 SMs, pipeline fill and epilogue per",
-        "CTA -- while the bf16 figure is an end-to-end efficiency (cuBLAS runs persistent / stream-K kernels",
-        "on Hopper). The wgmma kernel's split tail (only the last partial wave's tiles split in K) recovers",
-        "most of the wave loss; what remains is inside the efficiency assumption both sides share.",
+        "the NVFP4 kernel its grid explicitly -- CTAs in rounds over 132 SMs, fill and tail per round -- while",
+        "the bf16 baseline is an ideal stream charged none of that (cuBLAS runs persistent / stream-K kernels",
+        "on Hopper). The wgmma kernel's split tail (only the last partial round's tiles split in K) recovers",
+        "part of the round loss.",
         "A per-call dequantize-into-workspace + cuBLAS candidate costs the bf16 GEMM plus the dequantize",
         f"kernel (read {fp4_bytes / 1e6:.0f} MB, write {bf16_bytes / 1e6:.0f} MB: "
         f"{(fp4_bytes + bf16_bytes) / hw.achievable_bw * 1e6:.0f} us) plus an fp32 epilogue pass: slower than bf16 "
@@ -418,8 +306,9 @@ def bf16_crosscheck() -> list[str]:
            "| published (anchors.md) | measured | model, same shape and GPU |", "|---|---|---|"]
     for what, meas, args in rows:
         out.append(f"| {what} | {meas} | {_r(bf16_baseline(*args).total_us)} us |")
-    return out + ["", "No published cuBLAS bf16 numbers at M = 2..64 for these shapes were found; the model's lower",
-                  "streaming efficiency there is an assumption."]
+    return out + ["", "No published cuBLAS bf16 numbers at M = 2..64 for these shapes were found. The H200 bf16 GEMV",
+                  "calibration (published 70-82 % cuBLAS, 72-89 % best custom kernels): "
+                  "`bench/results/model_calibration.md`."]
 
 
 def _gpct(e) -> str:
@@ -479,9 +368,9 @@ def sm100_report(out: Path) -> None:
 
     lines += ["", "## Model: M=1 against the 60 % goal", "",
               "At 60 % of 8 TB/s a GEMM streams 4.8 bytes per ns: the whole GEMM time, launch included, may be",
-              "at most weight bytes / 4.8 GB/ms. The launch alone is 1.2-2.2 us with PDL (model assumption), so the",
-              "two smallest layers (budgets 2.9 and 2.0 us) cannot reach 60 % in this model with any kernel: even at",
-              "the byte floor (2.1 / 1.4 us at 6.8 TB/s) plus one launch they need 3.3-4.3 / 2.6-3.6 us.", "",
+              f"at most weight bytes / 4.8 GB/ms. The launch alone is {hw.launch_us[0] - hw.pdl_saving_us[1]:.1f}-"
+              f"{hw.launch_us[1] - hw.pdl_saving_us[0]:.1f} us with PDL (model assumption) plus one DRAM latency, so",
+              "the two smallest layers (budgets 2.9 and 2.0 us) cannot reach 60 % in this model with any kernel.", "",
               "| N x K | weight MB | GEMM budget at 60 % | model: policy #1 | model: best config (search) | meets? |",
               "|---|---|---|---|---|---|"]
     for n, k, layer, first, e1, bc, be in m1:
@@ -515,16 +404,19 @@ def sm100_report(out: Path) -> None:
 
 SM100_ASSUMPTIONS = """## Model assumptions (B200)
 
-- 148 SMs, ~1.965 GHz, 8 TB/s HBM peak with 85 % (6.8 TB/s) achievable, L2 126 MB, DRAM latency 1400-2400
+- 148 SMs, ~1.965 GHz, 8 TB/s HBM peak with 6.0-6.8 TB/s (75-85 %) achievable, L2 126 MB, DRAM latency 1400-2400
   cycles, L2 300-700 cycles, 64 B/clock per SM from L2/DRAM: published figures where known
   (`nvgemm/perfmodel/hardware.py` cites them), assumptions otherwise.
 - For these tcgen05/TMA kernels instruction counts do not matter; the model uses bytes in flight and
   pipeline depth: one CTA per SM keeps `stages` 256-deep K tiles in flight (stages from shared memory:
   `(232448 - 2048) // stage bytes`, capped at 12; checked against the compiled kernels' launch), so a
-  stage takes max(L / stages, stage bytes / 64 B per clock, MMA time); the busiest persistent CTA does
-  ceil(work units / CTAs) units; + fill latency + the exposed epilogue (200 cycles per 128 x 32 sub-tile,
-  assumption) + split-K (fence + counter atomic = 2 L2 round trips, then the reduction).
-- Kernel = max(byte floor, tensor floor, latency chain); launch 1.5-2.5 us less 0.3-0.7 us with PDL.
+  stage takes colimit(L / stages, stage bytes / 64 B per clock, MMA time, chip byte step); the persistent
+  grid is the launcher's own bound (`templates/sm100/occupancy.aot_max_active_clusters` x cluster size:
+  the clusters the GPC topology guarantees, one shared function); work units run in rounds over that
+  grid (all CTAs in the full rounds, units mod grid in the last); + fill (one DRAM latency + the ring)
+  + the exposed epilogue (200 cycles per 128 x 32 sub-tile, assumption) + split-K (fence + counter
+  atomic = 2 L2 round trips, then the reduction) as the tail.
+- Co-limits combined as for sm90 (`colimit`); launch 1.5-2.5 us less 0.3-0.7 us with PDL.
 - Per call adds two helper kernels (activation quantize, alpha product) at 1.0-2.0 us each.
 - Which reduction a compiled kernel has is read from its SASS (the table's `rolled_reduce`); configs not in
   the table are assumed to have the current kernel's batched reduction.

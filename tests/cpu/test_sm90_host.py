@@ -484,10 +484,11 @@ LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192)
 @pytest.mark.parametrize("n,k", LLAMA)
 def test_policy_first_choice_against_bf16(n, k):
     """Issue 14 items 7 and 5 (a MODEL): for the Llama-3.1-8B / 3.3-70B shapes the policy's first
-    sm90 candidate is modelled no slower than bf16 cuBLAS (mid of both ranges) at M = 1..160; at
-    161..256, where both are tensor-core bound and the model charges the NVFP4 grid its partial last
-    wave, fill and epilogue on top of the same tensor rate, within 15 %; and nowhere would a
-    dequantize pass + cuBLAS be faster (bench/results/sm90_model.md)."""
+    sm90 candidate is modelled no slower than bf16 cuBLAS (mid of both ranges) at M = 1..64; above,
+    where both are tensor-core bound and the model (issue 23) charges the NVFP4 grid its idle SMs,
+    partial last round, fill and tail while the bf16 baseline is an ideal stream at the same tensor
+    rate, at most 1 / 0.7 as slow; and nowhere would a dequantize pass + cuBLAS be faster
+    (bench/results/sm90_model.md)."""
     from nvgemm.perfmodel import bf16_baseline, estimate
 
     for m in (1, 2, 4, 8, 16, 32, 33, 48, 64, 96, 128, 144, 160, 192, 224, 240, 256):
@@ -495,18 +496,20 @@ def test_policy_first_choice_against_bf16(n, k):
         e = estimate(cfg, m, n, k, "H200", 132)
         assert e is not None, cfg.name()
         b = bf16_baseline(m, n, k, "H200", 132)
-        assert e.mid_us <= (b.mid_us if m <= 160 else b.mid_us / 0.85), (n, k, m, cfg.name(), e.mid_us, b.mid_us)
+        assert e.mid_us <= (b.mid_us if m <= 64 else b.mid_us / 0.7), (n, k, m, cfg.name(), e.mid_us, b.mid_us)
         dequant_pass = (0.5625 + 2.0) * n * k / 4.3e12 * 1e6
         assert e.mid_us < b.mid_us + dequant_pass, (n, k, m)
 
 
 def test_policy_picks_do_not_spill():
-    """Issue 14 item 3: the policy's picks for the Llama shapes have no local-memory traffic at all
-    (the committed SASS facts table; the compile tests re-derive it from the SASS)."""
-    from nvgemm.perfmodel import lookup
+    """Issue 14 item 3 / issue 23: the policy's picks for the Llama shapes have no local-memory
+    traffic at all -- the spill record of each pick's own (config, activation) variant, read from
+    its SASS with the reference and the fullest epilogue (bench/compile_sweep_sm90.py; the compile
+    tests re-derive records from the SASS). M: the sweep's token counts (sass_tool.SM90_M)."""
+    from nvgemm.perfmodel.table import spill_status
+    from nvgemm.runtime.sass_tool import SM90_M
 
     for n, k in LLAMA:
-        for m in (1, 4, 16, 32, 64, 128, 224, 256):
+        for m in SM90_M:
             cfg = pick_config(m, n, k, torch.bfloat16, "none", 132)
-            f = lookup(cfg, "sm_90a")
-            assert f is not None and (f.ldl, f.stl) == (0, 0), (cfg.name(), f and (f.ldl, f.stl))
+            assert spill_status(cfg, "none") is False, (cfg.name(), spill_status(cfg, "none"))

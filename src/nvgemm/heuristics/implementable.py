@@ -16,6 +16,7 @@ problem (shape, alignment, arch ...).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from nvgemm.templates.sm90 import config as sm90_config
 from nvgemm.templates.sm90.config import Sm90W4A16Config
@@ -81,6 +82,46 @@ def can_implement_sm100(problem: GemmProblem, config: Sm100Nvfp4GemmConfig) -> S
 
 
 def can_implement_sm90(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
+    st = sm90_problem_status(problem)
+    if not st:
+        return st
+    return sm90_config_fits(problem, config)
+
+
+def sm90_config_fits(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
+    """The config-dependent half of :func:`can_implement_sm90`, for a problem whose own rules
+    (:func:`sm90_problem_status`) hold -- the policy checks those once per problem."""
+    st = _sm90_config_status(config)
+    if not st:
+        return st
+    # tile shapes, warps, stages and pdl: sm90_config.validate_config; K, gated layouts and the
+    # split count against the K range: sm90_config.shape_problem. Any M (M tiles) and any N (rows
+    # padded to 16-row tiles, predicated stores).
+    if why := sm90_config.shape_problem(config, problem.m_hi, problem.n, problem.k, problem.epilogue == "silu_mul"):
+        return Status.fail(why)
+    return _OK
+
+
+@lru_cache(maxsize=4096)
+def _sm90_config_status(config: Sm90W4A16Config) -> Status:
+    """The config's own validity (shape-independent; memoised: the policy asks it per problem)."""
+    return sm90_config.validate_config(config)
+
+
+_OK = Status.success()
+
+
+def sm90_problem_status(problem: GemmProblem) -> Status:
+    """The problem-only rules of the sm90 family (memoised per hashable problem)."""
+    try:
+        return _sm90_problem_status(problem)
+    except TypeError:  # an unhashable field value: without the memo
+        return _sm90_problem_status.__wrapped__(problem)
+
+
+@lru_cache(maxsize=4096)
+def _sm90_problem_status(problem: GemmProblem) -> Status:
+    """The problem-only rules of the sm90 family (memoised per problem)."""
     st = validate_problem(problem)
     if not st:
         return st
@@ -91,18 +132,10 @@ def can_implement_sm90(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
     arch = problem.target.arch
     if arch not in sm90_config.SM90_ARCHS:
         return Status.fail(f"arch {arch} not supported by the sm90 W4A16 family (needs one of {sm90_config.SM90_ARCHS})")
-    st = sm90_config.validate_config(config)
-    if not st:
-        return st
     if problem.k % W4A16_K_ALIGN:
         return Status.fail(
             f"K={problem.k} is not a multiple of {W4A16_K_ALIGN}: packed-FP4 weight rows are loaded in 16-byte units"
         )
-    # tile shapes, warps, stages and pdl: sm90_config.validate_config; K, gated layouts and the
-    # split count against the K range: sm90_config.shape_problem. Any M (M tiles) and any N (rows
-    # padded to 16-row tiles, predicated stores).
-    if why := sm90_config.shape_problem(config, problem.m_hi, problem.n, problem.k, problem.epilogue == "silu_mul"):
-        return Status.fail(why)
     return Status.success()
 
 

@@ -34,8 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "plan",
         help="show the kernel candidates nvgemm would autotune for a model's GEMMs",
         description="Per layer GEMM and token count M, print the ranked candidate configs, why each was "
-        "included, and a time: nvMatmulHeuristics' runtime estimate where it has one, else nvgemm's CPU "
-        "performance model (a range, labelled 'model'; not a measurement).",
+        "included, and its times, each labelled with its source: nvgemm's CPU performance model (a range, "
+        "'model'; not a measurement) and nvMatmulHeuristics' runtime estimate where it has one ('nvMMH').",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense; "
@@ -124,12 +124,18 @@ def _model_us(config, pm, gpu, sm_count):
 
 
 def _time_column(c) -> str:
-    if c["est_runtime_us"] is not None:
-        return f"{c['est_runtime_us']:8.2f} us (nvMMH)"
+    """The model's range, labelled "(model)", and nvMatmulHeuristics' estimate, labelled
+    "(nvMMH)", each only where that source gave a number (``est_runtime_us`` is the library's
+    field; the policies never put a model time there)."""
+    parts = []
     if c.get("model_us") is not None:
         lo, hi = c["model_us"]
-        return f"{f'{lo:.1f}-{hi:.1f}':>11s} us (model)"
-    return f"{'-':>11s} us        "
+        parts.append(f"{f'{lo:.1f}-{hi:.1f}':>11s} us (model)")
+    else:
+        parts.append(f"{'-':>11s} us        ")
+    if c["est_runtime_us"] is not None:
+        parts.append(f"{c['est_runtime_us']:8.2f} us (nvMMH)")
+    return "  ".join(parts)
 
 
 def run(args) -> int:
@@ -193,14 +199,16 @@ def run(args) -> int:
     lib = "on" if use_nvmmh and nvmmh.available() else f"off ({nvmmh.unavailable_reason() or 'disabled by --no-nvmmh'})"
     if args.json:
         print(json.dumps({"title": title, "target": target.__dict__, "format": fmt, "nvmmh": lib,
-                          "model_gpu": model_gpu, "model_note": "model_us: CPU performance model, not a measurement",
+                          "model_gpu": model_gpu, "model_note": "model_us: CPU performance model, not a measurement; "
+                          "est_runtime_us: nvMatmulHeuristics' estimate (null without it)",
                           "moe_routing": routing, "rows": rows}, indent=1))
         return 0
     print(f"nvgemm plan: {title}")
     print(f"target {target.gpu or '?'} {target.arch} {target.sm_count} SMs, {fmt}, out {args.out_dtype}, "
           f"nvMatmulHeuristics {lib}, cap {args.max_candidates}")
-    print(f"time: nvMatmulHeuristics' estimate (nvMMH), else nvgemm's CPU performance model on "
-          f"{model_gpu or 'no modelled GPU'} (model: a low-high range per call, not a measurement)")
+    print(f"time: nvgemm's CPU performance model on {model_gpu or 'no modelled GPU'} (model: a low-high range "
+          f"per call, not a measurement)" + ("; nvMatmulHeuristics' own estimate where it has one (nvMMH)"
+                                             if use_nvmmh else ""))
     if routing is not None:
         print(f"\nrouting ({moe.num_experts} experts, top-{moe.top_k}, uniform): weight MB = active experts"
               f"{' + shared' if moe.shared_intermediate else ''} (NVFP4); floor = MB / achievable bandwidth of "

@@ -3,8 +3,9 @@ by the performance model (:mod:`nvgemm.perfmodel`: a MODEL until an H200 measure
 
 nvMatmulHeuristics has no mixed bf16 x FP4 precision, so the candidates come from the two kernel
 families' search spaces (``templates/sm90/config.py``), filtered by ``can_implement`` and ordered
-by modelled time on the target (H200 figures, the target's SM count); configs whose SASS (the
-model's committed facts table) spills to local memory are dropped:
+by modelled time on the target (H200 figures, the target's SM count); a (config, activation) variant
+whose own SASS spills to local memory (the ``spills`` records of the model's committed table,
+compiled with the reference and the fullest epilogue: ``bench/compile_sweep_sm90.py``) is dropped:
 
 * ``mma`` (decode kernel, mma.sync tensor cores, cp.async ring, in-kernel split-K): every M; the
   model prices tile_m (8 / 16 / 32 tokens per CTA; more tokens = more M tiles that re-read the
@@ -23,10 +24,11 @@ both families.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
-from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config
+from nvgemm.templates.sm90.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config, wgmma_tail_tiles
 
-from .implementable import can_implement
+from .implementable import sm90_config_fits, sm90_problem_status
 from .problem import Candidate, GemmProblem, ceil_div
 
 W = Sm90W4A16Config
@@ -71,10 +73,13 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     out: list[Candidate] = []
     seen: set = set()
 
-    def add(cfg: Sm90W4A16Config, reason: str) -> None:
-        if cfg not in seen and can_implement(problem, cfg):
-            seen.add(cfg)
-            out.append(Candidate(cfg, reason))
+    if not sm90_problem_status(problem):
+        return out  # can_implement fails for every config (the problem's own rules)
+
+    def add(cand: Candidate) -> None:  # can_implement, less the problem rules checked above
+        if cand.config not in seen and sm90_config_fits(problem, cand.config):
+            seen.add(cand.config)
+            out.append(cand)
 
     tm = _tile_m(m)
     sms = problem.target.sm_count
@@ -84,17 +89,32 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
         # split-K only to bring the grid to one to three CTAs per SM (the model prices the rest)
         splits = [s for s in MMA_SPLITS if s == 1 or sms <= ctas * s <= 3 * sms]
         for s in splits:
-            add(W("mma", tile_m=tm, tile_n=tn, tile_k=256, split_k=s, num_warps=w, stages=st, pdl=True),
-                f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, split-K {s}")
+            add(_candidate("mma", tm, tn, 256, s, w, st))
     if m >= WGMMA_MIN_M:
         for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
-                # split-K splits only the tiles of the last, partial wave: worth pricing at any grid
+                # split-K splits only the tiles of the last, partial wave, into split_k CTAs each:
+                # priced where that tail exists (else every split_k runs the unsplit kernel) and its
+                # split CTAs fit in two rounds of one CTA per SM (more only adds rounds to the tail)
+                tiles = ceil_div(n, tn) * ceil_div(m, tmw)
                 for s in WGMMA_SPLITS:
-                    add(W("wgmma", tile_m=tmw, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True),
-                        f"wgmma (register-A decode): {tmw} tokens x {tn} rows per CTA, {w} warps, tile_k {tk}, "
-                        f"{st}-stage ring, split-K {s}")
+                    if s > 1:
+                        tail = wgmma_tail_tiles(tiles, s, sms)
+                        if not tail or tail * s > 2 * sms:
+                            continue
+                    add(_candidate("wgmma", tmw, tn, tk, s, w, st))
     return out
+
+
+@lru_cache(maxsize=4096)
+def _candidate(family: str, tm: int, tn: int, tk: int, s: int, w: int, st: int) -> Candidate:
+    """The rule candidate of one config with its reason (shape-independent: memoised)."""
+    cfg = W(family, tile_m=tm, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True)
+    if family == "mma":
+        return Candidate(cfg, f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, "
+                              f"split-K {s}")
+    return Candidate(cfg, f"wgmma (register-A decode): {tm} tokens x {tn} rows per CTA, {w} warps, tile_k {tk}, "
+                          f"{st}-stage ring, split-K {s}")
 
 
 def _gpu_of(problem: GemmProblem) -> str:
@@ -102,37 +122,45 @@ def _gpu_of(problem: GemmProblem) -> str:
     return gpu if gpu in ("H100", "H200") else "H200"
 
 
-def ranked_candidates(problem: GemmProblem) -> list[Candidate]:
+def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Candidate]:
     """:func:`rule_candidates` ordered by the performance model (fastest first); candidates the
-    model cannot price keep their rule order after the priced ones."""
+    model cannot price keep their rule order after the priced ones. ``limit``: the first
+    ``limit`` only. The model's fast path prices them (``rank(..., report=False)``: no full
+    report is built)."""
     cands = rule_candidates(problem)
     try:
-        from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, lookup, rank
+        from nvgemm.perfmodel import MODEL_TIE, bf16_baseline, estimate_us, rank
+        from nvgemm.perfmodel.table import load_table, spill_status
     except ImportError:  # pragma: no cover - the model ships with nvgemm
         return cands
 
-    def spills(c: Candidate) -> bool:  # no spills anywhere (the SASS facts table says)
-        f = lookup(c.config, "sm_90a")
-        return f is not None and (f.ldl or f.stl) > 0
+    table = load_table()
+
+    def spills(c: Candidate) -> bool:  # the variant's own SASS spills (per config and activation)
+        return bool(spill_status(c.config, problem.epilogue, "sm_90a", table))
 
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k
     gpu, sms = _gpu_of(problem), problem.target.sm_count
-    ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE)
+    ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE,
+                  limit=limit, report=False)
     if not ranked:
-        return cands
+        return cands[:limit]
     base = bf16_baseline(m, n, k, gpu, sms)
     b_mid = 0.5 * (base.total_us[0] + base.total_us[1])
-    priced = {id(c) for c, _ in ranked}
-    out = [replace(c, reason=f"{c.reason}; modelled {e.mid_us:.1f} us (bf16 cuBLAS modelled {b_mid:.1f} us)",
-                   est_runtime_us=e.mid_us)
-           for c, e in ranked]
-    return out + [c for c in cands if id(c) not in priced]
+    # the model's time goes into the reason (labelled); est_runtime_us stays nvMatmulHeuristics' field
+    out = [replace(c, reason=f"{c.reason}; model {0.5 * (t[0] + t[1]):.1f} us (bf16 cuBLAS model {b_mid:.1f} us)")
+           for c, t in ranked]
+    if limit is not None and len(out) >= limit:
+        return out  # the unpriced ones would come after these
+    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms) is not None}
+    out += [c for c in cands if id(c) not in priced]
+    return out if limit is None else out[:limit]
 
 
 def candidates(problem: GemmProblem, max_candidates: int = 8, use_nvmmh: bool = True) -> list[Candidate]:
     del use_nvmmh  # no nvMatmulHeuristics precision for bf16 x fp4
-    return ranked_candidates(problem)[:max_candidates]
+    return ranked_candidates(problem, limit=max_candidates)
 
 
 __all__ = ["WGMMA_SHAPES", "candidates", "ranked_candidates", "rule_candidates", "wgmma_tile_ms"]

@@ -2,12 +2,16 @@
 
 Two halves:
 
-* **analytic** (this package; importable from ``nvgemm.heuristics``, no compile, ~50 us per
-  estimate): :func:`estimate` / :func:`estimate_us` / :func:`rank` / :func:`best` turn a kernel
-  config and a shape (M, N, K) into a modelled time range for a named GPU, from the static facts
+* **analytic** (this package; importable from ``nvgemm.heuristics``, no compile, ~0.1 ms per
+  full estimate, ~20 us on the ranking's fast path): :func:`estimate` / :func:`estimate_us` /
+  :func:`rank` / :func:`best` turn a kernel config and a shape (M, N, K) into a modelled time range
+  for a named GPU -- a grid in rounds over the SMs with fill, tails and co-limits
+  (:mod:`.model`) -- from the static facts
   of the compiled kernel in the committed table (``sass_facts.json``, :mod:`.table`), the
   family's geometry (:mod:`.facts`, :mod:`.families`) and the hardware description
-  (:mod:`.hardware`). :func:`bf16_baseline` models bf16 cuBLAS the same way.
+  (:mod:`.hardware`). :func:`bf16_baseline` models bf16 cuBLAS with the same bandwidth, fill and
+  launch (one efficiency assumption for both sides of every ratio). Spills are per compiled
+  variant (:func:`.table.spill_status`).
 * **compiling** (``nvgemm.runtime.sass_tool``, may import the runtime): compiles a config for
   its arch without a GPU, reads its SASS (:mod:`.sass`) and derives the static facts; it also
   regenerates the table (``nvgemm model --regen-table``).

@@ -1,29 +1,20 @@
 """The bf16 cuBLAS baseline, modelled the same way (a MODEL; a GPU measurement overrides it).
 
-    time = launch + max(bytes / (achievable bandwidth x eff(M)),  2 M8 N K / (0.7 x bf16 peak))
+    time = launch - PDL saving + fill + colimit(bytes / achievable bandwidth,  2 M8 N K / (0.7 x bf16 peak))
     bytes = 2 N K (bf16 weights) + 2 M K + 2 M N,   M8 = M rounded up to a multiple of 8
+    fill  = one loaded DRAM latency (the first data of the stream)
 
-Tensor-core issue is not the limit at decode (bf16's arithmetic intensity is ~M FLOP/byte, the
-H200 ridge is ~230), so the model is a weight stream with an M-dependent streaming efficiency
-``eff(M)`` of cuBLAS relative to the achievable bandwidth (ranges; the low time uses the high
-efficiency):
-
-    M = 1        0.78 .. 0.93   GEMV-class kernels stream well
-    M = 2..16    0.75 .. 0.90   GEMM tiles of 64-128 rows, mostly padding; split-K on narrow N
-    M = 17..64   0.70 .. 0.88
-    M > 64       0.65 .. 0.85   (and the tensor floor above starts to matter)
-
-One kernel per call at the same launch cost as nvgemm's (cuBLAS may add a split-K reduce kernel
-on some small-M shapes; not modelled). Why these efficiencies (published bf16/fp16 numbers,
-anchors.md; ``bench/results/sm90_model.md`` repeats the cross-check):
-
-* B200, N=6656 K=19968 and N=19968 K=6656, M=1: 46.2 / 45.4 us measured (FlashInfer PR #4466)
-  -> 0.85 / 0.86 of 6.8 TB/s incl. launch; the model gives 43.5-52.6 us.
-* B200, 8192x8192, M=1: "fp16 matmul 5-6 TB/s" (flashinfer#1732) -> 22.4-26.8 us; model 22.7-27.8 us.
-* H100, 8192x8192, M=1: ~58 us fp16 (Marlin's published comparison) -> 0.77 of 3.0 TB/s;
-  model 49.6-60 us.
-No published cuBLAS bf16 numbers at M = 2..64 on these shapes were found; the lower
-efficiencies there are an assumption (wider range).
+**One efficiency assumption for both sides of every ratio** (issue 23): the baseline uses the
+hardware's achievable-bandwidth range, DRAM-latency range, launch cost (with the PDL saving
+nvgemm's kernels get: cuBLAS in a CUDA graph is given the same overlap) and co-limit rule
+(:func:`nvgemm.perfmodel.model.colimit`) exactly as nvgemm's kernels do, and is charged nothing
+else -- no waves, no idle SMs, no tail, no split-K reduce kernel -- so it is an *ideal* stream of
+its bytes and every modelled ratio nvgemm/bf16 is at most the byte ratio (2 / 0.5625 = 3.56x for
+the weights; ``tests/cpu/test_perfmodel.py`` checks it). Calibration against published bf16 GEMV
+numbers (``bench/results/model_calibration.md``): on H200, 235-822 MB matrices, the model lands at
+76-89 % of 4.8 TB/s against 70-82 % published for cuBLAS and 72-89 % for the best custom kernels,
+so the modelled baseline is if anything faster than cuBLAS (ratios against it are conservative).
+B200 6656 x 19968 at M = 1: 46.2 us measured (FlashInfer PR #4466); the model's range brackets it.
 
 Tensor term: a tensor-core GEMM computes whole MMA tiles, at least 8 rows (the N of ``mma.sync`` /
 ``wgmma`` on the token side), so the FLOPs are counted for M rounded up to a multiple of 8 -- the
@@ -39,17 +30,6 @@ from .hardware import get_hardware
 
 US = 1e6
 TENSOR_EFFICIENCY = 0.7
-
-
-def bf16_efficiency(m: int) -> tuple[float, float]:
-    """(low, high) streaming efficiency of cuBLAS bf16 relative to the achievable bandwidth."""
-    if m <= 1:
-        return (0.78, 0.93)
-    if m <= 16:
-        return (0.75, 0.90)
-    if m <= 64:
-        return (0.70, 0.88)
-    return (0.65, 0.85)
 
 
 @dataclass(frozen=True)
@@ -71,14 +51,19 @@ class BaselineEstimate:
 
 def bf16_baseline(m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None) -> BaselineEstimate:
     """Modelled bf16 x bf16 cuBLAS GEMM [M, K] x [K, N] -> bf16 on ``gpu``."""
+    from .model import colimit
+
     hw = get_hardware(gpu, sm_count)
     nbytes = 2.0 * n * k + 2.0 * m * k + 2.0 * m * n
-    eff_lo, eff_hi = bf16_efficiency(m)
-    stream = (nbytes / (hw.achievable_bw * eff_hi) * US, nbytes / (hw.achievable_bw * eff_lo) * US)
+    bw_lo, bw_hi = hw.achievable_bw_range
+    stream = (nbytes / bw_hi * US, nbytes / bw_lo * US)
+    fill = tuple(hw.cycles_to_us(lat) for lat in hw.dram_latency)
     m8 = -(-m // 8) * 8  # whole 8-row MMA tiles (see the module docstring)
     tensor = 2.0 * m8 * n * k / (TENSOR_EFFICIENCY * hw.bf16_tflops * 1e12) * US
-    total = (max(stream[0], tensor) + hw.launch_us[0], max(stream[1], tensor) + hw.launch_us[1])
-    return BaselineEstimate(m, n, k, hw.name, nbytes, total, stream, tensor, hw.launch_us)
+    # the launch model of nvgemm's PDL kernels: one launch less the programmatic-dependent-launch saving
+    launch = (hw.launch_us[0] - hw.pdl_saving_us[1], hw.launch_us[1] - hw.pdl_saving_us[0])
+    total = tuple(launch[i] + fill[i] + colimit(stream[i], tensor) for i in range(2))
+    return BaselineEstimate(m, n, k, hw.name, nbytes, (total[0], total[1]), stream, tensor, launch)
 
 
-__all__ = ["BaselineEstimate", "bf16_baseline", "bf16_efficiency"]
+__all__ = ["BaselineEstimate", "TENSOR_EFFICIENCY", "bf16_baseline"]

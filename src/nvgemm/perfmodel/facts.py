@@ -115,9 +115,11 @@ class SplitKReduce:
     dependent_l2_trips: float = 0.0  # serial L2 round trips on the critical path (in-kernel kinds)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Geometry:
-    """One call of a kernel on a shape (see the module docstring)."""
+    """One call of a kernel on a shape (see the module docstring). Not frozen: the policy builds
+    one per priced config and shape, and a frozen dataclass of this size costs several us to
+    construct; treat it as read-only."""
 
     ctas: int  # CTAs of the main kernel
     threads: int  # per CTA
@@ -129,6 +131,7 @@ class Geometry:
     weight_bytes: float  # weights + scales (the streamed operand) once
     depth: float = 1.0  # iterations of loads in flight per CTA (pipeline stages; 1 = none ahead)
     units_per_cta: int = 1  # work tiles of the busiest CTA (persistent kernels)
+    total_units: int = 0  # work tiles of the whole grid (persistent kernels; 0: ctas x units_per_cta)
     extra_launches: int = 0  # further kernels of the same call (e.g. a split-K reduce kernel)
     aux_kernels: int = 0  # host-path helper kernels per call (fills, quantize, ...)
     tensor_flops: float = 0.0  # tensor-core FLOPs incl. tile padding

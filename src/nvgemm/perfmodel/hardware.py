@@ -6,8 +6,15 @@ here is measured by nvgemm: these are published figures and stated assumptions. 
 overrides any model output.
 
 H200 (SXM, sm_90a) -- the brief's constants
-    132 SMs, 4 warp schedulers per SM, 1.98 GHz boost clock, HBM3e 4.8 TB/s peak of which
-    4.3 TB/s is taken as achievable by a streaming read (~90 %), 50 MB L2.
+    132 SMs, 4 warp schedulers per SM, 1.98 GHz boost clock, HBM3e 4.8 TB/s peak, 50 MB L2.
+    Achievable streaming read: **3.85-4.3 TB/s (80-90 % of peak)**, one range for nvgemm's
+    kernels and the bf16 cuBLAS baseline alike. Calibration (bench/results/model_calibration.md):
+    published H200 bf16 GEMVs on 235-822 MB matrices reach 72-89 % of 4.8 TB/s for the best
+    custom kernels and 70-82 % for cuBLAS (issue 23's references); 4.3 TB/s is the top of the
+    custom kernels' range, 3.85 TB/s its middle (a GEMV-class stream of nvgemm's kind is not
+    assumed to reach the best published kernel's rate). Marlin's W4A16 reaches ~37 % on H100
+    (anchors.md): the model does not describe Marlin, it is the reminder that a W4A16 decode
+    kernel can fall far below its byte floor; only a measurement closes that.
     DRAM latency 1200-2000 cycles (unloaded ~600 ns is ~1200 cycles; the upper end covers
     queueing when every SM streams). L2 hit latency 270-550 cycles (near / far partition, loaded).
     Per-SM fabric: 64 B/clock from L2/DRAM into one SM (an assumption; it only limits configs that
@@ -16,13 +23,13 @@ H200 (SXM, sm_90a) -- the brief's constants
     extra kernel in the same graph (a ``torch.zeros`` fill): 1.0-2.0 us.
     Tensor cores: 989 TFLOPS dense bf16 (wgmma); mma.sync is assumed to reach ~2/3 of that.
 H100 (SXM)
-    as H200 with HBM3 3.35 TB/s peak, 3.0 TB/s achievable (~90 %).
+    as H200 with HBM3 3.35 TB/s peak, 2.68-3.0 TB/s achievable (the H200's 80-90 %).
 B200 (sm_100a) -- "as best known"
     148 SMs (2 dies x 74; chipsandcheese.com "Nvidia's B200: Keeping the CUDA Juggernaut
     Rolling"), 4 schedulers per SM, ~1.965 GHz max SM clock (similar to H100 SXM per the same
-    article), HBM3e 8 TB/s peak (NVIDIA B200 datasheet) of which 85 % = 6.8 TB/s is taken as
-    achievable (anchors.md: the best published bf16 GEMV-like streams reach 5.75-6 TB/s incl. their
-    fixed costs). L2 126 MB split across the dies; L2 hit ~150 ns inside a partition
+    article), HBM3e 8 TB/s peak (NVIDIA B200 datasheet) of which 6.0-6.8 TB/s (75-85 %) is taken
+    as achievable (anchors.md: the best published bf16 GEMV-like streams reach 5.75-6 TB/s incl.
+    their fixed costs: FlashInfer PR #4466, flashinfer#1732). L2 126 MB split across the dies; L2 hit ~150 ns inside a partition
     (~300 cycles) and slower across the die boundary: 300-700 cycles. DRAM latency 1400-2400
     cycles (higher than Hopper: cross-die hop; an assumption). Fixed cost per launch 1.5-2.5 us;
     with PDL (``griddepcontrol``) the prologue overlaps the previous kernel: 0.3-0.7 us less
@@ -45,7 +52,7 @@ class Hardware:
     schedulers_per_sm: int
     clock_ghz: float
     peak_bw_tbs: float
-    achievable_bw_tbs: float
+    achievable_bw_tbs: float  # the optimistic end of the achievable streaming bandwidth
     l2_mb: float
     dram_latency: tuple[float, float]  # cycles (low, high)
     l2_latency: tuple[float, float]  # cycles (low, high)
@@ -61,6 +68,7 @@ class Hardware:
     bf16_tflops: float = 989.0  # dense, tensor cores (wgmma / tcgen05)
     mma_sync_fraction: float = 0.66  # mma.sync vs the wgmma peak (assumption)
     fp4_tflops: float = 0.0  # dense block-scaled FP4 (sm100)
+    achievable_bw_low_tbs: float = 0.0  # the pessimistic end (0: the optimistic one)
     source: str = ""
 
     @property
@@ -71,6 +79,11 @@ class Hardware:
     def achievable_bw(self) -> float:
         """Bytes per second."""
         return self.achievable_bw_tbs * 1e12
+
+    @property
+    def achievable_bw_range(self) -> tuple[float, float]:
+        """(pessimistic, optimistic) achievable bandwidth, bytes per second."""
+        return ((self.achievable_bw_low_tbs or self.achievable_bw_tbs) * 1e12, self.achievable_bw_tbs * 1e12)
 
     def cycles_to_us(self, cycles: float) -> float:
         return cycles / self.clock_hz * 1e6
@@ -87,13 +100,13 @@ _HOPPER = dict(
 )
 
 GPUS: dict[str, Hardware] = {
-    "H200": Hardware(name="H200", peak_bw_tbs=4.8, achievable_bw_tbs=4.3,
-                     source="brief constants; review_sm90_sass.md", **_HOPPER),
-    "H100": Hardware(name="H100", peak_bw_tbs=3.35, achievable_bw_tbs=3.0,
+    "H200": Hardware(name="H200", peak_bw_tbs=4.8, achievable_bw_tbs=4.3, achievable_bw_low_tbs=3.85,
+                     source="brief constants; review_sm90_sass.md; published H200 bf16 GEMV (issue 23)", **_HOPPER),
+    "H100": Hardware(name="H100", peak_bw_tbs=3.35, achievable_bw_tbs=3.0, achievable_bw_low_tbs=2.68,
                      source="H100 SXM datasheet (3.35 TB/s); 90 % achievable as on H200", **_HOPPER),
     "B200": Hardware(
         name="B200", arch="sm_100a", sm_count=148, schedulers_per_sm=4, clock_ghz=1.965, peak_bw_tbs=8.0,
-        achievable_bw_tbs=6.8, l2_mb=126.0, dram_latency=(1400.0, 2400.0), l2_latency=(300.0, 700.0),
+        achievable_bw_tbs=6.8, achievable_bw_low_tbs=6.0, l2_mb=126.0, dram_latency=(1400.0, 2400.0), l2_latency=(300.0, 700.0),
         sm_fabric_bytes_per_clk=64.0, launch_us=(1.5, 2.5), aux_kernel_us=(1.0, 2.0), pdl_saving_us=(0.3, 0.7),
         bf16_tflops=2250.0, fp4_tflops=9000.0,
         source="NVIDIA B200 datasheet (8 TB/s); chipsandcheese B200 article (148 SMs, L2, clocks); "

@@ -4,7 +4,15 @@ Layout::
 
     {"header": {"cutlass_dsl": "4.8.1", "cuobjdump": "...", "epilogue": "...", "generated": "...",
                 "command": "nvgemm model --regen-table"},
-     "entries": {"sm_90a": {"<config name>": {KernelFacts fields}}, "sm_100a": {...}}}
+     "entries": {"sm_90a": {"<config name>": {KernelFacts fields}}, "sm_100a": {...}},
+     "spills": {"sm_90a": {"<config name>": {"<activation>": {"ref": {"ldl", "stl", "ldl_loop",
+                                                                    "stl_loop", "regs"},
+                                                             "full": {...}}}}}}
+
+``entries`` hold the timing facts of each main loop, compiled with the reference epilogue;
+``spills`` the LDL/STL counts of every (config, activation) variant the sm90 policy emits for the
+preset shapes, compiled with the reference and the fullest epilogue of that activation
+(``bench/compile_sweep_sm90.py``; :func:`spill_status`).
 
 Lookup order (:func:`lookup`): the exact config name; else an entry of the same family whose
 config has the same :meth:`~nvgemm.perfmodel.facts.FamilyFacts.loop_key` (same main loop, e.g. a
@@ -18,6 +26,7 @@ the policy pays the JSON parse once per process (~ms) and nothing per call.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -105,8 +114,63 @@ def _lookup(fam, config, name: str, arch: str, t: dict, estimate: bool) -> Kerne
     return fam.estimate_static(config) if estimate else None
 
 
+def spill_status(config, activation: str = "none", arch: str = "sm_90a", table: dict | None = None) -> bool | None:
+    """Whether the compiled variant of ``config`` for ``activation`` spills to local memory, from
+    its own SASS: the ``spills`` record of that exact (config, activation) -- True if either
+    recorded epilogue has an LDL or STL (or failed to compile) --, else the exact config's own
+    table entry (reference epilogue), else None (never compiled: unknown). Entries of a twin with
+    the same main loop are never used to call a variant spill-free: spills depend on split-K and
+    the epilogue. They are used the other way: an unrecorded split-K variant (``split_k > 1``) of a
+    config whose other split-K variants were recorded spilling for ``activation`` is taken to spill
+    too (the split-K epilogue's registers are what push those kernels over; conservative)."""
+    t = table if table is not None else load_table()
+    memo = t.setdefault("_spill_memo", {})
+    key = (config, activation, arch)
+    try:
+        return memo[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable config: no memo
+        return _spill_status(t, config, activation, arch)
+    memo[key] = out = _spill_status(t, config, activation, arch)
+    return out
+
+
+def _spill_status(t: dict, config, activation: str, arch: str) -> bool | None:
+    name = config.name()
+    sp = t.get("spills", {}).get(arch, {})
+    rec = sp.get(name, {}).get(activation)
+    if rec is not None:
+        return _spills(rec)
+    entry = t["entries"].get(arch, {}).get(name)
+    if entry is not None and (entry.get("ldl", 0) or entry.get("stl", 0)):
+        return True
+    if getattr(config, "split_k", 1) > 1 and _split_siblings_spill(t, sp, config, activation, arch):
+        return True
+    if entry is not None:
+        return False
+    return None
+
+
+def _spills(rec: dict) -> bool:
+    return any("error" in f or f.get("ldl", 0) or f.get("stl", 0) for f in rec.values())
+
+
+def _split_siblings_spill(t: dict, sp: dict, config, activation: str, arch: str) -> bool:
+    """Whether a recorded split-K sibling of ``config`` (same name up to ``_skN``) spills."""
+    idx = t.setdefault("_split_spill", {})
+    key = (arch, activation)
+    if key not in idx:
+        idx[key] = {_SPLIT_RE.sub("", n) for n, per in sp.items()
+                    if "_sk" in n and activation in per and _spills(per[activation])}
+    return _SPLIT_RE.sub("", config.name()) in idx[key]
+
+
+_SPLIT_RE = re.compile(r"_sk\d+")
+
+
 def table_header(table: dict | None = None) -> dict:
     return dict((table or load_table()).get("header", {}))
 
 
-__all__ = ["TABLE_PATH", "clear_cache", "load_table", "lookup", "parse_config_name", "table_header"]
+__all__ = ["TABLE_PATH", "clear_cache", "load_table", "lookup", "parse_config_name", "spill_status", "table_header"]

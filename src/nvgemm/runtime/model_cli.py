@@ -72,8 +72,8 @@ def _policy_configs(n: int, k: int, m: int, gpu: str) -> list:
     return [c.config for c in candidates(GemmProblem(n=n, k=k, m=m, a_format=a_format, target=target), use_nvmmh=False)]
 
 
-def _r(t) -> str:
-    return f"{t[0]:.1f}-{t[1]:.1f}"
+def _r(t, d: int = 1) -> str:
+    return f"{t[0]:.{d}f}-{t[1]:.{d}f}"
 
 
 def format_estimate(e, base=None) -> list[str]:
@@ -93,11 +93,13 @@ def format_estimate(e, base=None) -> list[str]:
                      f"{f.loop_issue_cycles} cycles, {f.round_trips:.2f} serial DRAM round trips/iteration; "
                      f"{f.pass_instrs} per-pass + {f.fixed_instrs} fixed instr")
     lines.append(f"  occupancy {o.ctas_per_sm} CTAs/SM ({o.warps_per_sm} warps, limited by {o.limiter}); grid "
-                 f"{g.ctas} CTAs, {g.iters_per_cta} main-loop iterations in the busiest CTA")
+                 f"{g.ctas} CTAs, {g.iters_per_cta} main-loop iterations in the busiest CTA; {e.rounds} round(s) on "
+                 f"{e.active_sms} SMs holding CTAs; fill {_r(e.fill_us, 2)} us, last tail {_r(e.tail_us, 2)} us")
     tf = f"{e.tensor_floor_us:.1f}" if e.tensor_floor_us else "-"
     isf = f"{e.issue_floor_us:.1f}" if e.issue_floor_us else "-"
-    lines.append(f"  byte floor {e.byte_floor_us:.1f} us | issue floor {isf} | tensor floor {tf} | latency chain "
-                 f"{_r(e.chain_us)} -> kernel {_r(e.kernel_us)} us (limited by {e.limiter[0]}/{e.limiter[1]})")
+    lines.append(f"  byte floor {e.byte_floor_us:.1f} us | issue floor {isf} | tensor floor {tf} | busiest SM alone "
+                 f"{_r(e.chain_us)} -> kernel {_r(e.kernel_us)} us (first round limited by "
+                 f"{e.limiter[0]}/{e.limiter[1]})")
     lines.append(f"  + launches {_r(e.launch_us)} + split-K reduce {_r(e.splitk_us)} + host helper kernels "
                  f"{_r(e.aux_us)} = {_r(e.total_us)} us per call")
     lines.append(f"  weight stream {e.weight_tbs[1]:.2f}-{e.weight_tbs[0]:.2f} TB/s = "
@@ -108,8 +110,10 @@ def format_estimate(e, base=None) -> list[str]:
                  f"{avg[0] / 1024:.1f}-{avg[1] / 1024:.1f} KB, Little's law needs "
                  f"{e.inflight_needed_per_sm[0] / 1024:.1f}-{e.inflight_needed_per_sm[1] / 1024:.1f} KB")
     if base is not None:
-        lines.append(f"  bf16 cuBLAS (model) {_r(base.total_us)} us -> nvgemm is "
-                     f"{base.total_us[0] / e.total_us[1]:.2f}-{base.total_us[1] / e.total_us[0]:.2f}x bf16 speed")
+        # the same end of every hardware range on both sides (one efficiency assumption per ratio)
+        r = sorted(base.total_us[i] / e.total_us[i] for i in range(2))
+        lines.append(f"  bf16 cuBLAS (model) {_r(base.total_us)} us -> nvgemm is {r[0]:.2f}-{r[1]:.2f}x bf16 speed "
+                     "(each end of the ranges on both sides)")
     for note in e.notes:
         lines.append(f"  note: {note}")
     if f.source == "sass":

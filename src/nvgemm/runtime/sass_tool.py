@@ -7,9 +7,18 @@ For one config this compiles the family's template for its arch (no GPU; ``cute.
 with :mod:`nvgemm.perfmodel.sass` (main loop, issue cycles, serial DRAM round trips per iteration
 replayed from the control bits, registers, spills, shared memory) plus the family's extras.
 
-All kernels are compiled with one reference epilogue -- :data:`REFERENCE_EPILOGUE` (scalar alpha,
-no bias/activation/residual, bf16 out; bf16 activations for W4A16) -- so the table describes the
-main loop, which the epilogue does not change.
+The timing facts are compiled with one reference epilogue -- :func:`reference_epilogue` (scalar
+alpha, no bias/activation/residual, bf16 out; bf16 activations for W4A16) -- and describe the main
+loop; configs that differ only in split-K share it (the table's ``loop_key`` fallback;
+``tests/compile/test_perfmodel_table.py`` checks a pair). **Spills are a per-variant fact**: the
+split-K epilogue and the epilogue's registers (vector alpha + bias + residual) change ptxas'
+allocation, and two such variants spill (``LDL``/``STL`` in the SASS) although their main loop's
+twin does not. :func:`spill_facts` compiles one (config, epilogue) variant and counts LDL/STL in
+its SASS (never PTX ``.local``, which cannot see ptxas' spills); :func:`sweep_spills` records
+them for every (config, activation) pair the sm90 policy emits for the preset models' layer
+shapes, each with the two epilogues that bracket the runtime's (:func:`spill_epilogues`), in the
+table's ``spills`` section, which the policy reads to drop spilling variants
+(``bench/compile_sweep_sm90.py``).
 
 :func:`regenerate_table` recompiles every config the families list
 (:meth:`~nvgemm.perfmodel.facts.FamilyFacts.table_configs`) plus every config the candidate
@@ -67,8 +76,20 @@ def _tool_version(exe: str) -> str:
     return m.group(1) if m else "unknown"
 
 
-def compile_config(config, arch: str | None = None):
-    """Compile ``config`` with the reference epilogue for its family's arch (no GPU)."""
+def spill_epilogues(activation: str = "none") -> dict:
+    """The epilogue variants the spill record holds per (config, activation): ``ref`` (scalar
+    alpha, nothing else) and ``full`` (per-column alpha + bias + residual: the most registers an
+    epilogue of that activation takes). Intermediate epilogues (scalar alpha + bias ...) are not
+    compiled: assumed spill-free when both ends are (not proven; ptxas is not monotone)."""
+    from ..epilogues.spec import EpilogueSpec
+
+    return {"ref": EpilogueSpec(alpha="scalar", activation=activation),
+            "full": EpilogueSpec(alpha="vector", bias=True, residual=True, activation=activation)}
+
+
+def compile_config(config, arch: str | None = None, epilogue=None):
+    """Compile ``config`` with ``epilogue`` (default: the reference epilogue) for its family's
+    arch (no GPU)."""
     os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="nvgemm_cute_dump_"))
     from ..templates.registry import check_spec, get_template
     from .compile_spec import make_spec
@@ -76,7 +97,7 @@ def compile_config(config, arch: str | None = None):
     fam = _family(config)
     arch = arch or fam.arch
     a_format = "bf16" if fam.arch.startswith("sm_90") else "nvfp4"
-    spec = make_spec(fam.template_id(config), config, arch, epilogue=reference_epilogue(), a_format=a_format)
+    spec = make_spec(fam.template_id(config), config, arch, epilogue=epilogue or reference_epilogue(), a_format=a_format)
     st = check_spec(spec)
     if not st:
         raise ValueError(f"{config.name()}: cannot be implemented: {st.reason}")
@@ -164,6 +185,117 @@ def derive_facts(config, arch: str | None = None) -> tuple[KernelFacts, str]:
     return facts_from_sass(config, sass, res, arch, compiled), sass
 
 
+def spill_facts(config, epilogue, arch: str | None = None) -> dict:
+    """Compile one (config, epilogue) variant and read its spills from the SASS: ``{"ldl", "stl",
+    "ldl_loop", "stl_loop", "regs", "mma"}`` (whole kernel, and inside the streaming main loop;
+    ``mma``: tensor-core instructions, HMMA / HGMMA)."""
+    fam = _family(config)
+    sass, res = dump_sass(compile_config(config, arch, epilogue))
+    funcs = S.parse_sass(sass, res)
+    fn = S.find_function(funcs, fam.stream_load)
+    loop = S.main_loop(fn, fam.stream_load)
+    ldl, stl = S.spills(fn.instrs)
+    ldl_l, stl_l = S.spills(S.body(fn, loop)) if loop is not None else (ldl, stl)
+    mma = S.count_matching(fn.instrs, r"^(HMMA|HGMMA|UTCHMMA|UTCQMMA|UTCOMMA)")
+    return {"ldl": ldl, "stl": stl, "ldl_loop": ldl_l, "stl_loop": stl_l, "regs": fn.regs or 0, "mma": mma}
+
+
+def preset_shapes() -> list[tuple[int, int]]:
+    """(N, K) of every preset model's layer GEMMs (``nvgemm.heuristics.presets``)."""
+    from ..heuristics.presets import PRESETS
+
+    return sorted({(lg.n, lg.k) for p in PRESETS.values() for lg in p.layers})
+
+
+#: activations the spill sweep covers (the presets' layers: plain projections and fused gate/up)
+SWEEP_ACTIVATIONS = ("none", "silu_mul")
+
+
+def policy_pairs(arch: str = "sm_90a", shapes=None, ms=SM90_M, activations=SWEEP_ACTIVATIONS, top: int = 8) -> dict:
+    """``{(config, activation): [problem labels]}``: every pair the candidate policy emits (all its
+    candidates up to rank ``top``, nvMatmulHeuristics off) for ``shapes`` (default: the presets') x
+    M x activation; a label is ``NxK.mM#rank``."""
+    from ..heuristics import candidates
+    from ..heuristics.problem import GemmProblem, Target
+
+    target = Target.from_gpu("H200" if arch.startswith("sm_90") else "B200")
+    a_format = "bf16" if arch.startswith("sm_90") else "nvfp4"
+    out: dict = {}
+    for n, k in shapes or preset_shapes():
+        for m in ms:
+            for act in activations:
+                prob = GemmProblem(n=n, k=k, m=m, a_format=a_format, epilogue=act, target=target)
+                for i, c in enumerate(candidates(prob, use_nvmmh=False)[:top]):
+                    out.setdefault((c.config, act), []).append(f"{n}x{k}.m{m}#{i + 1}")
+    return out
+
+
+def _best_rank(labels) -> int:
+    return min(int(lb.rsplit("#", 1)[1]) for lb in labels)
+
+
+def sweep_spills(arch: str = "sm_90a", shapes=None, ms=SM90_M, path: Path | None = None, log=print,
+                 max_rounds: int = 6, top: int = 8, first=()) -> tuple[dict, list]:
+    """Record the spills of every (config, activation) pair the policy emits (:func:`policy_pairs`)
+    with both :func:`spill_epilogues`, in the table's ``spills`` section, until the policy -- which
+    drops recorded spillers -- emits no unrecorded pair (a fixed point; ``max_rounds`` bounds it).
+    ``top``: only the policy's candidates up to that rank; ``first``: (config, activation) pairs
+    to record before the others. Returns (the final pairs with their problems, rows ``(config,
+    activation, variant, facts, seconds)`` of the compiles done)."""
+    import time
+
+    rows = []
+    from ..heuristics import policy
+
+    for rnd in range(max_rounds):
+        policy._candidates_memo.cache_clear()  # its answers predate the records written so far
+        pairs = policy_pairs(arch, shapes, ms, top=top)
+        table = _load(path)
+        rec = table.get("spills", {}).get(arch, {})
+        todo = [(c, act) for c, act in list(first) + list(pairs) if act not in rec.get(c.name(), {})]
+        todo = list(dict.fromkeys(todo))
+        first = ()
+        log(f"round {rnd + 1}: {len(pairs)} (config, activation) pairs, {len(todo)} not recorded")
+        if not todo:
+            return pairs, rows
+        new: dict = {}
+        # the policy's first choices first (a long sweep records what runs before what is tuned)
+        for i, (c, act) in enumerate(sorted(todo, key=lambda t: (_best_rank(pairs.get(t, ["#0"])), t[0].name(), t[1]))):
+            per = {}
+            for var, epi in spill_epilogues(act).items():
+                t0 = time.time()
+                try:
+                    f = spill_facts(c, epi, arch)
+                except Exception as e:  # noqa: BLE001 -- record and continue
+                    f = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+                per[var] = f
+                rows.append((c.name(), act, var, f, time.time() - t0))
+            write_spills({c.name(): {act: per}}, arch, path)  # saved as it goes
+            log(f"  [{i + 1}/{len(todo)}] {c.name()} {act}: "
+                + ", ".join(f"{v} LDL {f.get('ldl')} STL {f.get('stl')}" for v, f in per.items()))
+    policy._candidates_memo.cache_clear()
+    return policy_pairs(arch, shapes, ms, top=top), rows
+
+
+def _load(path: Path | None) -> dict:
+    p = Path(path) if path is not None else TABLE_PATH
+    return json.loads(p.read_text()) if p.exists() else {"header": {}, "entries": {}}
+
+
+def write_spills(records: dict, arch: str = "sm_90a", path: Path | None = None) -> None:
+    """Merge ``{config name: {activation: {variant: facts}}}`` into the table's ``spills``."""
+    p = Path(path) if path is not None else TABLE_PATH
+    table = _load(p)
+    sp = table.setdefault("spills", {}).setdefault(arch, {})
+    for name, per_act in records.items():
+        sp.setdefault(name, {}).update(per_act)
+    table["spills"][arch] = dict(sorted(sp.items()))
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(format_table(table))
+    os.replace(tmp, p)  # atomic: a sweep stopped mid-write leaves the old table, not half a file
+    clear_cache()
+
+
 # ------------------------------------------------------------------------------------ table
 
 
@@ -249,6 +381,9 @@ def regenerate_table(configs=None, path: Path | None = None, archs=("sm_90a", "s
     for a, e in entries.items():
         merged.setdefault(a, {}).update(e)
     table = {"header": table_header(), "entries": {a: dict(sorted(e.items())) for a, e in sorted(merged.items())}}
+    old_table = json.loads(p.read_text()) if p.exists() else {}
+    if old_table.get("spills"):
+        table["spills"] = old_table["spills"]  # per-variant records: bench/compile_sweep_sm90.py
     p.write_text(format_table(table))
     clear_cache()
     return table
@@ -256,15 +391,19 @@ def regenerate_table(configs=None, path: Path | None = None, archs=("sm_90a", "s
 
 def format_table(table: dict) -> str:
     """The table as JSON with one line per entry (short files, one-line diffs per kernel)."""
-    out = ["{", f' "header": {json.dumps(table["header"])},', ' "entries": {']
-    archs = list(table["entries"].items())
-    for ai, (arch, entries) in enumerate(archs):
-        out.append(f"  {json.dumps(arch)}: {{")
-        items = list(entries.items())
-        for i, (name, d) in enumerate(items):
-            out.append(f"   {json.dumps(name)}: {json.dumps(d)}{',' if i < len(items) - 1 else ''}")
-        out.append("  }" + ("," if ai < len(archs) - 1 else ""))
-    out += [" }", "}"]
+    out = ["{", f' "header": {json.dumps(table["header"])},']
+    sections = [k for k in ("entries", "spills") if k in table]
+    for si, sec in enumerate(sections):
+        out.append(f' "{sec}": {{')
+        archs = list(table[sec].items())
+        for ai, (arch, entries) in enumerate(archs):
+            out.append(f"  {json.dumps(arch)}: {{")
+            items = list(entries.items())
+            for i, (name, d) in enumerate(items):
+                out.append(f"   {json.dumps(name)}: {json.dumps(d)}{',' if i < len(items) - 1 else ''}")
+            out.append("  }" + ("," if ai < len(archs) - 1 else ""))
+        out.append(" }" + ("," if si < len(sections) - 1 else ""))
+    out.append("}")
     return "\n".join(out) + "\n"
 
 
@@ -279,6 +418,12 @@ __all__ = [
     "find_cuobjdump",
     "format_table",
     "policy_configs",
+    "policy_pairs",
+    "preset_shapes",
     "regenerate_table",
+    "spill_epilogues",
+    "spill_facts",
+    "sweep_spills",
+    "write_spills",
     "table_configs",
 ]

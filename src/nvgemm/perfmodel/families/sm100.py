@@ -13,9 +13,10 @@ pipeline depth, not instruction counts:
   compile test checks the formula against it;
 * TMEM columns: accumulators ``tile_n x acc_stages`` (acc_stages 1 at tile_n 256, else 2) + SFA
   ``cta_m / 32 x 4`` + SFB ``round_up(tile_n, 128) / 32 x 4`` <= 512;
-* persistent grid = min(work units, (SMs // cluster size) x cluster size) -- the kernel's
-  ``max_active_clusters = sm_count // cluster_size`` (issue 13 item 6: clusters are placed per
-  GPC, so this can over-subscribe; the model follows the kernel);
+* persistent grid = min(work units, :func:`persistent_ctas`) -- the launcher's own bound
+  (:func:`nvgemm.templates.sm100.kernel.max_active_clusters_for` bakes
+  :func:`nvgemm.templates.sm100.occupancy.aot_max_active_clusters` into the kernel: the clusters
+  the arch's GPC topology guarantees, x cluster size); one function, so model and launcher agree;
 * work units = M tiles x N tiles (rounded up to whole clusters) x split_k; the busiest CTA takes
   ``ceil(units / grid)`` units of ``ceil(K tiles / split_k)`` stages each;
 * epilogue per unit: ``tile_n / epi_n`` sub-tiles (epi_n = min(tile_n, 32)) at
@@ -46,6 +47,8 @@ from nvgemm.templates.sm100.config import (
     validate_config,
 )
 
+from nvgemm.templates.sm100.occupancy import aot_max_active_clusters
+
 from ..facts import FamilyFacts, Geometry, KernelFacts, SplitKReduce, ceil_div, register_family
 from ..hardware import Hardware
 
@@ -58,6 +61,13 @@ DEFAULT_REDUCE = "batched"
 HOST_AUX_KERNELS = 2
 NARROW_TILE_N = 64
 SWAP_AB_MAX_M = 256
+
+
+def persistent_ctas(hw: Hardware, cluster_size: int) -> int:
+    """CTAs of the persistent grid on ``hw``: the clusters the launcher bakes into the kernel
+    (:func:`nvgemm.templates.sm100.occupancy.aot_max_active_clusters` -- the same function) x
+    the cluster size."""
+    return aot_max_active_clusters(hw.arch, hw.sm_count, cluster_size) * cluster_size
 
 
 def round_up(a: int, b: int) -> int:
@@ -154,7 +164,7 @@ class Sm100Facts(FamilyFacts):
         tiles_n = round_up(ceil_div(kn, c.tile_n), c.cluster_n)
         units = tiles_m * tiles_n * c.split_k
         csize = c.cluster_m * c.cluster_n
-        grid = min(units, max(1, hw.sm_count // csize) * csize)
+        grid = min(units, persistent_ctas(hw, csize))
         units_per_cta = ceil_div(units, grid)
         k_tiles = ceil_div(k, SM100_TILE_K)
         k_per_unit = ceil_div(k_tiles, c.split_k)
@@ -177,7 +187,7 @@ class Sm100Facts(FamilyFacts):
         return Geometry(
             ctas=grid, threads=192, iters_per_cta=units_per_cta * k_per_unit, passes_per_cta=units_per_cta,
             stream_bytes_per_iter=sb["weight"], other_bytes_per_iter=sb["activation"], dram_bytes=dram,
-            weight_bytes=weights, depth=num_stages(c), units_per_cta=units_per_cta,
+            weight_bytes=weights, depth=num_stages(c), units_per_cta=units_per_cta, total_units=units,
             aux_kernels=HOST_AUX_KERNELS,
             tensor_flops=2.0 * tiles_m * cta_m * tiles_n * c.tile_n * k_tiles * SM100_TILE_K,
             tensor_tflops=hw.fp4_tflops, epilogue_cycles=exposed_units * epi_unit, splitk=sk, persistent=True,
@@ -229,4 +239,4 @@ class Sm100Facts(FamilyFacts):
         return out
 
 
-__all__ = ["DEFAULT_REDUCE", "HOST_AUX_KERNELS", "Sm100Facts", "num_stages", "stage_bytes", "tmem_columns"]
+__all__ = ["DEFAULT_REDUCE", "HOST_AUX_KERNELS", "Sm100Facts", "num_stages", "persistent_ctas", "stage_bytes", "tmem_columns"]

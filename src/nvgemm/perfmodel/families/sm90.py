@@ -31,6 +31,7 @@ instructions).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from nvgemm.templates.sm90.config import (
     CHUNK,
@@ -71,7 +72,9 @@ def _pad(n: int, k: int) -> tuple[int, int]:
     return ceil_div(n, ROW_TILE) * ROW_TILE, ceil_div(k, K_ALIGN) * K_ALIGN
 
 
+@lru_cache(maxsize=1024)
 def _weight_bytes(n: int, k: int) -> float:
+    """Padded weight + scale bytes (memoised: every config priced for a shape asks it)."""
     n_pad, k_pad = _pad(n, k)
     return n_pad * k_pad * NVFP4_BYTES
 
@@ -96,7 +99,20 @@ def _splitk(c: Sm90W4A16Config, m: int, n: int) -> tuple[SplitKReduce | None, fl
         return None, 0.0
     n_pad, _ = _pad(n, 1)
     ws = float(c.split_k * m * n_pad * 4) * 2  # fp32 partials written, then read by the last CTA
-    return SplitKReduce("batched", c.split_k, ws, dependent_l2_trips=SPLITK_L2_TRIPS), ws
+    return _reduce(c.split_k, ws), ws
+
+
+@lru_cache(maxsize=4096)
+def _reduce(splits: int, workspace: float) -> SplitKReduce:
+    """The in-kernel batched reduction record (memoised: a frozen dataclass is slow to build)."""
+    return SplitKReduce("batched", splits, workspace, dependent_l2_trips=SPLITK_L2_TRIPS)
+
+
+@lru_cache(maxsize=4096)
+def _stage(c: Sm90W4A16Config) -> tuple[int, int]:
+    """(weight + scale bytes, activation bytes) of one stage of ``c`` (shape-independent)."""
+    sb = mma_stage_bytes(c) if c.family == "mma" else wgmma_stage_bytes(c)
+    return sb["weights"] + sb["scales"], c.tile_m * c.tile_k * 2
 
 
 class _Sm90Base(FamilyFacts):
@@ -144,11 +160,11 @@ class MmaFacts(_Sm90Base):
         grid_n, grid_m = ceil_div(n, c.tile_n), ceil_div(m, c.tile_m)
         n_stage = k_pad // c.tile_k
         iters = ceil_div(n_stage, c.split_k)
-        sb = mma_stage_bytes(c)
+        stream, other = _stage(c)
         sk, ws = _splitk(c, m, n)
         return Geometry(
             ctas=grid_n * c.split_k * grid_m, threads=c.threads, iters_per_cta=iters, passes_per_cta=1,
-            stream_bytes_per_iter=sb["weights"] + sb["scales"], other_bytes_per_iter=c.tile_m * c.tile_k * 2,
+            stream_bytes_per_iter=stream, other_bytes_per_iter=other,
             dram_bytes=_dram(n, k, m, grid_m, hw, work=ws), weight_bytes=_weight_bytes(n, k),
             depth=float(c.stages - 1), aux_kernels=HOST_AUX_KERNELS, splitk=sk, pdl=c.pdl,
             l2_reread_fraction=_l2_reread(n, k, grid_m, hw),
@@ -193,7 +209,7 @@ class WgmmaFacts(_Sm90Base):
         n_pad, k_pad = _pad(n, k)
         grid_n, grid_m = ceil_div(n, c.tile_n), ceil_div(m, c.tile_m)
         n_stage = k_pad // c.tile_k
-        sb = wgmma_stage_bytes(c)
+        stream, other = _stage(c)
         tiles = grid_n * grid_m
         # split_k > 1: only the tiles of the last, partial wave (tiles mod SMs; all of them when
         # fewer than the SMs) are split in K, each into split_k CTAs after the full waves
@@ -201,14 +217,14 @@ class WgmmaFacts(_Sm90Base):
         sk, ws = None, 0.0
         if tail:
             ws = float(tail * c.split_k * c.tile_m * c.tile_n * 4) * 2  # fp32 partials written + read
-            sk = SplitKReduce("batched", c.split_k, ws, dependent_l2_trips=SPLITK_L2_TRIPS)
+            sk = _reduce(c.split_k, ws)
         # M-fastest grid: the M tiles of a row block run side by side and share its weights in L2;
         # only M tiles that fall into a later wave of CTAs (one CTA per SM at least) read them again
         waves_m = ceil_div(grid_m, hw.sm_count)
         dram = _weight_bytes(n, k) * waves_m + m * k * 2 + m * n * 2 + ws
         return Geometry(
             ctas=tiles + tail * (c.split_k - 1), threads=c.threads, iters_per_cta=n_stage, passes_per_cta=1,
-            stream_bytes_per_iter=sb["weights"] + sb["scales"], other_bytes_per_iter=c.tile_m * c.tile_k * 2,
+            stream_bytes_per_iter=stream, other_bytes_per_iter=other,
             dram_bytes=dram, weight_bytes=_weight_bytes(n, k), depth=float(c.stages - 2),
             aux_kernels=HOST_AUX_KERNELS, splitk=sk, pdl=c.pdl, l2_reread_fraction=(grid_m - 1) / grid_m,
             tensor_flops=2.0 * grid_m * c.tile_m * grid_n * c.tile_n * k_pad,

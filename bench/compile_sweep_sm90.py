@@ -37,7 +37,7 @@ def main() -> int:
     from nvgemm.epilogues import EpilogueSpec
     from nvgemm.heuristics import candidates
     from nvgemm.heuristics.problem import GemmProblem, Target
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.aot.compile_spec import make_spec
     from nvgemm.runtime.sm90_backend import template_id_of
     from nvgemm.templates.registry import check_spec, get_template
 

@@ -137,8 +137,8 @@ class Runner:
             raise RuntimeError(f"{case.name}: its kernel failed to build ({e['spec_name']})")
         d = self.artifacts / e["entry"]
         if d not in self.kernels:
-            from nvgemm.runtime.aot import AotKernel
-            from nvgemm.runtime.cache import KernelCache
+            from nvgemm.aot.artifact import AotKernel
+            from nvgemm.aot.cache import KernelCache
             from nvgemm.templates.registry import abi_from_json
 
             # the cache's own verified read (checksums of meta.json and kernel.so)

@@ -281,7 +281,7 @@ def test_table_header_and_entries():
 def test_table_file_format_round_trips():
     """The committed file is what ``format_table`` writes (one line per entry) and parses back."""
     from nvgemm.perfmodel.table import TABLE_PATH
-    from nvgemm.runtime.sass_tool import format_table
+    from nvgemm.perfmodel.sass_tool import format_table
 
     t = load_table()
     clean = {"header": t["header"], "entries": t["entries"]}
@@ -293,7 +293,7 @@ def test_regenerate_updates_only_what_it_compiled(tmp_path, monkeypatch):
     """``regenerate_table`` (compiling stubbed out): an explicit config list replaces just those
     entries; a full regeneration of one arch keeps the other arch's entries."""
     from nvgemm.perfmodel.table import TABLE_PATH
-    from nvgemm.runtime import sass_tool
+    from nvgemm.perfmodel import sass_tool
 
     cfg = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     fake = dict(lookup(cfg).to_json(), regs=99)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from ..cli import int_list, int_pair
+from . import int_list, int_pair
 
 
 
@@ -54,8 +54,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _problems(args):
-    from .presets import get_moe_preset, get_preset
-    from .problem import GemmProblem, Target
+    from ..heuristics.presets import get_moe_preset, get_preset
+    from ..heuristics.problem import GemmProblem, Target
 
     target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
     fmt = args.format
@@ -127,8 +127,8 @@ def _time_column(c) -> str:
 
 
 def run(args) -> int:
-    from . import nvmmh
-    from .policy import bucket_candidates, candidates, problem_status
+    from ..heuristics import nvmmh
+    from ..heuristics.policy import bucket_candidates, candidates, problem_status
 
     try:
         title, target, fmt, base, moe = _problems(args)

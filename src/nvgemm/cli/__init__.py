@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 # (sub-command, module)
 COMMANDS: list[tuple[str, str]] = [
@@ -60,3 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

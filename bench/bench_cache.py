@@ -24,7 +24,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from nvgemm.bench_cli import _int_list, cache_timings, cache_timings_markdown, environment_header
+from nvgemm.cli.bench import _int_list, cache_timings, cache_timings_markdown, environment_header
 
 
 WARM_LOAD = textwrap.dedent(
@@ -34,9 +34,9 @@ WARM_LOAD = textwrap.dedent(
         sys.modules[m] = None  # serving: the DSL compiler cannot be imported
     t0 = time.perf_counter()
     import torch
-    from nvgemm.runtime.aot import preload_cudart
-    from nvgemm.runtime.cache import KernelCache
-    from nvgemm.runtime.precompile_cli import plan_specs
+    from nvgemm.aot.artifact import preload_cudart
+    from nvgemm.aot.cache import KernelCache
+    from nvgemm.cli.precompile import plan_specs
     t_imp = time.perf_counter() - t0
     args = argparse.Namespace(model=sys.argv[2], checkpoint=None, shape=None, selftest=False, arch=sys.argv[3], gpu=None,
                               sm_count=None, m_buckets=None, max_m=256, out_dtype="bf16", max_candidates=8, no_nvmmh=False)

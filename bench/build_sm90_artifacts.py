@@ -6,7 +6,7 @@ For each case of ``bench/sm90_suite.py`` (the policy's pick on the Llama-3.1-8B 
 shapes at M = 1..256, timed alternatives of both families -- the decode kernel at M <= 32, the
 register-A WGMMA kernel at M = 32..256 -- and the numerics cases) it takes the config the runtime
 would pick (``pick_config``) or the case's forced config, builds the compile spec exactly as the runtime does (``compile_spec_for``, with an
-empty codegen environment), and fills a :class:`nvgemm.runtime.cache.KernelCache` rooted at
+empty codegen environment), and fills a :class:`nvgemm.aot.cache.KernelCache` rooted at
 ``--out`` through the AOT path (``export_to_c`` -> object -> ``gcc -shared`` with the DSL's static
 runtime and libcudart). ``--out/manifest.json`` maps each case to its config and entry, so
 ``bench/gpu_check.py`` loads the same ``kernel.so`` files on the H200 without cutlass-dsl. The grouped
@@ -63,7 +63,7 @@ def case_epilogue(case):
 
 
 def case_spec(case, suite, config=None):
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.aot.compile_spec import make_spec
     from nvgemm.runtime.sm90_backend import _X_FORMAT, ARCH, template_id_of
     from nvgemm.templates.registry import HardwareSpec
 
@@ -80,7 +80,7 @@ def main() -> int:
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import torch  # noqa: F401
 
-    from nvgemm.runtime.cache import KernelCache
+    from nvgemm.aot.cache import KernelCache
 
     suite = _load_suite()
     out = Path(args.out)

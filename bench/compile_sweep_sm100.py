@@ -38,7 +38,7 @@ def main() -> int:
     from nvgemm.epilogues import EpilogueSpec
     from nvgemm.heuristics import candidates
     from nvgemm.heuristics.problem import GemmProblem, Target
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.aot.compile_spec import make_spec
     from nvgemm.templates.registry import check_spec, get_template
     from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
 

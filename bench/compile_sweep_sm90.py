@@ -47,7 +47,7 @@ def main() -> int:
     from importlib.metadata import version
 
     from nvgemm.perfmodel.table import load_table, spill_status
-    from nvgemm.runtime import sass_tool as T
+    from nvgemm.perfmodel import sass_tool as T
 
     from nvgemm.templates.sm90.config import Sm90W4A16Config as W
 

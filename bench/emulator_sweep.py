@@ -48,7 +48,7 @@ def sweep_picks(limit: int | None, rows: list, families: tuple[str, ...]) -> Non
 
 
 def sweep_recorder(limit: int | None, rows: list) -> None:
-    from nvgemm.runtime import sass_tool
+    from nvgemm.perfmodel import sass_tool
     from test_launch_recorder import _small_problem, check_sm90, check_sm100
 
     for arch in ("sm_90a", "sm_100a"):

@@ -119,8 +119,8 @@ def load_entry(artifacts: Path, e: dict, loaded: dict, what: str):
         raise RuntimeError(f"{what}: its kernel failed to build ({e['spec_name']})")
     d = artifacts / e["entry"]
     if d not in loaded:
-        from nvgemm.runtime.aot import AotKernel
-        from nvgemm.runtime.cache import KernelCache
+        from nvgemm.aot.artifact import AotKernel
+        from nvgemm.aot.cache import KernelCache
         from nvgemm.templates.registry import abi_from_json
 
         meta = KernelCache(artifacts).read_entry(d, e["key"], Path(e["entry"]).parts[0])
@@ -356,7 +356,7 @@ class MoeRunner:
                     self.by_name[k["spec_name"]] = k
 
     def launcher(self, stream=None):
-        from nvgemm.runtime.compile_spec import make_spec
+        from nvgemm.aot.compile_spec import make_spec
         from nvgemm.templates.registry import HardwareSpec
         from nvgemm.templates.sm90.operand import kind_of
 

@@ -524,14 +524,14 @@ def _():
 
 @case("precompile", "checkpoint_shapes on a FIFO safetensors")
 def _():
-    from nvgemm.runtime.precompile_cli import checkpoint_shapes
+    from nvgemm.cli.precompile import checkpoint_shapes
 
     return expect_error(checkpoint_shapes, _replace(copy(), "model.safetensors", "fifo"))
 
 
 @case("precompile", "checkpoint_shapes on a huge header length")
 def _():
-    from nvgemm.runtime.precompile_cli import checkpoint_shapes
+    from nvgemm.cli.precompile import checkpoint_shapes
 
     return expect_error(checkpoint_shapes, _replace(copy(), "model.safetensors", "huge-header"))
 
@@ -675,8 +675,8 @@ def _():
 
 def _spec():
     from nvgemm.epilogues.spec import EpilogueSpec
-    from nvgemm.runtime.aot_selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
-    from nvgemm.runtime.compile_spec import capture_codegen_env
+    from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
+    from nvgemm.aot.compile_spec import capture_codegen_env
     from nvgemm.templates.registry import DEFAULT_HW, CompileSpec
 
     return CompileSpec(SELFTEST_TEMPLATE_ID, SelftestConfig(), EpilogueSpec(), "sm_100a", DEFAULT_HW["sm_100a"],
@@ -695,8 +695,8 @@ def _plant(root: Path, *, so_mode=0o600, dir_mode=0o700, symlink=False):
     """A complete entry for _spec() whose meta.json checksum is recomputed over the planted .so."""
     import hashlib
 
-    from nvgemm.runtime import cache as C
-    from nvgemm.runtime.aot import AOT_ABI_VERSION
+    from nvgemm.aot import cache as C
+    from nvgemm.aot.artifact import AOT_ABI_VERSION
 
     kc = C.KernelCache(root)
     spec = _spec()
@@ -734,7 +734,7 @@ def _cache_case(**plant_kw):
     except (OSError, subprocess.CalledProcessError) as e:
         return f"TRACEBACK (setup: {e})"
     try:
-        from nvgemm.runtime import cache as C
+        from nvgemm.aot import cache as C
 
         hit = C.KernelCache(root).lookup(spec)
         if hit is None:
@@ -757,7 +757,7 @@ case("cache tampering", "group-writable cache directory (0770)")(lambda: _cache_
 
 @case("cache tampering", "cache created under umask 000 is not world-writable")
 def _():
-    from nvgemm.runtime import cache as C
+    from nvgemm.aot import cache as C
 
     root = TMP / f"umask{next(_COPIES)}"
     old = os.umask(0)

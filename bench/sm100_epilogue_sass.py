@@ -111,7 +111,7 @@ def main() -> int:
     ap.add_argument("--label", default="this tree")
     ap.add_argument("--after", action="store_true", help="model the reduction as the new (all-loads-first) code")
     a = ap.parse_args()
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.aot.compile_spec import make_spec
     from nvgemm.templates.registry import get_template
 
     ptxas, cuobjdump = _tools()

@@ -66,7 +66,7 @@ def case_specs(case: MoeCase, environ=None):
     import torch
 
     from nvgemm.epilogues.spec import EpilogueSpec
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.aot.compile_spec import make_spec
     from nvgemm.templates.registry import HardwareSpec
 
     c13, c2 = case_configs(case)

@@ -1,6 +1,6 @@
 """AOT kernel entries built for real on a GPU-less host: compile -> export_to_c -> gcc -shared -> ctypes.
 
-Uses the selftest template (``nvgemm.runtime.aot_selftest``, id ``selftest_scale``): one argument
+Uses the selftest template (``nvgemm.aot.selftest``, id ``selftest_scale``): one argument
 of every ABI kind. Loading is checked in a subprocess where ``import cutlass`` fails.
 """
 
@@ -21,10 +21,10 @@ pytestmark = pytest.mark.compile_only
 pytest.importorskip("cutlass")
 
 from nvgemm.epilogues.spec import EpilogueSpec  # noqa: E402
-from nvgemm.runtime import aot  # noqa: E402
-from nvgemm.runtime import aot_selftest as st  # noqa: E402
-from nvgemm.runtime.cache import KernelCache  # noqa: E402
-from nvgemm.runtime.compile_spec import NON_CODEGEN_ENV, make_spec  # noqa: E402
+from nvgemm.aot import artifact as aot  # noqa: E402
+from nvgemm.aot import selftest as st  # noqa: E402
+from nvgemm.aot.cache import KernelCache  # noqa: E402
+from nvgemm.aot.compile_spec import NON_CODEGEN_ENV, make_spec  # noqa: E402
 from nvgemm.templates.registry import ScalarArg, register_template, unregister_template  # noqa: E402
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -72,9 +72,9 @@ LOADER = textwrap.dedent(
     for m in ("cutlass", "nvidia_cutlass_dsl"):
         sys.modules[m] = None  # `import cutlass` raises ImportError; find_spec says "not installed"
     import torch
-    from nvgemm.runtime.cache import KernelCache
-    from nvgemm.runtime.compile_spec import make_spec
-    from nvgemm.runtime.aot_selftest import SELFTEST_TEMPLATE_ID, SelftestConfig, run_selftest
+    from nvgemm.aot.cache import KernelCache
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig, run_selftest
     try:
         import cutlass
         raise SystemExit("cutlass import was not blocked")
@@ -207,9 +207,9 @@ CONCURRENT = textwrap.dedent(
     """
     import json, os, sys
     os.environ["CUTE_DSL_ARCH"] = "sm_90a"  # must not matter: nvgemm passes --gpu-arch spec.arch
-    from nvgemm.runtime.cache import KernelCache
-    from nvgemm.runtime.compile_spec import make_spec
-    from nvgemm.runtime.aot_selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
+    from nvgemm.aot.cache import KernelCache
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
     kc = KernelCache({root!r})
     specs = [make_spec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=t), a, a_format="bf16", b_format="bf16")
              for a in ("sm_90a", "sm_100a") for t in (64, 128)]

@@ -103,8 +103,8 @@ def test_fused_requant_kernel_compiles_without_spills(alpha, tile_n):
     memory (LDL/STL) in the SASS."""
     import re
 
-    from nvgemm.runtime import sass_tool
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.perfmodel import sass_tool
+    from nvgemm.aot.compile_spec import make_spec
     from nvgemm.templates.registry import check_spec, get_template
 
     epi = EpilogueSpec(alpha=alpha, bias=True, activation="silu_mul", out_quant=True)

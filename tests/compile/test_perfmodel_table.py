@@ -37,7 +37,7 @@ pytest.importorskip("cutlass")
 from nvgemm.perfmodel.facts import KernelFacts, family_for  # noqa: E402
 from nvgemm.perfmodel.families import sm100 as F100  # noqa: E402
 from nvgemm.perfmodel.table import load_table, parse_config_name  # noqa: E402
-from nvgemm.runtime import sass_tool  # noqa: E402
+from nvgemm.perfmodel import sass_tool  # noqa: E402
 from nvgemm.templates.sm90.config import Sm90W4A16Config as C90  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C100  # noqa: E402
 

@@ -29,7 +29,7 @@ import torch
 pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 from nvgemm.templates.sm100.config import validate_config  # noqa: E402

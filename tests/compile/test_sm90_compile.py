@@ -47,8 +47,8 @@ pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.perfmodel import sass as S  # noqa: E402
-from nvgemm.runtime import sass_tool  # noqa: E402
-from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.perfmodel import sass_tool  # noqa: E402
+from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.runtime.sm90_backend import pick_config  # noqa: E402
 from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
 from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402

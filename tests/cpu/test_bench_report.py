@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvgemm.bench_cli import gpu_markdown, plot_roofline
+from nvgemm.cli.bench import gpu_markdown, plot_roofline
 
 
 def _result():

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
-from nvgemm.runtime import aot, cache as cache_mod
-from nvgemm.runtime.compile_spec import (
+from nvgemm.aot import artifact as aot, cache as cache_mod
+from nvgemm.aot.compile_spec import (
     NON_CODEGEN_ENV,
     capture_codegen_env,
     compile_key,
@@ -143,12 +143,12 @@ def test_spec_rejects_bad_fields():
 
 def test_kernel_source_hash_walks_the_tree(tmp_path):
     pkg = tmp_path / "nvgemm"
-    for d in ("templates", "epilogues", "runtime"):
+    for d in ("templates", "epilogues", "aot", "runtime"):
         (pkg / d).mkdir(parents=True)
     (pkg / "templates" / "a.py").write_text("x = 1\n")
     (pkg / "epilogues" / "b.py").write_text("y = 2\n")
-    (pkg / "runtime" / "aot.py").write_text("# shim\n")
-    (pkg / "runtime" / "aot_selftest.py").write_text("# toy\n")
+    (pkg / "aot" / "artifact.py").write_text("# shim\n")
+    (pkg / "aot" / "selftest.py").write_text("# toy\n")
     h0 = kernel_source_hash.__wrapped__(pkg)
     (pkg / "templates" / "new_kernel.py").write_text("z = 3\n")  # a new file, never hand-listed
     h1 = kernel_source_hash.__wrapped__(pkg)
@@ -400,7 +400,7 @@ def test_build_failure_is_reported_not_raised(kc, monkeypatch):
 CONCURRENT = textwrap.dedent(
     """
     import sys, json
-    from nvgemm.runtime import aot, cache
+    from nvgemm.aot import artifact as aot, cache
     sys.path.insert(0, {testdir!r})
     from test_cache import fake_build, _spec, KEY_CHANGES
     import time

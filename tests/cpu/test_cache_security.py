@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nvgemm.runtime import aot, cache as cache_mod, trusted_fs
+from nvgemm.aot import artifact as aot, cache as cache_mod, trusted_fs
 from test_cache import _spec, fake_build
 
 LIB_C = r"""

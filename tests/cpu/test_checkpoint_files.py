@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from nvgemm.runtime.files import read_json, safetensors_header
-from nvgemm.runtime.precompile_cli import checkpoint_shapes
+from nvgemm.cli.precompile import checkpoint_shapes
 from nvgemm.runtime.serving_plan import vllm_gemms
 
 

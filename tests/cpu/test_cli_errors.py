@@ -84,7 +84,7 @@ def test_bad_command_line_is_one_clear_line(files, capsys, argv, words):
 
 
 def test_unexpected_errors_are_one_line_too(monkeypatch, capsys):
-    import nvgemm.heuristics.plan_cli as plan_cli
+    import nvgemm.cli.plan as plan_cli
 
     def boom(args):
         raise RuntimeError("something deep\nwith a second line")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvgemm import env_cli
+from nvgemm.cli import env as env_cli
 from nvgemm.cli import main
 
 

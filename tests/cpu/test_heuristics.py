@@ -112,7 +112,7 @@ def test_hopper_decode_picks_issue_at_most_two_instructions_per_element():
     stays rare (at most 4 of the 32 points; 1 when this test was written)."""
     from nvgemm.heuristics.sm90 import DECODE_TIE
     from nvgemm.perfmodel import estimate, lookup
-    from nvgemm.runtime.sass_tool import LLAMA_SHAPES
+    from nvgemm.perfmodel.sass_tool import LLAMA_SHAPES
 
     n_over = 0
     for n, k in LLAMA_SHAPES:

@@ -18,7 +18,7 @@ from nvgemm.heuristics import GemmProblem, Target, candidates
 @pytest.fixture
 def plan_only_cli():
     # main() is the real entry point with the real COMMANDS list (all sub-commands' parsers)
-    assert ("plan", "nvgemm.heuristics.plan_cli") in cli.COMMANDS
+    assert ("plan", "nvgemm.cli.plan") in cli.COMMANDS
 
 
 def test_plan_model(plan_only_cli, capsys):

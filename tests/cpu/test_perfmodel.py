@@ -394,7 +394,7 @@ def test_table_header_and_entries():
 def test_table_file_format_round_trips():
     """The committed file is what ``format_table`` writes (one line per entry) and parses back."""
     from nvgemm.perfmodel.table import TABLE_PATH
-    from nvgemm.runtime.sass_tool import format_table
+    from nvgemm.perfmodel.sass_tool import format_table
 
     t = load_table()
     clean = {"header": t["header"], "entries": t["entries"], **({"spills": t["spills"]} if "spills" in t else {})}
@@ -462,7 +462,7 @@ def test_named_spilling_variants_are_recorded_and_not_emitted():
     from nvgemm.heuristics.presets import PRESETS
     from nvgemm.heuristics.problem import GemmProblem, Target
     from nvgemm.perfmodel.table import spill_status
-    from nvgemm.runtime.sass_tool import SM90_M
+    from nvgemm.perfmodel.sass_tool import SM90_M
 
     sk7 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=7, num_warps=8, stages=3, pdl=True)
     sk4 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=4, num_warps=8, stages=3, pdl=True)
@@ -484,7 +484,7 @@ def test_every_recorded_pair_the_policy_emits_is_spill_free():
     every first choice for the Llama-3.1-8B / 3.3-70B shapes is recorded (the sweep's minimum:
     ``python bench/compile_sweep_sm90.py --shapes llama --top 1``)."""
     from nvgemm.perfmodel.table import spill_status
-    from nvgemm.runtime.sass_tool import LLAMA_SHAPES, SM90_M, policy_pairs
+    from nvgemm.perfmodel.sass_tool import LLAMA_SHAPES, SM90_M, policy_pairs
 
     pairs = policy_pairs("sm_90a")
     assert pairs
@@ -499,7 +499,7 @@ def test_regenerate_updates_only_what_it_compiled(tmp_path, monkeypatch):
     """``regenerate_table`` (compiling stubbed out): an explicit config list replaces just those
     entries; a full regeneration of one arch keeps the other arch's entries."""
     from nvgemm.perfmodel.table import TABLE_PATH
-    from nvgemm.runtime import sass_tool
+    from nvgemm.perfmodel import sass_tool
 
     cfg = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     fake = dict(lookup(cfg).to_json(), regs=99)

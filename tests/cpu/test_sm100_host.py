@@ -290,7 +290,7 @@ def test_device_sized_kernel_falls_back_to_the_precompiled_one(monkeypatch):
     import dataclasses
     import warnings
 
-    from nvgemm.runtime import cache as cache_mod
+    from nvgemm.aot import cache as cache_mod
     from nvgemm.runtime.sm100_backend import compile_spec_for, kernel_for
 
     cfg = Sm100Nvfp4GemmConfig(tile_n=16, swap_ab=True, cluster_m=4)

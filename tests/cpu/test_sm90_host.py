@@ -507,7 +507,7 @@ def test_policy_picks_do_not_spill():
     its SASS with the reference and the fullest epilogue (bench/compile_sweep_sm90.py; the compile
     tests re-derive records from the SASS). M: the sweep's token counts (sass_tool.SM90_M)."""
     from nvgemm.perfmodel.table import spill_status
-    from nvgemm.runtime.sass_tool import SM90_M
+    from nvgemm.perfmodel.sass_tool import SM90_M
 
     for n, k in LLAMA:
         for m in SM90_M:

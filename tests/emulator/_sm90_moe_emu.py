@@ -87,7 +87,7 @@ def random_moe_operands(m, top_k, e, h, i, *, seed=0):
 def emu_launcher(device="H200"):
     """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator."""
     from nvgemm.emulator.runner import prepare
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.aot.compile_spec import make_spec
     from nvgemm.templates.sm90.operand import kind_of
 
     def launch(args):

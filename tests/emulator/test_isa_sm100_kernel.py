@@ -21,7 +21,7 @@ kernel_test_env("sm_100a")
 import nvgemm.ops  # noqa: E402,F401 -- registers torch.ops.nvgemm (the activation quantizer)
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.formats.nvfp4 import to_blocked  # noqa: E402
-from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 from nvgemm.templates.sm100.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
 

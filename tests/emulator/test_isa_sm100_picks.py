@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.emulator, pytest.mark.emulator_full]
 import nvgemm.ops  # noqa: E402,F401
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.formats.nvfp4 import to_blocked  # noqa: E402
-from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 from nvgemm.templates.sm100.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
 
@@ -27,7 +27,7 @@ POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)
 
 
 def _policy_picks():
-    from nvgemm.runtime import sass_tool
+    from nvgemm.perfmodel import sass_tool
     from nvgemm.runtime.sm100_backend import _policy_config
 
     out = []

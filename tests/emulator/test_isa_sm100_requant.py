@@ -21,7 +21,7 @@ import nvgemm.ops  # noqa: E402,F401
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.epilogues.requant import fused_requant_reference  # noqa: E402
 from nvgemm.formats import dequantize, from_blocked, to_blocked  # noqa: E402
-from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 from nvgemm.templates.sm100.launch import prepare_sm100_requant_args  # noqa: E402
 

@@ -15,7 +15,7 @@ import nvgemm.ops  # noqa: E402,F401
 from nvgemm.emulator.isa.tma import decode_tensor_map  # noqa: E402
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.formats.nvfp4 import quantize_weight, to_blocked  # noqa: E402
-from nvgemm.runtime.compile_spec import make_spec  # noqa: E402
+from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 from nvgemm.templates.sm100.launch import prepare_sm100_args  # noqa: E402
 

@@ -5,7 +5,7 @@ what nvgemm's launcher computes for the config (:mod:`nvgemm.emulator.recorder`)
 
 Default CI: representative configs (sm90 decode + split-K wgmma, sm100 swap-AB split-K and a 2x1
 cluster); ``pytest -m emulator_full``: every config the policy emits for the preset Llama shapes on
-sm_90a and sm_100a (``nvgemm.runtime.sass_tool.policy_configs``; ~210 builds).
+sm_90a and sm_100a (``nvgemm.perfmodel.sass_tool.policy_configs``; ~210 builds).
 
 Finding: the wgmma family's ``wgmma_smem_bytes`` reserves 1024 bytes of alignment slack the launch
 does not request (the dynamic window is ``.align 1024``); the expectation subtracts it."""
@@ -112,7 +112,7 @@ def _small_problem(cfg, arch):
 @pytest.mark.emulator_full
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_every_policy_config_launch_matches_the_launcher(arch):
-    from nvgemm.runtime import sass_tool
+    from nvgemm.perfmodel import sass_tool
 
     cfgs = sass_tool.policy_configs(arch)
     failures = []

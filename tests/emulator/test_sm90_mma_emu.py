@@ -157,7 +157,7 @@ def test_mutations_of_the_real_ptx_fail_the_comparison():
 
 
 def _policy_picks(families=("mma",), ms=(1, 2, 4, 8, 16, 32)):
-    from nvgemm.runtime import sass_tool
+    from nvgemm.perfmodel import sass_tool
     from nvgemm.runtime.sm90_backend import pick_config
 
     picks = {}

@@ -43,8 +43,8 @@ def _arch():
 def kernel_for(cfg: C, epi: EpilogueSpec):
     """The production path: compile for this device's arch (explicit hardware numbers, the
     driver's cluster-occupancy answer), export, link and load through the kernel cache
-    (``nvgemm.runtime.cache``)."""
-    from nvgemm.runtime.cache import default_cache
+    (``nvgemm.aot.cache``)."""
+    from nvgemm.aot.cache import default_cache
     from nvgemm.runtime.occupancy import query_max_active_clusters
     from nvgemm.runtime.sm100_backend import compile_spec_for
 

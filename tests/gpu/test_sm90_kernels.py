@@ -73,7 +73,7 @@ class _CacheRunner(check.Runner):
         return build.case_config(case, suite)
 
     def kernel(self, case):
-        from nvgemm.runtime.cache import default_cache
+        from nvgemm.aot.cache import default_cache
 
         build = _load("sm90_build", "bench/build_sm90_artifacts.py")
         return default_cache().get(build.case_spec(case, suite), build=True)

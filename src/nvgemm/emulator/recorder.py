@@ -87,7 +87,7 @@ def _descriptor(a, t: torch.Tensor) -> list:
     """The exported tensor descriptor of ``t`` for ABI argument ``a``, from the ABI's C layout
     (``void *data``; ``int32/int64 dynamic_shapes[n]``; ``int64 dynamic_strides[m]``, naturally
     aligned), as a list of byte values with None for padding (the host code leaves it unwritten)."""
-    from ..runtime.aot import tensor_layout
+    from ..aot.artifact import tensor_layout
 
     shape, stride = tensor_layout(a, t)
     out: list = list(struct.pack("<Q", t.data_ptr()))

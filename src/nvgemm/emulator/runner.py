@@ -5,7 +5,7 @@ the production AOT cache entry (``KernelCache.ensure``), the PTX of the same spe
 ``keep_ptx`` (stored under the emulator cache, keyed by the entry key; registered with the fake
 runtime by the fatbin's sha256 + entry name, so a launch whose image differs finds no PTX and
 fails), and ``kernel.so`` relinked against the fake CUDA runtime, opened with the production
-:class:`~nvgemm.runtime.aot.AotKernel`. :meth:`EmuKernel.launch` packs arguments exactly like
+:class:`~nvgemm.aot.artifact.AotKernel`. :meth:`EmuKernel.launch` packs arguments exactly like
 production (``check_device=False`` is the only difference), registers every tensor argument as a
 bounds-checked global allocation and executes the launch the host code makes.
 """
@@ -138,8 +138,8 @@ class EmuKernel:
 
 def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
     """The emulated kernel of ``spec`` (built, PTX'd and relinked once per process)."""
-    from nvgemm.runtime.aot import AotKernel
-    from nvgemm.runtime.cache import default_cache
+    from nvgemm.aot.artifact import AotKernel
+    from nvgemm.aot.cache import default_cache
     from nvgemm.templates.registry import abi_from_json
 
     with _LOCK:

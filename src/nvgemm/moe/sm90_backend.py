@@ -50,8 +50,8 @@ def supports(p: MoeProblem) -> Optional[str]:
 def _kernel_for(config, spec, x_dtype: torch.dtype, sm_count: int):
     from ..templates.registry import HardwareSpec
     from ..templates.sm90.operand import kind_of
-    from ..runtime.cache import default_cache
-    from ..runtime.compile_spec import make_spec
+    from ..aot.cache import default_cache
+    from ..aot.compile_spec import make_spec
 
     cs = make_spec("sm90_moe_mma", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
                    a_format=kind_of(x_dtype), b_format="nvfp4")

@@ -12,15 +12,16 @@ Two halves:
   (:mod:`.hardware`). :func:`bf16_baseline` models bf16 cuBLAS with the same bandwidth, fill and
   launch (one efficiency assumption for both sides of every ratio). Spills are per compiled
   variant (:func:`.table.spill_status`).
-* **compiling** (``nvgemm.runtime.sass_tool``, may import the runtime): compiles a config for
-  its arch without a GPU, reads its SASS (:mod:`.sass`) and derives the static facts; it also
-  regenerates the table (``nvgemm model --regen-table``).
+* **compiling** (:mod:`.sass_tool`; not imported by this package, it imports the compile path --
+  templates, :mod:`nvgemm.aot`, the candidate policy -- lazily): compiles a config for its arch
+  without a GPU, reads its SASS (:mod:`.sass`) and derives the static facts; it also regenerates
+  the table (``nvgemm model --regen-table``).
 
 The per-family **facts hook** is :class:`FamilyFacts` (:mod:`.facts` documents how to add a
 family); the model equations are in :mod:`.model`. Imports stay below the heuristics:
 templates' pure-Python config modules and the standard library.
 
-CLI: ``nvgemm model`` (``nvgemm.runtime.model_cli``); reports: ``bench/perf_model.py``
+CLI: ``nvgemm model`` (``nvgemm.cli.model``); reports: ``bench/perf_model.py``
 (``bench/results/sm90_model.md``, ``bench/results/sm100_model.md``).
 """
 

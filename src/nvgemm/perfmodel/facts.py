@@ -2,7 +2,7 @@
 
 :class:`KernelFacts`
     static facts of one compiled kernel (config + arch), read from its SASS by
-    ``nvgemm.runtime.sass_tool`` and stored in the committed table (``sass_facts.json``):
+    ``nvgemm.perfmodel.sass_tool`` and stored in the committed table (``sass_facts.json``):
     registers, shared/local memory, spills, the main loop's size, issue cycles and serial DRAM
     round trips per iteration, per-pass overhead, and family extras (stages, TMEM columns ...).
 :class:`Geometry`

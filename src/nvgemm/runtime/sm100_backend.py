@@ -5,7 +5,7 @@ this module adds what belongs to the runtime: the device predicate (``supports``
 the sm_100 family, capability 10.x, so on CPU and other GPUs the backend is never selected),
 config selection through the candidate policy, the hardware cluster-occupancy query
 (:mod:`nvgemm.runtime.occupancy`), and fetching the compiled kernel from the kernel cache
-(``nvgemm.runtime.cache``), compiled for an explicit arch with explicit hardware numbers.
+(``nvgemm.aot.cache``), compiled for an explicit arch with explicit hardware numbers.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str
     AOT value, i.e. the key a precompiled kernel has -- when they agree
     (:func:`nvgemm.runtime.occupancy.resolve_max_active_clusters`)."""
     from ..templates.registry import HardwareSpec
-    from .compile_spec import make_spec
+    from ..aot.compile_spec import make_spec
     from .occupancy import resolve_max_active_clusters
 
     mac = resolve_max_active_clusters(arch, sm_count, config.cluster_m * config.cluster_n, occupancy_query)
@@ -50,7 +50,7 @@ def kernel_for(cspec, cache=None):
     guaranteed count)."""
     import dataclasses
 
-    from . import cache as cache_mod
+    from ..aot import cache as cache_mod
 
     cache = cache or cache_mod.default_cache()
     if not cspec.hw.max_active_clusters:

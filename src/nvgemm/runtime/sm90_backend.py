@@ -3,7 +3,7 @@
 Thin wiring of :mod:`nvgemm.templates.sm90` into the run time: which problems it takes
 (:func:`supports`), which config a call runs (:func:`pick_config`: the policy's first candidate,
 ranked by the performance model), where the compiled kernel comes from (the kernel cache,
-``nvgemm.runtime.cache``; on a box without cutlass-dsl the kernels must be precompiled), and the
+``nvgemm.aot.cache``; on a box without cutlass-dsl the kernels must be precompiled), and the
 eager op (:func:`run_sm90`). The host work per call lives in :mod:`nvgemm.templates.sm90.launch`.
 
 Supports: CUDA tensors on an sm_90 device (capability 9.0), K % 32 == 0, bf16/fp16 activations,
@@ -75,7 +75,7 @@ def template_id_of(config: Sm90W4A16Config) -> str:
 
 def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int = 132):
     from ..templates.registry import HardwareSpec
-    from .compile_spec import make_spec
+    from ..aot.compile_spec import make_spec
 
     return make_spec(template_id_of(config), config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
                      a_format=_X_FORMAT[x_dtype], b_format="nvfp4")
@@ -100,7 +100,7 @@ def supports(p: LinearProblem) -> Optional[str]:
 @functools.lru_cache(maxsize=1024)
 def _kernel_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int):
     """The loaded kernel for one (config, epilogue, dtype): spec hashing and cache lookup once."""
-    from .cache import default_cache
+    from ..aot.cache import default_cache
 
     return default_cache().get(compile_spec_for(config, spec, x_dtype, sm_count))
 

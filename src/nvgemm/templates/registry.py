@@ -1,7 +1,7 @@
 """Kernel-template registry: the contract between CuTeDSL kernel templates and the kernel cache.
 
 A kernel template turns one frozen :class:`CompileSpec` into one compiled CuTeDSL function, for an
-explicit target arch, **without touching a GPU**. The cache (``nvgemm.runtime.cache``) exports that
+explicit target arch, **without touching a GPU**. The cache (``nvgemm.aot.cache``) exports that
 function with ``export_to_c``, links it into a small shared library that needs only ``libcudart``,
 and later launches it through ``ctypes`` in processes that never import ``cutlass``. For that to
 work the template declares its **C-ABI argument list** (:class:`TensorArg`, :class:`ScalarArg`,
@@ -45,7 +45,7 @@ cuda.bindings.driver as cuda``); an unannotated stream fails at export with "Uns
 CuTeDSL evaluates those annotations when the kernel is defined, in the defining module's globals: a
 module with ``from __future__ import annotations`` must import ``cutlass``/``cute`` at module level
 (keep such modules out of the warm path), or define the kernels inside ``compile()`` in a module
-without that future import (see ``nvgemm/runtime/aot_selftest.py``).
+without that future import (see ``nvgemm/aot/selftest.py``).
 
 Rules: read hardware numbers (``spec.hw.sm_count``, ``spec.hw.max_active_clusters``) and the arch
 from the spec, never from the device; read nvgemm codegen switches with ``spec.env("NVGEMM_...")``,
@@ -187,7 +187,7 @@ class CompileSpec:
 
     Shapes (M, N, K) and strides are NOT part of it: templates compile with dynamic dims.
     ``codegen_env`` is a sorted snapshot ``((name, value), ...)`` of the environment switches that
-    change code generation (``nvgemm.runtime.compile_spec.capture_codegen_env``).
+    change code generation (``nvgemm.aot.compile_spec.capture_codegen_env``).
     """
 
     template_id: str

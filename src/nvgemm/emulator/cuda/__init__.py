@@ -5,7 +5,7 @@
   ``<NVGEMM_CACHE_DIR or tmp>/emulator/<source sha>/`` and loads it.
 * :func:`relink` links an AOT cache entry's ``kernel.o`` + ``shim.c`` + the DSL static runtime
   against it (the production ``link_shared`` recipe with the runtime library swapped), so the
-  production :class:`~nvgemm.runtime.aot.AotKernel` host path runs unchanged on CPU tensors.
+  production :class:`~nvgemm.aot.artifact.AotKernel` host path runs unchanged on CPU tensors.
 * Every launch reaches :class:`FakeCuda`'s callback as a :class:`LaunchRecord` (kernel name, image
   sha256, grid, block, cluster, dynamic smem, attribute ids, PDL / cooperative flags, the kernel's
   max-dynamic-smem attribute, and the parameter bytes -- their sizes come from the PTX ``.entry``
@@ -100,7 +100,7 @@ def build_fake_runtime(out_dir: Path | None = None) -> Path:
 def relink(entry_dir: Path, out_dir: Path | None = None) -> Path:
     """``kernel.so`` of an AOT cache entry relinked against the fake runtime (cached next to it in the
     emulator's cache, keyed by the entry's kernel.o sha256)."""
-    from nvgemm.runtime.aot import dsl_runtime_dir
+    from nvgemm.aot.artifact import dsl_runtime_dir
 
     entry_dir = Path(entry_dir)
     fake = build_fake_runtime()

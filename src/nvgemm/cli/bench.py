@@ -44,7 +44,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from .cli import int_list
+from . import int_list
 
 
 
@@ -80,8 +80,8 @@ def _best_specs(model: str, ms: list[int], arches: list[str]) -> list[tuple[str,
     from nvgemm.epilogues.spec import EpilogueSpec
     from nvgemm.heuristics import GemmProblem, Target, candidates
     from nvgemm.heuristics.presets import get_preset
-    from nvgemm.runtime.compile_spec import capture_codegen_env
-    from nvgemm.runtime.precompile_cli import ARCH_DEFAULT_GPU
+    from nvgemm.aot.compile_spec import capture_codegen_env
+    from nvgemm.cli.precompile import ARCH_DEFAULT_GPU
     from nvgemm.templates.registry import CompileSpec, HardwareSpec, template_id_for_config
 
     preset = get_preset(model)
@@ -105,8 +105,8 @@ def _best_specs(model: str, ms: list[int], arches: list[str]) -> list[tuple[str,
 
 
 def _selftest_specs(arches: list[str]) -> list[tuple[str, object]]:
-    from nvgemm.runtime.aot_selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
-    from nvgemm.runtime.compile_spec import make_spec
+    from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
+    from nvgemm.aot.compile_spec import make_spec
 
     return [("selftest", make_spec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=t), a, a_format="bf16", b_format="bf16"))
             for a in arches for t in (128, 256)]
@@ -119,13 +119,13 @@ _LOAD_PROBE = textwrap.dedent(
         sys.modules[m] = None          # a serving process: the DSL compiler cannot be imported
     t0 = time.perf_counter()
     import torch
-    from nvgemm.runtime.cache import KernelCache
+    from nvgemm.aot.cache import KernelCache
     t_import = time.perf_counter() - t0
     specs = pickle.load(open(sys.argv[1], "rb"))
     t0 = time.perf_counter()
     kc = KernelCache(sys.argv[2])
     kc.fid = sys.argv[3]               # the builder's fingerprint (the shared tree may change mid-run)
-    from nvgemm.runtime.aot import preload_cudart
+    from nvgemm.aot.artifact import preload_cudart
     preload_cudart()                   # once per process (torch on a GPU box has usually done it)
     t_init = time.perf_counter() - t0
     out = []
@@ -144,7 +144,7 @@ _LOAD_PROBE = textwrap.dedent(
 
 def cache_timings(model: str, ms: list[int], arches: list[str], cache_dir: Path | None = None) -> dict:
     """Cold compile per kernel, warm re-run compile count, warm load per kernel (cutlass blocked)."""
-    from nvgemm.runtime.cache import KernelCache
+    from nvgemm.aot.cache import KernelCache
 
     specs = _selftest_specs(arches) + _best_specs(model, ms, arches)
     tmp = None

@@ -1,4 +1,5 @@
-"""``nvgemm`` command line: one sub-command per module, imported lazily.
+"""``nvgemm`` command line (``nvgemm`` console script, ``python -m nvgemm.cli``): one sub-command per
+module of this package, imported lazily.
 
 Each module in ``COMMANDS`` defines ``add_parser(subparsers) -> argparse.ArgumentParser`` whose
 parser sets ``func`` (``args -> int``). Modules import torch/cutlass inside ``func``, so
@@ -13,12 +14,12 @@ import sys
 
 # (sub-command, module)
 COMMANDS: list[tuple[str, str]] = [
-    ("demo", "nvgemm.demo"),
-    ("plan", "nvgemm.heuristics.plan_cli"),
-    ("precompile", "nvgemm.runtime.precompile_cli"),
-    ("bench", "nvgemm.bench_cli"),
-    ("model", "nvgemm.runtime.model_cli"),
-    ("env", "nvgemm.env_cli"),
+    ("demo", "nvgemm.cli.demo"),
+    ("plan", "nvgemm.cli.plan"),
+    ("precompile", "nvgemm.cli.precompile"),
+    ("bench", "nvgemm.cli.bench"),
+    ("model", "nvgemm.cli.model"),
+    ("env", "nvgemm.cli.env"),
 ]
 
 

@@ -85,7 +85,7 @@ NON_CODEGEN_ENV = frozenset(
 
 _PKG_ROOT = Path(__file__).resolve().parent.parent  # src/nvgemm
 KERNEL_SOURCE_DIRS = ("templates", "epilogues")
-KERNEL_SOURCE_FILES = ("runtime/aot.py", "runtime/aot_selftest.py")  # shim generator + link recipe; selftest kernel
+KERNEL_SOURCE_FILES = ("aot/artifact.py", "aot/selftest.py")  # shim generator + link recipe; selftest kernel
 _SOURCE_SUFFIXES = (".py", ".h", ".cu", ".c", ".cuh", ".json", ".txt")
 
 

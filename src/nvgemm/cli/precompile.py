@@ -33,7 +33,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from ..cli import int_list, int_pair
+from . import int_list, int_pair
 
 ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
 
@@ -86,7 +86,7 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
     A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``.
     Identical (N, K) shapes are reported once, named after the first layer that has them.
     """
-    from .files import safetensors_files, safetensors_header
+    from ..runtime.files import safetensors_files, safetensors_header
 
     tensors: dict[str, dict] = {}
     for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
@@ -135,7 +135,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     """(title, [(label, CompileSpec)], [(label, reason) of problems without candidates])."""
     from nvgemm.epilogues.spec import EpilogueSpec
     from nvgemm.heuristics import GemmProblem, Target, candidates, problem_status
-    from nvgemm.runtime.compile_spec import capture_codegen_env
+    from nvgemm.aot.compile_spec import capture_codegen_env
     from nvgemm.templates.registry import CompileSpec, HardwareSpec, template_id_for_config
 
     arches = [a.strip() for a in args.arch.split(",") if a.strip()]
@@ -146,7 +146,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     specs: dict[object, str] = {}
     skipped: list[tuple[str, str]] = []
     if args.selftest:
-        from nvgemm.runtime.aot_selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
+        from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
         from nvgemm.templates.registry import DEFAULT_HW
 
         for arch in arches:
@@ -247,7 +247,7 @@ def _init_worker(root: str, modules: list[str]) -> None:
 
     for m in modules:
         importlib.import_module(m)
-    from nvgemm.runtime.cache import KernelCache
+    from nvgemm.aot.cache import KernelCache
 
     _WORKER_CACHE = KernelCache(root)
 
@@ -257,7 +257,7 @@ def _build_one(spec):
 
 
 def run(args) -> int:
-    from nvgemm.runtime.cache import KernelCache, default_cache_dir
+    from nvgemm.aot.cache import KernelCache, default_cache_dir
 
     if args.max_candidates < 1 or (args.jobs is not None and args.jobs < 1) or args.max_m < 1:
         print("nvgemm precompile: --max-candidates, --jobs and --max-m must be >= 1", file=sys.stderr)
@@ -323,7 +323,7 @@ def run(args) -> int:
                 bar = None
         modules = list(args.template_module)
         if args.selftest:
-            modules.append("nvgemm.runtime.aot_selftest")
+            modules.append("nvgemm.aot.selftest")
 
         def record(label, spec, r):
             meta = r.meta or {}
@@ -352,7 +352,7 @@ def run(args) -> int:
                     try:
                         r = f.result()
                     except Exception as e:  # a crashed worker: report the kernel as failed
-                        from nvgemm.runtime.cache import CacheResult
+                        from nvgemm.aot.cache import CacheResult
 
                         r = CacheResult("", "failed", error=f"worker crashed: {type(e).__name__}: {e}")
                     record(label, spec, r)

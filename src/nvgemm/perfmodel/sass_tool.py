@@ -24,6 +24,11 @@ table's ``spills`` section, which the policy reads to drop spilling variants
 (:meth:`~nvgemm.perfmodel.facts.FamilyFacts.table_configs`) plus every config the candidate
 policy emits for the Llama-3.1-8B / 3.3-70B decode shapes, and writes
 ``src/nvgemm/perfmodel/sass_facts.json`` (``nvgemm model --regen-table``; ~3 s per kernel).
+
+Imports: at module import only the analytic model (this package) and the standard library; the compile
+path (templates, :mod:`nvgemm.aot.compile_spec`, the candidate policy, triton) is imported lazily inside
+the functions that compile, so ``nvgemm.perfmodel`` never imports the AOT cache, the backends or the
+heuristics above it when loaded.
 """
 
 from __future__ import annotations
@@ -38,10 +43,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..perfmodel import sass as S
-from ..perfmodel.facts import FamilyFacts, KernelFacts, family_for, registered_families
-from ..perfmodel.hardware import DEFAULT_GPU_OF_ARCH, get_hardware
-from ..perfmodel.table import TABLE_PATH, clear_cache
+from . import sass as S
+from .facts import FamilyFacts, KernelFacts, family_for, registered_families
+from .hardware import DEFAULT_GPU_OF_ARCH, get_hardware
+from .table import TABLE_PATH, clear_cache
 
 #: (N, K) of the Llama-3.1-8B and Llama-3.3-70B decode GEMMs the model reports on.
 LLAMA_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
@@ -92,7 +97,7 @@ def compile_config(config, arch: str | None = None, epilogue=None):
     arch (no GPU)."""
     os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="nvgemm_cute_dump_"))
     from ..templates.registry import check_spec, get_template
-    from .compile_spec import make_spec
+    from ..aot.compile_spec import make_spec
 
     fam = _family(config)
     arch = arch or fam.arch

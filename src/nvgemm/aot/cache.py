@@ -21,7 +21,7 @@ Trust: the entries are shared libraries loaded into the process, so every direct
 opened through descriptors that refuse symlinks, other users' files and group/other-writable
 modes, and what is created is 0700 / 0600 (:mod:`.trusted_fs`). ``kernel.so`` is read once, its
 bytes are checked against ``meta.json`` and exactly those bytes are loaded
-(:func:`nvgemm.runtime.aot.load_image`): no constructor of an unverified or swapped file runs.
+(:func:`nvgemm.aot.artifact.load_image`): no constructor of an unverified or swapped file runs.
 The ``meta.json`` digest detects damage only; it needs no key, since only the cache's owner (or
 root) can write it.
 
@@ -216,7 +216,7 @@ class KernelCache:
             raise CorruptEntry("meta.json checksum mismatch")
         if payload.get("key_version") != KEY_VERSION or payload.get("fingerprint") != fid or payload.get("key") != key:
             raise CacheMiss(f"{key}: entry from another nvgemm/toolchain version")
-        from .aot import AOT_ABI_VERSION
+        from .artifact import AOT_ABI_VERSION
 
         if payload.get("abi_version") != AOT_ABI_VERSION:
             raise CacheMiss(f"{key}: AOT ABI version {payload.get('abi_version')} != {AOT_ABI_VERSION}")
@@ -330,7 +330,7 @@ class KernelCache:
         return CacheResult(key, "compiled", d, meta, seconds=time.perf_counter() - t0)
 
     def _build_locked(self, spec: CompileSpec, key: str, d: Path) -> dict:
-        from .aot import build_artifacts
+        from .artifact import build_artifacts
 
         self._write_fingerprint()
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:16]}-", dir=self.fp_dir()))
@@ -363,8 +363,8 @@ class KernelCache:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def get(self, spec: CompileSpec, *, build: bool = True):
-        """The loaded :class:`~nvgemm.runtime.aot.AotKernel` for ``spec`` (compiling on a miss if allowed)."""
-        from .aot import AotKernel
+        """The loaded :class:`~nvgemm.aot.artifact.AotKernel` for ``spec`` (compiling on a miss if allowed)."""
+        from .artifact import AotKernel
 
         k = self._by_spec.get(spec)  # warm calls: one dict lookup, no hashing of the spec
         if k is not None:

@@ -62,7 +62,7 @@ def run(args) -> int:
     else:
         print("GPU: none (every linear runs on the emulated backend; kernels can still be compiled "
               "ahead of time with `nvgemm precompile --arch ...`)")
-    from .inductor import compat
+    from ..inductor import compat
 
     print("TorchInductor integration (nvgemm.enable()):")
     print(compat.report())

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from ..cli import int_list, int_pair
+from . import int_list, int_pair
 
 
 
@@ -60,8 +60,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _problems(args):
-    from .presets import get_moe_preset, get_preset
-    from .problem import GemmProblem, Target
+    from ..heuristics.presets import get_moe_preset, get_preset
+    from ..heuristics.problem import GemmProblem, Target
 
     target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
     fmt = args.format
@@ -139,8 +139,8 @@ def _time_column(c) -> str:
 
 
 def run(args) -> int:
-    from . import nvmmh
-    from .policy import bucket_candidates, candidates, problem_status
+    from ..heuristics import nvmmh
+    from ..heuristics.policy import bucket_candidates, candidates, problem_status
 
     try:
         title, target, fmt, base, moe = _problems(args)
@@ -226,7 +226,7 @@ def run(args) -> int:
         for c in r["candidates"]:
             print(f"  {c['rank']:2d}. {c['config']:<62s} {_time_column(c)}  {c['reason']}")
     if moe is not None and target.family == "sm90":
-        from .moe_sm90 import format_plan, shape_from_preset
+        from ..heuristics.moe_sm90 import format_plan, shape_from_preset
 
         print()
         print(format_plan(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,

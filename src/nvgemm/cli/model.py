@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from ..cli import int_list, int_pair
+from . import int_list, int_pair
 
 _MODEL_NOTE = "MODEL (not a measurement; a GPU measurement overrides it)"
 
@@ -126,7 +126,7 @@ def run(args) -> int:
     from ..perfmodel.model import best as model_best
 
     if args.regen_table:
-        from .sass_tool import regenerate_table
+        from ..perfmodel.sass_tool import regenerate_table
 
         archs = tuple(args.arch or ("sm_90a", "sm_100a"))
         table = regenerate_table(archs=archs, log=lambda s: print(s, flush=True))
@@ -174,7 +174,7 @@ def run(args) -> int:
                     text.append(f"{cfg.name()}  M={m} N={n} K={k}: no estimate: {why}")
                     continue
                 if args.sass:
-                    from .sass_tool import derive_facts
+                    from ..perfmodel.sass_tool import derive_facts
 
                     if cfg not in sass_facts:
                         sass_facts[cfg] = derive_facts(cfg)[0]

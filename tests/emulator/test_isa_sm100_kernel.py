@@ -32,6 +32,10 @@ CASES = [
     pytest.param(7, 512, 512, dict(tile_n=16, swap_ab=True), id="m7-n512-k512-swap16", marks=pytest.mark.emulator),
     pytest.param(256, 256, 512, dict(tile_n=128, cluster_m=2, cluster_n=2), id="m256-n256-k512-t128-c2x2-multicast",
                  marks=pytest.mark.emulator),
+    # 2-CTA MMA (tcgen05 .cta_group::2, M = 256 over a CTA pair; the pair leader's mbarrier reached by clearing
+    # bit 24 of a shared address); M = 200 leaves a row tail in the peer CTA's half
+    pytest.param(200, 384, 512, dict(tile_m=256, tile_n=128, cluster_m=2), id="m200-n384-k512-t256x128-2cta",
+                 marks=pytest.mark.emulator),
     pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.emulator,
                                                                                   pytest.mark.slow]),
     pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",
@@ -60,7 +64,7 @@ def test_sm100_kernel_on_emulator_matches_reference(m, n, k, cfg, tmp_path, monk
     x_packed, x_scale = _exact_codes(g, m, k)  # replace the quantized activations by exact codes, same layout
     xa, xs = (args.b, args.sfb) if config.swap_ab else (args.a, args.sfa)
     xa.copy_(x_packed)
-    xs.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8))
+    xs.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8).reshape(xs.shape))
     spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
     z = lambda t: t if t is not None else 0  # noqa: E731
     launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias),

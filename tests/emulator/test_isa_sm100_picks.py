@@ -69,7 +69,7 @@ def test_sm100_pick_on_emulator(tile_n, split_k, act, tmp_path, monkeypatch, see
                               None, epi, cfg)
     x_packed, x_scale = _codes(g, m, k)
     args.b.copy_(x_packed)  # swap-AB: the activations are the B operand
-    args.sfb.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8))
+    args.sfb.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8).reshape(args.sfb.shape))
     z = lambda t: t if t is not None else 0  # noqa: E731
     prepare(make_spec("sm100_nvfp4_gemm", cfg, "sm_100a", epilogue=epi)).launch(
         args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias), z(args.residual), z(args.workspace),

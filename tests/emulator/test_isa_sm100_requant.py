@@ -55,7 +55,7 @@ def test_fused_requant_kernel_on_emulator(m, i, k, sk, tmp_path, monkeypatch, se
                                       one, bias, gs, epi, config)
     x_packed, x_scale = _exact_codes(g, m, k)
     args.b.copy_(x_packed)
-    args.sfb.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8))
+    args.sfb.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8).reshape(args.sfb.shape))
 
     # torch reference from the checkpoint-order operands
     acc = dequantize(x_packed, x_scale) @ dequantize(w_packed, w_scale).t()  # [m, 2I], exact

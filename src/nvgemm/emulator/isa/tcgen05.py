@@ -285,7 +285,9 @@ def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, ides
     its 128 rows of A at ``a-desc`` and N / 2 rows of B at ``b-desc`` (leader: columns 0 .. N/2 - 1, peer: the
     rest) in its own shared memory, and its 128 rows of D, its 128 rows of SFA and the scales of all N columns
     of B in its own tensor memory at the same addresses (9.7.16.10.5 layout A for M = 256: row ``m`` of D is
-    lane ``m % 128`` of CTA ``m // 128``)."""
+    lane ``m % 128`` of CTA ``m // 128``). Unconfirmed detail: whether the hardware reads SFB from each CTA's
+    tensor memory or from the leader's only; nvgemm's kernel multicasts the same SFB into both CTAs, so its
+    end-to-end test cannot tell the two apart."""
     op = "tcgen05.mma.cta_group::2.kind::mxf4nvf4"
     d = decode_idesc("mxf4nvf4", idesc)
     if d.m != 256:

@@ -21,6 +21,7 @@ from nvgemm.emulator.isa.tcgen05 import (
     make_taddr,
     mma_f16,
     mma_mxf4nvf4,
+    mma_mxf4nvf4_pair,
 )
 
 
@@ -133,6 +134,46 @@ def test_mma_mxf4nvf4_overwrite_negate_and_data_id(seed):
                      make_taddr(0, 300), make_taddr(0, 300), True)
 
 
+@pytest.mark.parametrize("n", [64, 256])
+def test_mma_mxf4nvf4_cta_pair_matches_torch(n, seed):
+    """``.cta_group::2``, M = 256: each CTA holds 128 rows of A and N / 2 rows of B at the same descriptor
+    addresses of its own shared memory; its tensor memory holds its SFA rows, the scales of all N columns of B,
+    and receives its 128 rows of D (layout A: row m in CTA m // 128, lane m % 128)."""
+    rng = np.random.default_rng(seed)
+    a_codes = rng.integers(0, 16, size=(256, 64)).astype(np.uint8)
+    b_codes = rng.integers(0, 16, size=(n, 64)).astype(np.uint8)
+    sfa = rng.choice(UE4M3_POW2, size=(256, 4))
+    sfb = rng.choice(UE4M3_POW2, size=(n, 4))
+    a_base, b_base, sf_base = 1024, 1024 + 16 * 1024, 60 * 1024
+    sf_desc = lambda addr: tc_desc(addr, 16, 128, 0)  # noqa: E731
+    smems, tmems = [], []
+    for c in range(2):
+        smem = np.zeros(64 * 1024, dtype=np.uint8)
+        store_rows_sw128(smem, a_base, pack_e2m1(a_codes[128 * c:128 * c + 128]))
+        store_rows_sw128(smem, b_base, pack_e2m1(b_codes[n // 2 * c:n // 2 * (c + 1)]))
+        store_scales_blocked(smem, sf_base, sfa[128 * c:128 * c + 128])
+        for blk in range((n + 127) // 128):
+            store_scales_blocked(smem, sf_base + 512 * (1 + blk), sfb[128 * blk:128 * blk + 128])
+        tmem = Tmem()
+        cp_32x128b_warpx4(tmem, smem, make_taddr(0, 256), sf_desc(sf_base))
+        for blk in range((n + 127) // 128):
+            cp_32x128b_warpx4(tmem, smem, make_taddr(0, 264 + 4 * blk), sf_desc(sf_base + 512 * (1 + blk)))
+        smems.append(smem)
+        tmems.append(tmem)
+    mma_mxf4nvf4_pair(tmems, smems, make_taddr(0, 0), tc_desc(a_base, 16, 1024, 2), tc_desc(b_base, 16, 1024, 2),
+                      idesc_mxf4nvf4(256, n), make_taddr(0, 256), make_taddr(0, 264), False)
+
+    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+    sv = lambda c: torch.from_numpy(2.0 ** ((c.astype(np.float64) // 8) - 7))  # noqa: E731
+    a_ref = e2m1[torch.from_numpy(a_codes).long()] * sv(sfa).repeat_interleave(16, dim=1)
+    b_ref = e2m1[torch.from_numpy(b_codes).long()] * sv(sfb).repeat_interleave(16, dim=1)
+    ref = (a_ref @ b_ref.T).float().numpy()
+    got = np.concatenate([numerics.bits_f32(t.read(0, 0, 128, n, "test")) for t in tmems])
+    np.testing.assert_array_equal(got, ref)
+    with pytest.raises(IsaError, match="M = 128 is not modelled with cta_group::2"):
+        mma_mxf4nvf4_pair(tmems, smems, 0, 0, 0, idesc_mxf4nvf4(128, n), 0, 0, False)
+
+
 @pytest.mark.parametrize("bf16", [True, False])
 def test_mma_f16_matches_torch(bf16, seed):
     g = torch.Generator().manual_seed(seed)
@@ -170,7 +211,7 @@ def test_idesc_decode_fields_and_rejections():
     with pytest.raises(IsaError, match="not modelled"):
         decode_idesc("tf32", 0)
     tmem = Tmem()
-    with pytest.raises(IsaError, match="cta_group::2"):
+    with pytest.raises(IsaError, match="cta_group::2.*mma_mxf4nvf4_pair"):
         mma_mxf4nvf4(tmem, np.zeros(1024, np.uint8), 0, 0, 0, idesc_mxf4nvf4(256, 128), 0, 0, False, cta_group=2)
     with pytest.raises(IsaError, match="M = 256"):
         mma_mxf4nvf4(tmem, np.zeros(1024, np.uint8), 0, 0, 0, idesc_mxf4nvf4(256, 128), 0, 0, False)

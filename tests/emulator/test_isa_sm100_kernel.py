@@ -32,6 +32,14 @@ CASES = [
     pytest.param(7, 512, 512, dict(tile_n=16, swap_ab=True), id="m7-n512-k512-swap16", marks=pytest.mark.emulator),
     pytest.param(256, 256, 512, dict(tile_n=128, cluster_m=2, cluster_n=2), id="m256-n256-k512-t128-c2x2-multicast",
                  marks=pytest.mark.emulator),
+    # 2-CTA MMA (tcgen05 .cta_group::2, M = 256 over a CTA pair; the pair leader's mbarrier reached by clearing
+    # bit 24 of a shared address); M = 200 leaves a row tail in the peer CTA's half
+    pytest.param(200, 384, 512, dict(tile_m=256, tile_n=128, cluster_m=2), id="m200-n384-k512-t256x128-2cta",
+                 marks=pytest.mark.emulator),
+    pytest.param(256, 512, 512, dict(tile_m=256, tile_n=128, cluster_m=2, cluster_n=2),
+                 id="m256-n512-k512-t256x128-2cta-c2x2-multicast", marks=pytest.mark.emulator),
+    pytest.param(37, 512, 1024, dict(tile_m=256, tile_n=64, cluster_m=2, swap_ab=True, split_k=2),
+                 id="m37-n512-k1024-t256x64-2cta-swap-sk2", marks=pytest.mark.emulator),
     pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.emulator,
                                                                                   pytest.mark.slow]),
     pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",

@@ -16,11 +16,17 @@ Timing model (each choice is a legal execution and the strictest one that stays 
 * ``mbarrier.try_wait`` whose phase is incomplete parks the warp until it completes (a legal outcome of the
   suspend-time hint); the core reports a deadlock if it never does.
 * ``barrier.cluster.arrive/wait``: every thread of every CTA of the cluster (the core co-schedules them).
-* ``cta_group::2`` forms (two CTAs' tensor memory) and TMA into a peer CTA are rejected at compile time.
-  Modelling them needs more than this module: CuTe addresses the pair leader's mbarrier from both CTAs by
-  clearing bit 24 of a CTA-local shared address (``and.b32 r, r, 0xFEFFFFF8`` before the
-  ``.cta_group::2`` TMA), i.e. on hardware a CTA's own shared addresses carry its rank in bits 24+, while the
-  core keeps the own CTA's addresses below ``1 << 24`` and puts peers at ``(rank + 1) << 24``.
+* ``.cta_group::2`` (a CTA pair: ranks ``2 i`` and ``2 i + 1`` of the cluster, the even one the leader):
+  ``tcgen05.mma .kind::mxf4nvf4`` (M = 256) and ``tcgen05.cp`` are issued by the leader and read/write both
+  CTAs' shared and tensor memory at the same addresses (:func:`.tcgen05.mma_mxf4nvf4_pair`; ``cp`` copies
+  each CTA's shared memory into its own tensor memory); ``tcgen05.commit .multicast::cluster`` arrives on
+  every masked CTA's mbarrier; ``alloc`` / ``dealloc`` / ``relinquish_alloc_permit`` act on each CTA's own
+  allocator (both CTAs execute them). A ``.cta_group::2`` TMA load writes its destination CTA(s) and signals
+  the mbarrier of the destination's pair member with the parity of the given barrier's CTA -- CuTe names the
+  leader's mbarrier from both CTAs by clearing bit 24 of a shared address (``and.b32 r, r, 0xFEFFFFF8``),
+  which works because the core's shared addresses carry the CTA's cluster rank in bits 24+. These forms are
+  checked end to end by nvgemm's 2-CTA sm100 kernel (tests/emulator/test_isa_sm100_kernel.py). Not
+  modelled (an error): TMA into a peer CTA without multicast, ``cta_group::2`` with ``kind::f16`` or M = 128.
 
 At CTA exit: pending TMA stores are performed, pending loads land, every tensor-memory allocation must have
 been freed, and tcgen05 operations issued but never committed are an error.
@@ -33,8 +39,9 @@ import re
 import numpy as np
 
 from ..ptx.errors import EmulationError
-from ..ptx.machine import CLUSTER_RANK_SHIFT, PARAM_WINDOW, SHARED_WINDOW, Wait
+from ..ptx.machine import PARAM_WINDOW, SHARED_WINDOW, Wait
 from ..ptx.ops import opcode
+from ..ptx.ops.memory import cluster_target
 from ..ptx.parser import Operand
 from .errors import IsaError
 from .mbarrier import Mbarrier
@@ -46,6 +53,7 @@ from .tcgen05 import (
     ld_32x32b,
     mma_f16,
     mma_mxf4nvf4,
+    mma_mxf4nvf4_pair,
 )
 from .tma import decode_tensor_map, tile_load, tile_store
 
@@ -64,20 +72,9 @@ def _space(ins) -> str | None:
 
 
 def _target(w, space: str | None, addr: int, ins, lane: int):
-    """(CTA, shared offset) of an mbarrier / shared address operand."""
-    a = int(addr)
-    if space is None:
-        if a < SHARED_WINDOW:
-            raise EmulationError(f"generic address {a:#x} is not in the shared window, {w.where(ins, lane)}")
-        a -= SHARED_WINDOW
-    if space == "shared::cluster" and a >> CLUSTER_RANK_SHIFT:
-        rank = (a >> CLUSTER_RANK_SHIFT) - 1
-        ctas = w.cta.cluster.ctas
-        if not 0 <= rank < len(ctas):
-            raise EmulationError(f"shared::cluster address {a:#x} names CTA rank {rank} of a cluster of {len(ctas)}, "
-                                 f"{w.where(ins, lane)}")
-        return ctas[rank], a & ((1 << CLUSTER_RANK_SHIFT) - 1)
-    return w.cta, a
+    """(CTA, shared offset) of an mbarrier / shared address operand (a CTA's shared addresses carry its
+    cluster rank in bits 24+, :func:`~nvgemm.emulator.ptx.ops.memory.cluster_target`)."""
+    return cluster_target(w, space, addr, lambda j: w.where(ins, lane))
 
 
 def _barrier(cta, off: int, w, ins, lane, create=False) -> Mbarrier:
@@ -296,9 +293,8 @@ def _bulk(ins, ctx):
     dims = mods[0]
     if not re.fullmatch(r"[1-5]d", dims) or "tile" not in mods:
         raise ctx.unsupported(ins, "only .tile mode with 1d..5d is modelled")
-    if "cta_group::2" in mods:
-        raise ctx.unsupported(ins, ".cta_group::2 (signalling the peer CTA's mbarrier) is not modelled")
-    known = {dims, "tile", "shared::cta", "shared::cluster", "global", "mbarrier::complete_tx::bytes",
+    pair = "cta_group::2" in mods
+    known = {"cta_group::2", dims, "tile", "shared::cta", "shared::cluster", "global", "mbarrier::complete_tx::bytes",
              "multicast::cluster", "L2::cache_hint", "bulk_group"}
     if [x for x in mods if x not in known]:
         raise ctx.unsupported(ins, f"modifiers {[x for x in mods if x not in known]}")
@@ -325,7 +321,12 @@ def _bulk(ins, ctx):
                 tm = _read_map(w, mp[ln], ins, ln)
                 where = lambda j, ln=ln: w.where(ins, ln)  # noqa: E731
                 cta0, doff = _target(w, dspace, dst[ln], ins, ln)
-                _, boff = _target(w, dspace, bar[ln], ins, ln)
+                bcta, boff = _target(w, dspace, bar[ln], ins, ln)
+                if bcta is not w.cta and not pair:
+                    raise EmulationError(f"TMA load signalling a peer CTA's mbarrier needs .cta_group::2, {where(0)}")
+                if pair and bcta.rank >> 1 != w.cta.rank >> 1:
+                    raise EmulationError(f".cta_group::2 TMA load signalling CTA rank {bcta.rank}, outside the pair "
+                                         f"of rank {w.cta.rank}, {where(0)}")
                 if cta0 is not w.cta:
                     raise EmulationError(f"TMA load into a peer CTA's shared memory is not modelled, {where(0)}")
                 try:
@@ -337,9 +338,10 @@ def _bulk(ins, ctx):
                 if mask is not None:
                     mk = int(mask[ln])
                     ctas = [c for r, c in enumerate(w.cta.cluster.ctas) if mk >> r & 1]
-                for cta in ctas:
+                for cta in ctas:  # .cta_group::2: each destination signals its pair's CTA of the barrier's parity
                     tok = cta.shared.write_async(addrs, data, where)
-                    cta.ext.setdefault("tma_loads", {}).setdefault(boff, []).append((tok, tm.box_bytes))
+                    sig = w.cta.cluster.ctas[(cta.rank & ~1) | (bcta.rank & 1)] if pair else cta
+                    sig.ext.setdefault("tma_loads", {}).setdefault(boff, []).append((tok, tm.box_bytes))
         return load
     if mods[1] == "global" and "bulk_group" in mods:  # store
         gmap, gcoords = _tensor_operand(ctx, ops[0], ins)
@@ -387,12 +389,11 @@ def _whole_warp(w, m, ins):
 def _tcgen05(ins, ctx):
     p = ins.parts
     op = p[1]
-    if "cta_group::2" in p:
-        raise ctx.unsupported(ins, ".cta_group::2 (a CTA pair's tensor memory) is not modelled")
+    group = "cta_group::2" if "cta_group::2" in p else "cta_group::1"
     ops = ins.operands
     if op in ("wait::ld", "wait::st") or op.startswith("fence::"):
         return lambda w, m: None  # tcgen05.ld/st complete at issue here; nothing is left to order
-    if op == "alloc" and p[2:] == ["cta_group::1", "sync", "aligned", "shared::cta", "b32"]:
+    if op == "alloc" and p[2:] == [group, "sync", "aligned", "shared::cta", "b32"]:
         gdst, gn = ctx.addr(ops[0])[1], ctx.src(ops[1], np.uint32)
 
         def alloc(w, m):
@@ -407,11 +408,11 @@ def _tcgen05(ins, ctx):
             if taddr is None:
                 raise EmulationError(f"tcgen05.alloc of {int(gn(w)[ln])} columns blocks forever: the CTA holds "
                                      f"{st['alloc'].allocations} and no other CTA shares the SM, {w.where(ins)}")
-            off = int(gdst(w)[ln])
+            _, off = _target(w, "shared", int(gdst(w)[ln]), ins, ln)
             w.cta.shared.write(np.array([off]), np.array([taddr], np.uint32).view(np.uint8).reshape(1, 4),
                                lambda j: w.where(ins))
         return alloc
-    if op == "dealloc" and p[2:] == ["cta_group::1", "sync", "aligned", "b32"]:
+    if op == "dealloc" and p[2:] == [group, "sync", "aligned", "b32"]:
         ga, gn = ctx.src(ops[0], np.uint32), ctx.src(ops[1], np.uint32)
 
         def dealloc(w, m):
@@ -422,7 +423,7 @@ def _tcgen05(ins, ctx):
             except IsaError as e:
                 raise _err(e, w, ins) from None
         return dealloc
-    if op == "relinquish_alloc_permit" and p[2:] == ["cta_group::1", "sync", "aligned"]:
+    if op == "relinquish_alloc_permit" and p[2:] == [group, "sync", "aligned"]:
         def relinquish(w, m):
             _whole_warp(w, m, ins)
             _tc_state(w.cta)["alloc"].relinquish_alloc_permit()
@@ -458,30 +459,48 @@ def _pipe(w, ln) -> Tcgen05Pipe:
     return _tc_state(w.cta)["pipes"].setdefault((w.wid, int(ln)), Tcgen05Pipe())
 
 
+def _pair(w, ins) -> list:
+    """(leader, peer) of a ``.cta_group::2`` operation: issued by the even-rank CTA of the pair."""
+    cl = w.cta.cluster
+    if w.cta.rank & 1 or w.cta.rank + 1 >= len(cl.ctas):
+        raise EmulationError(f"{ins.opcode} .cta_group::2 issued by CTA rank {w.cta.rank} of a cluster of "
+                             f"{len(cl.ctas)}: only the even-rank leader of a CTA pair may issue it, {w.where(ins)}")
+    peer = cl.ctas[w.cta.rank + 1]
+    _tc_state(peer)
+    return [w.cta, peer]
+
+
 def _tcgen05_async(ins, ctx, op):
     p = ins.parts
     ops = ins.operands
     if op == "cp":
-        if p[2:] != ["cta_group::1", "32x128b", "warpx4"]:
-            raise ctx.unsupported(ins, "only .cta_group::1.32x128b.warpx4 is modelled")
+        if p[2:] not in (["cta_group::1", "32x128b", "warpx4"], ["cta_group::2", "32x128b", "warpx4"]):
+            raise ctx.unsupported(ins, "only .cta_group::{1,2}.32x128b.warpx4 is modelled")
+        pair = p[2] == "cta_group::2"
         ga, gd = ctx.addr(ops[0])[1], ctx.src(ops[1], np.uint64)
 
         def cp(w, m):
             a, d = ga(w), gd(w)
+            ctas = _pair(w, ins) if pair else [w.cta]
             for ln in np.nonzero(m)[0]:
                 taddr, desc = int(a[ln]), int(d[ln])
                 where = lambda j, ln=ln: w.where(ins, int(ln))  # noqa: E731
 
                 def run(taddr=taddr, desc=desc, where=where, ln=ln):
-                    try:
-                        cp_32x128b_warpx4(w.cta.tmem, lambda x, width: w.cta.shared.read(x, width, where), taddr, desc)
-                    except IsaError as e:
-                        raise _err(e, w, ins, int(ln)) from None
+                    for cta in ctas:  # .cta_group::2: each CTA's shared memory into its own tensor memory
+                        try:
+                            cp_32x128b_warpx4(cta.tmem, lambda x, width, c=cta: c.shared.read(x, width, where), taddr,
+                                              desc)
+                        except IsaError as e:
+                            raise _err(e, w, ins, int(ln)) from None
                 _pipe(w, ln).issue(run)
         return cp
     if op == "mma":
         kind = next((x[6:] for x in p if x.startswith("kind::")), None)
-        rest = [x for x in p[2:] if x not in ("cta_group::1", f"kind::{kind}", "collector::a::discard",
+        pair = "cta_group::2" in p
+        if pair and kind != "mxf4nvf4":
+            raise ctx.unsupported(ins, ".cta_group::2 is modelled for .kind::mxf4nvf4")
+        rest = [x for x in p[2:] if x not in ("cta_group::1", "cta_group::2", f"kind::{kind}", "collector::a::discard",
                                               "collector::a::fill", "collector::a::use", "collector::a::lastuse")]
         scaled = kind == "mxf4nvf4"
         if kind not in ("mxf4nvf4", "f16") or rest != (["block_scale", "block16"] if scaled else []):
@@ -518,11 +537,16 @@ def _tcgen05_async(ins, ctx, op):
                 dis = [int(x[ln]) for x in masks] if masks is not None else None
                 where = lambda j, ln=ln: w.where(ins, int(ln))  # noqa: E731
 
+                ctas = _pair(w, ins) if pair else None
+
                 def run(d=d, ad=ad, bd=bd, idesc=idesc, enable=enable, sfa=sfa, sfb=sfb, where=where, ln=ln,
-                        dis=dis):
+                        dis=dis, ctas=ctas):
                     reader = lambda x, width: w.cta.shared.read(x, width, where)  # noqa: E731
                     try:
-                        if scaled:
+                        if ctas is not None:
+                            readers = [lambda x, width, c=c: c.shared.read(x, width, where) for c in ctas]
+                            mma_mxf4nvf4_pair([c.tmem for c in ctas], readers, d, ad, bd, idesc, sfa, sfb, enable)
+                        elif scaled:
                             mma_mxf4nvf4(w.cta.tmem, reader, d, ad, bd, idesc, sfa, sfb, enable)
                         else:
                             mma_f16(w.cta.tmem, reader, d, ad, bd, idesc, enable, disable_output_lane=dis)
@@ -533,7 +557,7 @@ def _tcgen05_async(ins, ctx, op):
     # commit
     mods = p[2:]
     multicast = "multicast::cluster" in mods
-    if [x for x in mods if x not in ("cta_group::1", "mbarrier::arrive::one", "shared::cluster", "multicast::cluster",
+    if [x for x in mods if x not in ("cta_group::1", "cta_group::2", "mbarrier::arrive::one", "shared::cluster", "multicast::cluster",
                                      "b64")]:
         raise ctx.unsupported(ins)
     ga = ctx.addr(ops[0])[1]

@@ -15,7 +15,7 @@ Instruction descriptor (9.7.17.4.2 tables 45 / 47) -- :func:`decode_idesc`.
 
 Data path layouts (9.7.16.10.5): for ``M = 128`` with ``cta_group::1`` (layout D) row ``m`` of D is TMEM
 lane ``m`` and column ``n`` is ``column(d) + n``, one fp32 per cell. ``M = 256`` needs ``cta_group::2``
-(two CTAs' tensor memory and shared memory), which this module does not model (an error says so).
+(:func:`mma_mxf4nvf4_pair`: the CTA pair's shared and tensor memory; layout A, rows 128..255 in the peer).
 
 Block scaling (9.7.16.10.7): ``D += (A * SFA) (B * SFB)^T`` with one ue4m3 (or ue8m0) scale per 16
 elements of K (``block16`` = ``scale_vec::4X``; K = 64 per instruction, so 4 scales per row of A and per
@@ -47,7 +47,7 @@ values) need no model beyond the core.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -194,7 +194,8 @@ def decode_idesc(kind: str, value: int) -> InstrDesc:
 
 def _check_shape(d: InstrDesc, cta_group: int) -> None:
     if cta_group != 1:
-        raise IsaError(f"tcgen05.mma .cta_group::{cta_group} (two CTAs' tensor and shared memory) is not modelled")
+        raise IsaError(f"tcgen05.mma .cta_group::{cta_group} reads two CTAs' tensor and shared memory: "
+                       "mma_mxf4nvf4_pair models it")
     if d.m != 128:
         raise IsaError(f"tcgen05.mma .kind::{d.kind}: M = {d.m} is not modelled with cta_group::1 (M = 128)")
     step = 16 if d.kind == "f16" else 8
@@ -275,6 +276,36 @@ def mma_mxf4nvf4(tmem: Tmem, smem: np.ndarray, d_taddr: int, a_desc: int, b_desc
     av = numerics.values(a, "e2m1") * np.repeat(sfa, 16, axis=1) * (-1.0 if d.negate_a else 1.0)
     bv = numerics.values(b, "e2m1") * np.repeat(sfb, 16, axis=1) * (-1.0 if d.negate_b else 1.0)
     _accumulate(tmem, d_taddr, d, av, bv, enable_input_d, op)
+
+
+def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, idesc: int, sfa_taddr: int,
+                      sfb_taddr: int, enable_input_d: bool) -> None:
+    """``tcgen05.mma.cta_group::2.kind::mxf4nvf4.block_scale.block16`` with M = 256, issued by the pair leader:
+    ``tmems`` / ``smems`` are the (leader, peer) CTAs' tensor memory and shared-memory readers. Each CTA holds
+    its 128 rows of A at ``a-desc`` and N / 2 rows of B at ``b-desc`` (leader: columns 0 .. N/2 - 1, peer: the
+    rest) in its own shared memory, and its 128 rows of D, its 128 rows of SFA and the scales of all N columns
+    of B in its own tensor memory at the same addresses (9.7.16.10.5 layout A for M = 256: row ``m`` of D is
+    lane ``m % 128`` of CTA ``m // 128``). Unconfirmed detail: whether the hardware reads SFB from each CTA's
+    tensor memory or from the leader's only; nvgemm's kernel multicasts the same SFB into both CTAs, so its
+    end-to-end test cannot tell the two apart."""
+    op = "tcgen05.mma.cta_group::2.kind::mxf4nvf4"
+    d = decode_idesc("mxf4nvf4", idesc)
+    if d.m != 256:
+        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
+    if d.n % 16 or not 16 <= d.n <= 256:
+        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    if d.scale_type != "ue4m3":
+        raise IsaError(f"{op}: .block16 scales are ue4m3 (idesc bit 23 = 0); got {d.scale_type}")
+    nb = d.k // 16
+    b = np.concatenate([read_operand(s, decode_tcgen05_desc(b_desc), d.n // 2, d.k, 4, "k") for s in smems])
+    half = replace(d, m=128)
+    for tmem, smem in zip(tmems, smems):
+        a = read_operand(smem, decode_tcgen05_desc(a_desc), 128, d.k, 4, "k")
+        sfa = numerics.values(scale_factors(tmem, sfa_taddr, 128, d.sfa_id, nb, op), "ue4m3")
+        sfb = numerics.values(scale_factors(tmem, sfb_taddr, d.n, d.sfb_id, nb, op), "ue4m3")
+        av = numerics.values(a, "e2m1") * np.repeat(sfa, 16, axis=1) * (-1.0 if d.negate_a else 1.0)
+        bv = numerics.values(b, "e2m1") * np.repeat(sfb, 16, axis=1) * (-1.0 if d.negate_b else 1.0)
+        _accumulate(tmem, d_taddr, half, av, bv, enable_input_d, op)
 
 
 def cp_32x128b_warpx4(tmem: Tmem, smem: np.ndarray, taddr: int, src_desc: int, *, window_base: int = 0) -> None:

@@ -43,10 +43,12 @@ Memory spaces
   ``PARAM_WINDOW + offset``.
 * local: not used by nvgemm's kernels (an error).
 * cluster / DSMEM: ``Cta.cluster`` (:class:`Cluster`) lists the CTAs of the cluster by rank;
-  ``Cluster.shared_of(rank)`` is that CTA's :class:`SharedMemory`. A ``shared::cluster`` address below
-  ``1 << CLUSTER_RANK_SHIFT`` is the executing CTA's own window; ``mapa`` returns
-  ``((rank + 1) << CLUSTER_RANK_SHIFT) | offset`` for CTA ``rank``
-  (:func:`nvgemm.emulator.ptx.ops.memory.shared_target` resolves both).
+  ``Cluster.shared_of(rank)`` is that CTA's :class:`SharedMemory`. Every shared address of CTA ``rank``
+  is ``(rank << CLUSTER_RANK_SHIFT) | offset`` (``Cta.shared_base``; its shared variables' addresses
+  carry it): the shared::cta window sits inside the shared::cluster window, as on hardware, where CuTe
+  reaches the CTA pair leader's mbarrier by clearing bit 24 of a local address. ``mapa`` replaces the
+  rank bits; ``.shared::cta`` accesses must name the executing CTA
+  (:func:`nvgemm.emulator.ptx.ops.memory.shared_target` / ``cluster_target`` resolve them).
 
 Extension slots for opcode modules (wgmma, TMA, mbarrier, tcgen05 from ``nvgemm.emulator.isa``)
 ---------------------------------------------------------------------------------------------------
@@ -344,6 +346,7 @@ class Cta:
         self.ctaid = ctaid
         self.rank = rank  # %cluster_ctarank
         self.cluster = cluster
+        self.shared_base = rank << CLUSTER_RANK_SHIFT  # the CTA's shared::cta window in shared::cluster
         self.shared = SharedMemory(launch.program.shared_size(launch.dyn_smem), f"shared of CTA {ctaid}")
         self.warps: list[Warp] = []
         self.ext: dict[str, Any] = {}

@@ -129,9 +129,9 @@ class CompileContext:
             if g is not None:
                 return lambda w: convert_bits(g(w), dtype)
             if op.name in self.program.shared_offsets:
-                off = self.program.shared_offsets[op.name]
-                const = np.full(LANES, off, dtype=np.uint64).astype(dtype) if dtype != np.bool_ else None
-                return lambda w: const
+                off = self.program.shared_offsets[op.name]  # the CTA's window carries its rank (bits 24+)
+                base = np.full(LANES, off, dtype=np.uint64)
+                return lambda w: (base | np.uint64(w.cta.shared_base)).astype(dtype)
             if op.name in self.program.param_offsets:
                 off = self.program.param_offsets[op.name]
                 const = np.full(LANES, off, dtype=np.uint64).astype(dtype)

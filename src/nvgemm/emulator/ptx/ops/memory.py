@@ -14,9 +14,10 @@ is an error. Copies still pending when a CTA exits are completed and counted in
 ``Launch.stats["cp_async_unwaited"]``.
 
 Addresses: ``.shared`` / ``.shared::cta`` operands are offsets in the CTA's shared window;
-``.shared::cluster`` addresses below ``1 << CLUSTER_RANK_SHIFT`` are the executing CTA's, above they
-are ``((rank + 1) << CLUSTER_RANK_SHIFT) | offset`` (what ``mapa`` returns); generic addresses are
-global unless they fall in the shared / param windows (``cvta``).
+a CTA's shared addresses are ``(rank << CLUSTER_RANK_SHIFT) | offset`` with ``rank`` its
+``%cluster_ctarank`` (as on hardware, where CuTe reaches the pair leader's mbarrier by clearing bit 24);
+``.shared::cluster`` addresses name any CTA of the cluster that way, ``mapa`` swaps the rank bits; generic
+addresses are global unless they fall in the shared / param windows (``cvta``).
 """
 
 from __future__ import annotations
@@ -63,18 +64,46 @@ def _classify(ins, ctx, allowed_extra=frozenset()):
 
 
 def shared_target(w, space: str | None, addrs: np.ndarray, where):
-    """(SharedMemory, offsets) of shared-window / shared::cluster addresses of the executing CTA."""
+    """(SharedMemory, offsets) of shared / shared::cluster / generic-shared addresses of the executing CTA.
+
+    The shared::cta window of CTA ``rank`` sits at ``rank << CLUSTER_RANK_SHIFT`` inside the shared::cluster
+    window (PTX ISA: the shared::cta window is contained in the shared::cluster window), so a CTA's own
+    shared addresses carry its rank in bits 24+; ``.shared::cta`` accesses must name the executing CTA.
+    """
     a = addrs.astype(np.uint64)
-    if space is None:  # generic: already inside the shared window
+    if space is None:  # generic: inside the shared window, which covers the cluster's CTAs
         a = a - np.uint64(SHARED_WINDOW)
-    if space == "shared::cluster":
-        hi = (a >> np.uint64(CLUSTER_RANK_SHIFT)).astype(np.int64)
-        if hi.size and (hi != hi[0]).any():
-            raise EmulationError(f"one shared::cluster access spans several CTAs, {where(0)}")
-        if hi.size and hi[0] > 0:
-            smem = w.cta.cluster.shared_of(int(hi[0]) - 1)
-            return smem, (a & np.uint64((1 << CLUSTER_RANK_SHIFT) - 1)).astype(np.int64)
-    return w.cta.shared, a.astype(np.int64)
+    hi = (a >> np.uint64(CLUSTER_RANK_SHIFT)).astype(np.int64)
+    lo = (a & np.uint64((1 << CLUSTER_RANK_SHIFT) - 1)).astype(np.int64)
+    if hi.size and (hi != hi[0]).any():
+        raise EmulationError(f"one shared access spans several CTAs, {where(int(np.argmax(hi != hi[0])))}")
+    rank = int(hi[0]) if hi.size else w.cta.rank
+    if rank == w.cta.rank:
+        return w.cta.shared, lo
+    if space in ("shared", "shared::cta"):
+        raise EmulationError(f"a .{space} access to {int(a[0]):#x} names CTA rank {rank}, not the executing "
+                             f"CTA's rank {w.cta.rank}, {where(0)}")
+    return w.cta.cluster.shared_of(rank), lo
+
+
+def cluster_target(w, space: str | None, addr: int, where):
+    """(Cta, offset) of one shared / shared::cluster / generic-shared address (see :func:`shared_target`)."""
+    a = int(addr)
+    if space is None:
+        if a < SHARED_WINDOW:
+            raise EmulationError(f"generic address {a:#x} is not in the shared window, {where(0)}")
+        a -= SHARED_WINDOW
+    rank, off = a >> CLUSTER_RANK_SHIFT, a & ((1 << CLUSTER_RANK_SHIFT) - 1)
+    if rank == w.cta.rank:
+        return w.cta, off
+    if space != "shared::cluster" and space is not None:
+        raise EmulationError(f"a .{space} address {a:#x} names CTA rank {rank}, not the executing CTA's rank "
+                             f"{w.cta.rank}, {where(0)}")
+    ctas = w.cta.cluster.ctas
+    if not 0 <= rank < len(ctas):
+        raise EmulationError(f"shared::cluster address {a:#x} names CTA rank {rank} of a cluster of {len(ctas)}, "
+                             f"{where(0)}")
+    return ctas[rank], off
 
 
 def _route(w, space, addrs):
@@ -273,8 +302,8 @@ def _cp_async(ins, ctx):
             k = int(srcsz[j])
             data[j, :k] = w.cta.launch.gmem.read(sa[j:j + 1] + np.arange(k, dtype=np.uint64), 1,
                                                  lambda _i, j=j: where(int(j)))[:, 0]
-        offs = gdst(w)[lanes].astype(np.int64)
-        tok = w.cta.shared.write_async(offs, data, where)
+        smem, offs = shared_target(w, "shared", gdst(w)[lanes], where)
+        tok = smem.write_async(offs, data, where)
         tok.lanes = lanes
         _state(w).uncommitted.append(tok)
 
@@ -479,9 +508,36 @@ def _cvta(ins, ctx):
     return ex
 
 
+@opcode("mapa")
+def _mapa(ins, ctx):
+    """``mapa{.shared::cluster}.u32/.u64 d, a, rank`` (PTX ISA 9.7.9.22): the address in CTA ``rank`` of the
+    cluster that corresponds to ``a``: the rank bits (24+) replaced; generic addresses stay generic."""
+    parts = ins.parts[1:]
+    space = parts[0] if parts[0] == "shared::cluster" else None
+    t = parts[-1]
+    if t not in ("u32", "u64") or len(parts) != (2 if space else 1):
+        raise ctx.unsupported(ins)
+    dt = TYPE_DTYPE[t]
+    ga, gr, sd = ctx.src(ins.operands[1], np.uint64), ctx.src(ins.operands[2], np.uint64), ctx.dst(ins.operands[0], dt)
+    low = np.uint64((1 << CLUSTER_RANK_SHIFT) - 1)
+    win = np.uint64(0 if space else SHARED_WINDOW)
+
+    def ex(w, m):
+        a, r = ga(w), gr(w)
+        if space is None and (a[m] < win).any():
+            raise EmulationError(f"mapa of a generic address outside the shared window, {w.where(ins)}")
+        n = len(w.cta.cluster.ctas)
+        if (r[m] >= np.uint64(n)).any():
+            bad = int(np.argmax(m & (r >= np.uint64(n))))
+            raise EmulationError(f"mapa to CTA rank {int(r[bad])} of a cluster of {n}, {w.where(ins, bad)}")
+        sd(w, m, (win + (((a - win) & low) | (r << np.uint64(CLUSTER_RANK_SHIFT)))).astype(dt))
+
+    return ex
+
+
 @opcode("prefetch", "prefetchu")
 def _prefetch(ins, ctx):
     return lambda w, m: None
 
 
-__all__ = ["CpAsyncState", "finish_cta_async", "read_bytes", "shared_target", "write_bytes"]
+__all__ = ["CpAsyncState", "cluster_target", "finish_cta_async", "read_bytes", "shared_target", "write_bytes"]

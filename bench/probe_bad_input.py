@@ -824,9 +824,9 @@ def main(argv=None) -> int:
                  "", f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit {_commit()}, torch "
                  f"{torch.__version__}, Python {sys.version.split()[0]}, CPU only; exit status {1 if bad else 0}.",
                  "", f"{len(rows)} cases: {summary}. Outcomes are defined in the script's docstring. The "
-                 "`cache tampering` cases exercise the kernel-cache hardening of issue 22 item 6 (another branch); "
-                 "before it is merged they report WRONG (a planted library passes lookup and its constructor runs "
-                 "when the runtime loads it).", "",
+                 "`cache tampering` cases exercise the kernel-cache hardening of issue 22 item 6; without it they "
+                 "report WRONG (on a5a8f39 a planted library passed lookup and its constructor ran when the "
+                 "runtime loaded it).", "",
                  "| group | case | outcome |", "|---|---|---|"]
         lines += [f"| {g} | {n.replace('|', '/')} | {o.replace('|', '/')} |" for g, n, o in rows]
         args.markdown.write_text("\n".join(lines) + "\n")

@@ -124,11 +124,13 @@ def test_hopper_layer_holds_its_weight_once(monkeypatch, one_copy):
     m = method.NvgemmNvFp4LinearMethod(weight_only=False, prefix="model.layers.0.self_attn.qkv_proj")
     m.create_weights(layer, k, widths, k, sum(widths), torch.bfloat16, weight_loader=lambda *a, **kw: None)
     layer.bias = torch.nn.Parameter(bias, requires_grad=False)  # as vLLM's linear layers hold it
-    with torch.no_grad():
-        layer.weight.copy_(torch.cat([q.packed for q in qs]))
-        layer.weight_scale.copy_(torch.cat([q.scale for q in qs]))
-        layer.weight_scale_2.copy_(torch.stack([q.global_scale.reshape(()) for q in qs]))
-        layer.input_scale.copy_(ins)
+    with torch.no_grad():  # through each parameter's weight_loader, as vLLM loads (the plugin tracks them)
+        for p, t in ((layer.weight, torch.cat([q.packed for q in qs])),
+                     (layer.weight_scale, torch.cat([q.scale for q in qs])),
+                     (layer.weight_scale_2, torch.stack([q.global_scale.reshape(()) for q in qs])),
+                     (layer.input_scale, ins)):
+            p.copy_(t)
+            p.weight_loader(p, t)
     ckpt = sum(t.numel() for t in (layer.weight, layer.weight_scale))
     one = sum(-(-n // 16) * 16 * (k // 2 + k // 16) for n in (96, 24))  # the two GEMMs' rows
     lines = []

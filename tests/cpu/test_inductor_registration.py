@@ -169,6 +169,20 @@ def test_candidates_policy():
     assert [c.key for c in ch.candidates(b200, allowed={"emulated"})] == [ch.EMULATED]
 
 
+def test_forced_only_backends_are_not_autotune_choices():
+    """The PTX emulator's backends support CPU problems but run only when forced: inside
+    torch.compile they were benchmarked as choices (seconds per call, and 2-CTA picks the emulator
+    then refused). Named in ``allowed`` they are still offered."""
+    from nvgemm.runtime.backends import backends
+
+    names = {b.name for b in backends()}
+    assert {"emu_sm90", "emu_sm100"} <= names
+    keys = [c.key for c in ch.candidates(_problem())]
+    assert not any(k.startswith("backend:emu_") for k in keys), keys
+    assert any(k.startswith("backend:emu_sm100") for k in
+               (c.key for c in ch.candidates(_problem(), allowed={"emu_sm100", "emulated"})))
+
+
 def test_choice_keys_and_arg_rebuild():
     c = ch.Candidate("backend:cutedsl_sm100:nvgemm_cutedsl_sm100_nvfp4_t128x8x256_c1x1_swapab_pdl")
     assert (c.kind, c.backend, c.config) == ("backend", "cutedsl_sm100", "nvgemm_cutedsl_sm100_nvfp4_t128x8x256_c1x1_swapab_pdl")

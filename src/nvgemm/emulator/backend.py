@@ -137,8 +137,9 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
     return args.out, args.residual.view(torch.float8_e4m3fn)
 
 
-BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90)
-SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100)
+BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90, autotune=False)
+SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100,
+                        autotune=False)
 register_backend(BACKEND)
 register_backend(SM100_BACKEND)
 

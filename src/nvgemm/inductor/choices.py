@@ -119,13 +119,11 @@ def candidates(problem: LinearProblem, allowed: Optional[set[str]] = None) -> li
     """
     allowed = allowed if allowed is not None else _allowed_from_env()
     out: list[Candidate] = []
-    regs = registered_backends()
-    floor = next((b.priority for b in regs if b.name == "emulated"), None)
-    for b in regs:
+    for b in registered_backends():
         if b.name == "emulated" or (allowed is not None and b.name not in allowed):
             continue
-        if allowed is None and floor is not None and b.priority < floor:
-            continue  # ranked below the reference: forced-only tools (the PTX emulator's), never autotuned
+        if allowed is None and not b.autotune:
+            continue  # forced-only tools (the PTX emulator's backends), unless named in ``allowed``
         reason = b.supports(problem)
         if reason is not None:
             log.debug("nvgemm_cutedsl: backend %s skipped for %s: %s", b.name, problem, reason)

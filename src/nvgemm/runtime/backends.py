@@ -46,6 +46,9 @@ class Backend:
     priority: int  # higher wins
     supports: Callable[[LinearProblem], str | None]
     run: Callable[..., torch.Tensor] = field(repr=False)
+    #: offered to Inductor's autotuner as a choice; False for tools that only run when forced
+    #: (the PTX emulator's backends: seconds per call on the CPU)
+    autotune: bool = True
 
 
 _REGISTRY: dict[str, Backend] = {}

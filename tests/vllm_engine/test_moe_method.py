@@ -150,6 +150,19 @@ def test_unequal_gate_up_input_scale_is_a_clear_error():
         method.process_weights_after_loading(layer)
 
 
+@pytest.mark.parametrize("byte", [0x7F, 0xB8], ids=["nan", "negative"])
+def test_nan_or_negative_expert_block_scale_is_refused(byte):
+    """Issue 22 item 2: the MoE method applies the dense loaders' byte rule to expert block scales."""
+    layer, method = _layer([0, 1, 2, 3])
+    ck = _checkpoint(3)
+    bad = ck[2, "w2"]["weight_scale"].clone()
+    bad.view(torch.uint8)[1, 0] = byte
+    ck[2, "w2"]["weight_scale"] = bad
+    _load(layer, ck)
+    with pytest.raises(ValueError, match="w2_weight_scale"):
+        method.process_weights_after_loading(layer)
+
+
 def test_moe_names_are_gated_to_checked_vllm_releases():
     from nvgemm.vllm import _compat
 

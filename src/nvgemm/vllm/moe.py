@@ -117,7 +117,7 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
         reg("w2_input_scale", V.PerTensorScaleParameter(data=_nan(e), weight_loader=wl))
 
     def process_weights_after_loading(self, layer) -> None:
-        from ..formats import to_blocked
+        from ..formats import check_block_scales, to_blocked
 
         name = self.prefix
         self.activation = ACTIVATIONS[layer.activation.value]
@@ -150,6 +150,8 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
             ins13, ins2 = i13[:, 0].contiguous(), i2.contiguous()
         elif not bool(torch.isnan(layer.w13_input_scale.data).all()):
             log.warning("nvgemm_cutedsl: %s is W4A16_NVFP4 but its checkpoint has expert input scales; ignored", name)
+        for pname in ("w13_weight_scale", "w2_weight_scale"):  # the dense loaders' byte rule (NaN, negative)
+            check_block_scales(getattr(layer, pname).data, f"nvgemm vLLM MoE layer {name}: {pname}")
         s13 = torch.stack([to_blocked(s) for s in layer.w13_weight_scale.data])
         s2 = torch.stack([to_blocked(s) for s in layer.w2_weight_scale.data])
         for pname in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",

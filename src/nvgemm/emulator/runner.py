@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cuda import LaunchRecord, _cache_root, fake_cuda, relink
+from .cuda import LaunchRecord, _cache_root, _trusted_dir, _trusted_file, fake_cuda, relink
 from .ptx.errors import EmulationError
 from .ptx.interp import run_launch
 from .ptx.machine import DEVICES, GlobalMemory, Launch
@@ -55,7 +55,8 @@ def ptx_for(spec, key: str) -> tuple[str, str, str]:
     """(ptx, fatbin sha256, entry name) of ``spec``, compiled with keep_ptx once and cached on disk."""
     d = _cache_root() / "ptx" / key
     meta = d / "meta.json"
-    if meta.exists():
+    _trusted_dir(d)  # the kernel cache's rules: what the emulator runs comes from here
+    if _trusted_file(meta) and _trusted_file(d / "kernel.ptx"):
         m = json.loads(meta.read_text())
         return (d / "kernel.ptx").read_text(), m["image_sha256"], m["entry"]
     _ensure_dump_dir()
@@ -75,12 +76,13 @@ def ptx_for(spec, key: str) -> tuple[str, str, str]:
     entries = re.findall(r"\.entry\s+([\w$]+)\s*\(", ptx)
     if len(entries) != 1:
         raise EmulationError(f"{spec.name()}: expected one .entry in the PTX, found {len(entries)}")
-    d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".kernel.ptx.{os.getpid()}"
     tmp.write_text(ptx)
+    os.chmod(tmp, 0o600)  # write_text's mode follows the umask
     os.replace(tmp, d / "kernel.ptx")
     tmpm = d / f".meta.{os.getpid()}"
     tmpm.write_text(json.dumps({"image_sha256": sha, "entry": entries[0], "spec": spec.name()}))
+    os.chmod(tmpm, 0o600)
     os.replace(tmpm, meta)
     return ptx, sha, entries[0]
 

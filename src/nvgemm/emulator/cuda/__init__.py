@@ -68,6 +68,42 @@ def _cache_root() -> Path:
     return (Path(base).expanduser() if base else Path(tempfile.gettempdir()) / f"nvgemm-{os.getuid()}") / "emulator"
 
 
+def _trusted_dir(d: Path) -> Path:
+    """Create / check ``d`` under the emulator's cache root with the kernel cache's rules
+    (:mod:`nvgemm.aot.trusted_fs`: every component owned by you or root, not writable by group or
+    others, no symlinks; created 0700): the libraries built here are loaded into the process."""
+    from nvgemm.aot import trusted_fs
+
+    root = _cache_root()
+    parts = d.relative_to(root).parts if d.is_relative_to(root) else None
+    if parts is None:  # an explicit out_dir: the directory itself must be trusted
+        root, parts = d, ()
+    fd = trusted_fs.open_root(root, create=True)
+    try:
+        path = root
+        for part in parts:
+            path = path / part
+            nfd = trusted_fs.open_dir(fd, part, path, create=True)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+    return d
+
+
+def _trusted_file(so: Path) -> bool:
+    """True when ``so`` exists and may be used (regular file of yours or root's, not group/other
+    writable, not a link); raises UntrustedCacheError naming it otherwise."""
+    from nvgemm.aot import trusted_fs
+
+    try:
+        st = os.lstat(so)
+    except FileNotFoundError:
+        return False
+    trusted_fs.check_trusted(st, so, want_dir=False)
+    return True
+
+
 def _cc() -> str:
     cc = os.environ.get("CC", "gcc")
     if shutil.which(cc) is None:
@@ -80,9 +116,9 @@ def build_fake_runtime(out_dir: Path | None = None) -> Path:
     src = SOURCE.read_bytes()
     d = out_dir or _cache_root() / hashlib.sha256(src).hexdigest()[:16]
     so = d / LIB_NAME
-    if so.exists():
+    _trusted_dir(d)
+    if _trusted_file(so):
         return so
-    d.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=d))
     try:
         (tmp / "vers.map").write_text(f"{VERSION_NODE} {{ global: cuda*; nvemu_*; local: *; }};\n")
@@ -91,6 +127,7 @@ def build_fake_runtime(out_dir: Path | None = None) -> Path:
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"nvgemm emulator: building the fake CUDA runtime failed ({' '.join(cmd)}):\n{r.stderr}")
+        os.chmod(tmp / LIB_NAME, 0o700)  # the linker's mode follows the umask
         os.replace(tmp / LIB_NAME, so)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -108,9 +145,9 @@ def relink(entry_dir: Path, out_dir: Path | None = None) -> Path:
     key = hashlib.sha256(obj.read_bytes() + (entry_dir / "shim.c").read_bytes() + fake.read_bytes()).hexdigest()[:24]
     d = out_dir or _cache_root() / "relinked" / key
     so = d / "kernel_emu.so"
-    if so.exists():
+    _trusted_dir(d)
+    if _trusted_file(so):
         return so
-    d.mkdir(parents=True, exist_ok=True)
     static_rt = dsl_runtime_dir() / "libcuda_dialect_runtime_static.a"
     tmp = d / f".kernel_emu.{os.getpid()}.{threading.get_ident()}.so"
     extra = _missing_stubs(d, [obj, static_rt], fake)
@@ -120,6 +157,7 @@ def relink(entry_dir: Path, out_dir: Path | None = None) -> Path:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvgemm emulator: relinking {entry_dir} failed ({' '.join(cmd)}):\n{r.stderr}")
+    os.chmod(tmp, 0o700)  # the linker's mode follows the umask
     os.replace(tmp, so)
     return so
 

@@ -87,3 +87,137 @@ def make_tma_copy(swizzle: int):
             grid=(gx, gy, 1), block=(128, 1, 1), smem=NBYTES + 1024 + 64, stream=stream)
 
     return tma_copy
+
+
+# -- NVFP4 block-scaled MMA: one (FM x FN) tile, K = FK in one TMA load, 4 MMAs of K = 64
+FM, FN, FK = 128, 128, 256
+SF_VEC = 16
+
+
+def make_nvfp4_tile():
+    import cutlass.utils.blockscaled_layout as blockscaled_utils
+    import cutlass.utils.blackwell_helpers as sm100_utils
+    from cutlass.cute.nvgpu import tcgen05
+
+    ab_t, sf_t = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
+    tiler = (FM, FN, FK)
+
+    @cute.kernel
+    def nvfp4_kernel(tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
+                     mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor, tma_sfb: cute.CopyAtom,
+                     mSFB: cute.Tensor, mC: cute.Tensor, a_sl: cute.ComposedLayout, b_sl: cute.ComposedLayout,
+                     sfa_sl: cute.Layout, sfb_sl: cute.Layout, tx_bytes: cutlass.Constexpr):
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(ab_t, a_sl.outer, 1024, swizzle=a_sl.inner)
+        sB = smem.allocate_tensor(ab_t, b_sl.outer, 1024, swizzle=b_sl.inner)
+        sSFA = smem.allocate_tensor(sf_t, sfa_sl, 128)
+        sSFB = smem.allocate_tensor(sf_t, sfb_sl, 128)
+        bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout(2), 8)
+        tmem_holder = smem.allocate_tensor(cutlass.Int32, cute.make_layout(1), 4)
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        thr = tiled_mma.get_slice(0)
+        gA = cute.local_tile(mA, cute.slice_(tiler, (None, 0, None)), (0, 0, 0))
+        gB = cute.local_tile(mB, cute.slice_(tiler, (0, None, None)), (0, 0, 0))
+        gSFA = cute.local_tile(mSFA, cute.slice_(tiler, (None, 0, None)), (0, 0, 0))
+        gSFB = cute.local_tile(mSFB, cute.slice_(tiler, (0, None, None)), (0, 0, 0))
+        gC = cute.local_tile(mC, cute.slice_(tiler, (None, None, 0)), (0, 0, 0))
+        one = cute.make_layout(1)
+        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 3),
+                                           cute.group_modes(thr.partition_A(gA), 0, 3))
+        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sB, 0, 3),
+                                           cute.group_modes(thr.partition_B(gB), 0, 3))
+        tAsSFA, tAgSFA = cpasync.tma_partition(tma_sfa, 0, one, cute.group_modes(sSFA, 0, 3),
+                                               cute.group_modes(thr.partition_A(gSFA), 0, 3))
+        tBsSFB, tBgSFB = cpasync.tma_partition(tma_sfb, 0, one, cute.group_modes(sSFB, 0, 3),
+                                               cute.group_modes(thr.partition_B(gSFB), 0, 3))
+        tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
+        tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(bars.iterator, 1)
+                cute.arch.mbarrier_init(bars.iterator + 1, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.alloc_tmem(256, tmem_holder.iterator)
+            cute.arch.relinquish_tmem_alloc_permit()
+        cute.arch.barrier()
+        acc_ptr = cute.arch.retrieve_tmem_ptr(cutlass.Float32, 16, tmem_holder.iterator)
+        tCtAcc = cute.make_tensor(acc_ptr, tiled_mma.make_fragment_C(tiled_mma.partition_shape_C((FM, FN))).layout)
+        sfa_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc), dtype=sf_t)
+        tCtSFA = cute.make_tensor(sfa_ptr, blockscaled_utils.make_tmem_layout_sfa(tiled_mma, tiler, SF_VEC, sfa_sl))
+        sfb_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc)
+                                  + tcgen05.find_tmem_tensor_col_offset(tCtSFA), dtype=sf_t)
+        tCtSFB = cute.make_tensor(sfb_ptr, blockscaled_utils.make_tmem_layout_sfb(tiled_mma, tiler, SF_VEC, sfb_sl))
+        s2t = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), sf_t)
+        tCtSFA_c, tCtSFB_c = cute.filter_zeros(tCtSFA), cute.filter_zeros(tCtSFB)
+        cp_sfa = tcgen05.make_s2t_copy(s2t, tCtSFA_c)
+        cp_sfb = tcgen05.make_s2t_copy(s2t, tCtSFB_c)
+        thr_sfa, thr_sfb = cp_sfa.get_slice(0), cp_sfb.get_slice(0)
+        src_sfa = tcgen05.get_s2t_smem_desc_tensor(cp_sfa, thr_sfa.partition_S(cute.filter_zeros(sSFA)))
+        src_sfb = tcgen05.get_s2t_smem_desc_tensor(cp_sfb, thr_sfb.partition_S(cute.filter_zeros(sSFB)))
+        dst_sfa, dst_sfb = thr_sfa.partition_D(tCtSFA_c), thr_sfb.partition_D(tCtSFB_c)
+        tCrA, tCrB = tiled_mma.make_fragment_A(sA), tiled_mma.make_fragment_B(sB)
+        if warp == 0:  # TMA producer and MMA issuer
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(bars.iterator, tx_bytes)
+            cute.copy(tma_a, tAgA, tAsA, tma_bar_ptr=bars.iterator)
+            cute.copy(tma_b, tBgB, tBsB, tma_bar_ptr=bars.iterator)
+            cute.copy(tma_sfa, tAgSFA, tAsSFA, tma_bar_ptr=bars.iterator)
+            cute.copy(tma_sfb, tBgSFB, tBsSFB, tma_bar_ptr=bars.iterator)
+            cute.arch.mbarrier_wait(bars.iterator, 0)
+            cute.copy(cp_sfa, src_sfa, dst_sfa)
+            cute.copy(cp_sfb, src_sfb, dst_sfb)
+            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                tiled_mma.set(tcgen05.Field.SFA, tCtSFA[(None, None, kb)].iterator)
+                tiled_mma.set(tcgen05.Field.SFB, tCtSFB[(None, None, kb)].iterator)
+                tiled_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
+                cute.gemm(tiled_mma, tCtAcc, tCrA[(None, None, kb)], tCrB[(None, None, kb)], tCtAcc)
+            with cute.arch.elect_one():
+                tcgen05.commit(bars.iterator + 1)
+        cute.arch.mbarrier_wait(bars.iterator + 1, 0)
+        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), cutlass.Float32)
+        t2r = tcgen05.make_tmem_copy(atom, tCtAcc[(None, 0, 0)])
+        thr_t2r = t2r.get_slice(tidx)
+        tTR_t = thr_t2r.partition_S(tCtAcc[(None, 0, 0)])
+        tTR_g = thr_t2r.partition_D(thr.partition_C(gC)[(None, 0, 0)])
+        tTR_r = cute.make_rmem_tensor(tTR_g.shape, cutlass.Float32)
+        cute.copy(t2r, tTR_t, tTR_r)
+        for i in cutlass.range_constexpr(cute.size(tTR_r)):
+            tTR_g[i] = tTR_r[i]
+        cute.arch.barrier()
+        if warp == 0:
+            cute.arch.dealloc_tmem(acc_ptr, 256)
+
+    @cute.jit
+    def nvfp4_tile(a: cute.Pointer, b: cute.Pointer, sfa: cute.Pointer, sfb: cute.Pointer, c: cute.Pointer,
+                   stream: cuda.CUstream):
+        """C (FM x FN fp32, row-major) = (A * SFA) (B * SFB)^T: A (FM x FK) and B (FN x FK) packed E2M1, K-major;
+        SFA / SFB e4m3 per 16 K-elements in CuTe's blocked scale-factor layout (``tile_atom_to_shape_SF``).
+        CuTe's ``tcgen05.mma .kind::mxf4nvf4.block16`` atom (SS, cta_group::1), its smem layouts, TMA atoms for
+        all four operands (scales as 16-bit pairs), ``tcgen05.cp .32x128b.warpx4`` of the scales to TMEM
+        through CuTe's S2T partitioner, and ``tcgen05.ld.32x32b`` of the accumulator."""
+        mA = cute.make_tensor(a, cute.make_layout((FM, FK, 1), stride=(FK, 1, FM * FK)))
+        mB = cute.make_tensor(b, cute.make_layout((FN, FK, 1), stride=(FK, 1, FN * FK)))
+        mSFA = cute.make_tensor(sfa, blockscaled_utils.tile_atom_to_shape_SF(mA.shape, SF_VEC))
+        mSFB = cute.make_tensor(sfb, blockscaled_utils.tile_atom_to_shape_SF(mB.shape, SF_VEC))
+        mC = cute.make_tensor(c, cute.make_layout((FM, FN, 1), stride=(FN, 1, FM * FN)))
+        tiled_mma = cute.make_tiled_mma(tcgen05.MmaMXF4NVF4Op(sf_t, (FM, FN, 64), tcgen05.CtaGroup.ONE,
+                                                              tcgen05.OperandSource.SMEM))
+        cl = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,)).shape
+        a_sl = cute.slice_(sm100_utils.make_smem_layout_a(tiled_mma, tiler, ab_t, 1), (None, None, None, 0))
+        b_sl = cute.slice_(sm100_utils.make_smem_layout_b(tiled_mma, tiler, ab_t, 1), (None, None, None, 0))
+        sfa_sl = cute.slice_(blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, SF_VEC, 1), (None, None, None, 0))
+        sfb_sl = cute.slice_(blockscaled_utils.make_smem_layout_sfb(tiled_mma, tiler, SF_VEC, 1), (None, None, None, 0))
+        g2s = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
+        tma_a, tA = cute.nvgpu.make_tiled_tma_atom_A(g2s, mA, a_sl, tiler, tiled_mma, cl)
+        tma_b, tB = cute.nvgpu.make_tiled_tma_atom_B(g2s, mB, b_sl, tiler, tiled_mma, cl)
+        tma_sfa, tSFA = cute.nvgpu.make_tiled_tma_atom_A(g2s, mSFA, sfa_sl, tiler, tiled_mma, cl,
+                                                         internal_type=cutlass.Int16)
+        tma_sfb, tSFB = cute.nvgpu.make_tiled_tma_atom_B(g2s, mSFB, sfb_sl, tiler, tiled_mma, cl,
+                                                         internal_type=cutlass.Int16)
+        tx = (cute.size_in_bytes(ab_t, a_sl) + cute.size_in_bytes(ab_t, b_sl) + cute.size_in_bytes(sf_t, sfa_sl)
+              + cute.size_in_bytes(sf_t, sfb_sl))
+        nvfp4_kernel(tiled_mma, tma_a, tA, tma_b, tB, tma_sfa, tSFA, tma_sfb, tSFB, mC, a_sl, b_sl, sfa_sl, sfb_sl,
+                     tx).launch(grid=(1, 1, 1), block=(128, 1, 1), smem=64 * 1024, stream=stream)
+
+    return nvfp4_tile

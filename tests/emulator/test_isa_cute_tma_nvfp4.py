@@ -13,7 +13,9 @@ References are independent of the emulator's code: the TMA copies must reproduce
 function puts them (PTX ISA 5.5.6 "Swizzling Modes", 5.5.7 in ISA 9.x: within a 128-byte line the 16-byte chunk
 index is XORed with the line index modulo the span's chunk count, over a span-aligned base), computed here from
 the ISA text. Mutations seen to fail these tests: the swizzle's line index taken from bit 8 instead of 7, an
-out-of-bounds fill of 0x3F instead of zero, a transaction count 16 bytes short (a deadlock error).
+out-of-bounds fill of 0x3F instead of zero, a transaction count 16 bytes short (a deadlock error); for the
+NVFP4 tile, the scale-factor K-block order within a TMEM cell reversed, and the scale of row m read from lane
+m + 1 of its partition.
 """
 
 import hashlib
@@ -59,13 +61,16 @@ class CuteProgramTemplate:
         if spec.config.program == "tma_copy":
             return (PointerArg("src", "BFloat16"), PointerArg("dst", "BFloat16"), PointerArg("raw", "Uint8"),
                     PointerArg("tile", "BFloat16"), StreamArg())
+        if spec.config.program == "nvfp4_tile":
+            return (PointerArg("a", "Float4E2M1FN"), PointerArg("b", "Float4E2M1FN"), PointerArg("sfa", "Float8E4M3FN"),
+                    PointerArg("sfb", "Float8E4M3FN"), PointerArg("c", "Float32"), StreamArg())
         raise ValueError(spec.config.program)
 
     def compile(self, spec, *, keep_ptx: bool = False):
         import emu_cute_tma_nvfp4_programs as P
 
         c = spec.config
-        fn = P.make_tma_copy(c.swizzle)
+        fn = P.make_tma_copy(c.swizzle) if c.program == "tma_copy" else P.make_nvfp4_tile()
         return compile_for_target(fn, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
 
 
@@ -115,3 +120,47 @@ def test_cute_tma_copy_tiles_and_swizzle_placement(swizzle, seed):
             assert torch.equal(tile[cta].view(torch.int16), want.view(torch.int16)), (bx, by)
             got = raw[cta].view(torch.int16)[phys // 2].view(torch.bfloat16).reshape(P.BR, bc)
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (bx, by)
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 0.25, 0.5, 1, 2, 4
+
+
+def e2m1_values(packed: torch.Tensor) -> torch.Tensor:
+    """(rows, K) fp64 values of (rows, K / 2) packed E2M1 codes: element 2i in the low nibble of byte i, sign in
+    bit 3 of the nibble (the OCP MX / NVFP4 encoding)."""
+    nib = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()
+    return E2M1[nib & 7] * (1 - 2 * (nib >> 3)).double()
+
+
+def blocked_sf(sf: torch.Tensor) -> torch.Tensor:
+    """(rows, K / 16) e4m3 scales laid out as CuTe's block-scaled basic chunk tiled over the tensor
+    (``tile_atom_to_shape_SF``: 128 rows x 4 K-blocks per 512-byte atom, byte 16 (r % 32) + 4 ((r // 32) % 4) +
+    kb % 4; atoms K-block-major within a 128-row group), written here from that layout's strides."""
+    rows, nkb = sf.shape
+    r = torch.arange(rows)[:, None]
+    kb = torch.arange(nkb)[None, :]
+    off = (r // 128) * 512 * (nkb // 4) + (kb // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + kb % 4
+    out = torch.zeros(rows * nkb, dtype=torch.uint8)
+    out[off.flatten()] = sf.view(torch.uint8).flatten()
+    return out
+
+
+def test_cute_nvfp4_block_scaled_tile_matches_torch(seed):
+    """Exact data: E2M1 codes times power-of-two e4m3 scales; every product is a multiple of 2^-6 below 2^10 and
+    the 256-term sums stay below 2^18, so fp32 holds every partial sum exactly (tolerance 0)."""
+    import emu_cute_tma_nvfp4_programs as P
+
+    k = _kernel("sm_100a", program="nvfp4_tile", swizzle=0)
+    assert "tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.block16" in k.ptx
+    assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in k.ptx and "tcgen05.ld.sync.aligned.32x32b" in k.ptx
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 256, (P.FM, P.FK // 2), generator=g, dtype=torch.uint8)
+    b = torch.randint(0, 256, (P.FN, P.FK // 2), generator=g, dtype=torch.uint8)
+    sfa = POW2_E4M3[torch.randint(0, 5, (P.FM, P.FK // 16), generator=g)].view(torch.float8_e4m3fn)
+    sfb = POW2_E4M3[torch.randint(0, 5, (P.FN, P.FK // 16), generator=g)].view(torch.float8_e4m3fn)
+    c = torch.full((P.FM, P.FN), float("nan"))
+    k.launch(a, b, blocked_sf(sfa), blocked_sf(sfb), c, 0)
+    av = e2m1_values(a) * sfa.double().repeat_interleave(16, dim=1)
+    bv = e2m1_values(b) * sfb.double().repeat_interleave(16, dim=1)
+    torch.testing.assert_close(c, (av @ bv.T).float(), rtol=0, atol=0)

@@ -134,6 +134,42 @@ def test_mma_mxf4nvf4_overwrite_negate_and_data_id(seed):
                      make_taddr(0, 300), make_taddr(0, 300), True)
 
 
+E2M1_F64 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+
+
+def _scaled(codes: np.ndarray, sf: np.ndarray) -> torch.Tensor:
+    """fp64 values of E2M1 codes times their ue4m3 power-of-two block scales (16 elements per scale)."""
+    sv = torch.from_numpy(2.0 ** ((sf.astype(np.float64) // 8) - 7))
+    return E2M1_F64[torch.from_numpy(codes).long()] * sv.repeat_interleave(16, dim=1)
+
+
+def _run_pair(n: int, a_codes, b_codes, sfa, sfb_of_cta) -> np.ndarray:
+    """One ``.cta_group::2`` M = 256 MMA: CTA c holds rows 128 c.. of A, rows (n / 2) c.. of B (128B-swizzled
+    K-major), its SFA rows and the scale block(s) ``sfb_of_cta[c]`` (all N columns), copied into its own tensor
+    memory with ``tcgen05.cp``; returns the (256, n) fp32 D of both CTAs."""
+    a_base, b_base, sf_base = 1024, 1024 + 16 * 1024, 60 * 1024
+    sf_desc = lambda addr: tc_desc(addr, 16, 128, 0)  # noqa: E731
+    smems, tmems = [], []
+    for c in range(2):
+        smem = np.zeros(64 * 1024, dtype=np.uint8)
+        store_rows_sw128(smem, a_base, pack_e2m1(a_codes[128 * c:128 * c + 128]))
+        store_rows_sw128(smem, b_base, pack_e2m1(b_codes[n // 2 * c:n // 2 * (c + 1)]))
+        store_scales_blocked(smem, sf_base, sfa[128 * c:128 * c + 128])
+        for blk in range((n + 127) // 128):
+            store_scales_blocked(smem, sf_base + 512 * (1 + blk), sfb_of_cta[c][128 * blk:128 * blk + 128])
+        tmem = Tmem()
+        cp_32x128b_warpx4(tmem, smem, make_taddr(0, 256), sf_desc(sf_base))
+        for blk in range((n + 127) // 128):
+            cp_32x128b_warpx4(tmem, smem, make_taddr(0, 264 + 4 * blk), sf_desc(sf_base + 512 * (1 + blk)))
+        smems.append(smem)
+        tmems.append(tmem)
+    mma_mxf4nvf4_pair(tmems, smems, make_taddr(0, 0), tc_desc(a_base, 16, 1024, 2), tc_desc(b_base, 16, 1024, 2),
+                      idesc_mxf4nvf4(256, n), make_taddr(0, 256), make_taddr(0, 264), False)
+    with pytest.raises(IsaError, match="M = 128 is not modelled with cta_group::2"):
+        mma_mxf4nvf4_pair(tmems, smems, 0, 0, 0, idesc_mxf4nvf4(128, n), 0, 0, False)
+    return np.concatenate([numerics.bits_f32(t.read(0, 0, 128, n, "test")) for t in tmems])
+
+
 @pytest.mark.parametrize("n", [64, 256])
 def test_mma_mxf4nvf4_cta_pair_matches_torch(n, seed):
     """``.cta_group::2``, M = 256: each CTA holds 128 rows of A and N / 2 rows of B at the same descriptor
@@ -144,34 +180,33 @@ def test_mma_mxf4nvf4_cta_pair_matches_torch(n, seed):
     b_codes = rng.integers(0, 16, size=(n, 64)).astype(np.uint8)
     sfa = rng.choice(UE4M3_POW2, size=(256, 4))
     sfb = rng.choice(UE4M3_POW2, size=(n, 4))
-    a_base, b_base, sf_base = 1024, 1024 + 16 * 1024, 60 * 1024
-    sf_desc = lambda addr: tc_desc(addr, 16, 128, 0)  # noqa: E731
-    smems, tmems = [], []
-    for c in range(2):
-        smem = np.zeros(64 * 1024, dtype=np.uint8)
-        store_rows_sw128(smem, a_base, pack_e2m1(a_codes[128 * c:128 * c + 128]))
-        store_rows_sw128(smem, b_base, pack_e2m1(b_codes[n // 2 * c:n // 2 * (c + 1)]))
-        store_scales_blocked(smem, sf_base, sfa[128 * c:128 * c + 128])
-        for blk in range((n + 127) // 128):
-            store_scales_blocked(smem, sf_base + 512 * (1 + blk), sfb[128 * blk:128 * blk + 128])
-        tmem = Tmem()
-        cp_32x128b_warpx4(tmem, smem, make_taddr(0, 256), sf_desc(sf_base))
-        for blk in range((n + 127) // 128):
-            cp_32x128b_warpx4(tmem, smem, make_taddr(0, 264 + 4 * blk), sf_desc(sf_base + 512 * (1 + blk)))
-        smems.append(smem)
-        tmems.append(tmem)
-    mma_mxf4nvf4_pair(tmems, smems, make_taddr(0, 0), tc_desc(a_base, 16, 1024, 2), tc_desc(b_base, 16, 1024, 2),
-                      idesc_mxf4nvf4(256, n), make_taddr(0, 256), make_taddr(0, 264), False)
+    got = _run_pair(n, a_codes, b_codes, sfa, (sfb, sfb))
+    np.testing.assert_array_equal(got, (_scaled(a_codes, sfa) @ _scaled(b_codes, sfb).T).float().numpy())
 
-    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
-    sv = lambda c: torch.from_numpy(2.0 ** ((c.astype(np.float64) // 8) - 7))  # noqa: E731
-    a_ref = e2m1[torch.from_numpy(a_codes).long()] * sv(sfa).repeat_interleave(16, dim=1)
-    b_ref = e2m1[torch.from_numpy(b_codes).long()] * sv(sfb).repeat_interleave(16, dim=1)
-    ref = (a_ref @ b_ref.T).float().numpy()
-    got = np.concatenate([numerics.bits_f32(t.read(0, 0, 128, n, "test")) for t in tmems])
-    np.testing.assert_array_equal(got, ref)
-    with pytest.raises(IsaError, match="M = 128 is not modelled with cta_group::2"):
-        mma_mxf4nvf4_pair(tmems, smems, 0, 0, 0, idesc_mxf4nvf4(128, n), 0, 0, False)
+
+@pytest.mark.parametrize("n", [64, 256])
+def test_mma_mxf4nvf4_cta_pair_reads_sfb_from_each_cta(n, seed):
+    """Where the B scale factors of a ``.cta_group::2`` MMA are read from, pinned down with the two CTAs holding
+    *different* SFB at the scale-B address (nvgemm's kernel and CuTe multicast identical SFB, so they cannot
+    tell). Three readings, all distinct on this data: (1) each CTA's rows of D use the SFB in its own tensor
+    memory; (2) both use the leader's; (3) column n uses the SFB of the CTA holding that column of B. The emulator
+    follows (1), the ISA reading (citations in :func:`nvgemm.emulator.isa.tcgen05.mma_mxf4nvf4_pair`). Fails
+    when the pair reads the leader's SFB for both CTAs (checked by that mutation)."""
+    rng = np.random.default_rng(seed)
+    a_codes = rng.integers(0, 16, size=(256, 64)).astype(np.uint8)
+    b_codes = rng.integers(0, 16, size=(n, 64)).astype(np.uint8)
+    sfa = rng.choice(UE4M3_POW2, size=(256, 4))
+    sfb0 = rng.choice(UE4M3_POW2, size=(n, 4))
+    sfb1 = sfb0.copy()
+    sfb1[:, 1] = np.where(sfb0[:, 1] == 0x38, 0x40, 0x38)  # every column's K-block-1 scale differs in the peer
+    got = _run_pair(n, a_codes, b_codes, sfa, (sfb0, sfb1))
+    a = _scaled(a_codes, sfa)
+    b0, b1 = _scaled(b_codes, sfb0), _scaled(b_codes, sfb1)
+    own = torch.cat([a[:128] @ b0.T, a[128:] @ b1.T]).float().numpy()
+    leader = (a @ b0.T).float().numpy()
+    by_b_half = (a @ torch.cat([b0[:n // 2], b1[n // 2:]]).T).float().numpy()
+    assert not np.array_equal(own, leader) and not np.array_equal(own, by_b_half)
+    np.testing.assert_array_equal(got, own)
 
 
 @pytest.mark.parametrize("bf16", [True, False])

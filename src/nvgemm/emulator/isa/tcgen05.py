@@ -289,17 +289,17 @@ def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, ides
 
     Scale factor B: each CTA's 128 rows of D are scaled with the SFB in **its own** tensor memory at
     ``scale-B-tmem``. PTX ISA 9.7.16.10.9.1 (``tcgen05.mma``; 9.7.17.x in later ISA versions): "The qualifier
-    ``.cta_group::2`` specifies that the matrix multiply and accumulate operation is performed on the Tensor
-    Memory of the executing thread's CTA and its peer CTA"; 9.7.16.10.7 (Block Scaling): ``scale_A`` and
-    ``scale_B`` "are matrices residing in Tensor Memory", addressed by ``[scale-A-tmem]`` /
-    ``[scale-B-tmem]`` exactly like ``[d-tmem]``, whose per-CTA reading (each CTA's own lanes) layout A fixes. No sentence of the ISA names the leader's copy or
-    splits SFB by B's halves, and NVIDIA's hardware-validated CuTe code is consistent with the per-CTA reading
-    only: ``blockscaled_layout.make_smem_layout_sfb`` sizes every CTA's SFB tile for all N columns of the MMA
-    (``round_up(N, 128)``, not divided by the atom's CTA count as ``make_smem_layout_sfa`` divides M),
-    ``cluster_shape_to_tma_atom_SFB`` multicasts it to both CTAs and ``Cp4x32x128bOp(CtaGroup.TWO)`` writes it
-    into both CTAs' tensor memory -- work that reading the leader's copy only, or one half per CTA, would make
-    dead. tests/cpu/test_emu_isa_tcgen05.py::test_mma_mxf4nvf4_cta_pair_reads_sfb_from_each_cta holds the CTAs'
-    SFB different and tells the three readings apart."""
+    ``.cta_group::2`` specifies that the matrix multiply and accumulate operation is performed on the Tensor Memory
+    of the executing thread's CTA and its peer CTA"; 9.7.16.10.7 (Block Scaling): ``scale_A`` and ``scale_B`` "are
+    matrices residing in Tensor Memory", addressed by ``[scale-A-tmem]`` / ``[scale-B-tmem]`` exactly like
+    ``[d-tmem]``, whose per-CTA reading (each CTA's own lanes) layout A fixes. No sentence of the ISA names the
+    leader's copy or splits SFB by B's halves, and NVIDIA's hardware-validated CuTe code is consistent with the
+    per-CTA reading only: ``blockscaled_layout.make_smem_layout_sfb`` sizes every CTA's SFB tile for all N columns
+    of the MMA (``round_up(N, 128)``, not divided by the atom's CTA count as ``make_smem_layout_sfa`` divides M),
+    ``cluster_shape_to_tma_atom_SFB`` multicasts it to both CTAs and ``Cp4x32x128bOp(CtaGroup.TWO)`` writes it into
+    both CTAs' tensor memory -- work that reading the leader's copy only, or one half per CTA, would make dead.
+    tests/cpu/test_emu_isa_tcgen05.py::test_mma_mxf4nvf4_cta_pair_reads_sfb_from_each_cta holds the CTAs' SFB
+    different and tells the three readings apart."""
     op = "tcgen05.mma.cta_group::2.kind::mxf4nvf4"
     d = decode_idesc("mxf4nvf4", idesc)
     if d.m != 256:

@@ -7,8 +7,9 @@ Default CI: representative configs (sm90 decode + split-K wgmma, sm100 swap-AB s
 cluster); ``pytest -m emulator_full``: every config the policy emits for the preset Llama shapes on
 sm_90a and sm_100a (``nvgemm.perfmodel.sass_tool.policy_configs``; ~210 builds).
 
-Finding: the wgmma family's ``wgmma_smem_bytes`` reserves 1024 bytes of alignment slack the launch
-does not request (the dynamic window is ``.align 1024``); the expectation subtracts it."""
+Finding (fixed): the wgmma family's ``wgmma_smem_bytes`` reserved 1024 bytes of alignment slack the launch
+never requests (the ring is the first allocation of a dynamic window declared ``.align 1024``); the
+expectation is now the config's figure exactly, so this test fails with the slack put back."""
 
 from __future__ import annotations
 

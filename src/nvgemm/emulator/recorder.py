@@ -9,7 +9,7 @@ config and the tensors (independently of the artifact):
 * sm90 ``mma`` / ``wgmma``: grid ``(ceil(N_out / features per CTA), split_k, ceil(M / tile_m))`` (mma) or
   ``tiles + tail tiles * (split_k - 1)`` CTAs (wgmma, :func:`~nvgemm.templates.sm90.config.wgmma_tail_tiles`),
   block ``32 * num_warps``, no cluster, dynamic smem = the config's ``mma_smem_bytes`` /
-  ``wgmma_smem_bytes`` minus its alignment slack of one swizzle atom, PDL = ``config.pdl``; every parameter is the ABI's tensor descriptor
+  ``wgmma_smem_bytes`` exactly, PDL = ``config.pdl``; every parameter is the ABI's tensor descriptor
   ``{data pointer, int32 dynamic shapes, int64 dynamic strides}`` of the tensor passed;
 * sm100: block 192 (6 warps), cluster ``(cluster_m, cluster_n, 1)``, grid ``(cluster_m, cluster_n,
   min(clusters of work, max_active_clusters))`` (the static persistent scheduler over CTA tiles
@@ -43,7 +43,7 @@ def _cdiv(a: int, b: int) -> int:
 def record_sm90(config, m: int, n: int, k: int, activation: str = "none", *, device: str = "H200") -> Recorded:
     from ..formats import quantize_weight, to_blocked
     from ..runtime.sm90_backend import compile_spec_for
-    from ..templates.sm90.config import SWIZZLE_ATOM, mma_smem_bytes, wgmma_smem_bytes, wgmma_tail_tiles
+    from ..templates.sm90.config import mma_smem_bytes, wgmma_smem_bytes, wgmma_tail_tiles
     from ..templates.sm90.launch import Sm90Workspace, prepare_sm90_args
     from ..templates.sm90.operand import prepare_sm90_weight
     from .ptx.machine import DEVICES
@@ -68,9 +68,7 @@ def record_sm90(config, m: int, n: int, k: int, activation: str = "none", *, dev
     else:
         tiles = _cdiv(n_out, feat) * _cdiv(m, config.tile_m)
         grid = (tiles + wgmma_tail_tiles(tiles, config.split_k, sm) * (config.split_k - 1), 1, 1)
-        # the config's figure reserves one 1024-byte swizzle atom of alignment slack; the DSL's
-        # allocator needs none (the dynamic window is declared .align 1024) -- found by this recorder
-        smem = wgmma_smem_bytes(config) - SWIZZLE_ATOM
+        smem = wgmma_smem_bytes(config)
     exp = {"grid": grid, "block": (32 * config.num_warps, 1, 1), "cluster": (1, 1, 1), "dyn_smem": smem,
            "pdl": config.pdl, "params": [_descriptor(a, v) for a, v in zip(kern.kernel.abi, values) if
                                          _is_tensor(a)]}

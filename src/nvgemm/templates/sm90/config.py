@@ -166,8 +166,12 @@ def wgmma_stage_bytes(c: Sm90W4A16Config) -> dict:
 
 
 def wgmma_smem_bytes(c: Sm90W4A16Config) -> int:
-    """Shared memory of one wgmma CTA: the ring (1024-byte aligned) plus the split-K flag word."""
-    return c.stages * sum(wgmma_stage_bytes(c).values()) + SWIZZLE_ATOM + 16
+    """Shared memory of one wgmma CTA, exactly what its launch requests: the ring plus the split-K flag
+    word. The ring needs its 1024-byte swizzle alignment but no slack for it: it is the first allocation
+    of the dynamic window, which the PTX declares ``.extern .shared .align 1024`` (no static shared
+    memory precedes it). The emulator's launch recorder checks the equality
+    (tests/emulator/test_launch_recorder.py)."""
+    return c.stages * sum(wgmma_stage_bytes(c).values()) + 16
 
 
 def wgmma_tail_tiles(tiles, split_k: int, sm_count: int, select=None):

@@ -221,3 +221,156 @@ def make_nvfp4_tile():
                      tx).launch(grid=(1, 1, 1), block=(128, 1, 1), smem=64 * 1024, stream=stream)
 
     return nvfp4_tile
+
+
+# -- the same tile as a CTA pair: tcgen05 .cta_group::2, M = 2 x 128 over a (2, 1) cluster
+PM = 256
+
+
+def make_nvfp4_pair_tile():
+    import cutlass.utils.blockscaled_layout as blockscaled_utils
+    import cutlass.utils.blackwell_helpers as sm100_utils
+    from cutlass.cute.nvgpu import tcgen05
+
+    ab_t, sf_t = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
+    two = tcgen05.CtaGroup.TWO
+    tiler = (PM, FN, FK)
+    tiler_sfb = (PM // 2, (FN + 127) // 128 * 128, FK)  # SFB: every CTA holds whole 128-column atoms of all N
+
+    @cute.kernel
+    def pair_kernel(tiled_mma: cute.TiledMma, mma_sfb: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor,
+                    tma_b: cute.CopyAtom, mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor,
+                    tma_sfb: cute.CopyAtom, mSFB: cute.Tensor, mC: cute.Tensor, cl: cute.Layout, cl_sfb: cute.Layout,
+                    a_sl: cute.ComposedLayout, b_sl: cute.ComposedLayout, sfa_sl: cute.Layout, sfb_sl: cute.Layout,
+                    tx_bytes: cutlass.Constexpr):
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(ab_t, a_sl.outer, 1024, swizzle=a_sl.inner)
+        sB = smem.allocate_tensor(ab_t, b_sl.outer, 1024, swizzle=b_sl.inner)
+        sSFA = smem.allocate_tensor(sf_t, sfa_sl, 128)
+        sSFB = smem.allocate_tensor(sf_t, sfb_sl, 128)
+        bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout(2), 8)
+        tmem_holder = smem.allocate_tensor(cutlass.Int32, cute.make_layout(1), 4)
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        v = rank % 2
+        blk = cl.get_flat_coord(rank)
+        blk_sfb = cl_sfb.get_flat_coord(rank)
+        thr = tiled_mma.get_slice(v)
+        thr_sfb = mma_sfb.get_slice(v)
+        gA = cute.local_tile(mA, cute.slice_(tiler, (None, 0, None)), (0, 0, 0))
+        gB = cute.local_tile(mB, cute.slice_(tiler, (0, None, None)), (0, 0, 0))
+        gSFA = cute.local_tile(mSFA, cute.slice_(tiler, (None, 0, None)), (0, 0, 0))
+        gSFB = cute.local_tile(mSFB, cute.slice_(tiler_sfb, (0, None, None)), (0, 0, 0))
+        gC = cute.local_tile(mC, cute.slice_(tiler, (None, None, 0)), (0, 0, 0))
+        a_cta = cute.make_layout(cute.slice_(cl, (0, 0, None, 0)).shape)
+        b_cta = cute.make_layout(cute.slice_(cl, (0, None, 0, 0)).shape)
+        sfb_cta = cute.make_layout(cute.slice_(cl_sfb, (0, None, 0, 0)).shape)
+        tAsA, tAgA = cpasync.tma_partition(tma_a, blk[2], a_cta, cute.group_modes(sA, 0, 3),
+                                           cute.group_modes(thr.partition_A(gA), 0, 3))
+        tBsB, tBgB = cpasync.tma_partition(tma_b, blk[1], b_cta, cute.group_modes(sB, 0, 3),
+                                           cute.group_modes(thr.partition_B(gB), 0, 3))
+        tAsSFA, tAgSFA = cpasync.tma_partition(tma_sfa, blk[2], a_cta, cute.group_modes(sSFA, 0, 3),
+                                               cute.group_modes(thr.partition_A(gSFA), 0, 3))
+        tBsSFB, tBgSFB = cpasync.tma_partition(tma_sfb, blk_sfb[1], sfb_cta, cute.group_modes(sSFB, 0, 3),
+                                               cute.group_modes(thr_sfb.partition_B(gSFB), 0, 3))
+        tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
+        tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
+        sfb_mask = cpasync.create_tma_multicast_mask(cl_sfb, blk_sfb, mcast_mode=1)
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(bars.iterator, 1)
+                cute.arch.mbarrier_init(bars.iterator + 1, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.alloc_tmem(256, tmem_holder.iterator, is_two_cta=True)
+            cute.arch.relinquish_tmem_alloc_permit(is_two_cta=True)
+        cute.arch.cluster_arrive()  # barriers initialised and tensor memory allocated in both CTAs
+        cute.arch.cluster_wait()
+        acc_ptr = cute.arch.retrieve_tmem_ptr(cutlass.Float32, 16, tmem_holder.iterator)
+        tCtAcc = cute.make_tensor(acc_ptr, tiled_mma.make_fragment_C(tiled_mma.partition_shape_C((PM, FN))).layout)
+        sfa_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc), dtype=sf_t)
+        tCtSFA = cute.make_tensor(sfa_ptr, blockscaled_utils.make_tmem_layout_sfa(tiled_mma, tiler, SF_VEC, sfa_sl))
+        sfb_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc)
+                                  + tcgen05.find_tmem_tensor_col_offset(tCtSFA), dtype=sf_t)
+        tCtSFB = cute.make_tensor(sfb_ptr, blockscaled_utils.make_tmem_layout_sfb(tiled_mma, tiler, SF_VEC, sfb_sl))
+        s2t = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(two), sf_t)
+        tCtSFA_c, tCtSFB_c = cute.filter_zeros(tCtSFA), cute.filter_zeros(tCtSFB)
+        cp_sfa = tcgen05.make_s2t_copy(s2t, tCtSFA_c)
+        cp_sfb = tcgen05.make_s2t_copy(s2t, tCtSFB_c)
+        thr_sfa, thr_sfb_cp = cp_sfa.get_slice(0), cp_sfb.get_slice(0)
+        src_sfa = tcgen05.get_s2t_smem_desc_tensor(cp_sfa, thr_sfa.partition_S(cute.filter_zeros(sSFA)))
+        src_sfb = tcgen05.get_s2t_smem_desc_tensor(cp_sfb, thr_sfb_cp.partition_S(cute.filter_zeros(sSFB)))
+        dst_sfa, dst_sfb = thr_sfa.partition_D(tCtSFA_c), thr_sfb_cp.partition_D(tCtSFB_c)
+        tCrA, tCrB = tiled_mma.make_fragment_A(sA), tiled_mma.make_fragment_B(sB)
+        if warp == 0:  # both CTAs load their halves; every load completes on the leader's barrier
+            if v == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(bars.iterator, tx_bytes)
+            cute.copy(tma_a, tAgA, tAsA, tma_bar_ptr=bars.iterator)
+            cute.copy(tma_b, tBgB, tBsB, tma_bar_ptr=bars.iterator)
+            cute.copy(tma_sfa, tAgSFA, tAsSFA, tma_bar_ptr=bars.iterator)
+            cute.copy(tma_sfb, tBgSFB, tBsSFB, tma_bar_ptr=bars.iterator, mcast_mask=sfb_mask)
+            if v == 0:  # the leader issues the pair's scale copies and MMAs
+                cute.arch.mbarrier_wait(bars.iterator, 0)
+                cute.copy(cp_sfa, src_sfa, dst_sfa)
+                cute.copy(cp_sfb, src_sfb, dst_sfb)
+                for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                    tiled_mma.set(tcgen05.Field.SFA, tCtSFA[(None, None, kb)].iterator)
+                    tiled_mma.set(tcgen05.Field.SFB, tCtSFB[(None, None, kb)].iterator)
+                    tiled_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma, tCtAcc, tCrA[(None, None, kb)], tCrB[(None, None, kb)], tCtAcc)
+                with cute.arch.elect_one():
+                    tcgen05.commit(bars.iterator + 1, cutlass.Int16(3), two)  # arrive on both CTAs' barrier
+        cute.arch.mbarrier_wait(bars.iterator + 1, 0)
+        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), cutlass.Float32)
+        t2r = tcgen05.make_tmem_copy(atom, tCtAcc[(None, 0, 0)])
+        thr_t2r = t2r.get_slice(tidx)
+        tTR_t = thr_t2r.partition_S(tCtAcc[(None, 0, 0)])
+        tTR_g = thr_t2r.partition_D(thr.partition_C(gC)[(None, 0, 0)])
+        tTR_r = cute.make_rmem_tensor(tTR_g.shape, cutlass.Float32)
+        cute.copy(t2r, tTR_t, tTR_r)
+        for i in cutlass.range_constexpr(cute.size(tTR_r)):
+            tTR_g[i] = tTR_r[i]
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        if warp == 0:
+            cute.arch.dealloc_tmem(acc_ptr, 256, is_two_cta=True)
+
+    @cute.jit
+    def nvfp4_pair_tile(a: cute.Pointer, b: cute.Pointer, sfa: cute.Pointer, sfb: cute.Pointer, c: cute.Pointer,
+                        stream: cuda.CUstream):
+        """C (PM x FN fp32) = (A * SFA) (B * SFB)^T as one ``tcgen05.mma .cta_group::2 .kind::mxf4nvf4`` tile over a
+        CTA pair (cluster 2 x 1): each CTA TMA-loads its 128 rows of A and SFA and its half of B; SFB is multicast
+        to both (CuTe's ``cluster_shape_to_tma_atom_SFB``); the leader copies the scales (``tcgen05.cp
+        .cta_group::2``) and issues the MMAs, and its commit arrives on both CTAs' barriers."""
+        mA = cute.make_tensor(a, cute.make_layout((PM, FK, 1), stride=(FK, 1, PM * FK)))
+        mB = cute.make_tensor(b, cute.make_layout((FN, FK, 1), stride=(FK, 1, FN * FK)))
+        mSFA = cute.make_tensor(sfa, blockscaled_utils.tile_atom_to_shape_SF(mA.shape, SF_VEC))
+        mSFB = cute.make_tensor(sfb, blockscaled_utils.tile_atom_to_shape_SF(mB.shape, SF_VEC))
+        mC = cute.make_tensor(c, cute.make_layout((PM, FN, 1), stride=(FN, 1, PM * FN)))
+        tiled_mma = cute.make_tiled_mma(tcgen05.MmaMXF4NVF4Op(sf_t, (PM, FN, 64), two, tcgen05.OperandSource.SMEM))
+        mma_sfb = cute.make_tiled_mma(tcgen05.MmaMXF4NVF4Op(sf_t, tiler_sfb[:2] + (64,), tcgen05.CtaGroup.ONE,
+                                                            tcgen05.OperandSource.SMEM))
+        cluster = (2, 1, 1)
+        cl = cute.tiled_divide(cute.make_layout(cluster), (tiled_mma.thr_id.shape,))
+        cl_sfb = cute.tiled_divide(cute.make_layout(cluster), (mma_sfb.thr_id.shape,))
+        a_sl = cute.slice_(sm100_utils.make_smem_layout_a(tiled_mma, tiler, ab_t, 1), (None, None, None, 0))
+        b_sl = cute.slice_(sm100_utils.make_smem_layout_b(tiled_mma, tiler, ab_t, 1), (None, None, None, 0))
+        sfa_sl = cute.slice_(blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, SF_VEC, 1), (None, None, None, 0))
+        sfb_sl = cute.slice_(blockscaled_utils.make_smem_layout_sfb(tiled_mma, tiler, SF_VEC, 1), (None, None, None, 0))
+        op_a = sm100_utils.cluster_shape_to_tma_atom_A(cluster, tiled_mma.thr_id)
+        op_b = sm100_utils.cluster_shape_to_tma_atom_B(cluster, tiled_mma.thr_id)
+        op_sfb = sm100_utils.cluster_shape_to_tma_atom_SFB(cluster, tiled_mma.thr_id)
+        tma_a, tA = cute.nvgpu.make_tiled_tma_atom_A(op_a, mA, a_sl, tiler, tiled_mma, cl.shape)
+        tma_b, tB = cute.nvgpu.make_tiled_tma_atom_B(op_b, mB, b_sl, tiler, tiled_mma, cl.shape)
+        tma_sfa, tSFA = cute.nvgpu.make_tiled_tma_atom_A(op_a, mSFA, sfa_sl, tiler, tiled_mma, cl.shape,
+                                                         internal_type=cutlass.Int16)
+        tma_sfb, tSFB = cute.nvgpu.make_tiled_tma_atom_B(op_sfb, mSFB, sfb_sl, tiler_sfb, mma_sfb, cl_sfb.shape,
+                                                         internal_type=cutlass.Int16)
+        per_cta = (cute.size_in_bytes(ab_t, a_sl) + cute.size_in_bytes(ab_t, b_sl) + cute.size_in_bytes(sf_t, sfa_sl)
+                   + cute.size_in_bytes(sf_t, sfb_sl))
+        pair_kernel(tiled_mma, mma_sfb, tma_a, tA, tma_b, tB, tma_sfa, tSFA, tma_sfb, tSFB, mC, cl, cl_sfb, a_sl, b_sl,
+                    sfa_sl, sfb_sl, 2 * per_cta).launch(grid=(2, 1, 1), block=(128, 1, 1), cluster=cluster,
+                                                        smem=64 * 1024, stream=stream)
+
+    return nvfp4_pair_tile

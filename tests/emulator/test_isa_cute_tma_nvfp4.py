@@ -1,5 +1,5 @@
 """Validation programs (issue 21 item 4), second set: TMA tile copies with swizzled shared layouts and the
-block-scaled ``tcgen05.mma .kind::mxf4nvf4``, built only from CuTe's own atoms, layouts and partitioners
+block-scaled ``tcgen05.mma .kind::mxf4nvf4`` (one CTA, and a ``.cta_group::2`` CTA pair), built only from CuTe's own atoms, layouts and partitioners
 (tests/emulator/emu_cute_tma_nvfp4_programs.py) and run on the emulator against torch on the CPU.
 
 Unlike the pointer-only programs of test_isa_cute_programs.py these need CuTe's *host* code: it encodes the
@@ -14,8 +14,8 @@ function puts them (PTX ISA 5.5.6 "Swizzling Modes", 5.5.7 in ISA 9.x: within a 
 index is XORed with the line index modulo the span's chunk count, over a span-aligned base), computed here from
 the ISA text. Mutations seen to fail these tests: the swizzle's line index taken from bit 8 instead of 7, an
 out-of-bounds fill of 0x3F instead of zero, a transaction count 16 bytes short (a deadlock error); for the
-NVFP4 tile, the scale-factor K-block order within a TMEM cell reversed, and the scale of row m read from lane
-m + 1 of its partition.
+NVFP4 tiles, the scale-factor K-block order within a TMEM cell reversed, the scale of row m read from lane
+m + 1 of its partition, and (CTA pair) the two CTAs' halves of B taken in the wrong order.
 """
 
 import hashlib
@@ -67,7 +67,7 @@ class CuteProgramTemplate:
         if spec.config.program == "tma_copy":
             return (PointerArg("src", "BFloat16"), PointerArg("dst", "BFloat16"), PointerArg("raw", "Uint8"),
                     PointerArg("tile", "BFloat16"), StreamArg())
-        if spec.config.program == "nvfp4_tile":
+        if spec.config.program in ("nvfp4_tile", "nvfp4_pair_tile"):
             return (PointerArg("a", "Float4E2M1FN"), PointerArg("b", "Float4E2M1FN"), PointerArg("sfa", "Float8E4M3FN"),
                     PointerArg("sfb", "Float8E4M3FN"), PointerArg("c", "Float32"), StreamArg())
         raise ValueError(spec.config.program)
@@ -76,7 +76,7 @@ class CuteProgramTemplate:
         import emu_cute_tma_nvfp4_programs as P
 
         c = spec.config
-        fn = P.make_tma_copy(c.swizzle) if c.program == "tma_copy" else P.make_nvfp4_tile()
+        fn = P.make_tma_copy(c.swizzle) if c.program == "tma_copy" else getattr(P, f"make_{c.program}")()
         return compile_for_target(fn, fake_args(self.abi(spec)), spec, "--keep-ptx" if keep_ptx else "")
 
 
@@ -152,21 +152,27 @@ def blocked_sf(sf: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def test_cute_nvfp4_block_scaled_tile_matches_torch(seed):
+@pytest.mark.parametrize("program", ["nvfp4_tile", "nvfp4_pair_tile"])
+def test_cute_nvfp4_block_scaled_tile_matches_torch(program, seed):
     """Exact data: E2M1 codes times power-of-two e4m3 scales; every product is a multiple of 2^-6 below 2^10 and
-    the 256-term sums stay below 2^18, so fp32 holds every partial sum exactly (tolerance 0)."""
+    the 256-term sums stay below 2^18, so fp32 holds every partial sum exactly (tolerance 0). ``nvfp4_pair_tile``
+    is the same tile with M = 256 as one ``.cta_group::2`` MMA over a CTA pair (SFB multicast to both CTAs)."""
     import emu_cute_tma_nvfp4_programs as P
 
-    k = _kernel("sm_100a", program="nvfp4_tile", swizzle=0)
-    assert "tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.block16" in k.ptx
-    assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in k.ptx and "tcgen05.ld.sync.aligned.32x32b" in k.ptx
+    pair = program == "nvfp4_pair_tile"
+    k = _kernel("sm_100a", program=program, swizzle=0)
+    grp = "cta_group::2" if pair else "cta_group::1"
+    assert f"tcgen05.mma.{grp}.kind::mxf4nvf4.block_scale.block16" in k.ptx
+    assert f"tcgen05.cp.{grp}.32x128b.warpx4" in k.ptx and "tcgen05.ld.sync.aligned.32x32b" in k.ptx
+    fm = P.PM if pair else P.FM
     g = torch.Generator().manual_seed(seed)
-    a = torch.randint(0, 256, (P.FM, P.FK // 2), generator=g, dtype=torch.uint8)
+    a = torch.randint(0, 256, (fm, P.FK // 2), generator=g, dtype=torch.uint8)
     b = torch.randint(0, 256, (P.FN, P.FK // 2), generator=g, dtype=torch.uint8)
-    sfa = POW2_E4M3[torch.randint(0, 5, (P.FM, P.FK // 16), generator=g)].view(torch.float8_e4m3fn)
+    sfa = POW2_E4M3[torch.randint(0, 5, (fm, P.FK // 16), generator=g)].view(torch.float8_e4m3fn)
     sfb = POW2_E4M3[torch.randint(0, 5, (P.FN, P.FK // 16), generator=g)].view(torch.float8_e4m3fn)
-    c = torch.full((P.FM, P.FN), float("nan"))
-    k.launch(a, b, blocked_sf(sfa), blocked_sf(sfb), c, 0)
+    c = torch.full((fm, P.FN), float("nan"))
+    launch = k.launch(a, b, blocked_sf(sfa), blocked_sf(sfb), c, 0)
+    assert launch.cluster == ((2, 1, 1) if pair else (1, 1, 1))
     av = e2m1_values(a) * sfa.double().repeat_interleave(16, dim=1)
     bv = e2m1_values(b) * sfb.double().repeat_interleave(16, dim=1)
     torch.testing.assert_close(c, (av @ bv.T).float(), rtol=0, atol=0)

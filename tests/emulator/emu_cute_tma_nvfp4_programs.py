@@ -8,7 +8,9 @@ because ``cute.jit`` needs importable source."""
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync, warpgroup
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled_utils
+from cutlass.cute.nvgpu import cpasync, tcgen05, warpgroup
 
 # -- TMA copy: a (ROWS, COLS) bf16 row-major tensor in (BR, BC) boxes, the last row and column of boxes over the
 # tensor's edge (zero fill on load, clipped on store)
@@ -94,10 +96,67 @@ FM, FN, FK = 128, 128, 256
 SF_VEC = 16
 
 
+def _alloc_smem(a_sl, b_sl, sfa_sl, sfb_sl):
+    """Shared memory of one NVFP4 tile: A and B (CuTe's swizzled UMMA layouts), SFA, SFB, two mbarriers (TMA
+    full, accumulator full) and the word ``tcgen05.alloc`` writes the TMEM address to."""
+    smem = cutlass.memory.SmemAllocator()
+    ab_t, sf_t = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
+    return (smem.allocate_tensor(ab_t, a_sl.outer, 1024, swizzle=a_sl.inner),
+            smem.allocate_tensor(ab_t, b_sl.outer, 1024, swizzle=b_sl.inner),
+            smem.allocate_tensor(sf_t, sfa_sl, 128), smem.allocate_tensor(sf_t, sfb_sl, 128),
+            smem.allocate_tensor(cutlass.Int64, cute.make_layout(2), 8),
+            smem.allocate_tensor(cutlass.Int32, cute.make_layout(1), 4))
+
+
+def _scale_tmem(tiled_mma, tiler, acc_ptr, sfa_sl, sfb_sl, sSFA, sSFB, cta_group):
+    """The TMEM accumulator of ``tiler``'s (M, N), SFA and SFB in the columns after it (CuTe's block-scaled TMEM
+    layouts), and the ``tcgen05.cp`` S2T copies (atom, smem descriptors, TMEM destination) of both scales."""
+
+    sf_t = cutlass.Float8E4M3FN
+    tCtAcc = cute.make_tensor(acc_ptr, tiled_mma.make_fragment_C(tiled_mma.partition_shape_C(tiler[:2])).layout)
+    col = acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc)
+    tCtSFA = cute.make_tensor(cute.recast_ptr(col, dtype=sf_t),
+                              blockscaled_utils.make_tmem_layout_sfa(tiled_mma, tiler, SF_VEC, sfa_sl))
+    col = col + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+    tCtSFB = cute.make_tensor(cute.recast_ptr(col, dtype=sf_t),
+                              blockscaled_utils.make_tmem_layout_sfb(tiled_mma, tiler, SF_VEC, sfb_sl))
+    s2t = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(cta_group), sf_t)
+    copies = []
+    for t_tmem, s_smem in ((tCtSFA, sSFA), (tCtSFB, sSFB)):
+        t_c = cute.filter_zeros(t_tmem)
+        cp = tcgen05.make_s2t_copy(s2t, t_c)
+        thr_cp = cp.get_slice(0)
+        copies.append((cp, tcgen05.get_s2t_smem_desc_tensor(cp, thr_cp.partition_S(cute.filter_zeros(s_smem))),
+                       thr_cp.partition_D(t_c)))
+    return tCtAcc, tCtSFA, tCtSFB, copies
+
+
+def _issue_mmas(tiled_mma, tCtAcc, tCrA, tCrB, tCtSFA, tCtSFB, copies):
+    """Copy the scales to TMEM, then one block-scaled MMA per K-block (the first overwrites the accumulator)."""
+
+    for cp, src, dst in copies:
+        cute.copy(cp, src, dst)
+    for kb in range(cute.size(tCrA, mode=[2])):
+        tiled_mma.set(tcgen05.Field.SFA, tCtSFA[(None, None, kb)].iterator)
+        tiled_mma.set(tcgen05.Field.SFB, tCtSFB[(None, None, kb)].iterator)
+        tiled_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
+        cute.gemm(tiled_mma, tCtAcc, tCrA[(None, None, kb)], tCrB[(None, None, kb)], tCtAcc)
+
+
+def _store_acc(tCtAcc, tCgC, tidx):
+    """``tcgen05.ld.32x32b`` of this thread's accumulator rows through CuTe's TMEM copy partitioner, to global."""
+
+    atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), cutlass.Float32)
+    t2r = tcgen05.make_tmem_copy(atom, tCtAcc[(None, 0, 0)])
+    thr_t2r = t2r.get_slice(tidx)
+    tTR_g = thr_t2r.partition_D(tCgC[(None, 0, 0)])
+    tTR_r = cute.make_rmem_tensor(tTR_g.shape, cutlass.Float32)
+    cute.copy(t2r, thr_t2r.partition_S(tCtAcc[(None, 0, 0)]), tTR_r)
+    for i in range(cute.size(tTR_r)):
+        tTR_g[i] = tTR_r[i]
+
+
 def make_nvfp4_tile():
-    import cutlass.utils.blockscaled_layout as blockscaled_utils
-    import cutlass.utils.blackwell_helpers as sm100_utils
-    from cutlass.cute.nvgpu import tcgen05
 
     ab_t, sf_t = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
     tiler = (FM, FN, FK)
@@ -107,13 +166,7 @@ def make_nvfp4_tile():
                      mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor, tma_sfb: cute.CopyAtom,
                      mSFB: cute.Tensor, mC: cute.Tensor, a_sl: cute.ComposedLayout, b_sl: cute.ComposedLayout,
                      sfa_sl: cute.Layout, sfb_sl: cute.Layout, tx_bytes: cutlass.Constexpr):
-        smem = cutlass.memory.SmemAllocator()
-        sA = smem.allocate_tensor(ab_t, a_sl.outer, 1024, swizzle=a_sl.inner)
-        sB = smem.allocate_tensor(ab_t, b_sl.outer, 1024, swizzle=b_sl.inner)
-        sSFA = smem.allocate_tensor(sf_t, sfa_sl, 128)
-        sSFB = smem.allocate_tensor(sf_t, sfb_sl, 128)
-        bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout(2), 8)
-        tmem_holder = smem.allocate_tensor(cutlass.Int32, cute.make_layout(1), 4)
+        sA, sB, sSFA, sSFB, bars, tmem_holder = _alloc_smem(a_sl, b_sl, sfa_sl, sfb_sl)
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         thr = tiled_mma.get_slice(0)
@@ -142,21 +195,10 @@ def make_nvfp4_tile():
             cute.arch.relinquish_tmem_alloc_permit()
         cute.arch.barrier()
         acc_ptr = cute.arch.retrieve_tmem_ptr(cutlass.Float32, 16, tmem_holder.iterator)
-        tCtAcc = cute.make_tensor(acc_ptr, tiled_mma.make_fragment_C(tiled_mma.partition_shape_C((FM, FN))).layout)
-        sfa_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc), dtype=sf_t)
-        tCtSFA = cute.make_tensor(sfa_ptr, blockscaled_utils.make_tmem_layout_sfa(tiled_mma, tiler, SF_VEC, sfa_sl))
-        sfb_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc)
-                                  + tcgen05.find_tmem_tensor_col_offset(tCtSFA), dtype=sf_t)
-        tCtSFB = cute.make_tensor(sfb_ptr, blockscaled_utils.make_tmem_layout_sfb(tiled_mma, tiler, SF_VEC, sfb_sl))
-        s2t = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), sf_t)
-        tCtSFA_c, tCtSFB_c = cute.filter_zeros(tCtSFA), cute.filter_zeros(tCtSFB)
-        cp_sfa = tcgen05.make_s2t_copy(s2t, tCtSFA_c)
-        cp_sfb = tcgen05.make_s2t_copy(s2t, tCtSFB_c)
-        thr_sfa, thr_sfb = cp_sfa.get_slice(0), cp_sfb.get_slice(0)
-        src_sfa = tcgen05.get_s2t_smem_desc_tensor(cp_sfa, thr_sfa.partition_S(cute.filter_zeros(sSFA)))
-        src_sfb = tcgen05.get_s2t_smem_desc_tensor(cp_sfb, thr_sfb.partition_S(cute.filter_zeros(sSFB)))
-        dst_sfa, dst_sfb = thr_sfa.partition_D(tCtSFA_c), thr_sfb.partition_D(tCtSFB_c)
+        tCtAcc, tCtSFA, tCtSFB, copies = _scale_tmem(tiled_mma, tiler, acc_ptr, sfa_sl, sfb_sl, sSFA, sSFB,
+                                                     tcgen05.CtaGroup.ONE)
         tCrA, tCrB = tiled_mma.make_fragment_A(sA), tiled_mma.make_fragment_B(sB)
+        tCgC = thr.partition_C(gC)  # before the MMA issue sets fields of tiled_mma in a branch
         if warp == 0:  # TMA producer and MMA issuer
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(bars.iterator, tx_bytes)
@@ -165,25 +207,11 @@ def make_nvfp4_tile():
             cute.copy(tma_sfa, tAgSFA, tAsSFA, tma_bar_ptr=bars.iterator)
             cute.copy(tma_sfb, tBgSFB, tBsSFB, tma_bar_ptr=bars.iterator)
             cute.arch.mbarrier_wait(bars.iterator, 0)
-            cute.copy(cp_sfa, src_sfa, dst_sfa)
-            cute.copy(cp_sfb, src_sfb, dst_sfb)
-            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                tiled_mma.set(tcgen05.Field.SFA, tCtSFA[(None, None, kb)].iterator)
-                tiled_mma.set(tcgen05.Field.SFB, tCtSFB[(None, None, kb)].iterator)
-                tiled_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
-                cute.gemm(tiled_mma, tCtAcc, tCrA[(None, None, kb)], tCrB[(None, None, kb)], tCtAcc)
+            _issue_mmas(tiled_mma, tCtAcc, tCrA, tCrB, tCtSFA, tCtSFB, copies)
             with cute.arch.elect_one():
                 tcgen05.commit(bars.iterator + 1)
         cute.arch.mbarrier_wait(bars.iterator + 1, 0)
-        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), cutlass.Float32)
-        t2r = tcgen05.make_tmem_copy(atom, tCtAcc[(None, 0, 0)])
-        thr_t2r = t2r.get_slice(tidx)
-        tTR_t = thr_t2r.partition_S(tCtAcc[(None, 0, 0)])
-        tTR_g = thr_t2r.partition_D(thr.partition_C(gC)[(None, 0, 0)])
-        tTR_r = cute.make_rmem_tensor(tTR_g.shape, cutlass.Float32)
-        cute.copy(t2r, tTR_t, tTR_r)
-        for i in cutlass.range_constexpr(cute.size(tTR_r)):
-            tTR_g[i] = tTR_r[i]
+        _store_acc(tCtAcc, tCgC, tidx)
         cute.arch.barrier()
         if warp == 0:
             cute.arch.dealloc_tmem(acc_ptr, 256)
@@ -228,9 +256,6 @@ PM = 256
 
 
 def make_nvfp4_pair_tile():
-    import cutlass.utils.blockscaled_layout as blockscaled_utils
-    import cutlass.utils.blackwell_helpers as sm100_utils
-    from cutlass.cute.nvgpu import tcgen05
 
     ab_t, sf_t = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
     two = tcgen05.CtaGroup.TWO
@@ -243,13 +268,7 @@ def make_nvfp4_pair_tile():
                     tma_sfb: cute.CopyAtom, mSFB: cute.Tensor, mC: cute.Tensor, cl: cute.Layout, cl_sfb: cute.Layout,
                     a_sl: cute.ComposedLayout, b_sl: cute.ComposedLayout, sfa_sl: cute.Layout, sfb_sl: cute.Layout,
                     tx_bytes: cutlass.Constexpr):
-        smem = cutlass.memory.SmemAllocator()
-        sA = smem.allocate_tensor(ab_t, a_sl.outer, 1024, swizzle=a_sl.inner)
-        sB = smem.allocate_tensor(ab_t, b_sl.outer, 1024, swizzle=b_sl.inner)
-        sSFA = smem.allocate_tensor(sf_t, sfa_sl, 128)
-        sSFB = smem.allocate_tensor(sf_t, sfb_sl, 128)
-        bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout(2), 8)
-        tmem_holder = smem.allocate_tensor(cutlass.Int32, cute.make_layout(1), 4)
+        sA, sB, sSFA, sSFB, bars, tmem_holder = _alloc_smem(a_sl, b_sl, sfa_sl, sfb_sl)
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -287,21 +306,9 @@ def make_nvfp4_pair_tile():
         cute.arch.cluster_arrive()  # barriers initialised and tensor memory allocated in both CTAs
         cute.arch.cluster_wait()
         acc_ptr = cute.arch.retrieve_tmem_ptr(cutlass.Float32, 16, tmem_holder.iterator)
-        tCtAcc = cute.make_tensor(acc_ptr, tiled_mma.make_fragment_C(tiled_mma.partition_shape_C((PM, FN))).layout)
-        sfa_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc), dtype=sf_t)
-        tCtSFA = cute.make_tensor(sfa_ptr, blockscaled_utils.make_tmem_layout_sfa(tiled_mma, tiler, SF_VEC, sfa_sl))
-        sfb_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc)
-                                  + tcgen05.find_tmem_tensor_col_offset(tCtSFA), dtype=sf_t)
-        tCtSFB = cute.make_tensor(sfb_ptr, blockscaled_utils.make_tmem_layout_sfb(tiled_mma, tiler, SF_VEC, sfb_sl))
-        s2t = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(two), sf_t)
-        tCtSFA_c, tCtSFB_c = cute.filter_zeros(tCtSFA), cute.filter_zeros(tCtSFB)
-        cp_sfa = tcgen05.make_s2t_copy(s2t, tCtSFA_c)
-        cp_sfb = tcgen05.make_s2t_copy(s2t, tCtSFB_c)
-        thr_sfa, thr_sfb_cp = cp_sfa.get_slice(0), cp_sfb.get_slice(0)
-        src_sfa = tcgen05.get_s2t_smem_desc_tensor(cp_sfa, thr_sfa.partition_S(cute.filter_zeros(sSFA)))
-        src_sfb = tcgen05.get_s2t_smem_desc_tensor(cp_sfb, thr_sfb_cp.partition_S(cute.filter_zeros(sSFB)))
-        dst_sfa, dst_sfb = thr_sfa.partition_D(tCtSFA_c), thr_sfb_cp.partition_D(tCtSFB_c)
+        tCtAcc, tCtSFA, tCtSFB, copies = _scale_tmem(tiled_mma, tiler, acc_ptr, sfa_sl, sfb_sl, sSFA, sSFB, two)
         tCrA, tCrB = tiled_mma.make_fragment_A(sA), tiled_mma.make_fragment_B(sB)
+        tCgC = thr.partition_C(gC)  # before the MMA issue sets fields of tiled_mma in a branch
         if warp == 0:  # both CTAs load their halves; every load completes on the leader's barrier
             if v == 0:
                 with cute.arch.elect_one():
@@ -312,25 +319,11 @@ def make_nvfp4_pair_tile():
             cute.copy(tma_sfb, tBgSFB, tBsSFB, tma_bar_ptr=bars.iterator, mcast_mask=sfb_mask)
             if v == 0:  # the leader issues the pair's scale copies and MMAs
                 cute.arch.mbarrier_wait(bars.iterator, 0)
-                cute.copy(cp_sfa, src_sfa, dst_sfa)
-                cute.copy(cp_sfb, src_sfb, dst_sfb)
-                for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                    tiled_mma.set(tcgen05.Field.SFA, tCtSFA[(None, None, kb)].iterator)
-                    tiled_mma.set(tcgen05.Field.SFB, tCtSFB[(None, None, kb)].iterator)
-                    tiled_mma.set(tcgen05.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(tiled_mma, tCtAcc, tCrA[(None, None, kb)], tCrB[(None, None, kb)], tCtAcc)
+                _issue_mmas(tiled_mma, tCtAcc, tCrA, tCrB, tCtSFA, tCtSFB, copies)
                 with cute.arch.elect_one():
                     tcgen05.commit(bars.iterator + 1, cutlass.Int16(3), two)  # arrive on both CTAs' barrier
         cute.arch.mbarrier_wait(bars.iterator + 1, 0)
-        atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), cutlass.Float32)
-        t2r = tcgen05.make_tmem_copy(atom, tCtAcc[(None, 0, 0)])
-        thr_t2r = t2r.get_slice(tidx)
-        tTR_t = thr_t2r.partition_S(tCtAcc[(None, 0, 0)])
-        tTR_g = thr_t2r.partition_D(thr.partition_C(gC)[(None, 0, 0)])
-        tTR_r = cute.make_rmem_tensor(tTR_g.shape, cutlass.Float32)
-        cute.copy(t2r, tTR_t, tTR_r)
-        for i in cutlass.range_constexpr(cute.size(tTR_r)):
-            tTR_g[i] = tTR_r[i]
+        _store_acc(tCtAcc, tCgC, tidx)
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
         if warp == 0:

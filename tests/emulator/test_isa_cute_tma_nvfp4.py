@@ -1,6 +1,7 @@
 """Validation programs (issue 21 item 4), second set: TMA tile copies with swizzled shared layouts and the
-block-scaled ``tcgen05.mma .kind::mxf4nvf4`` (one CTA, and a ``.cta_group::2`` CTA pair), built only from CuTe's own atoms, layouts and partitioners
-(tests/emulator/emu_cute_tma_nvfp4_programs.py) and run on the emulator against torch on the CPU.
+block-scaled ``tcgen05.mma .kind::mxf4nvf4`` (one CTA, and a ``.cta_group::2`` CTA pair), built only from CuTe's
+own atoms, layouts and partitioners (tests/emulator/emu_cute_tma_nvfp4_programs.py) and run on the emulator
+against torch on the CPU.
 
 Unlike the pointer-only programs of test_isa_cute_programs.py these need CuTe's *host* code: it encodes the
 128-byte tensor maps inline. So each program is compiled AOT through a test-only kernel template

@@ -20,6 +20,7 @@ from nvgemm.emulator.isa.tcgen05 import (
     ld_32x32b,
     make_taddr,
     mma_f16,
+    mma_f16_pair,
     mma_mxf4nvf4,
     mma_mxf4nvf4_pair,
 )
@@ -228,6 +229,35 @@ def test_mma_f16_matches_torch(bf16, seed):
     with pytest.raises(IsaError, match="nothing wrote"):
         mma_f16(tmem, smem, make_taddr(0, 200), tc_desc(1024, 16, 1024, 2), tc_desc(20 * 1024, 16, 1024, 2),
                 idesc_f16(128, n, bf16), True)
+
+
+@pytest.mark.parametrize("n", [32, 256])
+def test_mma_f16_cta_pair_matches_torch(n, seed):
+    """``.cta_group::2 .kind::f16``, M = 256, four K-steps of 16: CTA c holds rows 128 c.. of A and rows
+    (n / 2) c.. of B at the same descriptor addresses and gets its 128 rows of D (NVIDIA's CuTeDSL tutorial
+    fp16_gemm_1 issues this form). A non-zero 8-word disable-output-lane vector is refused, not guessed."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-8, 9, (256, 64), generator=g).to(torch.bfloat16) * 0.5
+    b = torch.randint(-8, 9, (n, 64), generator=g).to(torch.bfloat16) * 0.25
+    smems, tmems = [], []
+    for c in range(2):
+        smem = np.zeros(64 * 1024, dtype=np.uint8)
+        rows = lambda t: t.view(torch.int16).numpy().view(np.uint8).reshape(t.shape[0], 128)  # noqa: E731
+        store_rows_sw128(smem, 1024, rows(a[128 * c:128 * c + 128]))
+        store_rows_sw128(smem, 20 * 1024, rows(b[n // 2 * c:n // 2 * (c + 1)]))
+        smems.append(smem)
+        tmems.append(Tmem())
+    for s in range(4):
+        mma_f16_pair(tmems, smems, make_taddr(0, 0), tc_desc(1024 + 32 * s, 16, 1024, 2),
+                     tc_desc(20 * 1024 + 32 * s, 16, 1024, 2), idesc_f16(256, n, True), s > 0,
+                     disable_output_lane=[0] * 8)
+    got = np.concatenate([numerics.bits_f32(t.read(0, 0, 128, n, "t")) for t in tmems])
+    np.testing.assert_array_equal(got, (a.double() @ b.double().T).float().numpy())
+    with pytest.raises(IsaError, match="disable-output-lane"):
+        mma_f16_pair(tmems, smems, 0, tc_desc(1024, 16, 1024, 2), tc_desc(20 * 1024, 16, 1024, 2),
+                     idesc_f16(256, n, True), True, disable_output_lane=[0, 0, 0, 0, 1, 0, 0, 0])
+    with pytest.raises(IsaError, match="M = 128 is not modelled"):
+        mma_f16_pair(tmems, smems, 0, 0, 0, idesc_f16(128, n, True), True)
 
 
 def test_idesc_decode_fields_and_rejections():

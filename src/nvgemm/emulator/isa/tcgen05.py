@@ -320,6 +320,30 @@ def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, ides
         _accumulate(tmem, d_taddr, half, av, bv, enable_input_d, op)
 
 
+def mma_f16_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, idesc: int, enable_input_d: bool, *,
+                 disable_output_lane=None) -> None:
+    """``tcgen05.mma.cta_group::2.kind::f16`` with M = 256, issued by the pair leader: the operand and D placement
+    of :func:`mma_mxf4nvf4_pair` (each CTA: its 128 rows of A, N / 2 rows of B at the same descriptor addresses,
+    its 128 rows of D in its own tensor memory). The ISA's 8-word disable-output-lane vector of ``cta_group::2``
+    is modelled only all-zero (its bit-to-lane mapping across the pair is not spelled out); M = 128 with
+    ``cta_group::2`` is not modelled."""
+    op = "tcgen05.mma.cta_group::2.kind::f16"
+    d = decode_idesc("f16", idesc)
+    if d.m != 256:
+        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
+    if d.n % 16 or not 16 <= d.n <= 256:
+        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    if disable_output_lane is not None and any(int(w) for w in disable_output_lane):
+        raise IsaError(f"{op}: a non-zero disable-output-lane vector is not modelled for cta_group::2")
+    b = np.concatenate([read_operand(sm, decode_tcgen05_desc(b_desc), d.n // 2, d.k, 16, d.b_major) for sm in smems])
+    bv = numerics.values(b, d.btype) * (-1.0 if d.negate_b else 1.0)
+    half = replace(d, m=128)
+    for tmem, smem in zip(tmems, smems):
+        a = read_operand(smem, decode_tcgen05_desc(a_desc), 128, d.k, 16, d.a_major)
+        _accumulate(tmem, d_taddr, half, numerics.values(a, d.atype) * (-1.0 if d.negate_a else 1.0), bv,
+                    enable_input_d, op)
+
+
 def cp_32x128b_warpx4(tmem: Tmem, smem: np.ndarray, taddr: int, src_desc: int, *, window_base: int = 0) -> None:
     """``tcgen05.cp.cta_group::1.32x128b.warpx4 [taddr], s-desc``."""
     lane, col = split_taddr(taddr)

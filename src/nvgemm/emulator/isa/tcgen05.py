@@ -278,6 +278,17 @@ def mma_mxf4nvf4(tmem: Tmem, smem: np.ndarray, d_taddr: int, a_desc: int, b_desc
     _accumulate(tmem, d_taddr, d, av, bv, enable_input_d, op)
 
 
+def _pair_idesc(kind: str, idesc: int, op: str) -> InstrDesc:
+    """The decoded instruction descriptor of a ``cta_group::2`` MMA: M = 256 (128 rows per CTA) and N a multiple of
+    16 in 16..256 are modelled."""
+    d = decode_idesc(kind, idesc)
+    if d.m != 256:
+        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
+    if d.n % 16 or not 16 <= d.n <= 256:
+        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    return d
+
+
 def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, idesc: int, sfa_taddr: int,
                       sfb_taddr: int, enable_input_d: bool) -> None:
     """``tcgen05.mma.cta_group::2.kind::mxf4nvf4.block_scale.block16`` with M = 256, issued by the pair leader:
@@ -301,11 +312,7 @@ def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, ides
     tests/cpu/test_emu_isa_tcgen05.py::test_mma_mxf4nvf4_cta_pair_reads_sfb_from_each_cta holds the CTAs' SFB
     different and tells the three readings apart."""
     op = "tcgen05.mma.cta_group::2.kind::mxf4nvf4"
-    d = decode_idesc("mxf4nvf4", idesc)
-    if d.m != 256:
-        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
-    if d.n % 16 or not 16 <= d.n <= 256:
-        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    d = _pair_idesc("mxf4nvf4", idesc, op)
     if d.scale_type != "ue4m3":
         raise IsaError(f"{op}: .block16 scales are ue4m3 (idesc bit 23 = 0); got {d.scale_type}")
     nb = d.k // 16
@@ -328,11 +335,7 @@ def mma_f16_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, idesc: in
     is modelled only all-zero (its bit-to-lane mapping across the pair is not spelled out); M = 128 with
     ``cta_group::2`` is not modelled."""
     op = "tcgen05.mma.cta_group::2.kind::f16"
-    d = decode_idesc("f16", idesc)
-    if d.m != 256:
-        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
-    if d.n % 16 or not 16 <= d.n <= 256:
-        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    d = _pair_idesc("f16", idesc, op)
     if disable_output_lane is not None and any(int(w) for w in disable_output_lane):
         raise IsaError(f"{op}: a non-zero disable-output-lane vector is not modelled for cta_group::2")
     b = np.concatenate([read_operand(sm, decode_tcgen05_desc(b_desc), d.n // 2, d.k, 16, d.b_major) for sm in smems])

@@ -1,20 +1,19 @@
 """The interpreter loop: warps as generators (min-PC divergence), the CTA / cluster scheduler, launches.
 
-``run_launch(launch, order)`` executes every cluster of CTAs serially in ``order`` ("forward",
-"reverse", or an int seed for a shuffled order); within a cluster the warps of all its CTAs are
-interleaved at their blocking points. An instruction budget (``max_instructions``) turns an endless
+``run_launch(launch, order)`` executes every cluster of CTAs in ``order`` ("forward", "reverse", an int
+seed for a shuffled order, or a :class:`~.schedule.Schedule` that also sets how many clusters are
+resident at once; the default runs them serially); the warps of the resident clusters' CTAs are
+interleaved at their blocking points (:mod:`.schedule`). An instruction budget (``max_instructions``) turns an endless
 loop into an error instead of a hang.
 """
 
 from __future__ import annotations
 
-import itertools
-import random
-
 import numpy as np
 
-from .errors import DeadlockError, EmulationError
-from .machine import FULL, JUMPED, LANES, Cluster, Cta, Launch, Wait, Warp
+from .errors import EmulationError
+from .machine import FULL, JUMPED, LANES, Cta, Launch, Wait, Warp
+from .schedule import as_schedule, cluster_origins, run_clusters
 
 DEFAULT_MAX_INSTRUCTIONS = 50_000_000
 
@@ -137,44 +136,9 @@ def _describe(w: Warp, prog) -> str:
     return f"{w.name}: runnable"
 
 
-def run_cluster(ctas: list[Cta], prog, budget: list[int]) -> None:
-    warps = [w for c in ctas for w in c.warps]
-    gens = {id(w): run_warp(w, prog, budget) for w in warps}
-    active = list(warps)
-    while active:
-        progressed = False
-        for w in list(active):
-            if w.wait is not None:
-                if not w.wait.ready():
-                    continue
-                then = w.wait.then
-                w.wait = None
-                if then is not None:
-                    then(w)
-            try:
-                w.wait = next(gens[id(w)])
-            except StopIteration:
-                active.remove(w)
-            progressed = True
-        if not progressed:
-            lines = "\n  ".join(_describe(w, prog) for w in warps)
-            raise DeadlockError(f"deadlock: no warp of CTA(s) {[c.ctaid for c in ctas]} can proceed:\n  {lines}")
-
-
 def cta_order(grid: tuple[int, int, int], cluster: tuple[int, int, int], order) -> list[tuple[int, int, int]]:
     """Cluster origins in execution order."""
-    origins = [(x, y, z) for z in range(0, grid[2], cluster[2]) for y in range(0, grid[1], cluster[1])
-               for x in range(0, grid[0], cluster[0])]
-    if order == "forward":
-        return origins
-    if order == "reverse":
-        return origins[::-1]
-    if isinstance(order, int):
-        rnd = random.Random(order)
-        origins = list(origins)
-        rnd.shuffle(origins)
-        return origins
-    raise ValueError(f"CTA order must be 'forward', 'reverse' or an int seed, got {order!r}")
+    return cluster_origins(grid, cluster, order)
 
 
 def run_launch(launch: Launch, order="forward", max_instructions: int = DEFAULT_MAX_INSTRUCTIONS) -> Launch:
@@ -193,25 +157,20 @@ def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
     if reqntid and tuple(reqntid) + (1,) * (3 - len(reqntid)) != tuple(block):
         raise EmulationError(f"launch block {block} does not match the kernel's .reqntid {reqntid}")
     budget = [max_instructions]
-    nwarps = -(-nthreads // LANES)
     total = 0
-    for org in cta_order(grid, cl, order):
-        cluster = Cluster(cl)
-        for rank, (dz, dy, dx) in enumerate(itertools.product(range(cl[2]), range(cl[1]), range(cl[0]))):
-            ctaid = (org[0] + dx, org[1] + dy, org[2] + dz)
-            cta = Cta(launch, ctaid, rank, cluster)
-            cta.warps = [Warp(cta, i, min(LANES, nthreads - i * LANES), prog.bank_sizes) for i in range(nwarps)]
-            cluster.ctas.append(cta)
-        run_cluster(cluster.ctas, prog, budget)
-        for c in cluster.ctas:
-            from .ops.memory import finish_cta_async
 
-            finish_cta_async(c)
-            for hook in launch.ext.get("cta_exit_hooks", ()):
-                hook(c)
-            total += sum(w.executed for w in c.warps)
+    def finish_cta(c: Cta) -> None:
+        nonlocal total
+        from .ops.memory import finish_cta_async
+
+        finish_cta_async(c)
+        for hook in launch.ext.get("cta_exit_hooks", ()):
+            hook(c)
+        total += sum(w.executed for w in c.warps)
+
+    run_clusters(launch, prog, budget, as_schedule(order), run_warp, _describe, finish_cta)
     launch.stats["warp_instructions"] = total
     return launch
 
 
-__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "branch", "cta_order", "exit_lanes", "run_cluster", "run_launch", "run_warp"]
+__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "branch", "cta_order", "exit_lanes", "run_launch", "run_warp"]

@@ -307,6 +307,8 @@ class Warp:
             "b16": np.zeros((bank_sizes.get("b16", 0), LANES), dtype=np.uint16),
             "b32": np.zeros((bank_sizes.get("b32", 0), LANES), dtype=np.uint32),
             "b64": np.zeros((bank_sizes.get("b64", 0), LANES), dtype=np.uint64),
+            # .b128 registers: [register index, lane, (low, high) 64-bit halves] (isa/ops_clc.py's mov.b128)
+            "b128": np.zeros((bank_sizes.get("b128", 0), LANES, 2), dtype=np.uint64),
         }
         self.pc = np.zeros(LANES, dtype=np.int64)
         self.live = LANE_IDS < nlanes  # lanes that exist and have not exited

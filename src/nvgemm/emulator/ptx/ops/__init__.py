@@ -27,6 +27,7 @@ BUILTIN_FAMILIES = [
     "nvgemm.emulator.ptx.ops.mma",
     "nvgemm.emulator.isa.ops_wgmma",
     "nvgemm.emulator.isa.ops_sm100",
+    "nvgemm.emulator.isa.ops_clc",
 ]
 _LOADED = False
 

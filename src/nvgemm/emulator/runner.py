@@ -51,8 +51,13 @@ def _dump_dir_lock():
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+_ENTRY_RE = re.compile(r"\.entry\s+([\w$]+)\s*\(")
+
+
 def ptx_for(spec, key: str) -> tuple[str, str, str]:
-    """(ptx, fatbin sha256, entry name) of ``spec``, compiled with keep_ptx once and cached on disk."""
+    """(ptx, fatbin sha256, first entry name) of ``spec``, compiled with keep_ptx once and cached on disk (a
+    host function may launch several kernels of one module, e.g. a producer before the GEMM it feeds under
+    PDL: :meth:`EmuKernel.launch` registers every entry)."""
     d = _cache_root() / "ptx" / key
     meta = d / "meta.json"
     _trusted_dir(d)  # the kernel cache's rules: what the emulator runs comes from here
@@ -73,9 +78,9 @@ def ptx_for(spec, key: str) -> tuple[str, str, str]:
     if not ptx:
         raise EmulationError(f"{spec.name()}: keep_ptx compile returned no PTX (is CUTE_DSL_DUMP_DIR writable?)")
     sha = hashlib.sha256(embedded_cubin(compiled)).hexdigest()
-    entries = re.findall(r"\.entry\s+([\w$]+)\s*\(", ptx)
-    if len(entries) != 1:
-        raise EmulationError(f"{spec.name()}: expected one .entry in the PTX, found {len(entries)}")
+    entries = _ENTRY_RE.findall(ptx)
+    if not entries:
+        raise EmulationError(f"{spec.name()}: no .entry in the PTX")
     tmp = d / f".kernel.ptx.{os.getpid()}"
     tmp.write_text(ptx)
     os.chmod(tmp, 0o600)  # write_text's mode follows the umask
@@ -109,7 +114,8 @@ class EmuKernel:
                 gmem.register_tensor(v, a.name)  # a PointerArg's extent is the tensor passed for it
         fake = fake_cuda()
         fake.set_device(self.device)
-        fake.register_ptx(self.image_sha256, self.entry, self.ptx)
+        for name in _ENTRY_RE.findall(self.ptx):
+            fake.register_ptx(self.image_sha256, name, self.ptx)
         self.last = None
 
         def handler(rec: LaunchRecord, load_program) -> None:
@@ -118,7 +124,7 @@ class EmuKernel:
                 return
             prog = load_program()
             if prog.static_size:
-                raise EmulationError(f"{self.entry[:60]}: {prog.static_size} bytes of static shared memory; the fake "
+                raise EmulationError(f"{rec.kernel_name[:60]}: {prog.static_size} bytes of static shared memory; the fake "
                                      "runtime reports 0 to the host code")
             params = bytearray(prog.entry.param_bytes)
             for p, b in zip(prog.entry.params, rec.params):

@@ -27,6 +27,7 @@ from .machine import FULL, LANE_IDS, LANES
 from .parser import Entry, Instruction, Module, Operand, parse_module
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_SIGNED = {2: np.int16, 4: np.int32, 8: np.int64}
 BANK_DTYPE = {"pred": np.bool_, "b16": np.uint16, "b32": np.uint32, "b64": np.uint64}
 
 #: PTX type suffix -> numpy dtype of the value (bf16 values are handled as uint16 bits by the fp module)
@@ -167,6 +168,8 @@ class CompileContext:
 
         def setter(w, m, v):
             if v.dtype != bdt:
+                if v.dtype.kind == "i" and v.dtype.itemsize < bdt.itemsize:
+                    v = v.astype(_SIGNED[bdt.itemsize])  # PTX: a signed result sign-extends to a wider register
                 v = convert_bits(v, bdt)
             if m is FULL:
                 w.bank[bank][i] = v

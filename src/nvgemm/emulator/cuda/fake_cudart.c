@@ -189,7 +189,11 @@ cudaError_t cudaLaunchKernelExC(const emu_config *c, const void *func, void **ar
       case 4: L.cluster[0] = w[0]; L.cluster[1] = w[1]; L.cluster[2] = w[2]; break;  /* ClusterDimension */
       case 6: L.pdl = (int)(a->val[0] != 0); break;                                  /* ProgrammaticStreamSerialization */
       case 5: break;                                                                 /* cluster scheduling preference */
-      default: return fail(ERR_INVALID_VALUE, "cudaLaunchKernelExC: unsupported launch attribute");
+      default: {  /* e.g. 11, PreferredClusterDimension: one launch mixing two cluster shapes is not modelled */
+        char msg[96];
+        snprintf(msg, sizeof msg, "cudaLaunchKernelExC: unsupported launch attribute %d", a->id);
+        return fail(ERR_INVALID_VALUE, msg);
+      }
     }
   }
   if (c->dyn_smem > (size_t)k->max_dyn_smem)

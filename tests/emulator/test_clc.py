@@ -192,3 +192,71 @@ def test_schedule_rejects_bad_values():
         Schedule("forward", resident=0)
     with pytest.raises(ValueError, match="order"):
         Schedule("sideways")
+
+
+QUERY = """.version 9.4
+.target sm_100a
+.address_size 64
+.shared .align 16 .b8 resp[16];
+.shared .align 8 .b8 bar[8];
+.visible .entry q(.param .u64 p_out)
+{
+.reg .pred %p<4>;
+.reg .b32 %r<16>;
+.reg .b64 %rd<16>;
+.reg .b128 %q<3>;
+    ld.param.u64 %rd1, [p_out];
+    mov.u32 %r1, %laneid;
+    setp.eq.u32 %p1, %r1, 0;
+    mov.u32 %r2, bar;
+    mov.u32 %r3, resp;
+    @%p1 mbarrier.init.shared.b64 [%r2], 1;
+    bar.sync 0;
+    @%p1 mbarrier.arrive.expect_tx.shared.b64 _, [%r2], 16;
+    @%p1 clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes.b128 [%r3], [%r2];
+WAIT:
+    mbarrier.try_wait.parity.shared.b64 %p2, [%r2], 0;
+    @!%p2 bra WAIT;
+    ld.shared.v2.b64 {%rd2, %rd3}, [%r3];
+    mov.b128 %q1, {%rd2, %rd3};
+    mov.b128 %q2, %q1;
+    mov.b128 {%rd4, %rd5}, %q2;
+    clusterlaunchcontrol.query_cancel.is_canceled.pred.b128 %p3, %q2;
+    selp.u32 %r4, 1, 0, %p3;
+    clusterlaunchcontrol.query_cancel.get_first_ctaid::x.b32.b128 %r5, %q2;
+    clusterlaunchcontrol.query_cancel.get_first_ctaid::y.b32.b128 %r6, %q2;
+    clusterlaunchcontrol.query_cancel.get_first_ctaid::z.b32.b128 %r7, %q2;
+    @!%p1 bra DONE;
+    mov.u32 %r8, %ctaid.x;
+    mov.u32 %r9, %ctaid.y;
+    mov.u32 %r10, %ctaid.z;
+    mov.u32 %r11, %nctaid.x;
+    mov.u32 %r12, %nctaid.y;
+    mad.lo.u32 %r13, %r10, %r12, %r9;
+    mad.lo.u32 %r13, %r13, %r11, %r8;
+    mul.wide.u32 %rd6, %r13, 48;
+    add.s64 %rd7, %rd1, %rd6;
+    st.global.v2.b64 [%rd7], {%rd2, %rd3};
+    st.global.v2.b64 [%rd7+16], {%rd4, %rd5};
+    st.global.v4.b32 [%rd7+32], {%r4, %r5, %r6, %r7};
+DONE:
+    ret;
+}
+"""
+
+
+def test_b128_moves_and_the_scalar_queries():
+    """Each CTA asks once. Serially in reverse order the first cluster to run, (1, 2, 1), cancels the next
+    pending one, (0, 2, 1), which never runs; then (1, 1, 1) launches and cancels (0, 1, 1), and so on."""
+    grid = (2, 3, 2)
+    out = torch.zeros(12, 12, dtype=torch.int32)
+    launch = launch_ptx(QUERY, grid, (32, 1, 1), [out], order=Schedule("reverse"))
+    origins = [(x, y, z) for z in range(2) for y in range(3) for x in range(2)][::-1]  # launch order
+    ran = [o for i, o in enumerate(origins) if i % 2 == 0]  # every other one is canceled by its predecessor
+    assert launch.stats["clusters_launched"] == 6 and launch.stats["clusters_canceled"] == 6
+    for i, o in enumerate(ran):
+        row = out[(o[2] * 3 + o[1]) * 2 + o[0]]
+        assert torch.equal(row[0:4], row[4:8])  # pack, copy, unpack: the same 16 bytes
+        assert row[0:4].numpy().tobytes() == encode_response(origins[2 * i + 1])
+        assert row[8:12].tolist() == [1, *origins[2 * i + 1]]
+    assert out[[(o[2] * 3 + o[1]) * 2 + o[0] for o in origins[1::2]]].abs().sum() == 0  # canceled: never ran

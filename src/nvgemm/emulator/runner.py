@@ -105,7 +105,8 @@ class EmuKernel:
     records: list[LaunchRecord] = field(default_factory=list)
 
     def launch(self, *values, order="forward", record_only: bool = False) -> Launch | None:
-        """Launch with ``values`` in ABI order (torch CPU tensors, scalars, a stream int)."""
+        """Launch with ``values`` in ABI order (torch CPU tensors, scalars, a stream int); ``order``: the
+        cluster order, or a :class:`~.ptx.schedule.Schedule` (order + clusters resident at once)."""
         from nvgemm.templates.registry import PointerArg, TensorArg
 
         gmem = GlobalMemory()

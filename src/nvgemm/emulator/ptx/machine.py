@@ -4,7 +4,7 @@ Execution model
 ---------------
 A launch (:class:`Launch`) runs its CTAs one cluster at a time, in an order the caller chooses
 (forward, reverse or shuffled: every serial order is a legal execution of kernels that never spin on
-global memory). Inside a CTA (:class:`Cta`) every warp (:class:`Warp`) is a coroutine (a Python
+global memory), or several clusters at once (:class:`~.schedule.Schedule`, for cluster launch control). Inside a CTA (:class:`Cta`) every warp (:class:`Warp`) is a coroutine (a Python
 generator, :func:`nvgemm.emulator.ptx.interp.run_warp`) that executes instructions until one of them
 *blocks* (returns a :class:`Wait`): ``bar.sync``, an ``mbarrier`` wait, a warpgroup join, ... The CTA
 scheduler resumes the warps round-robin whose wait condition holds; when no live warp can move it

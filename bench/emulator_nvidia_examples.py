@@ -8,7 +8,8 @@ compared with torch on exact data (fp16 GEMMs: integers in [-2, 1]; NVFP4: E2M1 
 <= 1, fp16 output of exact fp32 sums; TMA copy / transposes: raw fp16 bit patterns). Each example runs under
 three cluster schedules (:data:`SCHEDULES`), all of which must match: serial in launch order (a cluster launch
 control kernel's first cluster steals every other one), two clusters resident in reverse order, and the whole
-grid resident in a shuffled order (every try_cancel fails). Prints a markdown table.
+grid resident in a shuffled order (every try_cancel fails); a launch with a preferred cluster shape (fp16_gemm_4)
+runs all preferred, mixed, and all fallback. Prints a markdown table.
 
     git clone https://github.com/NVIDIA/cutlass  # the run in bench/results/emulator_sweep.md: 7107b0553
     python bench/emulator_nvidia_examples.py --examples cutlass/examples/python/CuTeDSL [--only fp16_gemm_0,...]
@@ -50,7 +51,8 @@ EXAMPLES = {
     "tma_v2": (f"{TUT}.tutorial_tma.tma_v2", "transpose_persistent", (256, 384)),
 }
 DEQUANT_SCALE = 0.5  # fp16_gemm_6: B = int8 codes x 0.5, exact in fp16
-SCHEDULES = (("forward", 1), ("reverse", 2), (7, None))  # (queue order, resident clusters; None: the whole grid)
+#: (queue order, resident clusters (None: the whole grid), preferred-cluster regions: all / none / mixed by a seed)
+SCHEDULES = (("forward", 1, "all"), ("reverse", 2, 3), (7, None, "none"))
 CLASSES = {"nvfp4": "Sm100BlockScaledDenseGemmKernel", "tma_v0": "Sm100SimpleCopyKernel",
            "tma_v1": "Sm100MatrixTransposeKernelV1", "tma_v2": "Sm100MatrixTransposeKernelV2"}
 
@@ -198,9 +200,9 @@ def run(name: str) -> tuple[str, str, float, int]:
     t0 = time.perf_counter()
     k = prepare(make_spec(ExampleTemplate.template_id, ExampleConfig(name, sha), "sm_100a"))
     verdicts, canceled, wi = [], [], 0
-    for order, resident in SCHEDULES:
+    for order, resident, preferred in SCHEDULES:
         args, out, ref = _problem(kind, shape, torch.Generator().manual_seed(0))
-        launch = k.launch(*args, 0, order=Schedule(order, resident or 1 << 20))
+        launch = k.launch(*args, 0, order=Schedule(order, resident or 1 << 20, preferred))
         wi = wi or launch.stats.get("warp_instructions", 0)
         canceled.append(str(launch.stats.get("clusters_canceled", 0)))
         if not torch.equal(out.view(torch.int16), ref.view(torch.int16)):

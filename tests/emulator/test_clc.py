@@ -86,12 +86,12 @@ def _ptx(multicast=False, next_="@%p3 bra LOOP;", early=""):
     return PTX.replace(".MCAST", mc).replace("NEXT", next_).replace("EARLY", early)
 
 
-def _run(grid, schedule, multicast=False, **kw):
+def _run(grid, schedule, multicast=False, preferred=None, **kw):
     tiles = grid[0] * grid[1]
     count = torch.zeros(tiles, dtype=torch.int32)
     owner = torch.full((tiles,), -1, dtype=torch.int32)
     launch = launch_ptx(_ptx(multicast, **kw), grid, (32, 1, 1), [count, owner],
-                        cluster=(2, 1, 1) if multicast else (1, 1, 1), order=schedule)
+                        cluster=(2, 1, 1) if multicast else (1, 1, 1), order=schedule, preferred_cluster=preferred)
     return count, owner, launch
 
 
@@ -144,6 +144,34 @@ def test_multicast_response_reaches_every_cta_of_the_cluster(schedule):
     assert launch.stats["clusters_launched"] + launch.stats["clusters_canceled"] == 8
 
 
+@pytest.mark.parametrize("schedule", [Schedule("forward", preferred="all"), Schedule("reverse", 2, "none"),
+                                      Schedule(4, 3, preferred=1), Schedule(9, 64, preferred=2)], ids=str)
+def test_preferred_and_fallback_clusters_mixed_in_one_grid(schedule):
+    """Preferred clusters of 4 CTAs and fallback clusters of 2 (cudaLaunchAttributePreferredClusterDimension):
+    each CTA's %cluster_ctarank is its rank in its own cluster; a try_cancel cancels a cluster of the
+    requester's own shape (the emulator's choice where the ISA is silent: see ptx/schedule.py)."""
+    count, _, launch = _run((8, 2, 1), schedule, multicast=True, preferred=(4, 1, 1))
+    assert count.tolist() == [1] * 16
+    shapes = [u[1] for u in launch.ext["launch_queue"].launched + launch.ext["launch_queue"].canceled]
+    assert sum(s[0] for s in shapes) == 16
+    if schedule.preferred in ("all", "none"):
+        assert set(shapes) == {(4, 1, 1) if schedule.preferred == "all" else (2, 1, 1)}
+    else:
+        assert set(shapes) == {(4, 1, 1), (2, 1, 1)}  # these seeds mix both shapes
+
+
+def test_mutation_cancel_ignoring_the_cluster_shape_loses_tiles(monkeypatch):
+    orig = LaunchQueue.cancel
+    monkeypatch.setattr(LaunchQueue, "cancel", lambda self, shape=None: orig(self))
+    count, _, _ = _run((8, 2, 1), Schedule(4, 3, preferred=1), multicast=True, preferred=(4, 1, 1))
+    assert count.tolist() != [1] * 16  # a 2-CTA cluster took a 4-CTA cluster's work: two tiles never computed
+
+
+def test_preferred_shape_must_tile_the_grid():
+    with pytest.raises(EmulationError, match="preferred cluster shape"):
+        _run((6, 2, 1), Schedule("forward"), multicast=True, preferred=(4, 1, 1))
+
+
 def test_ignoring_a_failed_response_is_caught():
     with pytest.raises(EmulationError, match="out-of-bounds global access"):  # the undefined ctaid, used
         _run((4, 2, 1), Schedule("forward"), next_="bra LOOP;")
@@ -164,12 +192,12 @@ def test_reading_the_response_before_the_mbarrier_wait_is_an_error():
 
 
 def test_mutation_canceled_cluster_left_in_the_queue_fails_the_check(monkeypatch):
-    def leaky_cancel(self):  # hands out pending clusters but does not take them out of the queue
+    def leaky_cancel(self, shape=None):  # hands out pending clusters but does not take them out of the queue
         i = getattr(self, "_cursor", 0)
         if i >= len(self.pending):
             return None
         self._cursor = i + 1
-        return self.pending[i]
+        return self.pending[i][0]
 
     monkeypatch.setattr(LaunchQueue, "cancel", leaky_cancel)
     count, _, _ = _run((4, 2, 1), Schedule("forward"))

@@ -132,6 +132,8 @@ class EmuKernel:
                 params[p.offset:p.offset + p.size] = b
             launch = Launch(prog, rec.grid, rec.block, rec.cluster, rec.dyn_smem, bytes(params), gmem,
                             DEVICES[self.device])
+            if rec.preferred_cluster:
+                launch.ext["preferred_cluster"] = rec.preferred_cluster  # see ptx/schedule.py
             run_launch(launch, order)
             self.last = launch
 
@@ -171,7 +173,7 @@ def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
 
 
 def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry: str | None = None, dyn_smem: int = 0,
-               cluster=(1, 1, 1), order="forward", device: str = "H200") -> Launch:
+               cluster=(1, 1, 1), order="forward", device: str = "H200", preferred_cluster=None) -> Launch:
     """Run PTX text directly (no artifact): ``params`` are the entry's parameters in order (ints are
     packed at the parameter's size, torch tensors as their data pointer, bytes as is); ``tensors``
     (and tensor params) are the global allocations."""
@@ -197,6 +199,8 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
             raise ValueError(f"parameter {p.name}: {len(v)} bytes for a {p.size}-byte parameter")
         buf[p.offset:p.offset + p.size] = v
     launch = Launch(prog, tuple(grid), tuple(block), tuple(cluster), dyn_smem, bytes(buf), gmem, DEVICES[device])
+    if preferred_cluster:
+        launch.ext["preferred_cluster"] = tuple(preferred_cluster)
     return run_launch(launch, order)
 
 

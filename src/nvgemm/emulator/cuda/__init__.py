@@ -42,6 +42,7 @@ class LaunchStruct(ctypes.Structure):
         ("attr_ids", ctypes.c_int * MAX_ATTRS),
         ("max_dyn_smem_attr", ctypes.c_int), ("nonportable_cluster", ctypes.c_int),
         ("args", ctypes.POINTER(ctypes.c_void_p)),
+        ("preferred_cluster", ctypes.c_uint * 3),
     ]
 
 
@@ -61,6 +62,7 @@ class LaunchRecord:
     attr_ids: tuple[int, ...]
     max_dyn_smem_attr: int
     params: list[bytes] = field(default_factory=list)  # one bytes object per .entry parameter
+    preferred_cluster: tuple[int, int, int] | None = None  # cudaLaunchAttributePreferredClusterDimension
 
 
 def _cache_root() -> Path:
@@ -248,7 +250,8 @@ class FakeCuda:
             params = [ctypes.string_at(L.args[i], p.size) for i, p in enumerate(entry.params)]
             rec = LaunchRecord(name, sha, tuple(L.grid), tuple(L.block), tuple(L.cluster), int(L.dyn_smem),
                                bool(L.pdl), bool(L.cooperative), tuple(L.attr_ids[:L.n_attrs]),
-                               int(L.max_dyn_smem_attr), params)
+                               int(L.max_dyn_smem_attr), params,
+                               tuple(L.preferred_cluster) if any(L.preferred_cluster) else None)
             self.records.append(rec)
             handler = getattr(self._tls, "handler", None)
             if handler is not None:

@@ -44,6 +44,7 @@ struct nvemu_launch {
   int attr_ids[MAX_ATTRS];
   int max_dyn_smem_attr, nonportable_cluster;
   void **args;
+  unsigned int preferred_cluster[3];   /* 0 0 0: none */
 };
 typedef int (*nvemu_callback)(const struct nvemu_launch *);
 
@@ -189,7 +190,9 @@ cudaError_t cudaLaunchKernelExC(const emu_config *c, const void *func, void **ar
       case 4: L.cluster[0] = w[0]; L.cluster[1] = w[1]; L.cluster[2] = w[2]; break;  /* ClusterDimension */
       case 6: L.pdl = (int)(a->val[0] != 0); break;                                  /* ProgrammaticStreamSerialization */
       case 5: break;                                                                 /* cluster scheduling preference */
-      default: {  /* e.g. 11, PreferredClusterDimension: one launch mixing two cluster shapes is not modelled */
+      case 11: L.preferred_cluster[0] = w[0]; L.preferred_cluster[1] = w[1]; L.preferred_cluster[2] = w[2];
+        break;                                                                       /* PreferredClusterDimension */
+      default: {
         char msg[96];
         snprintf(msg, sizeof msg, "cudaLaunchKernelExC: unsupported launch attribute %d", a->id);
         return fail(ERR_INVALID_VALUE, msg);

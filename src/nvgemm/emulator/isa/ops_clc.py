@@ -5,8 +5,8 @@
   ``mov.b128 q, q2`` copies.
 * ``clusterlaunchcontrol.try_cancel.async{.shared::cta}.mbarrier::complete_tx::bytes{.multicast::cluster::all}.b128
   [addr], [mbar]``: each executing lane is one request. It cancels the head of the launch queue
-  (:meth:`~nvgemm.emulator.ptx.schedule.LaunchQueue.cancel`; decided at issue, a legal instant for the
-  atomic request) and writes the response at ``addr`` of the executing CTA -- with ``.multicast::cluster::all``
+  (:meth:`~nvgemm.emulator.ptx.schedule.LaunchQueue.cancel`: the first pending cluster of the requester's
+  shape; decided at issue, a legal instant for the atomic request) and writes the response at ``addr`` of the executing CTA -- with ``.multicast::cluster::all``
   of every CTA of the cluster at the same offset -- as an async-proxy write that, like a TMA load
   (:mod:`.ops_sm100`), stays in flight and performs its complete-tx of 16 bytes on the mbarrier at ``mbar``
   (same offset in each receiving CTA) only when a thread of that CTA waits on the mbarrier, so a kernel that
@@ -100,7 +100,7 @@ def _clc(ins, ctx):
                 if off % RESPONSE_BYTES or boff % 8:
                     raise EmulationError(f"try_cancel response at shared {off:#x} (needs 16-byte alignment) / "
                                          f"mbarrier at {boff:#x} (8-byte), {where(0)}")
-                resp = np.frombuffer(encode_response(queue.cancel()), np.uint8)[None, :]
+                resp = np.frombuffer(encode_response(queue.cancel(tuple(w.cta.cluster.dims))), np.uint8)[None, :]
                 for c in (w.cta.cluster.ctas if multicast else [w.cta]):
                     tok = c.shared.write_async(np.array([off]), resp, where)
                     c.ext.setdefault("tma_loads", {}).setdefault(boff, []).append((tok, RESPONSE_BYTES))

@@ -59,19 +59,19 @@ def _special_getter(name: str) -> Callable | None:
     if name.startswith("%nctaid."):
         return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.launch.grid[c], np.uint32)
     if name.startswith("%cluster_ctaid."):
-        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.ctaid[c] % w.cta.launch.cluster[c], np.uint32)
+        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.ctaid[c] % w.cta.cluster.dims[c], np.uint32)
     if name.startswith("%cluster_nctaid."):
-        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.launch.cluster[c], np.uint32)
+        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.cluster.dims[c], np.uint32)
     if name.startswith("%clusterid."):
-        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.ctaid[c] // w.cta.launch.cluster[c], np.uint32)
+        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.ctaid[c] // w.cta.cluster.dims[c], np.uint32)
     if name.startswith("%nclusterid."):
-        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.launch.grid[c] // w.cta.launch.cluster[c], np.uint32)
+        return lambda w, c=comp[name[-1]]: np.full(LANES, w.cta.launch.grid[c] // w.cta.cluster.dims[c], np.uint32)
     simple = {
         "%laneid": lambda w: LANE_IDS,
         "%warpid": lambda w: np.full(LANES, w.wid, np.uint32),
         "%nwarpid": lambda w: np.full(LANES, len(w.cta.warps), np.uint32),
         "%cluster_ctarank": lambda w: np.full(LANES, w.cta.rank, np.uint32),
-        "%cluster_nctarank": lambda w: np.full(LANES, int(np.prod(w.cta.launch.cluster)), np.uint32),
+        "%cluster_nctarank": lambda w: np.full(LANES, len(w.cta.cluster.ctas), np.uint32),
         "%dynamic_smem_size": lambda w: np.full(LANES, w.cta.launch.dyn_smem, np.uint32),
         "%total_smem_size": lambda w: np.full(LANES, w.cta.shared.size, np.uint32),
         "%lanemask_eq": lambda w: (np.uint32(1) << LANE_IDS).astype(np.uint32),

@@ -13,6 +13,15 @@ combination of order and residency is a legal execution, so the strict use is to
 several: serially a persistent CTA steals every pending cluster; with ``resident`` at least the number
 of clusters every request fails and each cluster computes its own work, as on a GPU with room for the
 whole grid.
+
+A launch with a preferred cluster shape (``cudaLaunchAttributePreferredClusterDimension``; the launch's
+cluster shape is then the fallback) is cut into preferred-shape regions, each launched as one cluster of
+the preferred shape or as fallback clusters, as :attr:`Schedule.preferred` says: ``"all"``, ``"none"``, or
+an int seed choosing per region (a GPU mixes both shapes in one grid). Each CTA's cluster registers
+(``%cluster_nctaid``, ``%cluster_ctarank``, ...) describe its own cluster. A try_cancel cancels the first
+pending cluster *of the requesting cluster's shape*: the PTX ISA does not say which shapes a request may
+cancel, and a scheduler that derives its work from the first ctaid alone (CUTLASS's and NVIDIA's
+tutorials') needs this; not verified on hardware.
 """
 
 from __future__ import annotations
@@ -22,16 +31,18 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from .errors import DeadlockError
+from .errors import DeadlockError, EmulationError
 from .machine import LANES, Cluster, Cta, Warp
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """``order``: order of the launch queue; ``resident``: clusters running at once (>= 1)."""
+    """``order``: order of the launch queue; ``resident``: clusters running at once (>= 1); ``preferred``:
+    which preferred-shape regions launch as one preferred cluster ("all", "none", an int seed)."""
 
     order: "str | int" = "forward"
     resident: int = 1
+    preferred: "str | int" = "all"
 
     def __post_init__(self):
         if not (self.order in ("forward", "reverse") or (isinstance(self.order, int)
@@ -39,6 +50,9 @@ class Schedule:
             raise ValueError(f"CTA order must be 'forward', 'reverse' or an int seed, got {self.order!r}")
         if not isinstance(self.resident, int) or self.resident < 1:
             raise ValueError(f"resident clusters must be an int >= 1, got {self.resident!r}")
+        if not (self.preferred in ("all", "none") or (isinstance(self.preferred, int)
+                                                      and not isinstance(self.preferred, bool))):
+            raise ValueError(f"preferred must be 'all', 'none' or an int seed, got {self.preferred!r}")
 
 
 def as_schedule(order) -> Schedule:
@@ -46,39 +60,65 @@ def as_schedule(order) -> Schedule:
     return order if isinstance(order, Schedule) else Schedule(order)
 
 
+def _ordered(items: list, order) -> list:
+    if order == "forward":
+        return items
+    if order == "reverse":
+        return items[::-1]
+    Schedule(order)  # validates
+    random.Random(order).shuffle(items)
+    return items
+
+
+def _origins(grid, cluster) -> list[tuple[int, int, int]]:
+    return [(x, y, z) for z in range(0, grid[2], cluster[2]) for y in range(0, grid[1], cluster[1])
+            for x in range(0, grid[0], cluster[0])]
+
+
 def cluster_origins(grid: tuple[int, int, int], cluster: tuple[int, int, int], order) -> list[tuple[int, int, int]]:
     """Cluster origins (first ctaid of each cluster) in launch order."""
-    origins = [(x, y, z) for z in range(0, grid[2], cluster[2]) for y in range(0, grid[1], cluster[1])
-               for x in range(0, grid[0], cluster[0])]
-    if order == "forward":
-        return origins
-    if order == "reverse":
-        return origins[::-1]
-    Schedule(order)  # validates
-    random.Random(order).shuffle(origins)
-    return origins
+    return _ordered(_origins(grid, cluster), order)
+
+
+def launch_units(grid, fallback, preferred, schedule: Schedule) -> list[tuple[tuple[int, int, int], tuple]]:
+    """(origin, cluster shape) of every cluster of a launch, in launch order (see the module docstring)."""
+    if not preferred:
+        return [(o, fallback) for o in cluster_origins(grid, fallback, schedule.order)]
+    if any(g % p for g, p in zip(grid, preferred)) or any(p % f for p, f in zip(preferred, fallback)):
+        raise EmulationError(f"preferred cluster shape {preferred}: the grid {grid} must be a multiple of it and it "
+                             f"a multiple of the fallback shape {fallback}")
+    rnd = random.Random(schedule.preferred) if isinstance(schedule.preferred, int) else None
+    units = []
+    for o in _origins(grid, preferred):
+        if schedule.preferred == "all" or (rnd is not None and rnd.random() < 0.5):
+            units.append((o, tuple(preferred)))
+        else:
+            units += [((o[0] + x, o[1] + y, o[2] + z), fallback) for x, y, z in _origins(preferred, fallback)]
+    return _ordered(units, schedule.order)
 
 
 class LaunchQueue:
-    """Clusters not launched yet, by origin; :meth:`cancel` is the ISA's atomic try_cancel."""
+    """Clusters not launched yet, as (origin, shape); :meth:`cancel` is the ISA's atomic try_cancel."""
 
-    def __init__(self, origins: list[tuple[int, int, int]]):
-        self.pending = deque(origins)
-        self.launched: list[tuple[int, int, int]] = []
-        self.canceled: list[tuple[int, int, int]] = []
+    def __init__(self, units: list):
+        self.pending = deque(units)
+        self.launched: list = []
+        self.canceled: list = []
 
-    def launch_next(self) -> tuple[int, int, int]:
-        org = self.pending.popleft()
-        self.launched.append(org)
-        return org
+    def launch_next(self):
+        unit = self.pending.popleft()
+        self.launched.append(unit)
+        return unit
 
-    def cancel(self) -> tuple[int, int, int] | None:
-        """Atomically cancel the launch of the next pending cluster: its origin, or None if none is pending."""
-        if not self.pending:
-            return None
-        org = self.pending.popleft()
-        self.canceled.append(org)
-        return org
+    def cancel(self, shape=None) -> tuple[int, int, int] | None:
+        """Atomically cancel the launch of the next pending cluster (of ``shape`` if given): its origin, or
+        None if none is pending."""
+        for i, unit in enumerate(self.pending):
+            if shape is None or unit[1] == shape:
+                del self.pending[i]
+                self.canceled.append(unit)
+                return unit[0]
+        return None
 
 
 class _Resident:
@@ -109,8 +149,8 @@ class _Resident:
         return progressed
 
 
-def make_cluster(launch, prog, org: tuple[int, int, int]) -> Cluster:
-    cl, block = launch.cluster, launch.block
+def make_cluster(launch, prog, org: tuple[int, int, int], cl: tuple[int, int, int]) -> Cluster:
+    block = launch.block
     nthreads = block[0] * block[1] * block[2]
     nwarps = -(-nthreads // LANES)
     cluster = Cluster(cl)
@@ -123,12 +163,12 @@ def make_cluster(launch, prog, org: tuple[int, int, int]) -> Cluster:
 
 def run_clusters(launch, prog, budget: list[int], schedule: Schedule, run_warp, describe, finish_cta) -> None:
     """Run every cluster of ``launch`` (see the module docstring); ``finish_cta(cta)`` after a cluster exits."""
-    queue = LaunchQueue(cluster_origins(launch.grid, launch.cluster, schedule.order))
+    queue = LaunchQueue(launch_units(launch.grid, launch.cluster, launch.ext.get("preferred_cluster"), schedule))
     launch.ext["launch_queue"] = queue
     resident: list[_Resident] = []
     while queue.pending or resident:
         while len(resident) < schedule.resident and queue.pending:
-            resident.append(_Resident(make_cluster(launch, prog, queue.launch_next()), prog, budget, run_warp))
+            resident.append(_Resident(make_cluster(launch, prog, *queue.launch_next()), prog, budget, run_warp))
         progressed = False
         for r in list(resident):
             progressed |= r.step()
@@ -145,4 +185,4 @@ def run_clusters(launch, prog, budget: list[int], schedule: Schedule, run_warp, 
     launch.stats["clusters_canceled"] = len(queue.canceled)
 
 
-__all__ = ["LaunchQueue", "Schedule", "as_schedule", "cluster_origins", "make_cluster", "run_clusters"]
+__all__ = ["LaunchQueue", "Schedule", "as_schedule", "cluster_origins", "launch_units", "make_cluster", "run_clusters"]

@@ -109,6 +109,7 @@ def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
     that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j, input_scale 1)."""
     import nvgemm
     from nvgemm.fused_requant import gated_mlp
+    from nvgemm.runtime.fused_backends import PREQUANT, REQUANT, last_fused_selected
 
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     g = torch.Generator().manual_seed(3)
@@ -117,7 +118,9 @@ def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
     bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
     gu = nvgemm.NVFP4Linear.from_tensors(w_packed, w_scale, torch.tensor(1.0), torch.tensor(1.0), bias,
                                          activation="silu_mul")
-    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h), input_scale=torch.tensor(3e6 / 2688))
+    # bias in the activation dtype: the kernels read bias in the output dtype (an fp32 bias runs emulated)
+    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h).to(torch.bfloat16),
+                                          input_scale=torch.tensor(3e6 / 2688))
     x_packed, x_scale = _exact_codes(g, m, k)
     x_packed.view(m, k // 16, 8)[:, :, 0] = 0x07  # element 0 of every block = +6 (code 7), element 1 = 0
     x = dequantize(x_packed, x_scale).to(torch.bfloat16)
@@ -125,3 +128,6 @@ def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
     assert torch.equal(ref, down(gu(x)))
     monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
     assert torch.equal(gated_mlp(gu, down, x), ref)
+    # both fused ops ran the sm_100a kernels (requant: the out_quant epilogue; prequant: the W4A4 kernel fed
+    # the codes + scales the first one wrote), through the backend registry
+    assert last_fused_selected(REQUANT) == "emu_sm100" and last_fused_selected(PREQUANT) == "emu_sm100"

@@ -207,3 +207,17 @@ def fuse_requant_chains(graph: fx.Graph, set_val) -> int:
     if done:
         graph.eliminate_dead_code()
     return done
+
+
+def post_grad_pass(graph: fx.Graph) -> None:
+    """The rewrite as a standalone Inductor post-grad pass, for compilers that own Inductor's config and take
+    passes by name (vLLM: ``-cc '{"inductor_passes": {"post_grad_custom_pre_pass":
+    "nvgemm.fused_requant_pass"}}'``): normalises the ``nvfp4_linear`` calls (the capture pass without the
+    ``_scaled_mm`` claim), then fuses; logs how many gated MLPs were rewritten."""
+    from .capture import capture_nvfp4_linears
+
+    before = counters[COUNTER]["requant_fused"]
+    capture_nvfp4_linears(graph, claim_scaled_mm=False, fuse_requant=True)
+    fused = counters[COUNTER]["requant_fused"] - before
+    log.info("nvgemm_cutedsl: fused requant pass: %d gated MLP%s rewritten to nvfp4_linear_requant -> "
+             "nvfp4_linear_prequant in this graph", fused, "" if fused == 1 else "s")

@@ -39,7 +39,7 @@ from .epilogues import epilogue_ref
 from .epilogues.requant import fused_requant_reference
 from .formats import NVFP4, blocked_numel, dequantize, from_blocked
 from .ops import X_DTYPES, alpha_of, check_linear_args, check_scale_values, problem_of
-from .runtime.backends import Backend
+from .runtime.backends import Backend, LinearProblem
 from .runtime.fused_backends import (PREQUANT, REQUANT, fused_chain_reason, register_fused_backend,
                                      select_fused_backend)
 
@@ -153,8 +153,11 @@ def nvfp4_linear_prequant(
     """W4A4 linear whose activation arrives quantized (packed codes + swizzled scales)."""
     spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
     check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_prequant")
-    x_meta = torch.empty((packed.shape[0], packed.shape[1] * 2), dtype=out_dtype, device=packed.device)
-    p = problem_of(x_meta, weight, weight_scale_2, input_scale, bias, residual, "none", spec)
+    dev = packed.device
+    p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
+                      capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+                      weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
+                      bias=bias is not None, activation="none", residual=residual is not None)
     backend = select_fused_backend(PREQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias, residual=residual))
     return backend.run(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
 

@@ -24,6 +24,7 @@ fused ops on their non-kernel paths (``unfused`` / ``emulated``), so a forced de
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 
@@ -41,6 +42,7 @@ _REGISTRY: dict[str, dict[str, Backend]] = {REQUANT: {}, PREQUANT: {}}
 _LOCK = threading.Lock()
 _CHECKED: dict[tuple, str | None] = {}
 _LAST = threading.local()
+log = logging.getLogger("nvgemm_cutedsl")
 
 
 def _kind(kind: str) -> dict[str, Backend]:
@@ -222,10 +224,14 @@ def select_fused_backend(kind: str, p: LinearProblem, check: bool = True, no_ker
     if b.name in NON_KERNEL and p.device_type == "cuda" and not forced:
         what = ("the gate_up GEMM with silu_mul, then quantize_nvfp4 (two kernels, one activation round trip)"
                 if b.name == "unfused" else "the emulated op (dequantize + fp32 matmul), which is correct but slow")
-        warn_once(f"fused-{kind}-{b.name}-{p.capability}",
-                  f"nvgemm_cutedsl: no fused {kind} kernel for this problem on "
-                  f"sm_{''.join(map(str, p.capability or ()))} ({'; '.join(reasons) or 'none registered'}); "
-                  f"nvgemm::nvfp4_linear_{kind} runs {what}")
+        msg = (f"nvgemm_cutedsl: no fused {kind} kernel for this problem on "
+               f"sm_{''.join(map(str, p.capability or ()))} ({'; '.join(reasons) or 'none registered'}); "
+               f"nvgemm::nvfp4_linear_{kind} runs {what}")
+        if p.capability is not None and p.capability[0] == 10 and no_kernel is None:
+            # the hardware has the kernels; this problem is outside them (e.g. prefill M > 128): expected
+            log.info(msg)
+        else:
+            warn_once(f"fused-{kind}-{b.name}-{p.capability}", msg)
     setattr(_LAST, kind, b.name)
     return b
 

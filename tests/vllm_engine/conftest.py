@@ -135,6 +135,8 @@ def serve(ckpt: Path, tp: int, work: Path, ep: bool = False, compiled: bool = Fa
     tag = f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}{'_compiled' if compiled else ''}"
     dump, out = work / f"dump_{tag}", work / f"{tag}.json"
     env = dict(os.environ, **ENGINE_ENV, NVGEMM_VLLM_DUMP=str(dump))
+    if compiled:  # compile every time: a cached artifact would skip the pass (and its log line) under test
+        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
     flags = (["ep"] if ep else []) + (["compile"] if compiled else [])
     proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out), *flags],
                           env=env,

@@ -101,17 +101,10 @@ def test_emulator_narrow_conversions_match_torch():
     assert np.array_equal(np.isnan(v), np.isnan(t)) and np.array_equal(v[~np.isnan(v)], t[~np.isnan(t)])
 
 
-@pytest.mark.emulator
-def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
-    """gate_up -> down for two NVFP4Linear layers with the gate_up GEMM run by the sm_100a kernel's fused
-    requant epilogue on the emulator (``NVGEMM_BACKEND=emu_sm100``; down on the emulated op): the output
-    equals the emulated unfused chain ``down(gate_up(x))`` bit for bit. Exact data as above, and x chosen so
-    that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j, input_scale 1)."""
+def _exact_chain():
+    """(gate_up NVFP4Linear with silu_mul, down NVFP4Linear, x) on exact data (see the chain test)."""
     import nvgemm
-    from nvgemm.fused_requant import gated_mlp
-    from nvgemm.runtime.fused_backends import PREQUANT, REQUANT, last_fused_selected
 
-    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     g = torch.Generator().manual_seed(3)
     m, i, k, h = 5, 32, 256, 64
     w_packed, w_scale = _exact_codes(g, 2 * i, k)
@@ -119,11 +112,26 @@ def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
     gu = nvgemm.NVFP4Linear.from_tensors(w_packed, w_scale, torch.tensor(1.0), torch.tensor(1.0), bias,
                                          activation="silu_mul")
     # bias in the activation dtype: the kernels read bias in the output dtype (an fp32 bias runs emulated)
+    torch.manual_seed(3)
     down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h).to(torch.bfloat16),
                                           input_scale=torch.tensor(3e6 / 2688))
     x_packed, x_scale = _exact_codes(g, m, k)
     x_packed.view(m, k // 16, 8)[:, :, 0] = 0x07  # element 0 of every block = +6 (code 7), element 1 = 0
-    x = dequantize(x_packed, x_scale).to(torch.bfloat16)
+    return gu, down, dequantize(x_packed, x_scale).to(torch.bfloat16)
+
+
+@pytest.mark.emulator
+def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
+    """gate_up -> down for two NVFP4Linear layers with the gate_up GEMM run by the sm_100a kernel's fused
+    requant epilogue on the emulator (``NVGEMM_BACKEND=emu_sm100``; down on the W4A4 kernel fed its codes and
+    scales): the output equals the emulated unfused chain ``down(gate_up(x))`` bit for bit. Exact data as
+    above, and x chosen so that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j,
+    input_scale 1)."""
+    from nvgemm.fused_requant import gated_mlp
+    from nvgemm.runtime.fused_backends import PREQUANT, REQUANT, last_fused_selected
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    gu, down, x = _exact_chain()
     ref = gated_mlp(gu, down, x)
     assert torch.equal(ref, down(gu(x)))
     monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
@@ -142,7 +150,6 @@ def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
     output equal the emulated ops'. Data as in the chain test above (exact)."""
     import types
 
-    import nvgemm
     from nvgemm.emulator.runner import prepare
     from nvgemm.fused_requant import prequant_emulated, requant_emulated
     from nvgemm.runtime import occupancy, sm100_backend
@@ -162,16 +169,7 @@ def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
     loaded = []
     monkeypatch.setattr(sm100_backend, "kernel_for",
                         lambda cspec, cache=None: loaded.append(cspec) or prepare(cspec, device="B200"))
-    g = torch.Generator().manual_seed(3)
-    m, i, k, h = 5, 32, 256, 64
-    w_packed, w_scale = _exact_codes(g, 2 * i, k)
-    bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
-    gu = nvgemm.NVFP4Linear.from_tensors(w_packed, w_scale, torch.tensor(1.0), torch.tensor(1.0), bias,
-                                         activation="silu_mul")
-    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h).to(torch.bfloat16), input_scale=torch.tensor(3e6 / 2688))
-    x_packed, x_scale = _exact_codes(g, m, k)
-    x_packed.view(m, k // 16, 8)[:, :, 0] = 0x07
-    x = dequantize(x_packed, x_scale).to(torch.bfloat16)
+    gu, down, x = _exact_chain()
     rq = (x, gu.weight, gu.weight_scale, gu.weight_scale_2, gu.input_scale, gu.bias, down.input_scale, torch.bfloat16)
     packed, scales = sm100_backend.run_sm100_requant(*rq)
     want_p, want_s = requant_emulated(*rq)

@@ -33,6 +33,8 @@ import torch
 import torch.fx as fx
 from torch._dynamo.utils import counters
 
+from .capture import _is_call as _is, _val
+
 log = logging.getLogger("nvgemm_cutedsl")
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -40,14 +42,6 @@ prims = torch.ops.prims
 COUNTER = "nvgemm_cutedsl"
 _X_DTYPES = (torch.bfloat16, torch.float16)
 _ROW_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-
-
-def _val(n: Any):
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
-def _is(n: Any, *targets) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
 
 
 def _through_row_views(n: Any) -> Any:

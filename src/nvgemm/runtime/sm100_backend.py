@@ -76,7 +76,8 @@ def arch_of(capability: tuple[int, int]) -> str:
     return {0: "sm_100a", 3: "sm_103a"}.get(minor, "sm_100f")
 
 
-def supports(p: LinearProblem) -> Optional[str]:
+def _device_rule(p: LinearProblem) -> Optional[str]:
+    """What every sm100 W4A4 launch needs: an sm_100-family GPU, an input_scale, bias in the output dtype."""
     if p.device_type != "cuda":
         return f"needs a CUDA device (got {p.device_type})"
     if p.capability is None or p.capability[0] != 10:
@@ -85,6 +86,13 @@ def supports(p: LinearProblem) -> Optional[str]:
         return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
     if p.bias and p.x_dtype != p.out_dtype:
         return "bias/residual must be in the output dtype"
+    return None
+
+
+def supports(p: LinearProblem) -> Optional[str]:
+    why = _device_rule(p)
+    if why is not None:
+        return why
     ob = torch.empty((), dtype=p.out_dtype).element_size()
     # the template's own rule for the problem (any config: shapes and alignment only)
     st = can_implement_problem(Sm100Nvfp4GemmConfig(), m=1, n=p.n, k=p.k, out_bytes=ob, activation=p.activation)
@@ -160,14 +168,9 @@ def supports_requant(p: LinearProblem) -> Optional[str]:
     """The fused requant launch (``EpilogueSpec(out_quant=True)``, 1-CTA swap-AB, every token in one N tile)."""
     from ..templates.sm100.launch import requant_config
 
-    if p.device_type != "cuda":
-        return f"needs a CUDA device (got {p.device_type})"
-    if p.capability is None or p.capability[0] != 10:
-        return f"needs an sm_100-family GPU (capability 10.x), got {p.capability}"
-    if p.weight_only:
-        return "the fused requant epilogue is the W4A4 kernel's (input_scale required)"
-    if p.bias and p.x_dtype != p.out_dtype:
-        return "bias must be in the rounding dtype"
+    why = _device_rule(p)
+    if why is not None:
+        return why
     cfg = requant_config(p.m)
     if cfg is None:
         return f"M={p.m} > 128 tokens: the fused requant launch holds every token in one swap-AB N tile"

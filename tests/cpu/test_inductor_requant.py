@@ -160,3 +160,16 @@ def test_graph_rewrite_refuses(case, monkeypatch):
     got = run(x)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert torch.equal(g, w)
+
+
+def test_compiled_dynamic_batch_one_graph_for_every_m():
+    """Symbolic M (decode sizes and past one 128-token tile): one graph, fused, bit-exact each time."""
+    model = FusedEpilogueMLP()
+    torch._dynamo.reset()
+    counters.clear()
+    with fresh_cache(), torch._inductor.config.patch(CPU_PATCH), nvgemm.enabled():
+        f = torch.compile(model, fullgraph=True, dynamic=True)
+        for m in (3, 130):
+            x = _x((m, H), seed=m)
+            assert torch.equal(f(x), model(x))
+    assert counters["stats"]["unique_graphs"] == 1 and counters["nvgemm_cutedsl"]["requant_fused"] == 1

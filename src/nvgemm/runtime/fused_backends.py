@@ -245,7 +245,10 @@ def fused_chain_reason(device: torch.device) -> str | None:
         return None
     if device.type != "cuda":
         return f"no fused requant path on {device.type}"
-    cap = torch.cuda.get_device_capability(device)
+    try:
+        cap = torch.cuda.get_device_capability(device)
+    except (RuntimeError, AssertionError) as e:  # no CUDA runtime here (a graph planned for another host)
+        return f"cannot query {device}: {e}"
     if cap[0] != 10:
         return (f"the fused requant epilogue is an sm_100-family kernel; this GPU is sm_{cap[0]}{cap[1]}, where the "
                 "dense kernels run the unfused chain")

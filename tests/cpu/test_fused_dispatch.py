@@ -225,3 +225,13 @@ def test_emu_sm100_is_registered_for_both_ops_and_only_forced():
     assert "CPU tensors" in emu.supports(_problem(device_type="cuda", capability=(10, 0)))
     assert "M=300 > 128" in emu.supports(_problem(m=300, n=512, k=256))
     assert dataclasses.replace(emu).autotune is False
+
+
+def test_clear_errors_on_misused_registry_and_module():
+    from nvgemm.modelopt import NVFP4GatedMLP
+
+    with pytest.raises(ValueError, match="kind must be 'requant' or 'prequant'"):
+        F.fused_backends("moe")
+    plain = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(64, 64), input_scale=0.01)
+    with pytest.raises(ValueError, match="gate_up_proj must have activation 'silu_mul'"):
+        NVFP4GatedMLP(plain, plain)

@@ -91,8 +91,8 @@ def fuse_gated_mlps(model: nn.Module) -> dict[str, str | None]:
         out[name] = None
     patched = [n for n, r in out.items() if r is None]
     if out:
-        w4a4 = sum(not model.get_submodule(n).down_proj.weight_only and not model.get_submodule(n).gate_up_proj.weight_only
-                   for n in patched)
+        mlps = [model.get_submodule(n) for n in patched]
+        w4a4 = sum(not m.down_proj.weight_only and not m.gate_up_proj.weight_only for m in mlps)
         skipped = {n: r for n, r in out.items() if r is not None}
         log.info("nvgemm: %d gated MLPs run one gate_up GEMM with SwiGLU in its epilogue (%d W4A4: gate_up emits "
                  "down's NVFP4 input, fused requant)%s", len(patched), w4a4,

@@ -141,9 +141,10 @@ def requant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
     block_amax = h.abs().reshape(m, i // 16, 16).amax(-1).reshape(-1)
     gs = (block_amax.quantile(0.75) / (6.0 * 448.0)).clamp_min(2.0**-30).reshape(())
     xd = p.x_dtype
-    return (x_val.to(device=device, dtype=xd), _pack(w).to(device), to_blocked(w_sf.view(torch.float8_e4m3fn)).to(device),
-            ws2.float().to(device), ins.to(device), None if bias is None else bias.to(device=device, dtype=xd),
-            gs.float().to(device), p.out_dtype)
+    w_blocked = to_blocked(w_sf.view(torch.float8_e4m3fn))
+    return (x_val.to(device=device, dtype=xd), _pack(w).to(device), w_blocked.to(device), ws2.float().to(device),
+            ins.to(device), None if bias is None else bias.to(device=device, dtype=xd), gs.float().to(device),
+            p.out_dtype)
 
 
 def _flat_bytes(run):

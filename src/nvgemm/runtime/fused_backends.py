@@ -134,7 +134,9 @@ def requant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
     if p.bias:
         bias = torch.randint(-2, 3, (2 * i,), generator=g).float() * 0.5
     # the gated output (exact up to its one rounding), for out_input_scale
-    acc = x_val @ dequantize(_pack(w), w_sf.view(torch.float8_e4m3fn)).t() * ws2
+    # on the check's device (a GPU's fp32 matmul; exact either way): gate_up layers are large
+    acc = x_val.to(device) @ dequantize(_pack(w).to(device), w_sf.view(torch.float8_e4m3fn).to(device)).t()
+    acc = (acc * ws2.to(device)).cpu()
     if bias is not None:
         acc = acc + bias
     h = (acc[:, :i] * acc[:, i:]).to(p.out_dtype).float()

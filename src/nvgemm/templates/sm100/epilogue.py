@@ -225,11 +225,14 @@ class Sm100EpilogueMixin:
             if cutlass.const_expr(self.split_k == 1):
                 alpha_r, bias_r = self._row_features(tTR_cC, m_gemm, mAlphaT, mBias, alpha_sT)
                 for st in cutlass.range(self.subtile_cnt):
-                    cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    if cutlass.const_expr(work is not None):
+                    if cutlass.const_expr(work is None):
+                        cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
+                    else:
                         _kb0, k_cnt0 = self._tile_k_range(coord, k_tile_total, work)
                         if k_cnt0 == 0:
-                            tTR_rAcc.fill(0.0)  # a tile without K work (empty work slot)
+                            tTR_rAcc.fill(0.0)  # a tile without K work (empty work slot): TMEM unwritten
+                        else:
+                            cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
                     num_stores = self._finish_subtile(
                         tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
                             (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlphaT, mBias, alpha_sT, alpha_r,
@@ -241,9 +244,15 @@ class Sm100EpilogueMixin:
                 # 1) publish this split's fp32 partial (thread-major workspace, 16-byte stores)
                 _kb, k_cnt = self._tile_k_range(coord, k_tile_total, work)
                 for st in cutlass.range(self.subtile_cnt):
-                    cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    if k_cnt == 0:
-                        tTR_rAcc.fill(0.0)  # empty split: its accumulator was never written
+                    if cutlass.const_expr(work is None):
+                        cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
+                        if k_cnt == 0:
+                            tTR_rAcc.fill(0.0)  # empty split: its accumulator was never written
+                    else:
+                        if k_cnt == 0:
+                            tTR_rAcc.fill(0.0)  # empty split / work slot: TMEM may never have been written
+                        else:
+                            cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
                     cute.autovec_copy(self._as_vectors(tTR_rAcc), self._ws_view(mWs, tidx, st, split_idx, cta_tile_id))
                 cute.arch.fence_view_async_tmem_load()
                 acc_pipeline.consumer_release(acc_state)

@@ -116,3 +116,17 @@ def test_exact_expert_map_router_weight_on_input_fp16():
     ops[12] = True
     ops[2] = torch.pow(2.0, torch.randint(-2, 2, (11, 1), generator=g).float())  # exact x * w
     _check_exact(ops, T8, T8_SK2)
+
+
+def test_op_runs_the_grouped_kernel_via_the_emulator_backend(monkeypatch):
+    """``NVGEMM_MOE_BACKEND=emu_sm100_moe``: ``torch.ops.nvgemm.nvfp4_moe`` dispatches to the grouped
+    kernels (the policy's pick for the B200 profile) on the emulator, bit-exact with the emulated op."""
+    import nvgemm.moe  # noqa: F401  (registers the op)
+    from nvgemm.moe.backends import last_moe_selected
+
+    monkeypatch.setenv("NVGEMM_MOE_BACKEND", "emu_sm100_moe")
+    ids = torch.tensor([[1, 3], [3, 0], [2, 3]], dtype=torch.int32)
+    ops = exact_moe_operands(3, 2, 4, 64, 32, ids=ids, seed=5)
+    got = torch.ops.nvgemm.nvfp4_moe(*ops)
+    assert last_moe_selected() == "emu_sm100_moe"
+    assert torch.equal(got, nvfp4_moe_emulated(*ops))

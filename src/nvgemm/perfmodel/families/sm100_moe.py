@@ -1,0 +1,82 @@
+"""Performance model of the sm_100a grouped W4A4 MoE path (a MODEL, never a measurement).
+
+One routed MoE layer on the grouped path (:mod:`nvgemm.templates.sm100_moe`) is
+
+    prep (work list + per-slot NVFP4 activations) + GEMM1 (gate/up, fused SwiGLU + NVFP4 requant)
+    + GEMM2 (down) + finalize (top-k sum)
+
+**Routing** is :mod:`.sm90_moe`'s: uniform (binomial pairs per expert) or a measured histogram;
+the expected work slots of tile ``tile_n`` are :func:`~.sm90_moe.expected_tiles`.
+
+**A grouped GEMM** is modelled as the dense swap-AB sm100 kernel (:mod:`.sm100`: the same warp
+roles, TMA/MMA pipeline and split-K reduction) on the equivalent dense problem: ``N = rows per
+expert (padded to 128) x work slots`` (interpolated between the whole numbers of slots around the
+expected value; each slot streams its expert's weight block once, so a second slot of the same
+expert is charged as a DRAM re-read), ``M = mean pairs per slot`` (at most ``tile_n``), the layer's
+K. The dense model's own terms then charge what the grouped kernel pays: its persistent grid of
+``min(units, 148)`` CTAs over ``row tiles x slots x split_k`` units, the first round's fill, the
+partial last round (idle SMs earn nothing), the exposed epilogue / split-K reduction as the tail,
+and the launch. Work slots past the routing's tiles (no loads, no MMAs; the epilogue stores zeros)
+are not charged.
+
+**Host path**: the work list (one Triton launch on CUDA), the activation gather + quantization
+(torch ops today: :data:`PREP_KERNELS` tiny launches) and the finalize, each at the hardware's
+tiny-kernel cost. **Byte floor**: :func:`~.sm90_moe.byte_floor_us` (active + shared experts' NVFP4
+weight bytes at the achievable bandwidth).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from ..hardware import get_hardware
+from ..model import estimate
+from .sm90_moe import FINALIZE_KERNELS, byte_floor_us, expected_active_experts, expected_tiles
+
+#: Launches of the host prep per layer on CUDA: the work-list Triton kernel + the torch gather /
+#: per-row quantization / scale-atom swizzle of the activations (about 12 small ops, counted as such).
+PREP_KERNELS = 13
+
+
+@dataclass(frozen=True)
+class Sm100MoeGemmEstimate:
+    config: object
+    tiles: float  # expected work slots with tokens
+    rows_per_tile: float
+    us: tuple[float, float]  # kernel + its launch (model)
+
+
+def moe_gemm_estimate(config, m: int, top_k: int, num_experts: int, rows: int, k: int, gpu: str = "B200",
+                      sm_count: int | None = None, histogram=None) -> Optional[Sm100MoeGemmEstimate]:
+    """Modelled time of one grouped GEMM (``rows`` weight rows per expert, reduction ``k``), or None
+    when the dense model has no estimate for the equivalent problem."""
+    tiles = expected_tiles(m, top_k, num_experts, config.tile_n, histogram)
+    if tiles <= 0:
+        return None
+    pairs = sum(histogram) if histogram is not None else m * top_k
+    per_tile = min(float(config.tile_n), pairs / tiles)
+    rows_p = -(-rows // 128) * 128
+    dense = replace(config.dense(), pdl=True)
+    lo_t = max(1, math.floor(tiles))
+    hi_t = max(1, math.ceil(tiles))
+    mm = max(1, math.ceil(per_tile))
+    e_lo = estimate(dense, mm, rows_p * lo_t, k, gpu, sm_count)
+    e_hi = e_lo if hi_t == lo_t else estimate(dense, mm, rows_p * hi_t, k, gpu, sm_count)
+    if e_lo is None or e_hi is None:
+        return None
+    f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
+    us = tuple((1 - f) * a + f * b for a, b in zip(e_lo.gemm_us, e_hi.gemm_us))
+    return Sm100MoeGemmEstimate(config, tiles, per_tile, us)
+
+
+def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS) -> tuple[float, float]:
+    """Tiny kernels of the host path (prep + finalize) at the aux-kernel cost."""
+    hw = get_hardware(gpu)
+    n = prep_kernels + FINALIZE_KERNELS
+    return (n * hw.aux_kernel_us[0], n * hw.aux_kernel_us[1])
+
+
+__all__ = ["PREP_KERNELS", "Sm100MoeGemmEstimate", "byte_floor_us", "expected_active_experts", "host_us",
+           "moe_gemm_estimate"]

@@ -40,7 +40,7 @@ def main() -> int:
         "W4A4 NVFP4 experts, bf16 activations; GEMMs = the dense swap-AB sm100 kernel's model on the equivalent "
         "problem (N = rows padded to 128 x work slots, a second slot of one expert charged as a DRAM re-read; "
         "GEMM1's fused SwiGLU + NVFP4 requant epilogue charged as the plain epilogue); "
-        f"host = {PREP_KERNELS} prep launches (Triton work list + torch activation gather/quantize) + 1 finalize at "
+        f"host = {PREP_KERNELS} prep launches (Triton work list, Triton activation prep, 2 zero fills, 1 gather) + 1 finalize at "
         f"{hw.aux_kernel_us[0]}-{hw.aux_kernel_us[1]} us each; shared expert = two dense W4A4 GEMMs (model's best). "
         "Floor = (active + shared) x 3 x H x I x 0.5625 B at "
         f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle; `tiles` = work slots.",

@@ -19,9 +19,8 @@ partial last round (idle SMs earn nothing), the exposed epilogue / split-K reduc
 and the launch. Work slots past the routing's tiles (no loads, no MMAs; the epilogue stores zeros)
 are not charged.
 
-**Host path**: the work list (one Triton launch on CUDA), the activation gather + quantization
-(torch ops today: :data:`PREP_KERNELS` tiny launches) and the finalize, each at the hardware's
-tiny-kernel cost. **Byte floor**: :func:`~.sm90_moe.byte_floor_us` (active + shared experts' NVFP4
+**Host path**: :data:`PREP_KERNELS` tiny launches (the work list and the activation prep are one
+Triton launch each on CUDA) and the finalize, each at the hardware's tiny-kernel cost. **Byte floor**: :func:`~.sm90_moe.byte_floor_us` (active + shared experts' NVFP4
 weight bytes at the achievable bandwidth).
 """
 
@@ -35,9 +34,11 @@ from ..hardware import get_hardware
 from ..model import estimate
 from .sm90_moe import FINALIZE_KERNELS, byte_floor_us, expected_active_experts, expected_tiles
 
-#: Launches of the host prep per layer on CUDA: the work-list Triton kernel + the torch gather /
-#: per-row quantization / scale-atom swizzle of the activations (about 12 small ops, counted as such).
-PREP_KERNELS = 13
+#: Launches of the host prep per layer on CUDA besides the two GEMMs and the finalize: the work-list
+#: Triton kernel, the activation prep Triton kernel (gather + per-expert NVFP4 + scale atoms + the
+#: pair -> row map), two zero fills (the scale atoms of GEMM1's input and of GEMM2's input) and the
+#: pair -> row gather.
+PREP_KERNELS = 5
 
 
 @dataclass(frozen=True)

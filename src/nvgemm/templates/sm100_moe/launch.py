@@ -12,7 +12,7 @@ One layer = work list + activation prep + GEMM1 (fused SwiGLU + NVFP4 requant) +
    permuted pair ``p0 + t``, quantized to NVFP4 with **its expert's** ``w13_input_scale[e]``
    (``nvgemm.formats.quantize_activation`` row by row: the contract's step 2 per pair); packed codes
    ``[slots * tile_n, H/2]``, scales as one 128-row swizzled atom per slot (rows >= cnt are zero).
-   Torch ops without host synchronisation.
+   One Triton launch on CUDA (:mod:`.prep_triton`), torch ops elsewhere (no host synchronisation).
 3. **GEMM1** (``m`` = 2I interleaved gate/up rows per expert): ``acc * alpha13[e]`` -> SiLU-mul
    -> round to the activation dtype -> NVFP4 with ``w2_input_scale[e]``, written as GEMM2's B
    operand directly (codes ``[slots * tile_n, I/2]`` + per-slot scale atoms): the fused requant
@@ -188,6 +188,18 @@ def alpha_table(weight_scale_2: torch.Tensor, input_scale: torch.Tensor, stack: 
     return kind, a.reshape(-1).contiguous()
 
 
+def cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13: Sm100MoeStack,
+                        s2: Sm100MoeStack):
+    """(GEMM1 alpha kind, GEMM1 table with the requant's input scales, GEMM2 table), memoized per
+    scale tensors like the stacks (no launches per call once made)."""
+
+    def make():
+        kind13, a13 = alpha_table(w13_scale_2, w13_input_scale, s13, w2_input_scale)
+        return kind13, a13, alpha_table(w2_scale_2, w2_input_scale, s2)[1]
+
+    return _memo("sm100_moe_alpha", w13_scale_2, (w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale), make)
+
+
 def _split_k(config, m, n, dev, stream_id):
     if config.split_k == 1:
         return None, None
@@ -203,7 +215,8 @@ def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: M
     i = stack.rows // 2
     n = wl.slots * config.tile_n
     dev = b.device
-    codes = torch.zeros((n, i // 2), dtype=torch.uint8, device=dev)
+    codes = torch.empty((n, i // 2), dtype=torch.uint8, device=dev)  # every byte written (empty slots: zeros)
+    # zeroed: the kernel writes rows < tile_n of real K blocks; GEMM2 reads the padding K blocks
     scales = torch.zeros(wl.slots * blocked_numel(128, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
     spec = EpilogueSpec(alpha=alpha_kind, activation="silu_mul", out_dtype=x_dtype, out_quant=True)
     ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
@@ -260,14 +273,19 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     wl = work_list(topk_ids, expert_map, w13.shape[0], tn)
     s13 = cached_moe_stack(w13, w13_scale, True)
     s2 = cached_moe_stack(w2, w2_scale, False)
-    kind13, alpha13 = alpha_table(w13_scale_2, w13_input_scale, s13, w2_input_scale)
-    _k2, alpha2 = alpha_table(w2_scale_2, w2_input_scale, s2)
-    b1, sfb1 = slot_activations(xin, wl, w13_input_scale, tn)
+    kind13, alpha13, alpha2 = cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13, s2)
+    if xin.device.type == "cuda":  # one Triton launch (the same bytes)
+        from .prep_triton import slot_activations_triton
+
+        b1, sfb1, rop = slot_activations_triton(xin, wl, w13_input_scale, tn)
+        yrow = rop[wl.pos]
+    else:
+        b1, sfb1 = slot_activations(xin, wl, w13_input_scale, tn)
+        yrow = slot_rows_of_pairs(wl, tn)
     a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id)
     launch(a1)
     a2 = gemm2_args(config2, a1, wl, s2, alpha2, stream_id)
     launch(a2)
-    yrow = slot_rows_of_pairs(wl, tn)
     out = finalize(a2.c, dataclasses.replace(wl, pos=yrow), wts, shared_out, residual, out_dtype)
     if keep is not None:
         keep.update(work_list=wl, args13=a1, args2=a2, y_rows=yrow)

@@ -106,6 +106,8 @@ def test_config_and_shape_rules():
     assert "K=" in moe_shape_problem(C(), 64, 80, False)
     assert "split_k=4" in moe_shape_problem(C(8, 4), 64, 512, False)
     assert moe_shape_problem(C(8, 2), 2 * 32, 512, True) is None
+    assert "spills" in moe_shape_problem(C(32, 8), 2 * 64, 4096, True)  # seen in the compile sweep
+    assert moe_shape_problem(C(32, 8), 64, 4096, False) is None
 
 
 def test_backend_problem_filter():

@@ -81,24 +81,14 @@ def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None,
 
 
 def random_moe_operands(m, top_k, e, h, i, *, seed=0):
-    """Gaussian W4A4 operands (ModelOpt-style quantized weights) for the batch-invariance tests."""
-    from nvgemm.formats import quantize_weight
+    """Gaussian W4A4 operands: the sm90 helper's ModelOpt-style quantized weights and x, plus per-expert
+    input scales (unequal across experts) for the batch-invariance tests."""
+    from _sm90_moe_emu import random_moe_operands as w4a16_operands
 
-    g = torch.Generator().manual_seed(seed)
-
-    def stack(rows, k):
-        qs = [quantize_weight(torch.randn(rows, k, generator=g)) for _ in range(e)]
-        return (torch.stack([q.packed for q in qs]), torch.stack([to_blocked(q.scale) for q in qs]),
-                torch.stack([q.global_scale.reshape(()) for q in qs]))
-
-    w13, s13, g13 = stack(2 * i, h)
-    w2, s2, g2 = stack(h, i)
-    x = torch.randn(m, h, generator=g).to(torch.bfloat16)
-    in13 = float(x.float().abs().amax()) / 2688 * torch.linspace(0.8, 1.2, e)
-    in2 = torch.full((e,), 0.3 / 2688) * torch.linspace(1.2, 0.8, e)
-    ids = torch.randint(0, e, (m, top_k), generator=g, dtype=torch.int32)
-    wts = torch.rand(m, top_k, generator=g)
-    return [x, ids, wts, w13, s13, g13, in13, w2, s2, g2, in2, "silu_mul", False, None, None, None, None]
+    ops = w4a16_operands(m, top_k, e, h, i, seed=seed)
+    ops[6] = float(ops[0].float().abs().amax()) / 2688 * torch.linspace(0.8, 1.2, e)
+    ops[10] = torch.full((e,), 0.3 / 2688) * torch.linspace(1.2, 0.8, e)
+    return ops
 
 
 def emu_launcher():

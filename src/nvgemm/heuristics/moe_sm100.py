@@ -20,31 +20,17 @@ The layer presets, buckets and shapes are :mod:`.moe_sm90`'s.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Optional
 
 from ..perfmodel.families.sm100_moe import (PREP_KERNELS, byte_floor_us, expected_active_experts, host_us,
                                             moe_gemm_estimate)
 from ..templates.sm100_moe.config import (MOE_SPLIT_K, MOE_TILE_N, Sm100MoeConfig, moe_shape_problem,
                                           validate_moe_config)
-from .moe_sm90 import MOE_LAYERS, MoeShape, bucket_of, get_moe_layer, shape_from_preset  # noqa: F401
+from .moe_sm90 import MOE_LAYERS, MoeCandidate, MoeShape, bucket_of, get_moe_layer, shape_from_preset  # noqa: F401
 
 MAX_CANDIDATES = 8
 PER_GEMM = 3
 GPU = "B200"
-
-
-@dataclass(frozen=True)
-class Sm100MoeCandidate:
-    config13: Sm100MoeConfig
-    config2: Sm100MoeConfig
-    us13: tuple[float, float]
-    us2: tuple[float, float]
-    tiles: float
-
-    @property
-    def gemm_us(self) -> tuple[float, float]:
-        return (self.us13[0] + self.us2[0], self.us13[1] + self.us2[1])
 
 
 def token_tiles(m: int, top_k: int, num_experts: int, histogram=None) -> tuple[int, ...]:
@@ -72,7 +58,7 @@ def _best(tile_n, m, shape: MoeShape, rows, k, gated, gpu, sm_count, histogram):
 
 
 def moe_candidates(shape: MoeShape, m: int, gpu: str = GPU, sm_count: int | None = None, histogram=None,
-                   max_candidates: int = MAX_CANDIDATES) -> list[Sm100MoeCandidate]:
+                   max_candidates: int = MAX_CANDIDATES) -> list[MoeCandidate]:
     """Ranked (GEMM1, GEMM2) configs for ``shape`` (gated, W4A4) at ``m`` tokens (module docstring)."""
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
@@ -82,7 +68,7 @@ def moe_candidates(shape: MoeShape, m: int, gpu: str = GPU, sm_count: int | None
         g2 = _best(tn, m, shape, shape.hidden, shape.inter, False, gpu, sm_count, histogram)
         for c1, e1 in g1:
             for c2, e2 in g2:
-                pairs.append(Sm100MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))
+                pairs.append(MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))
     pairs.sort(key=lambda p: (sum(p.gemm_us), p.config13.tile_n, p.config13.split_k, p.config2.split_k))
     return pairs[:max_candidates]
 
@@ -146,5 +132,5 @@ def format_plan(shape: MoeShape, ms, gpu: str = GPU, max_candidates: int = MAX_C
     return "\n".join(lines)
 
 
-__all__ = ["MAX_CANDIDATES", "Sm100MoeCandidate", "format_plan", "layer_model", "moe_candidates",
+__all__ = ["MAX_CANDIDATES", "format_plan", "layer_model", "moe_candidates",
            "pick_moe_configs", "token_tiles"]

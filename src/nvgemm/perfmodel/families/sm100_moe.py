@@ -26,13 +26,11 @@ weight bytes at the achievable bandwidth).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..hardware import get_hardware
-from ..model import estimate
-from .sm90_moe import FINALIZE_KERNELS, byte_floor_us, expected_active_experts, expected_tiles
+from .sm90_moe import (FINALIZE_KERNELS, MoeGemmEstimate, byte_floor_us, expected_active_experts,
+                       grouped_gemm_estimate)
 
 #: Launches of the host prep per layer on CUDA besides the two GEMMs and the finalize: the work-list
 #: Triton kernel, the activation prep Triton kernel (gather + per-expert NVFP4 + scale atoms + the
@@ -41,35 +39,13 @@ from .sm90_moe import FINALIZE_KERNELS, byte_floor_us, expected_active_experts, 
 PREP_KERNELS = 5
 
 
-@dataclass(frozen=True)
-class Sm100MoeGemmEstimate:
-    config: object
-    tiles: float  # expected work slots with tokens
-    rows_per_tile: float
-    us: tuple[float, float]  # kernel + its launch (model)
-
-
 def moe_gemm_estimate(config, m: int, top_k: int, num_experts: int, rows: int, k: int, gpu: str = "B200",
-                      sm_count: int | None = None, histogram=None) -> Optional[Sm100MoeGemmEstimate]:
-    """Modelled time of one grouped GEMM (``rows`` weight rows per expert, reduction ``k``), or None
-    when the dense model has no estimate for the equivalent problem."""
-    tiles = expected_tiles(m, top_k, num_experts, config.tile_n, histogram)
-    if tiles <= 0:
-        return None
-    pairs = sum(histogram) if histogram is not None else m * top_k
-    per_tile = min(float(config.tile_n), pairs / tiles)
+                      sm_count: int | None = None, histogram=None) -> Optional[MoeGemmEstimate]:
+    """Modelled time of one grouped GEMM (``rows`` weight rows per expert, padded to 128 in the stack;
+    reduction ``k``), or None when the dense model has no estimate for the equivalent problem."""
     rows_p = -(-rows // 128) * 128
-    dense = replace(config.dense(), pdl=True)
-    lo_t = max(1, math.floor(tiles))
-    hi_t = max(1, math.ceil(tiles))
-    mm = max(1, math.ceil(per_tile))
-    e_lo = estimate(dense, mm, rows_p * lo_t, k, gpu, sm_count)
-    e_hi = e_lo if hi_t == lo_t else estimate(dense, mm, rows_p * hi_t, k, gpu, sm_count)
-    if e_lo is None or e_hi is None:
-        return None
-    f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
-    us = tuple((1 - f) * a + f * b for a, b in zip(e_lo.gemm_us, e_hi.gemm_us))
-    return Sm100MoeGemmEstimate(config, tiles, per_tile, us)
+    return grouped_gemm_estimate(config, config.dense(), config.tile_n, m, top_k, num_experts, rows_p, k, gpu,
+                                 sm_count, histogram)
 
 
 def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS) -> tuple[float, float]:
@@ -79,5 +55,5 @@ def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS) -> tuple[float,
     return (n * hw.aux_kernel_us[0], n * hw.aux_kernel_us[1])
 
 
-__all__ = ["PREP_KERNELS", "Sm100MoeGemmEstimate", "byte_floor_us", "expected_active_experts", "host_us",
+__all__ = ["PREP_KERNELS", "byte_floor_us", "expected_active_experts", "host_us",
            "moe_gemm_estimate"]

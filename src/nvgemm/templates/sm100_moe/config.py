@@ -82,6 +82,9 @@ def moe_shape_problem(c: Sm100MoeConfig, rows: int, k: int, gated: bool) -> str 
     if gated and (rows % 2 or (rows // 2) % 32):
         return f"silu_mul with the fused NVFP4 requant needs I = {rows // 2} to be a multiple of 32 (whole " \
                f"16-blocks per warp and 16-byte rows of GEMM2's packed input)"
+    if gated and c.split_k >= 8 and c.tile_n >= 32:
+        return f"split_k={c.split_k} with tile_n={c.tile_n} and the fused requant epilogue spills registers (2 LDL/STL " \
+               f"in SASS: the split-K reduction's vectors in flight on top of the requant; the dense kernel alike)"
     if not gated and rows % 4:
         return f"{rows} output rows per expert is not a multiple of 4 (16-byte fp32 output rows)"
     ktiles = -(-k // 256)

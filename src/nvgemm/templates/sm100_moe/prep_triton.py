@@ -5,7 +5,7 @@ bit for bit.
 Program ``(j, kt)`` reads work slot ``j = (e, p0, cnt)``, gathers the source token of each of its
 ``tile_n`` rows (``rows[p0 + t]``; rows ``t >= cnt`` load as zeros), quantizes the ``BLOCK_K``
 columns ``kt`` with the expert's input scale (``nvgemm.triton_kernels._common``: the quantizer of
-``nvgemm.formats``, true divisions, RNE e4m3 / E2M1), and stores the packed codes at rows
+``nvgemm.formats``, true divisions, RNE e4m3 / E2M1; compiled without fp contraction), and stores the packed codes at rows
 ``j * tile_n + t`` and the e4m3 scales into slot ``j``'s 128-row swizzled atom (rows ``t < tile_n``;
 the caller zero-allocates the atoms, so rows ``tile_n..127`` stay 0); with ``kt == 0`` it also
 records where each of its pairs lands (permuted pair -> slot row, for the finalize)."""
@@ -63,5 +63,5 @@ def slot_activations_triton(x: torch.Tensor, wl, input_scale: torch.Tensor, tile
     rop = torch.empty(max(wl.rows.numel(), 1), dtype=torch.int64, device=x.device)
     _slot_quant_kernel[(slots, triton.cdiv(k, _BLOCK_K))](xs, wl.rows, wl.tiles, ins, codes, atoms, rop, k,
                                                           xs.stride(0), max(wl.rows.numel(), 1), TN=tile_n,
-                                                          BLOCK_K=_BLOCK_K)
+                                                          BLOCK_K=_BLOCK_K, enable_fp_fusion=False)
     return codes, atoms.view(torch.float8_e4m3fn), rop

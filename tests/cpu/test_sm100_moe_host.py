@@ -158,3 +158,16 @@ def test_one_pick_per_bucket():
         assert pick_moe_configs(m, s.num_experts, s.top_k, s.hidden, s.inter) == \
             pick_moe_configs(lo, s.num_experts, s.top_k, s.hidden, s.inter) == \
             pick_moe_configs(hi, s.num_experts, s.top_k, s.hidden, s.inter)
+
+
+def test_plan_lists_the_grouped_candidates_on_blackwell(capsys):
+    from nvgemm import cli
+
+    assert cli.main(["plan", "--model", "DeepSeek-V3", "--tp", "8", "--gpu", "B200", "--m", "1,64", "--no-nvmmh",
+                     "--max-candidates", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "DeepSeek-V3-TP8: 256 experts, top-8, H=7168, I=256" in out and "sm100 grouped W4A4" in out
+    assert "MODEL" in out and out.count("G1 t128x") == 4  # 2 candidates at each of 2 token counts
+    assert cli.main(["plan", "--model", "DeepSeek-V3", "--gpu", "B200", "--format", "w4a16", "--m", "1",
+                     "--no-nvmmh"]) == 0
+    assert "sm100 grouped" not in capsys.readouterr().out  # the grouped kernel is W4A4 only

@@ -227,17 +227,22 @@ class Sm100EpilogueMixin:
                 for st in cutlass.range(self.subtile_cnt):
                     if cutlass.const_expr(work is None):
                         cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
+                        num_stores = self._finish_subtile(
+                            tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
+                                (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlphaT, mBias, alpha_sT, alpha_r,
+                            bias_r, m_gemm, n_gemm, tiled_copy_r2s, tRS_sC, bSG_sC, bSG_gC, tma_atom_c, c_pipeline,
+                            warp_idx, num_stores)
                     else:
+                        # a tile without K work (empty work slot: its outputs are never read) stores
+                        # nothing; its TMEM accumulator was never written either
                         _kb0, k_cnt0 = self._tile_k_range(coord, k_tile_total, work)
-                        if k_cnt0 == 0:
-                            tTR_rAcc.fill(0.0)  # a tile without K work (empty work slot): TMEM unwritten
-                        else:
+                        if k_cnt0 > 0:
                             cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    num_stores = self._finish_subtile(
-                        tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
-                            (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlphaT, mBias, alpha_sT, alpha_r,
-                        bias_r, m_gemm, n_gemm, tiled_copy_r2s, tRS_sC, bSG_sC, bSG_gC, tma_atom_c, c_pipeline,
-                        warp_idx, num_stores)
+                            num_stores = self._finish_subtile(
+                                tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
+                                    (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlphaT, mBias, alpha_sT,
+                                alpha_r, bias_r, m_gemm, n_gemm, tiled_copy_r2s, tRS_sC, bSG_sC, bSG_gC, tma_atom_c,
+                                c_pipeline, warp_idx, num_stores)
                 cute.arch.fence_view_async_tmem_load()
                 acc_pipeline.consumer_release(acc_state)
             else:

@@ -215,7 +215,7 @@ def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: M
     i = stack.rows // 2
     n = wl.slots * config.tile_n
     dev = b.device
-    codes = torch.empty((n, i // 2), dtype=torch.uint8, device=dev)  # every byte written (empty slots: zeros)
+    codes = torch.empty((n, i // 2), dtype=torch.uint8, device=dev)  # empty slots: never written, never read
     # zeroed: the kernel writes rows < tile_n of real K blocks; GEMM2 reads the padding K blocks
     scales = torch.zeros(wl.slots * blocked_numel(128, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
     spec = EpilogueSpec(alpha=alpha_kind, activation="silu_mul", out_dtype=x_dtype, out_quant=True)

@@ -171,3 +171,20 @@ def test_plan_lists_the_grouped_candidates_on_blackwell(capsys):
     assert cli.main(["plan", "--model", "DeepSeek-V3", "--gpu", "B200", "--format", "w4a16", "--m", "1",
                      "--no-nvmmh"]) == 0
     assert "sm100 grouped" not in capsys.readouterr().out  # the grouped kernel is W4A4 only
+
+
+def test_emulator_moe_backend_only_when_forced(monkeypatch):
+    """``emu_sm100_moe`` never serves (nor is an Inductor autotuning candidate for) an unforced CPU call."""
+    from nvgemm.emulator.backend import supports_moe_sm100
+    from nvgemm.moe.backends import MoeProblem
+
+    p = MoeProblem(m=4, top_k=2, num_experts=8, num_global_experts=8, hidden=256, intermediate=64,
+                   activation="silu_mul", weight_only=False, alpha13="expert", x_dtype=torch.bfloat16,
+                   out_dtype=torch.bfloat16, device_type="cpu", capability=None, router_weight_on_input=False,
+                   expert_map=False, shared_out=False, residual=False)
+    monkeypatch.delenv("NVGEMM_MOE_BACKEND", raising=False)
+    assert "forced" in supports_moe_sm100(p)
+    monkeypatch.setenv("NVGEMM_MOE_BACKEND", "emu_sm100_moe")
+    assert supports_moe_sm100(p) in (None, "needs gcc (builds the fake CUDA runtime and relinks the kernel)") or \
+        "cutlass" in supports_moe_sm100(p)
+    assert "W4A16" in supports_moe_sm100(dataclasses.replace(p, weight_only=True))

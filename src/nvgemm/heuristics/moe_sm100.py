@@ -26,7 +26,8 @@ from ..perfmodel.families.sm100_moe import (PREP_KERNELS, byte_floor_us, expecte
                                             moe_gemm_estimate)
 from ..templates.sm100_moe.config import (MOE_SPLIT_K, MOE_TILE_N, Sm100MoeConfig, moe_shape_problem,
                                           validate_moe_config)
-from .moe_sm90 import MOE_LAYERS, MoeCandidate, MoeShape, bucket_of, get_moe_layer, shape_from_preset  # noqa: F401
+from .moe_sm90 import (MOE_LAYERS, MoeCandidate, MoeShape, _shared_us, bucket_of, get_moe_layer,  # noqa: F401
+                       shape_from_preset)
 
 MAX_CANDIDATES = 8
 PER_GEMM = 3
@@ -85,19 +86,6 @@ def pick_moe_configs(m: int, num_experts: int, top_k: int, hidden: int, inter: i
     return Sm100MoeConfig(tile_n=8), Sm100MoeConfig(tile_n=8)  # no model estimate: a valid default
 
 
-def _shared_us(shape: MoeShape, m: int, gpu: str) -> tuple[float, float]:
-    """The shared expert as two dense W4A4 GEMMs (gate_up with silu_mul, down), the model's best."""
-    from ..perfmodel.model import best
-
-    tot = [0.0, 0.0]
-    for n, k in ((2 * shape.shared_inter, shape.hidden), (shape.hidden, shape.shared_inter)):
-        b = best(("sm100.nvfp4",), m, n, k, gpu)
-        if b is not None:
-            tot[0] += b[1].gemm_us[0]
-            tot[1] += b[1].gemm_us[1]
-    return (tot[0], tot[1])
-
-
 def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_kernels: Optional[int] = None) -> dict:
     """Modelled per-layer time of the grouped path with the policy's first candidate (a MODEL)."""
     cands = moe_candidates(shape, m, gpu, histogram=histogram, max_candidates=1)
@@ -105,7 +93,7 @@ def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_ke
         return {}
     c = cands[0]
     host = host_us(gpu, PREP_KERNELS if prep_kernels is None else prep_kernels)
-    shared = _shared_us(shape, m, gpu) if shape.shared_inter else (0.0, 0.0)
+    shared = _shared_us(shape, m, gpu, ("sm100.nvfp4",)) if shape.shared_inter else (0.0, 0.0)
     total = tuple(c.gemm_us[i] + host[i] + shared[i] for i in range(2))
     return {"m": m, "active": expected_active_experts(m, shape.top_k, shape.num_experts), "tiles": c.tiles,
             "config13": c.config13.name(), "config2": c.config2.name(), "gemm_us": c.gemm_us, "host_us": host,

@@ -114,7 +114,7 @@ def test_sweep_every_emitted_config():
     rows = sorted(rows, key=lambda t: t[0].name() + str(t[1]))
     lines = [f"# sm100 grouped W4A4 MoE: every config the policy emits for {', '.join(MOE_LAYERS)} at M={SWEEP_MS} "
              "on B200 (GEMM1: per-expert / per-row alpha, bf16 / fp16), compiled for sm_100a (no GPU)",
-             "# command: NVGEMM_MOE_SWEEP=1 python -m pytest -q tests/compile/test_sm100_moe_compile.py -k sweep",
+             "# command: NVGEMM_MOE_SWEEP=1 NVGEMM_TEST_SLOW=1 python -m pytest -q tests/compile/test_sm100_moe_compile.py -k sweep",
              "# config | epilogue | LDL+STL"]
     for cfg, epi in rows:
         spills = check_kernel(cfg, epi)

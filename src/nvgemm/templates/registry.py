@@ -128,6 +128,7 @@ BUILTIN_TEMPLATE_MODULES: dict[str, str] = {
     "sm90_w4a16_mma": "nvgemm.templates.sm90.mma",
     "sm90_w4a16_wgmma": "nvgemm.templates.sm90.wgmma",
     "sm90_moe_mma": "nvgemm.templates.sm90_moe.kernel",
+    "sm100_moe_nvfp4": "nvgemm.templates.sm100_moe.kernel",
 }
 
 # Config class name -> template id (a callable of the config when one config type spans templates).
@@ -136,6 +137,7 @@ CONFIG_TEMPLATE_IDS: dict[str, Any] = {
     "Sm100Nvfp4GemmConfig": "sm100_nvfp4_gemm",
     "Sm90W4A16Config": lambda c: f"sm90_w4a16_{c.family}",
     "Sm90MoeConfig": "sm90_moe_mma",
+    "Sm100MoeConfig": "sm100_moe_nvfp4",
 }
 
 

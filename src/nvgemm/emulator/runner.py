@@ -12,8 +12,6 @@ bounds-checked global allocation and executes the launch the host code makes.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +19,6 @@ import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .cuda import LaunchRecord, _cache_root, _trusted_dir, _trusted_file, fake_cuda, relink
@@ -39,18 +36,6 @@ def _ensure_dump_dir() -> None:
         os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_emu_dump_")
 
 
-@contextlib.contextmanager
-def _dump_dir_lock():
-    d = Path(os.environ["CUTE_DSL_DUMP_DIR"])
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".nvgemm_keep_ptx.lock", "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def ptx_for(spec, key: str) -> tuple[str, str, str]:
     """(ptx, fatbin sha256, entry name) of ``spec``, compiled with keep_ptx once and cached on disk."""
     d = _cache_root() / "ptx" / key
@@ -63,13 +48,11 @@ def ptx_for(spec, key: str) -> tuple[str, str, str]:
     from nvgemm.templates.registry import get_template
     from nvgemm.templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
-    # CuTeDSL keeps the PTX as <dump dir>/<kernel name>.<arch>.ptx, and kernel names do not depend on
-    # the config: two processes compiling into one dump dir would read each other's PTX (seen: a
-    # 4-warp kernel's PTX registered for an 8-warp launch). Compile and read under a lock on the dump
-    # dir; the launch's block must still equal the PTX's .reqntid (checked by the interpreter).
-    with _dump_dir_lock():
-        compiled = get_template(spec.template_id).compile(spec, keep_ptx=True)
-        ptx = compiled.__ptx__
+    # compile_for_target gives every keep_ptx compile a private dump dir: no other process's PTX
+    # can be read for this spec (kernel names do not depend on the config). The launch's block must
+    # still equal the PTX's .reqntid (checked by the interpreter).
+    compiled = get_template(spec.template_id).compile(spec, keep_ptx=True)
+    ptx = compiled.__ptx__
     if not ptx:
         raise EmulationError(f"{spec.name()}: keep_ptx compile returned no PTX (is CUTE_DSL_DUMP_DIR writable?)")
     sha = hashlib.sha256(embedded_cubin(compiled)).hexdigest()

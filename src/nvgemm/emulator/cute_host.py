@@ -1,0 +1,142 @@
+"""Run any compiled CuTeDSL host function on the emulator (not only nvgemm's own templates).
+
+:class:`EmulatedHostFunction` takes the result of ``cute.compile(fn, *args, options="--gpu-arch <arch>
+--keep-ptx")`` (compiled on a machine without a GPU) and executes what calling it would do on a GPU:
+
+1. the module is exported with ``export_to_c`` -- the public AOT route nvgemm's own kernels take
+   (:mod:`nvgemm.aot.artifact`) -- and the export gets the same stable shim; the object is linked against
+   the fake CUDA runtime (:func:`nvgemm.emulator.cuda.relink`), so the DSL's own host code runs: grid,
+   block, cluster, dynamic shared memory, attributes and the kernel parameter bytes (TMA descriptors
+   included, which the DSL encodes inline) are what a GPU launch would receive;
+2. the module's PTX (``__ptx__``, kept by ``--keep-ptx``) is registered for the embedded image's sha256
+   and every ``.entry`` it holds, so each launch the host code makes is interpreted;
+3. the call's arguments are packed by CuTeDSL's own JIT argument marshalling
+   (``compiled.generate_execution_args``, the pointers ``compiled(*args)`` would hand its launcher; the
+   exported launcher takes the same array plus a return slot). That method is the one private name
+   here: it was checked against nvidia-cutlass-dsl :data:`CHECKED_DSL_VERSIONS`; another version is
+   refused with an error naming it (set ``NVGEMM_EMU_ANY_DSL=1`` to try anyway), and a pointer count
+   that differs from the exported header's parameters is an error, never a launch.
+
+Device memory is host memory: the arguments are CuTe tensors over CPU torch tensors
+(``from_dlpack(cpu_tensor)``); the torch tensors are passed as ``memory=`` and become the launch's
+bounds-checked global allocations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cuda import _cache_root, _trusted_dir, _trusted_file, fake_cuda, relink
+from .ptx.errors import EmulationError
+from .ptx.machine import DEVICES, GlobalMemory, Launch
+from .runner import execute_record
+
+CHECKED_DSL_VERSIONS = ("4.8.1",)
+
+
+def _check_dsl_version() -> str:
+    from importlib.metadata import version
+
+    v = version("nvidia-cutlass-dsl")
+    if v not in CHECKED_DSL_VERSIONS and os.environ.get("NVGEMM_EMU_ANY_DSL") != "1":
+        raise RuntimeError(f"nvgemm emulator: running a compiled CuTeDSL host function uses the DSL's argument "
+                           f"marshalling (generate_execution_args), checked against nvidia-cutlass-dsl "
+                           f"{', '.join(CHECKED_DSL_VERSIONS)}; this is {v} (NVGEMM_EMU_ANY_DSL=1 to try anyway)")
+    return v
+
+
+def ptx_entries(ptx: str) -> list[str]:
+    """The ``.entry`` names of a PTX module, in order."""
+    return re.findall(r"\.entry\s+([\w$]+)\s*\(", ptx)
+
+
+@dataclass
+class EmulatedHostFunction:
+    """A compiled CuTeDSL host function bound to the fake runtime; call it like the compiled function."""
+
+    compiled: Any
+    device: str = "H200"
+    launches: list[Launch] = field(default_factory=list)
+
+    def __post_init__(self):
+        from nvgemm.aot.artifact import load_image
+        from nvgemm.templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
+
+        _check_dsl_version()
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device profile {self.device!r}; have {sorted(DEVICES)}")
+        self.ptx = getattr(self.compiled, "__ptx__", None)
+        if not self.ptx:
+            raise EmulationError("the compiled function carries no PTX: compile with options '--keep-ptx' (and "
+                                 "CUTE_DSL_DUMP_DIR writable)")
+        self.entries = ptx_entries(self.ptx)
+        if not self.entries:
+            raise EmulationError("the compiled function's PTX has no .entry")
+        self.image_sha256 = hashlib.sha256(embedded_cubin(self.compiled)).hexdigest()
+        so, self.n_params = self._build()
+        self._lib = load_image(so.read_bytes(), f"cute-host-{self.image_sha256[:12]}")
+        self._lib.nvgemm_aot_load.restype = ctypes.c_int32
+        self._launch = self._lib.nvgemm_aot_launch
+        self._launch.restype = ctypes.c_int32
+        self._launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32]
+        self._loaded = False
+
+    def _build(self):
+        """export_to_c + shim (cached by image and PTX), relinked against the fake runtime."""
+        from nvgemm.aot.artifact import _prepare_export, parse_header, write_shim
+        from nvgemm.templates.registry import COMPILE_LOCK
+
+        key = hashlib.sha256(self.image_sha256.encode() + self.ptx.encode()).hexdigest()[:24]
+        d = _trusted_dir(_cache_root() / "cute_host" / key)
+        prefix = f"nvemu_{key[:16]}"
+        if not (_trusted_file(d / "kernel.o") and _trusted_file(d / "kernel.h") and _trusted_file(d / "shim.c")):
+            _prepare_export()
+            with COMPILE_LOCK:  # the MLIR execution engine behind export is not known to be thread-safe
+                self.compiled.export_to_c(str(d), "kernel", function_prefix=prefix)
+            parsed = parse_header((d / "kernel.h").read_text(), prefix)
+            write_shim(d / "shim.c", prefix, parsed["ciface"], len(parsed["params"]) + 1)
+        parsed = parse_header((d / "kernel.h").read_text(), prefix)
+        return relink(d), len(parsed["params"])
+
+    def __call__(self, *args: Any, memory=(), order: str = "forward", **kwargs: Any) -> list[Launch]:
+        """Run the host function with ``args`` (as for the compiled function); ``memory``: the torch CPU
+        tensors behind them (global allocations, bounds-checked). Returns the launches it made."""
+        gmem = GlobalMemory()
+        for i, t in enumerate(memory):
+            gmem.register_tensor(t, f"memory[{i}] {tuple(t.shape)} {t.dtype}")
+        exe_args, keep = self.compiled.generate_execution_args(*args, **kwargs)
+        if len(exe_args) != self.n_params:
+            raise EmulationError(f"CuTeDSL packed {len(exe_args)} argument pointers, the exported launcher takes "
+                                 f"{self.n_params}: this DSL version marshals differently from the export")
+        ret = ctypes.c_int32(0)
+        ptrs = [a.value if isinstance(a, ctypes.c_void_p) else ctypes.c_void_p(a).value for a in exe_args]
+        slots = (ctypes.c_void_p * (len(ptrs) + 1))(*ptrs, ctypes.addressof(ret))
+        fake = fake_cuda()
+        fake.set_device(self.device)
+        for e in self.entries:
+            fake.register_ptx(self.image_sha256, e, self.ptx)
+        made: list[Launch] = []
+
+        def handler(rec, load_program) -> None:
+            made.append(execute_record(rec, load_program, gmem, self.device, order))
+
+        with fake.handling(handler):
+            if not self._loaded:
+                rc = self._lib.nvgemm_aot_load()
+                if rc:
+                    raise RuntimeError(f"nvgemm emulator: loading the module returned cudaError {rc}")
+                self._loaded = True
+            rc = self._launch(slots, len(ptrs) + 1)
+        del keep
+        if rc:
+            raise RuntimeError(f"nvgemm emulator: the host function returned cudaError {rc}")
+        self.launches += made
+        return made
+
+
+__all__ = ["CHECKED_DSL_VERSIONS", "EmulatedHostFunction", "ptx_entries"]

@@ -17,9 +17,11 @@
    refused with an error naming it (set ``NVGEMM_EMU_ANY_DSL=1`` to try anyway), and a pointer count
    that differs from the exported header's parameters is an error, never a launch.
 
-Device memory is host memory: the arguments are CuTe tensors over CPU torch tensors
-(``from_dlpack(cpu_tensor)``); the torch tensors are passed as ``memory=`` and become the launch's
-bounds-checked global allocations.
+Device memory is host memory: the arguments are CuTe tensors over CPU torch tensors; the torch tensors are
+passed as ``memory=`` and become the launch's bounds-checked global allocations. ``from_dlpack(cpu_tensor)``
+types a tensor as ``generic`` memory, which CuTe's global-memory atoms (``cp.async``, TMA) refuse at compile
+time; :func:`device_view` presents a CPU tensor to ``from_dlpack`` as CUDA device memory (``gmem``) instead,
+as a GPU tensor would be.
 """
 
 from __future__ import annotations
@@ -55,6 +57,54 @@ def ptx_entries(ptx: str) -> list[str]:
     return re.findall(r"\.entry\s+([\w$]+)\s*\(", ptx)
 
 
+KDL_CUDA = 2  # DLDeviceType kDLCUDA (dlpack.h)
+
+
+class DeviceView:
+    """A CPU torch tensor seen through DLPack as memory of CUDA device 0 (see :func:`device_view`)."""
+
+    def __init__(self, t):
+        if t.device.type != "cpu":
+            raise ValueError(f"device_view: expected a CPU tensor (the emulator's device memory), got {t.device}")
+        self.tensor = t
+        self._cap = t.__dlpack__()  # unversioned DLManagedTensor: {DLTensor{void *data; DLDevice device; ...}, ...}
+        get_name = ctypes.pythonapi.PyCapsule_GetName
+        get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+        if get_name(self._cap) != b"dltensor":
+            raise RuntimeError(f"device_view: torch returned a {get_name(self._cap)!r} capsule, expected b'dltensor'")
+        get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+        get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        p = get_ptr(self._cap, b"dltensor")
+        data = ctypes.c_void_p.from_address(p).value
+        if data not in (t.data_ptr(), t.data_ptr() - t.storage_offset() * t.element_size()):
+            raise RuntimeError("device_view: unexpected DLTensor layout (data pointer mismatch)")
+        dev = (ctypes.c_int32 * 2).from_address(p + ctypes.sizeof(ctypes.c_void_p))  # DLDevice {type, id}
+        dev[0], dev[1] = KDL_CUDA, 0
+
+    def __dlpack_device__(self):
+        return (KDL_CUDA, 0)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        cap, self._cap = self._cap, None
+        if cap is None:
+            raise RuntimeError("device_view: a view can be consumed once (make another)")
+        return cap
+
+
+def device_view(t) -> DeviceView:
+    """``from_dlpack(device_view(t))``: CuTe tensor over CPU tensor ``t`` typed as global (device) memory."""
+    return DeviceView(t)
+
+
+def _launcher_slots(header) -> int:
+    """Argument pointers the exported launcher takes (its wrapper's ``void *args[N]`` less the return slot;
+    a list of tensors is one wrapper parameter but one slot per element)."""
+    m = re.findall(r"void \*args\[(\d+)\]", header.read_text())
+    if len(m) != 1:
+        raise EmulationError(f"{header}: expected one launcher wrapper with 'void *args[N]', found {len(m)}")
+    return int(m[0]) - 1
+
+
 @dataclass
 class EmulatedHostFunction:
     """A compiled CuTeDSL host function bound to the fake runtime; call it like the compiled function."""
@@ -87,21 +137,21 @@ class EmulatedHostFunction:
         self._loaded = False
 
     def _build(self):
-        """export_to_c + shim (cached by image and PTX), relinked against the fake runtime."""
+        """export_to_c (cached by image and PTX) + shim, relinked against the fake runtime."""
         from nvgemm.aot.artifact import _prepare_export, parse_header, write_shim
         from nvgemm.templates.registry import COMPILE_LOCK
 
         key = hashlib.sha256(self.image_sha256.encode() + self.ptx.encode()).hexdigest()[:24]
         d = _trusted_dir(_cache_root() / "cute_host" / key)
         prefix = f"nvemu_{key[:16]}"
-        if not (_trusted_file(d / "kernel.o") and _trusted_file(d / "kernel.h") and _trusted_file(d / "shim.c")):
+        if not (_trusted_file(d / "kernel.o") and _trusted_file(d / "kernel.h")):
             _prepare_export()
             with COMPILE_LOCK:  # the MLIR execution engine behind export is not known to be thread-safe
                 self.compiled.export_to_c(str(d), "kernel", function_prefix=prefix)
-            parsed = parse_header((d / "kernel.h").read_text(), prefix)
-            write_shim(d / "shim.c", prefix, parsed["ciface"], len(parsed["params"]) + 1)
         parsed = parse_header((d / "kernel.h").read_text(), prefix)
-        return relink(d), len(parsed["params"])
+        slots = _launcher_slots(d / "kernel.h")
+        write_shim(d / "shim.c", prefix, parsed["ciface"], slots + 1)  # relink keys on its bytes
+        return relink(d), slots
 
     def __call__(self, *args: Any, memory=(), order: str = "forward", **kwargs: Any) -> list[Launch]:
         """Run the host function with ``args`` (as for the compiled function); ``memory``: the torch CPU
@@ -139,4 +189,4 @@ class EmulatedHostFunction:
         return made
 
 
-__all__ = ["CHECKED_DSL_VERSIONS", "EmulatedHostFunction", "ptx_entries"]
+__all__ = ["CHECKED_DSL_VERSIONS", "DeviceView", "EmulatedHostFunction", "device_view", "ptx_entries"]

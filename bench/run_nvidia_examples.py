@@ -1,0 +1,370 @@
+"""Run NVIDIA's published CuTeDSL example kernels on nvgemm's PTX emulator (issue 21 item 4).
+
+Nothing of the examples is copied here: each example module is imported at run time from a CUTLASS checkout
+given with ``--cutlass`` (``<checkout>/examples/python/CuTeDSL/...``). For each example an adapter below builds
+the inputs on the CPU (torch, the example's own data recipe where it has one), compiles the example's own
+``@cute.jit`` host function (through the example's own compile helper where it has one) for the example's
+architecture (``CUTE_DSL_ARCH``, with ``CUTE_DSL_KEEP=ptx``), runs it through
+:class:`nvgemm.emulator.cute_host.EmulatedHostFunction` (the DSL's AOT export relinked against the fake CUDA
+runtime, every launch interpreted) and compares the output with the example's reference semantics computed here
+with torch on the CPU in fp32/fp64.
+
+Every example runs in a child process of its own (CuTeDSL keeps the first compile's architecture per process).
+An opcode the emulator lacks is reported by name, never skipped.
+
+    python bench/run_nvidia_examples.py --cutlass /path/to/cutlass [--only NAME ...] [--results FILE.md]
+    python bench/run_nvidia_examples.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+EXAMPLES_SUBDIR = Path("examples/python/CuTeDSL")
+
+
+@dataclass
+class Example:
+    name: str
+    path: str  # relative to <checkout>/examples/python/CuTeDSL
+    arch: str
+    device: str  # emulator device profile
+    size: str  # the problem this adapter runs
+    run: Callable  # (module, Harness) -> (result text, ok)
+    tolerance: str  # what "matches" means here, and why
+
+
+EXAMPLES: dict[str, Example] = {}
+
+
+def example(name, path, arch, device, size, tolerance):
+    def deco(fn):
+        EXAMPLES[name] = Example(name, path, arch, device, size, fn, tolerance)
+        return fn
+
+    return deco
+
+
+# ------------------------------------------------------------------------------------------------------------
+# child side: one example in this process
+# ------------------------------------------------------------------------------------------------------------
+
+
+class Harness:
+    """What an adapter needs: run a compiled host function on the emulator, compare outputs."""
+
+    def __init__(self, ex: Example):
+        self.ex = ex
+        self.timings: dict[str, float] = {}
+        self.launches = []
+
+    def compile(self, fn, *args, **kwargs):
+        import cutlass.cute as cute
+
+        t0 = time.perf_counter()
+        compiled = cute.compile(fn, *args, **kwargs)
+        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + time.perf_counter() - t0
+        return compiled
+
+    def emulate(self, compiled, *args, memory, **kwargs):
+        from nvgemm.emulator.cute_host import EmulatedHostFunction
+
+        t0 = time.perf_counter()
+        fn = EmulatedHostFunction(compiled, device=self.ex.device)
+        t1 = time.perf_counter()
+        self.timings["export_link_s"] = t1 - t0
+        try:
+            launches = fn(*args, memory=memory, **kwargs)
+        finally:  # an emulation error still reports how long it ran
+            self.timings["emulate_s"] = self.timings.get("emulate_s", 0.0) + time.perf_counter() - t1
+        self.launches += launches
+        return launches
+
+    @staticmethod
+    def compare(out, ref, atol: float = 0.0, rtol: float = 0.0) -> tuple[str, bool]:
+        import torch
+
+        o, r = out.double(), ref.double()
+        if torch.equal(o, r):
+            return "bit-exact", True
+        if torch.isnan(o).any():
+            return f"{int(torch.isnan(o).sum())} NaN outputs (poisoned output never written?)", False
+        err = (o - r).abs()
+        bad = err > atol + rtol * r.abs()
+        text = f"max abs err {err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}): {int(bad.sum())} of {o.numel()} outside"
+        return text, not bool(bad.any())
+
+
+def gmem(t, **kwargs):
+    """CuTe tensor over CPU tensor ``t`` typed as device (global) memory, as a CUDA tensor would be."""
+    from cutlass.cute.runtime import from_dlpack
+
+    from nvgemm.emulator.cute_host import device_view
+
+    return from_dlpack(device_view(t), **kwargs)
+
+
+def _stream():
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(0)
+
+
+def _ints(shape, lo, hi, seed, dtype=None):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(lo, hi, shape, generator=g).float()
+    return t if dtype is None else t.to(dtype)
+
+
+# --- Ampere (sm_80) ------------------------------------------------------------------------------------------
+
+
+@example("ampere/elementwise_add", "cute/ampere/kernel/elementwise/elementwise_add.py", "sm_80", "A100",
+         "M=37 N=200 fp32 (tails in both modes)", "bit-exact (one fp32 add per element, same rounding as torch)")
+def _elementwise_add(mod, h: Harness):
+    import torch
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(37, 200, generator=g), torch.randn(37, 200, generator=g)
+    c = torch.full_like(a, float("nan"))
+    args = [gmem(t).mark_layout_dynamic() for t in (a, b, c)]
+    compiled = h.compile(mod.elementwise_add, *args)
+    h.emulate(compiled, *args, memory=[a, b, c])
+    return h.compare(c, a + b)
+
+
+def _apply_mul(mod, h: Harness, m: int, n: int):
+    import operator
+
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(m, n, generator=g), torch.randn(m, n, generator=g)
+    c = torch.full_like(x, float("nan"))
+    ins = [gmem(t, assumed_align=16) for t in (x, y)]
+    c_ = gmem(c, assumed_align=16).mark_layout_dynamic()
+    compiled = h.compile(mod.elementwise_apply, operator.mul, ins, c_, _stream())
+    h.emulate(compiled, ins, c_, _stream(), memory=[x, y, c])
+    return h.compare(c, x * y)
+
+
+@example("ampere/elementwise_apply", "cute/ampere/kernel/elementwise/elementwise_apply.py", "sm_80", "A100",
+         "M=128 N=512 fp32 (2 x 2 CTA tiles of 64 x 256), op=mul", "bit-exact (one fp32 multiply per element)")
+def _elementwise_apply(mod, h: Harness):
+    return _apply_mul(mod, h, 128, 512)
+
+
+@example("ampere/elementwise_apply_tail", "cute/ampere/kernel/elementwise/elementwise_apply.py", "sm_80", "A100",
+         "M=40 N=96 fp32 (not a multiple of the 64 x 256 CTA tile), op=mul",
+         "expected: an out-of-bounds error -- the kernel computes its predicate (frgPred) but its load and store "
+         "do not use it, so a partial tile reads and writes past the tensors")
+def _elementwise_apply_tail(mod, h: Harness):
+    from nvgemm.emulator.ptx.errors import EmulationError
+
+    try:
+        _apply_mul(mod, h, 40, 96)
+    except EmulationError as e:
+        if "out-of-bounds" in str(e):
+            return f"out-of-bounds access reported: {str(e).splitlines()[0][:300]}", "finding"
+        raise
+    return "no out-of-bounds access reported for a partial tile", False
+
+
+@example("ampere/sgemm", "cute/ampere/kernel/dense_gemm/sgemm.py", "sm_80", "A100",
+         "M=N=128 K=64 fp32, A/B K-major, C N-major (example data: integers in [-5, 5))",
+         "bit-exact (integer data: every fp32 product and partial sum is exact)")
+def _sgemm(mod, h: Harness):
+    m, n, k = 128, 128, 64
+    a, b = _ints((m, k), -5, 5, 2), _ints((n, k), -5, 5, 3)
+    c = _ints((m, n), -5, 5, 4)
+    ta = gmem(a, assumed_align=16)
+    tb = gmem(b, assumed_align=16).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(
+        mode=1, divisibility=k)
+    tc = gmem(c, assumed_align=16).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(
+        mode=1, divisibility=n)
+    from nvidia_example_hosts import call_abc_stream  # SGemm.__call__'s default CUstream does not export
+
+    compiled = h.compile(call_abc_stream, mod.SGemm(), ta, tb, tc, _stream())
+    h.emulate(compiled, ta, tb, tc, _stream(), memory=[a, b, c])
+    return h.compare(c, a.double() @ b.double().T)
+
+
+@example("ampere/tensorop_gemm", "cute/ampere/kernel/dense_gemm/tensorop_gemm.py", "sm_80", "A100",
+         "M=N=128 K=64 L=1 fp16 in / fp16 out / fp32 acc, atom layout 2x2x1, A/B K-major, C N-major "
+         "(example data: integers in [-2, 3))",
+         "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _tensorop_gemm(mod, h: Harness):
+    import cutlass
+    import torch
+
+    m, n, k, l = 128, 128, 64, 1
+    a = _ints((l, m, k), -2, 3, 5, torch.float16)
+    b = _ints((l, n, k), -2, 3, 6, torch.float16).permute(0, 2, 1)  # (l, k, n), K-major
+    c = _ints((l, m, n), -2, 3, 7, torch.float16)
+    from nvgemm.emulator.cute_host import device_view
+
+    a_, b_, c_ = mod.mark_dynamic_layout(device_view(a), device_view(b), device_view(c), 2, 1, 2, cutlass.Float16,
+                                         cutlass.Float16)
+    t0 = time.perf_counter()
+    compiled = mod.compile_bmm((m, n, k, l), a_, b_, c_, cutlass.Float16, cutlass.Float16, cutlass.Float32,
+                               (2, 2, 1))
+    h.timings["compile_s"] = time.perf_counter() - t0
+    h.emulate(compiled, a_, b_, c_, _stream(), memory=[a, b, c])
+    ref = torch.bmm(a.double(), b.double())
+    return h.compare(c, ref)
+
+
+def child_main(checkout: Path, name: str) -> dict:
+    ex = EXAMPLES[name]
+    root = checkout / EXAMPLES_SUBDIR
+    path = root / ex.path
+    out = {"example": name, "path": ex.path, "arch": ex.arch, "size": ex.size, "tolerance": ex.tolerance}
+    if not path.exists():
+        out.update(result=f"not in this checkout: {path}", ok=False)
+        return out
+    for p in (str(root), str(Path(__file__).parent)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    h = Harness(ex)
+    t0 = time.perf_counter()
+    try:
+        spec = importlib.util.spec_from_file_location(f"nvidia_example_{name.replace('/', '_')}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        result, ok = ex.run(mod, h)
+        out.update(result=result, ok=ok)
+    except Exception as e:  # report the failure (an unknown opcode names itself), keep going with the others
+        from nvgemm.emulator.ptx.errors import EmulationError
+
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        kind = "emulator" if isinstance(e, EmulationError) else "harness/compile"
+        out.update(result=f"{kind} error: {type(e).__name__}: {first[:400]}", ok=False,
+                   traceback=traceback.format_exc()[-3000:])
+    out["wall_s"] = time.perf_counter() - t0
+    out.update({k: round(v, 2) for k, v in h.timings.items()})
+    out["launches"] = [{"grid": L.grid, "block": L.block, "cluster": L.cluster, "dyn_smem": L.dyn_smem}
+                       for L in h.launches]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# parent side
+# ------------------------------------------------------------------------------------------------------------
+
+
+def cutlass_commit(checkout: Path, given: str | None) -> str:
+    if given:
+        return given
+    r = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if r.returncode == 0:
+        return r.stdout.strip()
+    f = checkout / "COMMIT"
+    return f.read_text().strip() if f.exists() else "unknown"
+
+
+def run_child(checkout: Path, ex: Example, timeout: int) -> dict:
+    env = dict(os.environ)
+    dump = tempfile.mkdtemp(prefix="nvgemm_nvex_dump_")
+    env.update(CUTE_DSL_ARCH=ex.arch, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=dump)
+    cmd = [sys.executable, __file__, "--cutlass", str(checkout), "--child", ex.name]
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"example": ex.name, "path": ex.path, "arch": ex.arch, "size": ex.size, "tolerance": ex.tolerance,
+                "ok": False, "result": f"timed out after {timeout} s", "wall_s": time.perf_counter() - t0}
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("NVEX_RESULT "):
+            return json.loads(line[len("NVEX_RESULT "):])
+    tail = (r.stderr or r.stdout).strip().splitlines()[-5:]
+    return {"example": ex.name, "path": ex.path, "arch": ex.arch, "size": ex.size, "tolerance": ex.tolerance,
+            "ok": False, "result": f"child exited {r.returncode}: {' | '.join(tail)[-400:]}",
+            "wall_s": time.perf_counter() - t0}
+
+
+def _status(r: dict) -> str:
+    return {True: "PASS", "finding": "FINDING"}.get(r.get("ok"), "FAIL")
+
+
+def markdown(rows: list[dict], commit: str, checkout_arg: str) -> str:
+    from importlib.metadata import version
+
+    lines = [
+        "# NVIDIA's CuTeDSL examples on the PTX emulator",
+        "",
+        f"CUTLASS commit `{commit}` (examples imported at run time from a checkout, nothing copied), "
+        f"nvidia-cutlass-dsl {version('nvidia-cutlass-dsl')}, CPU only. Each example's own `@cute.jit` host function "
+        "is compiled for its architecture, exported (`export_to_c`), relinked against the fake CUDA runtime and run; "
+        "every kernel launch it makes is interpreted from the kept PTX. Reference: the example's own semantics "
+        "computed with torch on the CPU in fp64. Times: emulator = the host call with all its launches "
+        "interpreted; compile = `cute.compile`.",
+        "",
+        "Regenerate: `python bench/run_nvidia_examples.py --cutlass <checkout> --results "
+        "bench/results/emulator_nvidia_examples.md` (one example: `--only NAME`).",
+        "",
+        "| example | arch | problem | result | tolerance | emulator s | compile s | launches (grid/block/cluster/smem) |",
+        "|---|---|---|---|---|---:|---:|---|",
+    ]
+    for r in rows:
+        launches = "; ".join(f"{tuple(L['grid'])}/{tuple(L['block'])}/{tuple(L['cluster'])}/{L['dyn_smem']}"
+                             for L in r.get("launches", []))
+        res = f"{_status(r)}: " + r["result"].replace("|", "\\|")
+        emu = f"{r['emulate_s']:.2f}" if "emulate_s" in r else "-"
+        comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
+        lines.append(f"| `{r['example']}` (`{r['path']}`) | {r['arch']} | {r['size']} | {res} | {r['tolerance']} | "
+                     f"{emu} | {comp} | {launches or '-'} |")
+    lines += ["", "Command per row: `python bench/run_nvidia_examples.py --cutlass <checkout> --only <example>`.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cutlass", type=Path, help="path to a CUTLASS checkout (holds examples/python/CuTeDSL)")
+    ap.add_argument("--only", action="append", default=[], help="run only this example (repeatable); see --list")
+    ap.add_argument("--list", action="store_true", help="list the examples and exit")
+    ap.add_argument("--results", type=Path, help="write the results table (markdown) here")
+    ap.add_argument("--commit", help="CUTLASS commit to report (default: git rev-parse HEAD of the checkout)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per example (default 1800)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.list:
+        for ex in EXAMPLES.values():
+            print(f"{ex.name:40s} {ex.arch:8s} {ex.path}")
+        return 0
+    if args.cutlass is None:
+        ap.error("--cutlass is required (a CUTLASS checkout with examples/python/CuTeDSL)")
+    checkout = args.cutlass.resolve()
+    if args.child:
+        print("NVEX_RESULT " + json.dumps(child_main(checkout, args.child)), flush=True)
+        return 0
+    if not (checkout / EXAMPLES_SUBDIR).is_dir():
+        ap.error(f"{checkout} has no {EXAMPLES_SUBDIR}")
+    unknown = [n for n in args.only if n not in EXAMPLES]
+    if unknown:
+        ap.error(f"unknown example(s) {unknown}; see --list")
+    names = args.only or list(EXAMPLES)
+    rows = []
+    for n in names:
+        r = run_child(checkout, EXAMPLES[n], args.timeout)
+        rows.append(r)
+        print(f"{n}: {_status(r)} {r['result']} "
+              f"(emulator {r.get('emulate_s', '-')} s, wall {r.get('wall_s', 0):.1f} s)", flush=True)
+    if args.results:
+        args.results.write_text(markdown(rows, cutlass_commit(checkout, args.commit), str(args.cutlass)))
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,6 +46,7 @@ class Example:
 
 
 EXAMPLES: dict[str, Example] = {}
+NOTED_STATS = ("int_div_by_zero", "cp_async_unwaited")  # Launch.stats worth a note in the table
 
 
 def example(name, path, arch, device, size, tolerance):
@@ -226,6 +227,66 @@ def _tensorop_gemm(mod, h: Harness):
     return h.compare(c, ref)
 
 
+def _mkl(l, rows, cols, dtype, seed, lo=-2, hi=3):
+    """Integer-valued (rows, cols, l) operand, ``cols`` contiguous (the examples' K-major / N-major layout)."""
+    return _ints((l, rows, cols), lo, hi, seed, dtype).permute(1, 2, 0)
+
+
+def _gemm_mkl(mod_call, h: Harness, m, n, k, l, dtype, out_dtype, *, tail_args=()):
+    """C (m, n, l) = A (m, k, l) B (n, k, l)^T through ``mod_call`` (the example's kernel object)."""
+    import torch
+
+    a, b = _mkl(l, m, k, dtype, 11), _mkl(l, n, k, dtype, 12)
+    c = torch.full((l, m, n), float("nan"), dtype=out_dtype).permute(1, 2, 0)
+    ta, tb, tc = [gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=1) for t in (a, b, c)]
+    compiled = h.compile(mod_call, ta, tb, tc, _stream(), *tail_args)
+    h.emulate(compiled, ta, tb, tc, _stream(), memory=[a, b, c])
+    ref = torch.einsum("mkl,nkl->mnl", a.double(), b.double())
+    return h.compare(c, ref)
+
+
+# --- Hopper (sm_90a) -----------------------------------------------------------------------------------------
+
+
+@example("hopper/dense_gemm", "cute/hopper/kernel/dense_gemm/dense_gemm.py", "sm_90a", "H200",
+         "M=N=K=128 L=1 bf16 in / fp32 acc / bf16 out, tile 128x128, cluster 1x1, A/B K-major, C N-major "
+         "(example data: integers in [-2, 2])",
+         "bit-exact (integer data: products, fp32 sums and the bf16 result are exact)")
+def _hopper_dense_gemm(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.HopperWgmmaGemmKernel(cutlass.Float32, (128, 128), (1, 1))
+    return _gemm_mkl(gemm, h, 128, 128, 128, 1, torch.bfloat16, torch.bfloat16)
+
+
+# --- Blackwell (sm_100a) -------------------------------------------------------------------------------------
+
+
+@example("blackwell/dense_gemm", "cute/blackwell/kernel/dense_gemm/dense_gemm.py", "sm_100a", "B200",
+         "M=N=K=128 L=1 fp16 in / fp32 acc / fp16 out, 1-CTA MMA 128x128, cluster 1x1, TMA store, A/B K-major, "
+         "C N-major (integer data in [-2, 2])",
+         "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _blackwell_dense_gemm(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.DenseGemmKernel(cutlass.Float32, False, (128, 128), (1, 1), True)
+    return _gemm_mkl(gemm, h, 128, 128, 128, 1, torch.float16, torch.float16)
+
+
+@example("blackwell/dense_gemm_2cta", "cute/blackwell/kernel/dense_gemm/dense_gemm.py", "sm_100a", "B200",
+         "M=256 N=128 K=128 L=1 fp16 / fp32 acc / fp16 out, 2-CTA MMA 256x128 (cta_group::2), cluster 2x1, "
+         "TMA store (the example's default kind of config)",
+         "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _blackwell_dense_gemm_2cta(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.DenseGemmKernel(cutlass.Float32, True, (256, 128), (2, 1), True)
+    return _gemm_mkl(gemm, h, 256, 128, 128, 1, torch.float16, torch.float16)
+
+
 def child_main(checkout: Path, name: str) -> dict:
     ex = EXAMPLES[name]
     root = checkout / EXAMPLES_SUBDIR
@@ -254,8 +315,8 @@ def child_main(checkout: Path, name: str) -> dict:
                    traceback=traceback.format_exc()[-3000:])
     out["wall_s"] = time.perf_counter() - t0
     out.update({k: round(v, 2) for k, v in h.timings.items()})
-    out["launches"] = [{"grid": L.grid, "block": L.block, "cluster": L.cluster, "dyn_smem": L.dyn_smem}
-                       for L in h.launches]
+    out["launches"] = [{"grid": L.grid, "block": L.block, "cluster": L.cluster, "dyn_smem": L.dyn_smem,
+                        "stats": {k: v for k, v in L.stats.items() if k in NOTED_STATS and v}} for L in h.launches]
     return out
 
 
@@ -319,6 +380,7 @@ def markdown(rows: list[dict], commit: str, checkout_arg: str) -> str:
     ]
     for r in rows:
         launches = "; ".join(f"{tuple(L['grid'])}/{tuple(L['block'])}/{tuple(L['cluster'])}/{L['dyn_smem']}"
+                             + "".join(f" ({k}: {v})" for k, v in L.get("stats", {}).items())
                              for L in r.get("launches", []))
         res = f"{_status(r)}: " + r["result"].replace("|", "\\|")
         emu = f"{r['emulate_s']:.2f}" if "emulate_s" in r else "-"

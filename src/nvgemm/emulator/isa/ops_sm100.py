@@ -17,8 +17,9 @@ Timing model (each choice is a legal execution and the strictest one that stays 
   suspend-time hint); the core reports a deadlock if it never does.
 * ``barrier.cluster.arrive/wait``: every thread of every CTA of the cluster (the core co-schedules them).
 * ``.cta_group::2`` (a CTA pair: ranks ``2 i`` and ``2 i + 1`` of the cluster, the even one the leader):
-  ``tcgen05.mma .kind::mxf4nvf4`` (M = 256) and ``tcgen05.cp`` are issued by the leader and read/write both
-  CTAs' shared and tensor memory at the same addresses (:func:`.tcgen05.mma_mxf4nvf4_pair`; ``cp`` copies
+  ``tcgen05.mma .kind::mxf4nvf4`` / ``.kind::f16`` (M = 256) and ``tcgen05.cp`` are issued by the leader and
+  read/write both CTAs' shared and tensor memory at the same addresses (:func:`.tcgen05.mma_mxf4nvf4_pair`,
+  :func:`.tcgen05.mma_f16_pair`; ``cp`` copies
   each CTA's shared memory into its own tensor memory); ``tcgen05.commit .multicast::cluster`` arrives on
   every masked CTA's mbarrier; ``alloc`` / ``dealloc`` / ``relinquish_alloc_permit`` act on each CTA's own
   allocator (both CTAs execute them). A ``.cta_group::2`` TMA load writes its destination CTA(s) and signals
@@ -26,7 +27,7 @@ Timing model (each choice is a legal execution and the strictest one that stays 
   leader's mbarrier from both CTAs by clearing bit 24 of a shared address (``and.b32 r, r, 0xFEFFFFF8``),
   which works because the core's shared addresses carry the CTA's cluster rank in bits 24+. These forms are
   checked end to end by nvgemm's 2-CTA sm100 kernel (tests/emulator/test_isa_sm100_kernel.py). Not
-  modelled (an error): TMA into a peer CTA without multicast, ``cta_group::2`` with ``kind::f16`` or M = 128.
+  modelled (an error): TMA into a peer CTA without multicast, ``cta_group::2`` with M = 128 or with lanes disabled.
 
 At CTA exit: pending TMA stores are performed, pending loads land, every tensor-memory allocation must have
 been freed, and tcgen05 operations issued but never committed are an error.
@@ -52,6 +53,7 @@ from .tcgen05 import (
     cp_32x128b_warpx4,
     ld_32x32b,
     mma_f16,
+    mma_f16_pair,
     mma_mxf4nvf4,
     mma_mxf4nvf4_pair,
 )
@@ -498,8 +500,8 @@ def _tcgen05_async(ins, ctx, op):
     if op == "mma":
         kind = next((x[6:] for x in p if x.startswith("kind::")), None)
         pair = "cta_group::2" in p
-        if pair and kind != "mxf4nvf4":
-            raise ctx.unsupported(ins, ".cta_group::2 is modelled for .kind::mxf4nvf4")
+        if pair and kind not in ("mxf4nvf4", "f16"):
+            raise ctx.unsupported(ins, ".cta_group::2 is modelled for .kind::mxf4nvf4 and .kind::f16")
         rest = [x for x in p[2:] if x not in ("cta_group::1", "cta_group::2", f"kind::{kind}", "collector::a::discard",
                                               "collector::a::fill", "collector::a::use", "collector::a::lastuse")]
         scaled = kind == "mxf4nvf4"
@@ -517,8 +519,9 @@ def _tcgen05_async(ins, ctx, op):
             gmask = None
             rest = ops[4:]
             if rest and rest[0].kind == "vec":
-                if len(rest[0].items) != 4:
-                    raise ctx.unsupported(ins, "disable-output-lane must be 4 registers for cta_group::1")
+                if len(rest[0].items) != (8 if pair else 4):
+                    raise ctx.unsupported(ins, "disable-output-lane must be 4 registers for cta_group::1, 8 for "
+                                               "cta_group::2")
                 gmask = [ctx.src(x, np.uint32) for x in rest[0].items]
                 rest = rest[1:]
             if len(rest) != 1:
@@ -545,7 +548,13 @@ def _tcgen05_async(ins, ctx, op):
                     try:
                         if ctas is not None:
                             readers = [lambda x, width, c=c: c.shared.read(x, width, where) for c in ctas]
-                            mma_mxf4nvf4_pair([c.tmem for c in ctas], readers, d, ad, bd, idesc, sfa, sfb, enable)
+                            if scaled:
+                                mma_mxf4nvf4_pair([c.tmem for c in ctas], readers, d, ad, bd, idesc, sfa, sfb, enable)
+                            elif dis is not None and any(dis):
+                                raise EmulationError(f"tcgen05.mma.cta_group::2 with lanes disabled ({dis}) is not "
+                                                     f"modelled, {where(0)}")
+                            else:
+                                mma_f16_pair([c.tmem for c in ctas], readers, d, ad, bd, idesc, enable)
                         elif scaled:
                             mma_mxf4nvf4(w.cta.tmem, reader, d, ad, bd, idesc, sfa, sfb, enable)
                         else:

@@ -308,6 +308,27 @@ def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, ides
         _accumulate(tmem, d_taddr, half, av, bv, enable_input_d, op)
 
 
+def mma_f16_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, idesc: int, enable_input_d: bool) -> None:
+    """``tcgen05.mma.cta_group::2.kind::f16`` with M = 256, issued by the pair leader (A from shared memory): the
+    placement of :func:`mma_mxf4nvf4_pair` -- each CTA holds its 128 rows of A at ``a-desc`` and N / 2 rows of B
+    at ``b-desc`` (leader: columns 0 .. N/2 - 1, peer: the rest) in its own shared memory, and its 128 rows of D
+    in its own tensor memory (9.7.16.10.5 layout A for M = 256: row ``m`` of D is lane ``m % 128`` of CTA
+    ``m // 128``)."""
+    op = "tcgen05.mma.cta_group::2.kind::f16"
+    d = decode_idesc("f16", idesc)
+    if d.m != 256:
+        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
+    if d.n % 16 or not 16 <= d.n <= 256:
+        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    b = np.concatenate([read_operand(s, decode_tcgen05_desc(b_desc), d.n // 2, d.k, 16, d.b_major) for s in smems])
+    bv = numerics.values(b, d.btype) * (-1.0 if d.negate_b else 1.0)
+    half = replace(d, m=128)
+    for tmem, smem in zip(tmems, smems):
+        a = read_operand(smem, decode_tcgen05_desc(a_desc), 128, d.k, 16, d.a_major)
+        av = numerics.values(a, d.atype) * (-1.0 if d.negate_a else 1.0)
+        _accumulate(tmem, d_taddr, half, av, bv, enable_input_d, op)
+
+
 def cp_32x128b_warpx4(tmem: Tmem, smem: np.ndarray, taddr: int, src_desc: int, *, window_base: int = 0) -> None:
     """``tcgen05.cp.cta_group::1.32x128b.warpx4 [taddr], s-desc``."""
     lane, col = split_taddr(taddr)

@@ -287,6 +287,62 @@ def _blackwell_dense_gemm_2cta(mod, h: Harness):
     return _gemm_mkl(gemm, h, 256, 128, 128, 1, torch.float16, torch.float16)
 
 
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _nvfp4_operand(rows, k, seed):
+    """(packed uint8 (rows, k / 2), fp64 values (rows, k)): random E2M1 codes, the even k in the low nibble."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (rows, k), generator=g)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    return packed, torch.tensor(E2M1, dtype=torch.float64)[codes]
+
+
+def _pow2_scales(rows, nblocks, seed):
+    """(E4M3 codes uint8 (rows, nblocks), fp64 values): powers of two 2^-1, 2^0, 2^1 (codes 0x30, 0x38, 0x40)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(-1, 2, (rows, nblocks), generator=g)
+    return ((e + 7) * 8).to(torch.uint8), torch.pow(2.0, e.double())
+
+
+@example("blackwell/dense_blockscaled_gemm_persistent",
+         "cute/blackwell/kernel/blockscaled_gemm/dense_blockscaled_gemm_persistent.py", "sm_100a", "B200",
+         "M=N=128 K=256 L=1 NVFP4 (E2M1, block-16 E4M3 scales) -> fp16, MMA 128x128, cluster 1x1, "
+         "max_active_clusters 148; random E2M1 codes, scales 2^-1..2^1 (the example's own scale recipe, E4M3 codes "
+         "0..2, is subnormal 2^-9 scales that round almost every fp16 output to 0)",
+         "bit-exact (products of E2M1 values and power-of-two scales and their fp32 sums are exact; the fp16 "
+         "rounding of the exact sum is the same on both sides)")
+def _blackwell_blockscaled(mod, h: Harness):
+    import cutlass
+    import cutlass.cute as cute
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    m, n, k, l = 128, 128, 256, 1
+    a, av = _nvfp4_operand(m, k, 21)
+    b, bv = _nvfp4_operand(n, k, 22)
+    sfa_codes, sfa = _pow2_scales(m, k // 16, 23)
+    sfb_codes, sfb = _pow2_scales(n, k // 16, 24)
+    # the kernel's scale layout (128 x 4 blocks of 32 x 16 bytes) is the example's own to_blocked order for L = 1
+    sfa_blk, sfb_blk = mod.to_blocked(sfa_codes).contiguous(), mod.to_blocked(sfb_codes).contiguous()
+    c = torch.full((m, n), float("nan"), dtype=torch.float16)
+    gemm = mod.Sm100BlockScaledPersistentDenseGemmKernel(16, (128, 128), (1, 1))
+    t0 = time.perf_counter()
+    compiled = mod.scaled_mm(gemm, cutlass.Float4E2M1FN, cutlass.Float4E2M1FN, cutlass.Float16, cutlass.Float8E4M3FN,
+                             "k", "k", "n", 148, _stream())
+    h.timings["compile_s"] = time.perf_counter() - t0
+    ptr = lambda dt, t, al: make_ptr(dt, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=al)  # noqa: E731
+    h.emulate(compiled, ptr(cutlass.Float4E2M1FN, a, 16), ptr(cutlass.Float4E2M1FN, b, 16),
+              ptr(cutlass.Float8E4M3FN, sfa_blk, 32), ptr(cutlass.Float8E4M3FN, sfb_blk, 32),
+              ptr(cutlass.Float16, c, 16), (m, n, k, l), _stream(), memory=[a, b, sfa_blk, sfb_blk, c])
+    ref = (av * sfa.repeat_interleave(16, dim=1)) @ (bv * sfb.repeat_interleave(16, dim=1)).T
+    return h.compare(c, ref.to(torch.float16))
+
+
 def child_main(checkout: Path, name: str) -> dict:
     ex = EXAMPLES[name]
     root = checkout / EXAMPLES_SUBDIR

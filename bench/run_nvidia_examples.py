@@ -232,14 +232,15 @@ def _mkl(l, rows, cols, dtype, seed, lo=-2, hi=3):
     return _ints((l, rows, cols), lo, hi, seed, dtype).permute(1, 2, 0)
 
 
-def _gemm_mkl(mod_call, h: Harness, m, n, k, l, dtype, out_dtype, *, tail_args=()):
-    """C (m, n, l) = A (m, k, l) B (n, k, l)^T through ``mod_call`` (the example's kernel object)."""
+def _gemm_mkl(mod_call, h: Harness, m, n, k, l, dtype, out_dtype, *, constexprs=()):
+    """C (m, n, l) = A (m, k, l) B (n, k, l)^T through ``mod_call`` (the example's kernel object), called as
+    ``(a, b, c, *constexprs, stream)``."""
     import torch
 
     a, b = _mkl(l, m, k, dtype, 11), _mkl(l, n, k, dtype, 12)
     c = torch.full((l, m, n), float("nan"), dtype=out_dtype).permute(1, 2, 0)
     ta, tb, tc = [gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=1) for t in (a, b, c)]
-    compiled = h.compile(mod_call, ta, tb, tc, _stream(), *tail_args)
+    compiled = h.compile(mod_call, ta, tb, tc, *constexprs, _stream())
     h.emulate(compiled, ta, tb, tc, _stream(), memory=[a, b, c])
     ref = torch.einsum("mkl,nkl->mnl", a.double(), b.double())
     return h.compare(c, ref)
@@ -258,6 +259,18 @@ def _hopper_dense_gemm(mod, h: Harness):
 
     gemm = mod.HopperWgmmaGemmKernel(cutlass.Float32, (128, 128), (1, 1))
     return _gemm_mkl(gemm, h, 128, 128, 128, 1, torch.bfloat16, torch.bfloat16)
+
+
+@example("hopper/dense_gemm_persistent", "cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py", "sm_90a", "H200",
+         "M=N=256 K=128 L=1 bf16 / fp32 acc / bf16 out, tile 128x128, cluster 1x1, max_active_clusters 2 "
+         "(4 tiles on 2 persistent CTAs), raster along M, swizzle 1",
+         "bit-exact (integer data: products, fp32 sums and the bf16 result are exact)")
+def _hopper_dense_gemm_persistent(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.HopperWgmmaGemmPersistentKernel(cutlass.Float32, (128, 128), (1, 1), 1, True)
+    return _gemm_mkl(gemm, h, 256, 256, 128, 1, torch.bfloat16, torch.bfloat16, constexprs=(2,))
 
 
 # --- Blackwell (sm_100a) -------------------------------------------------------------------------------------
@@ -285,6 +298,36 @@ def _blackwell_dense_gemm_2cta(mod, h: Harness):
 
     gemm = mod.DenseGemmKernel(cutlass.Float32, True, (256, 128), (2, 1), True)
     return _gemm_mkl(gemm, h, 256, 128, 128, 1, torch.float16, torch.float16)
+
+
+@example("blackwell/dense_gemm_persistent", "cute/blackwell/kernel/dense_gemm/dense_gemm_persistent.py", "sm_100a",
+         "B200", "M=N=256 K=128 L=1 fp16 / fp32 acc / fp16 out, 1-CTA MMA 128x128, cluster 1x1, TMA store, "
+         "max_active_clusters 2 (4 tiles on 2 persistent CTAs)",
+         "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _blackwell_dense_gemm_persistent(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.PersistentDenseGemmKernel(cutlass.Float32, False, (128, 128), (1, 1), True)
+    return _gemm_mkl(gemm, h, 256, 256, 128, 1, torch.float16, torch.float16, constexprs=(2,))
+
+
+@example("blackwell/tutorial_fp16_gemm_0", "cute/blackwell/tutorial/tutorial_gemm/fp16_gemm_0.py", "sm_100a", "B200",
+         "M=128 N=256 K=128 fp16 / fp32 acc / fp16 out (the tutorial's fixed 128x256x64 MMA tiler), example data: "
+         "integers in [-2, 2)", "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _blackwell_tutorial_fp16_gemm_0(mod, h: Harness):
+    import torch
+
+    m, n, k = 128, 256, 128
+    a, b = _ints((m, k), -2, 2, 31, torch.float16), _ints((n, k), -2, 2, 32, torch.float16)
+    c = torch.full((m, n), float("nan"), dtype=torch.float16)
+    ta, tb = [gmem(t, assumed_align=32).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(
+        mode=1, divisibility=k) for t in (a, b)]
+    tc = gmem(c, assumed_align=32).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(mode=1,
+                                                                                               divisibility=n)
+    compiled = h.compile(mod.host_function, ta, tb, tc)
+    h.emulate(compiled, ta, tb, tc, memory=[a, b, c])
+    return h.compare(c, (a.double() @ b.double().T).to(torch.float16))
 
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

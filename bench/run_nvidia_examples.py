@@ -206,17 +206,24 @@ def _sgemm(mod, h: Harness):
          "M=N=128 K=64 L=1 fp16 in / fp16 out / fp32 acc, atom layout 2x2x1, A/B K-major, C N-major "
          "(example data: integers in [-2, 3))",
          "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
-def _tensorop_gemm(mod, h: Harness):
+def _tensorop_gemm(mod, h: Harness, mn_major: bool = False):
     import cutlass
     import torch
 
-    m, n, k, l = 128, 128, 64, 1
-    a = _ints((l, m, k), -2, 3, 5, torch.float16)
-    b = _ints((l, n, k), -2, 3, 6, torch.float16).permute(0, 2, 1)  # (l, k, n), K-major
-    c = _ints((l, m, n), -2, 3, 7, torch.float16)
     from nvgemm.emulator.cute_host import device_view
 
-    a_, b_, c_ = mod.mark_dynamic_layout(device_view(a), device_view(b), device_view(c), 2, 1, 2, cutlass.Float16,
+    m, n, k, l = 128, 128, 64, 1
+    if mn_major:  # A M-major, B N-major, C M-major (the example's prepare_tensors layouts for "m", "n", "m")
+        a = _ints((l, k, m), -2, 3, 5, torch.float16).permute(0, 2, 1)
+        b = _ints((l, k, n), -2, 3, 6, torch.float16)
+        c = _ints((l, n, m), -2, 3, 7, torch.float16).permute(0, 2, 1)
+        dims = (1, 2, 1)
+    else:  # A K-major, B K-major, C N-major
+        a = _ints((l, m, k), -2, 3, 5, torch.float16)
+        b = _ints((l, n, k), -2, 3, 6, torch.float16).permute(0, 2, 1)
+        c = _ints((l, m, n), -2, 3, 7, torch.float16)
+        dims = (2, 1, 2)
+    a_, b_, c_ = mod.mark_dynamic_layout(device_view(a), device_view(b), device_view(c), *dims, cutlass.Float16,
                                          cutlass.Float16)
     t0 = time.perf_counter()
     compiled = mod.compile_bmm((m, n, k, l), a_, b_, c_, cutlass.Float16, cutlass.Float16, cutlass.Float32,
@@ -225,6 +232,42 @@ def _tensorop_gemm(mod, h: Harness):
     h.emulate(compiled, a_, b_, c_, _stream(), memory=[a, b, c])
     ref = torch.bmm(a.double(), b.double())
     return h.compare(c, ref)
+
+
+@example("ampere/tensorop_gemm_mn_major", "cute/ampere/kernel/dense_gemm/tensorop_gemm.py", "sm_80", "A100",
+         "as ampere/tensorop_gemm with A M-major, B N-major, C M-major (fragments through ldmatrix .trans)",
+         "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _tensorop_gemm_mn(mod, h: Harness):
+    return _tensorop_gemm(mod, h, mn_major=True)
+
+
+@example("ampere/flash_attention_v2", "cute/ampere/kernel/attention/flash_attention_v2.py", "sm_80", "A100",
+         "batch 1, seqlen_q 128, seqlen_k 256 (two KV blocks: online softmax rescaling), 2 heads, head_dim 64, fp16, "
+         "softmax_scale 0.125, not causal (example data: integers in [-2, 2))",
+         "the example's own: atol 1e-2, rtol 1e-4 vs torch SDPA in fp64 (softmax uses ex2.approx, whose bits are "
+         "implementation-defined; the emulator rounds 2^x exactly)")
+def _flash_attention_v2(mod, h: Harness, causal: bool = False):
+    import cutlass
+    import torch
+
+    b, sq, sk, nh, d = 1, 128, 256, 2, 64
+    q, k, v = (_ints((b, s, nh, d), -2, 2, 41 + i, torch.float16) for i, s in enumerate((sq, sk, sk)))
+    o = torch.full((b, sq, nh, d), float("nan"), dtype=torch.float16)
+    ts = [gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=3).mark_compact_shape_dynamic(
+        mode=3, stride_order=t.dim_order(), divisibility=8) for t in (q, k, v, o)]
+    fa = mod.FlashAttentionForwardAmpere(d, 128, 128, 128, causal)
+    compiled = h.compile(fa, *ts, cutlass.Float32(0.125), _stream())
+    h.emulate(compiled, *ts, 0.125, _stream(), memory=[q, k, v, o])
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(t.permute(0, 2, 1, 3).double() for t in (q, k, v)), scale=0.125, is_causal=causal).permute(0, 2, 1, 3)
+    return h.compare(o, ref, atol=1e-2, rtol=1e-4)
+
+
+@example("ampere/flash_attention_v2_causal", "cute/ampere/kernel/attention/flash_attention_v2.py", "sm_80", "A100",
+         "as ampere/flash_attention_v2 with is_causal=True (masked diagonal block, skipped upper blocks)",
+         "the example's own: atol 1e-2, rtol 1e-4 vs torch SDPA (causal) in fp64")
+def _flash_attention_v2_causal(mod, h: Harness):
+    return _flash_attention_v2(mod, h, causal=True)
 
 
 def _mkl(l, rows, cols, dtype, seed, lo=-2, hi=3):
@@ -271,6 +314,26 @@ def _hopper_dense_gemm_persistent(mod, h: Harness):
 
     gemm = mod.HopperWgmmaGemmPersistentKernel(cutlass.Float32, (128, 128), (1, 1), 1, True)
     return _gemm_mkl(gemm, h, 256, 256, 128, 1, torch.bfloat16, torch.bfloat16, constexprs=(2,))
+
+
+@example("hopper/dense_gemm_fp8", "cute/hopper/kernel/dense_gemm/dense_gemm.py", "sm_90a", "H200",
+         "M=N=K=128 L=1 fp8 E4M3 in / fp32 acc / fp16 out, tile 128x128, cluster 1x1 (integer data in [-2, 2])",
+         "bit-exact (integer data: exact in E4M3, products, fp32 sums and the fp16 result are exact)")
+def _hopper_dense_gemm_fp8(mod, h: Harness):
+    import cutlass
+    import torch
+
+    m, n, k, l = 128, 128, 128, 1
+    a8, b8 = _mkl(l, m, k, torch.float8_e4m3fn, 13), _mkl(l, n, k, torch.float8_e4m3fn, 14)
+    a, b = a8.view(torch.uint8), b8.view(torch.uint8)
+    c = torch.full((l, m, n), float("nan"), dtype=torch.float16).permute(1, 2, 0)
+    ta, tb, tc = [gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=1) for t in (a, b, c)]
+    ta.element_type = tb.element_type = cutlass.Float8E4M3FN
+    gemm = mod.HopperWgmmaGemmKernel(cutlass.Float32, (128, 128), (1, 1))
+    compiled = h.compile(gemm, ta, tb, tc, _stream())
+    h.emulate(compiled, ta, tb, tc, _stream(), memory=[a, b, c])
+    ref = torch.einsum("mkl,nkl->mnl", a8.double(), b8.double())
+    return h.compare(c, ref.to(torch.float16))
 
 
 # --- Blackwell (sm_100a) -------------------------------------------------------------------------------------
@@ -360,12 +423,16 @@ def _pow2_scales(rows, nblocks, seed):
          "bit-exact (products of E2M1 values and power-of-two scales and their fp32 sums are exact; the fp16 "
          "rounding of the exact sum is the same on both sides)")
 def _blackwell_blockscaled(mod, h: Harness):
+    return _blockscaled(mod, h, 128, (128, 128), (1, 1), 148)
+
+
+def _blockscaled(mod, h: Harness, m, mma_tiler, cluster, max_active_clusters):
     import cutlass
     import cutlass.cute as cute
     import torch
     from cutlass.cute.runtime import make_ptr
 
-    m, n, k, l = 128, 128, 256, 1
+    n, k, l = 128, 256, 1
     a, av = _nvfp4_operand(m, k, 21)
     b, bv = _nvfp4_operand(n, k, 22)
     sfa_codes, sfa = _pow2_scales(m, k // 16, 23)
@@ -373,10 +440,10 @@ def _blackwell_blockscaled(mod, h: Harness):
     # the kernel's scale layout (128 x 4 blocks of 32 x 16 bytes) is the example's own to_blocked order for L = 1
     sfa_blk, sfb_blk = mod.to_blocked(sfa_codes).contiguous(), mod.to_blocked(sfb_codes).contiguous()
     c = torch.full((m, n), float("nan"), dtype=torch.float16)
-    gemm = mod.Sm100BlockScaledPersistentDenseGemmKernel(16, (128, 128), (1, 1))
+    gemm = mod.Sm100BlockScaledPersistentDenseGemmKernel(16, mma_tiler, cluster)
     t0 = time.perf_counter()
     compiled = mod.scaled_mm(gemm, cutlass.Float4E2M1FN, cutlass.Float4E2M1FN, cutlass.Float16, cutlass.Float8E4M3FN,
-                             "k", "k", "n", 148, _stream())
+                             "k", "k", "n", max_active_clusters, _stream())
     h.timings["compile_s"] = time.perf_counter() - t0
     ptr = lambda dt, t, al: make_ptr(dt, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=al)  # noqa: E731
     h.emulate(compiled, ptr(cutlass.Float4E2M1FN, a, 16), ptr(cutlass.Float4E2M1FN, b, 16),
@@ -384,6 +451,14 @@ def _blackwell_blockscaled(mod, h: Harness):
               ptr(cutlass.Float16, c, 16), (m, n, k, l), _stream(), memory=[a, b, sfa_blk, sfb_blk, c])
     ref = (av * sfa.repeat_interleave(16, dim=1)) @ (bv * sfb.repeat_interleave(16, dim=1)).T
     return h.compare(c, ref.to(torch.float16))
+
+
+@example("blackwell/dense_blockscaled_gemm_persistent_2cta",
+         "cute/blackwell/kernel/blockscaled_gemm/dense_blockscaled_gemm_persistent.py", "sm_100a", "B200",
+         "M=256 N=128 K=256 L=1 NVFP4 -> fp16, 2-CTA MMA 256x128 (cta_group::2), cluster 2x1, max_active_clusters "
+         "74; data as the 1-CTA row", "bit-exact (as the 1-CTA row)")
+def _blackwell_blockscaled_2cta(mod, h: Harness):
+    return _blockscaled(mod, h, 256, (256, 128), (2, 1), 74)
 
 
 def child_main(checkout: Path, name: str) -> dict:

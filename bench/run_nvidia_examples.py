@@ -336,6 +336,41 @@ def _hopper_dense_gemm_fp8(mod, h: Harness):
     return h.compare(c, ref.to(torch.float16))
 
 
+def _cta_norm(mod, h: Harness, norm_type: str):
+    import torch
+
+    m, n, eps = 6, 1024, 1e-6
+    g = torch.Generator().manual_seed(51)
+    x, w, bias = torch.randn(m, n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g)
+    y = torch.full_like(x, float("nan"))
+    ty, tx, tw = (gmem(t, assumed_align=16) for t in (y, x, w))
+    tb = gmem(bias, assumed_align=16) if norm_type == "layer" else None
+    norm = mod.CtaNorm(n, norm_type)
+    compiled = h.compile(norm, ty, tx, tw, tb)
+    h.emulate(compiled, ty, tx, tw, tb, eps, memory=[y, x, w, bias])
+    xd = x.double()
+    if norm_type == "layer":
+        ref = torch.nn.functional.layer_norm(xd, (n,), w.double(), bias.double(), eps)
+    else:
+        ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    return h.compare(y, ref, atol=1e-5, rtol=1e-5)
+
+
+@example("hopper/cta_norm_layer", "cute/hopper/kernel/cta_norm/cta_norm.py", "sm_90a", "H200",
+         "LayerNorm, M=6 rows, N=1024, fp32, the example's thread heuristic, eps 1e-6 (torch.randn data)",
+         "atol 1e-5, rtol 1e-5 vs fp64 (fp32 reductions in the kernel's order and rsqrt.approx: a few fp32 ulp; "
+         "the example's own check is 1e-3)")
+def _cta_norm_layer(mod, h: Harness):
+    return _cta_norm(mod, h, "layer")
+
+
+@example("hopper/cta_norm_rms", "cute/hopper/kernel/cta_norm/cta_norm.py", "sm_90a", "H200",
+         "RMSNorm, M=6 rows, N=1024, fp32, eps 1e-6 (torch.randn data)",
+         "atol 1e-5, rtol 1e-5 vs fp64 (as the LayerNorm row)")
+def _cta_norm_rms(mod, h: Harness):
+    return _cta_norm(mod, h, "rms")
+
+
 # --- Blackwell (sm_100a) -------------------------------------------------------------------------------------
 
 
@@ -391,6 +426,51 @@ def _blackwell_tutorial_fp16_gemm_0(mod, h: Harness):
     compiled = h.compile(mod.host_function, ta, tb, tc)
     h.emulate(compiled, ta, tb, tc, memory=[a, b, c])
     return h.compare(c, (a.double() @ b.double().T).to(torch.float16))
+
+
+@example("blackwell/dense_gemm_software_pipeline", "cute/blackwell/kernel/dense_gemm/dense_gemm_software_pipeline.py",
+         "sm_100a", "B200", "M=N=K=128 L=1 fp16 / fp32 acc / fp16 out, 1-CTA MMA 128x128, cluster 1x1, TMA store",
+         "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _blackwell_dense_gemm_swp(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.DenseGemmKernel(cutlass.Float32, False, (128, 128), (1, 1), True)
+    return _gemm_mkl(gemm, h, 128, 128, 128, 1, torch.float16, torch.float16)
+
+
+@example("blackwell/dense_gemm_persistent_prefetch",
+         "cute/blackwell/kernel/dense_gemm/dense_gemm_persistent_prefetch.py", "sm_100a", "B200",
+         "M=N=256 K=256 L=1 fp16 / fp32 acc / fp16 out, 1-CTA MMA 128x128, cluster 1x1, TMA store, default "
+         "prefetch distance, max_active_clusters 2",
+         "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _blackwell_dense_gemm_prefetch(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.PersistentDenseGemmKernel(cutlass.Float32, False, (128, 128), (1, 1), True)
+    return _gemm_mkl(gemm, h, 256, 256, 256, 1, torch.float16, torch.float16, constexprs=(2,))
+
+
+@example("blackwell/dense_gemm_alpha_beta_persistent",
+         "cute/blackwell/kernel/dense_gemm/dense_gemm_alpha_beta_persistent.py", "sm_100a", "B200",
+         "D = alpha A B + beta C, M=N=256 K=128 L=1 fp16 A/B/C/D, fp32 acc and epilogue, alpha 0.5, beta -2, "
+         "1-CTA MMA 128x128, cluster 1x1, max_active_clusters 2",
+         "bit-exact (integer data, power-of-two alpha/beta: every step is exact in fp32 and the fp16 result exact)")
+def _blackwell_alpha_beta(mod, h: Harness):
+    import cutlass
+    import torch
+
+    m, n, k, l = 256, 256, 128, 1
+    a, b = _mkl(l, m, k, torch.float16, 11), _mkl(l, n, k, torch.float16, 12)
+    c = _mkl(l, m, n, torch.float16, 13)
+    d = torch.full((l, m, n), float("nan"), dtype=torch.float16).permute(1, 2, 0)
+    ts = [gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=1) for t in (a, b, c, d)]
+    gemm = mod.SM100PersistentDenseGemmAlphaBetaKernel(cutlass.Float32, cutlass.Float32, False, (128, 128), (1, 1))
+    compiled = h.compile(gemm, *ts, cutlass.Float32(0.5), cutlass.Float32(-2.0), 2, _stream())
+    h.emulate(compiled, *ts, 0.5, -2.0, _stream(), memory=[a, b, c, d])
+    ref = 0.5 * torch.einsum("mkl,nkl->mnl", a.double(), b.double()) - 2.0 * c.double()
+    return h.compare(d, ref.to(torch.float16))
 
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -7,9 +7,16 @@ path (NVIDIA's Hopper dense_gemm example does, for grids narrower than its raste
 value is all ones, and every occurrence is counted in ``Launch.stats["int_div_by_zero"]``.
 
 ``setmaxnreg`` (Hopper dense_gemm_persistent's warp-specialised register split): a resource hint with no
-functional effect; the ISA's operand rule (24..256, a multiple of 8) and whole-warp execution are checked."""
+functional effect; the ISA's operand rule (24..256, a multiple of 8) and whole-warp execution are checked.
+
+``.f32x2`` arithmetic (Blackwell dense_gemm_alpha_beta_persistent's epilogue): two independent f32 operations on the
+halves of a .b64 register, checked against exact rationals rounded per half."""
 
 from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
 
 import pytest
 import torch
@@ -88,3 +95,49 @@ def test_setmaxnreg_is_a_checked_hint():
     divergent = SETMAXNREG.replace("GUARD", "and.b32 %r4, %r1, 1; setp.eq.s32 %p1, %r4, 0;").replace("DEC", "40")
     with pytest.raises(EmulationError, match="partial warp"):
         launch_ptx(divergent, (1, 1, 1), (64, 1, 1), [out])
+
+
+F32X2 = """.version 9.4
+.target sm_100a
+.address_size 64
+.visible .entry k(.param .u64 p_a, .param .u64 p_b, .param .u64 p_c, .param .u64 p_out)
+{
+.reg .b32 %r<4>;
+.reg .b64 %rd<24>;
+    ld.param.u64 %rd1, [p_a]; ld.param.u64 %rd2, [p_b]; ld.param.u64 %rd3, [p_c]; ld.param.u64 %rd4, [p_out];
+    mov.u32 %r1, %tid.x; shl.b32 %r2, %r1, 3; cvt.u64.u32 %rd5, %r2;
+    add.s64 %rd6, %rd1, %rd5; add.s64 %rd7, %rd2, %rd5; add.s64 %rd8, %rd3, %rd5;
+    ld.global.b64 %rd9, [%rd6]; ld.global.b64 %rd10, [%rd7]; ld.global.b64 %rd11, [%rd8];
+    mul.rn.f32x2 %rd12, %rd9, %rd10;
+    add.rz.f32x2 %rd13, %rd9, %rd10;
+    fma.rn.f32x2 %rd14, %rd9, %rd10, %rd11;
+    shl.b32 %r3, %r1, 5; cvt.u64.u32 %rd15, %r3; add.s64 %rd16, %rd4, %rd15;
+    st.global.v4.b64 [%rd16], {%rd12, %rd13, %rd14, %rd9};
+    ret;
+}
+"""
+
+
+def _round_f32(x: Fraction, mode: str) -> np.float32:
+    """The f32 nearest to the exact ``x`` (ties to even) or, for ``rz``, the largest not above it in magnitude."""
+    r = np.float32(float(x))
+    cands = [np.nextafter(r, np.float32(-np.inf)), r, np.nextafter(r, np.float32(np.inf))]
+    if mode == "rz":
+        return max((c for c in cands if abs(Fraction(float(c))) <= abs(x)), key=lambda c: abs(Fraction(float(c))))
+    return min(cands, key=lambda c: (abs(Fraction(float(c)) - x), int(np.float32(c).view(np.uint32)) & 1))
+
+
+def test_f32x2_halves_are_independent_f32_operations():
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal(64).astype(np.float32) for _ in range(3))
+    b[1::2] *= 2.0 ** -20  # odd halves: sums that need rounding
+    out = torch.zeros(32, 8, dtype=torch.float32)
+    launch_ptx(F32X2, (1, 1, 1), (32, 1, 1), [torch.from_numpy(x) for x in (a, b, c)] + [out])
+    got = out.numpy().reshape(32, 4, 2)
+    for i in range(64):
+        lane, h = divmod(i, 2)
+        fa, fb, fc = (Fraction(float(x[i])) for x in (a, b, c))
+        assert got[lane, 0, h] == _round_f32(fa * fb, "rn"), i
+        assert got[lane, 1, h] == _round_f32(fa + fb, "rz"), i
+        assert got[lane, 2, h] == _round_f32(fa * fb + fc, "rn"), i
+    assert np.array_equal(got[:, 3].ravel(), a)

@@ -180,6 +180,8 @@ def compile_fp_arith(ins, ctx):
     t = ins.parts[-1]
     if t in ("f16x2", "bf16x2", "f16", "bf16"):
         return _compile_half(ins, ctx)
+    if t == "f32x2":
+        return _compile_f32x2(ins, ctx)
     if t not in ("f32", "f64"):
         raise ctx.unsupported(ins, f"type .{t}")
     dt = TYPE_DTYPE[t]
@@ -288,6 +290,33 @@ def _compile_half(ins, ctx):
             r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
         out = to_bits(r, fmt)
         sd(w, m, out.view(np.uint32) if lanes2 else out)
+
+    return ex
+
+
+def _compile_f32x2(ins, ctx):
+    """``{add,sub,mul,fma}{.rnd}{.ftz}{.sat}.f32x2 d, a, b{, c}`` (sm_100+): two independent f32 operations on the
+    32-bit halves of .b64 registers, each rounded as its .f32 form."""
+    op = ins.parts[0]
+    nin = {"add": 2, "sub": 2, "mul": 2, "fma": 3}.get(op)
+    if nin is None:
+        raise ctx.unsupported(ins, f"{op} on .f32x2")
+    _, mods, mode = _split(ins, ctx, {"ftz", "sat"})
+    gets = [ctx.src(o, np.uint64) for o in ins.operands[1:1 + nin]]
+    sd = ctx.dst(ins.operands[0], np.uint64)
+    ftz, sat = "ftz" in mods, "sat" in mods
+
+    def ex(w, m):
+        xs = [np.ascontiguousarray(g(w)).view(np.float32).astype(np.float64) for g in gets]  # (64,): both halves
+        if ftz:
+            xs = [ftz32(x) for x in xs]
+        s, e = _exact_op(op, xs)
+        r = round_fmt(s, e, "f32", mode)
+        if ftz:
+            r = ftz32(r)
+        if sat:
+            r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
+        sd(w, m, np.ascontiguousarray(to_bits(r, "f32")).view(np.uint64))
 
     return ex
 

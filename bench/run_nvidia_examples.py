@@ -541,6 +541,51 @@ def _blackwell_blockscaled_2cta(mod, h: Harness):
     return _blockscaled(mod, h, 256, (256, 128), (2, 1), 74)
 
 
+def _blocked_scales(sf):
+    """(rows, k / 16) scale codes in the tcgen05 block-scaled layout (cuBLAS's 128 x 4 blocks, row-major over
+    (row block, k block); inside a block, byte ``16 (m % 32) + 4 (m // 32 % 4) + k % 4``), rows padded to 128."""
+    import torch
+
+    rows, nk = sf.shape
+    rb, kb = -(-rows // 128), -(-nk // 4)
+    out = torch.zeros(rb * kb * 512, dtype=torch.uint8)
+    for m in range(rows):
+        for k in range(nk):
+            out[((m // 128) * kb + k // 4) * 512 + 16 * (m % 32) + 4 * (m // 32 % 4) + k % 4] = sf[m, k]
+    return out
+
+
+@example("blackwell/tutorial_nvfp4_gemm_0", "cute/blackwell/tutorial/tutorial_gemm/nvfp4_gemm_0.py", "sm_100a", "B200",
+         "M=128 N=256 K=256 L=1 NVFP4 -> fp16 (the tutorial's fixed 128x256 MMA tiler); data as "
+         "blackwell/dense_blockscaled_gemm_persistent, scales laid out by the harness (cuBLAS 128x4 blocks)",
+         "bit-exact (as blackwell/dense_blockscaled_gemm_persistent)")
+def _blackwell_tutorial_nvfp4(mod, h: Harness):
+    import cutlass
+    import cutlass.cute as cute
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    m, n, k, l = 128, 256, 256, 1
+    a, av = _nvfp4_operand(m, k, 61)
+    b, bv = _nvfp4_operand(n, k, 62)
+    sfa_codes, sfa = _pow2_scales(m, k // 16, 63)
+    sfb_codes, sfb = _pow2_scales(n, k // 16, 64)
+    sfa_blk, sfb_blk = _blocked_scales(sfa_codes), _blocked_scales(sfb_codes)
+    c = torch.full((m, n), float("nan"), dtype=torch.float16)
+    ptr = lambda dt, t, al: make_ptr(dt, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=al)  # noqa: E731
+    args = (ptr(cutlass.Float4E2M1FN, a, 16), ptr(cutlass.Float4E2M1FN, b, 16), ptr(cutlass.Float8E4M3FN, sfa_blk, 32),
+            ptr(cutlass.Float8E4M3FN, sfb_blk, 32), ptr(cutlass.Float16, c, 32), (m, n, k, l), _stream())
+    # its problem_size parameter is annotated `tuple`: the export specialises it while the call marshalling packs
+    # it, so call it from a host function of ours taking the sizes as Int32 (nvidia_example_hosts.py)
+    from nvidia_example_hosts import call_ptrs_mnkl_stream
+
+    args = args[:5] + (m, n, k, l, args[6])
+    compiled = h.compile(call_ptrs_mnkl_stream, mod.Sm100BlockScaledDenseGemmKernel(), *args)
+    h.emulate(compiled, *args, memory=[a, b, sfa_blk, sfb_blk, c])
+    ref = (av * sfa.repeat_interleave(16, dim=1)) @ (bv * sfb.repeat_interleave(16, dim=1)).T
+    return h.compare(c, ref.to(torch.float16))
+
+
 def child_main(checkout: Path, name: str) -> dict:
     ex = EXAMPLES[name]
     root = checkout / EXAMPLES_SUBDIR

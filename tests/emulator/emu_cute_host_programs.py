@@ -27,3 +27,9 @@ def axpy(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float
     cC = cute.zipped_divide(cute.make_identity_tensor(mC.shape), tiler=TILE)
     _axpy_kernel(gA, gB, gC, cC, mC.shape, alpha).launch(grid=[cute.size(gC, mode=[1]), 1, 1],
                                                          block=[TILE[0] * TILE[1], 1, 1])
+
+
+@cute.jit
+def axpy_swapped(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, alpha: cutlass.Float32):
+    """The same kernel (same image and PTX) behind other host code: ``mC = alpha * mB + mA``."""
+    axpy(mB, mA, mC, alpha)

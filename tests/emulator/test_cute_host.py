@@ -83,3 +83,20 @@ def test_unknown_device_profile_is_refused(compiled):
 
     with pytest.raises(ValueError, match="device profile"):
         EmulatedHostFunction(compiled, device="H300")
+
+
+def test_host_code_is_not_confused_between_functions_sharing_a_kernel(compiled):
+    """Two host functions around one kernel share its image and PTX: each call must run its own host code (an
+    export cached by image + PTX ran the first function's host code for the second)."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import from_dlpack
+    from emu_cute_host_programs import axpy_swapped
+
+    from nvgemm.emulator.cute_host import EmulatedHostFunction
+
+    t = [from_dlpack(torch.zeros(SHAPE)).mark_layout_dynamic() for _ in range(3)]
+    swapped = cute.compile(axpy_swapped, *t, 1.0, options="--gpu-arch sm_90a --keep-ptx")
+    a, b, c = _data(2)
+    for fn, want in ((compiled, 2.0 * a + b), (swapped, 2.0 * b + a)):
+        EmulatedHostFunction(fn)(*[from_dlpack(x).mark_layout_dynamic() for x in (a, b, c)], 2.0, memory=[a, b, c])
+        torch.testing.assert_close(c, want, rtol=0, atol=0)

@@ -31,9 +31,10 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .cuda import _cache_root, _trusted_dir, _trusted_file, fake_cuda, relink
+from .cuda import _cache_root, _trusted_dir, fake_cuda, relink
 from .ptx.errors import EmulationError
 from .ptx.machine import DEVICES, GlobalMemory, Launch
 from .runner import execute_record
@@ -137,21 +138,28 @@ class EmulatedHostFunction:
         self._loaded = False
 
     def _build(self):
-        """export_to_c (cached by image and PTX) + shim, relinked against the fake runtime."""
+        """export_to_c + shim into a fresh directory, relinked against the fake runtime (the relinked library is
+        cached by the object's and shim's bytes). The export itself is not cached: two host functions around the
+        same kernel share its image and PTX but not their host code."""
+        import shutil
+        import tempfile
+
         from nvgemm.aot.artifact import _prepare_export, parse_header, write_shim
         from nvgemm.templates.registry import COMPILE_LOCK
 
-        key = hashlib.sha256(self.image_sha256.encode() + self.ptx.encode()).hexdigest()[:24]
-        d = _trusted_dir(_cache_root() / "cute_host" / key)
-        prefix = f"nvemu_{key[:16]}"
-        if not (_trusted_file(d / "kernel.o") and _trusted_file(d / "kernel.h")):
+        root = _trusted_dir(_cache_root() / "cute_host")
+        d = Path(tempfile.mkdtemp(prefix="export-", dir=root))  # 0700, ours
+        try:
+            prefix = f"nvemu_{self.image_sha256[:16]}"
             _prepare_export()
             with COMPILE_LOCK:  # the MLIR execution engine behind export is not known to be thread-safe
                 self.compiled.export_to_c(str(d), "kernel", function_prefix=prefix)
-        parsed = parse_header((d / "kernel.h").read_text(), prefix)
-        slots = _launcher_slots(d / "kernel.h")
-        write_shim(d / "shim.c", prefix, parsed["ciface"], slots + 1)  # relink keys on its bytes
-        return relink(d), slots
+            parsed = parse_header((d / "kernel.h").read_text(), prefix)
+            slots = _launcher_slots(d / "kernel.h")
+            write_shim(d / "shim.c", prefix, parsed["ciface"], slots + 1)
+            return relink(d), slots
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
     def __call__(self, *args: Any, memory=(), order: str = "forward", **kwargs: Any) -> list[Launch]:
         """Run the host function with ``args`` (as for the compiled function); ``memory``: the torch CPU

@@ -46,6 +46,22 @@ class Example:
 
 
 EXAMPLES: dict[str, Example] = {}
+# examples of the same tree with no adapter here, and why (reported in the results table, not run)
+NOT_ADAPTED = {
+    "cute/blackwell/kernel/attention/fmha/fmha.py": "not adapted yet: 19 host arguments (variable-length "
+    "cumulative sequence tensors, window / residual masks, LSE, sink, skip-softmax counters) built on the GPU",
+    "cute/hopper/kernel/attention/fmha.py": "not adapted yet: host setup as large as Blackwell FMHA's",
+    "cute/ampere/kernel/attention/hstu_attention.py": "not adapted yet",
+    "cute/blackwell/kernel/attention/mla/*, mamba2_ssd/*, mixed_input_fmha/*": "not adapted yet",
+    "cute/hopper/kernel/grouped_gemm/grouped_gemm.py, cute/blackwell/kernel/grouped_gemm/*, "
+    "blockscaled_grouped_gemm/*, moe/*": "not adapted yet: device tensors of per-group pointers and problem sizes",
+    "cute/blackwell/kernel/distributed/*": "out of scope: multi-GPU (peer memory, multimem) -- the emulator models "
+    "one device",
+    "cute/blackwell/kernel/rmsnorm/rmsnorm.py, reduce/reduce.py": "not adapted yet: the module queries the GPU "
+    "(torch.cuda) to pick its configuration",
+    "cute/blackwell/kernel/mixed_input_gemm/*, blockwise_gemm/*, dense_gemm_persistent_dynamic.py, "
+    "blockscaled_gemm/*_amax.py, *_prefetch.py, sm103_*": "not adapted yet",
+}
 NOTED_STATS = ("int_div_by_zero", "cp_async_unwaited")  # Launch.stats worth a note in the table
 
 
@@ -602,6 +618,7 @@ def child_main(checkout: Path, name: str) -> dict:
     try:
         spec = importlib.util.spec_from_file_location(f"nvidia_example_{name.replace('/', '_')}", path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses and cute.jit look their module up
         spec.loader.exec_module(mod)
         result, ok = ex.run(mod, h)
         out.update(result=result, ok=ok)
@@ -658,7 +675,7 @@ def _status(r: dict) -> str:
     return {True: "PASS", "finding": "FINDING"}.get(r.get("ok"), "FAIL")
 
 
-def markdown(rows: list[dict], commit: str, checkout_arg: str) -> str:
+def markdown(rows: list[dict], commit: str, checkout_arg: str, note: str = "") -> str:
     from importlib.metadata import version
 
     lines = [
@@ -674,6 +691,7 @@ def markdown(rows: list[dict], commit: str, checkout_arg: str) -> str:
         "Regenerate: `python bench/run_nvidia_examples.py --cutlass <checkout> --results "
         "bench/results/emulator_nvidia_examples.md` (one example: `--only NAME`).",
         "",
+        *([note, ""] if note else []),
         "| example | arch | problem | result | tolerance | emulator s | compile s | launches (grid/block/cluster/smem) |",
         "|---|---|---|---|---|---:|---:|---|",
     ]
@@ -686,8 +704,10 @@ def markdown(rows: list[dict], commit: str, checkout_arg: str) -> str:
         comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
         lines.append(f"| `{r['example']}` (`{r['path']}`) | {r['arch']} | {r['size']} | {res} | {r['tolerance']} | "
                      f"{emu} | {comp} | {launches or '-'} |")
-    lines += ["", "Command per row: `python bench/run_nvidia_examples.py --cutlass <checkout> --only <example>`.", ""]
-    return "\n".join(lines)
+    lines += ["", "Command per row: `python bench/run_nvidia_examples.py --cutlass <checkout> --only <example>`.", "",
+              "## Examples without an adapter", "", "| example(s) | why |", "|---|---|"]
+    lines += [f"| `{k}` | {v} |" for k, v in NOT_ADAPTED.items()]
+    return "\n".join(lines + [""])
 
 
 def main(argv=None) -> int:
@@ -698,6 +718,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, help="write the results table (markdown) here")
     ap.add_argument("--commit", help="CUTLASS commit to report (default: git rev-parse HEAD of the checkout)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per example (default 1800)")
+    ap.add_argument("--note", default="", help="a paragraph for the results file (e.g. how the commit was chosen)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.list:
@@ -723,7 +744,7 @@ def main(argv=None) -> int:
         print(f"{n}: {_status(r)} {r['result']} "
               f"(emulator {r.get('emulate_s', '-')} s, wall {r.get('wall_s', 0):.1f} s)", flush=True)
     if args.results:
-        args.results.write_text(markdown(rows, cutlass_commit(checkout, args.commit), str(args.cutlass)))
+        args.results.write_text(markdown(rows, cutlass_commit(checkout, args.commit), str(args.cutlass), args.note))
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

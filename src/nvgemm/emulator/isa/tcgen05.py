@@ -278,6 +278,16 @@ def mma_mxf4nvf4(tmem: Tmem, smem: np.ndarray, d_taddr: int, a_desc: int, b_desc
     _accumulate(tmem, d_taddr, d, av, bv, enable_input_d, op)
 
 
+def _pair_desc(kind: str, idesc: int, op: str) -> InstrDesc:
+    """The instruction descriptor of a ``.cta_group::2`` MMA, with the shape the pair models (M = 256)."""
+    d = decode_idesc(kind, idesc)
+    if d.m != 256:
+        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
+    if d.n % 16 or not 16 <= d.n <= 256:
+        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    return d
+
+
 def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, idesc: int, sfa_taddr: int,
                       sfb_taddr: int, enable_input_d: bool) -> None:
     """``tcgen05.mma.cta_group::2.kind::mxf4nvf4.block_scale.block16`` with M = 256, issued by the pair leader:
@@ -289,11 +299,7 @@ def mma_mxf4nvf4_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, ides
     tensor memory or from the leader's only; nvgemm's kernel multicasts the same SFB into both CTAs, so its
     end-to-end test cannot tell the two apart."""
     op = "tcgen05.mma.cta_group::2.kind::mxf4nvf4"
-    d = decode_idesc("mxf4nvf4", idesc)
-    if d.m != 256:
-        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
-    if d.n % 16 or not 16 <= d.n <= 256:
-        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    d = _pair_desc("mxf4nvf4", idesc, op)
     if d.scale_type != "ue4m3":
         raise IsaError(f"{op}: .block16 scales are ue4m3 (idesc bit 23 = 0); got {d.scale_type}")
     nb = d.k // 16
@@ -315,11 +321,7 @@ def mma_f16_pair(tmems, smems, d_taddr: int, a_desc: int, b_desc: int, idesc: in
     in its own tensor memory (9.7.16.10.5 layout A for M = 256: row ``m`` of D is lane ``m % 128`` of CTA
     ``m // 128``)."""
     op = "tcgen05.mma.cta_group::2.kind::f16"
-    d = decode_idesc("f16", idesc)
-    if d.m != 256:
-        raise IsaError(f"{op}: M = {d.m} is not modelled with cta_group::2 (M = 256)")
-    if d.n % 16 or not 16 <= d.n <= 256:
-        raise IsaError(f"{op}: N = {d.n} must be a multiple of 16 in 16..256")
+    d = _pair_desc("f16", idesc, op)
     b = np.concatenate([read_operand(s, decode_tcgen05_desc(b_desc), d.n // 2, d.k, 16, d.b_major) for s in smems])
     bv = numerics.values(b, d.btype) * (-1.0 if d.negate_b else 1.0)
     half = replace(d, m=128)

@@ -38,12 +38,14 @@ def _decode(ins, ctx):
     return _NUM[mods[3]], trans, space
 
 
-def _operands(ins, ctx, n, regs_first):
-    regs, addr = (ins.operands[0], ins.operands[1]) if regs_first else (ins.operands[1], ins.operands[0])
+def _operands(ins, ctx, load: bool):
+    """(matrices, .trans, state space, register operands, address getter, the lanes giving row addresses)."""
+    n, trans, space = _decode(ins, ctx)
+    regs, addr = (ins.operands[0], ins.operands[1]) if load else (ins.operands[1], ins.operands[0])
     items = list(regs.items) if regs.kind == "vec" else [regs]
     if len(items) != n:
         raise ctx.unsupported(ins, f"{len(items)} registers for .x{n}")
-    return items, ctx.addr(addr)[1]
+    return n, trans, space, items, ctx.addr(addr)[1], np.arange(8 * n)
 
 
 def _rows(w, ins, m, ga, n):
@@ -60,10 +62,8 @@ def _rows(w, ins, m, ga, n):
 
 @opcode("ldmatrix")
 def _ldmatrix(ins, ctx):
-    n, trans, space = _decode(ins, ctx)
-    items, ga = _operands(ins, ctx, n, True)
+    n, trans, space, items, ga, lanes = _operands(ins, ctx, load=True)
     sets = [ctx.dst(x, np.uint32) for x in items]
-    lanes = np.arange(8 * n)
 
     def ex(w, m):
         addrs = _rows(w, ins, m, ga, n)
@@ -80,10 +80,8 @@ def _ldmatrix(ins, ctx):
 
 @opcode("stmatrix")
 def _stmatrix(ins, ctx):
-    n, trans, space = _decode(ins, ctx)
-    items, ga = _operands(ins, ctx, n, False)
+    n, trans, space, items, ga, lanes = _operands(ins, ctx, load=False)
     gets = [ctx.src(x, np.uint32) for x in items]
-    lanes = np.arange(8 * n)
 
     def ex(w, m):
         addrs = _rows(w, ins, m, ga, n)

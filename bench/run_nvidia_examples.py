@@ -57,8 +57,7 @@ NOT_ADAPTED = {
     "blockscaled_grouped_gemm/*, moe/*": "not adapted yet: device tensors of per-group pointers and problem sizes",
     "cute/blackwell/kernel/distributed/*": "out of scope: multi-GPU (peer memory, multimem) -- the emulator models "
     "one device",
-    "cute/blackwell/kernel/rmsnorm/rmsnorm.py, reduce/reduce.py": "not adapted yet: the module queries the GPU "
-    "(torch.cuda) to pick its configuration",
+    "cute/blackwell/kernel/reduce/reduce.py": "not adapted yet",
     "cute/blackwell/kernel/mixed_input_gemm/*, blockwise_gemm/*, dense_gemm_persistent_dynamic.py, "
     "blockscaled_gemm/*_amax.py, *_prefetch.py, sm103_*": "not adapted yet",
 }
@@ -489,6 +488,42 @@ def _blackwell_alpha_beta(mod, h: Harness):
     return h.compare(d, ref.to(torch.float16))
 
 
+def _rmsnorm(mod, h: Harness, m: int, n: int):
+    import cutlass
+    import cutlass.cute as cute
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    g = torch.Generator().manual_seed(71)
+    x = torch.randn(m, n, generator=g).to(torch.bfloat16)
+    w = torch.randn(n, generator=g).to(torch.bfloat16)
+    o = torch.full_like(x, float("nan"))
+    cfg = mod.RMSNormConfig(cutlass.BFloat16, n, True, sm_version=100)  # the B200 profile (no GPU to query)
+    ptr = lambda t: make_ptr(cutlass.BFloat16, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=16)  # noqa: E731
+    args = (ptr(x), ptr(w), ptr(o), cutlass.Int32(m), cutlass.Float32(1e-6), _stream())
+    compiled = h.compile(mod.RMSNormKernel(cutlass.BFloat16, n, True, config=cfg), *args)
+    h.emulate(compiled, ptr(x), ptr(w), ptr(o), m, 1e-6, _stream(), memory=[x, w, o])
+    xd = x.double()
+    ref = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    return h.compare(o, ref, atol=0.0, rtol=2.0 ** -7)
+
+
+@example("blackwell/rmsnorm", "cute/blackwell/kernel/rmsnorm/rmsnorm.py", "sm_100a", "B200",
+         "M=8 N=4096 bf16 with weight, eps 1e-6, sm_version 100 (cluster_n 1)",
+         "rtol 2^-7 vs fp64 (one bf16 rounding of the output, 2^-8 relative, plus the fp32 reduction order and "
+         "rsqrt.approx)")
+def _blackwell_rmsnorm(mod, h: Harness):
+    return _rmsnorm(mod, h, 8, 4096)
+
+
+@example("blackwell/rmsnorm_cluster", "cute/blackwell/kernel/rmsnorm/rmsnorm.py", "sm_100a", "B200",
+         "M=2 N=32768 bf16 with weight, sm_version 100: cluster_n 2 (each row split over a 2-CTA cluster, the "
+         "partial sums exchanged through distributed shared memory)",
+         "rtol 2^-7 vs fp64 (as blackwell/rmsnorm)")
+def _blackwell_rmsnorm_cluster(mod, h: Harness):
+    return _rmsnorm(mod, h, 2, 32768)
+
+
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
@@ -610,7 +645,7 @@ def child_main(checkout: Path, name: str) -> dict:
     if not path.exists():
         out.update(result=f"not in this checkout: {path}", ok=False)
         return out
-    for p in (str(root), str(Path(__file__).parent)):
+    for p in (str(root), str(root / "cute"), str(Path(__file__).parent)):  # examples import "cute.x" and "blackwell.x"
         if p not in sys.path:
             sys.path.insert(0, p)
     h = Harness(ex)

@@ -10,7 +10,10 @@ value is all ones, and every occurrence is counted in ``Launch.stats["int_div_by
 functional effect; the ISA's operand rule (24..256, a multiple of 8) and whole-warp execution are checked.
 
 ``.f32x2`` arithmetic (Blackwell dense_gemm_alpha_beta_persistent's epilogue): two independent f32 operations on the
-halves of a .b64 register, checked against exact rationals rounded per half."""
+halves of a .b64 register, checked against exact rationals rounded per half. Mixed-precision ``fma/add.f32.bf16``
+(Blackwell rmsnorm): 16-bit sources, f32 addend and result, one rounding. ``st.async ... mbarrier::complete_tx``
+(Blackwell rmsnorm with a 2-CTA cluster): a store into the peer CTA's shared memory that completes the transaction
+on the peer's mbarrier, which the peer waits on."""
 
 from __future__ import annotations
 
@@ -141,3 +144,81 @@ def test_f32x2_halves_are_independent_f32_operations():
         assert got[lane, 1, h] == _round_f32(fa + fb, "rz"), i
         assert got[lane, 2, h] == _round_f32(fa * fb + fc, "rn"), i
     assert np.array_equal(got[:, 3].ravel(), a)
+
+
+MIXED = """.version 9.4
+.target sm_100a
+.address_size 64
+.visible .entry k(.param .u64 p_a, .param .u64 p_b, .param .u64 p_c, .param .u64 p_out)
+{
+.reg .b16 %rs<4>;
+.reg .b32 %r<16>;
+.reg .b64 %rd<24>;
+    ld.param.u64 %rd1, [p_a]; ld.param.u64 %rd2, [p_b]; ld.param.u64 %rd3, [p_c]; ld.param.u64 %rd4, [p_out];
+    mov.u32 %r1, %tid.x; shl.b32 %r2, %r1, 1; cvt.u64.u32 %rd5, %r2; shl.b32 %r3, %r1, 2; cvt.u64.u32 %rd6, %r3;
+    add.s64 %rd7, %rd1, %rd5; add.s64 %rd8, %rd2, %rd5; add.s64 %rd9, %rd3, %rd6;
+    ld.global.b16 %rs1, [%rd7]; ld.global.b16 %rs2, [%rd8]; ld.global.b32 %r4, [%rd9];
+    fma.rn.f32.bf16 %r5, %rs1, %rs2, %r4;
+    add.rz.f32.bf16 %r6, %rs1, %r4;
+    shl.b32 %r7, %r1, 3; cvt.u64.u32 %rd10, %r7; add.s64 %rd11, %rd4, %rd10;
+    st.global.v2.b32 [%rd11], {%r5, %r6};
+    ret;
+}
+"""
+
+
+def test_mixed_precision_fma_and_add_round_once_to_f32():
+    g = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(32, generator=g).to(torch.bfloat16) for _ in range(2))
+    c = torch.randn(32, generator=g) * 2.0 ** -12  # sums that need rounding
+    out = torch.zeros(32, 2)
+    launch_ptx(MIXED, (1, 1, 1), (32, 1, 1), [a, b, c, out])
+    for i in range(32):
+        fa, fb, fc = (Fraction(float(x[i])) for x in (a, b, c))
+        assert out[i, 0].item() == float(_round_f32(fa * fb + fc, "rn")), i
+        assert out[i, 1].item() == float(_round_f32(fa + fc, "rz")), i
+
+
+ST_ASYNC = """.version 9.4
+.target sm_100a
+.address_size 64
+.shared .align 16 .b8 buf[16];
+.shared .align 8 .b8 bar[8];
+.visible .entry k(.param .u64 p_out)
+{
+.reg .pred %p<4>;
+.reg .b32 %r<32>;
+.reg .b64 %rd<16>;
+    ld.param.u64 %rd1, [p_out];
+    mov.u32 %r1, %cluster_ctarank; mov.u32 %r2, buf; mov.u32 %r3, bar; mov.u32 %r4, %laneid;
+    setp.eq.u32 %p1, %r4, 0;
+    @%p1 mbarrier.init.shared.b64 [%r3], 1;
+    @%p1 mbarrier.arrive.expect_tx.shared.b64 %rd2, [%r3], 8;
+    barrier.cluster.arrive.aligned;
+    barrier.cluster.wait.aligned;
+    xor.b32 %r6, %r1, 1;
+    mapa.shared::cluster.u32 %r7, %r2, %r6;
+    mapa.shared::cluster.u32 %r8, %r3, %r6;
+    add.u32 %r9, %r1, 200; add.u32 %r10, %r1, 300;
+    @%p1 st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%r7], {%r9, %r10}, [BAR];
+WAIT:
+    mbarrier.try_wait.parity.shared.b64 %p2, [%r3], 0;
+    @!%p2 bra WAIT;
+    ld.shared.v2.b32 {%r12, %r13}, [%r2];
+    mul.wide.u32 %rd3, %r1, 8; add.s64 %rd4, %rd1, %rd3;
+    @%p1 st.global.v2.b32 [%rd4], {%r12, %r13};
+    barrier.cluster.arrive.aligned;
+    barrier.cluster.wait.aligned;
+    ret;
+}
+"""
+
+
+def test_st_async_stores_into_the_peer_and_completes_its_transaction():
+    import nvgemm.emulator.isa.ops_sm100  # noqa: F401 -- registers mbarrier, st.async, barrier.cluster
+
+    out = torch.zeros(2, 2, dtype=torch.int32)
+    launch_ptx(ST_ASYNC.replace("BAR", "%r8"), (2, 1, 1), (32, 1, 1), [out], cluster=(2, 1, 1))
+    assert out.tolist() == [[201, 301], [200, 300]]  # each CTA received its peer's pair
+    with pytest.raises(EmulationError, match="must be in the destination CTA"):
+        launch_ptx(ST_ASYNC.replace("BAR", "%r3"), (2, 1, 1), (32, 1, 1), [out], cluster=(2, 1, 1))

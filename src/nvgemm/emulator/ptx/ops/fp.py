@@ -178,6 +178,8 @@ def _exact_op(op: str, xs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | N
 def compile_fp_arith(ins, ctx):
     op = ins.parts[0]
     t = ins.parts[-1]
+    if len(ins.parts) >= 3 and ins.parts[-2] == "f32" and t in ("f16", "bf16"):
+        return _compile_mixed(ins, ctx)
     if t in ("f16x2", "bf16x2", "f16", "bf16"):
         return _compile_half(ins, ctx)
     if t == "f32x2":
@@ -290,6 +292,37 @@ def _compile_half(ins, ctx):
             r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
         out = to_bits(r, fmt)
         sd(w, m, out.view(np.uint32) if lanes2 else out)
+
+    return ex
+
+
+def _compile_mixed(ins, ctx):
+    """Mixed precision (sm_100+): ``fma{.rnd}{.sat}.f32.{f16,bf16} d, a, b, c`` and ``{add,sub}{.rnd}{.sat}.f32.
+    {f16,bf16} d, a, c`` -- the 16-bit operands (a, b) are widened, c and d are f32, and the exact result is rounded
+    once to f32."""
+    op = ins.parts[0]
+    src_t = ins.parts[-1]
+    nin = {"fma": 3, "add": 2, "sub": 2}.get(op)
+    if nin is None:
+        raise ctx.unsupported(ins, f"{op} with mixed .f32.{src_t} types")
+    mods = ins.parts[1:-2]
+    bad = [x for x in mods if x not in _MODES | {"sat"}]
+    if bad:
+        raise ctx.unsupported(ins, f"modifier(s) {bad}")
+    mode = next((x for x in mods if x in _MODES), "rn")
+    narrow = nin - 1  # the leading operands are 16-bit, the last one f32
+    ops = ins.operands[1:1 + nin]
+    gets = [ctx.src(o, np.uint16) for o in ops[:narrow]] + [ctx.src(ops[-1], np.float32)]
+    sd = ctx.dst(ins.operands[0], np.float32)
+
+    def ex(w, m):
+        xs = [from_bits(np.ascontiguousarray(g(w)), src_t) for g in gets[:narrow]]
+        xs.append(gets[-1](w).astype(np.float64))
+        s_, e = _exact_op(op, xs)
+        r = round_fmt(s_, e, "f32", mode)
+        if "sat" in mods:
+            r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
+        sd(w, m, to_bits(r, "f32").view(np.float32))
 
     return ex
 

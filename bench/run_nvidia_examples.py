@@ -51,13 +51,13 @@ NOT_ADAPTED = {
     "cute/blackwell/kernel/attention/fmha/fmha.py": "not adapted yet: 19 host arguments (variable-length "
     "cumulative sequence tensors, window / residual masks, LSE, sink, skip-softmax counters) built on the GPU",
     "cute/hopper/kernel/attention/fmha.py": "not adapted yet: host setup as large as Blackwell FMHA's",
-    "cute/ampere/kernel/attention/hstu_attention.py": "not adapted yet",
     "cute/blackwell/kernel/attention/mla/*, mamba2_ssd/*, mixed_input_fmha/*": "not adapted yet",
     "cute/hopper/kernel/grouped_gemm/grouped_gemm.py, cute/blackwell/kernel/grouped_gemm/*, "
     "blockscaled_grouped_gemm/*, moe/*": "not adapted yet: device tensors of per-group pointers and problem sizes",
     "cute/blackwell/kernel/distributed/*": "out of scope: multi-GPU (peer memory, multimem) -- the emulator models "
     "one device",
-    "cute/blackwell/kernel/reduce/reduce.py": "not adapted yet",
+    "cute/blackwell/kernel/reduce/reduce.py": "a helper module (block / cluster row reductions), no kernel of "
+    "its own: runs inside blackwell/rmsnorm and blackwell/rmsnorm_cluster",
     "cute/blackwell/kernel/mixed_input_gemm/*, blockwise_gemm/*, dense_gemm_persistent_dynamic.py, "
     "blockscaled_gemm/*_amax.py, *_prefetch.py, sm103_*": "not adapted yet",
 }
@@ -283,6 +283,32 @@ def _flash_attention_v2(mod, h: Harness, causal: bool = False):
          "the example's own: atol 1e-2, rtol 1e-4 vs torch SDPA (causal) in fp64")
 def _flash_attention_v2_causal(mod, h: Harness):
     return _flash_attention_v2(mod, h, causal=True)
+
+
+@example("ampere/hstu_attention", "cute/ampere/kernel/attention/hstu_attention.py", "sm_80", "A100",
+         "batch 1, seqlen_q = seqlen_kv = 128, 2 heads, head_dim 64, bf16, blocks 64x64, not causal (torch.randn "
+         "data as the example)",
+         "the example's own rule: max |out - fp32 reference| <= 4 x max |bf16 reference - fp32 reference|, "
+         "the references from its own run_pytorch_hstu_test on the CPU")
+def _hstu_attention(mod, h: Harness):
+    import cutlass
+    import torch
+
+    b, sq, sk, nh, d = 1, 128, 128, 2, 64
+    g = torch.Generator().manual_seed(81)
+    q, k, v = (torch.randn(b, s, nh, d, generator=g).to(torch.bfloat16) for s in (sq, sk, sk))
+    rab = torch.randn(b, nh, sq, sk, generator=g).to(torch.bfloat16)
+    o = torch.full((b, sq, nh, d), float("nan"), dtype=torch.bfloat16)
+    ts = [gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=3).mark_compact_shape_dynamic(
+        mode=3, stride_order=t.dim_order(), divisibility=8) for t in (q, k, v, o, rab)]
+    fa = mod.HSTUAttentionForwardAmpere(cutlass.BFloat16, b, sq, sk, nh, d, 64, 64, 128)
+    compiled = h.compile(fa, *ts, _stream())
+    h.emulate(compiled, *ts, _stream(), memory=[q, k, v, o, rab])
+    qh, kh, vh = (t.permute(0, 2, 1, 3).contiguous() for t in (q, k, v))
+    ref32 = mod.run_pytorch_hstu_test(torch.float32, qh, kh, vh, rab, False)
+    ref16 = mod.run_pytorch_hstu_test(torch.bfloat16, qh, kh, vh, rab, False)
+    tol = 4 * (ref16.float() - ref32).abs().max().item()
+    return h.compare(o, ref32, atol=tol)
 
 
 def _mkl(l, rows, cols, dtype, seed, lo=-2, hi=3):

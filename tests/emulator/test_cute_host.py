@@ -22,6 +22,12 @@ SHAPE = (7, 45)  # tails in both modes: 2 x 2 tiles of 4 x 32
 
 @pytest.fixture(scope="module")
 def compiled():
+    from importlib.metadata import version
+
+    from nvgemm.emulator.cute_host import CHECKED_DSL_VERSIONS
+
+    if version("nvidia-cutlass-dsl") not in CHECKED_DSL_VERSIONS:  # cute_host refuses it (tested below)
+        pytest.skip(f"cute_host is checked against nvidia-cutlass-dsl {CHECKED_DSL_VERSIONS}")
     import cutlass.cute as cute
     from cutlass.cute.runtime import from_dlpack
     from emu_cute_host_programs import axpy

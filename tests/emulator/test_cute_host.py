@@ -106,3 +106,29 @@ def test_host_code_is_not_confused_between_functions_sharing_a_kernel(compiled):
     for fn, want in ((compiled, 2.0 * a + b), (swapped, 2.0 * b + a)):
         EmulatedHostFunction(fn)(*[from_dlpack(x).mark_layout_dynamic() for x in (a, b, c)], 2.0, memory=[a, b, c])
         torch.testing.assert_close(c, want, rtol=0, atol=0)
+
+
+def test_device_view_types_cpu_memory_as_global(compiled):
+    """``device_view``: a CPU tensor seen by ``from_dlpack`` as CUDA device memory (``gmem``, as CuTe's cp.async /
+    TMA atoms require), over the same bytes; the axpy host function runs through such views too."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import from_dlpack
+    from emu_cute_host_programs import axpy
+
+    from nvgemm.emulator.cute_host import EmulatedHostFunction, device_view
+
+    t = torch.zeros(4, 8)
+    assert from_dlpack(t).memspace == cute.AddressSpace.generic
+    assert from_dlpack(device_view(t)).memspace == cute.AddressSpace.gmem
+    with pytest.raises(ValueError, match="CPU tensor"):
+        device_view(torch.zeros(2, device="meta"))
+    v = device_view(t)
+    v.__dlpack__()
+    with pytest.raises(RuntimeError, match="consumed once"):
+        v.__dlpack__()
+    a, b, c = _data(3)
+    t = [from_dlpack(device_view(x)).mark_layout_dynamic() for x in (a, b, c)]
+    gm = cute.compile(axpy, *t, 1.0, options="--gpu-arch sm_90a --keep-ptx")
+    EmulatedHostFunction(gm)(*[from_dlpack(device_view(x)).mark_layout_dynamic() for x in (a, b, c)], 0.25,
+                             memory=[a, b, c])
+    torch.testing.assert_close(c, 0.25 * a + b, rtol=0, atol=0)

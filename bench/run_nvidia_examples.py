@@ -412,6 +412,57 @@ def _cta_norm_rms(mod, h: Harness):
     return _cta_norm(mod, h, "rms")
 
 
+def _fp8_operands(m, n, k):
+    import torch
+
+    a8, b8 = (_mkl(1, r, k, torch.float8_e4m3fn, sd) for r, sd in ((m, 15), (n, 16)))
+    return a8, b8, [gmem(t.view(torch.uint8), assumed_align=16).mark_layout_dynamic(leading_dim=1) for t in (a8, b8)]
+
+
+@example("hopper/dense_gemm_fp8_2xacc", "cute/hopper/kernel/dense_gemm/dense_gemm_fp8_2xacc.py", "sm_90a", "H200",
+         "M=N=128 K=256 L=1 E4M3 -> fp16, tile 128x128, cluster 1x1, swizzle 1, promotion every 4 MMAs, "
+         "scale_a 0.5, scale_b 2, max_active_clusters 2 (integer data in [-2, 2])",
+         "bit-exact (integer data, power-of-two scales: exact in fp32; the fp16 result exact)")
+def _hopper_fp8_2xacc(mod, h: Harness):
+    import cutlass
+    import torch
+
+    m, n, k = 128, 128, 256
+    a8, b8, (ta, tb) = _fp8_operands(m, n, k)
+    ta.element_type = tb.element_type = cutlass.Float8E4M3FN
+    d = torch.full((1, m, n), float("nan"), dtype=torch.float16).permute(1, 2, 0)
+    sa, sb = torch.tensor([0.5]), torch.tensor([2.0])
+    td = gmem(d, assumed_align=16).mark_layout_dynamic(leading_dim=1)
+    tsa, tsb = gmem(sa, assumed_align=16), gmem(sb, assumed_align=16)
+    gemm = mod.HopperFP8WarpSpecialized2xAccGemmKernel((128, 128), (1, 1), 1, True, 4)
+    compiled = h.compile(gemm, ta, tb, td, tsa, tsb, 2, _stream())
+    h.emulate(compiled, ta, tb, td, tsa, tsb, _stream(), memory=[a8, b8, d, sa, sb])
+    ref = torch.einsum("mkl,nkl->mnl", a8.double(), b8.double()) * 0.5 * 2.0
+    return h.compare(d, ref.to(torch.float16))
+
+
+@example("hopper/dense_gemm_fp8_gelu_persistent", "cute/hopper/kernel/dense_gemm/dense_gemm_fp8_gelu_persistent.py",
+         "sm_90a", "H200", "C = erf-GELU(0.125 A B), M=N=128 K=256 L=1 E4M3 -> fp16, tile 128x128, cluster 1x1, "
+         "max_active_clusters 2, the example's default epilogue (erf_gelu)",
+         "the example's own rule: atol 2e-3 + rtol 1e-3 (fp16 output) vs torch's exact GELU in fp64 (the kernel's erf "
+         "is an approximation)")
+def _hopper_fp8_gelu(mod, h: Harness):
+    import cutlass
+    import torch
+
+    m, n, k = 128, 128, 256
+    a8, b8, (ta, tb) = _fp8_operands(m, n, k)
+    ta.element_type = tb.element_type = cutlass.Float8E4M3FN
+    c = torch.full((1, m, n), float("nan"), dtype=torch.float16).permute(1, 2, 0)
+    tc = gmem(c, assumed_align=16).mark_layout_dynamic(leading_dim=1)
+    gemm = mod.HopperFP8GeluPersistentGemmKernel(cutlass.Float32, (128, 128), (1, 1), 1, True)
+    compiled = h.compile(gemm, ta, tb, tc, cutlass.Float32(0.125), True, 2, _stream())
+    h.emulate(compiled, ta, tb, tc, 0.125, _stream(), memory=[a8, b8, c])
+    acc = torch.einsum("mkl,nkl->mnl", a8.double(), b8.double()) * 0.125
+    ref = torch.nn.functional.gelu(acc, approximate="none")
+    return h.compare(c, ref.to(torch.float16).double(), atol=2e-3, rtol=1e-3)
+
+
 # --- Blackwell (sm_100a) -------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ functional effect; the ISA's operand rule (24..256, a multiple of 8) and whole-w
 halves of a .b64 register, checked against exact rationals rounded per half. Mixed-precision ``fma/add.f32.bf16``
 (Blackwell rmsnorm): 16-bit sources, f32 addend and result, one rounding. ``st.async ... mbarrier::complete_tx``
 (Blackwell rmsnorm with a 2-CTA cluster): a store into the peer CTA's shared memory that completes the transaction
-on the peer's mbarrier, which the peer waits on."""
+on the peer's mbarrier, which the peer waits on. ``copysign`` (Hopper FP8 GELU epilogue's erf): the value of b with
+the sign bit of a, checked bit for bit against numpy's copysign (zeros, infinities, NaNs included)."""
 
 from __future__ import annotations
 
@@ -222,3 +223,31 @@ def test_st_async_stores_into_the_peer_and_completes_its_transaction():
     assert out.tolist() == [[201, 301], [200, 300]]  # each CTA received its peer's pair
     with pytest.raises(EmulationError, match="must be in the destination CTA"):
         launch_ptx(ST_ASYNC.replace("BAR", "%r3"), (2, 1, 1), (32, 1, 1), [out], cluster=(2, 1, 1))
+
+
+COPYSIGN = """.version 9.4
+.target sm_90a
+.address_size 64
+.visible .entry k(.param .u64 p_a, .param .u64 p_b, .param .u64 p_out)
+{
+.reg .b32 %r<8>;
+.reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [p_a]; ld.param.u64 %rd2, [p_b]; ld.param.u64 %rd3, [p_out];
+    mov.u32 %r1, %tid.x; shl.b32 %r2, %r1, 2; cvt.u64.u32 %rd4, %r2;
+    add.s64 %rd5, %rd1, %rd4; add.s64 %rd6, %rd2, %rd4; add.s64 %rd7, %rd3, %rd4;
+    ld.global.b32 %r3, [%rd5]; ld.global.b32 %r4, [%rd6];
+    copysign.f32 %r5, %r3, %r4;
+    st.global.b32 [%rd7], %r5;
+    ret;
+}
+"""
+
+
+def test_copysign_takes_the_sign_of_a_and_the_value_of_b():
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.5, -2.25]
+    a = np.array(special * 4, dtype=np.float32)
+    b = np.array(special[::-1] * 4, dtype=np.float32)
+    b[::3] = -b[::3]
+    out = torch.zeros(32)
+    launch_ptx(COPYSIGN, (1, 1, 1), (32, 1, 1), [torch.from_numpy(a), torch.from_numpy(b), out])
+    np.testing.assert_array_equal(out.numpy().view(np.uint32), np.copysign(b, a).view(np.uint32))

@@ -354,6 +354,20 @@ def _compile_f32x2(ins, ctx):
     return ex
 
 
+@opcode("copysign")
+def _copysign(ins, ctx):
+    """``copysign.{f32,f64} d, a, b`` (PTX ISA): the value of ``b`` with the sign bit of ``a`` (bits only: NaNs and
+    zeros included)."""
+    t = ins.parts[-1]
+    if ins.parts[1:] != [t] or t not in ("f32", "f64"):
+        raise ctx.unsupported(ins, "copysign.{f32,f64}")
+    ut = np.uint32 if t == "f32" else np.uint64
+    sign = ut(1 << (31 if t == "f32" else 63))
+    d, a, b = ins.operands
+    ga, gb, sd = ctx.src(a, ut), ctx.src(b, ut), ctx.dst(d, ut)
+    return lambda w, m: sd(w, m, (ga(w) & sign) | (gb(w) & ~sign))
+
+
 @opcode("fma")
 def _fma(ins, ctx):
     return compile_fp_arith(ins, ctx)

@@ -97,19 +97,8 @@ class EmuKernel:
 
         def handler(rec: LaunchRecord, load_program) -> None:
             self.records.append(rec)
-            if record_only:
-                return
-            prog = load_program()
-            if prog.static_size:
-                raise EmulationError(f"{self.entry[:60]}: {prog.static_size} bytes of static shared memory; the fake "
-                                     "runtime reports 0 to the host code")
-            params = bytearray(prog.entry.param_bytes)
-            for p, b in zip(prog.entry.params, rec.params):
-                params[p.offset:p.offset + p.size] = b
-            launch = Launch(prog, rec.grid, rec.block, rec.cluster, rec.dyn_smem, bytes(params), gmem,
-                            DEVICES[self.device])
-            run_launch(launch, order)
-            self.last = launch
+            if not record_only:
+                self.last = execute_record(rec, load_program, gmem, self.device, order)
 
         with fake.handling(handler):
             self.kernel.ensure_loaded()
@@ -119,6 +108,20 @@ class EmuKernel:
         if rc != 0:
             raise RuntimeError(f"nvgemm emulator: launch of {self.spec.name()} returned cudaError {rc}")
         return self.last
+
+
+def execute_record(rec: LaunchRecord, load_program, gmem: GlobalMemory, device: str, order="forward") -> Launch:
+    """Run one launch the fake runtime recorded: its PTX entry (``load_program()``), grid / block /
+    cluster / dynamic smem and parameter bytes, over the global allocations in ``gmem``."""
+    prog = load_program()
+    if prog.static_size:
+        raise EmulationError(f"{rec.kernel_name[:60]}: {prog.static_size} bytes of static shared memory; the fake "
+                             "runtime reports 0 to the host code")
+    params = bytearray(prog.entry.param_bytes)
+    for p, b in zip(prog.entry.params, rec.params):
+        params[p.offset:p.offset + p.size] = b
+    launch = Launch(prog, rec.grid, rec.block, rec.cluster, rec.dyn_smem, bytes(params), gmem, DEVICES[device])
+    return run_launch(launch, order)
 
 
 def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
@@ -176,4 +179,4 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     return run_launch(launch, order)
 
 
-__all__ = ["EmuKernel", "launch_ptx", "prepare", "ptx_for"]
+__all__ = ["EmuKernel", "execute_record", "launch_ptx", "prepare", "ptx_for"]

@@ -5,8 +5,8 @@ Per preset and M: expected active experts and work tiles under uniform routing, 
 (GEMM1, GEMM2) pair and its modelled time (:mod:`nvgemm.perfmodel.families.sm90_moe`, the dense mma
 kernel's model on the equivalent problem), the host path's launches (1 Triton prep + 1 finalize at
 the tiny-kernel cost), the shared expert's two dense GEMMs where the model has one, and the byte
-floor of the routed (+ shared) experts' NVFP4 weights at the achievable bandwidth. B200: no
-Blackwell grouped kernel exists yet, so no B200 rows.
+floor of the routed (+ shared) experts' NVFP4 weights at the achievable bandwidth. B200 (the
+sm100 grouped W4A4 kernels): ``bench/moe_sm100_model.py``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,36 @@ sys.path.insert(0, str(ROOT / "src"))
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+def render_tables(layer_model, gpu: str, config_prefix: str) -> list[str]:
+    """One markdown table per MoE preset layer: per M, ``layer_model(shape, m, gpu)``'s numbers."""
+    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS
+
+    lines = []
+    for name, shape in MOE_LAYERS.items():
+        lines += [f"## {name}: {shape.num_experts} experts, top-{shape.top_k}, H={shape.hidden}, I={shape.inter}"
+                  + (f", shared I={shape.shared_inter}" if shape.shared_inter else "") + f" ({shape.source})", "",
+                  "| M | active | tiles | GEMM1+GEMM2 | host | shared | total | floor | floor/total | GEMM1 / GEMM2 |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for m in MS:
+            r = layer_model(shape, m, gpu)
+            if not r:
+                lines.append(f"| {m} | - | - | no estimate | | | | | | |")
+                continue
+            mid = sum(r["total_us"]) / 2
+
+            def rng(t):
+                return f"{t[0]:.1f}-{t[1]:.1f}"
+
+            short = [c.replace(config_prefix, "") for c in (r["config13"], r["config2"])]
+            lines.append(f"| {m} | {r['active']:.1f} | {r['tiles']:.1f} | {rng(r['gemm_us'])} | {rng(r['host_us'])} | "
+                         f"{rng(r['shared_us'])} | {rng(r['total_us'])} | {r['floor_us']:.1f} | "
+                         f"{100 * r['floor_us'] / mid:.0f} % | {short[0]} / {short[1]} |")
+        lines.append("")
+    return lines
+
+
 def main() -> int:
-    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS, layer_model
+    from nvgemm.heuristics.moe_sm90 import layer_model
     from nvgemm.perfmodel.hardware import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,26 +69,7 @@ def main() -> int:
         f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle.",
         "",
     ]
-    for name, shape in MOE_LAYERS.items():
-        lines += [f"## {name}: {shape.num_experts} experts, top-{shape.top_k}, H={shape.hidden}, I={shape.inter}"
-                  + (f", shared I={shape.shared_inter}" if shape.shared_inter else "") + f" ({shape.source})", "",
-                  "| M | active | tiles | GEMM1+GEMM2 | host | shared | total | floor | floor/total | GEMM1 / GEMM2 |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-        for m in MS:
-            r = layer_model(shape, m, args.gpu)
-            if not r:
-                lines.append(f"| {m} | - | - | no estimate | | | | | | |")
-                continue
-            mid = sum(r["total_us"]) / 2
-
-            def rng(t):
-                return f"{t[0]:.1f}-{t[1]:.1f}"
-
-            short = [c.replace("nvgemm_cutedsl_sm90_moe_mma_", "") for c in (r["config13"], r["config2"])]
-            lines.append(f"| {m} | {r['active']:.1f} | {r['tiles']:.1f} | {rng(r['gemm_us'])} | {rng(r['host_us'])} | "
-                         f"{rng(r['shared_us'])} | {rng(r['total_us'])} | {r['floor_us']:.1f} | "
-                         f"{100 * r['floor_us'] / mid:.0f} % | {short[0]} / {short[1]} |")
-        lines.append("")
+    lines += render_tables(layer_model, args.gpu, "nvgemm_cutedsl_sm90_moe_mma_")
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

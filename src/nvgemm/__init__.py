@@ -42,3 +42,13 @@ def enabled(*args, **kwargs):
     from .inductor import enabled as _enabled
 
     return _enabled(*args, **kwargs)
+
+
+def fused_requant_pass(graph):
+    """Inductor post-grad pass rewriting W4A4 gated MLPs into the fused requant chain, by qualified name for
+    compilers that take passes that way (vLLM: ``-cc '{"inductor_passes": {"post_grad_custom_pre_pass":
+    "nvgemm.fused_requant_pass"}}'``); see :func:`nvgemm.inductor.requant.post_grad_pass`. (``nvgemm.enable()``
+    runs the same rewrite inside its capture pass.)"""
+    from .inductor.requant import post_grad_pass
+
+    return post_grad_pass(graph)

@@ -14,16 +14,23 @@
 * :func:`gated_mlp`: ``down(silu_mul(gate_up(x)))`` for two :class:`~nvgemm.NVFP4Linear` layers, through
   the two ops above when both are W4A4 (one activation round trip less), else the plain chain.
 
-Backends: the emulated one (CPU/CUDA, torch), and with ``NVGEMM_BACKEND=emu_sm100`` on CPU tensors the
-sm_100a kernel's fused requant epilogue (``EpilogueSpec(out_quant=True)``, modelled lane by lane in
-:mod:`nvgemm.epilogues.requant`) executed by the PTX emulator. Not yet dispatched to the kernel on a GPU
-(see README, Blackwell section).
+Backends (:mod:`nvgemm.runtime.fused_backends`: selection, first-use check, overrides):
+
+* ``cutedsl_sm100`` (:mod:`nvgemm.runtime.sm100_backend`, sm_100-family GPUs): requant = the sm_100a kernel
+  with ``EpilogueSpec(out_quant=True)`` (fused epilogue modelled lane by lane in
+  :mod:`nvgemm.epilogues.requant`), prequant = the W4A4 kernel fed the given codes and scales (no
+  re-quantization). Compiles and its host logic is tested; never run on a GPU here;
+* ``emu_sm100`` (forced with ``NVGEMM_BACKEND=emu_sm100``, CPU tensors): the same kernels on the PTX emulator;
+* ``unfused`` (requant, other CUDA GPUs): ``nvfp4_linear(..., "silu_mul")`` on the dense backends, then
+  ``quantize_nvfp4`` (Triton) -- the contract itself, one warning;
+* ``emulated`` (everything; the reference): torch, below.
+
+:func:`gated_mlp` runs the plain chain where no kernel takes a pre-quantized activation (CUDA GPUs other
+than sm_100: :func:`nvgemm.runtime.fused_backends.fused_chain_reason`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Optional
 
 import torch
@@ -31,9 +38,12 @@ import torch
 from .epilogues import epilogue_ref
 from .epilogues.requant import fused_requant_reference
 from .formats import NVFP4, blocked_numel, dequantize, from_blocked
-from .ops import X_DTYPES, alpha_of, check_linear_args
+from .ops import X_DTYPES, alpha_of, check_linear_args, check_scale_values, problem_of
+from .runtime.backends import Backend, LinearProblem
+from .runtime.fused_backends import (PREQUANT, REQUANT, fused_chain_reason, register_fused_backend,
+                                     select_fused_backend)
 
-__all__ = ["nvfp4_linear_requant", "nvfp4_linear_prequant", "gated_mlp"]
+__all__ = ["nvfp4_linear_requant", "nvfp4_linear_prequant", "gated_mlp", "fused_mlp_reason"]
 
 
 def _acc(a: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
@@ -74,14 +84,18 @@ def nvfp4_linear_requant(
     out_input_scale: torch.Tensor,
     out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Emulated fused gate_up GEMM + SwiGLU + NVFP4 requant (see the module docstring)."""
+    """Fused gate_up GEMM + SwiGLU + NVFP4 requant (see the module docstring)."""
     spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
-    if os.environ.get("NVGEMM_BACKEND", "").strip() == "emu_sm100" and x.device.type == "cpu":
-        # the real sm_100a kernel (fused requant epilogue) on the PTX emulator; a correctness tool
-        from .emulator.backend import run_emu_sm100_requant
+    check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_requant")
+    check_scale_values(weight_scale_2, out_input_scale, "nvgemm.nvfp4_linear_requant (out_input_scale)")
+    p = problem_of(x, weight, weight_scale_2, input_scale, bias, None, "silu_mul", spec)
+    backend = select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(spec.out_dtype, bias=bias))
+    return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
 
-        return run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                     dataclasses.replace(spec, out_quant=True))
+
+def requant_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    """The reference: quantize x, dequantize, fp32 matmul, the epilogue and the lane model's requant."""
+    spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
     from .formats import quantize_activation
 
     qx, sx = quantize_activation(x, input_scale.to(x.device))
@@ -98,6 +112,15 @@ def _(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scal
     m = x.shape[0]
     return (x.new_empty((m, i // 2), dtype=torch.uint8),
             x.new_empty((blocked_numel(m, i // NVFP4.block_size),), dtype=torch.float8_e4m3fn))
+
+
+def _vector_dtype_reason(out_dtype, **tensors) -> Optional[str]:
+    """Why no kernel takes these epilogue operands: the kernels read bias / residual in the output dtype
+    (the emulated op takes any float dtype)."""
+    for name, t in tensors.items():
+        if t is not None and t.dtype != out_dtype:
+            return f"{name} dtype {t.dtype} is not the output dtype {out_dtype}"
+    return None
 
 
 def _check_prequant(packed, scales, weight, out_dtype):
@@ -128,12 +151,35 @@ def nvfp4_linear_prequant(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """W4A4 linear whose activation arrives quantized (packed codes + swizzled scales)."""
+    spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_prequant")
+    dev = packed.device
+    p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
+                      capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+                      weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
+                      bias=bias is not None, activation="none", residual=residual is not None)
+    backend = select_fused_backend(PREQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias, residual=residual))
+    return backend.run(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+
+
+def _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
     _check_prequant(packed, scales, weight, out_dtype)
     m, k = packed.shape[0], packed.shape[1] * 2
     x_meta = torch.empty((m, k), dtype=out_dtype, device="meta")
     spec = check_linear_args(x_meta, weight.to("meta"), weight_scale.to("meta"), weight_scale_2.to("meta"),
                              input_scale.to("meta"), None if bias is None else bias.to("meta"),
                              None if residual is None else residual.to("meta"), "none", out_dtype)
+    for name, t in (("weight", weight), ("weight_scale", weight_scale), ("bias", bias), ("residual", residual),
+                    ("scales", scales)):
+        if t is not None and t.device != packed.device:
+            raise ValueError(f"nvgemm.nvfp4_linear_prequant: {name} is on {t.device} but packed is on {packed.device}")
+    return spec
+
+
+def prequant_emulated(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
+    """The reference: dequantize the given activation, fp32 matmul, the epilogue."""
+    spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    m, k = packed.shape[0], packed.shape[1] * 2
     sx = from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size)
     acc = _acc(dequantize(packed, sx), weight, weight_scale)
     return epilogue_ref(acc, spec, alpha_of(weight_scale_2.to(packed.device), input_scale.to(packed.device)), bias,
@@ -146,6 +192,23 @@ def _(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, r
     return packed.new_empty((packed.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
+def requant_unfused(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    """The contract as two kernels: the gate_up GEMM with silu_mul (dense backends), then quantize_nvfp4."""
+    h = torch.ops.nvgemm.nvfp4_linear(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul",
+                                      out_dtype)
+    return torch.ops.nvgemm.quantize_nvfp4(h, out_input_scale.to(h.device), True)
+
+
+def _cuda_only(p) -> Optional[str]:
+    return None if p.device_type == "cuda" else f"the unfused fallback serves CUDA devices (got {p.device_type})"
+
+
+register_fused_backend(REQUANT, Backend(name="emulated", priority=-1000, supports=lambda p: None, run=requant_emulated))
+register_fused_backend(REQUANT, Backend(name="unfused", priority=-500, supports=_cuda_only, run=requant_unfused))
+register_fused_backend(PREQUANT, Backend(name="emulated", priority=-1000, supports=lambda p: None,
+                                         run=prequant_emulated))
+
+
 def gated_mlp(gate_up, down, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``down(silu_mul(gate_up(x)))`` for two :class:`~nvgemm.NVFP4Linear` (``gate_up`` with
     ``activation="silu_mul"``, checkpoint ``[gate; up]`` order). When both are W4A4 the gate_up GEMM
@@ -155,14 +218,31 @@ def gated_mlp(gate_up, down, x: torch.Tensor, residual: Optional[torch.Tensor] =
     if down.in_features * 2 != gate_up.out_features:
         raise ValueError(f"gated_mlp: down.in_features={down.in_features} is not gate_up.out_features/2 "
                          f"= {gate_up.out_features // 2}")
-    fusable = (not gate_up.weight_only and not down.weight_only and gate_up.sm90_kind is None
-               and down.sm90_kind is None and down.activation == "none" and x.dim() == 2
-               and down.in_features % NVFP4.block_size == 0)
-    if not fusable:
+    if fused_mlp_reason(gate_up, down, x) is not None:
         return down(gate_up(x), residual=residual)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
     packed, scales = torch.ops.nvgemm.nvfp4_linear_requant(
-        x, gate_up.weight, gate_up.weight_scale, gate_up.weight_scale_2, gate_up.input_scale, gate_up.bias,
+        x2, gate_up.weight, gate_up.weight_scale, gate_up.weight_scale_2, gate_up.input_scale, gate_up.bias,
         down.input_scale, x.dtype)
-    return torch.ops.nvgemm.nvfp4_linear_prequant(
-        packed, scales, down.weight, down.weight_scale, down.weight_scale_2, down.input_scale, down.bias, residual,
+    res2 = None if residual is None else residual.reshape(-1, residual.shape[-1])
+    out = torch.ops.nvgemm.nvfp4_linear_prequant(
+        packed, scales, down.weight, down.weight_scale, down.weight_scale_2, down.input_scale, down.bias, res2,
         x.dtype)
+    return out.reshape(*lead, out.shape[-1])
+
+
+def fused_mlp_reason(gate_up, down, x: torch.Tensor) -> Optional[str]:
+    """None if :func:`gated_mlp` runs ``gate_up`` -> ``down`` through the fused ops for input ``x``, else why
+    it runs the plain chain (same result)."""
+    if gate_up.weight_only or down.weight_only:
+        return "a W4A16 layer (the fused chain needs W4A4 gate_up and down)"
+    if gate_up.sm90_kind is not None or down.sm90_kind is not None:
+        return "a layer held in the sm90 layout (Hopper: the dense kernels serve the chain)"
+    if down.activation != "none":
+        return f"down has activation {down.activation!r}"
+    if down.in_features % NVFP4.block_size:
+        return f"I = {down.in_features} is not a multiple of 16"
+    if x.dtype not in X_DTYPES:
+        return f"x dtype {x.dtype}"
+    return fused_chain_reason(x.device)

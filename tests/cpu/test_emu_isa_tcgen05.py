@@ -335,3 +335,29 @@ def test_mma_f16_disable_output_lane(seed):
     off[96:] = True
     ref[off] = 7.0
     np.testing.assert_array_equal(numerics.bits_f32(tmem.cells[:, :n]), ref)
+
+
+@pytest.mark.parametrize("n", [64, 256])
+def test_mma_f16_cta_pair_matches_torch(n, seed):
+    """``.cta_group::2.kind::f16``, M = 256 (NVIDIA's Blackwell dense_gemm example with 2-CTA MMA needs it): each CTA
+    holds 128 rows of A and N / 2 rows of B at the same descriptor addresses of its own shared memory and receives
+    its 128 rows of D (layout A: row m in CTA m // 128, lane m % 128); four k-steps of 16 inside the swizzle atom."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-8, 9, (256, 64), generator=g).to(torch.bfloat16) * 0.5
+    b = torch.randint(-8, 9, (n, 64), generator=g).to(torch.bfloat16) * 0.25
+    smems, tmems = [], []
+    for c in range(2):
+        smem = np.zeros(96 * 1024, dtype=np.uint8)
+        store_rows_sw128(smem, 1024, a[128 * c:128 * c + 128].view(torch.int16).numpy().view(np.uint8).reshape(128, 128))
+        half = b[n // 2 * c:n // 2 * (c + 1)]
+        store_rows_sw128(smem, 40 * 1024, half.view(torch.int16).numpy().view(np.uint8).reshape(n // 2, 128))
+        smems.append(smem)
+        tmems.append(Tmem())
+    for s in range(4):
+        mma_f16_pair(tmems, smems, make_taddr(0, 32), tc_desc(1024 + 32 * s, 16, 1024, 2),
+                     tc_desc(40 * 1024 + 32 * s, 16, 1024, 2), idesc_f16(256, n, True), s > 0)
+    ref = (a.double() @ b.double().T).float().numpy()
+    got = np.concatenate([numerics.bits_f32(t.read(0, 32, 128, n, "test")) for t in tmems])
+    np.testing.assert_array_equal(got, ref)
+    with pytest.raises(IsaError, match="M = 128 is not modelled with cta_group::2"):
+        mma_f16_pair(tmems, smems, 0, 0, 0, idesc_f16(128, n, True), False)

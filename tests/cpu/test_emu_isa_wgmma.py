@@ -282,7 +282,7 @@ def test_shape_parse_rejects_unmodelled_forms():
     with pytest.raises(IsaError, match="multiple of 8"):
         WgmmaShape.parse("wgmma.mma_async.sync.aligned.m64n12k16.f32.bf16.bf16")
     with pytest.raises(IsaError, match="not modelled"):
-        WgmmaShape.parse("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3")
+        WgmmaShape.parse("wgmma.mma_async.sync.aligned.m64n32k16.f32.e4m3.e4m3")  # 8-bit inputs are K = 32
     with pytest.raises(IsaError, match="not modelled"):
         WgmmaShape.parse("wgmma.mma_async.sync.aligned.m64n32k16.f16.f16.f16")
 
@@ -356,3 +356,31 @@ def test_mma_async_m_major_a_descriptor(seed):
                     big, scale_d=True, imm_trans_a=1)
     ref = a.double() @ b[:, :16].double().T + d.double()
     np.testing.assert_array_equal(d_from_registers(out, n), ref.float().numpy())
+
+
+@pytest.mark.parametrize("n", [16, 128])
+def test_mma_async_fp8_descriptors_match_torch(n, seed):
+    """``m64nNk32`` with e4m3 A and e5m2 B (NVIDIA's Hopper FP8 dense_gemm example needed it): both K-major from
+    128B-swizzled shared memory (128 one-byte elements per row, four k-steps of 32 at start + 32 s); values from
+    torch's own float8 types."""
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randint(-8, 9, (64, 128), generator=g) * 0.25).to(torch.float8_e4m3fn)
+    b = (torch.randint(-8, 9, (n, 128), generator=g) * 0.5).to(torch.float8_e5m2)
+    d = torch.randint(-64, 65, (64, n), generator=g).float()
+    smem = np.zeros(2048 + 1024 * 8 + 1024 * (n // 8), dtype=np.uint8)
+    for base, mat in ((1024, a), (1024 + 8 * 1024, b)):
+        raw = mat.view(torch.uint8).numpy()
+        for r in range(raw.shape[0]):
+            row = base + (r // 8) * 1024 + (r % 8) * 128
+            for j in range(8):
+                smem[row + 16 * (j ^ (r % 8)):row + 16 * (j ^ (r % 8)) + 16] = raw[r, 16 * j:16 * j + 16]
+    shape = WgmmaShape.parse(f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e5m2")
+    regs = d_to_registers(d.numpy())
+    for s in range(4):
+        regs = mma_async(shape, regs, wgmma_desc(1024 + 32 * s, 16, 1024, 128),
+                         wgmma_desc(1024 + 8 * 1024 + 32 * s, 16, 1024, 128), smem, scale_d=True)
+    ref = a.double() @ b.double().T + d.double()
+    np.testing.assert_array_equal(d_from_registers(regs, n), ref.float().numpy())
+    with pytest.raises(IsaError, match="only K-major"):
+        mma_async(shape, regs, wgmma_desc(1024, 16, 1024, 128), wgmma_desc(1024, 16, 1024, 128), smem, scale_d=True,
+                  imm_trans_b=1)

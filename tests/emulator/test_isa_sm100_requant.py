@@ -101,27 +101,80 @@ def test_emulator_narrow_conversions_match_torch():
     assert np.array_equal(np.isnan(v), np.isnan(t)) and np.array_equal(v[~np.isnan(v)], t[~np.isnan(t)])
 
 
-@pytest.mark.emulator
-def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
-    """gate_up -> down for two NVFP4Linear layers with the gate_up GEMM run by the sm_100a kernel's fused
-    requant epilogue on the emulator (``NVGEMM_BACKEND=emu_sm100``; down on the emulated op): the output
-    equals the emulated unfused chain ``down(gate_up(x))`` bit for bit. Exact data as above, and x chosen so
-    that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j, input_scale 1)."""
+def _exact_chain():
+    """(gate_up NVFP4Linear with silu_mul, down NVFP4Linear, x) on exact data (see the chain test)."""
     import nvgemm
-    from nvgemm.fused_requant import gated_mlp
 
-    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     g = torch.Generator().manual_seed(3)
     m, i, k, h = 5, 32, 256, 64
     w_packed, w_scale = _exact_codes(g, 2 * i, k)
     bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
     gu = nvgemm.NVFP4Linear.from_tensors(w_packed, w_scale, torch.tensor(1.0), torch.tensor(1.0), bias,
                                          activation="silu_mul")
-    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h), input_scale=torch.tensor(3e6 / 2688))
+    # bias in the activation dtype: the kernels read bias in the output dtype (an fp32 bias runs emulated)
+    torch.manual_seed(3)
+    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h).to(torch.bfloat16),
+                                          input_scale=torch.tensor(3e6 / 2688))
     x_packed, x_scale = _exact_codes(g, m, k)
     x_packed.view(m, k // 16, 8)[:, :, 0] = 0x07  # element 0 of every block = +6 (code 7), element 1 = 0
-    x = dequantize(x_packed, x_scale).to(torch.bfloat16)
+    return gu, down, dequantize(x_packed, x_scale).to(torch.bfloat16)
+
+
+@pytest.mark.emulator
+def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
+    """gate_up -> down for two NVFP4Linear layers with the gate_up GEMM run by the sm_100a kernel's fused
+    requant epilogue on the emulator (``NVGEMM_BACKEND=emu_sm100``; down on the W4A4 kernel fed its codes and
+    scales): the output equals the emulated unfused chain ``down(gate_up(x))`` bit for bit. Exact data as
+    above, and x chosen so that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j,
+    input_scale 1)."""
+    from nvgemm.fused_requant import gated_mlp
+    from nvgemm.runtime.fused_backends import PREQUANT, REQUANT, last_fused_selected
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    gu, down, x = _exact_chain()
     ref = gated_mlp(gu, down, x)
     assert torch.equal(ref, down(gu(x)))
     monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
     assert torch.equal(gated_mlp(gu, down, x), ref)
+    # both fused ops ran the sm_100a kernels (requant: the out_quant epilogue; prequant: the W4A4 kernel fed
+    # the codes + scales the first one wrote), through the backend registry
+    assert last_fused_selected(REQUANT) == "emu_sm100" and last_fused_selected(PREQUANT) == "emu_sm100"
+
+
+@pytest.mark.emulator
+def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
+    """The ``cutedsl_sm100`` fused backends' own GPU entry points (``run_sm100_requant`` /
+    ``run_sm100_prequant``: device properties, config, occupancy-resolved compile spec, kernel cache,
+    ``launch_sm100``) on CPU tensors, with only the CUDA queries faked (a B200: capability 10.0, 148 SMs, the
+    guaranteed cluster count) and the kernel cache's loader replaced by the emulator's: the bytes and the
+    output equal the emulated ops'. Data as in the chain test above (exact)."""
+    import types
+
+    from nvgemm.emulator.runner import prepare
+    from nvgemm.fused_requant import prequant_emulated, requant_emulated
+    from nvgemm.runtime import occupancy, sm100_backend
+    from nvgemm.templates.sm100.occupancy import aot_max_active_clusters
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+
+    class Stream(int):
+        cuda_stream = 0
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda dev: types.SimpleNamespace(major=10, minor=0, multi_processor_count=148))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: Stream(0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(occupancy, "query_max_active_clusters",
+                        lambda dev, cs: aot_max_active_clusters("sm_100a", 148, cs))
+    loaded = []
+    monkeypatch.setattr(sm100_backend, "kernel_for",
+                        lambda cspec, cache=None: loaded.append(cspec) or prepare(cspec, device="B200"))
+    gu, down, x = _exact_chain()
+    rq = (x, gu.weight, gu.weight_scale, gu.weight_scale_2, gu.input_scale, gu.bias, down.input_scale, torch.bfloat16)
+    packed, scales = sm100_backend.run_sm100_requant(*rq)
+    want_p, want_s = requant_emulated(*rq)
+    assert torch.equal(packed, want_p) and torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+    pq = (packed, scales, down.weight, down.weight_scale, down.weight_scale_2, down.input_scale, down.bias, None,
+          torch.bfloat16)
+    assert torch.equal(sm100_backend.run_sm100_prequant(*pq), prequant_emulated(*pq))
+    assert [c.epilogue.out_quant for c in loaded] == [True, False] and all(c.arch == "sm_100a" for c in loaded)

@@ -1,8 +1,10 @@
 """Serve a checkpoint with a real vLLM engine (CPU build) and write the generated tokens and logprobs.
 
 Run as a script (vLLM spawns processes, so this must not be imported by pytest):
-    python tests/vllm_engine/_serve.py CKPT TP OUT.json [ep]
-(``ep``: expert parallelism, vLLM's ``enable_expert_parallel``: each rank holds a subset of the experts)
+    python tests/vllm_engine/_serve.py CKPT TP OUT.json [ep] [compile]
+(``ep``: expert parallelism, vLLM's ``enable_expert_parallel``: each rank holds a subset of the experts;
+``compile``: vLLM's torch.compile instead of eager, with nvgemm's fused requant pass named in the compilation
+config, ``inductor_passes``)
 The caller sets NVGEMM_VLLM=1 (the opt-in) and NVGEMM_VLLM_DUMP (every nvgemm linear call is saved).
 """
 
@@ -16,13 +18,16 @@ LOGPROBS = 5
 
 def main() -> None:
     ckpt, tp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    ep = sys.argv[4:] == ["ep"]
+    ep, compiled = "ep" in sys.argv[4:], "compile" in sys.argv[4:]
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=ckpt, skip_tokenizer_init=True, enforce_eager=True,
+    extra = {}
+    if compiled:
+        extra["compilation_config"] = {"inductor_passes": {"post_grad_custom_pre_pass": "nvgemm.fused_requant_pass"}}
+    llm = LLM(model=ckpt, skip_tokenizer_init=True, enforce_eager=not compiled,
               tensor_parallel_size=tp, dtype="bfloat16", max_model_len=64, max_num_seqs=4, seed=0,
-              distributed_executor_backend="uni" if tp == 1 else "mp", enable_expert_parallel=ep)
+              distributed_executor_backend="uni" if tp == 1 else "mp", enable_expert_parallel=ep, **extra)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=LOGPROBS, detokenize=False)
     results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params)
     doc = []

@@ -129,12 +129,16 @@ def make_moe_checkpoints(root: Path) -> dict[str, Path]:
 MOE_CASES = [("qwen3_moe", "NVFP4"), ("qwen3_moe", "W4A16_NVFP4"), ("deepseek_v3", "NVFP4")]
 
 
-def serve(ckpt: Path, tp: int, work: Path, ep: bool = False) -> tuple[list, Path, str]:
-    """Run tests/vllm_engine/_serve.py; returns (results, dump folder, engine log)."""
-    tag = f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}"
+def serve(ckpt: Path, tp: int, work: Path, ep: bool = False, compiled: bool = False) -> tuple[list, Path, str]:
+    """Run tests/vllm_engine/_serve.py; returns (results, dump folder, engine log). ``compiled``: vLLM's
+    torch.compile with nvgemm's fused requant pass (the plugin dumps eager calls only)."""
+    tag = f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}{'_compiled' if compiled else ''}"
     dump, out = work / f"dump_{tag}", work / f"{tag}.json"
     env = dict(os.environ, **ENGINE_ENV, NVGEMM_VLLM_DUMP=str(dump))
-    proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out), *(["ep"] if ep else [])],
+    if compiled:  # compile every time: a cached artifact would skip the pass (and its log line) under test
+        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+    flags = (["ep"] if ep else []) + (["compile"] if compiled else [])
+    proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out), *flags],
                           env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     (work / f"{tag}.log").write_text(proc.stdout)

@@ -54,6 +54,7 @@ NON_CODEGEN_ENV = frozenset(
         "NVGEMM_LOG_LEVEL",
         "NVGEMM_PRECOMPILE_JOBS",
         "NVGEMM_BACKEND",  # eager backend override (runtime/backends.py)
+        "NVGEMM_MOE_BACKEND",  # eager MoE backend override (moe/backends.py)
         "NVGEMM_NVMMH",  # nvMatmulHeuristics on/off: ranks candidates (heuristics/nvmmh.py)
         "NVGEMM_INDUCTOR_CHOICES",  # restricts Inductor choice kinds (inductor/choices.py)
         "NVGEMM_PDL",  # Triton kernels' PDL toggle; CuTeDSL PDL is the config's `pdl` field

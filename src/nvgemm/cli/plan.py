@@ -14,9 +14,11 @@ table: expected active experts A(M) and tokens per active expert M*k/A(M) under 
 NVFP4 bytes of the active (and shared) experts and their time at the GPU's achievable bandwidth (a
 labelled model, not a measurement). The expert GEMM rows are planned at M = ceil(tokens per active expert).
 On an sm90 target (``--gpu H200|H100``) the grouped W4A16 MoE kernels' ranked (GEMM1, GEMM2) candidates per
-M follow (``nvgemm.heuristics.moe_sm90``; ``--tp N`` divides the expert and shared intermediate sizes):
+M follow (``nvgemm.heuristics.moe_sm90``; ``--tp N`` divides the expert and shared intermediate sizes), on
+an sm100 target (W4A4) those of the grouped swap-AB tcgen05 kernels (``nvgemm.heuristics.moe_sm100``):
 
     nvgemm plan --model DeepSeek-V3 --tp 8 --gpu H200 --m 1,8,32
+    nvgemm plan --model DeepSeek-V3 --tp 8 --gpu B200 --m 1,8,32
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--max-candidates", type=int, default=8)
     p.add_argument("--tp", type=int, default=1, help="MoE presets: tensor-parallel ranks (divides the expert and "
-                   "shared intermediate sizes; sm90 grouped candidates)")
+                   "shared intermediate sizes; sm90 / sm100 grouped candidates)")
     p.add_argument("--no-nvmmh", action="store_true", help="decode rules only (skip nvMatmulHeuristics)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -231,4 +233,11 @@ def run(args) -> int:
         print()
         print(format_plan(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
                           model_gpu or "H200", args.max_candidates))
+    elif moe is not None and target.family == "sm100" and fmt == "w4a4":
+        from ..heuristics.moe_sm100 import format_plan as format_plan_sm100
+        from ..heuristics.moe_sm90 import shape_from_preset
+
+        print()
+        print(format_plan_sm100(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
+                                model_gpu or "B200", args.max_candidates))
     return 0

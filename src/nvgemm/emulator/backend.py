@@ -8,7 +8,8 @@ relinked against the fake CUDA runtime and its PTX interpreted (:mod:`nvgemm.emu
 wgmma, TMA, mbarrier and tcgen05 opcodes come from :mod:`nvgemm.emulator.isa`). The config is the
 runtime's own pick (``pick_config`` of the sm90 backend, the sm100 policy's first candidate) for the
 device profile (H200: 132 SMs, B200: 148). Slow (about 0.5-30 s per call on one core): a
-correctness tool, not a compute path.
+correctness tool, not a compute path. ``emu_sm100_moe`` (``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the
+same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4 kernels.
 """
 
 from __future__ import annotations
@@ -115,8 +116,7 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
     (CPU tensors; ``spec`` has ``out_quant=True``). Config: ``config`` or the smallest 1-CTA swap-AB tile
     that holds every token in one N tile. Returns (packed codes, swizzled e4m3 scales)."""
     from ..runtime.sm100_backend import compile_spec_for
-    from ..templates.sm100.config import Sm100Nvfp4GemmConfig
-    from ..templates.sm100.launch import prepare_sm100_requant_args
+    from ..templates.sm100.launch import prepare_sm100_requant_args, requant_config
     from .runner import prepare
 
     why = _tooling()
@@ -124,10 +124,9 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
         raise RuntimeError(f"nvgemm emulator sm100 (fused requant): {why}")
     m = x.shape[0]
     if config is None:
-        tile_n = next((t for t in (8, 16, 32, 64, 128) if t >= m), None)
-        if tile_n is None:
+        config = requant_config(m)
+        if config is None:
             raise ValueError(f"nvgemm emulator sm100 (fused requant): M={m} tokens > 128 (one swap-AB N tile)")
-        config = Sm100Nvfp4GemmConfig(tile_n=tile_n, swap_ab=True)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
                                       spec, config)
     kernel = prepare(compile_spec_for(config, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
@@ -137,12 +136,115 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
     return args.out, args.residual.view(torch.float8_e4m3fn)
 
 
+def supports_sm100_requant(p: LinearProblem) -> Optional[str]:
+    """The sm100 fused requant launch's rules, for CPU tensors on the B200 profile."""
+    from ..runtime import sm100_backend
+
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return (sm100_backend.supports_requant(dataclasses.replace(p, device_type="cuda", capability=(10, 0)))
+            or _tooling())
+
+
+def run_emu_sm100_requant_op(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                             out_dtype=None):
+    """``nvgemm::nvfp4_linear_requant``'s arguments -> :func:`run_emu_sm100_requant`."""
+    from ..runtime.sm100_backend import requant_spec
+
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
+    return run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, spec)
+
+
+def run_emu_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                           out_dtype):
+    """``nvgemm::nvfp4_linear_prequant`` through the sm_100a W4A4 kernel on the emulator, fed the given
+    activation codes and scales (the GPU backend's host path: ``prequant_args``)."""
+    from ..runtime.sm100_backend import compile_spec_for, prequant_args
+    from .runner import prepare
+
+    why = _tooling()
+    if why:
+        raise RuntimeError(f"nvgemm emulator sm100 (prequant): {why}")
+    args, cfg = prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                              out_dtype, "sm_100a", _SM100_SM_COUNT)
+    kernel = prepare(compile_spec_for(cfg, args.spec, "sm_100a", _SM100_SM_COUNT), device="B200")
+    z = lambda t: t if t is not None else 0  # noqa: E731
+    kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, z(args.alpha), z(args.bias), z(args.residual),
+                  z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
+    return args.out
+
+
+def _register_fused() -> None:
+    from ..runtime.fused_backends import PREQUANT, REQUANT, register_fused_backend
+
+    register_fused_backend(REQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100_requant,
+                                            run=run_emu_sm100_requant_op, autotune=False))
+    register_fused_backend(PREQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100,
+                                             run=run_emu_sm100_prequant, autotune=False))
+
+
+_register_fused()
+
+
+MOE_SM100_BACKEND_NAME = "emu_sm100_moe"
+
+
+def supports_moe_sm100(p) -> Optional[str]:
+    """The sm100 grouped MoE backend's own rules, for CPU tensors on the B200 profile -- and only when
+    forced (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): never an autotuning candidate (seconds per call)."""
+    import os
+
+    from ..moe import sm100_backend
+
+    if os.environ.get("NVGEMM_MOE_BACKEND", "").strip() != MOE_SM100_BACKEND_NAME:
+        return f"runs only when forced (NVGEMM_MOE_BACKEND={MOE_SM100_BACKEND_NAME})"
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return sm100_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
+
+
+def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,
+                      w2_scale_2, w2_input_scale, activation="silu_mul", router_weight_on_input=False, expert_map=None,
+                      shared_out=None, residual=None, out_dtype=None, configs=None):
+    """``nvgemm::nvfp4_moe`` through the sm_100a grouped kernels on the emulator
+    (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): the production host path
+    (:func:`nvgemm.templates.sm100_moe.launch.moe_forward`), the policy's pick for the B200 profile."""
+    from ..aot.compile_spec import make_spec
+    from ..heuristics.moe_sm100 import pick_moe_configs
+    from ..templates.registry import HardwareSpec
+    from ..templates.sm100_moe.launch import moe_forward
+    from .runner import prepare
+
+    m, h = x.shape
+    if configs is None:
+        configs = pick_moe_configs(m, w13.shape[0], topk_ids.shape[1], h, w2.shape[2] * 2, _SM100_SM_COUNT)
+
+    def launch(args):
+        spec = make_spec("sm100_moe_nvfp4", args.config, "sm_100a", epilogue=args.spec,
+                         hw=HardwareSpec(sm_count=_SM100_SM_COUNT))
+        prepare(spec, device="B200").launch(*args.abi_values(), 0)
+
+    return moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2,
+                       w2_scale, w2_scale_2, w2_input_scale, activation, router_weight_on_input, shared_out, residual,
+                       out_dtype, configs[0], configs[1], launch)
+
+
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90, autotune=False)
 SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100,
                         autotune=False)
 register_backend(BACKEND)
 register_backend(SM100_BACKEND)
 
+
+def _register_moe():
+    from ..moe.backends import MoeBackend, register_moe_backend
+
+    register_moe_backend(MoeBackend(name=MOE_SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm100,
+                                    run=run_emu_moe_sm100))
+
+
+_register_moe()
+
 __all__ = ["BACKEND", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "config_for", "run_emu_sm100",
-           "run_emu_sm100_requant",
+           "run_emu_sm100_prequant", "run_emu_sm100_requant", "run_emu_sm100_requant_op", "supports_sm100_requant",
            "run_emu_sm90", "supports", "supports_sm100"]

@@ -12,8 +12,6 @@ bounds-checked global allocation and executes the launch the host code makes.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +19,6 @@ import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .cuda import LaunchRecord, _cache_root, _trusted_dir, _trusted_file, fake_cuda, relink
@@ -37,18 +34,6 @@ def _ensure_dump_dir() -> None:
     # CuTeDSL reads CUTE_DSL_DUMP_DIR once; keep_ptx writes there (never the working directory)
     if "CUTE_DSL_DUMP_DIR" not in os.environ:
         os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_emu_dump_")
-
-
-@contextlib.contextmanager
-def _dump_dir_lock():
-    d = Path(os.environ["CUTE_DSL_DUMP_DIR"])
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".nvgemm_keep_ptx.lock", "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 _ENTRY_RE = re.compile(r"\.entry\s+([\w$]+)\s*\(")
@@ -68,13 +53,11 @@ def ptx_for(spec, key: str) -> tuple[str, str, str]:
     from nvgemm.templates.registry import get_template
     from nvgemm.templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
-    # CuTeDSL keeps the PTX as <dump dir>/<kernel name>.<arch>.ptx, and kernel names do not depend on
-    # the config: two processes compiling into one dump dir would read each other's PTX (seen: a
-    # 4-warp kernel's PTX registered for an 8-warp launch). Compile and read under a lock on the dump
-    # dir; the launch's block must still equal the PTX's .reqntid (checked by the interpreter).
-    with _dump_dir_lock():
-        compiled = get_template(spec.template_id).compile(spec, keep_ptx=True)
-        ptx = compiled.__ptx__
+    # compile_for_target gives every keep_ptx compile a private dump dir: no other process's PTX
+    # can be read for this spec (kernel names do not depend on the config). The launch's block must
+    # still equal the PTX's .reqntid (checked by the interpreter).
+    compiled = get_template(spec.template_id).compile(spec, keep_ptx=True)
+    ptx = compiled.__ptx__
     if not ptx:
         raise EmulationError(f"{spec.name()}: keep_ptx compile returned no PTX (is CUTE_DSL_DUMP_DIR writable?)")
     sha = hashlib.sha256(embedded_cubin(compiled)).hexdigest()
@@ -121,21 +104,8 @@ class EmuKernel:
 
         def handler(rec: LaunchRecord, load_program) -> None:
             self.records.append(rec)
-            if record_only:
-                return
-            prog = load_program()
-            if prog.static_size:
-                raise EmulationError(f"{rec.kernel_name[:60]}: {prog.static_size} bytes of static shared memory; the fake "
-                                     "runtime reports 0 to the host code")
-            params = bytearray(prog.entry.param_bytes)
-            for p, b in zip(prog.entry.params, rec.params):
-                params[p.offset:p.offset + p.size] = b
-            launch = Launch(prog, rec.grid, rec.block, rec.cluster, rec.dyn_smem, bytes(params), gmem,
-                            DEVICES[self.device])
-            if rec.preferred_cluster:
-                launch.ext["preferred_cluster"] = rec.preferred_cluster  # see ptx/schedule.py
-            run_launch(launch, order)
-            self.last = launch
+            if not record_only:
+                self.last = execute_record(rec, load_program, gmem, self.device, order)
 
         with fake.handling(handler):
             self.kernel.ensure_loaded()
@@ -145,6 +115,22 @@ class EmuKernel:
         if rc != 0:
             raise RuntimeError(f"nvgemm emulator: launch of {self.spec.name()} returned cudaError {rc}")
         return self.last
+
+
+def execute_record(rec: LaunchRecord, load_program, gmem: GlobalMemory, device: str, order="forward") -> Launch:
+    """Run one launch the fake runtime recorded: its PTX entry (``load_program()``), grid / block /
+    cluster / dynamic smem and parameter bytes, over the global allocations in ``gmem``."""
+    prog = load_program()
+    if prog.static_size:
+        raise EmulationError(f"{rec.kernel_name[:60]}: {prog.static_size} bytes of static shared memory; the fake "
+                             "runtime reports 0 to the host code")
+    params = bytearray(prog.entry.param_bytes)
+    for p, b in zip(prog.entry.params, rec.params):
+        params[p.offset:p.offset + p.size] = b
+    launch = Launch(prog, rec.grid, rec.block, rec.cluster, rec.dyn_smem, bytes(params), gmem, DEVICES[device])
+    if rec.preferred_cluster:
+        launch.ext["preferred_cluster"] = rec.preferred_cluster  # see ptx/schedule.py
+    return run_launch(launch, order)
 
 
 def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
@@ -204,4 +190,4 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     return run_launch(launch, order)
 
 
-__all__ = ["EmuKernel", "launch_ptx", "prepare", "ptx_for"]
+__all__ = ["EmuKernel", "execute_record", "launch_ptx", "prepare", "ptx_for"]

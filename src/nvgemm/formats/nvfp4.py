@@ -280,12 +280,22 @@ def quantize_activation(x: torch.Tensor, input_scale: torch.Tensor | float) -> t
     ``S = float(sf) * gs``, ``q = e2m1(x / S)`` (true fp32 division). An all-zero block gets
     sf = 0 and q = 0 (what GPU kernels emit; dequantizes to the same zeros as ModelOpt).
 
+    ``input_scale`` is one value, or one per row (shape ``x.shape[:-1]``: rows routed to
+    different MoE experts, each quantized with its expert's scale -- the same formula row by row).
+
     Returns (packed uint8 [..., K/2], scale float8_e4m3fn [..., K/16], linear layout).
     """
     _check_float(x, "x")
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension [..., K]")
-    gs = torch.as_tensor(input_scale, dtype=torch.float32, device=x.device).reshape(())
+    gs = torch.as_tensor(input_scale, dtype=torch.float32, device=x.device)
+    if gs.numel() == 1:
+        gs = gs.reshape(())
+    elif tuple(gs.shape) == tuple(x.shape[:-1]):
+        gs = gs.unsqueeze(-1)
+    else:
+        raise ValueError(f"input_scale must be one value or one per row {tuple(x.shape[:-1])}, got shape "
+                         f"{tuple(gs.shape)}")
     blocks = _blocks(x)
     block_amax = blocks.abs().amax(dim=-1)
     scale = fp8_e4m3_rne((block_amax / (E2M1_MAX * gs)).clamp(max=E4M3_MAX))

@@ -170,13 +170,14 @@ def layer_model(shape: MoeShape, m: int, gpu: str = "H200", histogram=None, prep
                                       gpu)}
 
 
-def _shared_us(shape: MoeShape, m: int, gpu: str) -> tuple[float, float]:
-    """The shared expert as two dense W4A16 GEMMs (gate_up with silu_mul, down), the model's best."""
+def _shared_us(shape: MoeShape, m: int, gpu: str, families=("sm90.mma", "sm90.wgmma")) -> tuple[float, float]:
+    """The shared expert as two dense GEMMs of ``families`` (gate_up with silu_mul, down; default the
+    W4A16 sm90 families), the model's best."""
     from ..perfmodel.model import best
 
     tot = [0.0, 0.0]
     for n, k in ((2 * shape.shared_inter, shape.hidden), (shape.hidden, shape.shared_inter)):
-        b = best(("sm90.mma", "sm90.wgmma"), m, n, k, gpu)
+        b = best(families, m, n, k, gpu)
         if b is None:
             continue
         us = b[1].gemm_us

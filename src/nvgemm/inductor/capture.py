@@ -3,7 +3,7 @@
 Installed as ``torch._inductor.config.post_grad_custom_pre_pass`` by :func:`nvgemm.enable`; it
 runs before Inductor's ``pass_patterns`` (``fx_passes/post_grad.py``), i.e. before the 2.15
 ``mul(_scaled_mm, alpha) -> _scaled_mm(scale_result=alpha)`` fold, so the nodes it claims never
-reach PyTorch's NVGEMM. Two rewrites:
+reach PyTorch's NVGEMM. Three rewrites:
 
 1. **Plain-PyTorch NVFP4 linears** (what torchao-style and hand-written code produce)::
 
@@ -26,8 +26,11 @@ reach PyTorch's NVGEMM. Two rewrites:
    (the autotuner passes tensors positionally) and ``x`` flattened to 2-D ``[M, K]`` so the
    lowering can dispatch on M (dim 0) for any ``[..., K]`` input.
 
+3. **Gated MLPs** ``down(silu_mul(gate_up(x)))`` of W4A4 linears become the fused requant chain
+   (:mod:`nvgemm.inductor.requant`; ``fuse_requant=False`` keeps them).
+
 Counters (``torch._dynamo.utils.counters["nvgemm_cutedsl"]``): ``scaled_mm_claimed``,
-``nvfp4_linear_captured``, ``bias_folded``.
+``nvfp4_linear_captured``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``.
 """
 
 from __future__ import annotations
@@ -306,8 +309,9 @@ def _normalise_linear(graph: fx.Graph, node: fx.Node) -> bool:
 # --------------------------------------------------------------------------- the pass
 
 
-def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True) -> None:
-    """Run both rewrites on ``graph`` in place (the first only when ``claim_scaled_mm``)."""
+def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_requant: bool = True) -> None:
+    """Run both rewrites on ``graph`` in place (the first only when ``claim_scaled_mm``), then (when
+    ``fuse_requant``) the gated-MLP rewrite of :mod:`nvgemm.inductor.requant`."""
     claimed = False
     for node in list(graph.nodes):
         if claim_scaled_mm and _is_call(node, aten._scaled_mm.default):
@@ -321,23 +325,31 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True) -> None
         if _is_call(node, _linear_op()):
             _normalise_linear(graph, node)
             counters[COUNTER]["nvfp4_linear_captured"] += 1
+    if fuse_requant:
+        from .requant import fuse_requant_chains
+
+        fuse_requant_chains(graph, _set_val)
     graph.lint()
 
 
-def make_pass(claim_scaled_mm: bool = True):
+def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True):
     """The ``CustomGraphPass`` object Inductor calls (its ``uuid`` enters the FX-graph cache key)."""
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
     class NvgemmCapturePass(CustomGraphPass):
         def __call__(self, graph: fx.Graph) -> None:
-            capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm)
+            capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
 
         def uuid(self) -> Any:
+            import nvgemm.fused_requant as fr
             import nvgemm.inductor.capture as cap
             import nvgemm.inductor.choices as ch
             import nvgemm.inductor.lowering as low
+            import nvgemm.inductor.requant as rq
+            import nvgemm.runtime.fused_backends as fb
 
-            salt = f"nvgemm_cutedsl-capture-v1-claim{int(claim_scaled_mm)}"
-            return get_hash_for_files((cap.__file__, ch.__file__, low.__file__), salt)
+            salt = f"nvgemm_cutedsl-capture-v2-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+            return get_hash_for_files((cap.__file__, ch.__file__, low.__file__, rq.__file__, fr.__file__,
+                                       fb.__file__), salt)
 
     return NvgemmCapturePass()

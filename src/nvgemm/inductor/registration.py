@@ -48,7 +48,7 @@ def is_enabled() -> bool:
 
 
 def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
-           claim_scaled_mm: Optional[bool] = None) -> None:
+           claim_scaled_mm: Optional[bool] = None, fuse_requant: bool = True) -> None:
     """Route NVFP4 linears in ``torch.compile`` graphs through nvgemm (idempotent).
 
     ``choices`` restricts the autotuning candidates by kind (backend names such as
@@ -57,7 +57,8 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
     consumers without programmatic dependent launch. ``claim_scaled_mm`` rewrites hand-written
     NVFP4 ``torch._scaled_mm(...) * alpha (+ bias)`` chains into nvgemm's op; the default (None)
     does so only where PyTorch itself folds that chain (torch >= 2.15), so on older torch such a
-    chain keeps its ATen meaning unless you ask.
+    chain keeps its ATen meaning unless you ask. ``fuse_requant`` rewrites W4A4 gated MLPs
+    ``down(silu_mul(gate_up(x)))`` into the fused requant chain (:mod:`nvgemm.inductor.requant`).
     """
     from . import compat
 
@@ -92,7 +93,7 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
             allowed.add("emulated")
         prev_pass = config.post_grad_custom_pre_pass
         prev_lowering = user_lowerings.get(op)
-        the_pass = capture.make_pass(claim_scaled_mm=claim_scaled_mm)
+        the_pass = capture.make_pass(claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
         existing = [] if prev_pass is None else list(prev_pass) if isinstance(prev_pass, (list, tuple)) else [prev_pass]
         config.post_grad_custom_pre_pass = [the_pass, *existing] if existing else the_pass
         user_lowerings[op] = lowering.build_lowering(allowed)
@@ -103,7 +104,7 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
             pdl_mod.install()
         _STATE.update(prev_pass=prev_pass, prev_lowering=prev_lowering, prev_moe_lowering=prev_moe_lowering,
                       the_pass=the_pass, pdl=pdl,
-                      claim_scaled_mm=claim_scaled_mm)
+                      claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
         log.info("nvgemm_cutedsl: enabled (M split points %s, pdl=%s, claim _scaled_mm*alpha=%s)",
                  user_lowerings[op].split_points, pdl, claim_scaled_mm)
 
@@ -154,13 +155,14 @@ def disable() -> None:
 
 
 @contextlib.contextmanager
-def enabled(choices: Optional[Iterable[str]] = None, pdl: bool = True, claim_scaled_mm: Optional[bool] = None):
+def enabled(choices: Optional[Iterable[str]] = None, pdl: bool = True, claim_scaled_mm: Optional[bool] = None,
+            fuse_requant: bool = True):
     """``with nvgemm.enabled(): torch.compile(...)(...)`` -- enable for the block, then restore."""
     was = dict(_STATE)
-    enable(choices=choices, pdl=pdl, claim_scaled_mm=claim_scaled_mm)
+    enable(choices=choices, pdl=pdl, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
     try:
         yield
     finally:
         disable()
         if was:
-            enable(pdl=was["pdl"], claim_scaled_mm=was["claim_scaled_mm"])
+            enable(pdl=was["pdl"], claim_scaled_mm=was["claim_scaled_mm"], fuse_requant=was["fuse_requant"])

@@ -274,7 +274,7 @@ def load_nvfp4_linear(idx: _TensorIndex, prefix: str, linear: nn.Module, algo: s
 def load_modelopt_checkpoint(
     ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, *,
     sm90_one_copy: bool | None = None,
-    swizzled_scales: bool = False, trust_remote_code: bool = False,
+    swizzled_scales: bool = False, trust_remote_code: bool = False, fuse_gated_mlp: bool = False,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
@@ -287,6 +287,11 @@ def load_modelopt_checkpoint(
     layout (:func:`nvgemm.linear.prepare_for_sm90`; one log line per layer and a total);
     ``sm90_one_copy=False`` (or ``NVGEMM_SM90_ONE_COPY=0`` when not given) keeps the checkpoint
     layout, and the kernels' prepared copy beside it at the first call.
+
+    ``fuse_gated_mlp=True`` replaces each gated MLP with NVFP4 gate/up/down by
+    :class:`nvgemm.modelopt.mlp.NVFP4GatedMLP`: one gate_up GEMM with SwiGLU in its epilogue, and where
+    gate_up and down are W4A4 the fused requant chain (gate_up emits down's NVFP4 input); see that module
+    for the numerics (one rounding instead of four) and the state_dict keys (``gate_up_proj``).
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -353,6 +358,11 @@ def load_modelopt_checkpoint(
                               "; nvgemm does not know what to do with it")
     model.to(device)
     model.eval()
+    model.nvgemm_fused_mlps = []
+    if fuse_gated_mlp:
+        from .mlp import fuse_gated_mlps
+
+        model.nvgemm_fused_mlps = [n for n, why in fuse_gated_mlps(model).items() if why is None]
     kind = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
     if kind is not None and one_copy_wanted(sm90_one_copy):
         prepare_for_sm90(model, kind, log=log)  # layer by layer: one layer's two copies at a time

@@ -64,6 +64,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "nvgemm.triton_kernels.registry",
     "nvgemm.emulator.backend",  # emu_sm90 / emu_sm100: only when forced (NVGEMM_BACKEND=...)
     "nvgemm.moe.sm90_backend",  # nvfp4_moe: cutedsl_sm90_moe (grouped W4A16 kernels)
+    "nvgemm.moe.sm100_backend",  # nvfp4_moe: cutedsl_sm100_moe (grouped W4A4 kernels)
 )
 
 

@@ -76,7 +76,8 @@ def arch_of(capability: tuple[int, int]) -> str:
     return {0: "sm_100a", 3: "sm_103a"}.get(minor, "sm_100f")
 
 
-def supports(p: LinearProblem) -> Optional[str]:
+def _device_rule(p: LinearProblem) -> Optional[str]:
+    """What every sm100 W4A4 launch needs: an sm_100-family GPU, an input_scale, bias in the output dtype."""
     if p.device_type != "cuda":
         return f"needs a CUDA device (got {p.device_type})"
     if p.capability is None or p.capability[0] != 10:
@@ -85,6 +86,13 @@ def supports(p: LinearProblem) -> Optional[str]:
         return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
     if p.bias and p.x_dtype != p.out_dtype:
         return "bias/residual must be in the output dtype"
+    return None
+
+
+def supports(p: LinearProblem) -> Optional[str]:
+    why = _device_rule(p)
+    if why is not None:
+        return why
     ob = torch.empty((), dtype=p.out_dtype).element_size()
     # the template's own rule for the problem (any config: shapes and alignment only)
     st = can_implement_problem(Sm100Nvfp4GemmConfig(), m=1, n=p.n, k=p.k, out_bytes=ob, activation=p.activation)
@@ -149,3 +157,103 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
 
 BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)
 register_backend(BACKEND)
+
+
+# --------------------------------------------------------------------------- fused gated-MLP ops
+# nvgemm::nvfp4_linear_requant (the out_quant epilogue) and nvgemm::nvfp4_linear_prequant (the W4A4 kernel fed
+# the quantized activation); registered with nvgemm.runtime.fused_backends under the same name.
+
+
+def supports_requant(p: LinearProblem) -> Optional[str]:
+    """The fused requant launch (``EpilogueSpec(out_quant=True)``, 1-CTA swap-AB, every token in one N tile)."""
+    from ..templates.sm100.launch import requant_config
+
+    why = _device_rule(p)
+    if why is not None:
+        return why
+    cfg = requant_config(p.m)
+    if cfg is None:
+        return f"M={p.m} > 128 tokens: the fused requant launch holds every token in one swap-AB N tile"
+    ob = torch.empty((), dtype=p.out_dtype).element_size()
+    st = can_implement_problem(cfg, m=p.m, n=p.n, k=p.k, out_bytes=ob, activation="silu_mul")
+    return None if st else st.reason
+
+
+def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype) -> EpilogueSpec:
+    import dataclasses
+
+    from ..ops import check_linear_args
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul", out_dtype)
+    return dataclasses.replace(spec, out_quant=True)
+
+
+def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales)."""
+    from ..templates.sm100.launch import prepare_sm100_requant_args, requant_config
+    from .occupancy import query_max_active_clusters
+
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
+    config = requant_config(x.shape[0])
+    if config is None:
+        raise ValueError(f"nvgemm_cutedsl sm100: fused requant takes at most 128 tokens, got M={x.shape[0]}")
+    dev = x.device
+    props = torch.cuda.get_device_properties(dev)
+    args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                      spec, config)
+    cspec = compile_spec_for(config, spec, arch_of((props.major, props.minor)), props.multi_processor_count,
+                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
+    launch_sm100(args, kernel_for(cspec), torch.cuda.current_stream(dev))
+    return args.out, args.residual.view(torch.float8_e4m3fn)
+
+
+def prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype) -> EpilogueSpec:
+    from ..ops import check_linear_args
+
+    def meta(t):
+        return None if t is None else t.to("meta")
+
+    x = torch.empty((packed.shape[0], packed.shape[1] * 2), dtype=out_dtype, device="meta")
+    return check_linear_args(x, meta(weight), meta(weight_scale), meta(weight_scale_2), meta(input_scale), meta(bias),
+                             meta(residual), "none", out_dtype)
+
+
+def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,
+                  arch: str, sm_count: int, stream_id: int = 0):
+    """(the W4A4 launch's arguments fed the given activation codes + scales, the config: the policy's pick)."""
+    spec = prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    m, n, k = packed.shape[0], weight.shape[0], weight.shape[1] * 2
+    config = _policy_config(m, n, k, spec.out_dtype, "none", arch, sm_count)
+    if config is None:
+        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={n} K={k}")
+    args = prepare_sm100_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream_id, quantized=(packed, scales.view(torch.float8_e4m3fn)))
+    return args, config
+
+
+def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
+    """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization."""
+    from .occupancy import query_max_active_clusters
+
+    dev = packed.device
+    props = torch.cuda.get_device_properties(dev)
+    arch = arch_of((props.major, props.minor))
+    stream = torch.cuda.current_stream(dev)
+    args, config = prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                                 out_dtype, arch, props.multi_processor_count, stream.cuda_stream)
+    cspec = compile_spec_for(config, args.spec, arch, props.multi_processor_count,
+                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
+    launch_sm100(args, kernel_for(cspec), stream)
+    return args.out
+
+
+def _register_fused() -> None:
+    from .fused_backends import PREQUANT, REQUANT, register_fused_backend
+
+    register_fused_backend(REQUANT, Backend(name="cutedsl_sm100", priority=100, supports=supports_requant,
+                                            run=run_sm100_requant))
+    register_fused_backend(PREQUANT, Backend(name="cutedsl_sm100", priority=100, supports=supports,
+                                             run=run_sm100_prequant))
+
+
+_register_fused()

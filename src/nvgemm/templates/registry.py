@@ -107,6 +107,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import shutil
+import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol, Union, runtime_checkable
@@ -128,6 +131,7 @@ BUILTIN_TEMPLATE_MODULES: dict[str, str] = {
     "sm90_w4a16_mma": "nvgemm.templates.sm90.mma",
     "sm90_w4a16_wgmma": "nvgemm.templates.sm90.wgmma",
     "sm90_moe_mma": "nvgemm.templates.sm90_moe.kernel",
+    "sm100_moe_nvfp4": "nvgemm.templates.sm100_moe.kernel",
 }
 
 # Config class name -> template id (a callable of the config when one config type spans templates).
@@ -136,6 +140,7 @@ CONFIG_TEMPLATE_IDS: dict[str, Any] = {
     "Sm100Nvfp4GemmConfig": "sm100_nvfp4_gemm",
     "Sm90W4A16Config": lambda c: f"sm90_w4a16_{c.family}",
     "Sm90MoeConfig": "sm90_moe_mma",
+    "Sm100MoeConfig": "sm100_moe_nvfp4",
 }
 
 
@@ -493,8 +498,23 @@ def compile_for_target(fn: Any, args: list[Any], spec: CompileSpec, options: str
     import cutlass.cute as cute
 
     opts = f"--gpu-arch {spec.arch} {options}".strip()
-    with COMPILE_LOCK:
-        return cute.compile(fn, *args, options=opts)
+    if "--keep-ptx" not in options.split():
+        with COMPILE_LOCK:
+            return cute.compile(fn, *args, options=opts)
+    # keep_ptx writes <dump dir>/<kernel name>.<arch>.ptx and reads it back; kernel names do not
+    # depend on the config, so two processes sharing CUTE_DSL_DUMP_DIR could read each other's PTX
+    # (seen: another config's PTX registered for an emulator launch). Each such compile gets a private
+    # dump dir (CuTeDSL's own --dump-dir option); the PTX text is read during cute.compile, so the
+    # directory goes once it returns.
+    parent = os.environ.get("CUTE_DSL_DUMP_DIR") or None
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    private = tempfile.mkdtemp(prefix="nvgemm_keep_ptx_", dir=parent)
+    try:
+        with COMPILE_LOCK:
+            return cute.compile(fn, *args, options=f"{opts} --dump-dir {private}")
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 __all__ = [

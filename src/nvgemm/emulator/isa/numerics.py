@@ -46,8 +46,8 @@ UE8M0 = np.array([np.nan if c == 255 else 2.0 ** (c - 127) for c in range(256)],
 
 
 def values(codes, dtype: str) -> np.ndarray:
-    """float64 values of raw element codes of ``dtype`` (``bf16``, ``f16``, ``e2m1``, ``e4m3``, ``ue4m3``,
-    ``ue8m0``, ``f32``)."""
+    """float64 values of raw element codes of ``dtype`` (``bf16``, ``f16``, ``e2m1``, ``e4m3``, ``e5m2``,
+    ``ue4m3``, ``ue8m0``, ``f32``)."""
     c = np.asarray(codes)
     if dtype == "bf16":
         return (c.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
@@ -55,6 +55,8 @@ def values(codes, dtype: str) -> np.ndarray:
         return c.astype(np.uint16).view(np.float16).astype(np.float64)
     if dtype == "f32":
         return c.astype(np.uint32).view(np.float32).astype(np.float64)
+    if dtype == "e5m2":  # 1-5-2 with bias 15, inf and NaN as in IEEE: the high byte of an fp16
+        return (c.astype(np.uint16) << np.uint16(8)).view(np.float16).astype(np.float64)
     table = {"e2m1": E2M1, "e4m3": E4M3, "ue4m3": UE4M3, "ue8m0": UE8M0}.get(dtype)
     if table is None:
         raise IsaError(f"element type {dtype!r} is not modelled")

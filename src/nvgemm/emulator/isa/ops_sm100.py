@@ -502,6 +502,8 @@ def _tcgen05_async(ins, ctx, op):
     if op == "mma":
         kind = next((x[6:] for x in p if x.startswith("kind::")), None)
         pair = "cta_group::2" in p
+        if pair and kind not in ("mxf4nvf4", "f16"):
+            raise ctx.unsupported(ins, ".cta_group::2 is modelled for .kind::mxf4nvf4 and .kind::f16")
         rest = [x for x in p[2:] if x not in ("cta_group::1", "cta_group::2", f"kind::{kind}", "collector::a::discard",
                                               "collector::a::fill", "collector::a::use", "collector::a::lastuse")]
         scaled = kind == "mxf4nvf4"
@@ -591,6 +593,49 @@ def _tcgen05_async(ins, ctx, op):
 
 
 # ------------------------------------------------------------------------------------------------ cluster barrier
+
+
+_ST_ASYNC_TYPES = {"b32": np.uint32, "b64": np.uint64, "u32": np.uint32, "s32": np.int32, "u64": np.uint64,
+                   "s64": np.int64, "f32": np.float32, "f64": np.float64}
+
+
+@opcode("st.async")
+def _st_async(ins, ctx):
+    """``st.async{.weak}{.shared::cluster}.mbarrier::complete_tx::bytes{.v2,.v4}.type [a], b, [mbar]`` (PTX ISA
+    "st.async"): a store into the shared memory of a CTA of the cluster that performs complete-tx of its size on
+    the mbarrier ``mbar``, which must be in the same CTA as ``a``. Modelled as the earliest legal completion: the
+    bytes are written and the transaction completed when the store issues."""
+    p = ins.parts
+    mods, t = p[2:-1], p[-1]
+    if "mbarrier::complete_tx::bytes" not in mods or t not in _ST_ASYNC_TYPES or \
+            any(x not in ("weak", "shared::cluster", "mbarrier::complete_tx::bytes", "v2", "v4") for x in mods):
+        raise ctx.unsupported(ins, "st.async{.weak}{.shared::cluster}.mbarrier::complete_tx::bytes{.v2,.v4}.<32/64-bit>")
+    vec = 4 if "v4" in mods else 2 if "v2" in mods else 1
+    dt = np.dtype(_ST_ASYNC_TYPES[t])
+    ops = ins.operands
+    srcs = list(ops[1].items) if ops[1].kind == "vec" else [ops[1]]
+    if len(ops) != 3 or len(srcs) != vec:
+        raise ctx.unsupported(ins, f"operands [a], b (x{vec}), [mbar]")
+    ga, gm = ctx.addr(ops[0])[1], ctx.addr(ops[2])[1]
+    gets = [ctx.src(x, dt) for x in srcs]
+    nbytes = dt.itemsize * vec
+
+    def ex(w, m):
+        a, mb = ga(w), gm(w)
+        vals = np.ascontiguousarray(np.stack([g(w) for g in gets], axis=1).astype(dt, copy=False)).view(np.uint8)
+        for ln in np.nonzero(m)[0]:
+            cta, off = _target(w, "shared::cluster", int(a[ln]), ins, ln)
+            bcta, boff = _target(w, "shared::cluster", int(mb[ln]), ins, ln)
+            if bcta is not cta:
+                raise EmulationError(f"st.async: the mbarrier (CTA rank {bcta.rank}) must be in the destination "
+                                     f"CTA (rank {cta.rank}), {w.where(ins, int(ln))}")
+            cta.shared.write(np.array([off]), vals[ln:ln + 1], lambda j, ln=ln: w.where(ins, int(ln)))
+            try:
+                _barrier(bcta, boff, w, ins, ln).complete_tx(nbytes)
+            except IsaError as e:
+                raise _err(e, w, ins, int(ln)) from None
+
+    return ex
 
 
 @opcode("barrier.cluster")

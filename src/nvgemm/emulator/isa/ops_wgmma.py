@@ -112,7 +112,17 @@ def _wgmma(ins, ctx):
         raise ctx.unsupported(ins, f"accumulator must be a vector of {shape.n // 2} registers")
     d_keys = [_reg_key(ctx, x, ins) for x in d_op.items]
     reg_a = a_op.kind == "vec"
-    if reg_a:
+    if shape.elem_bits == 8:  # d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b (K-major only: no imm-trans)
+        if reg_a:
+            raise ctx.unsupported(ins, "8-bit wgmma with A in registers is not modelled")
+        imms = ops[4:]
+        if len(imms) != 2:
+            raise ctx.unsupported(ins, "the 8-bit descriptor form takes scale-d, imm-scale-a, imm-scale-b")
+        a_keys = []
+        get_a_desc = ctx.src(a_op, np.uint64)
+        sa, sb = (_imm(ctx, x, ins, "immediate") for x in imms)
+        ta = tb = 0
+    elif reg_a:
         if len(a_op.items) != 4:
             raise ctx.unsupported(ins, "register A must be a vector of 4 registers")
         a_keys = [_reg_key(ctx, x, ins) for x in a_op.items]

@@ -14,9 +14,10 @@ Fields (q = little-endian 64-bit word of the map):
 q0             global address (16-byte aligned)
 q1 bits 0-3    ``0b0010`` in every map observed (meaning unknown; anything else is rejected)
 q1 bits 4-6    rank - 1
-q1 bits 7-12   element type: 1 = 16-bit (CuTe's view of the e4m3 scale-factor blocks), 6 = f16,
-               7 = f32, 10 = bf16, 11 = packed 4-bit (e2m1; dims and box count 4-bit elements);
-               other codes are rejected
+q1 bits 7-12   element type: 0 = 8-bit (fp8 operands: established by NVIDIA's Hopper dense_gemm
+               example with e4m3 A/B running bit-exact through its TMA loads, bench/run_nvidia_examples.py),
+               1 = 16-bit (CuTe's view of the e4m3 scale-factor blocks), 6 = f16, 7 = f32, 10 = bf16,
+               11 = packed 4-bit (e2m1; dims and box count 4-bit elements); other codes are rejected
 q1 bits 13-14  swizzle: 0 none, 1 32B, 2 64B, 3 128B
 q1 bits 16-31  ``0x0004``, or ``0x0024`` for the two 128 KiB tensors of the experiment (bit 21: no
                functional input varied with it -- taken as a cache hint, **unverified**); others rejected
@@ -49,7 +50,7 @@ from .errors import IsaError
 from .smem_desc import swizzle
 
 #: element type code -> (name, size in bits)
-TMA_DTYPES = {1: ("b16", 16), 6: ("f16", 16), 7: ("f32", 32), 10: ("bf16", 16), 11: ("b4", 4)}
+TMA_DTYPES = {0: ("b8", 8), 1: ("b16", 16), 6: ("f16", 16), 7: ("f32", 32), 10: ("bf16", 16), 11: ("b4", 4)}
 _CONTROL_OK = (0x0004, 0x0024)
 
 

@@ -1,5 +1,6 @@
 """``wgmma`` (sm_90a) semantics: the register fragments of ``m64nNk16``, ``wgmma.mma_async`` with bf16/f16
-inputs and fp32 accumulators (A from registers or from a shared-memory descriptor, B from a descriptor), and
+inputs and fp32 accumulators (A from registers or from a shared-memory descriptor, B from a descriptor) or with
+e4m3/e5m2 inputs (``m64nNk32``, both operands K-major from descriptors), and
 the warpgroup's async groups (``wgmma.fence`` / ``commit_group`` / ``wait_group``) as a pure object.
 
 Written from the PTX ISA 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate" (9.7.15.5.1
@@ -9,6 +10,7 @@ Syntax modelled (the forms nvgemm's wgmma family and CuTe's ``MmaF16BF16Op`` emi
 
     wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}  d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b;
     wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}  d, {a0..a3}, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b;
+    wgmma.mma_async.sync.aligned.m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2}  d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b;
 
 ``D = (imm-scale-a A) (imm-scale-b B) + (scale-d ? D : 0)``, A is 64 x 16, B is 16 x N (stored N x K when
 K-major, ``imm-trans-b = 0``), N a multiple of 8 in 8..256. Thread ``t`` of the warpgroup is warp
@@ -94,13 +96,23 @@ def d_to_registers(d: np.ndarray) -> np.ndarray:
     return numerics.f32_bits(d[rows, cols])
 
 
+FP8_TYPES = ("e4m3", "e5m2")
+
+
 @dataclass(frozen=True)
 class WgmmaShape:
-    """The parsed modifiers of one ``wgmma.mma_async`` (dense, f32 accumulator, 16-bit inputs)."""
+    """The parsed modifiers of one ``wgmma.mma_async`` (dense, f32 accumulator): ``m64nNk16`` with 16-bit inputs,
+    or ``m64nNk32`` with 8-bit floating-point inputs (``.e4m3`` / ``.e5m2``, which may differ between A and B;
+    the ISA allows them only K-major, so that form has no imm-trans operands)."""
 
     n: int
     atype: str
     btype: str
+    k: int = 16
+
+    @property
+    def elem_bits(self) -> int:
+        return 8 if self.k == 32 else 16
 
     @classmethod
     def parse(cls, opcode: str) -> "WgmmaShape":
@@ -108,13 +120,17 @@ class WgmmaShape:
         if parts[:4] != ["wgmma", "mma_async", "sync", "aligned"] or len(parts) != 8:
             raise IsaError(f"{opcode}: not a dense wgmma.mma_async.sync.aligned.<shape>.<d>.<a>.<b> opcode")
         shape, dtype, atype, btype = parts[4:]
-        if not (shape.startswith("m64n") and shape.endswith("k16")):
-            raise IsaError(f"{opcode}: shape {shape} not modelled (m64nNk16 with 16-bit inputs)")
+        fp8 = atype in FP8_TYPES and btype in FP8_TYPES
+        k = 32 if fp8 else 16
+        if not (shape.startswith("m64n") and shape.endswith(f"k{k}")):
+            raise IsaError(f"{opcode}: shape {shape} not modelled (m64nNk16 with 16-bit inputs, m64nNk32 with "
+                           ".e4m3 / .e5m2)")
         n = int(shape[4:-3])
         _check_n(n)
-        if dtype != "f32" or atype not in ("bf16", "f16") or atype != btype:
-            raise IsaError(f"{opcode}: types .{dtype}.{atype}.{btype} not modelled (.f32 with .bf16 or .f16 inputs)")
-        return cls(n, atype, btype)
+        if dtype != "f32" or not (fp8 or (atype in ("bf16", "f16") and atype == btype)):
+            raise IsaError(f"{opcode}: types .{dtype}.{atype}.{btype} not modelled (.f32 with .bf16 or .f16 inputs, "
+                           "or .e4m3 / .e5m2)")
+        return cls(n, atype, btype, k)
 
 
 def _imm_scale(v: int, what: str) -> float:
@@ -145,9 +161,14 @@ def mma_async_warp(shape: WgmmaShape, warp: int, d_regs: np.ndarray, a: np.ndarr
         raise IsaError(f"wgmma: warp {warp} of a warpgroup (0..3)")
     lanes = slice(32 * warp, 32 * warp + 32)
     rows0 = 16 * warp
+    k, bits = shape.k, shape.elem_bits
+    if bits == 8 and (imm_trans_a or imm_trans_b):
+        raise IsaError("wgmma with 8-bit inputs: the ISA allows only K-major operands (no imm-trans)")
     if isinstance(a, (int, np.integer)):
-        a_tile = read_operand(smem, decode_wgmma_desc(a), 64, 16, 16, _trans(imm_trans_a, "imm-trans-a"),
+        a_tile = read_operand(smem, decode_wgmma_desc(a), 64, k, bits, _trans(imm_trans_a, "imm-trans-a"),
                               window_base=window_base)[rows0:rows0 + 16]
+    elif bits == 8:
+        raise IsaError("wgmma with 8-bit inputs and A in registers is not modelled (A from a descriptor is)")
     else:
         r = np.asarray(a, dtype=np.uint32)
         if r.shape != (32, 4):
@@ -156,7 +177,7 @@ def mma_async_warp(shape: WgmmaShape, warp: int, d_regs: np.ndarray, a: np.ndarr
         ar, ac = a_fragment_coords()
         a_tile = np.zeros((16, 16), dtype=np.uint16)
         a_tile[ar[lanes] - rows0, ac[lanes]] = halves
-    b_codes = read_operand(smem, decode_wgmma_desc(b_desc), n, 16, 16, _trans(imm_trans_b, "imm-trans-b"),
+    b_codes = read_operand(smem, decode_wgmma_desc(b_desc), n, k, bits, _trans(imm_trans_b, "imm-trans-b"),
                            window_base=window_base)
     dr, dc = d_fragment_coords(n)
     dr, dc = dr[lanes] - rows0, dc[lanes]

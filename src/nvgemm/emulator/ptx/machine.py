@@ -367,6 +367,7 @@ class DeviceProfile:
 
 
 DEVICES = {
+    "A100": DeviceProfile("A100", 108, (8, 0), 166912),
     "H100": DeviceProfile("H100", 132, (9, 0), 232448),
     "H200": DeviceProfile("H200", 132, (9, 0), 232448),
     "B200": DeviceProfile("B200", 148, (10, 0), 232448),

@@ -94,12 +94,20 @@ def moe_gemm_estimate(config, m: int, top_k: int, num_experts: int, rows: int, k
                       sm_count: int | None = None, histogram=None) -> Optional[MoeGemmEstimate]:
     """Modelled time of one grouped GEMM (``rows`` weight rows per expert, reduction ``k``), or None
     when the dense model has no estimate for the equivalent problem."""
-    tiles = expected_tiles(m, top_k, num_experts, config.tile_m, histogram)
+    return grouped_gemm_estimate(config, config.dense(), config.tile_m, m, top_k, num_experts, rows, k, gpu, sm_count,
+                                 histogram)
+
+
+def grouped_gemm_estimate(config, dense, token_tile: int, m: int, top_k: int, num_experts: int, rows: int, k: int,
+                          gpu: str, sm_count: int | None, histogram) -> Optional[MoeGemmEstimate]:
+    """A grouped GEMM as the ``dense`` config on the equivalent dense problem (the module docstring):
+    ``N = rows x work tiles`` (tiles of ``token_tile`` pairs), ``M = mean pairs per tile``. Shared by
+    the grouped families (sm90 ``mma``, sm100 swap-AB tcgen05)."""
+    tiles = expected_tiles(m, top_k, num_experts, token_tile, histogram)
     if tiles <= 0:
         return None
     pairs = sum(histogram) if histogram is not None else m * top_k
-    per_tile = min(float(config.tile_m), pairs / tiles)
-    dense = config.dense()
+    per_tile = min(float(token_tile), pairs / tiles)
     from dataclasses import replace
 
     dense = replace(dense, pdl=True)  # the SASS facts table holds the PDL variants (same loop)
@@ -124,4 +132,4 @@ def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS) -> tuple[float,
 
 
 __all__ = ["FINALIZE_KERNELS", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
-           "expected_active_experts", "expected_tiles", "host_us", "moe_gemm_estimate"]
+           "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "host_us", "moe_gemm_estimate"]

@@ -150,7 +150,7 @@ class Sm100EpilogueMixin:
     def _epilogue_warps(
         self, thr_mma, tmem, acc_pipeline, sched_params, tCtAcc_fake,
         mC_mnl, mR_mnl, mAlpha, mBias, mWs, mCnt, tma_atom_c, mC_tma, sC, storage,
-        tidx, use_2cta: cutlass.Constexpr, v_size, num_tiles_n, m_gemm, n_gemm, k_tile_total,
+        tidx, use_2cta: cutlass.Constexpr, v_size, num_tiles_n, m_gemm, n_gemm, k_tile_total, work=None,
     ):
         tmem.allocate(self.num_tmem_alloc_cols)
         tmem.wait_for_alloc()
@@ -219,26 +219,45 @@ class Sm100EpilogueMixin:
             if cutlass.const_expr(self.use_tma_store):
                 bSG_gC = bSG_gC_all[(None, 0, None, coord[0], coord[1], 0)]
             cta_tile_id = coord[0] * num_tiles_n + coord[1]
+            mAlphaT, alpha_sT = self._tile_alpha(mAlpha, alpha_s, coord, work)
 
             acc_pipeline.consumer_wait(acc_state)
             if cutlass.const_expr(self.split_k == 1):
-                alpha_r, bias_r = self._row_features(tTR_cC, m_gemm, mAlpha, mBias, alpha_s)
+                alpha_r, bias_r = self._row_features(tTR_cC, m_gemm, mAlphaT, mBias, alpha_sT)
                 for st in cutlass.range(self.subtile_cnt):
-                    cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    num_stores = self._finish_subtile(
-                        tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
-                            (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlpha, mBias, alpha_s, alpha_r,
-                        bias_r, m_gemm, n_gemm, tiled_copy_r2s, tRS_sC, bSG_sC, bSG_gC, tma_atom_c, c_pipeline,
-                        warp_idx, num_stores)
+                    if cutlass.const_expr(work is None):
+                        cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
+                        num_stores = self._finish_subtile(
+                            tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
+                                (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlphaT, mBias, alpha_sT, alpha_r,
+                            bias_r, m_gemm, n_gemm, tiled_copy_r2s, tRS_sC, bSG_sC, bSG_gC, tma_atom_c, c_pipeline,
+                            warp_idx, num_stores)
+                    else:
+                        # a tile without K work (empty work slot: its outputs are never read) stores
+                        # nothing; its TMEM accumulator was never written either
+                        _kb0, k_cnt0 = self._tile_k_range(coord, k_tile_total, work)
+                        if k_cnt0 > 0:
+                            cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
+                            num_stores = self._finish_subtile(
+                                tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
+                                    (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlphaT, mBias, alpha_sT,
+                                alpha_r, bias_r, m_gemm, n_gemm, tiled_copy_r2s, tRS_sC, bSG_sC, bSG_gC, tma_atom_c,
+                                c_pipeline, warp_idx, num_stores)
                 cute.arch.fence_view_async_tmem_load()
                 acc_pipeline.consumer_release(acc_state)
             else:
                 # 1) publish this split's fp32 partial (thread-major workspace, 16-byte stores)
-                _kb, k_cnt = self._k_range(split_idx, k_tile_total)
+                _kb, k_cnt = self._tile_k_range(coord, k_tile_total, work)
                 for st in cutlass.range(self.subtile_cnt):
-                    cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
-                    if k_cnt == 0:
-                        tTR_rAcc.fill(0.0)  # empty split: its accumulator was never written
+                    if cutlass.const_expr(work is None):
+                        cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
+                        if k_cnt == 0:
+                            tTR_rAcc.fill(0.0)  # empty split: its accumulator was never written
+                    else:
+                        if k_cnt == 0:
+                            tTR_rAcc.fill(0.0)  # empty split / work slot: TMEM may never have been written
+                        else:
+                            cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, st)], tTR_rAcc)
                     cute.autovec_copy(self._as_vectors(tTR_rAcc), self._ws_view(mWs, tidx, st, split_idx, cta_tile_id))
                 cute.arch.fence_view_async_tmem_load()
                 acc_pipeline.consumer_release(acc_state)
@@ -253,12 +272,12 @@ class Sm100EpilogueMixin:
                 # 2) the last split reduces all partials in the fixed order 0..S-1
                 if arrived == self.split_k - 1:
                     cute.arch.fence_acq_rel_gpu()
-                    alpha_r, bias_r = self._row_features(tTR_cC, m_gemm, mAlpha, mBias, alpha_s)
+                    alpha_r, bias_r = self._row_features(tTR_cC, m_gemm, mAlphaT, mBias, alpha_sT)
                     for st in cutlass.range(self.subtile_cnt):
                         self._reduce_partials(mWs, tidx, st, cta_tile_id, tTR_rAcc)
                         num_stores = self._finish_subtile(
                             tTR_rAcc, tTR_rC, rAlpha, rBias, rRes, tTR_cC[(None, None, None, st)], tTR_gR[
-                                (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlpha, mBias, alpha_s, alpha_r,
+                                (None, None, None, st)], st, coord, mC_mnl, mR_mnl, mAlphaT, mBias, alpha_sT, alpha_r,
                             bias_r, m_gemm, n_gemm, tiled_copy_r2s, tRS_sC, bSG_sC, bSG_gC, tma_atom_c, c_pipeline,
                             warp_idx, num_stores)
                     if tidx == 0:
@@ -482,9 +501,13 @@ class Sm100EpilogueMixin:
             if inb & (r % 4 == 0):
                 mQ[r // 4, c, 0] = byte.to(cutlass.Uint8)
             if inb & (r % 32 == 0):
-                b = r // 32
-                mS[((c // 128) * kb4 + b // 4) * 512 + (c % 32) * 16 + ((c // 32) % 4) * 4 + b % 4, 0, 0] = sf.to(
-                    cutlass.Uint8)
+                mS[self._sf_byte(c, r // 32, kb4), 0, 0] = sf.to(cutlass.Uint8)
+
+
+    def _sf_byte(self, c, b, kb4):
+        """Byte offset of (token row ``c``, K block ``b``) in the 128x4-swizzled scales of the fused
+        requant output (``kb4`` = 4-block column groups); grouped kernels override the row -> atom map."""
+        return ((c // 128) * kb4 + b // 4) * 512 + (c % 32) * 16 + ((c // 32) % 4) * 4 + b % 4
 
 
 # ---------------------------------------------------------------------- host probe

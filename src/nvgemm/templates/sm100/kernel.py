@@ -277,12 +277,22 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         ``residual_ptr`` address [m, n] row-major, or column-major when ``swap_ab`` (the
         transposed view of a row-major [tokens, N] output). Unused pointers may be null.
         """
+        self._host_launch(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr, bias_ptr, residual_ptr, workspace_ptr,
+                          counter_ptr, m, n, k, stream)
+
+    @cute.jit
+    def _host_launch(self, a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr, bias_ptr, residual_ptr, workspace_ptr,
+                     counter_ptr, m, n, k, stream, mTiles=None, a_rows=None):
+        """The body of :meth:`__call__` (traced inline). A grouped variant passes its work list
+        ``mTiles`` and the row count ``a_rows`` of its stacked A operand; the dense kernel passes
+        neither (see the work hooks below)."""
         self._setup_attributes()
         tiled_mma, tiled_mma_sfb = self._make_tiled_mmas()
 
         # (M, K, L) / (N, K, L), K-major; K is a multiple of 32 (16-byte TMA rows).
         kk = cute.assume(k, divby=32)
-        mA = cute.make_tensor(a_ptr, cute.make_ordered_layout((m, kk, 1), order=(1, 0, 2)))
+        mA = cute.make_tensor(a_ptr, cute.make_ordered_layout((m if a_rows is None else a_rows, kk, 1),
+                                                              order=(1, 0, 2)))
         mB = cute.make_tensor(b_ptr, cute.make_ordered_layout((n, kk, 1), order=(1, 0, 2)))
         c_order = (0, 1, 2) if self.config.swap_ab else (1, 0, 2)
         # 16-byte output rows (the launcher checks N * out_bytes % 16 == 0, and allocates C,
@@ -312,7 +322,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             # alpha values in alpha_ptr (index 0 / 1 / feat for alpha none / scalar / vector)
             mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m // 4, n, 1), order=c_order))
             kb4 = (m // 32 + 3) // 4
-            mR = cute.make_tensor(residual_ptr, cute.make_layout((((n + 127) // 128) * 512 * kb4, 1, 1)))
+            mR = cute.make_tensor(residual_ptr, cute.make_layout((self._sf_atoms(n) * 512 * kb4, 1, 1)))
             mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat + 1))
         else:
             mC = cute.make_tensor(c_ptr, cute.make_ordered_layout((m_out, n_out, 1), order=c_order))
@@ -320,7 +330,8 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             mAlpha = cute.make_tensor(alpha_ptr, cute.make_layout(feat))
         mBias = cute.make_tensor(bias_ptr, cute.make_layout(feat))
         mSFA = cute.make_tensor(sfa_ptr, blockscaled_utils.tile_atom_to_shape_SF(mA.shape, self.sf_vec_size))
-        mSFB = cute.make_tensor(sfb_ptr, blockscaled_utils.tile_atom_to_shape_SF(mB.shape, self.sf_vec_size))
+        mSFB = cute.make_tensor(sfb_ptr, blockscaled_utils.tile_atom_to_shape_SF(self._sfb_shape(mB.shape, n, kk),
+                                                                                 self.sf_vec_size))
 
         atom_thr_size = cute.size(tiled_mma.thr_id.shape)
         a_smem_layout = cute.slice_(self.a_smem_layout_staged, (None, None, None, 0))
@@ -421,7 +432,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             self.cluster_layout_vmnk, self.cluster_layout_sfb_vmnk,
             self.a_smem_layout_staged, self.b_smem_layout_staged,
             self.sfa_smem_layout_staged, self.sfb_smem_layout_staged,
-            sched_params, num_tiles_n,
+            sched_params, num_tiles_n, mTiles,
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
@@ -475,6 +486,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         sfb_smem_layout_staged: cute.Layout,
         sched_params: utils.PersistentTileSchedulerParams,
         num_tiles_n: cutlass.Int32,
+        mTiles: cute.Tensor,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -573,19 +585,20 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stage))
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+        work = self._work(mTiles, m_gemm)
 
         if warp_idx == self.tma_warp_id:
             self._tma_warp(
                 ab_pipeline, sched_params, k_tile_total,
                 tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB,
                 tma_atom_sfa, tAgSFA, tAsSFA, tma_atom_sfb, tBgSFB, tBsSFB,
-                cluster_layout_vmnk, cluster_layout_sfb_vmnk, blk_vmnk, blk_sfb_vmnk, v_size,
+                cluster_layout_vmnk, cluster_layout_sfb_vmnk, blk_vmnk, blk_sfb_vmnk, v_size, work,
             )
         if warp_idx == self.mma_warp_id:
             self._mma_warp(
                 tiled_mma, tmem, ab_pipeline, acc_pipeline, sched_params, k_tile_total,
                 tCrA, tCrB, tCtAcc_fake, sSFA, sSFB, sfa_smem_layout_staged, sfb_smem_layout_staged,
-                is_leader_cta, v_size,
+                is_leader_cta, v_size, work,
             )
         if warp_idx < self.mma_warp_id:
             sC = None
@@ -594,7 +607,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             self._epilogue_warps(
                 thr_mma, tmem, acc_pipeline, sched_params, tCtAcc_fake,
                 mC_mnl, mR_mnl, mAlpha, mBias, mWs, mCnt, tma_atom_c, mC_tma, sC, storage,
-                tidx, use_2cta, v_size, num_tiles_n, m_gemm, n_gemm, k_tile_total,
+                tidx, use_2cta, v_size, num_tiles_n, m_gemm, n_gemm, k_tile_total, work,
             )
 
     # ------------------------------------------------------------------ roles
@@ -612,7 +625,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         self, ab_pipeline, sched_params, k_tile_total,
         tma_atom_a, tAgA, tAsA, tma_atom_b, tBgB, tBsB,
         tma_atom_sfa, tAgSFA, tAsSFA, tma_atom_sfb, tBgSFB, tBsSFB,
-        cluster_layout_vmnk, cluster_layout_sfb_vmnk, blk_vmnk, blk_sfb_vmnk, v_size,
+        cluster_layout_vmnk, cluster_layout_sfb_vmnk, blk_vmnk, blk_sfb_vmnk, v_size, work,
     ):
         a_mask = None
         b_mask = None
@@ -631,8 +644,9 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
 
         if cutlass.const_expr(self.pdl):
             # Weights (and their scales) are never written by a predecessor: warm L2 with the
-            # first K tiles of the first work tile, then wait for the activations.
-            if work_tile.is_valid_tile:
+            # first K tiles of the first work tile, then wait for the activations. (A grouped
+            # kernel's weight tile depends on the work list, which the predecessor writes.)
+            if cutlass.const_expr(work is None) and work_tile.is_valid_tile:
                 c0 = work_tile.tile_idx
                 kb0, kc0 = self._k_range(c0[2], k_tile_total)
                 for i in cutlass.range(0, cutlass.min(kc0, self.num_ab_stage), 1, unroll=1):
@@ -647,9 +661,9 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         prod_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stage)
         while work_tile.is_valid_tile:
             coord = work_tile.tile_idx
-            mma_m = coord[0] // v_size
+            mma_m = self._a_tile(coord[0] // v_size, coord, work)
             mma_n = coord[1]
-            k_begin, k_cnt = self._k_range(coord[2], k_tile_total)
+            k_begin, k_cnt = self._tile_k_range(coord, k_tile_total, work)
             tAgA_s = tAgA[(None, mma_m, None, 0)]
             tBgB_s = tBgB[(None, mma_n, None, 0)]
             tAgSFA_s = tAgSFA[(None, mma_m, None, 0)]
@@ -687,6 +701,38 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(prod_state)
 
+    # ------------------------------------------------------------------ work hooks (dense: identity)
+    # A grouped variant (nvgemm.templates.sm100_moe) overrides these to read a device work list;
+    # the dense kernel's traced code is unchanged by them.
+
+    #: N tiles narrower than an SFB atom read their scales at a TMEM column offset of a shared atom
+    #: (dense); False: every N tile owns a whole 128-row SFB atom (grouped: one atom per work slot).
+    sfb_col_offsets = True
+
+    def _work(self, mTiles, m_gemm):
+        """Per-kernel work-list context handed to the roles (None: a dense GEMM)."""
+        return None
+
+    def _a_tile(self, mma_m, coord, work):
+        """Index of the A (weight) MMA tile of work tile ``coord`` (dense: its M coordinate)."""
+        return mma_m
+
+    def _tile_k_range(self, coord, k_tile_total, work):
+        """(first K tile, K tile count) of work tile ``coord``."""
+        return self._k_range(coord[2], k_tile_total)
+
+    def _tile_alpha(self, mAlpha, alpha_s, coord, work):
+        """(alpha tensor, scalar alpha) of work tile ``coord``."""
+        return mAlpha, alpha_s
+
+    def _sfb_shape(self, b_shape, n, kk):
+        """(rows, K, L) of the SFB tensor (dense: B's shape)."""
+        return b_shape
+
+    def _sf_atoms(self, n):
+        """128-row scale atoms of the fused-requant output for ``n`` token rows."""
+        return (n + 127) // 128
+
     @cute.jit
     def _sfb_slice_n(self, mma_n: cutlass.Int32) -> cutlass.Int32:
         """Index of the 128-row SFB block (atom) that holds N tile ``mma_n``."""
@@ -699,8 +745,10 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
     def _mma_warp(
         self, tiled_mma, tmem, ab_pipeline, acc_pipeline, sched_params, k_tile_total,
         tCrA, tCrB, tCtAcc_fake, sSFA, sSFB, sfa_smem_layout_staged, sfb_smem_layout_staged,
-        is_leader_cta, v_size,
+        is_leader_cta, v_size, work,
     ):
+        if cutlass.const_expr(self.pdl and work is not None):
+            cute.arch.griddepcontrol_wait()  # the work list (each tile's K range) comes from the predecessor
         tmem.wait_for_alloc()
         acc_tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
         tCtAcc_base = cute.make_tensor(acc_tmem_ptr, tCtAcc_fake.layout)
@@ -730,7 +778,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         while work_tile.is_valid_tile:
             coord = work_tile.tile_idx
             mma_n = coord[1]
-            _k_begin, k_cnt = self._k_range(coord[2], k_tile_total)
+            _k_begin, k_cnt = self._tile_k_range(coord, k_tile_total, work)
             tCtAcc = tCtAcc_base[(None, None, None, acc_state.index)]
 
             cons_state.reset_count()
@@ -743,7 +791,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             # Narrow (<128) and 192-wide N tiles read their scales at a column offset of the
             # 128-row (256-row for 192) SFB block: 32 rows per TMEM column.
             tCtSFB_mma = tCtSFB
-            if cutlass.const_expr(self.cta_tile_shape_mnk[1] in (32, 64, 192)):
+            if cutlass.const_expr(self.sfb_col_offsets and self.cta_tile_shape_mnk[1] in (32, 64, 192)):
                 off = cutlass.Int32(0)
                 if cutlass.const_expr(self.cta_tile_shape_mnk[1] == 192):
                     off = (mma_n % 2) * 2

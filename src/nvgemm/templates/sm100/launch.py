@@ -143,23 +143,33 @@ def prepare_sm100_args(
     config: Sm100Nvfp4GemmConfig,
     *,
     stream_id: int = 0,
+    quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Sm100Args:
     """The kernel's arguments for one call; ``spec`` is the call's validated epilogue
     (``nvgemm.ops.check_linear_args``). Raises ValueError naming the problem when the template
-    cannot implement it."""
+    cannot implement it. ``quantized`` = (packed codes [M, K/2], flat swizzled e4m3 scales): the
+    activation arrives quantized (``nvgemm::nvfp4_linear_prequant``); ``x`` is then unused (None) and
+    nothing is re-quantized."""
     if input_scale is None:
         raise ValueError("nvgemm_cutedsl sm100: the W4A4 kernel needs input_scale (W4A16 is not this kernel)")
     n, k = weight.shape[0], weight.shape[1] * 2
-    dev = x.device
-    x2 = x.reshape(-1, k)
-    tokens = x2.shape[0]
+    if quantized is None:
+        dev = x.device
+        x2 = x.reshape(-1, k)
+        tokens = x2.shape[0]
+    else:
+        dev = quantized[0].device
+        tokens = quantized[0].shape[0]
     ob = torch.empty((), dtype=spec.out_dtype).element_size()
     st = can_implement_problem(config, m=tokens, n=n, k=k, out_bytes=ob, activation=spec.activation)
     if not st:
         raise ValueError(f"nvgemm_cutedsl sm100: {config.name()} cannot run this call: {st.reason}")
     n_out = spec.out_features(n)
 
-    xq, xs = torch.ops.nvgemm.quantize_nvfp4(x2.contiguous(), input_scale.to(dev).reshape(()), True)
+    if quantized is None:
+        xq, xs = torch.ops.nvgemm.quantize_nvfp4(x2.contiguous(), input_scale.to(dev).reshape(()), True)
+    else:
+        xq, xs = quantized[0].contiguous(), quantized[1].contiguous()
     wq = weight.contiguous()
     ws_ = weight_scale.view(torch.float8_e4m3fn) if weight_scale.dtype == torch.uint8 else weight_scale
     xs = xs.view(torch.float8_e4m3fn) if xs.dtype == torch.uint8 else xs
@@ -232,6 +242,17 @@ def prepare_sm100_requant_args(
     codes = torch.zeros((tokens, i // 2), dtype=torch.uint8, device=dev)
     scales = torch.zeros(blocked_numel(tokens, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
     return dataclasses.replace(args, out=codes, residual=scales, alpha=alpha_gs, spec=spec)
+
+
+#: swap-AB token tiles of the fused requant launch (smallest holding every token; the kernel needs 1-CTA swap-AB)
+REQUANT_TILE_N = (8, 16, 32, 64, 128)
+
+
+def requant_config(m: int) -> Optional[Sm100Nvfp4GemmConfig]:
+    """The fused requant launch's config for ``m`` tokens: the smallest 1-CTA swap-AB tile holding every token
+    in one N tile; None above 128 tokens (decode sizes only: larger M runs the unfused chain)."""
+    tile_n = next((t for t in REQUANT_TILE_N if t >= m), None)
+    return None if tile_n is None else Sm100Nvfp4GemmConfig(tile_n=tile_n, swap_ab=True)
 
 
 def kernel_view_ref(args: Sm100Args) -> torch.Tensor:

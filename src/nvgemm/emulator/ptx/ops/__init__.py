@@ -25,6 +25,7 @@ BUILTIN_FAMILIES = [
     "nvgemm.emulator.ptx.ops.memory",
     "nvgemm.emulator.ptx.ops.control",
     "nvgemm.emulator.ptx.ops.mma",
+    "nvgemm.emulator.ptx.ops.matrix",
     "nvgemm.emulator.isa.ops_wgmma",
     "nvgemm.emulator.isa.ops_sm100",
     "nvgemm.emulator.isa.ops_clc",

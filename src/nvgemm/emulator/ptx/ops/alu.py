@@ -164,11 +164,19 @@ def _div(ins, ctx):
     ga, gb, sd = ctx.src(a, dt), ctx.src(b, dt), ctx.dst(d, dt)
     is_div = ins.parts[0] == "div"
 
+    unspecified = np.array(-1).astype(dt)  # all ones
+
     def ex(w, m):
         x, y = ga(w), gb(w)
-        if (y[m] == 0).any():
-            from ..errors import EmulationError
-            raise EmulationError(f"integer {ins.parts[0]} by zero, {w.where(ins, int(np.argmax(m & (y == 0))))}")
+        zero = (y == 0) & m
+        if zero.any():
+            # PTX ISA (div, integer): "Division by zero yields an unspecified, machine-specific value" -- no trap.
+            # Compilers speculate divisions whose result a zero divisor's path then discards (NVIDIA's Hopper
+            # dense_gemm example: its raster swizzle divides by (nclusterid.x & ~7) * nclusterid.y, 0 for small
+            # grids). The emulator's stand-in value is all ones (not hardware's bits: an address or result built
+            # from it shows); every occurrence is counted in Launch.stats["int_div_by_zero"].
+            st = w.cta.launch.stats
+            st["int_div_by_zero"] = st.get("int_div_by_zero", 0) + int(zero.sum())
         ys = np.where(y == 0, 1, y).astype(dt)
         if np.dtype(dt).kind == "i":  # C semantics: truncate toward zero
             q = (np.abs(x.astype(object)) // np.abs(ys.astype(object))) * np.sign(x.astype(object) * ys.astype(object))
@@ -176,7 +184,7 @@ def _div(ins, ctx):
             r = _wrap(np.array(x.astype(object) - q.astype(object) * ys.astype(object), dtype=object), dt)
         else:
             q, r = x // ys, x % ys
-        sd(w, m, q if is_div else r)
+        sd(w, m, np.where(y == 0, unspecified, q if is_div else r).astype(dt))
 
     return ex
 

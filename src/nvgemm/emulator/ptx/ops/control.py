@@ -17,6 +17,10 @@ Communication Instructions").
   record that they ran (``Launch.stats``); global accesses a warp makes before its ``wait`` are
   collected per allocation in ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes"]`` (what a
   PDL kernel may touch while its predecessor still runs).
+* ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` changes the warp's per-thread register budget (a resource
+  hint): the emulator's register file is unbounded, so it checks what the ISA requires of the operand (an
+  immediate in 24..256, a multiple of 8) and that the whole warp executes it, and counts it in
+  ``Launch.stats``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 
 from ..errors import EmulationError
 from ..interp import branch, exit_lanes
-from ..machine import JUMPED, LANE_IDS, LANES, Wait
+from ..machine import FULL, JUMPED, LANE_IDS, LANES, Wait
 from . import opcode
 
 
@@ -266,6 +270,28 @@ def _gdc(ins, ctx):
         st = w.cta.launch.stats
         st[key] = st.get(key, 0) + 1
         w.ext[key] = True
+
+    return ex
+
+
+@opcode("setmaxnreg")
+def _setmaxnreg(ins, ctx):
+    p = ins.parts
+    if len(p) != 5 or p[1] not in ("inc", "dec") or p[2:] != ["sync", "aligned", "u32"]:
+        raise ctx.unsupported(ins, "setmaxnreg.{inc,dec}.sync.aligned.u32")
+    op = ins.operands[0] if len(ins.operands) == 1 else None
+    if op is None or op.kind != "imm":
+        raise ctx.unsupported(ins, "the register count must be an immediate")
+    n = int(ctx.imm_array(op, np.uint32)[0])
+    if not 24 <= n <= 256 or n % 8:
+        raise EmulationError(f"setmaxnreg {n}: the PTX ISA requires 24..256 and a multiple of 8 at {ins.where()}")
+    key = "setmaxnreg." + p[1]
+
+    def ex(w, m):
+        if m is not FULL and not m.all():
+            raise EmulationError(f"setmaxnreg executed by a partial warp, {w.where(ins)}")
+        st = w.cta.launch.stats
+        st[key] = st.get(key, 0) + 1
 
     return ex
 

@@ -178,8 +178,12 @@ def _exact_op(op: str, xs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | N
 def compile_fp_arith(ins, ctx):
     op = ins.parts[0]
     t = ins.parts[-1]
+    if len(ins.parts) >= 3 and ins.parts[-2] == "f32" and t in ("f16", "bf16"):
+        return _compile_mixed(ins, ctx)
     if t in ("f16x2", "bf16x2", "f16", "bf16"):
         return _compile_half(ins, ctx)
+    if t == "f32x2":
+        return _compile_f32x2(ins, ctx)
     if t not in ("f32", "f64"):
         raise ctx.unsupported(ins, f"type .{t}")
     dt = TYPE_DTYPE[t]
@@ -290,6 +294,78 @@ def _compile_half(ins, ctx):
         sd(w, m, out.view(np.uint32) if lanes2 else out)
 
     return ex
+
+
+def _compile_mixed(ins, ctx):
+    """Mixed precision (sm_100+): ``fma{.rnd}{.sat}.f32.{f16,bf16} d, a, b, c`` and ``{add,sub}{.rnd}{.sat}.f32.
+    {f16,bf16} d, a, c`` -- the 16-bit operands (a, b) are widened, c and d are f32, and the exact result is rounded
+    once to f32."""
+    op = ins.parts[0]
+    src_t = ins.parts[-1]
+    nin = {"fma": 3, "add": 2, "sub": 2}.get(op)
+    if nin is None:
+        raise ctx.unsupported(ins, f"{op} with mixed .f32.{src_t} types")
+    mods = ins.parts[1:-2]
+    bad = [x for x in mods if x not in _MODES | {"sat"}]
+    if bad:
+        raise ctx.unsupported(ins, f"modifier(s) {bad}")
+    mode = next((x for x in mods if x in _MODES), "rn")
+    narrow = nin - 1  # the leading operands are 16-bit, the last one f32
+    ops = ins.operands[1:1 + nin]
+    gets = [ctx.src(o, np.uint16) for o in ops[:narrow]] + [ctx.src(ops[-1], np.float32)]
+    sd = ctx.dst(ins.operands[0], np.float32)
+
+    def ex(w, m):
+        xs = [from_bits(np.ascontiguousarray(g(w)), src_t) for g in gets[:narrow]]
+        xs.append(gets[-1](w).astype(np.float64))
+        s_, e = _exact_op(op, xs)
+        r = round_fmt(s_, e, "f32", mode)
+        if "sat" in mods:
+            r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
+        sd(w, m, to_bits(r, "f32").view(np.float32))
+
+    return ex
+
+
+def _compile_f32x2(ins, ctx):
+    """``{add,sub,mul,fma}{.rnd}{.ftz}{.sat}.f32x2 d, a, b{, c}`` (sm_100+): two independent f32 operations on the
+    32-bit halves of .b64 registers, each rounded as its .f32 form."""
+    op = ins.parts[0]
+    nin = {"add": 2, "sub": 2, "mul": 2, "fma": 3}.get(op)
+    if nin is None:
+        raise ctx.unsupported(ins, f"{op} on .f32x2")
+    _, mods, mode = _split(ins, ctx, {"ftz", "sat"})
+    gets = [ctx.src(o, np.uint64) for o in ins.operands[1:1 + nin]]
+    sd = ctx.dst(ins.operands[0], np.uint64)
+    ftz, sat = "ftz" in mods, "sat" in mods
+
+    def ex(w, m):
+        xs = [np.ascontiguousarray(g(w)).view(np.float32).astype(np.float64) for g in gets]  # (64,): both halves
+        if ftz:
+            xs = [ftz32(x) for x in xs]
+        s, e = _exact_op(op, xs)
+        r = round_fmt(s, e, "f32", mode)
+        if ftz:
+            r = ftz32(r)
+        if sat:
+            r = np.where(np.isnan(r), 0.0, np.clip(r, 0.0, 1.0))
+        sd(w, m, np.ascontiguousarray(to_bits(r, "f32")).view(np.uint64))
+
+    return ex
+
+
+@opcode("copysign")
+def _copysign(ins, ctx):
+    """``copysign.{f32,f64} d, a, b`` (PTX ISA): the value of ``b`` with the sign bit of ``a`` (bits only: NaNs and
+    zeros included)."""
+    t = ins.parts[-1]
+    if ins.parts[1:] != [t] or t not in ("f32", "f64"):
+        raise ctx.unsupported(ins, "copysign.{f32,f64}")
+    ut = np.uint32 if t == "f32" else np.uint64
+    sign = ut(1 << (31 if t == "f32" else 63))
+    d, a, b = ins.operands
+    ga, gb, sd = ctx.src(a, ut), ctx.src(b, ut), ctx.dst(d, ut)
+    return lambda w, m: sd(w, m, (ga(w) & sign) | (gb(w) & ~sign))
 
 
 @opcode("fma")

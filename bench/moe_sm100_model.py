@@ -1,0 +1,56 @@
+"""Modelled per-layer time of the sm100 grouped W4A4 MoE path for the MoE presets (a MODEL, not a
+measurement): ``python bench/moe_sm100_model.py [--gpu B200] [--out bench/results/moe_sm100_model.md]``.
+
+Per preset and M: expected active experts and work slots under uniform routing, the policy's first
+(GEMM1, GEMM2) pair (:mod:`nvgemm.heuristics.moe_sm100`) and its modelled time
+(:mod:`nvgemm.perfmodel.families.sm100_moe`: the dense swap-AB sm100 kernel's model on the equivalent
+problem, with its fill, partial-round (idle SM) and tail terms), the host path's launches (work list
++ the torch activation prep + finalize at the tiny-kernel cost), the shared expert's two dense W4A4
+GEMMs, and the byte floor of the routed (+ shared) experts' NVFP4 weights at the achievable bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def main() -> int:
+    from moe_sm90_model import render_tables
+
+    from nvgemm.heuristics.moe_sm100 import layer_model
+    from nvgemm.perfmodel.families.sm100_moe import PREP_KERNELS
+    from nvgemm.perfmodel.hardware import get_hardware
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="B200")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "moe_sm100_model.md"))
+    args = ap.parse_args()
+    hw = get_hardware(args.gpu)
+    lines = [
+        f"# sm100 grouped W4A4 MoE: modelled per-layer time on {args.gpu} (MODEL, not a measurement)",
+        "",
+        f"Command: `PYTHONPATH=src python bench/moe_sm100_model.py --gpu {args.gpu}`. The kernel has run only on the "
+        "CPU PTX emulator, never on Blackwell hardware. Assumptions: uniform routing (binomial pairs per expert), "
+        "W4A4 NVFP4 experts, bf16 activations; GEMMs = the dense swap-AB sm100 kernel's model on the equivalent "
+        "problem (N = rows padded to 128 x work slots, a second slot of one expert charged as a DRAM re-read; "
+        "GEMM1's fused SwiGLU + NVFP4 requant epilogue charged as the plain epilogue); "
+        f"host = {PREP_KERNELS} prep launches (Triton work list, Triton activation prep, 2 zero fills, 1 gather) + 1 finalize at "
+        f"{hw.aux_kernel_us[0]}-{hw.aux_kernel_us[1]} us each; shared expert = two dense W4A4 GEMMs (model's best). "
+        "Floor = (active + shared) x 3 x H x I x 0.5625 B at "
+        f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle; `tiles` = work slots.",
+        "",
+    ]
+    lines += render_tables(layer_model, args.gpu, "nvgemm_cutedsl_sm100_moe_")
+    Path(args.out).write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

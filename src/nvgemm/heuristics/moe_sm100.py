@@ -1,0 +1,124 @@
+"""Candidate policy of the sm_100a grouped W4A4 MoE kernels: per M bucket, ranked (GEMM1, GEMM2)
+config pairs for one MoE layer shape, from the performance model
+(:mod:`nvgemm.perfmodel.families.sm100_moe`).
+
+* **Token tile** (``tile_n`` 8 / 16 / 32 / 64 tokens per work slot, shared by both GEMMs: one work
+  list): from the expected pairs per *active* expert at the bucket's M (uniform routing, or a measured
+  ``histogram`` of pairs per expert): the smallest tile that holds them and its neighbours are
+  scored -- a tile smaller than an expert's count re-reads its weights, a larger one wastes MMA
+  columns and epilogue work; the model weighs both.
+* **Split-K** fills the 148 SMs: each GEMM is ranked over :data:`MOE_SPLIT_K` (bounded by its K
+  tiles), so a layer with few active row tiles (TP8 decode) gets a deep split and a busy one none.
+* **Ranking**: the best :data:`PER_GEMM` configs of each GEMM per tile, paired, ordered by the
+  modelled GEMM1 + GEMM2 time; at most 8 candidates. Configs are chosen at the upper M of the M
+  bucket (:func:`nvgemm.heuristics.policy.m_buckets`), so every M of a bucket runs the same kernels
+  (batch invariance, one CUDA graph per bucket).
+
+The layer presets, buckets and shapes are :mod:`.moe_sm90`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+from ..perfmodel.families.sm100_moe import (PREP_KERNELS, byte_floor_us, expected_active_experts, host_us,
+                                            moe_gemm_estimate)
+from ..templates.sm100_moe.config import (MOE_SPLIT_K, MOE_TILE_N, Sm100MoeConfig, moe_shape_problem,
+                                          validate_moe_config)
+from .moe_sm90 import (MOE_LAYERS, MoeCandidate, MoeShape, _shared_us, bucket_of, get_moe_layer,  # noqa: F401
+                       shape_from_preset)
+
+MAX_CANDIDATES = 8
+PER_GEMM = 3
+GPU = "B200"
+
+
+def token_tiles(m: int, top_k: int, num_experts: int, histogram=None) -> tuple[int, ...]:
+    """The tiles scored for ``m`` tokens: the smallest ``tile_n`` holding the expected pairs per
+    active expert (or the histogram's largest count), and its neighbours in :data:`MOE_TILE_N`."""
+    if histogram is not None:
+        per = max([c for c in histogram if c > 0] or [1])
+    else:
+        per = m * top_k / max(expected_active_experts(m, top_k, num_experts), 1e-9)
+    i = next((j for j, t in enumerate(MOE_TILE_N) if t >= per), len(MOE_TILE_N) - 1)
+    return tuple(MOE_TILE_N[max(0, i - 1):i + 2])
+
+
+def _best(tile_n, m, shape: MoeShape, rows, k, gated, gpu, sm_count, histogram):
+    scored = []
+    for i, s in enumerate(MOE_SPLIT_K):
+        c = Sm100MoeConfig(tile_n=tile_n, split_k=s, pdl=True)
+        if not validate_moe_config(c) or moe_shape_problem(c, rows, k, gated):
+            continue
+        e = moe_gemm_estimate(c, m, shape.top_k, shape.num_experts, rows, k, gpu, sm_count, histogram)
+        if e is not None:
+            scored.append((0.5 * (e.us[0] + e.us[1]), i, c, e))
+    scored.sort(key=lambda t: t[:2])
+    return [(c, e) for _, _, c, e in scored[:PER_GEMM]]
+
+
+def moe_candidates(shape: MoeShape, m: int, gpu: str = GPU, sm_count: int | None = None, histogram=None,
+                   max_candidates: int = MAX_CANDIDATES) -> list[MoeCandidate]:
+    """Ranked (GEMM1, GEMM2) configs for ``shape`` (gated, W4A4) at ``m`` tokens (module docstring)."""
+    if max_candidates < 1:
+        raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+    pairs = []
+    for tn in token_tiles(m, shape.top_k, shape.num_experts, histogram):
+        g1 = _best(tn, m, shape, 2 * shape.inter, shape.hidden, True, gpu, sm_count, histogram)
+        g2 = _best(tn, m, shape, shape.hidden, shape.inter, False, gpu, sm_count, histogram)
+        for c1, e1 in g1:
+            for c2, e2 in g2:
+                pairs.append(MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))
+    pairs.sort(key=lambda p: (sum(p.gemm_us), p.config13.tile_n, p.config13.split_k, p.config2.split_k))
+    return pairs[:max_candidates]
+
+
+@functools.lru_cache(maxsize=1024)
+def pick_moe_configs(m: int, num_experts: int, top_k: int, hidden: int, inter: int,
+                     sm_count: int = 148, gpu: str = GPU) -> tuple[Sm100MoeConfig, Sm100MoeConfig]:
+    """The run-time pick: the first candidate at the upper M of ``m``'s bucket (one pair per bucket)."""
+    shape = MoeShape("runtime", num_experts, top_k, hidden, inter)
+    _, hi = bucket_of(m)
+    cands = moe_candidates(shape, hi, gpu, sm_count, max_candidates=1)
+    if cands:
+        return cands[0].config13, cands[0].config2
+    return Sm100MoeConfig(tile_n=8), Sm100MoeConfig(tile_n=8)  # no model estimate: a valid default
+
+
+def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_kernels: Optional[int] = None) -> dict:
+    """Modelled per-layer time of the grouped path with the policy's first candidate (a MODEL)."""
+    cands = moe_candidates(shape, m, gpu, histogram=histogram, max_candidates=1)
+    if not cands:
+        return {}
+    c = cands[0]
+    host = host_us(gpu, PREP_KERNELS if prep_kernels is None else prep_kernels)
+    shared = _shared_us(shape, m, gpu, ("sm100.nvfp4",)) if shape.shared_inter else (0.0, 0.0)
+    total = tuple(c.gemm_us[i] + host[i] + shared[i] for i in range(2))
+    return {"m": m, "active": expected_active_experts(m, shape.top_k, shape.num_experts), "tiles": c.tiles,
+            "config13": c.config13.name(), "config2": c.config2.name(), "gemm_us": c.gemm_us, "host_us": host,
+            "shared_us": shared, "total_us": total,
+            "floor_us": byte_floor_us(m, shape.top_k, shape.num_experts, shape.hidden, shape.inter, shape.shared_inter,
+                                      gpu)}
+
+
+def format_plan(shape: MoeShape, ms, gpu: str = GPU, max_candidates: int = MAX_CANDIDATES) -> str:
+    """``nvgemm plan`` on a Blackwell target: per M, the ranked candidates with their modelled times."""
+    lines = [f"{shape.name}: {shape.num_experts} experts, top-{shape.top_k}, H={shape.hidden}, I={shape.inter}"
+             f"{f', shared I={shape.shared_inter}' if shape.shared_inter else ''} on {gpu} (sm100 grouped W4A4; "
+             "times are a MODEL: kernel + launch per GEMM, uniform routing)"]
+    pre = "nvgemm_cutedsl_sm100_moe_"
+    for m in ms:
+        lo, hi = bucket_of(m)
+        a = expected_active_experts(m, shape.top_k, shape.num_experts)
+        lines.append(f"  M={m} (bucket {lo}..{hi}): ~{a:.1f} active experts, {m * shape.top_k / a:.2f} pairs per "
+                     "active expert")
+        for i, c in enumerate(moe_candidates(shape, m, gpu, max_candidates=max_candidates)):
+            lines.append(f"    {i + 1}. tile_n={c.config13.tile_n} slots~{c.tiles:.1f}  "
+                         f"{sum(c.gemm_us) / 2:7.1f} us  [{c.gemm_us[0]:.1f}-{c.gemm_us[1]:.1f}]  "
+                         f"G1 {c.config13.name().replace(pre, '')}  G2 {c.config2.name().replace(pre, '')}")
+    return "\n".join(lines)
+
+
+__all__ = ["MAX_CANDIDATES", "format_plan", "layer_model", "moe_candidates",
+           "pick_moe_configs", "token_tiles"]

@@ -1,0 +1,204 @@
+"""sm_100a grouped W4A4 MoE kernel (CuTeDSL): the swap-AB tcgen05 decode kernel over a work list.
+
+    out[j * tile_n + t, f] = epilogue_e( sum_k E2M1(W_e[f, k]) SFA_e[f, k/16] E2M1(X[j, t, k]) SFB[j, t, k/16] )
+
+for every work slot ``j = (e, p0, cnt)`` (``cnt > 0``) and token row ``t < tile_n`` of the slot.
+Everything is :class:`~nvgemm.templates.sm100.kernel.Sm100Nvfp4GemmKernel` (its warp roles,
+pipelines, split-K and epilogues, swap-AB with ``m`` = weight rows per expert, ``n`` = slots x
+tile_n); the grouped kernel only overrides its work hooks:
+
+* **A tile** (weights, scales): row tile ``e * ceil(m / 128) + i`` of the stacked operand
+  ``[E * rows_padded, K / 2]`` -- one TMA descriptor for all experts, no tensormap updates;
+* **K range**: a slot with ``cnt == 0`` (past the routing's tiles) gets no K tiles: no loads, no
+  MMAs, its (never read) outputs are written as the epilogue of zero;
+* **SFB**: one 128-row atom per slot (``[slots * 128, K / 16]`` swizzled; the slot's tokens are
+  rows 0..tile_n-1 of atom ``j``), read at TMEM column offset 0 whatever ``tile_n``;
+* **alpha**: the expert's, ``alpha[e * stride + ...]`` with ``stride`` = 1 (scalar) or ``m``
+  (vector: per GEMM row), plus 1 when the fused requant's next input scale follows (``out_quant``:
+  GEMM1 writes GEMM2's packed FP4 codes and its per-slot SFB atoms directly);
+* **PDL**: the TMA warp does not prefetch weights before ``griddepcontrol.wait`` (the expert is not
+  known yet) and the MMA warp waits too before it reads the work list.
+
+Numerics are the dense kernel's: fp32 TMEM accumulation in K order, the split-K sum in split order,
+one rounding per output (:mod:`nvgemm.templates.sm100.epilogue`).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from nvgemm.epilogues.spec import EpilogueSpec
+
+from ..registry import compile_for_target, fake_args, register_template
+from ..sm100.kernel import Sm100Nvfp4GemmKernel, _dtype_name, max_active_clusters_for
+from ..status import Status
+from .config import MOE_ARCHS, MOE_FAMILY, Sm100MoeConfig, validate_moe_config
+
+TEMPLATE_ID = "sm100_moe_nvfp4"
+
+
+class _Work:
+    """The work-list context of one kernel (traced values): the tiles tensor and A tiles per expert."""
+
+    def __init__(self, tiles, tiles_per_expert, m_gemm):
+        self.tiles = tiles
+        self.tiles_per_expert = tiles_per_expert
+        self.m_gemm = m_gemm
+
+
+class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
+    """The grouped decode kernel (see the module docstring)."""
+
+    sfb_col_offsets = False
+
+    def __init__(self, config: Sm100MoeConfig, epilogue: EpilogueSpec, max_active_clusters: int):
+        validate_moe_config(config).raise_if_failed("sm100 moe config")
+        super().__init__(config.dense(), epilogue, max_active_clusters)
+        self.moe_cfg = config
+        self.slot_n = config.tile_n
+
+    @cute.jit
+    def __call__(
+        self,
+        a_ptr: cute.Pointer,
+        b_ptr: cute.Pointer,
+        sfa_ptr: cute.Pointer,
+        sfb_ptr: cute.Pointer,
+        c_ptr: cute.Pointer,
+        alpha_ptr: cute.Pointer,
+        tiles_ptr: cute.Pointer,
+        residual_ptr: cute.Pointer,
+        workspace_ptr: cute.Pointer,
+        counter_ptr: cute.Pointer,
+        m: cutlass.Int32,
+        n: cutlass.Int32,
+        k: cutlass.Int32,
+        a_rows: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        """``m`` = weight rows per expert (unpadded), ``n`` = slots x tile_n, ``a_rows`` = rows of
+        the stacked A operand (E x m padded to 128)."""
+        mTiles = cute.make_tensor(tiles_ptr, cute.make_layout((n // self.slot_n) * 4))
+        # no bias in a grouped GEMM: alpha_ptr stands in for the (never read) bias pointer
+        self._host_launch(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr, alpha_ptr, residual_ptr, workspace_ptr,
+                          counter_ptr, m, n, k, stream, mTiles=mTiles, a_rows=a_rows)
+
+    # ------------------------------------------------------------------ work hooks
+
+    def _work(self, mTiles, m_gemm):
+        return _Work(mTiles, (m_gemm + 127) // 128, m_gemm)
+
+    def _a_tile(self, mma_m, coord, work):
+        return work.tiles[coord[1] * 4] * work.tiles_per_expert + mma_m
+
+    @cute.jit
+    def _tile_k_range(self, coord, k_tile_total, work):
+        k_begin, k_cnt = self._k_range(coord[2], k_tile_total)
+        if work.tiles[coord[1] * 4 + 2] == 0:
+            k_cnt = cutlass.Int32(0)
+        return k_begin, k_cnt
+
+    def _alpha_stride(self, m_gemm):
+        s = m_gemm if self.spec.alpha == "vector" else 1
+        return s + 1 if self.spec.out_quant else s
+
+    def _tile_alpha(self, mAlpha, alpha_s, coord, work):
+        e = work.tiles[coord[1] * 4]
+        mAlphaE = cute.make_tensor(mAlpha.iterator + e * self._alpha_stride(work.m_gemm), mAlpha.layout)
+        a = alpha_s
+        if cutlass.const_expr(self.spec.alpha == "scalar"):
+            a = mAlphaE[0].to(cutlass.Float32)
+        return mAlphaE, a
+
+    def _sfb_shape(self, b_shape, n, kk):
+        return ((n // self.slot_n) * 128, kk, 1)
+
+    def _sf_atoms(self, n):
+        return n // self.slot_n
+
+    @cute.jit
+    def _sfb_slice_n(self, mma_n: cutlass.Int32) -> cutlass.Int32:
+        return mma_n
+
+    def _sf_byte(self, c, b, kb4):
+        slot = c // self.slot_n
+        r = c % self.slot_n
+        return (slot * kb4 + b // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + b % 4
+
+
+class Sm100MoeTemplate:
+    """Registry entry of the grouped kernel (``template_id = "sm100_moe_nvfp4"``).
+
+    C ABI, in order (:meth:`nvgemm.templates.sm100_moe.launch.Sm100MoeGemmArgs.abi_values`):
+
+        a        uint8 [E * rows_padded, K/2]  stacked packed E2M1 weights (gate/up interleaved for GEMM1)
+        b        uint8 [slots * tile_n, K/2]   per-slot packed activations
+        sfa      e4m3, the 128x4-swizzled scales of ``a`` (2-D over the stack)
+        sfb      e4m3 [slots * 128 rows] 128x4-swizzled: one atom per slot
+        c        output: [slots * tile_n, m or m/2] (out dtype), or packed codes [slots * tile_n, m/4] (out_quant)
+        alpha    fp32 [E * stride]: per expert alpha (1 or m values) [+ next input scale]
+        tiles    int32 [4 * slots]: (expert, first permuted pair, pairs, 0)
+        residual out_quant: uint8 [slots * 512 * ceil(m/128)] swizzled scales of the codes; else unused
+        workspace fp32, counters int32 (split-K)
+        m, n, k, a_rows int32; stream
+    """
+
+    template_id = TEMPLATE_ID
+    config_type = Sm100MoeConfig
+    archs = MOE_ARCHS
+    family = MOE_FAMILY
+
+    def can_implement(self, spec) -> Status:
+        st = validate_moe_config(spec.config)
+        if not st:
+            return st
+        if spec.arch not in self.archs:
+            return Status.fail(f"the sm100 grouped MoE kernel targets {self.archs}, not {spec.arch}")
+        if spec.a_format != "nvfp4" or spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
+            return Status.fail("the sm100 grouped MoE kernel needs K-major nvfp4 x nvfp4 operands")
+        epi = spec.epilogue
+        if epi.alpha not in ("scalar", "vector"):
+            return Status.fail("the grouped kernel needs a per-expert alpha (scalar) or per-row alpha (vector)")
+        if epi.bias or epi.residual:
+            return Status.fail("the grouped kernel has no bias / residual (the finalize adds shared_out and residual)")
+        if epi.gated and not epi.out_quant:
+            return Status.fail("gated GEMM1 of the grouped kernel writes GEMM2's NVFP4 input (out_quant=True)")
+        return Status.success()
+
+    def abi(self, spec):
+        from ..registry import PointerArg, ScalarArg, StreamArg
+
+        out = _dtype_name(spec.epilogue.out_dtype)
+        q = spec.epilogue.out_quant
+        return (
+            PointerArg("a_ptr", "Float4E2M1FN", assumed_align=16),
+            PointerArg("b_ptr", "Float4E2M1FN", assumed_align=16),
+            PointerArg("sfa_ptr", "Float8E4M3FN", assumed_align=16),
+            PointerArg("sfb_ptr", "Float8E4M3FN", assumed_align=16),
+            PointerArg("c_ptr", "Uint8" if q else out, assumed_align=16),
+            PointerArg("alpha_ptr", "Float32", assumed_align=4),
+            PointerArg("tiles_ptr", "Int32", assumed_align=16),
+            PointerArg("residual_ptr", "Uint8" if q else out, assumed_align=16),
+            PointerArg("workspace_ptr", "Float32", assumed_align=16),
+            PointerArg("counter_ptr", "Int32", assumed_align=4),
+            ScalarArg("m", "int32"),
+            ScalarArg("n", "int32"),
+            ScalarArg("k", "int32"),
+            ScalarArg("a_rows", "int32"),
+            StreamArg("stream"),
+        )
+
+    def make_kernel(self, spec) -> Sm100MoeKernel:
+        self.can_implement(spec).raise_if_failed(spec.name())
+        return Sm100MoeKernel(spec.config, spec.epilogue, max_active_clusters_for(spec))
+
+    def compile(self, spec, *, keep_ptx: bool = False):
+        return compile_for_target(self.make_kernel(spec), fake_args(self.abi(spec)), spec,
+                                  "--keep-ptx" if keep_ptx else "")
+
+
+TEMPLATE = register_template(Sm100MoeTemplate(), replace=True)
+
+__all__ = ["Sm100MoeKernel", "Sm100MoeTemplate", "TEMPLATE", "TEMPLATE_ID"]

@@ -1,0 +1,296 @@
+"""Host side of the sm_100a grouped W4A4 MoE path: stacked weights, per-slot NVFP4 activations,
+kernel arguments and the whole layer (:func:`moe_forward`). Pure torch (no cutlass); the kernels
+are launched through a caller-given function (the AOT kernel on a GPU, the PTX emulator on CPU),
+so the CPU tests run exactly this host path.
+
+One layer = work list + activation prep + GEMM1 (fused SwiGLU + NVFP4 requant) + GEMM2 + finalize:
+
+1. **Work list**: :func:`nvgemm.templates.sm90_moe.launch.work_list` with tiles of ``tile_n``
+   pairs (one Triton launch on CUDA): slot ``j = (e, p0, cnt)``; a fixed number of slots per
+   (M, top_k, E), so the grid of a CUDA graph does not depend on the routing.
+2. **Activation prep** (:func:`slot_activations`): slot ``j``'s row ``t < cnt`` is the token of
+   permuted pair ``p0 + t``, quantized to NVFP4 with **its expert's** ``w13_input_scale[e]``
+   (``nvgemm.formats.quantize_activation`` row by row: the contract's step 2 per pair); packed codes
+   ``[slots * tile_n, H/2]``, scales as one 128-row swizzled atom per slot (rows >= cnt are zero).
+   One Triton launch on CUDA (:mod:`.prep_triton`), torch ops elsewhere (no host synchronisation).
+3. **GEMM1** (``m`` = 2I interleaved gate/up rows per expert): ``acc * alpha13[e]`` -> SiLU-mul
+   -> round to the activation dtype -> NVFP4 with ``w2_input_scale[e]``, written as GEMM2's B
+   operand directly (codes ``[slots * tile_n, I/2]`` + per-slot scale atoms): the fused requant
+   epilogue of :mod:`nvgemm.templates.sm100.epilogue`, bit-exact with ``quantize_nvfp4`` of the
+   rounded SwiGLU output.
+4. **GEMM2**: ``y = acc2 * alpha2[e]`` in fp32, ``[slots * tile_n, H]``.
+5. **Finalize**: :func:`nvgemm.templates.sm90_moe.launch.finalize` (fp32, slots in order, no
+   atomics, shared_out + residual in the same pass) through the map pair -> slot row.
+
+Batch invariance: a token's output depends only on its own B rows (each MMA N column is
+independent), the expert's weights and the config's K split; the finalize sums its slots in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ...epilogues.spec import EpilogueSpec
+from ...formats import NVFP4, blocked_numel, from_blocked, quantize_activation, to_blocked
+from ..sm100.launch import gate_up_permutation, splitk_buffers
+from ..sm90.launch import _memo, capturing
+from ..sm90_moe.launch import MoeWorkList, finalize, work_list
+from .config import Sm100MoeConfig, moe_shape_problem, padded_rows, validate_moe_config
+
+_E4M3 = torch.float8_e4m3fn
+
+
+# --------------------------------------------------------------------------- stacked weights
+
+
+@dataclass
+class Sm100MoeStack:
+    """One stacked expert weight as the kernel's A operand (see :func:`prepare_moe_stack`)."""
+
+    weight: torch.Tensor  # uint8 [E * rows_padded, K/2]
+    scale: torch.Tensor  # e4m3 1-D: the 128x4 swizzle of [E * rows_padded, K/16]
+    perm: Optional[torch.Tensor]  # GEMM row -> checkpoint row (gated: gate/up interleave), None = identity
+    rows: int  # GEMM rows per expert (2I gated)
+    rows_padded: int
+    k: int
+    num_experts: int
+
+
+def prepare_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, gated: bool) -> Sm100MoeStack:
+    """``[E, rows, K/2]`` packed weights + per-expert swizzled scales -> the stacked A operand:
+    gated rows interleaved per expert (row 2j = gate j, 2j+1 = up j), rows padded with zero rows
+    (zero scales) to a multiple of 128 per expert. The per-expert swizzled scales of
+    ``rows_padded`` rows laid end to end *are* the 2-D swizzle of the stack (128-row atoms)."""
+    e, rows, k2 = w.shape
+    k = k2 * 2
+    kb = k // NVFP4.block_size
+    rp = padded_rows(rows)
+    sc = w_scale.view(_E4M3) if w_scale.dtype == torch.uint8 else w_scale
+    perm = gate_up_permutation(rows, w.device) if gated else None
+    wp = torch.zeros((e, rp, k2), dtype=torch.uint8, device=w.device)
+    wp[:, :rows] = w if perm is None else w[:, perm]
+    if perm is None:
+        sp = sc.reshape(e, -1)
+    else:
+        sp = torch.stack([to_blocked(from_blocked(sc[i], rows, kb)[perm].contiguous()).reshape(-1) for i in range(e)])
+    if sp.shape[1] != blocked_numel(rp, kb):
+        raise ValueError(f"nvgemm sm100 moe: per-expert scales hold {sp.shape[1]} bytes, expected "
+                         f"{blocked_numel(rp, kb)} ({rows} rows, {kb} K blocks, swizzled)")
+    return Sm100MoeStack(wp.reshape(e * rp, k2), sp.reshape(-1).contiguous(), perm, rows, rp, k, e)
+
+
+def cached_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, gated: bool) -> Sm100MoeStack:
+    """:func:`prepare_moe_stack` memoized per weight tensor (re-derived when the weight or its scales
+    change in place, dropped when the weight is freed); a fresh preparation on CUDA ends with a stream
+    synchronisation outside capture."""
+
+    def make() -> Sm100MoeStack:
+        st = prepare_moe_stack(w, w_scale, gated)
+        if w.device.type == "cuda" and not capturing(w.device):
+            torch.cuda.current_stream(w.device).synchronize()
+        return st
+
+    return _memo(f"sm100_moe_stack:{gated}", w, (w, w_scale, gated), make)
+
+
+# --------------------------------------------------------------------------- per-slot activations
+
+
+def slot_geometry(wl: MoeWorkList, tile_n: int):
+    """(expert [slots], permuted pair [slots, tile_n], row used [slots, tile_n]) of the work list."""
+    t4 = wl.tiles.view(-1, 4).long()
+    e, p0, cnt = t4[:, 0], t4[:, 1], t4[:, 2]
+    t = torch.arange(tile_n, device=wl.tiles.device)
+    return e, p0[:, None] + t[None, :], t[None, :] < cnt[:, None]
+
+
+def slot_rows_of_pairs(wl: MoeWorkList, tile_n: int) -> torch.Tensor:
+    """int64 [M, K]: the row of GEMM2's output (``slot * tile_n + t``) holding pair (token, slot)'s
+    result (unused for empty / unmapped slots). Scatter through a spare entry: no host sync."""
+    _e, p, ok = slot_geometry(wl, tile_n)
+    npairs = wl.pos.numel()
+    row_of_perm = torch.zeros(npairs + 1, dtype=torch.int64, device=p.device)
+    idx = torch.where(ok, p, torch.full_like(p, npairs)).reshape(-1)
+    row_of_perm.scatter_(0, idx, torch.arange(idx.numel(), device=p.device))
+    return row_of_perm[wl.pos]
+
+
+def slot_sf_atoms(scale: torch.Tensor, slots: int, tile_n: int) -> torch.Tensor:
+    """Linear e4m3 scales ``[slots * tile_n, K/16]`` -> one 128x4-swizzled 128-row atom per slot (1-D)."""
+    kb = scale.shape[1]
+    atoms = torch.zeros((slots, 128, kb), dtype=_E4M3, device=scale.device)
+    atoms[:, :tile_n] = scale.reshape(slots, tile_n, kb)
+    return to_blocked(atoms.reshape(slots * 128, kb)).reshape(-1)
+
+
+def slot_activations(x: torch.Tensor, wl: MoeWorkList, input_scale: torch.Tensor, tile_n: int):
+    """GEMM1's B operand: (codes uint8 [slots * tile_n, H/2], scales e4m3 1-D, one atom per slot).
+    Row ``t`` of slot ``j = (e, p0, cnt)`` is ``x[rows[p0 + t]]`` quantized with ``input_scale[e]``
+    (``t < cnt``), else zero."""
+    e, p, ok = slot_geometry(wl, tile_n)
+    npairs = wl.rows.numel()
+    tok = wl.rows.long()[p.clamp(max=npairs - 1)]
+    xs = torch.where(ok.reshape(-1, 1), x[tok.reshape(-1)], torch.zeros((), dtype=x.dtype, device=x.device))
+    gs = torch.where(ok, input_scale.float()[e][:, None], torch.ones((), device=x.device)).reshape(-1)
+    codes, scale = quantize_activation(xs, gs)
+    return codes, slot_sf_atoms(scale, wl.slots, tile_n)
+
+
+# --------------------------------------------------------------------------- GEMM arguments
+
+
+@dataclass
+class Sm100MoeGemmArgs:
+    """One grouped GEMM's arguments in ABI order (:class:`~.kernel.Sm100MoeTemplate`)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    sfa: torch.Tensor
+    sfb: torch.Tensor
+    c: torch.Tensor
+    alpha: torch.Tensor
+    tiles: torch.Tensor
+    residual: Optional[torch.Tensor]
+    workspace: Optional[torch.Tensor]
+    counters: Optional[torch.Tensor]
+    m: int
+    n: int
+    k: int
+    a_rows: int
+    spec: EpilogueSpec
+    config: Sm100MoeConfig
+
+    def abi_values(self) -> tuple:
+        z = (lambda t: t if t is not None else 0)  # noqa: E731
+        return (self.a, self.b, self.sfa, self.sfb, self.c, self.alpha, self.tiles, z(self.residual),
+                z(self.workspace), z(self.counters), self.m, self.n, self.k, self.a_rows)
+
+
+def alpha_table(weight_scale_2: torch.Tensor, input_scale: torch.Tensor, stack: Sm100MoeStack,
+                next_input_scale: Optional[torch.Tensor] = None) -> tuple[str, torch.Tensor]:
+    """(alpha kind, fp32 [E * stride]): per expert ``input_scale[e] * weight_scale_2[e]`` (one value)
+    or per GEMM row (``[E, rows]`` scale_2, permuted like the stack's rows), then the next layer's
+    input scale when the epilogue requantizes (the kernel's per-expert stride)."""
+    in_ = input_scale.float().reshape(-1, 1)
+    g = weight_scale_2.float()
+    if g.dim() == 2:
+        kind = "vector"
+        a = in_ * (g if stack.perm is None else g[:, stack.perm])
+    else:
+        kind = "scalar"
+        a = in_ * g.reshape(-1, 1)
+    if next_input_scale is not None:
+        a = torch.cat([a, next_input_scale.float().reshape(-1, 1)], dim=1)
+    return kind, a.reshape(-1).contiguous()
+
+
+def cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13: Sm100MoeStack,
+                        s2: Sm100MoeStack):
+    """(GEMM1 alpha kind, GEMM1 table with the requant's input scales, GEMM2 table), memoized per
+    scale tensors like the stacks (no launches per call once made)."""
+
+    def make():
+        kind13, a13 = alpha_table(w13_scale_2, w13_input_scale, s13, w2_input_scale)
+        return kind13, a13, alpha_table(w2_scale_2, w2_input_scale, s2)[1]
+
+    return _memo("sm100_moe_alpha", w13_scale_2, (w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale), make)
+
+
+def _split_k(config, m, n, dev, stream_id):
+    if config.split_k == 1:
+        return None, None
+    return splitk_buffers(dev, m, n, config.dense(), stream_id)
+
+
+def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: MoeWorkList, stack: Sm100MoeStack,
+               alpha_kind: str, alpha: torch.Tensor, x_dtype: torch.dtype, stream_id: int = 0) -> Sm100MoeGemmArgs:
+    """GEMM1 (gated, fused requant): output = GEMM2's B operand (codes + per-slot scale atoms)."""
+    validate_moe_config(config).raise_if_failed("sm100 moe config")
+    if why := moe_shape_problem(config, stack.rows, stack.k, True):
+        raise ValueError(f"nvgemm sm100 moe: GEMM1 {config.name()}: {why}")
+    i = stack.rows // 2
+    n = wl.slots * config.tile_n
+    dev = b.device
+    codes = torch.empty((n, i // 2), dtype=torch.uint8, device=dev)  # empty slots: never written, never read
+    # zeroed: the kernel writes rows < tile_n of real K blocks; GEMM2 reads the padding K blocks
+    scales = torch.zeros(wl.slots * blocked_numel(128, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
+    spec = EpilogueSpec(alpha=alpha_kind, activation="silu_mul", out_dtype=x_dtype, out_quant=True)
+    ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
+    return Sm100MoeGemmArgs(stack.weight, b, stack.scale, sfb, codes, alpha, wl.tiles, scales, ws, cnt,
+                            stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config)
+
+
+def gemm2_args(config: Sm100MoeConfig, a1: Sm100MoeGemmArgs, wl: MoeWorkList, stack: Sm100MoeStack,
+               alpha: torch.Tensor, stream_id: int = 0) -> Sm100MoeGemmArgs:
+    """GEMM2: B = GEMM1's requantized output, y = acc * alpha2[e] in fp32 ``[slots * tile_n, H]``."""
+    validate_moe_config(config).raise_if_failed("sm100 moe config")
+    if why := moe_shape_problem(config, stack.rows, stack.k, False):
+        raise ValueError(f"nvgemm sm100 moe: GEMM2 {config.name()}: {why}")
+    if config.tile_n != a1.config.tile_n:
+        raise ValueError(f"nvgemm sm100 moe: GEMM1 and GEMM2 share one work list: tile_n {a1.config.tile_n} != "
+                         f"{config.tile_n}")
+    if stack.k != a1.m // 2:
+        raise ValueError(f"nvgemm sm100 moe: GEMM2 has K={stack.k}, GEMM1 produces I={a1.m // 2}")
+    n = a1.n
+    dev = a1.c.device
+    y = torch.empty((n, stack.rows), dtype=torch.float32, device=dev)
+    spec = EpilogueSpec(alpha="scalar", activation="none", out_dtype=torch.float32)
+    ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
+    return Sm100MoeGemmArgs(stack.weight, a1.c, stack.scale, a1.residual.view(_E4M3), y, alpha, wl.tiles, None, ws,
+                            cnt, stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config)
+
+
+# --------------------------------------------------------------------------- the layer
+
+Launch = Callable[[Sm100MoeGemmArgs], None]
+
+
+def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,
+                w2_scale_2, w2_input_scale, activation, router_weight_on_input, shared_out, residual, out_dtype,
+                config13: Sm100MoeConfig, config2: Sm100MoeConfig, launch: Launch, keep: Optional[dict] = None,
+                stream_id: int = 0) -> torch.Tensor:
+    """One W4A4 ``nvfp4_moe`` call (``silu_mul``) through the grouped kernels (``launch`` runs a
+    GEMM's arguments on the right kernel). ``keep`` receives the tables and intermediates (tests)."""
+    if activation != "silu_mul":
+        raise ValueError(f"nvgemm sm100 moe: the grouped kernel implements silu_mul (fused requant), not "
+                         f"{activation!r}")
+    if w13_input_scale is None or w2_input_scale is None:
+        raise ValueError("nvgemm sm100 moe: the grouped kernel is W4A4 (both input scales are needed)")
+    if config13.tile_n != config2.tile_n:
+        raise ValueError(f"nvgemm sm100 moe: GEMM1 and GEMM2 share one work list: tile_n {config13.tile_n} != "
+                         f"{config2.tile_n}")
+    out_dtype = out_dtype or x.dtype
+    wts = topk_weights
+    xin = x
+    if router_weight_on_input:  # contract step 1 (top-1): xin = round(x * w), w := 1
+        xin = (x.float() * topk_weights[:, :1]).to(x.dtype)
+        wts = torch.ones_like(topk_weights)
+    tn = config13.tile_n
+    wl = work_list(topk_ids, expert_map, w13.shape[0], tn)
+    s13 = cached_moe_stack(w13, w13_scale, True)
+    s2 = cached_moe_stack(w2, w2_scale, False)
+    kind13, alpha13, alpha2 = cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13, s2)
+    if xin.device.type == "cuda":  # one Triton launch (the same bytes)
+        from .prep_triton import slot_activations_triton
+
+        b1, sfb1, rop = slot_activations_triton(xin, wl, w13_input_scale, tn)
+        yrow = rop[wl.pos]
+    else:
+        b1, sfb1 = slot_activations(xin, wl, w13_input_scale, tn)
+        yrow = slot_rows_of_pairs(wl, tn)
+    a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id)
+    launch(a1)
+    a2 = gemm2_args(config2, a1, wl, s2, alpha2, stream_id)
+    launch(a2)
+    out = finalize(a2.c, dataclasses.replace(wl, pos=yrow), wts, shared_out, residual, out_dtype)
+    if keep is not None:
+        keep.update(work_list=wl, args13=a1, args2=a2, y_rows=yrow)
+    return out
+
+
+__all__ = ["Sm100MoeGemmArgs", "Sm100MoeStack", "alpha_table", "cached_moe_stack", "gemm1_args", "gemm2_args",
+           "moe_forward", "prepare_moe_stack", "slot_activations", "slot_rows_of_pairs", "slot_sf_atoms"]

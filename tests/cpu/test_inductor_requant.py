@@ -1,0 +1,175 @@
+"""The capture pass's gated-MLP rewrite (:mod:`nvgemm.inductor.requant`): ``down(silu_mul(gate_up(x)))`` of
+``nvgemm::nvfp4_linear`` ops becomes ``nvfp4_linear_requant -> nvfp4_linear_prequant`` when valid.
+
+End to end under ``torch.compile`` on CPU (the emulated backend): the fused ops are in the compiled code and
+the result equals eager bit for bit for gate_up's ``silu_mul`` epilogue (the requant contract is exact), and
+for a separate ``silu(h[..., :I]) * h[..., I:]`` equals the eager fused chain (``gated_mlp``) bit for bit
+(the rewrite's one documented numerics change: one rounding of h instead of three). Graph level
+(``make_fx`` + the pass, fast): a second user of the intermediate, a W4A16 layer, an fp32 gate_up output,
+the rewrite switched off, and a Hopper device are all left alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.utils import fresh_cache, run_and_get_code
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import nvgemm
+from nvgemm.fused_requant import gated_mlp
+from nvgemm.inductor.capture import capture_nvfp4_linears
+
+H, I = 64, 48
+CPU_PATCH = {"emulate_precision_casts": True, "cpp.vec_isa_ok": False}
+
+
+def _lin(n, k, act="none", ins=0.002, bias=False, seed=0):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias).to(torch.bfloat16)
+    return nvgemm.NVFP4Linear.from_linear(lin, input_scale=ins, activation=act)
+
+
+class FusedEpilogueMLP(torch.nn.Module):
+    """gate_up with silu_mul in its epilogue (nvgemm's NVFP4GatedMLP / gated layers)."""
+
+    def __init__(self, down_ins=0.0005, bias=False):
+        super().__init__()
+        self.gu = _lin(2 * I, H, "silu_mul", bias=bias, seed=1)
+        self.down = _lin(H, I, ins=down_ins, bias=bias, seed=2)
+
+    def forward(self, x):
+        return self.down(self.gu(x))
+
+
+class SiluMulMLP(torch.nn.Module):
+    """gate_up without activation, then silu(h[..., :I]) * h[..., I:] (vLLM's SiluAndMul native forward)."""
+
+    def __init__(self, other_user=False):
+        super().__init__()
+        self.gu = _lin(2 * I, H, seed=1)
+        self.down = _lin(H, I, ins=0.0005, seed=2)
+        self.other_user = other_user
+
+    def forward(self, x):
+        h = self.gu(x)
+        y = self.down(torch.nn.functional.silu(h[..., :I]) * h[..., I:])
+        return (y, h.sum(-1)) if self.other_user else y
+
+
+def _x(shape=(2, 5, H), seed=3):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2).to(torch.bfloat16)
+
+
+def _compiled(model, x):
+    torch._dynamo.reset()
+    counters.clear()
+    with fresh_cache(), torch._inductor.config.patch(CPU_PATCH), nvgemm.enabled():
+        out, codes = run_and_get_code(torch.compile(model, fullgraph=True), x)
+    return out, "\n".join(codes), dict(counters["nvgemm_cutedsl"])
+
+
+def test_compiled_fused_epilogue_mlp_runs_requant_chain_bit_exact():
+    model, x = FusedEpilogueMLP(bias=True), _x()
+    out, code, c = _compiled(model, x)
+    assert c.get("requant_fused") == 1, c
+    assert "nvgemm.nvfp4_linear_requant" in code and "nvgemm.nvfp4_linear_prequant" in code
+    assert "nvgemm.nvfp4_linear.default" not in code
+    assert torch.equal(out, model(x))
+
+
+def test_compiled_silu_mul_mlp_equals_the_eager_fused_chain():
+    model, x = SiluMulMLP(), _x()
+    out, code, c = _compiled(model, x)
+    assert c.get("requant_fused") == 1, c
+    assert "nvgemm.nvfp4_linear_requant" in code
+    gu = nvgemm.NVFP4Linear.from_tensors(model.gu.weight, model.gu.weight_scale, model.gu.weight_scale_2,
+                                         model.gu.input_scale, activation="silu_mul")
+    assert torch.equal(out, gated_mlp(gu, model.down, x))
+    # against the graph's own semantics (h, silu and the product each rounded to bf16): down re-quantizes
+    # h to FP4, where a 1-ulp move of h can flip one code (up to a third of its block's amax); 10% of the
+    # output range, measured 1.2%; a wrong layer or swapped halves is O(100%)
+    want = model(x).float()
+    assert (out.float() - want).abs().max() <= 0.1 * want.abs().max()
+
+
+def _graph(model, x):
+    """(graph module of ``model`` with its buffers as inputs, traced on fake tensors, the buffers)."""
+    from torch.func import functional_call
+
+    bufs = dict(model.named_buffers())
+    gm = make_fx(lambda x, b: functional_call(model, b, (x,)), tracing_mode="fake")(x, bufs)
+    return gm, bufs
+
+
+def _targets(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _rewrite(model, x, **kw):
+    gm, bufs = _graph(model, x)
+    counters.clear()
+    capture_nvfp4_linears(gm.graph, claim_scaled_mm=False, **kw)
+    gm.recompile()
+    return (lambda x: gm(x, bufs)), gm, dict(counters["nvgemm_cutedsl"])
+
+
+class Fp32GateUp(FusedEpilogueMLP):
+    """gate_up rounds to fp32 (no bf16/fp16 rounding for the requant to reproduce)."""
+
+    def forward(self, x):
+        h = torch.ops.nvgemm.nvfp4_linear(x, self.gu.weight, self.gu.weight_scale, self.gu.weight_scale_2,
+                                          self.gu.input_scale, None, None, "silu_mul", torch.float32)
+        return self.down(h.to(torch.bfloat16))
+
+
+def test_graph_rewrite_aten_silu_spelling_and_runs():
+    model, x = SiluMulMLP(), _x((7, H))
+    run, gm, c = _rewrite(model, x)
+    t = _targets(gm)
+    assert "nvgemm.nvfp4_linear_requant.default" in t and "aten.silu.default" not in t, t
+    assert c.get("requant_fused") == 1
+    gu = nvgemm.NVFP4Linear.from_tensors(model.gu.weight, model.gu.weight_scale, model.gu.weight_scale_2,
+                                         model.gu.input_scale, activation="silu_mul")
+    assert torch.equal(run(x), gated_mlp(gu, model.down, x))
+
+
+@pytest.mark.parametrize("case", ["other_user", "w4a16_down", "fp32_gate_up", "switched_off", "hopper"])
+def test_graph_rewrite_refuses(case, monkeypatch):
+    kw = {}
+    if case == "other_user":
+        model = SiluMulMLP(other_user=True)
+    elif case == "w4a16_down":
+        model = FusedEpilogueMLP(down_ins=None)
+    elif case == "fp32_gate_up":
+        model = Fp32GateUp()
+    elif case == "switched_off":
+        model, kw = FusedEpilogueMLP(), {"fuse_requant": False}
+    else:  # a CUDA device other than sm_100: the dense kernels serve the plain chain
+        model = FusedEpilogueMLP()
+        monkeypatch.setattr("nvgemm.runtime.fused_backends.fused_chain_reason",
+                            lambda device: "sm_90 (test)")
+    x = _x((4, H))
+    run, gm, c = _rewrite(model, x, **kw)
+    t = _targets(gm)
+    assert "nvgemm.nvfp4_linear_requant.default" not in t and c.get("requant_fused") is None, t
+    assert t.count("nvgemm.nvfp4_linear.default") == 2
+    if case not in ("switched_off", "fp32_gate_up"):  # (a cast between the two is not a gated chain at all)
+        assert c.get("requant_not_fused") == 1, c
+    want = model(x)
+    got = run(x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, w)
+
+
+def test_compiled_dynamic_batch_one_graph_for_every_m():
+    """Symbolic M (decode sizes and past one 128-token tile): one graph, fused, bit-exact each time."""
+    model = FusedEpilogueMLP()
+    torch._dynamo.reset()
+    counters.clear()
+    with fresh_cache(), torch._inductor.config.patch(CPU_PATCH), nvgemm.enabled():
+        f = torch.compile(model, fullgraph=True, dynamic=True)
+        for m in (3, 130):
+            x = _x((m, H), seed=m)
+            assert torch.equal(f(x), model(x))
+    assert counters["stats"]["unique_graphs"] == 1 and counters["nvgemm_cutedsl"]["requant_fused"] == 1

@@ -1,0 +1,132 @@
+"""The sm_100a grouped W4A4 MoE kernel run on the PTX emulator through its real AOT artifacts (the
+production host path :func:`nvgemm.templates.sm100_moe.launch.moe_forward`: work list, per-slot
+NVFP4 activations with per-expert input scales, GEMM1 with the fused SwiGLU + NVFP4 requant
+epilogue writing GEMM2's operand, GEMM2, the deterministic finalize), compared **bit for bit** with
+the emulated ``nvfp4_moe`` (the numerics contract) on exactness-preserving data
+(``_sm100_moe_emu``), and for batch invariance on random data (a token's output at M = 1 equals its
+row inside a larger batch with the same configs).
+
+Default run: three calls (odd M with an expert without tokens, ``-1`` ids and empty work slots,
+K/N tails; one expert with every token, split-K, per-row alpha, shared_out + residual; batch
+invariance at M = 12) -- 4 kernels to build, about 10 emulated launches. ``-m emulator_full`` adds
+tile_n 16/32/64, expert_map with router-weight-on-input in fp16, and batch invariance inside M = 64.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_100a")
+if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="nvgemm_cute_dump_")
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from _sm100_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
+
+from nvgemm.moe.ops import nvfp4_moe_emulated  # noqa: E402
+from nvgemm.templates.sm100_moe.config import Sm100MoeConfig as C  # noqa: E402
+
+pytestmark = pytest.mark.emulator
+
+T8 = C(tile_n=8)
+T8_SK2 = C(tile_n=8, split_k=2)
+
+
+def _check_exact(ops, c1, c2):
+    keep = {}
+    got = run_moe_emu(ops, c1, c2, keep)
+    want = nvfp4_moe_emulated(*ops)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bad = (got.float() != want.float()).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} elements differ, first {bad[:4].tolist()}: {got[tuple(bad[0])]} vs " \
+                             f"{want[tuple(bad[0])]}"
+    assert want.float().abs().amax() > 0
+    return keep
+
+
+def test_exact_odd_m_empty_expert_and_slots():
+    """M=5, top-2 over 4 experts: expert 1 gets no token, two empty (-1) slots, an expert picked twice
+    by one token, an empty work slot; H=96 (K tail of GEMM1, M tail of GEMM2), I=32 (GEMM1's 64 rows
+    padded to 128 per expert in the stack)."""
+    ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)
+    keep = _check_exact(exact_moe_operands(5, 2, 4, 96, 32, ids=ids, seed=1), T8, T8)
+    wl = keep["work_list"]
+    assert wl.counts.tolist() == [4, 0, 3, 1]
+    assert wl.tiles.view(-1, 4)[:, 2].tolist() == [4, 3, 1, 0, 0]  # two slots past the routing's tiles
+
+
+def test_exact_one_expert_all_tokens_split_k():
+    """M=19 top-1, every token on expert 2 (3 work slots, the last with 3 rows), split-K 2 in GEMM1
+    (K=512), per-row alpha (gate and up scales differ), shared_out and residual added in the finalize."""
+    ids = torch.full((19, 1), 2, dtype=torch.int32)
+    ops = exact_moe_operands(19, 1, 3, 512, 32, ids=ids, alpha13="row", shared=True, residual=True, seed=2)
+    keep = _check_exact(ops, T8_SK2, T8)
+    assert keep["work_list"].tiles.view(-1, 4)[:3, 2].tolist() == [8, 8, 3]
+
+
+def _batch_invariance(m_big, c1, c2, seed):
+    ops = random_moe_operands(m_big, 2, 4, 64, 32, seed=seed)
+    big = run_moe_emu(ops, c1, c2)
+    for t in (0, m_big - 1):
+        one = list(ops)
+        one[0], one[1], one[2] = ops[0][t:t + 1], ops[1][t:t + 1], ops[2][t:t + 1]
+        single = run_moe_emu(one, c1, c2)
+        assert torch.equal(single[0], big[t]), f"token {t}: M=1 differs from its row in M={m_big}"
+    # and the batch agrees with the contract within the first-use check's tolerance (random data:
+    # another summation order may move one bf16 rounding of h and then one FP4 code of its requant)
+    want = nvfp4_moe_emulated(*ops).float()
+    err = float((big.float() - want).norm() / want.norm())
+    assert err < 2.0**-6, err
+
+
+def test_batch_invariance_m12():
+    _batch_invariance(12, T8, T8, seed=3)
+
+
+@pytest.mark.emulator_full
+def test_batch_invariance_m64():
+    _batch_invariance(64, C(tile_n=16), C(tile_n=16), seed=4)
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("tn", [16, 32, 64])
+def test_exact_tile_n(tn):
+    g = torch.Generator().manual_seed(tn)
+    ids = torch.randint(-1, 6, (37, 4), generator=g, dtype=torch.int32)
+    ids[:, 0] = 5  # expert 5: 37+ pairs -> several slots
+    _check_exact(exact_moe_operands(37, 4, 6, 160, 96, ids=ids, seed=tn), C(tile_n=tn), C(tile_n=tn, split_k=1))
+
+
+@pytest.mark.emulator_full
+def test_exact_expert_map_router_weight_on_input_fp16():
+    """Expert parallelism (global ids mapped to 3 local experts, others -1) with Llama-4-style
+    router weight on the input (top-1), fp16 activations, split-K in GEMM2 (I = 288: two K tiles)."""
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 8, (11, 1), generator=g, dtype=torch.int32)
+    ops = exact_moe_operands(11, 1, 3, 64, 288, ids=ids, seed=9, x_dtype=torch.float16)
+    emap = torch.full((8,), -1, dtype=torch.int32)
+    emap[torch.tensor([1, 4, 6])] = torch.arange(3, dtype=torch.int32)
+    ops[13] = emap
+    ops[12] = True
+    ops[2] = torch.pow(2.0, torch.randint(-2, 2, (11, 1), generator=g).float())  # exact x * w
+    _check_exact(ops, T8, T8_SK2)
+
+
+def test_op_runs_the_grouped_kernel_via_the_emulator_backend(monkeypatch):
+    """``NVGEMM_MOE_BACKEND=emu_sm100_moe``: ``torch.ops.nvgemm.nvfp4_moe`` dispatches to the grouped
+    kernels (the policy's pick for the B200 profile) on the emulator, bit-exact with the emulated op."""
+    import nvgemm.moe  # noqa: F401  (registers the op)
+    from nvgemm.moe.backends import last_moe_selected
+
+    monkeypatch.setenv("NVGEMM_MOE_BACKEND", "emu_sm100_moe")
+    ids = torch.tensor([[1, 3], [3, 0], [2, 3]], dtype=torch.int32)
+    ops = exact_moe_operands(3, 2, 4, 64, 32, ids=ids, seed=5)
+    got = torch.ops.nvgemm.nvfp4_moe(*ops)
+    assert last_moe_selected() == "emu_sm100_moe"
+    assert torch.equal(got, nvfp4_moe_emulated(*ops))

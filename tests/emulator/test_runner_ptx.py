@@ -1,12 +1,11 @@
-"""The emulator's PTX source: ``keep_ptx`` compiles of different configs write the same file name
-into the dump dir (kernel names do not depend on the config), so ``ptx_for`` compiles and reads
-under an exclusive lock on the dump dir. Regression test for a sweep that ran two processes on one
-dump dir and got a 4-warp kernel's PTX for an 8-warp launch (the interpreter's ``.reqntid`` check
-caught it)."""
+"""The emulator's PTX source: ``ptx_for`` compiles the spec with ``keep_ptx`` once and then serves the
+PTX, the image hash and the entry from its owner-only cache. That no other process's PTX can be read
+for the spec (kernel names do not depend on the config; a sweep once got a 4-warp kernel's PTX for an
+8-warp launch) is guarded where the PTX is produced: every keep_ptx compile gets a private dump dir
+(tests/compile/test_keep_ptx_private_dump.py)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import types
 
@@ -17,20 +16,13 @@ from nvgemm.emulator import runner
 pytestmark = pytest.mark.emulator
 
 
-def test_keep_ptx_compile_holds_the_dump_dir_lock(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUTE_DSL_DUMP_DIR", str(tmp_path / "dump"))
+def test_ptx_for_compiles_with_keep_ptx_once_then_reads_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
-    seen = []
+    calls = []
 
     class FakeTemplate:
         def compile(self, spec, keep_ptx=False):
-            with open(tmp_path / "dump" / ".nvgemm_keep_ptx.lock", "a+") as f:  # another open file description
-                try:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    seen.append("unlocked")
-                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-                except BlockingIOError:
-                    seen.append("locked")
+            calls.append(keep_ptx)
             return types.SimpleNamespace(__ptx__=".version 9.4\n.visible .entry k()\n{\nret;\n}\n")
 
     import nvgemm.templates.registry as registry
@@ -39,5 +31,8 @@ def test_keep_ptx_compile_holds_the_dump_dir_lock(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "get_template", lambda tid: FakeTemplate())
     monkeypatch.setattr(common, "embedded_cubin", lambda compiled: b"fatbin")
     spec = types.SimpleNamespace(template_id="x", name=lambda: "spec")
-    ptx, sha, entry = runner.ptx_for(spec, "key0")
-    assert seen == ["locked"] and entry == "k" and os.path.exists(tmp_path / "cache" / "emulator" / "ptx" / "key0")
+    first = runner.ptx_for(spec, "key0")
+    second = runner.ptx_for(spec, "key0")
+    assert calls == [True] and first == second and first[2] == "k"
+    d = tmp_path / "cache" / "emulator" / "ptx" / "key0"
+    assert os.path.exists(d / "kernel.ptx") and os.stat(d / "kernel.ptx").st_mode & 0o777 == 0o600

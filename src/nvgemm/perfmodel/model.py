@@ -401,7 +401,8 @@ _ENDS: dict = {}
 
 def total_us_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFacts, fam: FamilyFacts):
     """``(low, high)`` modelled call time -- :func:`estimate_with`'s ``total_us`` without the
-    report fields (the ranking's fast path; the same equations)."""
+    report fields (the same equations; the scalar reference of the ranking's batch path,
+    :func:`nvgemm.perfmodel.batch.totals`)."""
     geo = _geometry(config, m, n, k, hw, facts, fam)
     occ = occupancy(facts, geo, hw)
     if occ.ctas_per_sm == 0:
@@ -532,6 +533,7 @@ def estimate_us(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int
 MODEL_TIE = 0.01
 
 
+@functools.lru_cache(maxsize=4096)
 def _issue_key(config, gpu: str, sm_count: int | None) -> float:
     ipe = _prepared(config, gpu, sm_count)[2].instr_per_elem
     return ipe if ipe == ipe else float("inf")  # NaN (no per-element count): no preference
@@ -545,16 +547,19 @@ def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
     less ideal than modelled), then by the middle, the high end and the input order. Items without
     an estimate are dropped. ``key`` maps an item to its config (e.g. ``lambda c: c.config`` to
     rank the policy's ``Candidate`` objects); the items themselves are returned. ``limit``: only
-    the first ``limit`` (the others are priced by the fast path, :func:`total_us_with`, and
-    their full :class:`Estimate` is never built). ``report=False``: pairs ``(item, (low, high)
-    us)`` instead of full estimates (the policy's path: no report at all)."""
+    the first ``limit`` (all are priced together by :func:`nvgemm.perfmodel.batch.totals` --
+    :func:`total_us_with`'s numbers -- and the others' full :class:`Estimate` is never built).
+    ``report=False``: pairs ``(item, (low, high) us)`` instead of full estimates (the policy's
+    path: no report at all)."""
+    from .batch import totals  # the vectorised fast path (it imports this module)
+
     m, n, k = int(m), int(n), int(k)
+    configs = list(configs)
+    cfgs = [key(c) for c in configs] if key else configs
     scored = []
-    for i, c in enumerate(configs):
-        cfg = key(c) if key else c
-        t = _total_cached(cfg, m, n, k, gpu, sm_count)
+    for i, (c, cfg, t) in enumerate(zip(configs, cfgs, totals(cfgs, m, n, k, gpu, sm_count))):
         if t is not None:
-            scored.append((0.5 * (t[0] + t[1]), t[1], i, c, cfg))
+            scored.append((0.5 * (t[0] + t[1]), t[1], i, c, cfg, t, _issue_key(cfg, gpu, sm_count)))
     scored.sort(key=lambda t: t[:3])
     out = []
     cap = len(scored) if limit is None else limit
@@ -563,10 +568,9 @@ def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
         j = 1  # scored is sorted by mid: the ties are a prefix
         while j < len(scored) and scored[j][0] <= lim:
             j += 1
-        best_i = min(range(j), key=lambda i: (_issue_key(scored[i][4], gpu, sm_count), *scored[i][:3])) if j > 1 else 0
+        best_i = min(range(j), key=lambda i: (scored[i][6], *scored[i][:3])) if j > 1 else 0
         pick = scored.pop(best_i)
-        out.append((pick[3], _estimate_cached(pick[4], m, n, k, gpu, sm_count) if report
-                    else _total_cached(pick[4], m, n, k, gpu, sm_count)))
+        out.append((pick[3], _estimate_cached(pick[4], m, n, k, gpu, sm_count) if report else pick[5]))
     return out
 
 

@@ -134,6 +134,61 @@ class _Sm90Base(FamilyFacts):
         """The main loop does not depend on split_k (a split runs fewer iterations of the same loop)."""
         return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
 
+    def batch_row(self, c) -> tuple:
+        """The shape-independent integers :meth:`geometry_batch` reads of one config."""
+        stream, other = _stage(c)
+        return (c.family == "wgmma", c.tile_m, c.tile_n, c.tile_k, c.split_k, c.stages, c.threads, stream, other,
+                c.pdl)
+
+    def geometry_batch(self, rows, m: int, n: int, k: int, hw: Hardware) -> dict:
+        """:meth:`geometry` of many configs of both sm90 families for one shape, as numpy arrays
+        (``rows``: one :meth:`batch_row` per config; ``nvgemm.perfmodel.batch``). The same
+        operations as the scalar ``MmaFacts.geometry`` / ``WgmmaFacts.geometry`` in the same
+        order, per family selected with ``np.where`` (``tests/cpu/test_policy_speed.py`` checks
+        them bit for bit)."""
+        import numpy as np
+
+        wg, tm, tn, tk, s, stages, threads, stream, other, pdl = rows.T[:10]
+        wg = wg.astype(bool)
+        n_pad, k_pad = _pad(n, k)
+        wb = _weight_bytes(n, k)
+        grid_n, grid_m = -(-n // tn), -(-m // tm)
+        n_stage = k_pad // tk
+        split_iters = -(-n_stage // s)
+        # mma: every CTA a K slice; weights re-read per M tile unless they fit in L2
+        fits = _fits_l2(n, k, hw)
+        mma_ws = np.where(s > 1, (s * m * n_pad * 4).astype(float) * 2, 0.0)
+        reread = grid_m if not fits else np.ones_like(grid_m)
+        reread = np.where(grid_m == 1, 1, reread)
+        mma_dram = wb * reread + m * k * 2 + m * n * 2 + mma_ws
+        mma_l2 = (grid_m - 1) / grid_m if fits else np.zeros(grid_m.shape)
+        # wgmma: only the last partial wave's tiles split (wgmma_tail_tiles)
+        tiles = grid_n * grid_m
+        tail = np.where(s <= 1, 0, np.where(tiles < hw.sm_count, tiles, tiles % hw.sm_count))
+        wg_ws = np.where(tail != 0, (tail * s * tm * tn * 4).astype(float) * 2, 0.0)
+        wg_dram = wb * -(-grid_m // hw.sm_count) + m * k * 2 + m * n * 2 + wg_ws
+        return {
+            "ctas": np.where(wg, tiles + tail * (s - 1), grid_n * s * grid_m),
+            "threads": threads,
+            "iters_per_cta": np.where(wg, n_stage, split_iters),
+            "passes_per_cta": np.ones_like(s),
+            "stream_bytes_per_iter": stream,
+            "other_bytes_per_iter": other,
+            "dram_bytes": np.where(wg, wg_dram, mma_dram),
+            "depth": np.where(wg, stages - 2, stages - 1).astype(float),
+            "trips": np.where(wg, np.where(tail != 0, SPLITK_L2_TRIPS, 0.0), np.where(s > 1, SPLITK_L2_TRIPS, 0.0)),
+            "l2_reread_fraction": np.where(wg, (grid_m - 1) / grid_m, mma_l2),
+            "tensor_flops": np.where(wg, 2.0 * grid_m * tm * grid_n * tn * k_pad, 2.0 * grid_m * tm * n_pad * k_pad),
+            "tensor_tflops": np.where(wg, hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY,
+                                      hw.bf16_tflops * hw.mma_sync_fraction),
+            "tail_ctas": np.where(wg, tail * s, 0),
+            "tail_iters": np.where(wg, split_iters, 0),
+            "epilogue_cycles": np.zeros(s.shape),
+            "extra_launches": np.zeros_like(s),
+            "aux_kernels": np.full(s.shape, HOST_AUX_KERNELS),
+            "pdl": pdl.astype(bool),
+        }
+
     def elems_per_thread_iter(self, c) -> float:
         """Weight elements a thread decodes per main-loop iteration: row tiles x chunks x 32."""
         return c.row_tiles * c.chunks_per_stage * 32

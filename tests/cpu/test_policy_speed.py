@@ -44,16 +44,16 @@ def _random_problems(seed: int, count: int):
                         a_format="bf16", target=H200) for _ in range(count)]
 
 
-def _reference_us(config, m, n, k, sm_count):
+def _reference_us(config, m, n, k, sm_count, activation=None):
     """Modelled (low, high) us of ``config``, unmemoised: the scalar model
     (:func:`~nvgemm.perfmodel.model.total_us_with`: a ``Geometry``, ``_sass_chain`` per end) --
     what the policy ranked with before the batch path -- checked against the full report
     (:func:`estimate_with`, which converts cycles to us as ``cycles / clock x 1e6`` instead of
     ``cycles x (1e6 / clock)``: the two differ in the last bits, 1e-12 relative). None: no
-    estimate."""
+    estimate. ``activation``: the variant's own facts where recorded (``lookup``)."""
     fam = family_for(config)
     hw = get_hardware("H200", sm_count)
-    facts = lookup(config, fam.arch)
+    facts = lookup(config, fam.arch, activation=activation)
     if facts is None or fam.shape_problem(config, m, n, k):
         return None
     try:
@@ -77,9 +77,9 @@ def _reference_ranking(problem, limit=8):
              if not spill_status(c.config, problem.epilogue, "sm_90a", table)]
     scored = []
     for i, c in enumerate(cands):
-        t = _reference_us(c.config, m, n, k, sms)
+        t = _reference_us(c.config, m, n, k, sms, problem.epilogue)
         if t is not None:
-            ipe = lookup(c.config, "sm_90a").instr_per_elem
+            ipe = lookup(c.config, "sm_90a", activation=problem.epilogue).instr_per_elem
             scored.append(((t[0] + t[1]) / 2, t[1], i, ipe if ipe == ipe else float("inf"), c, t))
     scored.sort(key=lambda s: s[:3])
     tie = sm90.DECODE_TIE if m <= 32 else MODEL_TIE
@@ -96,9 +96,9 @@ def _check_totals(problems):
     checked = 0
     for p in problems:
         cfgs = [c.config for c in sm90.rule_candidates(p)]
-        got = batch.totals(cfgs, p.m_hi, p.n, p.k, "H200", p.target.sm_count)
+        got = batch.totals(cfgs, p.m_hi, p.n, p.k, "H200", p.target.sm_count, p.epilogue)
         for c, t in zip(cfgs, got):
-            ref = _reference_us(c, p.m_hi, p.n, p.k, p.target.sm_count)
+            ref = _reference_us(c, p.m_hi, p.n, p.k, p.target.sm_count, p.epilogue)
             assert t == ref, (c.name(), p, t, ref)
             checked += t is not None
     return checked

@@ -141,9 +141,9 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
 
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k
-    gpu, sms = _gpu_of(problem), problem.target.sm_count
+    gpu, sms, act = _gpu_of(problem), problem.target.sm_count, problem.epilogue
     ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE,
-                  limit=limit, report=False)
+                  limit=limit, report=False, activation=act)
     if not ranked:
         return cands[:limit]
     base = bf16_baseline(m, n, k, gpu, sms)
@@ -153,7 +153,7 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
            for c, t in ranked]
     if limit is not None and len(out) >= limit:
         return out  # the unpriced ones would come after these
-    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms) is not None}
+    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms, act) is not None}
     out += [c for c in cands if id(c) not in priced]
     return out if limit is None else out[:limit]
 

@@ -26,16 +26,18 @@ import numpy as np
 from .model import COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _ends, _occupancy, _prepared, _total_cached
 
 
-def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None) -> list:
+def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
+           activation: str | None = None) -> list:
     """``(low, high)`` modelled us of every config on (M, N, K), or None where the model cannot
-    price it -- :func:`~nvgemm.perfmodel.model.estimate_us` of each, computed together."""
+    price it -- :func:`~nvgemm.perfmodel.model.estimate_us` of each (``activation`` as there),
+    computed together."""
     m, n, k = int(m), int(n), int(k)
     out: list = [None] * len(configs)
     groups: dict = {}  # geometry_batch function -> [(index in configs, registry row)]
     for i, c in enumerate(configs):
-        st = _static(c, gpu, sm_count)
+        st = _static(c, gpu, sm_count, activation)
         if st is None:
-            out[i] = _total_cached(c, m, n, k, gpu, sm_count)  # other engines, or no facts: scalar
+            out[i] = _total_cached(c, m, n, k, gpu, sm_count, activation)  # other engines, or no facts: scalar
         elif st[3] and not st[0].shape_problem(c, m, n, k):  # q == 0: does not fit on an SM (None)
             groups.setdefault(st[2], (st, [], []))
             groups[st[2]][1].append(i)
@@ -68,7 +70,7 @@ def _registry_arrays():
 
 
 @functools.lru_cache(maxsize=8192)
-def _static(config, gpu: str, sm_count: int | None):
+def _static(config, gpu: str, sm_count: int | None, activation: str | None = None):
     """What the batch path needs of a config that does not depend on the shape: (family,
     hardware, the family's ``geometry_batch`` function, resident CTAs per SM, its row in the
     registry of static integers -- issue cycles per iteration, per-pass and fixed instructions,
@@ -76,7 +78,7 @@ def _static(config, gpu: str, sm_count: int | None):
     trips); None for a config the batch path does not price (no facts, another engine, a family
     without ``geometry_batch``). Batch families run ``config.threads`` threads per CTA with no
     forced residency."""
-    prep = _prepared(config, gpu, sm_count)
+    prep = _prepared(config, gpu, sm_count, activation)
     if prep is None:
         return None
     fam, hw, facts = prep

@@ -150,41 +150,53 @@ class _Sm90Base(FamilyFacts):
 
         wg, tm, tn, tk, s, stages, threads, stream, other, pdl = rows.T[:10]
         wg = wg.astype(bool)
+        any_wg, all_wg = bool(wg.any()), bool(wg.all())
+
+        def sel(f_wg, f_mma):  # per config its family's value (only the families present computed)
+            return f_wg() if all_wg else f_mma() if not any_wg else np.where(wg, f_wg(), f_mma())
+
         n_pad, k_pad = _pad(n, k)
         wb = _weight_bytes(n, k)
         grid_n, grid_m = -(-n // tn), -(-m // tm)
         n_stage = k_pad // tk
         split_iters = -(-n_stage // s)
-        # mma: every CTA a K slice; weights re-read per M tile unless they fit in L2
         fits = _fits_l2(n, k, hw)
-        mma_ws = np.where(s > 1, (s * m * n_pad * 4).astype(float) * 2, 0.0)
-        reread = grid_m if not fits else np.ones_like(grid_m)
-        reread = np.where(grid_m == 1, 1, reread)
-        mma_dram = wb * reread + m * k * 2 + m * n * 2 + mma_ws
-        mma_l2 = (grid_m - 1) / grid_m if fits else np.zeros(grid_m.shape)
+        sms = hw.sm_count
         # wgmma: only the last partial wave's tiles split (wgmma_tail_tiles)
         tiles = grid_n * grid_m
-        tail = np.where(s <= 1, 0, np.where(tiles < hw.sm_count, tiles, tiles % hw.sm_count))
-        wg_ws = np.where(tail != 0, (tail * s * tm * tn * 4).astype(float) * 2, 0.0)
-        wg_dram = wb * -(-grid_m // hw.sm_count) + m * k * 2 + m * n * 2 + wg_ws
+        tail = np.where(s <= 1, 0, np.where(tiles < sms, tiles, tiles % sms)) if any_wg else None
+
+        def mma_dram():  # every CTA a K slice; weights re-read per M tile unless they fit in L2
+            ws = np.where(s > 1, (s * m * n_pad * 4).astype(float) * 2, 0.0)
+            reread = np.where(grid_m == 1, 1, np.ones_like(grid_m) if fits else grid_m)
+            return wb * reread + m * k * 2 + m * n * 2 + ws
+
+        def wg_dram():
+            ws = np.where(tail != 0, (tail * s * tm * tn * 4).astype(float) * 2, 0.0)
+            return wb * -(-grid_m // sms) + m * k * 2 + m * n * 2 + ws
+
+        zeros = np.zeros(s.shape, dtype=np.int64)
         return {
-            "ctas": np.where(wg, tiles + tail * (s - 1), grid_n * s * grid_m),
+            "ctas": sel(lambda: tiles + tail * (s - 1), lambda: grid_n * s * grid_m),
             "threads": threads,
-            "iters_per_cta": np.where(wg, n_stage, split_iters),
+            "iters_per_cta": sel(lambda: n_stage, lambda: split_iters),
             "passes_per_cta": np.ones_like(s),
             "stream_bytes_per_iter": stream,
             "other_bytes_per_iter": other,
-            "dram_bytes": np.where(wg, wg_dram, mma_dram),
-            "depth": np.where(wg, stages - 2, stages - 1).astype(float),
-            "trips": np.where(wg, np.where(tail != 0, SPLITK_L2_TRIPS, 0.0), np.where(s > 1, SPLITK_L2_TRIPS, 0.0)),
-            "l2_reread_fraction": np.where(wg, (grid_m - 1) / grid_m, mma_l2),
-            "tensor_flops": np.where(wg, 2.0 * grid_m * tm * grid_n * tn * k_pad, 2.0 * grid_m * tm * n_pad * k_pad),
-            "tensor_tflops": np.where(wg, hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY,
-                                      hw.bf16_tflops * hw.mma_sync_fraction),
-            "tail_ctas": np.where(wg, tail * s, 0),
-            "tail_iters": np.where(wg, split_iters, 0),
+            "dram_bytes": sel(wg_dram, mma_dram),
+            "depth": sel(lambda: stages - 2, lambda: stages - 1).astype(float),
+            "trips": sel(lambda: np.where(tail != 0, SPLITK_L2_TRIPS, 0.0),
+                         lambda: np.where(s > 1, SPLITK_L2_TRIPS, 0.0)),
+            "l2_reread_fraction": sel(lambda: (grid_m - 1) / grid_m,
+                                      lambda: (grid_m - 1) / grid_m if fits else np.zeros(grid_m.shape)),
+            "tensor_flops": sel(lambda: 2.0 * grid_m * tm * grid_n * tn * k_pad,
+                                lambda: 2.0 * grid_m * tm * n_pad * k_pad),
+            "tensor_tflops": sel(lambda: np.full(s.shape, hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY),
+                                 lambda: np.full(s.shape, hw.bf16_tflops * hw.mma_sync_fraction)),
+            "tail_ctas": sel(lambda: tail * s, lambda: zeros),
+            "tail_iters": sel(lambda: split_iters, lambda: zeros),
             "epilogue_cycles": np.zeros(s.shape),
-            "extra_launches": np.zeros_like(s),
+            "extra_launches": zeros,
             "aux_kernels": np.full(s.shape, HOST_AUX_KERNELS),
             "pdl": pdl.astype(bool),
         }

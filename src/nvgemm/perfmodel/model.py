@@ -486,13 +486,13 @@ def why_not(config, m: int, n: int, k: int) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _prepared(config, gpu: str, sm_count: int | None, activation: str | None = None):
     """(family, hardware, static facts) of ``config`` on ``gpu`` -- shape-independent, memoised
-    (None: no family or no facts). ``activation``: the facts of that compiled variant where the
-    table records them (:func:`.table.lookup`)."""
+    (None: no family or no facts). ``activation``: the facts of the variant compiled for it where
+    the table records them (:func:`.table.lookup`; None: activation ``"none"``)."""
     fam = family_for(config)
     if fam is None:
         return None
     hw = get_hardware(gpu, sm_count)
-    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch, activation=activation)
+    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch, activation=activation or "none")
     return None if facts is None else (fam, hw, facts)
 
 
@@ -522,8 +522,8 @@ def estimate(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | 
              activation: str | None = None) -> Estimate | None:
     """Modelled call of ``config`` on (M, N, K) on ``gpu`` -- None when the model cannot say
     (no family, the shape does not fit the config, no static facts). No compile, ~0.1 ms.
-    ``activation`` (``"none"`` / ``"silu_mul"``): price the variant compiled for it, with its own
-    SASS facts where the table records them (None: the config's main-loop entry)."""
+    ``activation`` (``"none"`` / ``"silu_mul"``; None: ``"none"``): price the variant compiled for
+    it, with its own SASS facts where the table records them, else its main loop's entry."""
     return _estimate_cached(config, int(m), int(n), int(k), gpu, sm_count, activation)
 
 

@@ -76,10 +76,12 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     if not sm90_problem_status(problem):
         return out  # can_implement fails for every config (the problem's own rules)
 
-    def add(cand: Candidate) -> None:  # can_implement, less the problem rules checked above
-        if cand.config not in seen and sm90_config_fits(problem, cand.config):
-            seen.add(cand.config)
-            out.append(cand)
+    def add(*key) -> None:  # can_implement, less the problem rules checked above
+        if key not in seen:  # the config's fields: equal keys, equal configs
+            cand = _candidate(*key)
+            if sm90_config_fits(problem, cand.config):
+                seen.add(key)
+                out.append(cand)
 
     tm = _tile_m(m)
     sms = problem.target.sm_count
@@ -89,7 +91,7 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
         # split-K only to bring the grid to one to three CTAs per SM (the model prices the rest)
         splits = [s for s in MMA_SPLITS if s == 1 or sms <= ctas * s <= 3 * sms]
         for s in splits:
-            add(_candidate("mma", tm, tn, 256, s, w, st))
+            add("mma", tm, tn, 256, s, w, st)
     if m >= WGMMA_MIN_M:
         for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
@@ -102,7 +104,7 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
                         tail = wgmma_tail_tiles(tiles, s, sms)
                         if not tail or tail * s > 2 * sms:
                             continue
-                    add(_candidate("wgmma", tmw, tn, tk, s, w, st))
+                    add("wgmma", tmw, tn, tk, s, w, st)
     return out
 
 

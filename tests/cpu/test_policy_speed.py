@@ -104,11 +104,17 @@ def _check_totals(problems):
     return checked
 
 
-def test_batch_totals_equal_the_report_path_bit_for_bit_on_the_presets():
+@pytest.fixture(params=["numpy for every group", "scalar below BATCH_MIN"])
+def batch_min(request, monkeypatch):
+    if request.param.startswith("numpy"):
+        monkeypatch.setattr(batch, "BATCH_MIN", 0)  # the array path also for the small groups
+
+
+def test_batch_totals_equal_the_report_path_bit_for_bit_on_the_presets(batch_min):
     assert _check_totals(_preset_problems()) > 10000
 
 
-def test_batch_totals_equal_the_report_path_bit_for_bit_on_random_shapes():
+def test_batch_totals_equal_the_report_path_bit_for_bit_on_random_shapes(batch_min):
     assert _check_totals(_random_problems(23, 150)) > 3000
 
 

@@ -23,7 +23,8 @@ import functools
 
 import numpy as np
 
-from .model import COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _ends, _occupancy, _prepared, _total_cached
+from .model import (COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _ends, _model, _occupancy, _prepared, _total_cached,
+                    total_us_with)
 
 
 def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
@@ -43,6 +44,10 @@ def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | N
             groups[st[2]][1].append(i)
             groups[st[2]][2].append(st[4])
     for (fam, hw, _, _, _), where, rows in groups.values():
+        if len(where) < BATCH_MIN:  # numpy's fixed cost exceeds the scalar loop's: the scalar model
+            for i in where:
+                out[i] = _model(total_us_with, configs[i], m, n, k, gpu, sm_count, activation)
+            continue
         ints, floats = _registry_arrays()
         idx = np.array(rows)
         r, fl = ints[idx], floats[idx]
@@ -55,6 +60,9 @@ def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | N
     return out
 
 
+#: groups of fewer configs take the scalar model (the same numbers): ~0.3 ms of numpy calls per
+#: group against ~11 us per config on the 2-core machine (``bench/bench_policy_speed.py``)
+BATCH_MIN = 24
 _FACT_INTS = 4  # registry columns before the family's batch_row: issue cycles, pass, fixed, q
 _REG_INTS: list = []
 _REG_FLOATS: list = []

@@ -88,7 +88,7 @@ def main() -> int:
                              ("H200", (28672, 4096), "none published"), ("H200", (57344, 8192), "none published")):
         prob = GemmProblem(n=n, k=k, m=1, a_format="bf16", target=Target.from_gpu(gpu))
         cfg = candidates(prob, use_nvmmh=False)[0].config
-        e = estimate(cfg, 1, n, k, gpu)
+        e = estimate(cfg, 1, n, k, gpu, activation="none")
         hw = h100 if gpu == "H100" else h200
         lo, hi = (pct(e.geometry.weight_bytes, t, hw.peak_bw_tbs) for t in e.total_us)
         pr(f"| {gpu} | {n}x{k} | 1 | {cfg.name().replace('nvgemm_cutedsl_sm90_w4a16_', '')} | "

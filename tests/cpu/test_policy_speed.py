@@ -130,8 +130,7 @@ def test_batch_totals_match_the_scalar_fast_path_and_keep_its_nones():
             Sm100Nvfp4GemmConfig()]
     for m, n, k in ((1, 4096, 512), (64, 4096, 4096), (300, 1000, 7168)):
         got = batch.totals(cfgs, m, n, k)
-        assert got == [model_mod.total_us_with(c, m, n, k, get_hardware("H200"), lookup(c, activation="none"),
-                                               family_for(c))
+        assert got == [model_mod.total_us_with(c, m, n, k, get_hardware("H200"), lookup(c), family_for(c))
                        if not family_for(c).shape_problem(c, m, n, k) else None for c in cfgs[:2]] + [
             model_mod.estimate_us(cfgs[2], m, n, k)]
     assert batch.totals(cfgs[:1], 1, 4096, 512)[0] is None  # split 8 > the 2 K stages of K=512

@@ -487,12 +487,12 @@ def why_not(config, m: int, n: int, k: int) -> str | None:
 def _prepared(config, gpu: str, sm_count: int | None, activation: str | None = None):
     """(family, hardware, static facts) of ``config`` on ``gpu`` -- shape-independent, memoised
     (None: no family or no facts). ``activation``: the facts of the variant compiled for it where
-    the table records them (:func:`.table.lookup`; None: activation ``"none"``)."""
+    the table records them (:func:`.table.lookup`; None: the main loop's shared entry)."""
     fam = family_for(config)
     if fam is None:
         return None
     hw = get_hardware(gpu, sm_count)
-    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch, activation=activation or "none")
+    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch, activation=activation)
     return None if facts is None else (fam, hw, facts)
 
 
@@ -522,8 +522,9 @@ def estimate(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | 
              activation: str | None = None) -> Estimate | None:
     """Modelled call of ``config`` on (M, N, K) on ``gpu`` -- None when the model cannot say
     (no family, the shape does not fit the config, no static facts). No compile, ~0.1 ms.
-    ``activation`` (``"none"`` / ``"silu_mul"``; None: ``"none"``): price the variant compiled for
-    it, with its own SASS facts where the table records them, else its main loop's entry."""
+    ``activation`` (``"none"`` / ``"silu_mul"``): price the variant compiled for it, with its own
+    SASS facts where the table records them (else, and with None, the main loop's shared entry:
+    e.g. the grouped MoE kernel, priced with its dense twin's main loop)."""
     return _estimate_cached(config, int(m), int(n), int(k), gpu, sm_count, activation)
 
 
@@ -581,15 +582,17 @@ def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
     return out
 
 
-def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None):
-    """The model's fastest config over the search spaces of the named families (None if none)."""
+def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
+         activation: str | None = None):
+    """The model's fastest config over the search spaces of the named families (None if none);
+    ``activation`` as in :func:`estimate`."""
     from .facts import registered_families
 
     cands = []
     for fam in registered_families():
         if fam.name in family_names and hasattr(fam, "search_space"):
             cands.extend(fam.search_space(m))
-    ranked = rank(cands, m, n, k, gpu, sm_count)
+    ranked = rank(cands, m, n, k, gpu, sm_count, activation=activation)
     return ranked[0] if ranked else None
 
 

@@ -5,7 +5,10 @@ nvMatmulHeuristics has no mixed bf16 x FP4 precision, so the candidates come fro
 families' search spaces (``templates/sm90/config.py``), filtered by ``can_implement`` and ordered
 by modelled time on the target (H200 figures, the target's SM count); a (config, activation) variant
 whose own SASS spills to local memory (the ``spills`` records of the model's committed table,
-compiled with the reference and the fullest epilogue: ``bench/compile_sweep_sm90.py``) is dropped:
+compiled with the reference and the fullest epilogue: ``bench/compile_sweep_sm90.py``) is dropped,
+and each variant is priced with its own main-loop SASS facts where those records hold them (the
+problem's activation; ``perfmodel.table.variant_facts``). All candidates of a problem are priced
+at once (``perfmodel.batch``):
 
 * ``mma`` (decode kernel, mma.sync tensor cores, cp.async ring, in-kernel split-K): every M; the
   model prices tile_m (8 / 16 / 32 tokens per CTA; more tokens = more M tiles that re-read the

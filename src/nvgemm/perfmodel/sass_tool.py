@@ -7,10 +7,13 @@ For one config this compiles the family's template for its arch (no GPU; ``cute.
 with :mod:`nvgemm.perfmodel.sass` (main loop, issue cycles, serial DRAM round trips per iteration
 replayed from the control bits, registers, spills, shared memory) plus the family's extras.
 
-The timing facts are compiled with one reference epilogue -- :func:`reference_epilogue` (scalar
+The table's entries are compiled with one reference epilogue -- :func:`reference_epilogue` (scalar
 alpha, no bias/activation/residual, bf16 out; bf16 activations for W4A16) -- and describe the main
-loop; configs that differ only in split-K share it (the table's ``loop_key`` fallback;
-``tests/compile/test_perfmodel_table.py`` checks a pair). **Spills are a per-variant fact**: the
+loop; configs that differ only in split-K fall back to it (the table's ``loop_key`` fallback).
+**Timing facts and spills are per-variant facts** where recorded: :func:`spill_facts` also reads
+each variant's own main-loop facts (``"loop"``), which the model uses for that (config,
+activation) variant (``perfmodel.table.variant_facts``; split-K and the epilogue move ptxas'
+schedule: ``bench/results/model_calibration.md`` section 4). **Spills**: the
 split-K epilogue and the epilogue's registers (vector alpha + bias + residual) change ptxas'
 allocation, and two such variants spill (``LDL``/``STL`` in the SASS) although their main loop's
 twin does not. :func:`spill_facts` compiles one (config, epilogue) variant and counts LDL/STL in

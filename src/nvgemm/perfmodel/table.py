@@ -6,13 +6,16 @@ Layout::
                 "command": "nvgemm model --regen-table"},
      "entries": {"sm_90a": {"<config name>": {KernelFacts fields}}, "sm_100a": {...}},
      "spills": {"sm_90a": {"<config name>": {"<activation>": {"ref": {"ldl", "stl", "ldl_loop",
-                                                                    "stl_loop", "regs"},
+                                                                    "stl_loop", "regs", "mma",
+                                                                    "loop": {timing facts}},
                                                              "full": {...}}}}}}
 
 ``entries`` hold the timing facts of each main loop, compiled with the reference epilogue;
 ``spills`` the LDL/STL counts of every (config, activation) variant the sm90 policy emits for the
 preset shapes, compiled with the reference and the fullest epilogue of that activation
-(``bench/compile_sweep_sm90.py``; :func:`spill_status`).
+(``bench/compile_sweep_sm90.py``; :func:`spill_status`), and -- in records written with
+``--timing`` -- the variant's own main-loop timing facts (``"loop"``), which :func:`lookup` with an
+``activation`` uses for that variant instead of its main loop's entry (:func:`variant_facts`).
 
 Lookup order (:func:`lookup`): the exact config name; else an entry of the same family whose
 config has the same :meth:`~nvgemm.perfmodel.facts.FamilyFacts.loop_key` (same main loop, e.g. a

@@ -104,10 +104,10 @@ def _check_totals(problems):
     return checked
 
 
-@pytest.fixture(params=["numpy for every group", "scalar below BATCH_MIN"])
+@pytest.fixture(params=["numpy for every group", "scalar loop for every group"])
 def batch_min(request, monkeypatch):
-    if request.param.startswith("numpy"):
-        monkeypatch.setattr(batch, "BATCH_MIN", 0)  # the array path also for the small groups
+    # both paths of ``totals`` for every group (by default: the scalar loop below SCALAR_MAX configs)
+    monkeypatch.setattr(batch, "SCALAR_MAX", 0 if request.param.startswith("numpy") else 10**9)
 
 
 def test_batch_totals_equal_the_report_path_bit_for_bit_on_the_presets(batch_min):

@@ -6,15 +6,18 @@ the ``sass_chain`` engine runs once over numpy arrays -- (end of the hardware ra
 group, config) -- for families whose facts hook has ``geometry_batch`` / ``batch_row`` (the same
 geometry as ``geometry``, on arrays: ``families/sm90.py``). What does not depend on the shape
 (static facts, occupancy, the family's per-config integers) is memoised per config in a
-registry the arrays are gathered from. Other configs take the scalar path.
+registry the arrays are gathered from. Groups of fewer than :data:`SCALAR_MAX` configs (most
+calls: 13-80 configs) take a lean scalar loop instead (:func:`_chain_rows` over the family's
+``geometry_rows`` tuples): numpy's per-call overhead exceeds the loop's there. Configs of other
+families or engines take the scalar model.
 
 The same numbers, not close ones: every array operation is the scalar code's IEEE operation on
 the same operands in the same order (``max``, ``+``, ``*``, ``/``, floor division), round groups
 and co-limit terms the scalar loop skips enter as exact zeros, and the co-limit's
 ``(1 + r^4)^(1/4)`` uses ``np.float_power`` (the C library's ``pow``, as Python's ``**``;
 ``np.power`` may take a SIMD path that differs in the last bit). ``tests/cpu/test_policy_speed.py``
-checks :func:`totals` against the scalar model bit for bit and the policy's picks against a
-ranking rebuilt from the scalar model.
+checks :func:`totals` -- both paths, each forced for every group -- against the scalar model bit
+for bit and the policy's picks against a ranking rebuilt from the scalar model.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import functools
 
 import numpy as np
 
-from .model import (COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _ends, _model, _occupancy, _prepared, _total_cached,
-                    total_us_with)
+from .model import (COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _colimit2, _ends, _occupancy, _prepared, _total_cached,
+                    colimit, rounds)
 
 
 def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
@@ -44,9 +47,10 @@ def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | N
             groups[st[2]][1].append(i)
             groups[st[2]][2].append(st[4])
     for (fam, hw, _, _, _), where, rows in groups.values():
-        if len(where) < BATCH_MIN:  # numpy's fixed cost exceeds the scalar loop's: the scalar model
-            for i in where:
-                out[i] = _model(total_us_with, configs[i], m, n, k, gpu, sm_count, activation)
+        if len(where) < SCALAR_MAX:  # numpy's fixed cost exceeds the scalar loop's
+            geos = fam.geometry_rows([_REG_INTS[r][_FACT_INTS:] for r in rows], m, n, k, hw)
+            for i, t in zip(where, _chain_rows(geos, [_REG_INTS[r] for r in rows], [_REG_FLOATS[r] for r in rows], hw)):
+                out[i] = t
             continue
         ints, floats = _registry_arrays()
         idx = np.array(rows)
@@ -60,9 +64,10 @@ def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | N
     return out
 
 
-#: groups of fewer configs take the scalar model (the same numbers): ~0.3 ms of numpy calls per
-#: group against ~11 us per config on the 2-core machine (``bench/bench_policy_speed.py``)
-BATCH_MIN = 24
+#: groups of fewer configs take the scalar loop (:func:`_chain_rows`, the same numbers): numpy's
+#: ~0.25 ms of calls per group against ~8 us per config on the 2-core machine (measured: the loop
+#: is faster up to ~80-100 configs)
+SCALAR_MAX = 80
 _FACT_INTS = 4  # registry columns before the family's batch_row: issue cycles, pass, fixed, q
 _REG_INTS: list = []
 _REG_FLOATS: list = []
@@ -97,6 +102,58 @@ def _static(config, gpu: str, sm_count: int | None, activation: str | None = Non
                      + tuple(fam.batch_row(config)))
     _REG_FLOATS.append((float(facts.chain_base), float(facts.round_trips)))
     return fam, hw, type(fam).geometry_batch, q, len(_REG_INTS) - 1
+
+
+def _chain_rows(geos, ints, floats, hw) -> list:
+    """``_sass_chain(..., detail=False)`` plus ``_call_terms`` per config, as a scalar loop over
+    :meth:`geometry_rows` tuples and the registry's static rows: the scalar model's operations in
+    its order, without its ``Geometry`` / ``Occupancy`` objects and helper calls."""
+    sms, sched, fabric = hw.sm_count, hw.schedulers_per_sm, hw.sm_fabric_bytes_per_clk
+    ends = _ends(hw)
+    clock = hw.clock_hz
+    us = US / clock
+    margin = COLIMIT_MARGIN
+    out = []
+    for (ctas, threads, iters_cta, stream, other, dram, depth, trips, f, tflops, ttf, tail_ctas, tail_iters, pdl), \
+            (issue_iter, pass_i, fixed_i, q, *_), (chain_base, round_trips) in zip(geos, ints, floats):
+        warps = -(-threads // 32)
+        bytes_iter = stream + other
+        depth = max(depth, 1.0)
+        full_ctas = ctas - tail_ctas
+        steps = full_ctas * iters_cta + tail_ctas * tail_iters
+        tensor_step = tflops / steps / (ttf * 1e12 / sms / clock) if ttf and steps else 0.0
+        per_cta = 1 * pass_i + fixed_i  # passes_per_cta = 1 (batch families)
+        plan = []
+        for gn, iters, reduce in (((ctas, iters_cta, True),) if not tail_ctas else
+                                  ((full_ctas, iters_cta, False), (tail_ctas, tail_iters, True))):
+            for count, kk, a in rounds(gn, sms, q):
+                w = -(-kk * warps // sched)
+                plan.append((count, iters, reduce, w, w * issue_iter, kk * bytes_iter / fabric, kk * tensor_step, a))
+        res = []
+        for lat, l2, bw_clk in ends:
+            eff_lat = f * l2 + (1.0 - f) * lat
+            latency = max(chain_base + round_trips * eff_lat, eff_lat / depth)
+            dram_step = dram / steps / bw_clk if steps else 0.0
+            reduce_tail = trips * l2 + 0.0  # + epilogue cycles (0 for batch families)
+            cycles, first = 0.0, True
+            for count, iters, reduce, w, issue, fab, ten, a in plan:
+                hi = max(latency, issue, fab, ten)
+                lim = margin * hi
+                if (issue > lim) + (fab > lim) + (ten > lim) + (latency > lim) > 1:
+                    step_sm = colimit(latency, issue, fab, ten)
+                else:
+                    step_sm = hi
+                step = _colimit2(step_sm, a * dram_step)
+                fill = lat + fab
+                tl = w * per_cta + (reduce_tail if reduce else 0.0)
+                cycles += (fill + (count - 1) * fill / q if first else count * fill / q) + count * (iters * step + tl)
+                first = False
+            res.append(cycles)
+        out.append((res[0] * us + (1 * hw.launch_us[0] - (hw.pdl_saving_us[1] if pdl else 0.0)) + 0.0
+                    + 0 * hw.aux_kernel_us[0],
+                    res[1] * us + (1 * hw.launch_us[1] - (hw.pdl_saving_us[0] if pdl else 0.0)) + 0.0
+                    + 0 * hw.aux_kernel_us[1]))
+    return out
 
 
 def _h_where(num: np.ndarray, den: np.ndarray, mask: np.ndarray, one_plus: bool) -> np.ndarray:

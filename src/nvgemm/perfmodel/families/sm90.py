@@ -140,6 +140,40 @@ class _Sm90Base(FamilyFacts):
         return (c.family == "wgmma", c.tile_m, c.tile_n, c.tile_k, c.split_k, c.stages, c.threads, stream, other,
                 c.pdl)
 
+    def geometry_rows(self, rows, m: int, n: int, k: int, hw: Hardware) -> list:
+        """:meth:`geometry` of each config (``rows``: one :meth:`batch_row` each) as a plain tuple
+        ``(ctas, threads, iters_per_cta, stream bytes, other bytes, DRAM bytes, depth, L2 trips of
+        the reduction, l2_reread_fraction, tensor FLOPs, tensor TFLOPS, tail_ctas, tail_iters,
+        pdl)``: the scalar loop of ``nvgemm.perfmodel.batch`` for small groups, where numpy's fixed
+        cost exceeds it. The same operations as ``MmaFacts.geometry`` / ``WgmmaFacts.geometry``
+        (``tests/cpu/test_policy_speed.py`` checks them bit for bit)."""
+        n_pad, k_pad = _pad(n, k)
+        wb = _weight_bytes(n, k)
+        fits = _fits_l2(n, k, hw)
+        sms = hw.sm_count
+        act, out_b = m * k * 2, m * n * 2
+        tf_wg, tf_mma = hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY, hw.bf16_tflops * hw.mma_sync_fraction
+        out = []
+        for wg, tm, tn, tk, s, stages, threads, stream, other, pdl in rows:
+            grid_n, grid_m = -(-n // tn), -(-m // tm)
+            n_stage = k_pad // tk
+            if wg:
+                tiles = grid_n * grid_m
+                tail = wgmma_tail_tiles(tiles, s, sms)
+                ws = float(tail * s * tm * tn * 4) * 2 if tail else 0.0
+                out.append((tiles + tail * (s - 1), threads, n_stage, stream, other,
+                            wb * -(-grid_m // sms) + act + out_b + ws, float(stages - 2),
+                            SPLITK_L2_TRIPS if tail else 0.0, (grid_m - 1) / grid_m,
+                            2.0 * grid_m * tm * grid_n * tn * k_pad, tf_wg, tail * s, -(-n_stage // s), pdl))
+            else:
+                ws = float(s * m * n_pad * 4) * 2 if s > 1 else 0.0
+                reread = 1 if (grid_m == 1 or fits) else grid_m
+                out.append((grid_n * s * grid_m, threads, -(-n_stage // s), stream, other,
+                            wb * reread + act + out_b + ws, float(stages - 1),
+                            SPLITK_L2_TRIPS if s > 1 else 0.0, (grid_m - 1) / grid_m if fits else 0.0,
+                            2.0 * grid_m * tm * n_pad * k_pad, tf_mma, 0, 0, pdl))
+        return out
+
     def geometry_batch(self, rows, m: int, n: int, k: int, hw: Hardware) -> dict:
         """:meth:`geometry` of many configs of both sm90 families for one shape, as numpy arrays
         (``rows``: one :meth:`batch_row` per config; ``nvgemm.perfmodel.batch``). The same

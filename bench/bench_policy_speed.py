@@ -204,9 +204,9 @@ def main() -> int:
        f"minimum of the pass medians and {'met' if statistics.median(rep_all) <= 1.0 else 'missed'} on the median "
        "of all calls. The first pass above (item 6, with the Python GC running) is "
        f"{statistics.median(sm90_cpu):.3f} ms. The policy prices every implementable config (13-139 by M) at once "
-       "(`perfmodel.batch.totals`: the scalar model's equations on numpy arrays, or a lean loop below 80 configs, bit-equal to it, "
-       "`tests/cpu/test_policy_speed.py`) and memoises what does not depend on the shape (static facts, "
-       "occupancy, config validity, per-config integers); no full estimate is built. The load average above "
+       "(`perfmodel.batch.totals`: the scalar model's equations on numpy arrays, or a lean loop below 80 configs, "
+       "bit-equal to it, `tests/cpu/test_policy_speed.py`) and memoises what does not depend on the shape "
+       "(static facts, occupancy, config validity, per-config integers); no full estimate is built. The load average above "
        "says how busy the 2-core machine was.")
     pr("")
     pr(f"sm100 (B200, W4A4) policy: the unseen-shape rows above, {statistics.median(unseen_cpu + unseen2_cpu):.3f} ms "

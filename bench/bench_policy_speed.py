@@ -13,11 +13,16 @@ Measured, in this order, in one process:
 6. unseen shapes on an H200 target: the sm90 W4A16 policy, which ranks its 13-139 implementable
    configs (by M) with the performance model (no nvMatmulHeuristics precision exists for bf16 x fp4);
 7. the same kind of sm90 calls with Python's cyclic garbage collector paused (what the tail of 6 is);
-8. the sm90 calls of 6 repeated ``REPEATS`` times each with every shape-dependent memo cleared before
-   each repeat (the policy's, the model's per-shape estimates, the per-problem checks; the
-   shape-independent ones -- static facts, occupancy, config validity -- stay, as in a process that has
-   priced any shape before): per shape the fastest repeat ("quiet-ish": the machine is shared, other
-   engineers' jobs land on some calls) and the median of all repeats.
+8. the sm90 calls of 6 in ``PASSES`` passes over all shapes, every call with every shape-dependent
+   memo cleared first (the policy's, the model's per-shape estimates, the per-problem checks; the
+   shape-independent ones -- static facts, occupancy, config validity, the batch path's registry of
+   per-config integers -- stay, as in a process that has priced any shape before), so every call is a
+   new shape to the policy: the median of each pass, and the **minimum of the pass medians** -- the
+   number the goal is judged on: the machine is shared (2 cores, other engineers' jobs), a pass that
+   ran under a burst of load has a higher median, the quietest pass is the closest to the call's own
+   cost; the median of all calls and per shape the fastest call are reported beside it;
+9. the sm90 grouped-MoE policy (``heuristics.moe_sm90.moe_candidates``: per M, both GEMMs of every
+   token tile priced by the MoE model, no memo) on the MoE layer presets at several M.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from nvgemm.heuristics import GemmProblem, bucket_candidates, candidates, nvmmh
 from nvgemm.heuristics.presets import PRESETS
 
 MS = (1, 3, 8, 13, 32, 48, 100, 128, 200, 256, 384, 512, 1000, 2048)
-REPEATS = 5
+PASSES = 5
+MOE_MS = (1, 4, 16, 64, 128, 256)
 
 
 def _clear_shape_memos() -> None:
@@ -49,19 +55,35 @@ def _clear_shape_memos() -> None:
     implementable._sm90_problem_status.cache_clear()
 
 
-def _repeat_cpu(problems) -> tuple[list[float], list[float]]:
-    """(per problem: the fastest of REPEATS cold calls, all calls) in CPU ms."""
-    best, every = [], []
-    for p in problems:
+def _passes_cpu(problems) -> tuple[list[float], list[float], list[float]]:
+    """(median CPU ms of each of PASSES passes, every call, per problem the fastest call): every
+    call of a pass with the shape-dependent memos cleared (a new shape to the policy)."""
+    medians, every, best = [], [], [float("inf")] * len(problems)
+    for _ in range(PASSES):
         ts = []
-        for _ in range(REPEATS):
+        for i, p in enumerate(problems):
             _clear_shape_memos()
             c = time.thread_time()
             candidates(p)
             ts.append((time.thread_time() - c) * 1e3)
-        best.append(min(ts))
+            best[i] = min(best[i], ts[-1])
+        medians.append(statistics.median(ts))
         every += ts
-    return best, every
+    return medians, every, best
+
+
+def _moe_cpu() -> list[float]:
+    """CPU ms of each sm90 MoE policy call (every MoE layer preset x MOE_MS)."""
+    from nvgemm.heuristics import moe_sm90
+
+    moe_sm90.moe_candidates(next(iter(moe_sm90._layers().values())), 1)  # first call: imports, tables
+    ts = []
+    for shape in moe_sm90._layers().values():
+        for m in MOE_MS:
+            c = time.thread_time()
+            assert moe_sm90.moe_candidates(shape, m)
+            ts.append((time.thread_time() - c) * 1e3)
+    return ts
 
 
 def _problems(n_offset: int, **kw) -> list[GemmProblem]:
@@ -119,7 +141,8 @@ def main() -> int:
         sm90_nogc, sm90_nogc_cpu = _time(_problems(320, **h200))
     finally:
         gc.enable()
-    rep_best, rep_all = _repeat_cpu(_problems(384, **h200))
+    pass_meds, rep_all, rep_best = _passes_cpu(_problems(384, **h200))
+    moe = _moe_cpu()
     t, c = time.perf_counter(), time.thread_time()
     per = bucket_candidates(GemmProblem(n=6336, k=4096, m_range=(1, 256)))
     bucket_cpu = (time.thread_time() - c) * 1e3
@@ -154,8 +177,10 @@ def main() -> int:
     ):
         pr(_row(f"{name} | wall", w))
         pr(_row(f"{name} | CPU", c))
-    pr(_row(f"H200 sm90 policy, unseen shapes, fastest of {REPEATS} cold repeats per shape | CPU", rep_best))
-    pr(_row(f"H200 sm90 policy, unseen shapes, all {REPEATS} cold repeats | CPU", rep_all))
+    pr(_row(f"H200 sm90 policy, unseen shapes, all {PASSES} passes of new-shape calls | CPU", rep_all))
+    pr(_row(f"H200 sm90 policy, unseen shapes, fastest of the {PASSES} passes per shape | CPU", rep_best))
+    pr(_row("H200 sm90 MoE policy (moe_candidates, MoE presets x M in " + ",".join(map(str, MOE_MS)) + ") | CPU",
+            moe))
     pr("")
     pr(f"Dynamic M 1..256 split into {len(per)} buckets (`bucket_candidates`, 6 policy calls): {bucket_ms:.2f} ms wall, {bucket_cpu:.2f} ms CPU in total.")
     pr("")
@@ -170,17 +195,23 @@ def main() -> int:
        "nvMatmulHeuristics' `getEx` (search + one runtime estimate per returned config); the rule part is the "
        "rules-only row. Repeated shapes hit the policy memo.")
     pr("")
-    sm90_med = statistics.median(rep_best)
-    pr(f"H200 sm90 policy (issue 23 goal: <= 1 ms median on a new shape): {statistics.median(sm90_cpu):.3f} ms CPU "
-       f"median over the first pass of unseen shapes, {statistics.median(rep_all):.3f} ms over all {REPEATS} cold "
-       f"repeats, **{sm90_med:.3f} ms** over the fastest repeat per shape (quiet-ish) -- the goal is "
-       f"**{'met' if sm90_med <= 1.0 else 'missed'}** on the quiet-ish median"
-       f"{' and met' if statistics.median(rep_all) <= 1.0 else ' and missed'} on the all-repeats median. The "
-       "policy prices every implementable config (30-130 by M) with the model's fast path "
-       "(`perfmodel.model.total_us_with`: the same equations as `estimate`, without building the report) and "
-       "memoises what does not depend on the shape (static facts, occupancy, config validity, the hardware's "
-       "latency/bandwidth ends); only the first 8 get a full estimate. The load average above says how busy "
-       "the 2-core machine was.")
+    sm90_min = min(pass_meds)
+    pr(f"H200 sm90 policy (issue 23 goal: <= 1 ms median on a new shape): median per pass of {len(rep_best)} "
+       f"new-shape calls {', '.join(f'{t:.3f}' for t in pass_meds)} ms CPU; **minimum of the {PASSES} pass "
+       f"medians {sm90_min:.3f} ms** (the quietest pass: the verdict), median of all {len(rep_all)} calls "
+       f"{statistics.median(rep_all):.3f} ms, median of the per-shape fastest call "
+       f"{statistics.median(rep_best):.3f} ms -- the goal is **{'met' if sm90_min <= 1.0 else 'missed'}** on the "
+       f"minimum of the pass medians and {'met' if statistics.median(rep_all) <= 1.0 else 'missed'} on the median "
+       "of all calls. The first pass above (item 6, with the Python GC running) is "
+       f"{statistics.median(sm90_cpu):.3f} ms. The policy prices every implementable config (13-139 by M) at once "
+       "(`perfmodel.batch.totals`: the scalar model's equations on numpy arrays, or a lean loop below 80 configs, "
+       "bit-equal to it, `tests/cpu/test_policy_speed.py`) and memoises what does not depend on the shape "
+       "(static facts, occupancy, config validity, per-config integers); no full estimate is built. The load average above "
+       "says how busy the 2-core machine was.")
+    pr("")
+    pr(f"sm100 (B200, W4A4) policy: the unseen-shape rows above, {statistics.median(unseen_cpu + unseen2_cpu):.3f} ms "
+       f"CPU median. sm90 MoE policy: {statistics.median(moe):.3f} ms CPU median per `moe_candidates` call "
+       f"({len(moe)} calls; it has no per-shape memo, every call prices both GEMMs of every token tile).")
     return 0
 
 

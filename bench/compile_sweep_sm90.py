@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--shapes", choices=("presets", "llama"), default="presets",
                     help="layer shapes: every preset model's (default) or Llama-3.1-8B / 3.3-70B only")
     ap.add_argument("--top", type=int, default=8, help="candidates per problem, by rank (default: all 8)")
+    ap.add_argument("--timing", action="store_true",
+                    help="also recompile recorded pairs whose records lack the variant's timing facts")
     args = ap.parse_args()
     from importlib.metadata import version
 
@@ -56,7 +58,7 @@ def main() -> int:
     named = [(W("mma", tile_m=32, tile_n=128, tile_k=256, split_k=s, num_warps=8, stages=3, pdl=True), "none")
              for s in (7, 4)]
     t0 = time.time()
-    pairs, rows = T.sweep_spills("sm_90a", shapes=shapes, top=args.top, first=named,
+    pairs, rows = T.sweep_spills("sm_90a", shapes=shapes, top=args.top, first=named, timing=args.timing,
                                  log=lambda s: print(s, flush=True))
     total = time.time() - t0
     rec = load_table()["spills"]["sm_90a"]
@@ -67,7 +69,8 @@ def main() -> int:
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, no GPU; "
         f"python {platform.python_version()}, nvidia-cutlass-dsl {version('nvidia-cutlass-dsl')}",
-        f"- command: `nice -n 10 python bench/compile_sweep_sm90.py --shapes {args.shapes} --top {args.top}` "
+        f"- command: `nice -n 10 python bench/compile_sweep_sm90.py --shapes {args.shapes} --top {args.top}"
+        f"{' --timing' if args.timing else ''}` "
         "(records: the `spills` section of `src/nvgemm/perfmodel/sass_facts.json`; the full sweep is "
         "`--shapes presets --top 8`)",
         f"- problems: {len(shapes)} layer shapes ({args.shapes}) x M in {list(T.SM90_M)} x activation "

@@ -88,7 +88,7 @@ def main() -> int:
                              ("H200", (28672, 4096), "none published"), ("H200", (57344, 8192), "none published")):
         prob = GemmProblem(n=n, k=k, m=1, a_format="bf16", target=Target.from_gpu(gpu))
         cfg = candidates(prob, use_nvmmh=False)[0].config
-        e = estimate(cfg, 1, n, k, gpu)
+        e = estimate(cfg, 1, n, k, gpu, activation="none")
         hw = h100 if gpu == "H100" else h200
         lo, hi = (pct(e.geometry.weight_bytes, t, hw.peak_bw_tbs) for t in e.total_us)
         pr(f"| {gpu} | {n}x{k} | 1 | {cfg.name().replace('nvgemm_cutedsl_sm90_w4a16_', '')} | "
@@ -102,7 +102,52 @@ def main() -> int:
     pr("- One range for both sides of every ratio (`baseline.py`): the W4A16 kernel is not assumed to "
        "stream better than a bf16 GEMV; the Marlin points (section 3) are the reminder that a real W4A16 "
        "kernel can fall far short of the model until measured.")
+    pr("")
+    _variant_section(pr)
     return 0
+
+
+def _variant_section(pr) -> None:
+    """Section 4: the SASS timing facts of every compiled variant with its own record against the
+    main loop's shared entry (why the model keys them per variant)."""
+    from nvgemm.perfmodel.table import load_table, lookup, parse_config_name
+
+    fields = ("loop_instrs", "loop_issue_cycles", "chain_base", "round_trips", "regs", "fixed_instrs")
+    rows = []
+    for name, per_act in load_table().get("spills", {}).get("sm_90a", {}).items():
+        cfg = parse_config_name(name)
+        shared = lookup(cfg, "sm_90a")
+        for act, rec in per_act.items():
+            for epi, f in rec.items():
+                if "loop" in f and shared is not None:
+                    own = {**f["loop"], "regs": f.get("regs", 0)}
+                    rows.append((name, act, epi, shared, own))
+    pr("## 4. SASS timing facts per compiled variant (issue 23 item 3)\n")
+    pr("The table's main-loop entries (`entries`) are compiled once per main loop: split-K 1, the reference "
+       "epilogue (scalar alpha, activation none). The spill sweep (`bench/compile_sweep_sm90.py --timing`) "
+       "also reads each (config with its split-K, activation, epilogue `ref` / `full`) variant's own main-loop "
+       "facts from its own SASS. Against the shared entry the model used before "
+       f"({len(rows)} variant compiles recorded):\n")
+    if not rows:
+        pr("(no variant records with timing facts yet)\n")
+        return
+    pr("| fact | variants that differ from the shared entry | largest change |")
+    pr("|---|---|---|")
+    for k in fields:
+        diffs = [(own[k] - getattr(sh, k)) / getattr(sh, k) if getattr(sh, k) else 0.0
+                 for _, _, _, sh, own in rows if k in own]
+        nz = [d for d in diffs if d]
+        big = max(nz, key=abs) if nz else 0.0
+        pr(f"| {k} | {len(nz)} of {len(diffs)} | {100 * big:+.1f} % |")
+    pr("")
+    pr("They are not identical, so the model keys the main-loop facts (instructions and issue cycles per "
+       "iteration, the latency chain's base and round trips) and the registers per variant where a record "
+       "holds them (`perfmodel.table.variant_facts`: the larger of the `ref` and `full` epilogues, which "
+       "bracket the runtime's), and the sm90 policy prices each candidate for its problem's activation; "
+       "variants without such a record keep the shared entry (their `source` says which). The per-pass / fixed "
+       "instruction counts are not replaced: they count the epilogue's code statically (a split-K variant's "
+       "includes the last CTA's reduction: the fixed_instrs row above), which the model charges per "
+       "CTA; what a CTA executes of it is not a static fact.\n")
 
 
 if __name__ == "__main__":

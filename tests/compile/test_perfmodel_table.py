@@ -10,7 +10,8 @@ Subset (7 kernels, ~3-5 s each on 2 cores): the sm90 decode kernel at 8 / 16 / 3
 the register-A wgmma kernel at 128 and 40 tokens per CTA, and two sm100 decode tiles (one split-K with its reduction). ``NVGEMM_PERFMODEL_FULL=1`` checks every entry of the table instead (~10 min).
 
 Spill records (the table's ``spills`` section: LDL/STL per (config, activation) variant, read
-from SASS with two epilogues): by default the two variants issue 23 found spilling and one
+from SASS with two epilogues, and where recorded the variant's own main-loop timing facts, with the
+entries' tolerances): by default the two variants issue 23 found spilling and one
 spill-free variant per family (4 x 2 compiles); ``NVGEMM_PERFMODEL_FULL=1`` re-derives every
 record (the full sweep itself, which also finds the policy's pairs: ``bench/compile_sweep_sm90.py``).
 
@@ -172,3 +173,9 @@ def test_spill_records_match_the_sass(cfg, act):
         want = rec[var]
         for key in ("ldl", "stl", "ldl_loop", "stl_loop", "regs"):
             assert got[key] == want[key], f"{cfg.name()} {act} {var}: {key} {got[key]}, record {want[key]}"
+        if "loop" in want:  # the variant's own timing facts (the model prices the variant with them)
+            g, w = got["loop"], want["loop"]
+            for key in ("loop_instrs", "loop_issue_cycles", "chain_base"):
+                assert abs(g[key] - w[key]) <= 0.02 * w[key], (
+                    f"{cfg.name()} {act} {var}: {key} {g[key]}, record {w[key]}")
+            assert abs(g["round_trips"] - w["round_trips"]) <= 0.25

@@ -433,6 +433,41 @@ def test_spill_status_is_per_variant():
     assert spill_status(sk4, "silu_mul", table=t) is True  # a failed compile is not spill-free
 
 
+def test_timing_facts_are_per_variant_where_recorded():
+    """A (config, activation) record with the variant's own main-loop facts (``"loop"``) replaces
+    the main loop's shared entry for that variant -- field by field the larger of its ``ref`` and
+    ``full`` epilogues, registers too -- and the model prices the variant with them; a variant
+    without such a record (or asked without an activation) keeps the shared entry."""
+    from nvgemm.perfmodel.model import estimate_with
+    from nvgemm.perfmodel.table import lookup
+
+    base = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=3, pdl=True)
+    sk8 = C90("mma", tile_m=8, tile_n=128, tile_k=256, split_k=8, num_warps=4, stages=3, pdl=True)
+    entry = {"config": base.name(), "arch": "sm_90a", "family": "sm90.mma", "regs": 56, "smem_bytes": 30000,
+             "loop_instrs": 501, "loop_issue_cycles": 576, "fixed_instrs": 364, "chain_base": 921.0,
+             "round_trips": 0.5, "elems_per_thread_iter": 256.0}
+    loop = {"loop_instrs": 501, "loop_issue_cycles": 576, "pass_instrs": 0, "fixed_instrs": 3076,
+            "chain_base": 872.0, "round_trips": 0.5, "stream_loads": 12, "smem_bytes": 30000}
+    ok = {"ldl": 0, "stl": 0, "ldl_loop": 0, "stl_loop": 0}
+    t = {"header": {}, "entries": {"sm_90a": {base.name(): entry}},
+         "spills": {"sm_90a": {sk8.name(): {
+             "none": {"ref": {**ok, "regs": 64, "loop": loop},
+                      "full": {**ok, "regs": 72, "loop": {**loop, "chain_base": 880.0, "loop_issue_cycles": 580}}},
+             "silu_mul": {"ref": {**ok, "regs": 64}, "full": {**ok, "regs": 64}}}}}}
+    shared = lookup(sk8, "sm_90a", t)
+    assert shared.source.startswith("table (same main loop") and shared.chain_base == 921.0
+    v = lookup(sk8, "sm_90a", t, activation="none")
+    assert (v.chain_base, v.loop_issue_cycles, v.regs) == (880.0, 580, 72)  # the larger of ref / full
+    assert v.fixed_instrs == 364  # static epilogue counts stay the main loop's (module docstring)
+    assert v.source.startswith("variant (none")
+    assert lookup(sk8, "sm_90a", t, activation="silu_mul") == shared  # records without "loop": shared
+    assert lookup(base, "sm_90a", t, activation="none").chain_base == 921.0  # no record at all
+    fam, hw = MmaFacts(), H200
+    e_shared = estimate_with(sk8, 8, 4096, 4096, hw, shared, fam)
+    e_var = estimate_with(sk8, 8, 4096, 4096, hw, v, fam)
+    assert e_var.total_us != e_shared.total_us  # the variant's own facts are what gets priced
+
+
 def test_policy_drops_recorded_spilling_variants(monkeypatch):
     """The sm90 policy reads the spill records: a variant recorded as spilling is never emitted
     (here a synthetic record for every candidate of one problem: all dropped but one)."""

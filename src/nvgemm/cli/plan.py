@@ -121,7 +121,7 @@ def _model_us(config, pm, gpu, sm_count):
 
     if gpu is None:
         return None
-    r = estimate_us(config, pm.m_hi, pm.n, pm.k, gpu, sm_count)
+    r = estimate_us(config, pm.m_hi, pm.n, pm.k, gpu, sm_count, getattr(pm, "epilogue", None))
     return [round(r[0], 2), round(r[1], 2)] if r is not None else None
 
 

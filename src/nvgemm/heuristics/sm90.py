@@ -5,7 +5,10 @@ nvMatmulHeuristics has no mixed bf16 x FP4 precision, so the candidates come fro
 families' search spaces (``templates/sm90/config.py``), filtered by ``can_implement`` and ordered
 by modelled time on the target (H200 figures, the target's SM count); a (config, activation) variant
 whose own SASS spills to local memory (the ``spills`` records of the model's committed table,
-compiled with the reference and the fullest epilogue: ``bench/compile_sweep_sm90.py``) is dropped:
+compiled with the reference and the fullest epilogue: ``bench/compile_sweep_sm90.py``) is dropped,
+and each variant is priced with its own main-loop SASS facts where those records hold them (the
+problem's activation; ``perfmodel.table.variant_facts``). All candidates of a problem are priced
+at once (``perfmodel.batch``):
 
 * ``mma`` (decode kernel, mma.sync tensor cores, cp.async ring, in-kernel split-K): every M; the
   model prices tile_m (8 / 16 / 32 tokens per CTA; more tokens = more M tiles that re-read the
@@ -76,10 +79,12 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
     if not sm90_problem_status(problem):
         return out  # can_implement fails for every config (the problem's own rules)
 
-    def add(cand: Candidate) -> None:  # can_implement, less the problem rules checked above
-        if cand.config not in seen and sm90_config_fits(problem, cand.config):
-            seen.add(cand.config)
-            out.append(cand)
+    def add(*key) -> None:  # can_implement, less the problem rules checked above
+        if key not in seen:  # the config's fields: equal keys, equal configs
+            cand = _candidate(*key)
+            if sm90_config_fits(problem, cand.config):
+                seen.add(key)
+                out.append(cand)
 
     tm = _tile_m(m)
     sms = problem.target.sm_count
@@ -89,7 +94,7 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
         # split-K only to bring the grid to one to three CTAs per SM (the model prices the rest)
         splits = [s for s in MMA_SPLITS if s == 1 or sms <= ctas * s <= 3 * sms]
         for s in splits:
-            add(_candidate("mma", tm, tn, 256, s, w, st))
+            add("mma", tm, tn, 256, s, w, st)
     if m >= WGMMA_MIN_M:
         for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
@@ -102,7 +107,7 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
                         tail = wgmma_tail_tiles(tiles, s, sms)
                         if not tail or tail * s > 2 * sms:
                             continue
-                    add(_candidate("wgmma", tmw, tn, tk, s, w, st))
+                    add("wgmma", tmw, tn, tk, s, w, st)
     return out
 
 
@@ -141,9 +146,9 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
 
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k
-    gpu, sms = _gpu_of(problem), problem.target.sm_count
+    gpu, sms, act = _gpu_of(problem), problem.target.sm_count, problem.epilogue
     ranked = rank(cands, m, n, k, gpu, sms, key=lambda c: c.config, tie=DECODE_TIE if m <= 32 else MODEL_TIE,
-                  limit=limit, report=False)
+                  limit=limit, report=False, activation=act)
     if not ranked:
         return cands[:limit]
     base = bf16_baseline(m, n, k, gpu, sms)
@@ -153,7 +158,7 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
            for c, t in ranked]
     if limit is not None and len(out) >= limit:
         return out  # the unpriced ones would come after these
-    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms) is not None}
+    priced = {id(c) for c in cands if estimate_us(c.config, m, n, k, gpu, sms, act) is not None}
     out += [c for c in cands if id(c) not in priced]
     return out if limit is None else out[:limit]
 

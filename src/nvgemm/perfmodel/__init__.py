@@ -3,7 +3,8 @@
 Two halves:
 
 * **analytic** (this package; importable from ``nvgemm.heuristics``, no compile, ~0.1 ms per
-  full estimate, ~20 us on the ranking's fast path): :func:`estimate` / :func:`estimate_us` /
+  full estimate, ~11 us per config scalar, a few us per config on the ranking's batch path,
+  :mod:`.batch`): :func:`estimate` / :func:`estimate_us` /
   :func:`rank` / :func:`best` turn a kernel config and a shape (M, N, K) into a modelled time range
   for a named GPU -- a grid in rounds over the SMs with fill, tails and co-limits
   (:mod:`.model`) -- from the static facts

@@ -401,7 +401,8 @@ _ENDS: dict = {}
 
 def total_us_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFacts, fam: FamilyFacts):
     """``(low, high)`` modelled call time -- :func:`estimate_with`'s ``total_us`` without the
-    report fields (the ranking's fast path; the same equations)."""
+    report fields (the same equations; the scalar reference of the ranking's batch path,
+    :func:`nvgemm.perfmodel.batch.totals`)."""
     geo = _geometry(config, m, n, k, hw, facts, fam)
     occ = occupancy(facts, geo, hw)
     if occ.ctas_per_sm == 0:
@@ -420,7 +421,7 @@ def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFac
     geo = _geometry(config, m, n, k, hw, facts, fam)
     occ = occupancy(facts, geo, hw)
     notes: list[str] = []
-    if facts.source.startswith(("table (", "estimate")):
+    if facts.source.startswith(("table (", "estimate", "variant")):
         notes.append(f"static facts: {facts.source}")
     if occ.ctas_per_sm == 0:
         raise ValueError(f"{config.name()}: does not fit on an SM ({occ.limiter})")
@@ -483,19 +484,20 @@ def why_not(config, m: int, n: int, k: int) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _prepared(config, gpu: str, sm_count: int | None):
+def _prepared(config, gpu: str, sm_count: int | None, activation: str | None = None):
     """(family, hardware, static facts) of ``config`` on ``gpu`` -- shape-independent, memoised
-    (None: no family or no facts)."""
+    (None: no family or no facts). ``activation``: the facts of the variant compiled for it where
+    the table records them (:func:`.table.lookup`; None: the main loop's shared entry)."""
     fam = family_for(config)
     if fam is None:
         return None
     hw = get_hardware(gpu, sm_count)
-    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch)
+    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch, activation=activation)
     return None if facts is None else (fam, hw, facts)
 
 
-def _model(fn, config, m: int, n: int, k: int, gpu: str, sm_count: int | None):
-    prep = _prepared(config, gpu, sm_count)
+def _model(fn, config, m: int, n: int, k: int, gpu: str, sm_count: int | None, activation: str | None = None):
+    prep = _prepared(config, gpu, sm_count, activation)
     if prep is None or prep[0].shape_problem(config, m, n, k):
         return None
     fam, hw, facts = prep
@@ -506,25 +508,31 @@ def _model(fn, config, m: int, n: int, k: int, gpu: str, sm_count: int | None):
 
 
 @functools.lru_cache(maxsize=65536)
-def _estimate_cached(config, m: int, n: int, k: int, gpu: str, sm_count: int | None) -> Estimate | None:
-    return _model(estimate_with, config, m, n, k, gpu, sm_count)
+def _estimate_cached(config, m: int, n: int, k: int, gpu: str, sm_count: int | None,
+                     activation: str | None = None) -> Estimate | None:
+    return _model(estimate_with, config, m, n, k, gpu, sm_count, activation)
 
 
 @functools.lru_cache(maxsize=65536)
-def _total_cached(config, m: int, n: int, k: int, gpu: str, sm_count: int | None):
-    return _model(total_us_with, config, m, n, k, gpu, sm_count)
+def _total_cached(config, m: int, n: int, k: int, gpu: str, sm_count: int | None, activation: str | None = None):
+    return _model(total_us_with, config, m, n, k, gpu, sm_count, activation)
 
 
-def estimate(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None) -> Estimate | None:
+def estimate(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
+             activation: str | None = None) -> Estimate | None:
     """Modelled call of ``config`` on (M, N, K) on ``gpu`` -- None when the model cannot say
-    (no family, the shape does not fit the config, no static facts). No compile, ~0.1 ms."""
-    return _estimate_cached(config, int(m), int(n), int(k), gpu, sm_count)
+    (no family, the shape does not fit the config, no static facts). No compile, ~0.1 ms.
+    ``activation`` (``"none"`` / ``"silu_mul"``): price the variant compiled for it, with its own
+    SASS facts where the table records them (else, and with None, the main loop's shared entry:
+    e.g. the grouped MoE kernel, priced with its dense twin's main loop)."""
+    return _estimate_cached(config, int(m), int(n), int(k), gpu, sm_count, activation)
 
 
-def estimate_us(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None):
+def estimate_us(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
+                activation: str | None = None):
     """``(low, high)`` modelled microseconds per call, or None (the fast path: the same equations
-    as :func:`estimate`, without its report fields)."""
-    return _total_cached(config, int(m), int(n), int(k), gpu, sm_count)
+    as :func:`estimate`, without its report fields; ``activation`` as there)."""
+    return _total_cached(config, int(m), int(n), int(k), gpu, sm_count, activation)
 
 
 #: Default relative difference of modelled (mid) times below which :func:`rank` calls two configs a
@@ -532,29 +540,34 @@ def estimate_us(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int
 MODEL_TIE = 0.01
 
 
-def _issue_key(config, gpu: str, sm_count: int | None) -> float:
-    ipe = _prepared(config, gpu, sm_count)[2].instr_per_elem
+@functools.lru_cache(maxsize=4096)
+def _issue_key(config, gpu: str, sm_count: int | None, activation: str | None = None) -> float:
+    ipe = _prepared(config, gpu, sm_count, activation)[2].instr_per_elem
     return ipe if ipe == ipe else float("inf")  # NaN (no per-element count): no preference
 
 
 def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
-         key=None, tie: float = MODEL_TIE, limit: int | None = None, report: bool = True) -> list[tuple[object, Estimate]]:
+         key=None, tie: float = MODEL_TIE, limit: int | None = None, report: bool = True,
+         activation: str | None = None) -> list[tuple[object, Estimate]]:
     """``configs`` the model can estimate, fastest first: by the middle of the range, except that
     configs within ``tie`` (relative) of the fastest remaining one are ties, led by the one that
     issues the fewest main-loop instructions per weight element (more issue headroom if the GPU is
     less ideal than modelled), then by the middle, the high end and the input order. Items without
     an estimate are dropped. ``key`` maps an item to its config (e.g. ``lambda c: c.config`` to
     rank the policy's ``Candidate`` objects); the items themselves are returned. ``limit``: only
-    the first ``limit`` (the others are priced by the fast path, :func:`total_us_with`, and
-    their full :class:`Estimate` is never built). ``report=False``: pairs ``(item, (low, high)
-    us)`` instead of full estimates (the policy's path: no report at all)."""
+    the first ``limit`` (all are priced together by :func:`nvgemm.perfmodel.batch.totals` --
+    :func:`total_us_with`'s numbers -- and the others' full :class:`Estimate` is never built).
+    ``report=False``: pairs ``(item, (low, high) us)`` instead of full estimates (the policy's
+    path: no report at all). ``activation``: price the variants compiled for it (:func:`estimate`)."""
+    from .batch import totals  # the vectorised fast path (it imports this module)
+
     m, n, k = int(m), int(n), int(k)
+    configs = list(configs)
+    cfgs = [key(c) for c in configs] if key else configs
     scored = []
-    for i, c in enumerate(configs):
-        cfg = key(c) if key else c
-        t = _total_cached(cfg, m, n, k, gpu, sm_count)
+    for i, (c, cfg, t) in enumerate(zip(configs, cfgs, totals(cfgs, m, n, k, gpu, sm_count, activation))):
         if t is not None:
-            scored.append((0.5 * (t[0] + t[1]), t[1], i, c, cfg))
+            scored.append((0.5 * (t[0] + t[1]), t[1], i, c, cfg, t, _issue_key(cfg, gpu, sm_count, activation)))
     scored.sort(key=lambda t: t[:3])
     out = []
     cap = len(scored) if limit is None else limit
@@ -563,22 +576,23 @@ def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
         j = 1  # scored is sorted by mid: the ties are a prefix
         while j < len(scored) and scored[j][0] <= lim:
             j += 1
-        best_i = min(range(j), key=lambda i: (_issue_key(scored[i][4], gpu, sm_count), *scored[i][:3])) if j > 1 else 0
+        best_i = min(range(j), key=lambda i: (scored[i][6], *scored[i][:3])) if j > 1 else 0
         pick = scored.pop(best_i)
-        out.append((pick[3], _estimate_cached(pick[4], m, n, k, gpu, sm_count) if report
-                    else _total_cached(pick[4], m, n, k, gpu, sm_count)))
+        out.append((pick[3], _estimate_cached(pick[4], m, n, k, gpu, sm_count, activation) if report else pick[5]))
     return out
 
 
-def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None):
-    """The model's fastest config over the search spaces of the named families (None if none)."""
+def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
+         activation: str | None = None):
+    """The model's fastest config over the search spaces of the named families (None if none);
+    ``activation`` as in :func:`estimate`."""
     from .facts import registered_families
 
     cands = []
     for fam in registered_families():
         if fam.name in family_names and hasattr(fam, "search_space"):
             cands.extend(fam.search_space(m))
-    ranked = rank(cands, m, n, k, gpu, sm_count)
+    ranked = rank(cands, m, n, k, gpu, sm_count, activation=activation)
     return ranked[0] if ranked else None
 
 

@@ -7,10 +7,13 @@ For one config this compiles the family's template for its arch (no GPU; ``cute.
 with :mod:`nvgemm.perfmodel.sass` (main loop, issue cycles, serial DRAM round trips per iteration
 replayed from the control bits, registers, spills, shared memory) plus the family's extras.
 
-The timing facts are compiled with one reference epilogue -- :func:`reference_epilogue` (scalar
+The table's entries are compiled with one reference epilogue -- :func:`reference_epilogue` (scalar
 alpha, no bias/activation/residual, bf16 out; bf16 activations for W4A16) -- and describe the main
-loop; configs that differ only in split-K share it (the table's ``loop_key`` fallback;
-``tests/compile/test_perfmodel_table.py`` checks a pair). **Spills are a per-variant fact**: the
+loop; configs that differ only in split-K fall back to it (the table's ``loop_key`` fallback).
+**Timing facts and spills are per-variant facts** where recorded: :func:`spill_facts` also reads
+each variant's own main-loop facts (``"loop"``), which the model uses for that (config,
+activation) variant (``perfmodel.table.variant_facts``; split-K and the epilogue move ptxas'
+schedule: ``bench/results/model_calibration.md`` section 4). **Spills**: the
 split-K epilogue and the epilogue's registers (vector alpha + bias + residual) change ptxas'
 allocation, and two such variants spill (``LDL``/``STL`` in the SASS) although their main loop's
 twin does not. :func:`spill_facts` compiles one (config, epilogue) variant and counts LDL/STL in
@@ -190,19 +193,30 @@ def derive_facts(config, arch: str | None = None) -> tuple[KernelFacts, str]:
     return facts_from_sass(config, sass, res, arch, compiled), sass
 
 
+#: the timing facts a variant record holds (``spill_facts(...)["loop"]``), read from the variant's
+#: own SASS as :func:`facts_from_sass` reads a table entry's
+VARIANT_TIMING_FIELDS = ("loop_instrs", "loop_issue_cycles", "pass_instrs", "fixed_instrs", "chain_base",
+                         "round_trips", "stream_loads", "smem_bytes")
+
+
 def spill_facts(config, epilogue, arch: str | None = None) -> dict:
-    """Compile one (config, epilogue) variant and read its spills from the SASS: ``{"ldl", "stl",
-    "ldl_loop", "stl_loop", "regs", "mma"}`` (whole kernel, and inside the streaming main loop;
-    ``mma``: tensor-core instructions, HMMA / HGMMA)."""
+    """Compile one (config, epilogue) variant and read its facts from its own SASS: ``{"ldl",
+    "stl", "ldl_loop", "stl_loop", "regs", "mma", "loop"}`` (spills in the whole kernel and inside
+    the streaming main loop; ``mma``: tensor-core instructions, HMMA / HGMMA; ``loop``: the
+    variant's timing facts, :data:`VARIANT_TIMING_FIELDS`, which the model uses for this variant
+    instead of its main loop's shared entry: split-K and the epilogue move ptxas' schedule)."""
     fam = _family(config)
-    sass, res = dump_sass(compile_config(config, arch, epilogue))
+    compiled = compile_config(config, arch, epilogue)
+    sass, res = dump_sass(compiled)
     funcs = S.parse_sass(sass, res)
     fn = S.find_function(funcs, fam.stream_load)
     loop = S.main_loop(fn, fam.stream_load)
     ldl, stl = S.spills(fn.instrs)
     ldl_l, stl_l = S.spills(S.body(fn, loop)) if loop is not None else (ldl, stl)
     mma = S.count_matching(fn.instrs, r"^(HMMA|HGMMA|UTCHMMA|UTCQMMA|UTCOMMA)")
-    return {"ldl": ldl, "stl": stl, "ldl_loop": ldl_l, "stl_loop": stl_l, "regs": fn.regs or 0, "mma": mma}
+    timing = facts_from_sass(config, sass, res, arch, compiled)
+    return {"ldl": ldl, "stl": stl, "ldl_loop": ldl_l, "stl_loop": stl_l, "regs": fn.regs or 0, "mma": mma,
+            "loop": {k: getattr(timing, k) for k in VARIANT_TIMING_FIELDS}}
 
 
 def preset_shapes() -> list[tuple[int, int]]:
@@ -239,13 +253,19 @@ def _best_rank(labels) -> int:
     return min(int(lb.rsplit("#", 1)[1]) for lb in labels)
 
 
+def _recorded(per_act: dict, act: str, timing: bool) -> bool:
+    rec = per_act.get(act)
+    return rec is not None and (not timing or all("loop" in f or "error" in f for f in rec.values()))
+
+
 def sweep_spills(arch: str = "sm_90a", shapes=None, ms=SM90_M, path: Path | None = None, log=print,
-                 max_rounds: int = 6, top: int = 8, first=()) -> tuple[dict, list]:
+                 max_rounds: int = 6, top: int = 8, first=(), timing: bool = False) -> tuple[dict, list]:
     """Record the spills of every (config, activation) pair the policy emits (:func:`policy_pairs`)
     with both :func:`spill_epilogues`, in the table's ``spills`` section, until the policy -- which
     drops recorded spillers -- emits no unrecorded pair (a fixed point; ``max_rounds`` bounds it).
     ``top``: only the policy's candidates up to that rank; ``first``: (config, activation) pairs
-    to record before the others. Returns (the final pairs with their problems, rows ``(config,
+    to record before the others; ``timing``: also re-record pairs whose records predate the
+    variants' timing facts (``"loop"``). Returns (the final pairs with their problems, rows ``(config,
     activation, variant, facts, seconds)`` of the compiles done)."""
     import time
 
@@ -257,7 +277,7 @@ def sweep_spills(arch: str = "sm_90a", shapes=None, ms=SM90_M, path: Path | None
         pairs = policy_pairs(arch, shapes, ms, top=top)
         table = _load(path)
         rec = table.get("spills", {}).get(arch, {})
-        todo = [(c, act) for c, act in list(first) + list(pairs) if act not in rec.get(c.name(), {})]
+        todo = [(c, act) for c, act in list(first) + list(pairs) if not _recorded(rec.get(c.name(), {}), act, timing)]
         todo = list(dict.fromkeys(todo))
         first = ()
         log(f"round {rnd + 1}: {len(pairs)} (config, activation) pairs, {len(todo)} not recorded")

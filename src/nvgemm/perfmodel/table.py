@@ -6,13 +6,16 @@ Layout::
                 "command": "nvgemm model --regen-table"},
      "entries": {"sm_90a": {"<config name>": {KernelFacts fields}}, "sm_100a": {...}},
      "spills": {"sm_90a": {"<config name>": {"<activation>": {"ref": {"ldl", "stl", "ldl_loop",
-                                                                    "stl_loop", "regs"},
+                                                                    "stl_loop", "regs", "mma",
+                                                                    "loop": {timing facts}},
                                                              "full": {...}}}}}}
 
 ``entries`` hold the timing facts of each main loop, compiled with the reference epilogue;
 ``spills`` the LDL/STL counts of every (config, activation) variant the sm90 policy emits for the
 preset shapes, compiled with the reference and the fullest epilogue of that activation
-(``bench/compile_sweep_sm90.py``; :func:`spill_status`).
+(``bench/compile_sweep_sm90.py``; :func:`spill_status`), and -- in records written with
+``--timing`` -- the variant's own main-loop timing facts (``"loop"``), which :func:`lookup` with an
+``activation`` uses for that variant instead of its main loop's entry (:func:`variant_facts`).
 
 Lookup order (:func:`lookup`): the exact config name; else an entry of the same family whose
 config has the same :meth:`~nvgemm.perfmodel.facts.FamilyFacts.loop_key` (same main loop, e.g. a
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from .facts import KernelFacts, family_for, registered_families
@@ -89,8 +93,11 @@ def _loop_index(table: dict, arch: str) -> dict:
     return idx
 
 
-def lookup(config, arch: str | None = None, table: dict | None = None, *, estimate: bool = True) -> KernelFacts | None:
-    """Static facts of ``config`` (see the module docstring for the order)."""
+def lookup(config, arch: str | None = None, table: dict | None = None, *, estimate: bool = True,
+           activation: str | None = None) -> KernelFacts | None:
+    """Static facts of ``config`` (see the module docstring for the order); with ``activation``,
+    the facts of the variant compiled for it where its ``spills`` record holds its own timing
+    facts (:func:`variant_facts`)."""
     fam = family_for(config)
     if fam is None:
         return None
@@ -98,10 +105,39 @@ def lookup(config, arch: str | None = None, table: dict | None = None, *, estima
     t = table if table is not None else load_table()
     name = config.name()
     memo = t.setdefault("_facts", {})  # KernelFacts are frozen: one per (arch, config) per table
-    key = (arch, name, estimate)
+    key = (arch, name, estimate, activation)
     if key not in memo:
-        memo[key] = _lookup(fam, config, name, arch, t, estimate)
+        base = _lookup(fam, config, name, arch, t, estimate)
+        memo[key] = base if activation is None or base is None else variant_facts(base, activation, arch, t)
     return memo[key]
+
+
+#: the main-loop timing facts a variant's own record replaces (registers too: they set the
+#: occupancy). Not the per-pass / fixed instruction counts: those count the epilogue's code
+#: statically (the split-K reduction of the last CTA included: 364 -> 3076 instructions with
+#: split-K 8), which the model charges per CTA -- kept from the main loop's entry (see
+#: ``bench/results/model_calibration.md``)
+_VARIANT_FIELDS = ("loop_instrs", "loop_issue_cycles", "chain_base", "round_trips", "stream_loads")
+
+
+def variant_facts(base: KernelFacts, activation: str, arch: str = "sm_90a", table: dict | None = None) -> KernelFacts:
+    """``base`` (a config's main-loop facts) with the timing facts of the (config, activation)
+    variant's own SASS where its ``spills`` record holds them (``"loop"``, written by the spill
+    sweep since issue 23): split-K and the epilogue move ptxas' schedule (measured: the same main
+    loop's chain base 921 -> 872 cycles with split-K 8, wgmma loop 653 -> 671 instructions with
+    split-K 2 and silu_mul; ``bench/results/model_calibration.md``). The record's epilogues
+    (``ref``, ``full``) bracket the runtime's, so each field is the larger of the two (the slower
+    variant), registers included; ``source`` says so. Without such a record: ``base``."""
+    t = table if table is not None else load_table()
+    rec = t.get("spills", {}).get(arch, {}).get(base.config, {}).get(activation)
+    if not rec or any("loop" not in f for f in rec.values()):
+        return base
+    loops = [f["loop"] for f in rec.values()]
+    new = {k: max(lp[k] for lp in loops) for k in _VARIANT_FIELDS if all(k in lp for lp in loops)}
+    new["regs"] = max(f.get("regs", 0) for f in rec.values())
+    for k in ("ldl", "stl", "ldl_loop", "stl_loop"):
+        new[k] = max(f.get(k, 0) for f in rec.values())
+    return replace(base, **new, source=f"variant ({activation}; {' / '.join(sorted(rec))} epilogues, the larger)")
 
 
 def _lookup(fam, config, name: str, arch: str, t: dict, estimate: bool) -> KernelFacts | None:
@@ -173,4 +209,5 @@ def table_header(table: dict | None = None) -> dict:
     return dict((table or load_table()).get("header", {}))
 
 
-__all__ = ["TABLE_PATH", "clear_cache", "load_table", "lookup", "parse_config_name", "spill_status", "table_header"]
+__all__ = ["TABLE_PATH", "clear_cache", "load_table", "lookup", "parse_config_name", "spill_status", "table_header",
+           "variant_facts"]

@@ -134,6 +134,107 @@ class _Sm90Base(FamilyFacts):
         """The main loop does not depend on split_k (a split runs fewer iterations of the same loop)."""
         return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
 
+    def batch_row(self, c) -> tuple:
+        """The shape-independent integers :meth:`geometry_batch` reads of one config."""
+        stream, other = _stage(c)
+        return (c.family == "wgmma", c.tile_m, c.tile_n, c.tile_k, c.split_k, c.stages, c.threads, stream, other,
+                c.pdl)
+
+    def geometry_rows(self, rows, m: int, n: int, k: int, hw: Hardware) -> list:
+        """:meth:`geometry` of each config (``rows``: one :meth:`batch_row` each) as a plain tuple
+        ``(ctas, threads, iters_per_cta, stream bytes, other bytes, DRAM bytes, depth, L2 trips of
+        the reduction, l2_reread_fraction, tensor FLOPs, tensor TFLOPS, tail_ctas, tail_iters,
+        pdl)``: the scalar loop of ``nvgemm.perfmodel.batch`` for small groups, where numpy's fixed
+        cost exceeds it. The same operations as ``MmaFacts.geometry`` / ``WgmmaFacts.geometry``
+        (``tests/cpu/test_policy_speed.py`` checks them bit for bit)."""
+        n_pad, k_pad = _pad(n, k)
+        wb = _weight_bytes(n, k)
+        fits = _fits_l2(n, k, hw)
+        sms = hw.sm_count
+        act, out_b = m * k * 2, m * n * 2
+        tf_wg, tf_mma = hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY, hw.bf16_tflops * hw.mma_sync_fraction
+        out = []
+        for wg, tm, tn, tk, s, stages, threads, stream, other, pdl in rows:
+            grid_n, grid_m = -(-n // tn), -(-m // tm)
+            n_stage = k_pad // tk
+            if wg:
+                tiles = grid_n * grid_m
+                tail = wgmma_tail_tiles(tiles, s, sms)
+                ws = float(tail * s * tm * tn * 4) * 2 if tail else 0.0
+                out.append((tiles + tail * (s - 1), threads, n_stage, stream, other,
+                            wb * -(-grid_m // sms) + act + out_b + ws, float(stages - 2),
+                            SPLITK_L2_TRIPS if tail else 0.0, (grid_m - 1) / grid_m,
+                            2.0 * grid_m * tm * grid_n * tn * k_pad, tf_wg, tail * s, -(-n_stage // s), pdl))
+            else:
+                ws = float(s * m * n_pad * 4) * 2 if s > 1 else 0.0
+                reread = 1 if (grid_m == 1 or fits) else grid_m
+                out.append((grid_n * s * grid_m, threads, -(-n_stage // s), stream, other,
+                            wb * reread + act + out_b + ws, float(stages - 1),
+                            SPLITK_L2_TRIPS if s > 1 else 0.0, (grid_m - 1) / grid_m if fits else 0.0,
+                            2.0 * grid_m * tm * n_pad * k_pad, tf_mma, 0, 0, pdl))
+        return out
+
+    def geometry_batch(self, rows, m: int, n: int, k: int, hw: Hardware) -> dict:
+        """:meth:`geometry` of many configs of both sm90 families for one shape, as numpy arrays
+        (``rows``: one :meth:`batch_row` per config; ``nvgemm.perfmodel.batch``). The same
+        operations as the scalar ``MmaFacts.geometry`` / ``WgmmaFacts.geometry`` in the same
+        order, per family selected with ``np.where`` (``tests/cpu/test_policy_speed.py`` checks
+        them bit for bit)."""
+        import numpy as np
+
+        wg, tm, tn, tk, s, stages, threads, stream, other, pdl = rows.T[:10]
+        wg = wg.astype(bool)
+        any_wg, all_wg = bool(wg.any()), bool(wg.all())
+
+        def sel(f_wg, f_mma):  # per config its family's value (only the families present computed)
+            return f_wg() if all_wg else f_mma() if not any_wg else np.where(wg, f_wg(), f_mma())
+
+        n_pad, k_pad = _pad(n, k)
+        wb = _weight_bytes(n, k)
+        grid_n, grid_m = -(-n // tn), -(-m // tm)
+        n_stage = k_pad // tk
+        split_iters = -(-n_stage // s)
+        fits = _fits_l2(n, k, hw)
+        sms = hw.sm_count
+        # wgmma: only the last partial wave's tiles split (wgmma_tail_tiles)
+        tiles = grid_n * grid_m
+        tail = np.where(s <= 1, 0, np.where(tiles < sms, tiles, tiles % sms)) if any_wg else None
+
+        def mma_dram():  # every CTA a K slice; weights re-read per M tile unless they fit in L2
+            ws = np.where(s > 1, (s * m * n_pad * 4).astype(float) * 2, 0.0)
+            reread = np.where(grid_m == 1, 1, np.ones_like(grid_m) if fits else grid_m)
+            return wb * reread + m * k * 2 + m * n * 2 + ws
+
+        def wg_dram():
+            ws = np.where(tail != 0, (tail * s * tm * tn * 4).astype(float) * 2, 0.0)
+            return wb * -(-grid_m // sms) + m * k * 2 + m * n * 2 + ws
+
+        zeros = np.zeros(s.shape, dtype=np.int64)
+        return {
+            "ctas": sel(lambda: tiles + tail * (s - 1), lambda: grid_n * s * grid_m),
+            "threads": threads,
+            "iters_per_cta": sel(lambda: n_stage, lambda: split_iters),
+            "passes_per_cta": np.ones_like(s),
+            "stream_bytes_per_iter": stream,
+            "other_bytes_per_iter": other,
+            "dram_bytes": sel(wg_dram, mma_dram),
+            "depth": sel(lambda: stages - 2, lambda: stages - 1).astype(float),
+            "trips": sel(lambda: np.where(tail != 0, SPLITK_L2_TRIPS, 0.0),
+                         lambda: np.where(s > 1, SPLITK_L2_TRIPS, 0.0)),
+            "l2_reread_fraction": sel(lambda: (grid_m - 1) / grid_m,
+                                      lambda: (grid_m - 1) / grid_m if fits else np.zeros(grid_m.shape)),
+            "tensor_flops": sel(lambda: 2.0 * grid_m * tm * grid_n * tn * k_pad,
+                                lambda: 2.0 * grid_m * tm * n_pad * k_pad),
+            "tensor_tflops": sel(lambda: np.full(s.shape, hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY),
+                                 lambda: np.full(s.shape, hw.bf16_tflops * hw.mma_sync_fraction)),
+            "tail_ctas": sel(lambda: tail * s, lambda: zeros),
+            "tail_iters": sel(lambda: split_iters, lambda: zeros),
+            "epilogue_cycles": np.zeros(s.shape),
+            "extra_launches": zeros,
+            "aux_kernels": np.full(s.shape, HOST_AUX_KERNELS),
+            "pdl": pdl.astype(bool),
+        }
+
     def elems_per_thread_iter(self, c) -> float:
         """Weight elements a thread decodes per main-loop iteration: row tiles x chunks x 32."""
         return c.row_tiles * c.chunks_per_stage * 32

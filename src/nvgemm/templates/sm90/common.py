@@ -629,6 +629,30 @@ def embedded_cubin(compiled) -> bytes:
     raise LookupError("no embedded kernels_binary in the compiled module")
 
 
+def operand_args(spec: CompileSpec) -> dict:
+    """The kernel arguments the sm90 W4A16 kernels share, by name (the dense templates' ABI and
+    the grouped MoE kernel's, ``templates/sm90_moe/kernel.py``, pick theirs from here):
+    activations ``mX``, prepared weights ``mW`` and scales ``mS`` (``templates/sm90/operand.py``),
+    per-column ``mAlpha`` / ``mBias``, residual ``mRes`` and output ``mOut`` in the epilogue's
+    dtype, the split-K partials ``mWork`` and tile counters ``mCount``."""
+    xdt = X_FORMATS[spec.a_format]
+    odt = _TORCH_TO_ABI[spec.epilogue.out_dtype]
+    oal = torch.finfo(spec.epilogue.out_dtype).bits // 8
+    vec = {"shape": (SymDim(),), "stride": (1,), "assumed_align": 4}
+    mat = {"shape": (SymDim(), SymDim()), "stride": (SymDim(1, 64), 1), "assumed_align": oal}
+    return {
+        "mX": TensorArg("mX", xdt, shape=(SymDim(), SymDim(32)), stride=(SymDim(8, 64), 1), assumed_align=16),
+        "mW": TensorArg("mW", "Uint8", shape=(SymDim(), SymDim(2048)), stride=(SymDim(2048, 64), 1), assumed_align=16),
+        "mS": TensorArg("mS", "Uint8", shape=(SymDim(), SymDim(256)), stride=(SymDim(256, 64), 1), assumed_align=16),
+        "mAlpha": TensorArg("mAlpha", "Float32", **vec),
+        "mBias": TensorArg("mBias", "Float32", **vec),
+        "mRes": TensorArg("mRes", odt, **mat),
+        "mOut": TensorArg("mOut", odt, **mat),
+        "mWork": TensorArg("mWork", "Float32", **vec),
+        "mCount": TensorArg("mCount", "Int32", **vec),
+    }
+
+
 class Sm90TemplateBase:
     """Registry entry shared by the sm90 W4A16 families (subclasses set the ids and kernel)."""
 
@@ -668,21 +692,9 @@ class Sm90TemplateBase:
         return Status.success()
 
     def abi(self, spec: CompileSpec):
-        xdt = X_FORMATS[spec.a_format]
-        odt = _TORCH_TO_ABI[spec.epilogue.out_dtype]
-        oal = torch.finfo(spec.epilogue.out_dtype).bits // 8
-        return (
-            TensorArg("mX", xdt, shape=(SymDim(), SymDim(32)), stride=(SymDim(8, 64), 1), assumed_align=16),
-            TensorArg("mW", "Uint8", shape=(SymDim(), SymDim(2048)), stride=(SymDim(2048, 64), 1), assumed_align=16),
-            TensorArg("mS", "Uint8", shape=(SymDim(), SymDim(256)), stride=(SymDim(256, 64), 1), assumed_align=16),
-            TensorArg("mAlpha", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
-            TensorArg("mBias", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
-            TensorArg("mRes", odt, shape=(SymDim(), SymDim()), stride=(SymDim(1, 64), 1), assumed_align=oal),
-            TensorArg("mOut", odt, shape=(SymDim(), SymDim()), stride=(SymDim(1, 64), 1), assumed_align=oal),
-            TensorArg("mWork", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
-            TensorArg("mCount", "Int32", shape=(SymDim(),), stride=(1,), assumed_align=4),
-            StreamArg("stream"),
-        )
+        a = operand_args(spec)
+        return (a["mX"], a["mW"], a["mS"], a["mAlpha"], a["mBias"], a["mRes"], a["mOut"], a["mWork"], a["mCount"],
+                StreamArg("stream"))
 
     def compile(self, spec: CompileSpec, *, keep_ptx: bool = False):
         """``cute.compile`` for ``spec.arch`` (no GPU). With ``keep_ptx`` (and ``CUTE_DSL_DUMP_DIR``
@@ -694,6 +706,7 @@ class Sm90TemplateBase:
 
 __all__ = [
     "X_FORMATS",
+    "operand_args",
     "Sm90KernelBase",
     "Sm90TemplateBase",
     "WGMMA_DESC_SW128_KMAJOR",

@@ -102,6 +102,21 @@ class Sm90W4A16Config:
     stages: int = 4
     pdl: bool = False
 
+    def __hash__(self) -> int:
+        """The dataclass hash (of the field tuple), computed once per object: the candidate policy
+        looks configs up in several memos per call. Not pickled (``__getstate__``): str hashes
+        differ between processes."""
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = hash((self.family, self.tile_m, self.tile_n, self.tile_k, self.split_k, self.num_warps, self.stages,
+                      self.pdl))
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def name(self) -> str:
         s = (
             f"nvgemm_cutedsl_sm90_w4a16_{self.family}_t{self.tile_m}x{self.tile_n}x{self.tile_k}"

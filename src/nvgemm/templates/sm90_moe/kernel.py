@@ -35,8 +35,8 @@ from nvgemm.epilogues.spec import EpilogueSpec
 from ..registry import CompileSpec, StreamArg, TensorArg, SymDim, compile_for_target, fake_args, register_template
 from ..sm90.common import (
     X_FORMATS,
-    _TORCH_TO_ABI,
     cp_async_wait,
+    operand_args,
     splitk_arrive,
     st_global_f32,
 )
@@ -194,21 +194,12 @@ class Sm90MoeMmaTemplate:
         return Status.success()
 
     def abi(self, spec: CompileSpec):
-        xdt = X_FORMATS[spec.a_format]
-        odt = _TORCH_TO_ABI[spec.epilogue.out_dtype]
-        import torch
-
-        oal = torch.finfo(spec.epilogue.out_dtype).bits // 8
+        a = operand_args(spec)  # the dense kernels' arguments, plus the work list (rows, tile count)
         return (
-            TensorArg("mX", xdt, shape=(SymDim(), SymDim(32)), stride=(SymDim(8, 64), 1), assumed_align=16),
+            a["mX"],
             TensorArg("mRows", "Int32", shape=(SymDim(),), stride=(1,), assumed_align=4),
             TensorArg("mTiles", "Int32", shape=(SymDim(4),), stride=(1,), assumed_align=16),
-            TensorArg("mW", "Uint8", shape=(SymDim(), SymDim(2048)), stride=(SymDim(2048, 64), 1), assumed_align=16),
-            TensorArg("mS", "Uint8", shape=(SymDim(), SymDim(256)), stride=(SymDim(256, 64), 1), assumed_align=16),
-            TensorArg("mAlpha", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
-            TensorArg("mOut", odt, shape=(SymDim(), SymDim()), stride=(SymDim(1, 64), 1), assumed_align=oal),
-            TensorArg("mWork", "Float32", shape=(SymDim(),), stride=(1,), assumed_align=4),
-            TensorArg("mCount", "Int32", shape=(SymDim(),), stride=(1,), assumed_align=4),
+            a["mW"], a["mS"], a["mAlpha"], a["mOut"], a["mWork"], a["mCount"],
             StreamArg("stream"),
         )
 

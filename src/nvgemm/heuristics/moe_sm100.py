@@ -23,7 +23,7 @@ import functools
 from typing import Optional
 
 from ..perfmodel.families.sm100_moe import (PREP_KERNELS, byte_floor_us, expected_active_experts, host_us,
-                                            moe_gemm_estimate)
+                                            moe_gemm_estimates)
 from ..templates.sm100_moe.config import (MOE_SPLIT_K, MOE_TILE_N, Sm100MoeConfig, moe_shape_problem,
                                           validate_moe_config)
 from .moe_sm90 import (MOE_LAYERS, MoeCandidate, MoeShape, _shared_us, bucket_of, get_moe_layer,  # noqa: F401
@@ -45,30 +45,41 @@ def token_tiles(m: int, top_k: int, num_experts: int, histogram=None) -> tuple[i
     return tuple(MOE_TILE_N[max(0, i - 1):i + 2])
 
 
-def _best(tile_n, m, shape: MoeShape, rows, k, gated, gpu, sm_count, histogram):
-    scored = []
+@functools.lru_cache(maxsize=None)
+def _space(tile_n: int) -> tuple:
+    """(position, config, dense twin) of the valid configs of ``tile_n`` (shape-independent: memoised)."""
+    out = []
     for i, s in enumerate(MOE_SPLIT_K):
         c = Sm100MoeConfig(tile_n=tile_n, split_k=s, pdl=True)
-        if not validate_moe_config(c) or moe_shape_problem(c, rows, k, gated):
-            continue
-        e = moe_gemm_estimate(c, m, shape.top_k, shape.num_experts, rows, k, gpu, sm_count, histogram)
-        if e is not None:
-            scored.append((0.5 * (e.us[0] + e.us[1]), i, c, e))
-    scored.sort(key=lambda t: t[:2])
-    return [(c, e) for _, _, c, e in scored[:PER_GEMM]]
+        if validate_moe_config(c):
+            out.append((i, c, c.dense()))
+    return tuple(out)
 
 
 def moe_candidates(shape: MoeShape, m: int, gpu: str = GPU, sm_count: int | None = None, histogram=None,
                    max_candidates: int = MAX_CANDIDATES) -> list[MoeCandidate]:
-    """Ranked (GEMM1, GEMM2) configs for ``shape`` (gated, W4A4) at ``m`` tokens (module docstring)."""
+    """Ranked (GEMM1, GEMM2) configs for ``shape`` (gated, W4A4) at ``m`` tokens (module docstring).
+    Both GEMMs of every scored tile are priced in one pass
+    (:func:`~nvgemm.perfmodel.families.sm100_moe.moe_gemm_estimates`)."""
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+    spaces, jobs = [], []
+    tiles = token_tiles(m, shape.top_k, shape.num_experts, histogram)
+    for tn in tiles:
+        for rows, k, gated in ((2 * shape.inter, shape.hidden, True), (shape.hidden, shape.inter, False)):
+            space = [t for t in _space(tn) if not moe_shape_problem(t[1], rows, k, gated)]
+            spaces.append(space)
+            jobs.append(([c for _, c, _ in space], [d for _, _, d in space], tn, rows, k))
+    best = []
+    for space, ests in zip(spaces, moe_gemm_estimates(jobs, m, shape.top_k, shape.num_experts, gpu, sm_count,
+                                                      histogram)):
+        scored = [(0.5 * (e.us[0] + e.us[1]), i, c, e) for (i, c, _), e in zip(space, ests) if e is not None]
+        scored.sort(key=lambda t: t[:2])
+        best.append([(c, e) for _, _, c, e in scored[:PER_GEMM]])
     pairs = []
-    for tn in token_tiles(m, shape.top_k, shape.num_experts, histogram):
-        g1 = _best(tn, m, shape, 2 * shape.inter, shape.hidden, True, gpu, sm_count, histogram)
-        g2 = _best(tn, m, shape, shape.hidden, shape.inter, False, gpu, sm_count, histogram)
-        for c1, e1 in g1:
-            for c2, e2 in g2:
+    for j in range(len(tiles)):
+        for c1, e1 in best[2 * j]:
+            for c2, e2 in best[2 * j + 1]:
                 pairs.append(MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))
     pairs.sort(key=lambda p: (sum(p.gemm_us), p.config13.tile_n, p.config13.split_k, p.config2.split_k))
     return pairs[:max_candidates]

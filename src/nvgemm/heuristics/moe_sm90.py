@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..perfmodel.families.sm90 import SM90_SPLITS
-from ..perfmodel.families.sm90_moe import byte_floor_us, expected_active_experts, host_us, moe_gemm_estimate
+from ..perfmodel.families.sm90_moe import byte_floor_us, expected_active_experts, grouped_gemm_estimates, host_us
 from ..templates.sm90.config import MMA_ROW_TILES, ROW_TILE
 from ..templates.sm90_moe.config import MOE_TILE_M, Sm90MoeConfig, moe_shape_problem, validate_moe_config
 from .policy import m_buckets
@@ -85,7 +85,9 @@ class MoeCandidate:
         return (self.us13[0] + self.us2[0], self.us13[1] + self.us2[1])
 
 
-def _space(tile_m: int, k: int, gated: bool) -> list[Sm90MoeConfig]:
+@functools.lru_cache(maxsize=None)
+def _space(tile_m: int) -> tuple:
+    """The valid configs of token tile ``tile_m`` with their dense twins (shape-independent: memoised)."""
     out = []
     for w in (2, 4, 8):
         for rt in MMA_ROW_TILES:
@@ -95,20 +97,35 @@ def _space(tile_m: int, k: int, gated: bool) -> list[Sm90MoeConfig]:
                                       stages=st, pdl=True)
                     if c.tile_n > 256 or not validate_moe_config(c):
                         continue
-                    out.append(c)
-    return out
+                    out.append((c, c.dense()))
+    return tuple(out)
 
 
-def _best(tile_m, m, shape: MoeShape, rows, k, gated, gpu, sm_count, histogram):
-    scored = []
-    for i, c in enumerate(_space(tile_m, k, gated)):
-        if moe_shape_problem(c, rows, k, gated):
-            continue
-        e = moe_gemm_estimate(c, m, shape.top_k, shape.num_experts, rows, k, gpu, sm_count, histogram)
-        if e is not None:
-            scored.append((0.5 * (e.us[0] + e.us[1]), i, c, e))
-    scored.sort(key=lambda t: t[:2])
-    return [(c, e) for _, _, c, e in scored[:PER_GEMM]]
+@functools.lru_cache(maxsize=1024)
+def _feasible(tile_m: int, rows: int, k: int, gated: bool) -> tuple:
+    """(position in the space, config, dense twin) of the configs of ``tile_m`` that can run one grouped
+    GEMM of ``rows`` x ``k`` (memoised per layer shape: it does not depend on M)."""
+    return tuple((i, c, d) for i, (c, d) in enumerate(_space(tile_m)) if not moe_shape_problem(c, rows, k, gated))
+
+
+def _ranked(shape: MoeShape, m: int, gated: bool, gpu, sm_count, histogram) -> list:
+    """Per token tile of :data:`MOE_TILE_M`: the :data:`PER_GEMM` fastest configs of GEMM1 and of
+    GEMM2, ordered by (modelled middle, position in the space). Every config of both GEMMs at every
+    tile is priced in one pass (:func:`~nvgemm.perfmodel.families.sm90_moe.grouped_gemm_estimates`)."""
+    rows13 = 2 * shape.inter if gated else shape.inter
+    spaces, jobs = [], []
+    for tm in MOE_TILE_M:
+        for rows, k, g in ((rows13, shape.hidden, gated), (shape.hidden, shape.inter, False)):
+            space = _feasible(tm, rows, k, g)
+            spaces.append(space)
+            jobs.append(([c for _, c, _ in space], [d for _, _, d in space], tm, rows, k))
+    out = []
+    for space, ests in zip(spaces, grouped_gemm_estimates(jobs, m, shape.top_k, shape.num_experts, gpu, sm_count,
+                                                          histogram)):
+        scored = [(0.5 * (e.us[0] + e.us[1]), i, c, e) for (i, c, _), e in zip(space, ests) if e is not None]
+        scored.sort(key=lambda t: t[:2])
+        out.append([(c, e) for _, _, c, e in scored[:PER_GEMM]])
+    return [(out[2 * j], out[2 * j + 1]) for j in range(len(MOE_TILE_M))]
 
 
 def moe_candidates(shape: MoeShape, m: int, gpu: str = "H200", sm_count: int | None = None, histogram=None,
@@ -116,11 +133,8 @@ def moe_candidates(shape: MoeShape, m: int, gpu: str = "H200", sm_count: int | N
     """Ranked (GEMM1, GEMM2) configs for ``shape`` at ``m`` tokens (see the module docstring)."""
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
-    rows13 = 2 * shape.inter if gated else shape.inter
     pairs = []
-    for tm in MOE_TILE_M:
-        g1 = _best(tm, m, shape, rows13, shape.hidden, gated, gpu, sm_count, histogram)
-        g2 = _best(tm, m, shape, shape.hidden, shape.inter, False, gpu, sm_count, histogram)
+    for g1, g2 in _ranked(shape, m, gated, gpu, sm_count, histogram):
         for c1, e1 in g1:
             for c2, e2 in g2:
                 pairs.append(MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))

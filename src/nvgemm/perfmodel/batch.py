@@ -26,8 +26,8 @@ import functools
 
 import numpy as np
 
-from .model import (COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _colimit2, _ends, _occupancy, _prepared, _total_cached,
-                    colimit, rounds)
+from .model import (COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _call_terms, _colimit2, _ends, _geometry, _model,
+                    _occupancy, _pipeline, _prepared, _sass_chain, _total_cached, colimit, occupancy, rounds)
 
 
 def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
@@ -35,33 +35,84 @@ def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | N
     """``(low, high)`` modelled us of every config on (M, N, K), or None where the model cannot
     price it -- :func:`~nvgemm.perfmodel.model.estimate_us` of each (``activation`` as there),
     computed together."""
-    m, n, k = int(m), int(n), int(k)
-    out: list = [None] * len(configs)
-    groups: dict = {}  # geometry_batch function -> [(index in configs, registry row)]
-    for i, c in enumerate(configs):
-        st = _static(c, gpu, sm_count, activation)
-        if st is None:
-            out[i] = _total_cached(c, m, n, k, gpu, sm_count, activation)  # other engines, or no facts: scalar
-        elif st[3] and not st[0].shape_problem(c, m, n, k):  # q == 0: does not fit on an SM (None)
-            groups.setdefault(st[2], (st, [], []))
-            groups[st[2]][1].append(i)
-            groups[st[2]][2].append(st[4])
-    for (fam, hw, _, _, _), where, rows in groups.values():
-        if len(where) < SCALAR_MAX:  # numpy's fixed cost exceeds the scalar loop's
-            geos = fam.geometry_rows([_REG_INTS[r][_FACT_INTS:] for r in rows], m, n, k, hw)
-            for i, t in zip(where, _chain_rows(geos, [_REG_INTS[r] for r in rows], [_REG_FLOATS[r] for r in rows], hw)):
-                out[i] = t
+    return _totals(configs, m, n, k, gpu, sm_count, activation, False)
+
+
+def gemm_totals(requests, gpu: str = "H200", sm_count: int | None = None) -> list:
+    """Per request ``(configs, m, n, k)``: ``estimate(config, m, n, k, gpu, sm_count).gemm_us`` of
+    every config (None where there is no estimate), bit-equal to it: the full report's rounding
+    (kernel cycles ``/ clock x 1e6``, then ``+ launch + split-K kernel + helper kernels - helper
+    kernels``), not :func:`totals`'. All requests are priced together: one numpy pass over every
+    config of every shape (a grouped MoE policy call prices ~12 dense shapes of ~60 configs each:
+    ``families/sm90_moe.py``)."""
+    return _totals_many(requests, gpu, sm_count, None, True)
+
+
+def gemm_us_with(config, m: int, n: int, k: int, hw, facts, fam) -> tuple[float, float]:
+    """:func:`~nvgemm.perfmodel.model.estimate_with`'s ``gemm_us`` without the report fields (the
+    same operations in the same order; any engine)."""
+    geo = _geometry(config, m, n, k, hw, facts, fam)
+    occ = occupancy(facts, geo, hw)
+    if occ.ctas_per_sm == 0:
+        raise ValueError(f"{config.name()}: does not fit on an SM ({occ.limiter})")
+    launch, sk, aux = _call_terms(geo, hw)
+    if fam.engine == "pipeline":
+        cyc = _pipeline(facts, geo, hw, _ends(hw), detail=False)
+    else:
+        cyc = _sass_chain(facts, geo, hw, occ, _ends(hw), detail=False)
+    clk = hw.clock_hz
+    return tuple((cyc[i] / clk * US + launch[i] + sk[i] + aux[i]) - aux[i] for i in range(2))
+
+
+def _totals(configs, m: int, n: int, k: int, gpu: str, sm_count: int | None, activation: str | None,
+            gemm: bool) -> list:
+    return _totals_many([(configs, m, n, k)], gpu, sm_count, activation, gemm)[0]
+
+
+def _totals_many(requests, gpu: str, sm_count: int | None, activation: str | None, gemm: bool) -> list:
+    outs: list = []
+    groups: dict = {}  # geometry_batch function -> (static, {request: ([index in configs], [registry row])})
+    for j, (configs, m, n, k) in enumerate(requests):
+        m, n, k = int(m), int(n), int(k)
+        out: list = [None] * len(configs)
+        outs.append(out)
+        for i, c in enumerate(configs):
+            st = _static(c, gpu, sm_count, activation)
+            if st is None:
+                # other engines, or no facts: the scalar model
+                out[i] = _model(gemm_us_with, c, m, n, k, gpu, sm_count) if gemm else \
+                    _total_cached(c, m, n, k, gpu, sm_count, activation)
+            elif st[3] and not st[0].shape_problem(c, m, n, k):  # q == 0: does not fit on an SM (None)
+                where, rows = groups.setdefault(st[2], (st, {}))[1].setdefault(j, ([], []))
+                where.append(i)
+                rows.append(st[4])
+    for (fam, hw, _, _, _), per in groups.values():
+        if sum(len(w) for w, _ in per.values()) < SCALAR_MAX:  # numpy's fixed cost exceeds the scalar loop's
+            for j, (where, rows) in per.items():
+                _, m, n, k = requests[j]
+                geos = fam.geometry_rows([_REG_INTS[r][_FACT_INTS:] for r in rows], int(m), int(n), int(k), hw)
+                for i, t in zip(where, _chain_rows(geos, [_REG_INTS[r] for r in rows],
+                                                   [_REG_FLOATS[r] for r in rows], hw, gemm)):
+                    outs[j][i] = t
             continue
         ints, floats = _registry_arrays()
-        idx = np.array(rows)
-        r, fl = ints[idx], floats[idx]
-        col = fam.geometry_batch(r[:, _FACT_INTS:], m, n, k, hw)
-        col["issue_iter"], col["pass_instrs"], col["fixed_instrs"], col["q"] = r[:, :_FACT_INTS].T
-        col["chain_base"], col["round_trips"] = fl.T
-        lo, hi = _chain_totals(col, hw)
-        for i, a, b in zip(where, lo.tolist(), hi.tolist()):
-            out[i] = (a, b)
-    return out
+        cols = []
+        for j, (where, rows) in per.items():  # every shape's geometry, then one pass of the chain
+            _, m, n, k = requests[j]
+            r, fl = ints[np.array(rows)], floats[np.array(rows)]
+            col = fam.geometry_batch(r[:, _FACT_INTS:], int(m), int(n), int(k), hw)
+            col["issue_iter"], col["pass_instrs"], col["fixed_instrs"], col["q"] = r[:, :_FACT_INTS].T
+            col["chain_base"], col["round_trips"] = fl.T
+            cols.append(col)
+        col = cols[0] if len(cols) == 1 else {key: np.concatenate([c[key] for c in cols]) for key in cols[0]}
+        lo, hi = _chain_totals(col, hw, gemm)
+        lo, hi = lo.tolist(), hi.tolist()
+        at = 0
+        for j, (where, _) in per.items():
+            for x, i in enumerate(where):
+                outs[j][i] = (lo[at + x], hi[at + x])
+            at += len(where)
+    return outs
 
 
 #: groups of fewer configs take the scalar loop (:func:`_chain_rows`, the same numbers): numpy's
@@ -104,10 +155,11 @@ def _static(config, gpu: str, sm_count: int | None, activation: str | None = Non
     return fam, hw, type(fam).geometry_batch, q, len(_REG_INTS) - 1
 
 
-def _chain_rows(geos, ints, floats, hw) -> list:
+def _chain_rows(geos, ints, floats, hw, gemm: bool = False) -> list:
     """``_sass_chain(..., detail=False)`` plus ``_call_terms`` per config, as a scalar loop over
     :meth:`geometry_rows` tuples and the registry's static rows: the scalar model's operations in
-    its order, without its ``Geometry`` / ``Occupancy`` objects and helper calls."""
+    its order, without its ``Geometry`` / ``Occupancy`` objects and helper calls. ``gemm``: the
+    report's ``gemm_us`` (:func:`gemm_totals`) instead of ``total_us_with``'s total."""
     sms, sched, fabric = hw.sm_count, hw.schedulers_per_sm, hw.sm_fabric_bytes_per_clk
     ends = _ends(hw)
     clock = hw.clock_hz
@@ -149,6 +201,13 @@ def _chain_rows(geos, ints, floats, hw) -> list:
                 cycles += (fill + (count - 1) * fill / q if first else count * fill / q) + count * (iters * step + tl)
                 first = False
             res.append(cycles)
+        if gemm:  # estimate_with: kernel cycles / clock x 1e6, + launch + split-K + aux, - aux
+            a0, a1 = 0 * hw.aux_kernel_us[0], 0 * hw.aux_kernel_us[1]
+            out.append((res[0] / clock * US + (1 * hw.launch_us[0] - (hw.pdl_saving_us[1] if pdl else 0.0)) + 0.0
+                        + a0 - a0,
+                        res[1] / clock * US + (1 * hw.launch_us[1] - (hw.pdl_saving_us[0] if pdl else 0.0)) + 0.0
+                        + a1 - a1))
+            continue
         out.append((res[0] * us + (1 * hw.launch_us[0] - (hw.pdl_saving_us[1] if pdl else 0.0)) + 0.0
                     + 0 * hw.aux_kernel_us[0],
                     res[1] * us + (1 * hw.launch_us[1] - (hw.pdl_saving_us[0] if pdl else 0.0)) + 0.0
@@ -176,7 +235,7 @@ def _h_where(num: np.ndarray, den: np.ndarray, mask: np.ndarray, one_plus: bool)
 _INV_P = 1.0 / COLIMIT_P  # _h's exponent, the same float
 
 
-def _chain_totals(c: dict, hw) -> tuple[np.ndarray, np.ndarray]:
+def _chain_totals(c: dict, hw, gemm: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``_sass_chain(..., detail=False)`` plus ``_call_terms`` over the columns ``c``: the
     modelled us at both ends. Arrays are (end, round group, config): the scalar loop's round
     groups (per grid -- the full CTAs, then a split tail's CTAs -- its full rounds, then its
@@ -252,8 +311,12 @@ def _chain_totals(c: dict, hw) -> tuple[np.ndarray, np.ndarray]:
     res = []
     for e in (0, 1):
         launch = launches * hw.launch_us[e] - np.where(pdl, hw.pdl_saving_us[1 - e], 0.0)
-        res.append(cycles[e] * us + launch + 0.0 + c["aux_kernels"] * hw.aux_kernel_us[e])
+        aux = c["aux_kernels"] * hw.aux_kernel_us[e]
+        if gemm:  # the report's gemm_us (gemm_totals)
+            res.append(cycles[e] / hw.clock_hz * US + launch + 0.0 + aux - aux)
+        else:
+            res.append(cycles[e] * us + launch + 0.0 + aux)
     return res[0], res[1]
 
 
-__all__ = ["totals"]
+__all__ = ["gemm_totals", "gemm_us_with", "totals"]

@@ -35,7 +35,7 @@ from ...templates.sm90_moe.config import work_tiles_bound
 from ..hardware import get_hardware
 from .sm100 import EPI_SUBTILE_CYCLES, persistent_ctas
 from .sm90_moe import (FINALIZE_KERNELS, MoeGemmEstimate, byte_floor_us, expected_active_experts,
-                       grouped_gemm_estimate)
+                       grouped_gemm_estimates)
 
 #: Launches of the host prep per layer on CUDA besides the two GEMMs and the finalize: the work-list
 #: Triton kernel, the activation prep Triton kernel (gather + per-expert NVFP4 + scale atoms + the
@@ -52,14 +52,27 @@ def moe_gemm_estimate(config, m: int, top_k: int, num_experts: int, rows: int, k
                       sm_count: int | None = None, histogram=None) -> Optional[MoeGemmEstimate]:
     """Modelled time of one grouped GEMM (``rows`` weight rows per expert, padded to 128 in the stack;
     reduction ``k``), or None when the dense model has no estimate for the equivalent problem."""
-    rows_p = -(-rows // 128) * 128
-    e = grouped_gemm_estimate(config, config.dense(), config.tile_n, m, top_k, num_experts, rows_p, k, gpu,
-                              sm_count, histogram)
-    if e is None:
-        return None
-    extra = empty_slot_us(config, m * top_k if histogram is None else sum(histogram), num_experts, e.tiles, rows_p,
-                          gpu, sm_count)
-    return replace(e, us=(e.us[0] + extra, e.us[1] + extra))
+    return moe_gemm_estimates([([config], [config.dense()], config.tile_n, rows, k)], m, top_k, num_experts, gpu,
+                              sm_count, histogram)[0][0]
+
+
+def moe_gemm_estimates(jobs, m: int, top_k: int, num_experts: int, gpu: str = "B200", sm_count: int | None = None,
+                       histogram=None) -> list:
+    """:func:`moe_gemm_estimate` of many configs priced together: per job ``(configs of one token
+    tile, their dense twins, tile_n, rows, k)`` the list of estimates (None: no estimate)."""
+    gjobs = [(configs, denses, tile_n, -(-rows // 128) * 128, k) for configs, denses, tile_n, rows, k in jobs]
+    pairs = m * top_k if histogram is None else sum(histogram)
+    out = []
+    for (_, _, _, rows_p, _), ests in zip(gjobs, grouped_gemm_estimates(gjobs, m, top_k, num_experts, gpu, sm_count,
+                                                                        histogram)):
+        row = []
+        for e in ests:
+            if e is not None:
+                extra = empty_slot_us(e.config, pairs, num_experts, e.tiles, rows_p, gpu, sm_count)
+                e = replace(e, us=(e.us[0] + extra, e.us[1] + extra))
+            row.append(e)
+        out.append(row)
+    return out
 
 
 def empty_slot_us(config, pairs: int, num_experts: int, tiles: float, rows_p: int, gpu: str,
@@ -86,4 +99,4 @@ def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS) -> tuple[float,
 
 
 __all__ = ["EMPTY_UNIT_CYCLES", "PREP_KERNELS", "empty_slot_us", "byte_floor_us", "expected_active_experts", "host_us",
-           "moe_gemm_estimate"]
+           "moe_gemm_estimate", "moe_gemm_estimates"]

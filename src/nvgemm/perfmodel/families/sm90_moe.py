@@ -31,12 +31,12 @@ at the achievable bandwidth (weights only; activations are negligible at decode)
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..hardware import get_hardware
-from ..model import estimate
 
 #: Launches of the work-list prep per layer on CUDA (the one Triton kernel; the torch fallback
 #: beyond 4096 pairs launches ~24).
@@ -68,6 +68,13 @@ def expected_tiles(m: int, top_k: int, num_experts: int, tile_m: int,
     (pairs per expert; fractional averages allowed, each rounded up per tile)."""
     if histogram is not None:
         return float(sum(math.ceil(c / tile_m) for c in histogram if c > 0))
+    return _uniform_tiles(int(m), int(top_k), int(num_experts), int(tile_m))
+
+
+@functools.lru_cache(maxsize=4096)
+def _uniform_tiles(m: int, top_k: int, num_experts: int, tile_m: int) -> float:
+    """:func:`expected_tiles` under uniform routing, memoised: the binomial sum depends on
+    (M, top_k, E, tile) only, and a policy call asks for it once per config."""
     pmf = _binom_pmf(m, min(1.0, top_k / num_experts))
     return num_experts * sum(p * math.ceil(c / tile_m) for c, p in enumerate(pmf))
 
@@ -103,25 +110,56 @@ def grouped_gemm_estimate(config, dense, token_tile: int, m: int, top_k: int, nu
     """A grouped GEMM as the ``dense`` config on the equivalent dense problem (the module docstring):
     ``N = rows x work tiles`` (tiles of ``token_tile`` pairs), ``M = mean pairs per tile``. Shared by
     the grouped families (sm90 ``mma``, sm100 swap-AB tcgen05)."""
-    tiles = expected_tiles(m, top_k, num_experts, token_tile, histogram)
-    if tiles <= 0:
-        return None
-    pairs = sum(histogram) if histogram is not None else m * top_k
-    per_tile = min(float(token_tile), pairs / tiles)
-    from dataclasses import replace
+    return grouped_gemm_estimates([([config], [dense], token_tile, rows, k)], m, top_k, num_experts, gpu, sm_count,
+                                  histogram)[0][0]
 
-    dense = replace(dense, pdl=True)  # the SASS facts table holds the PDL variants (same loop)
-    # expected tiles are fractional: interpolate between the whole-tile problems around them
-    lo_t = max(1, math.floor(tiles))
-    hi_t = max(1, math.ceil(tiles))
-    mm = max(1, math.ceil(per_tile))
-    e_lo = estimate(dense, mm, rows * lo_t, k, gpu, sm_count)
-    e_hi = e_lo if hi_t == lo_t else estimate(dense, mm, rows * hi_t, k, gpu, sm_count)
-    if e_lo is None or e_hi is None:
-        return None
-    f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
-    us = tuple((1 - f) * a + f * b for a, b in zip(e_lo.gemm_us, e_hi.gemm_us))
-    return MoeGemmEstimate(config, tiles, per_tile, us)
+
+def grouped_gemm_estimates(jobs, m: int, top_k: int, num_experts: int, gpu: str, sm_count: int | None,
+                           histogram) -> list:
+    """:func:`grouped_gemm_estimate` of many configs at once: per job ``(configs, dense twins,
+    token tile, rows, k)`` the list of estimates (None: no estimate). The routing terms are
+    computed once per token tile and both whole-tile problems of every config of every job go
+    through one :func:`nvgemm.perfmodel.batch.gemm_totals` (the report's ``gemm_us``, bit for
+    bit). What the policies call; ``tests/cpu/test_moe_policy_speed.py`` checks them against the
+    per-config :func:`~nvgemm.perfmodel.model.estimate` path."""
+    from ..batch import gemm_totals
+
+    pairs = sum(histogram) if histogram is not None else m * top_k
+    plans, requests = [], []
+    for configs, denses, token_tile, rows, k in jobs:
+        tiles = expected_tiles(m, top_k, num_experts, token_tile, histogram)
+        if tiles <= 0:
+            plans.append(None)
+            continue
+        per_tile = min(float(token_tile), pairs / tiles)
+        # the SASS facts table holds the PDL variants (same loop)
+        dense = [d if d.pdl else _with_pdl(d) for d in denses]
+        # expected tiles are fractional: interpolate between the whole-tile problems around them
+        lo_t = max(1, math.floor(tiles))
+        hi_t = max(1, math.ceil(tiles))
+        mm = max(1, math.ceil(per_tile))
+        f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
+        plans.append((tiles, per_tile, f, len(requests), len(requests) + (hi_t != lo_t)))
+        requests.append((dense, mm, rows * lo_t, k))
+        if hi_t != lo_t:
+            requests.append((dense, mm, rows * hi_t, k))
+    priced = gemm_totals(requests, gpu, sm_count)
+    out = []
+    for (configs, *_), plan in zip(jobs, plans):
+        if plan is None:
+            out.append([None] * len(configs))
+            continue
+        tiles, per_tile, f, i_lo, i_hi = plan
+        g = 1 - f
+        out.append([None if lo is None or hi is None else
+                    MoeGemmEstimate(c, tiles, per_tile, (g * lo[0] + f * hi[0], g * lo[1] + f * hi[1]))
+                    for c, lo, hi in zip(configs, priced[i_lo], priced[i_hi])])
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _with_pdl(dense):
+    return replace(dense, pdl=True)
 
 
 def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS) -> tuple[float, float]:
@@ -132,4 +170,4 @@ def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS) -> tuple[float,
 
 
 __all__ = ["FINALIZE_KERNELS", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
-           "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "host_us", "moe_gemm_estimate"]
+           "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "grouped_gemm_estimates", "host_us", "moe_gemm_estimate"]

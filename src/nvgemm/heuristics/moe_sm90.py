@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..perfmodel.families.sm90 import SM90_SPLITS
-from ..perfmodel.families.sm90_moe import byte_floor_us, expected_active_experts, grouped_gemm_estimates, host_us
+from ..perfmodel.families.sm90_moe import byte_floor_us, expected_active_experts, grouped_gemm_times, host_us
 from ..templates.sm90.config import MMA_ROW_TILES, ROW_TILE
 from ..templates.sm90_moe.config import MOE_TILE_M, Sm90MoeConfig, moe_shape_problem, validate_moe_config
 from .policy import m_buckets
@@ -120,11 +120,13 @@ def _ranked(shape: MoeShape, m: int, gated: bool, gpu, sm_count, histogram) -> l
             spaces.append(space)
             jobs.append(([c for _, c, _ in space], [d for _, _, d in space], tm, rows, k))
     out = []
-    for space, ests in zip(spaces, grouped_gemm_estimates(jobs, m, shape.top_k, shape.num_experts, gpu, sm_count,
-                                                          histogram)):
-        scored = [(0.5 * (e.us[0] + e.us[1]), i, c, e) for (i, c, _), e in zip(space, ests) if e is not None]
+    for space, r in zip(spaces, grouped_gemm_times(jobs, m, shape.top_k, shape.num_experts, gpu, sm_count, histogram)):
+        if r is None:
+            out.append([])
+            continue
+        scored = [(0.5 * (us[0] + us[1]), i, c, us) for (i, c, _), us in zip(space, r[2]) if us is not None]
         scored.sort(key=lambda t: t[:2])
-        out.append([(c, e) for _, _, c, e in scored[:PER_GEMM]])
+        out.append([(c, us, r[0]) for _, _, c, us in scored[:PER_GEMM]])
     return [(out[2 * j], out[2 * j + 1]) for j in range(len(MOE_TILE_M))]
 
 
@@ -135,9 +137,9 @@ def moe_candidates(shape: MoeShape, m: int, gpu: str = "H200", sm_count: int | N
         raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
     pairs = []
     for g1, g2 in _ranked(shape, m, gated, gpu, sm_count, histogram):
-        for c1, e1 in g1:
-            for c2, e2 in g2:
-                pairs.append(MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))
+        for c1, us1, tiles in g1:
+            for c2, us2, _ in g2:
+                pairs.append(MoeCandidate(c1, c2, us1, us2, tiles))
     pairs.sort(key=lambda p: (sum(p.gemm_us), p.config13.tile_m))
     return pairs[:max_candidates]
 

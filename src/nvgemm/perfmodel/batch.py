@@ -72,20 +72,25 @@ def _totals(configs, m: int, n: int, k: int, gpu: str, sm_count: int | None, act
 def _totals_many(requests, gpu: str, sm_count: int | None, activation: str | None, gemm: bool) -> list:
     outs: list = []
     groups: dict = {}  # geometry_batch function -> (static, {request: ([index in configs], [registry row])})
+    statics: list = [None, None]  # the last request's config list and its _static rows
     for j, (configs, m, n, k) in enumerate(requests):
         m, n, k = int(m), int(n), int(k)
         out: list = [None] * len(configs)
         outs.append(out)
-        for i, c in enumerate(configs):
-            st = _static(c, gpu, sm_count, activation)
+        if statics[0] is not configs:  # requests often share one config list (the MoE models' lo / hi tiles)
+            statics[:] = [configs, [_static(c, gpu, sm_count, activation) for c in configs]]
+        mine: dict = {}  # this request's entries of groups
+        for i, (c, st) in enumerate(zip(configs, statics[1])):
             if st is None:
                 # other engines, or no facts: the scalar model
                 out[i] = _model(gemm_us_with, c, m, n, k, gpu, sm_count) if gemm else \
                     _total_cached(c, m, n, k, gpu, sm_count, activation)
             elif st[3] and not st[0].shape_problem(c, m, n, k):  # q == 0: does not fit on an SM (None)
-                where, rows = groups.setdefault(st[2], (st, {}))[1].setdefault(j, ([], []))
-                where.append(i)
-                rows.append(st[4])
+                entry = mine.get(st[2])
+                if entry is None:
+                    entry = mine[st[2]] = groups.setdefault(st[2], (st, {}))[1].setdefault(j, ([], []))
+                entry[0].append(i)
+                entry[1].append(st[4])
     for (fam, hw, _, _, _), per in groups.values():
         if sum(len(w) for w, _ in per.values()) < SCALAR_MAX:  # numpy's fixed cost exceeds the scalar loop's
             for j, (where, rows) in per.items():

@@ -117,11 +117,23 @@ def grouped_gemm_estimate(config, dense, token_tile: int, m: int, top_k: int, nu
 def grouped_gemm_estimates(jobs, m: int, top_k: int, num_experts: int, gpu: str, sm_count: int | None,
                            histogram) -> list:
     """:func:`grouped_gemm_estimate` of many configs at once: per job ``(configs, dense twins,
-    token tile, rows, k)`` the list of estimates (None: no estimate). The routing terms are
-    computed once per token tile and both whole-tile problems of every config of every job go
-    through one :func:`nvgemm.perfmodel.batch.gemm_totals` (the report's ``gemm_us``, bit for
-    bit). What the policies call; ``tests/cpu/test_moe_policy_speed.py`` checks them against the
-    per-config :func:`~nvgemm.perfmodel.model.estimate` path."""
+    token tile, rows, k)`` the list of estimates (None: no estimate); see :func:`grouped_gemm_times`."""
+    out = []
+    for (configs, *_), r in zip(jobs, grouped_gemm_times(jobs, m, top_k, num_experts, gpu, sm_count, histogram)):
+        out.append([None] * len(configs) if r is None else
+                   [None if us is None else MoeGemmEstimate(c, r[0], r[1], us) for c, us in zip(configs, r[2])])
+    return out
+
+
+def grouped_gemm_times(jobs, m: int, top_k: int, num_experts: int, gpu: str, sm_count: int | None,
+                       histogram) -> list:
+    """The numbers of :func:`grouped_gemm_estimates` without building an estimate per config: per job
+    ``(configs, dense twins, token tile, rows, k)`` either None (no work tiles) or ``(tiles, pairs
+    per tile, [modelled (low, high) us or None per config])``. The routing terms are computed once
+    per job and both whole-tile problems of every config of every job go through one
+    :func:`nvgemm.perfmodel.batch.gemm_totals` (the report's ``gemm_us``, bit for bit). What the
+    policies call; ``tests/cpu/test_moe_policy_speed.py`` checks them against the per-config
+    :func:`~nvgemm.perfmodel.model.estimate` path."""
     from ..batch import gemm_totals
 
     pairs = sum(histogram) if histogram is not None else m * top_k
@@ -133,7 +145,7 @@ def grouped_gemm_estimates(jobs, m: int, top_k: int, num_experts: int, gpu: str,
             continue
         per_tile = min(float(token_tile), pairs / tiles)
         # the SASS facts table holds the PDL variants (same loop)
-        dense = [d if d.pdl else _with_pdl(d) for d in denses]
+        dense = denses if all(d.pdl for d in denses) else [_with_pdl(d) for d in denses]
         # expected tiles are fractional: interpolate between the whole-tile problems around them
         lo_t = max(1, math.floor(tiles))
         hi_t = max(1, math.ceil(tiles))
@@ -145,15 +157,14 @@ def grouped_gemm_estimates(jobs, m: int, top_k: int, num_experts: int, gpu: str,
             requests.append((dense, mm, rows * hi_t, k))
     priced = gemm_totals(requests, gpu, sm_count)
     out = []
-    for (configs, *_), plan in zip(jobs, plans):
+    for plan in plans:
         if plan is None:
-            out.append([None] * len(configs))
+            out.append(None)
             continue
         tiles, per_tile, f, i_lo, i_hi = plan
         g = 1 - f
-        out.append([None if lo is None or hi is None else
-                    MoeGemmEstimate(c, tiles, per_tile, (g * lo[0] + f * hi[0], g * lo[1] + f * hi[1]))
-                    for c, lo, hi in zip(configs, priced[i_lo], priced[i_hi])])
+        out.append((tiles, per_tile, [None if lo is None or hi is None else (g * lo[0] + f * hi[0], g * lo[1] + f * hi[1])
+                                      for lo, hi in zip(priced[i_lo], priced[i_hi])]))
     return out
 
 
@@ -170,4 +181,5 @@ def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS) -> tuple[float,
 
 
 __all__ = ["FINALIZE_KERNELS", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
-           "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "grouped_gemm_estimates", "host_us", "moe_gemm_estimate"]
+           "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "grouped_gemm_estimates",
+           "grouped_gemm_times", "host_us", "moe_gemm_estimate"]

@@ -101,15 +101,17 @@ def _totals_many(requests, gpu: str, sm_count: int | None, activation: str | Non
                     outs[j][i] = t
             continue
         ints, floats = _registry_arrays()
-        cols = []
-        for j, (where, rows) in per.items():  # every shape's geometry, then one pass of the chain
-            _, m, n, k = requests[j]
-            r, fl = ints[np.array(rows)], floats[np.array(rows)]
-            col = fam.geometry_batch(r[:, _FACT_INTS:], int(m), int(n), int(k), hw)
-            col["issue_iter"], col["pass_instrs"], col["fixed_instrs"], col["q"] = r[:, :_FACT_INTS].T
-            col["chain_base"], col["round_trips"] = fl.T
-            cols.append(col)
-        col = cols[0] if len(cols) == 1 else {key: np.concatenate([c[key] for c in cols]) for key in cols[0]}
+        idx = np.array([r for _, rows in per.values() for r in rows])
+        r, fl = ints[idx], floats[idx]
+        if len(per) == 1:
+            _, m, n, k = requests[next(iter(per))]
+            m, n, k = int(m), int(n), int(k)
+        else:  # several shapes: one (M, N, K) per config, one geometry and one chain pass for all
+            m, n, k = (np.repeat(np.array([int(requests[j][x]) for j in per], dtype=np.int64),
+                                 [len(w) for w, _ in per.values()]) for x in (1, 2, 3))
+        col = fam.geometry_batch(r[:, _FACT_INTS:], m, n, k, hw)
+        col["issue_iter"], col["pass_instrs"], col["fixed_instrs"], col["q"] = r[:, :_FACT_INTS].T
+        col["chain_base"], col["round_trips"] = fl.T
         lo, hi = _chain_totals(col, hw, gemm)
         lo, hi = lo.tolist(), hi.tolist()
         at = 0

@@ -179,7 +179,8 @@ class _Sm90Base(FamilyFacts):
         (``rows``: one :meth:`batch_row` per config; ``nvgemm.perfmodel.batch``). The same
         operations as the scalar ``MmaFacts.geometry`` / ``WgmmaFacts.geometry`` in the same
         order, per family selected with ``np.where`` (``tests/cpu/test_policy_speed.py`` checks
-        them bit for bit)."""
+        them bit for bit). ``m``, ``n``, ``k`` may also be integer arrays, one shape per config
+        (``batch.gemm_totals`` prices several shapes in one call; ``tests/cpu/test_moe_policy_speed.py``)."""
         import numpy as np
 
         wg, tm, tn, tk, s, stages, threads, stream, other, pdl = rows.T[:10]
@@ -190,11 +191,15 @@ class _Sm90Base(FamilyFacts):
             return f_wg() if all_wg else f_mma() if not any_wg else np.where(wg, f_wg(), f_mma())
 
         n_pad, k_pad = _pad(n, k)
-        wb = _weight_bytes(n, k)
+        if isinstance(n, np.ndarray):  # one shape per config (``batch.gemm_totals``): _weight_bytes' product
+            wb = n_pad * k_pad * NVFP4_BYTES
+            fits = wb <= L2_REUSE_FRACTION * hw.l2_mb * 1e6  # _fits_l2, per config
+        else:
+            wb = _weight_bytes(n, k)
+            fits = _fits_l2(n, k, hw)
         grid_n, grid_m = -(-n // tn), -(-m // tm)
         n_stage = k_pad // tk
         split_iters = -(-n_stage // s)
-        fits = _fits_l2(n, k, hw)
         sms = hw.sm_count
         # wgmma: only the last partial wave's tiles split (wgmma_tail_tiles)
         tiles = grid_n * grid_m
@@ -202,7 +207,7 @@ class _Sm90Base(FamilyFacts):
 
         def mma_dram():  # every CTA a K slice; weights re-read per M tile unless they fit in L2
             ws = np.where(s > 1, (s * m * n_pad * 4).astype(float) * 2, 0.0)
-            reread = np.where(grid_m == 1, 1, np.ones_like(grid_m) if fits else grid_m)
+            reread = np.where(grid_m == 1, 1, np.where(fits, 1, grid_m))
             return wb * reread + m * k * 2 + m * n * 2 + ws
 
         def wg_dram():
@@ -222,7 +227,7 @@ class _Sm90Base(FamilyFacts):
             "trips": sel(lambda: np.where(tail != 0, SPLITK_L2_TRIPS, 0.0),
                          lambda: np.where(s > 1, SPLITK_L2_TRIPS, 0.0)),
             "l2_reread_fraction": sel(lambda: (grid_m - 1) / grid_m,
-                                      lambda: (grid_m - 1) / grid_m if fits else np.zeros(grid_m.shape)),
+                                      lambda: np.where(fits, (grid_m - 1) / grid_m, 0.0)),
             "tensor_flops": sel(lambda: 2.0 * grid_m * tm * grid_n * tn * k_pad,
                                 lambda: 2.0 * grid_m * tm * n_pad * k_pad),
             "tensor_tflops": sel(lambda: np.full(s.shape, hw.bf16_tflops * WGMMA_TENSOR_EFFICIENCY),

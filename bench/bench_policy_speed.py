@@ -21,8 +21,11 @@ Measured, in this order, in one process:
    number the goal is judged on: the machine is shared (2 cores, other engineers' jobs), a pass that
    ran under a burst of load has a higher median, the quietest pass is the closest to the call's own
    cost; the median of all calls and per shape the fastest call are reported beside it;
-9. the sm90 grouped-MoE policy (``heuristics.moe_sm90.moe_candidates``: per M, both GEMMs of every
-   token tile priced by the MoE model, no memo) on the MoE layer presets at several M.
+9. the grouped-MoE policies (``heuristics.moe_sm90`` on H200 and ``moe_sm100`` on B200,
+   ``moe_candidates``: per M, both GEMMs of every token tile priced by the MoE model in one batched
+   pass) on the MoE layer presets x ``MOE_MS``, in ``PASSES`` passes, every call with every
+   shape-dependent memo cleared first (the dense model's, the feasible configs of the layer shape,
+   the binomial work-tile sums, the run-time picks): the minimum of the pass medians, as in 8.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from nvgemm.heuristics.presets import PRESETS
 
 MS = (1, 3, 8, 13, 32, 48, 100, 128, 200, 256, 384, 512, 1000, 2048)
 PASSES = 5
-MOE_MS = (1, 4, 16, 64, 128, 256)
+MOE_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _clear_shape_memos() -> None:
@@ -72,18 +75,39 @@ def _passes_cpu(problems) -> tuple[list[float], list[float], list[float]]:
     return medians, every, best
 
 
-def _moe_cpu() -> list[float]:
-    """CPU ms of each sm90 MoE policy call (every MoE layer preset x MOE_MS)."""
+def _clear_moe_memos() -> None:
+    """Forget every MoE-policy answer that depends on the shape: the run-time picks, the feasible
+    configs of a layer shape, the binomial work-tile sums, the dense model's per-shape memos (kept:
+    the config spaces, static facts, the batch registry -- shape-independent)."""
+    from nvgemm.heuristics import moe_sm90, moe_sm100
+    from nvgemm.perfmodel.families import sm90_moe
+
+    _clear_shape_memos()
+    moe_sm90.pick_moe_configs.cache_clear()
+    moe_sm100.pick_moe_configs.cache_clear()
+    moe_sm90._feasible.cache_clear()
+    sm90_moe._uniform_tiles.cache_clear()
+
+
+def _moe_passes(policy) -> tuple[list[float], list[float]]:
+    """(median CPU ms of each of PASSES passes, every call) of ``policy.moe_candidates`` over every
+    MoE layer preset x MOE_MS, every call with the shape-dependent memos cleared first."""
     from nvgemm.heuristics import moe_sm90
 
-    moe_sm90.moe_candidates(next(iter(moe_sm90._layers().values())), 1)  # first call: imports, tables
-    ts = []
-    for shape in moe_sm90._layers().values():
-        for m in MOE_MS:
-            c = time.thread_time()
-            assert moe_sm90.moe_candidates(shape, m)
-            ts.append((time.thread_time() - c) * 1e3)
-    return ts
+    layers = list(moe_sm90.MOE_LAYERS.values())
+    policy.moe_candidates(layers[0], 1)  # first call: imports, tables, config spaces
+    medians, every = [], []
+    for _ in range(PASSES):
+        ts = []
+        for shape in layers:
+            for m in MOE_MS:
+                _clear_moe_memos()
+                c = time.thread_time()
+                assert policy.moe_candidates(shape, m)
+                ts.append((time.thread_time() - c) * 1e3)
+        medians.append(statistics.median(ts))
+        every += ts
+    return medians, every
 
 
 def _problems(n_offset: int, **kw) -> list[GemmProblem]:
@@ -142,7 +166,10 @@ def main() -> int:
     finally:
         gc.enable()
     pass_meds, rep_all, rep_best = _passes_cpu(_problems(384, **h200))
-    moe = _moe_cpu()
+    from nvgemm.heuristics import moe_sm90, moe_sm100
+
+    moe90_meds, moe90 = _moe_passes(moe_sm90)
+    moe100_meds, moe100 = _moe_passes(moe_sm100)
     t, c = time.perf_counter(), time.thread_time()
     per = bucket_candidates(GemmProblem(n=6336, k=4096, m_range=(1, 256)))
     bucket_cpu = (time.thread_time() - c) * 1e3
@@ -179,8 +206,9 @@ def main() -> int:
         pr(_row(f"{name} | CPU", c))
     pr(_row(f"H200 sm90 policy, unseen shapes, all {PASSES} passes of new-shape calls | CPU", rep_all))
     pr(_row(f"H200 sm90 policy, unseen shapes, fastest of the {PASSES} passes per shape | CPU", rep_best))
-    pr(_row("H200 sm90 MoE policy (moe_candidates, MoE presets x M in " + ",".join(map(str, MOE_MS)) + ") | CPU",
-            moe))
+    for name, ts in (("H200 sm90 MoE policy", moe90), ("B200 sm100 MoE policy", moe100)):
+        pr(_row(f"{name}, new shapes, all {PASSES} passes (moe_candidates, MoE presets x M in "
+                + ",".join(map(str, MOE_MS)) + ") | CPU", ts))
     pr("")
     pr(f"Dynamic M 1..256 split into {len(per)} buckets (`bucket_candidates`, 6 policy calls): {bucket_ms:.2f} ms wall, {bucket_cpu:.2f} ms CPU in total.")
     pr("")
@@ -210,8 +238,26 @@ def main() -> int:
        "says how busy the 2-core machine was.")
     pr("")
     pr(f"sm100 (B200, W4A4) policy: the unseen-shape rows above, {statistics.median(unseen_cpu + unseen2_cpu):.3f} ms "
-       f"CPU median. sm90 MoE policy: {statistics.median(moe):.3f} ms CPU median per `moe_candidates` call "
-       f"({len(moe)} calls; it has no per-shape memo, every call prices both GEMMs of every token tile).")
+       "CPU median.")
+    pr("")
+    for name, meds, ts in (("sm90 MoE policy (H200)", moe90_meds, moe90), ("sm100 MoE policy (B200)", moe100_meds,
+                                                                          moe100)):
+        pr(f"{name}, issue 23 item 5 / issue 25 item 5 (target <= 5 ms median on a new shape): median per pass of "
+           f"{len(ts) // PASSES} new-shape `moe_candidates` calls {', '.join(f'{t:.3f}' for t in meds)} ms CPU; "
+           f"**minimum of the pass medians {min(meds):.3f} ms**, median of all {len(ts)} calls "
+           f"{statistics.median(ts):.3f} ms -- the target is **{'met' if min(meds) <= 5.0 else 'missed'}**.")
+    pr("")
+    pr("Both MoE policies price every config of both GEMMs of every token tile in one pass "
+       "(`perfmodel.families.sm90_moe.grouped_gemm_times` -> `perfmodel.batch.gemm_totals`: the dense model's "
+       "equations on numpy arrays, all shapes of a call in one pass, bit-equal to `estimate(...).gemm_us`) and "
+       "memoise the config spaces, the feasible configs of a layer shape and the binomial work-tile sums per "
+       "(M, top_k, E, tile); "
+       "`tests/cpu/test_moe_policy_speed.py` checks the picks and modelled times against the per-config, "
+       "unmemoised implementation, float for float. Before (commit f1c96f2: one full `estimate` per config and "
+       "whole-tile problem, a binomial sum per config), the same passes (this file's `_moe_passes` run against "
+       "that commit's package on this machine, 2026-12-02 08:19 UTC, load ~3.4): sm90 MoE 73.4 ms minimum of the "
+       "pass medians (82.0 ms median of all calls), sm100 MoE 1.49 ms (1.66 ms). The `<= 1 ms` column is the "
+       "dense policies' target; the MoE target is 5 ms.")
     return 0
 
 

@@ -163,7 +163,8 @@ def grouped_gemm_times(jobs, m: int, top_k: int, num_experts: int, gpu: str, sm_
             continue
         tiles, per_tile, f, i_lo, i_hi = plan
         g = 1 - f
-        out.append((tiles, per_tile, [None if lo is None or hi is None else (g * lo[0] + f * hi[0], g * lo[1] + f * hi[1])
+        out.append((tiles, per_tile, [None if lo is None or hi is None else
+                                      (g * lo[0] + f * hi[0], g * lo[1] + f * hi[1])
                                       for lo, hi in zip(priced[i_lo], priced[i_hi])]))
     return out
 

@@ -26,8 +26,8 @@ import functools
 
 import numpy as np
 
-from .model import (COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _call_terms, _colimit2, _ends, _geometry, _model,
-                    _occupancy, _pipeline, _prepared, _sass_chain, _total_cached, colimit, occupancy, rounds)
+from .model import (COLIMIT_MARGIN, COLIMIT_P, US, _H_MARGIN, _call_parts, _colimit2, _ends, _model, _occupancy,
+                    _prepared, _total_cached, colimit, rounds)
 
 
 def totals(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
@@ -51,15 +51,7 @@ def gemm_totals(requests, gpu: str = "H200", sm_count: int | None = None) -> lis
 def gemm_us_with(config, m: int, n: int, k: int, hw, facts, fam) -> tuple[float, float]:
     """:func:`~nvgemm.perfmodel.model.estimate_with`'s ``gemm_us`` without the report fields (the
     same operations in the same order; any engine)."""
-    geo = _geometry(config, m, n, k, hw, facts, fam)
-    occ = occupancy(facts, geo, hw)
-    if occ.ctas_per_sm == 0:
-        raise ValueError(f"{config.name()}: does not fit on an SM ({occ.limiter})")
-    launch, sk, aux = _call_terms(geo, hw)
-    if fam.engine == "pipeline":
-        cyc = _pipeline(facts, geo, hw, _ends(hw), detail=False)
-    else:
-        cyc = _sass_chain(facts, geo, hw, occ, _ends(hw), detail=False)
+    cyc, launch, sk, aux = _call_parts(config, m, n, k, hw, facts, fam)
     clk = hw.clock_hz
     return tuple((cyc[i] / clk * US + launch[i] + sk[i] + aux[i]) - aux[i] for i in range(2))
 

@@ -403,17 +403,22 @@ def total_us_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFac
     """``(low, high)`` modelled call time -- :func:`estimate_with`'s ``total_us`` without the
     report fields (the same equations; the scalar reference of the ranking's batch path,
     :func:`nvgemm.perfmodel.batch.totals`)."""
+    cyc, launch, sk, aux = _call_parts(config, m, n, k, hw, facts, fam)
+    us = US / hw.clock_hz
+    return (cyc[0] * us + launch[0] + sk[0] + aux[0], cyc[1] * us + launch[1] + sk[1] + aux[1])
+
+
+def _call_parts(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFacts, fam: FamilyFacts):
+    """(kernel cycles per end, launch, split-K kernel, helper kernels) of one call, without the
+    report fields: what :func:`total_us_with` and ``batch.gemm_us_with`` add up (each in its order)."""
     geo = _geometry(config, m, n, k, hw, facts, fam)
     occ = occupancy(facts, geo, hw)
     if occ.ctas_per_sm == 0:
         raise ValueError(f"{config.name()}: does not fit on an SM ({occ.limiter})")
     launch, sk, aux = _call_terms(geo, hw)
     if fam.engine == "pipeline":
-        cyc = _pipeline(facts, geo, hw, _ends(hw), detail=False)
-    else:
-        cyc = _sass_chain(facts, geo, hw, occ, _ends(hw), detail=False)
-    us = US / hw.clock_hz
-    return (cyc[0] * us + launch[0] + sk[0] + aux[0], cyc[1] * us + launch[1] + sk[1] + aux[1])
+        return _pipeline(facts, geo, hw, _ends(hw), detail=False), launch, sk, aux
+    return _sass_chain(facts, geo, hw, occ, _ends(hw), detail=False), launch, sk, aux
 
 
 def estimate_with(config, m: int, n: int, k: int, hw: Hardware, facts: KernelFacts, fam: FamilyFacts) -> Estimate:

@@ -569,42 +569,22 @@ def _blackwell_tutorial_fp16_gemm_0(mod, h: Harness):
     return _tutorial_fp16_gemm(mod, h, 128, 256, 128)
 
 
-@example("blackwell/tutorial_fp16_gemm_1", f"{TUTORIAL_GEMM}/fp16_gemm_1.py", "sm_100a", "B200",
-         "M=N=256 K=128: kind::f16 `.cta_group::2` over a 2x1 cluster", EXACT_FP16)
-def _blackwell_tutorial_fp16_gemm_1(mod, h: Harness):
-    return _tutorial_fp16_gemm(mod, h, 256, 256, 128)
-
-
-@example("blackwell/tutorial_fp16_gemm_2", f"{TUTORIAL_GEMM}/fp16_gemm_2.py", "sm_100a", "B200",
-         "M=N=256 K=128: + TMA-store epilogue, warp specialisation", EXACT_FP16)
-def _blackwell_tutorial_fp16_gemm_2(mod, h: Harness):
-    return _tutorial_fp16_gemm(mod, h, 256, 256, 128)
-
-
-@example("blackwell/tutorial_fp16_gemm_3", f"{TUTORIAL_GEMM}/fp16_gemm_3.py", "sm_100a", "B200",
-         "M=N=512 K=128: + static persistent scheduler, max_active_clusters 2 (4 tiles on 2 clusters)", EXACT_FP16)
-def _blackwell_tutorial_fp16_gemm_3(mod, h: Harness):
-    return _tutorial_fp16_gemm(mod, h, 512, 512, 128, 2)
-
-
-@example("blackwell/tutorial_fp16_gemm_3_1", f"{TUTORIAL_GEMM}/fp16_gemm_3_1.py", "sm_100a", "B200",
-         "M=N=512 K=128: + cluster launch control dynamic scheduler (multicast try_cancel), max_active_clusters 2",
-         EXACT_FP16)
-def _blackwell_tutorial_fp16_gemm_3_1(mod, h: Harness):
-    return _tutorial_fp16_gemm(mod, h, 512, 512, 128, 2)
-
-
-@example("blackwell/tutorial_fp16_gemm_4", f"{TUTORIAL_GEMM}/fp16_gemm_4.py", "sm_100a", "B200",
-         "M=512 N=1024 K=128: CLC + preferred (2x4) / fallback (2x1) cluster shapes, 2 active clusters of each",
-         EXACT_FP16)
-def _blackwell_tutorial_fp16_gemm_4(mod, h: Harness):
-    return _tutorial_fp16_gemm(mod, h, 512, 1024, 128, 2, 2)
-
-
-@example("blackwell/tutorial_fp16_gemm_5", f"{TUTORIAL_GEMM}/fp16_gemm_5.py", "sm_100a", "B200",
-         "M=512 N=256 K=128: CLC + TMA prefetch, max_active_clusters 2", EXACT_FP16)
-def _blackwell_tutorial_fp16_gemm_5(mod, h: Harness):
-    return _tutorial_fp16_gemm(mod, h, 512, 256, 128, 2)
+#: fp16 GEMM tutorials 1..5: (file stem, M, N, K, the host function's constexprs after a, b, c, what it adds)
+TUTORIAL_FP16_GEMMS = (
+    ("fp16_gemm_1", 256, 256, 128, (), "kind::f16 `.cta_group::2` over a 2x1 cluster"),
+    ("fp16_gemm_2", 256, 256, 128, (), "+ TMA-store epilogue, warp specialisation"),
+    ("fp16_gemm_3", 512, 512, 128, (2,), "+ static persistent scheduler, max_active_clusters 2 (4 tiles on 2 "
+     "clusters)"),
+    ("fp16_gemm_3_1", 512, 512, 128, (2,), "+ cluster launch control dynamic scheduler (multicast try_cancel), "
+     "max_active_clusters 2"),
+    ("fp16_gemm_4", 512, 1024, 128, (2, 2), "CLC + preferred (2x4) / fallback (2x1) cluster shapes, 2 active "
+     "clusters of each"),
+    ("fp16_gemm_5", 512, 256, 128, (2,), "CLC + TMA prefetch, max_active_clusters 2"),
+)
+for _stem, _m, _n, _k, _cx, _what in TUTORIAL_FP16_GEMMS:
+    example(f"blackwell/tutorial_{_stem}", f"{TUTORIAL_GEMM}/{_stem}.py", "sm_100a", "B200",
+            f"M={_m} N={_n} K={_k}: {_what}", EXACT_FP16)(
+        lambda mod, h, _shape=(_m, _n, _k), _cx=_cx: _tutorial_fp16_gemm(mod, h, *_shape, *_cx))
 
 
 DEQUANT_SCALE = 0.5  # fp16_gemm_6: B = int8 codes x 0.5, exact in fp16
@@ -655,22 +635,16 @@ def _tma_tutorial(mod, h: Harness, cls: str, transpose: bool, *constexprs):
 TMA_EXACT = "bit-exact (a copy: the output's bits must be the input's)"
 
 
-@example("blackwell/tutorial_tma_v0", f"{TUTORIAL_TMA}/tma_v0.py", "sm_100a", "B200",
-         "256 x 384 fp16 (random bit patterns): TMA load / store copy", TMA_EXACT)
-def _blackwell_tutorial_tma_v0(mod, h: Harness):
-    return _tma_tutorial(mod, h, "Sm100SimpleCopyKernel", False)
-
-
-@example("blackwell/tutorial_tma_v1", f"{TUTORIAL_TMA}/tma_v1.py", "sm_100a", "B200",
-         "256 x 384 fp16 -> 384 x 256: TMA transpose through two smem views", TMA_EXACT)
-def _blackwell_tutorial_tma_v1(mod, h: Harness):
-    return _tma_tutorial(mod, h, "Sm100MatrixTransposeKernelV1", True)
-
-
-@example("blackwell/tutorial_tma_v2", f"{TUTORIAL_TMA}/tma_v2.py", "sm_100a", "B200",
-         "256 x 384 fp16 -> 384 x 256: persistent TMA transpose, max_active_clusters 2", TMA_EXACT)
-def _blackwell_tutorial_tma_v2(mod, h: Harness):
-    return _tma_tutorial(mod, h, "Sm100MatrixTransposeKernelV2", True, 2)
+#: TMA tutorials: (file stem, kernel class, transposes, constexprs after src, dst, what it does)
+TUTORIAL_TMAS = (
+    ("tma_v0", "Sm100SimpleCopyKernel", False, (), "TMA load / store copy"),
+    ("tma_v1", "Sm100MatrixTransposeKernelV1", True, (), "TMA transpose through two smem views"),
+    ("tma_v2", "Sm100MatrixTransposeKernelV2", True, (2,), "persistent TMA transpose, max_active_clusters 2"),
+)
+for _stem, _cls, _tr, _cx, _what in TUTORIAL_TMAS:
+    example(f"blackwell/tutorial_{_stem}", f"{TUTORIAL_TMA}/{_stem}.py", "sm_100a", "B200",
+            f"256 x 384 fp16 (random bit patterns){' -> 384 x 256' if _tr else ''}: {_what}", TMA_EXACT)(
+        lambda mod, h, _a=(_cls, _tr, *_cx): _tma_tutorial(mod, h, *_a))
 
 
 @example("blackwell/dense_gemm_software_pipeline", "cute/blackwell/kernel/dense_gemm/dense_gemm_software_pipeline.py",

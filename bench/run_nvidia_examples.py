@@ -9,10 +9,16 @@ architecture (``CUTE_DSL_ARCH``, with ``CUTE_DSL_KEEP=ptx``), runs it through
 runtime, every launch interpreted) and compares the output with the example's reference semantics computed here
 with torch on the CPU in fp32/fp64.
 
+Every host call runs under each cluster schedule of ``--schedules`` (:data:`SCHEDULES`, all three by default:
+serial in launch order, two clusters resident in reverse order, the whole grid resident in a shuffled order;
+see :mod:`nvgemm.emulator.ptx.schedule`), each from the same initial memory. The first schedule's output is
+compared with the reference, and every other schedule must leave every tensor bit for bit as the first did.
+
 Every example runs in a child process of its own (CuTeDSL keeps the first compile's architecture per process).
 An opcode the emulator lacks is reported by name, never skipped.
 
     python bench/run_nvidia_examples.py --cutlass /path/to/cutlass [--only NAME ...] [--results FILE.md]
+        [--schedules serial,2-resident,all-resident]
     python bench/run_nvidia_examples.py --list
 """
 
@@ -62,6 +68,12 @@ NOT_ADAPTED = {
     "blockscaled_gemm/*_amax.py, *_prefetch.py, sm103_*": "not adapted yet",
 }
 NOTED_STATS = ("int_div_by_zero", "cp_async_unwaited")  # Launch.stats worth a note in the table
+#: cluster schedules (nvgemm.emulator.ptx.schedule.Schedule(order, resident clusters, preferred regions)):
+#: "serial": launch order, one cluster at a time -- a cluster launch control kernel's first cluster cancels and
+#: computes every pending one; "2-resident": two at once in reverse order; "all-resident": the whole grid at once
+#: in a shuffled order -- every try_cancel fails, each cluster computes its own work. A launch with a preferred
+#: cluster shape runs all preferred, mixed (seeded per region) and all fallback in these three.
+SCHEDULES = {"serial": ("forward", 1, "all"), "2-resident": ("reverse", 2, 3), "all-resident": (7, 1 << 20, "none")}
 
 
 def example(name, path, arch, device, size, tolerance):
@@ -80,10 +92,13 @@ def example(name, path, arch, device, size, tolerance):
 class Harness:
     """What an adapter needs: run a compiled host function on the emulator, compare outputs."""
 
-    def __init__(self, ex: Example):
+    def __init__(self, ex: Example, schedules=("serial",)):
         self.ex = ex
+        self.schedules = tuple(schedules)
         self.timings: dict[str, float] = {}
-        self.launches = []
+        self.launches = []  # of the first schedule
+        self.canceled: dict[str, int] = {}  # schedule -> successful try_cancels over its launches
+        self.schedule_mismatch: list[str] = []  # schedules whose memory differed from the first's
 
     def compile(self, fn, *args, **kwargs):
         import cutlass.cute as cute
@@ -96,14 +111,31 @@ class Harness:
     def emulate(self, compiled, *args, memory, **kwargs):
         from nvgemm.emulator.cute_host import EmulatedHostFunction
 
+        """Run the host call once per schedule, each from the initial contents of ``memory``; the first
+        schedule's memory is left for the adapter to check, the others' must equal it bit for bit."""
+        from nvgemm.emulator.ptx.schedule import Schedule
+
         t0 = time.perf_counter()
         fn = EmulatedHostFunction(compiled, device=self.ex.device)
         t1 = time.perf_counter()
         self.timings["export_link_s"] = t1 - t0
+        initial = [t.clone() for t in memory]
+        first, launches = None, []
         try:
-            launches = fn(*args, memory=memory, **kwargs)
+            for name in self.schedules:
+                for t, t_init in zip(memory, initial):
+                    t.copy_(t_init)
+                made = fn(*args, memory=memory, order=Schedule(*SCHEDULES[name]), **kwargs)
+                self.canceled[name] = sum(L.stats.get("clusters_canceled", 0) for L in made)
+                state = [t.clone() for t in memory]
+                if first is None:
+                    first, launches = state, made
+                elif not all(_same_bits(a, b) for a, b in zip(first, state)):
+                    self.schedule_mismatch.append(name)
         finally:  # an emulation error still reports how long it ran
             self.timings["emulate_s"] = self.timings.get("emulate_s", 0.0) + time.perf_counter() - t1
+        for t, t_first in zip(memory, first):
+            t.copy_(t_first)
         self.launches += launches
         return launches
 
@@ -120,6 +152,13 @@ class Harness:
         bad = err > atol + rtol * r.abs()
         text = f"max abs err {err.max().item():.3g} (atol {atol:g}, rtol {rtol:g}): {int(bad.sum())} of {o.numel()} outside"
         return text, not bool(bad.any())
+
+
+def _same_bits(a, b) -> bool:
+    """Bit-for-bit equality of two tensors of one dtype and shape (NaNs included)."""
+    import torch
+
+    return a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def gmem(t, **kwargs):
@@ -502,22 +541,110 @@ def _blackwell_dense_gemm_persistent(mod, h: Harness):
     return _gemm_mkl(gemm, h, 256, 256, 128, 1, torch.float16, torch.float16, constexprs=(2,))
 
 
-@example("blackwell/tutorial_fp16_gemm_0", "cute/blackwell/tutorial/tutorial_gemm/fp16_gemm_0.py", "sm_100a", "B200",
-         "M=128 N=256 K=128 fp16 / fp32 acc / fp16 out (the tutorial's fixed 128x256x64 MMA tiler), example data: "
-         "integers in [-2, 2)", "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
-def _blackwell_tutorial_fp16_gemm_0(mod, h: Harness):
+TUTORIAL_GEMM = "cute/blackwell/tutorial/tutorial_gemm"
+TUTORIAL_TMA = "cute/blackwell/tutorial/tutorial_tma"
+EXACT_FP16 = "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)"
+
+
+def _tutorial_fp16_gemm(mod, h: Harness, m, n, k, *constexprs):
+    """``host_function(a, b, c, *constexprs)`` of a Blackwell fp16 GEMM tutorial: C = A B^T, fp16 K-major A / B,
+    fp16 C, integer data in [-2, 2) (the tutorials' own recipe)."""
     import torch
 
-    m, n, k = 128, 256, 128
     a, b = _ints((m, k), -2, 2, 31, torch.float16), _ints((n, k), -2, 2, 32, torch.float16)
     c = torch.full((m, n), float("nan"), dtype=torch.float16)
     ta, tb = [gmem(t, assumed_align=32).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(
         mode=1, divisibility=k) for t in (a, b)]
     tc = gmem(c, assumed_align=32).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(mode=1,
                                                                                                divisibility=n)
-    compiled = h.compile(mod.host_function, ta, tb, tc)
+    compiled = h.compile(mod.host_function, ta, tb, tc, *constexprs)
     h.emulate(compiled, ta, tb, tc, memory=[a, b, c])
     return h.compare(c, (a.double() @ b.double().T).to(torch.float16))
+
+
+@example("blackwell/tutorial_fp16_gemm_0", f"{TUTORIAL_GEMM}/fp16_gemm_0.py", "sm_100a", "B200",
+         "M=128 N=256 K=128 fp16 / fp32 acc / fp16 out (the tutorial's fixed 128x256x64 MMA tiler): tcgen05 "
+         "kind::f16 1-CTA, TMA, pipelines; example data: integers in [-2, 2)", EXACT_FP16)
+def _blackwell_tutorial_fp16_gemm_0(mod, h: Harness):
+    return _tutorial_fp16_gemm(mod, h, 128, 256, 128)
+
+
+#: fp16 GEMM tutorials 1..5: (file stem, M, N, K, the host function's constexprs after a, b, c, what it adds)
+TUTORIAL_FP16_GEMMS = (
+    ("fp16_gemm_1", 256, 256, 128, (), "kind::f16 `.cta_group::2` over a 2x1 cluster"),
+    ("fp16_gemm_2", 256, 256, 128, (), "+ TMA-store epilogue, warp specialisation"),
+    ("fp16_gemm_3", 512, 512, 128, (2,), "+ static persistent scheduler, max_active_clusters 2 (4 tiles on 2 "
+     "clusters)"),
+    ("fp16_gemm_3_1", 512, 512, 128, (2,), "+ cluster launch control dynamic scheduler (multicast try_cancel), "
+     "max_active_clusters 2"),
+    ("fp16_gemm_4", 512, 1024, 128, (2, 2), "CLC + preferred (2x4) / fallback (2x1) cluster shapes, 2 active "
+     "clusters of each"),
+    ("fp16_gemm_5", 512, 256, 128, (2,), "CLC + TMA prefetch, max_active_clusters 2"),
+)
+for _stem, _m, _n, _k, _cx, _what in TUTORIAL_FP16_GEMMS:
+    example(f"blackwell/tutorial_{_stem}", f"{TUTORIAL_GEMM}/{_stem}.py", "sm_100a", "B200",
+            f"M={_m} N={_n} K={_k}: {_what}", EXACT_FP16)(
+        lambda mod, h, _shape=(_m, _n, _k), _cx=_cx: _tutorial_fp16_gemm(mod, h, *_shape, *_cx))
+
+
+DEQUANT_SCALE = 0.5  # fp16_gemm_6: B = int8 codes x 0.5, exact in fp16
+
+
+@example("blackwell/tutorial_fp16_gemm_6", f"{TUTORIAL_GEMM}/fp16_gemm_6.py", "sm_100a", "B200",
+         "M=512 N=256 K=128: an int8 -> fp16 dequant kernel (scale 0.5), then the CLC GEMM under PDL, "
+         "max_active_clusters 2; int8 codes and A integers in [-2, 2) (the tutorial's recipe)",
+         "bit-exact, both the dequantized B (exact: codes x 0.5) and C (as the fp16 rows)")
+def _blackwell_tutorial_fp16_gemm_6(mod, h: Harness):
+    import torch
+
+    m, n, k = 512, 256, 128
+    a = _ints((m, k), -2, 2, 33, torch.float16)
+    bq = _ints((n, k), -2, 2, 34).to(torch.int8)
+    b = torch.full((n, k), float("nan"), dtype=torch.float16)
+    c = torch.full((m, n), float("nan"), dtype=torch.float16)
+    ta, tc = (gmem(t).mark_layout_dynamic() for t in (a, c))
+    tbq, tb = (gmem(t, assumed_align=32).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(
+        mode=1, divisibility=k) for t in (bq, b))
+    compiled = h.compile(mod.host_function, ta, tbq, tb, tc, DEQUANT_SCALE, 2, _stream())
+    h.emulate(compiled, ta, tbq, tb, tc, DEQUANT_SCALE, _stream(), memory=[a, bq, b, c])
+    b_ref = (bq.double() * DEQUANT_SCALE).to(torch.float16)
+    text, ok = h.compare(b, b_ref)
+    if not ok:
+        return f"dequantized B: {text}", False
+    return h.compare(c, (a.double() @ b_ref.double().T).to(torch.float16))
+
+
+def _tma_tutorial(mod, h: Harness, cls: str, transpose: bool, *constexprs):
+    """``cls()(src, dst, *constexprs)`` of a TMA tutorial on a 256 x 384 fp16 tensor of random bit patterns (NaNs
+    replaced by 1): dst must be src (copy) or src^T (transpose) bit for bit."""
+    import torch
+
+    m, n = 256, 384
+    g = torch.Generator().manual_seed(91)
+    src = torch.randint(-30000, 30000, (m, n), generator=g, dtype=torch.int16).view(torch.float16)
+    src[src.isnan()] = 1.0
+    dst = torch.full((n, m) if transpose else (m, n), float("nan"), dtype=torch.float16)
+    ts, td = (gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=1).mark_compact_shape_dynamic(
+        mode=1, divisibility=16) for t in (src, dst))
+    compiled = h.compile(getattr(mod, cls)(), ts, td, *constexprs)
+    h.emulate(compiled, ts, td, memory=[src, dst])
+    ref = src.T.contiguous() if transpose else src
+    return h.compare(dst.view(torch.int16), ref.view(torch.int16))
+
+
+TMA_EXACT = "bit-exact (a copy: the output's bits must be the input's)"
+
+
+#: TMA tutorials: (file stem, kernel class, transposes, constexprs after src, dst, what it does)
+TUTORIAL_TMAS = (
+    ("tma_v0", "Sm100SimpleCopyKernel", False, (), "TMA load / store copy"),
+    ("tma_v1", "Sm100MatrixTransposeKernelV1", True, (), "TMA transpose through two smem views"),
+    ("tma_v2", "Sm100MatrixTransposeKernelV2", True, (2,), "persistent TMA transpose, max_active_clusters 2"),
+)
+for _stem, _cls, _tr, _cx, _what in TUTORIAL_TMAS:
+    example(f"blackwell/tutorial_{_stem}", f"{TUTORIAL_TMA}/{_stem}.py", "sm_100a", "B200",
+            f"256 x 384 fp16 (random bit patterns){' -> 384 x 256' if _tr else ''}: {_what}", TMA_EXACT)(
+        lambda mod, h, _a=(_cls, _tr, *_cx): _tma_tutorial(mod, h, *_a))
 
 
 @example("blackwell/dense_gemm_software_pipeline", "cute/blackwell/kernel/dense_gemm/dense_gemm_software_pipeline.py",
@@ -687,13 +814,24 @@ def _blocked_scales(sf):
          "M=128 N=256 K=256 L=1 NVFP4 -> fp16 (the tutorial's fixed 128x256 MMA tiler); data as "
          "blackwell/dense_blockscaled_gemm_persistent, scales laid out by the harness (cuBLAS 128x4 blocks)",
          "bit-exact (as blackwell/dense_blockscaled_gemm_persistent)")
-def _blackwell_tutorial_nvfp4(mod, h: Harness):
+def _blackwell_tutorial_nvfp4_gemm_0(mod, h: Harness):
+    return _tutorial_nvfp4(mod, h, 128, 256, 256)
+
+
+@example("blackwell/tutorial_nvfp4_gemm_1", f"{TUTORIAL_GEMM}/nvfp4_gemm_1.py", "sm_100a", "B200",
+         "M=N=256 K=512 L=1 NVFP4 -> fp16: kind::mxf4nvf4 `.cta_group::2` (the tutorial's fixed 256x256 MMA tiler, "
+         "2x1 cluster); data as tutorial_nvfp4_gemm_0", "bit-exact (as blackwell/dense_blockscaled_gemm_persistent)")
+def _blackwell_tutorial_nvfp4_gemm_1(mod, h: Harness):
+    return _tutorial_nvfp4(mod, h, 256, 256, 512)
+
+
+def _tutorial_nvfp4(mod, h: Harness, m, n, k):
     import cutlass
     import cutlass.cute as cute
     import torch
     from cutlass.cute.runtime import make_ptr
 
-    m, n, k, l = 128, 256, 256, 1
+    l = 1
     a, av = _nvfp4_operand(m, k, 61)
     b, bv = _nvfp4_operand(n, k, 62)
     sfa_codes, sfa = _pow2_scales(m, k // 16, 63)
@@ -714,7 +852,7 @@ def _blackwell_tutorial_nvfp4(mod, h: Harness):
     return h.compare(c, ref.to(torch.float16))
 
 
-def child_main(checkout: Path, name: str) -> dict:
+def child_main(checkout: Path, name: str, schedules=tuple(SCHEDULES)) -> dict:
     ex = EXAMPLES[name]
     root = checkout / EXAMPLES_SUBDIR
     path = root / ex.path
@@ -725,7 +863,7 @@ def child_main(checkout: Path, name: str) -> dict:
     for p in (str(root), str(root / "cute"), str(Path(__file__).parent)):  # examples import "cute.x" and "blackwell.x"
         if p not in sys.path:
             sys.path.insert(0, p)
-    h = Harness(ex)
+    h = Harness(ex, schedules)
     t0 = time.perf_counter()
     try:
         spec = importlib.util.spec_from_file_location(f"nvidia_example_{name.replace('/', '_')}", path)
@@ -733,6 +871,9 @@ def child_main(checkout: Path, name: str) -> dict:
         sys.modules[spec.name] = mod  # dataclasses and cute.jit look their module up
         spec.loader.exec_module(mod)
         result, ok = ex.run(mod, h)
+        if h.schedule_mismatch:
+            result, ok = (f"schedule MISMATCH: {', '.join(h.schedule_mismatch)} left memory different from "
+                          f"{h.schedules[0]} (which gave: {result})"), False
         out.update(result=result, ok=ok)
     except Exception as e:  # report the failure (an unknown opcode names itself), keep going with the others
         from nvgemm.emulator.ptx.errors import EmulationError
@@ -742,6 +883,7 @@ def child_main(checkout: Path, name: str) -> dict:
         out.update(result=f"{kind} error: {type(e).__name__}: {first[:400]}", ok=False,
                    traceback=traceback.format_exc()[-3000:])
     out["wall_s"] = time.perf_counter() - t0
+    out["schedules"] = h.canceled  # schedule -> clusters canceled (the schedules that ran)
     out.update({k: round(v, 2) for k, v in h.timings.items()})
     out["launches"] = [{"grid": L.grid, "block": L.block, "cluster": L.cluster, "dyn_smem": L.dyn_smem,
                         "stats": {k: v for k, v in L.stats.items() if k in NOTED_STATS and v}} for L in h.launches]
@@ -763,11 +905,11 @@ def cutlass_commit(checkout: Path, given: str | None) -> str:
     return f.read_text().strip() if f.exists() else "unknown"
 
 
-def run_child(checkout: Path, ex: Example, timeout: int) -> dict:
+def run_child(checkout: Path, ex: Example, timeout: int, schedules=tuple(SCHEDULES)) -> dict:
     env = dict(os.environ)
     dump = tempfile.mkdtemp(prefix="nvgemm_nvex_dump_")
     env.update(CUTE_DSL_ARCH=ex.arch, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=dump)
-    cmd = [sys.executable, __file__, "--cutlass", str(checkout), "--child", ex.name]
+    cmd = [sys.executable, __file__, "--cutlass", str(checkout), "--child", ex.name, "--schedules", ",".join(schedules)]
     t0 = time.perf_counter()
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -797,15 +939,23 @@ def markdown(rows: list[dict], commit: str, checkout_arg: str, note: str = "") -
         f"nvidia-cutlass-dsl {version('nvidia-cutlass-dsl')}, CPU only. Each example's own `@cute.jit` host function "
         "is compiled for its architecture, exported (`export_to_c`), relinked against the fake CUDA runtime and run; "
         "every kernel launch it makes is interpreted from the kept PTX. Reference: the example's own semantics "
-        "computed with torch on the CPU in fp64. Times: emulator = the host call with all its launches "
-        "interpreted; compile = `cute.compile`.",
+        "computed with torch on the CPU in fp64. Each host call runs under the cluster schedules of "
+        "`nvgemm.emulator.ptx.schedule` named in the schedules column, each from the same initial memory: serial in "
+        "launch order (a cluster launch control kernel's first cluster cancels and computes every pending one), two "
+        "clusters resident in reverse order, the whole grid resident in a shuffled order (every `try_cancel` fails); "
+        "a launch with a preferred cluster shape runs all preferred, mixed (seeded per region) and all fallback in "
+        "these three. The first schedule's output is checked against the reference and every other schedule must "
+        "leave all memory bit for bit as the first did; the column counts successful `try_cancel`s per schedule. "
+        "Times: emulator = the host call with all its launches interpreted, summed over the schedules; compile = "
+        "`cute.compile`.",
         "",
         "Regenerate: `python bench/run_nvidia_examples.py --cutlass <checkout> --results "
         "bench/results/emulator_nvidia_examples.md` (one example: `--only NAME`).",
         "",
         *([note, ""] if note else []),
-        "| example | arch | problem | result | tolerance | emulator s | compile s | launches (grid/block/cluster/smem) |",
-        "|---|---|---|---|---|---:|---:|---|",
+        "| example | arch | problem | result | tolerance | schedules: clusters canceled | emulator s | compile s "
+        "| launches (grid/block/cluster/smem) |",
+        "|---|---|---|---|---|---|---:|---:|---|",
     ]
     for r in rows:
         launches = "; ".join(f"{tuple(L['grid'])}/{tuple(L['block'])}/{tuple(L['cluster'])}/{L['dyn_smem']}"
@@ -814,8 +964,9 @@ def markdown(rows: list[dict], commit: str, checkout_arg: str, note: str = "") -
         res = f"{_status(r)}: " + r["result"].replace("|", "\\|")
         emu = f"{r['emulate_s']:.2f}" if "emulate_s" in r else "-"
         comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
+        sched = " / ".join(f"{k} {v}" for k, v in r.get("schedules", {}).items()) or "-"
         lines.append(f"| `{r['example']}` (`{r['path']}`) | {r['arch']} | {r['size']} | {res} | {r['tolerance']} | "
-                     f"{emu} | {comp} | {launches or '-'} |")
+                     f"{sched} | {emu} | {comp} | {launches or '-'} |")
     lines += ["", "Command per row: `python bench/run_nvidia_examples.py --cutlass <checkout> --only <example>`.", "",
               "## Examples without an adapter", "", "| example(s) | why |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in NOT_ADAPTED.items()]
@@ -831,6 +982,9 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", help="CUTLASS commit to report (default: git rev-parse HEAD of the checkout)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per example (default 1800)")
     ap.add_argument("--note", default="", help="a paragraph for the results file (e.g. how the commit was chosen)")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES),
+                    help=f"comma-separated cluster schedules to run each host call under, the first checked against "
+                         f"the reference, the others against the first (default: all of {', '.join(SCHEDULES)})")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.list:
@@ -840,8 +994,12 @@ def main(argv=None) -> int:
     if args.cutlass is None:
         ap.error("--cutlass is required (a CUTLASS checkout with examples/python/CuTeDSL)")
     checkout = args.cutlass.resolve()
+    schedules = tuple(x for x in args.schedules.split(",") if x)
+    bad = [x for x in schedules if x not in SCHEDULES]
+    if bad or not schedules:
+        ap.error(f"unknown schedule(s) {bad or schedules}; choose from {', '.join(SCHEDULES)}")
     if args.child:
-        print("NVEX_RESULT " + json.dumps(child_main(checkout, args.child)), flush=True)
+        print("NVEX_RESULT " + json.dumps(child_main(checkout, args.child, schedules)), flush=True)
         return 0
     if not (checkout / EXAMPLES_SUBDIR).is_dir():
         ap.error(f"{checkout} has no {EXAMPLES_SUBDIR}")
@@ -851,7 +1009,7 @@ def main(argv=None) -> int:
     names = args.only or list(EXAMPLES)
     rows = []
     for n in names:
-        r = run_child(checkout, EXAMPLES[n], args.timeout)
+        r = run_child(checkout, EXAMPLES[n], args.timeout, schedules)
         rows.append(r)
         print(f"{n}: {_status(r)} {r['result']} "
               f"(emulator {r.get('emulate_s', '-')} s, wall {r.get('wall_s', 0):.1f} s)", flush=True)

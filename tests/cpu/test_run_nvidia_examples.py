@@ -39,6 +39,51 @@ def test_refusals(h, tmp_path, capsys):
     with pytest.raises(SystemExit):
         h.main(["--cutlass", str(tmp_path), "--only", "no/such_example"])
     assert "no/such_example" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        h.main(["--cutlass", str(tmp_path), "--schedules", "serial,sideways"])
+    assert "sideways" in capsys.readouterr().err
+
+
+def test_schedules_are_valid_and_distinct(h):
+    from nvgemm.emulator.ptx.schedule import Schedule
+
+    made = [Schedule(*v) for v in h.SCHEDULES.values()]
+    assert list(h.SCHEDULES) == ["serial", "2-resident", "all-resident"]
+    assert made[0].resident == 1 and made[1].resident == 2 and made[2].resident >= 1 << 20
+    assert len({(s.order, s.preferred) for s in made}) == 3
+
+
+class _FakeHostFunction:
+    """Stands in for EmulatedHostFunction: writes into the output what a schedule-dependent kernel would."""
+
+    calls = []
+
+    def __init__(self, compiled, device):
+        pass
+
+    def __call__(self, out, memory, order):
+        type(self).calls.append((order, out.clone()))  # what the call found in memory
+        out.add_(1.0)  # reads its output: must start from the initial contents every time
+        if order.resident == 2:
+            out[0] = 99.0  # a race only the 2-resident schedule shows
+        return []
+
+
+def test_every_schedule_starts_from_the_initial_memory_and_must_match_the_first(h, monkeypatch):
+    import torch
+
+    import nvgemm.emulator.cute_host as cute_host
+
+    monkeypatch.setattr(cute_host, "EmulatedHostFunction", _FakeHostFunction)
+    _FakeHostFunction.calls = []
+    hh = h.Harness(h.EXAMPLES["hopper/dense_gemm"], tuple(h.SCHEDULES))
+    out = torch.zeros(4)
+    hh.emulate(None, out, memory=[out])
+    assert [c[0].resident for c in _FakeHostFunction.calls] == [1, 2, 1 << 20]
+    assert all(torch.equal(c[1], torch.zeros(4)) for c in _FakeHostFunction.calls)
+    assert hh.schedule_mismatch == ["2-resident"]
+    assert torch.equal(out, torch.ones(4))  # the first schedule's memory is left for the reference check
+    assert set(hh.canceled) == set(h.SCHEDULES)
 
 
 def test_child_reports_an_example_missing_from_the_checkout(h, tmp_path):
@@ -49,7 +94,7 @@ def test_child_reports_an_example_missing_from_the_checkout(h, tmp_path):
 def test_results_table_rows(h):
     rows = [
         {"example": "a/x", "path": "p/x.py", "arch": "sm_90a", "size": "M=1", "tolerance": "bit-exact", "ok": True,
-         "result": "bit-exact", "emulate_s": 1.234, "compile_s": 5.0,
+         "result": "bit-exact", "emulate_s": 1.234, "compile_s": 5.0, "schedules": {"serial": 3, "2-resident": 2},
          "launches": [{"grid": [1, 1, 1], "block": [128, 1, 1], "cluster": [1, 1, 1], "dyn_smem": 1024,
                        "stats": {"int_div_by_zero": 2}}]},
         {"example": "a/y", "path": "p/y.py", "arch": "sm_80", "size": "M=2", "tolerance": "t", "ok": "finding",
@@ -62,5 +107,6 @@ def test_results_table_rows(h):
     lines = [ln for ln in md.splitlines() if ln.startswith("| `a/")]
     assert len(lines) == 3
     assert "PASS: bit-exact" in lines[0] and "1.23" in lines[0] and "(int_div_by_zero: 2)" in lines[0]
+    assert "| serial 3 / 2-resident 2 |" in lines[0]
     assert "FINDING: out-of-bounds \\| read" in lines[1]
     assert "FAIL: emulator error: UnknownOpcodeError: foo" in lines[2]

@@ -127,3 +127,74 @@ def tcgen05_f16_tile(a: cute.Pointer, b: cute.Pointer, c: cute.Pointer):
     gB = cute.make_tensor(b, cute.make_layout((TC_N, TC_K), stride=(TC_K, 1)))
     gC = cute.make_tensor(c, cute.make_layout((TC_M, TC_N), stride=(TC_N, 1)))
     _tcgen05_f16_tile(tm, sa, sb, gA, gB, gC).launch(grid=(1, 1, 1), block=(128, 1, 1), smem=64 * 1024)
+
+
+MS_M, MS_N, MS_K, MS_BK = 64, 64, 128, 64  # two K tiles of 64, both staged before the first is consumed
+
+
+@cute.kernel
+def _mma_sync_tile(tiled_mma: cute.TiledMma, g2s: cute.TiledCopy, s2r_a_atom: cute.CopyAtom,
+                   s2r_b_atom: cute.CopyAtom, s_layout: cute.Layout, gA: cute.Tensor, gB: cute.Tensor,
+                   gC: cute.Tensor):
+    dtype = gA.element_type
+    smem = cutlass.memory.SmemAllocator()
+    swz = cute.make_swizzle(3, 4, 3)  # on byte offsets: 16-byte chunk ^= 128-byte row (mod 8), the ldmatrix layout
+    sA = smem.allocate_tensor(dtype, s_layout, 128, swizzle=swz)  # (MS_M, MS_BK, stage)
+    sB = smem.allocate_tensor(dtype, s_layout, 128, swizzle=swz)  # (MS_N, MS_BK, stage)
+    tidx, _, _ = cute.arch.thread_idx()
+    # G2S: cp.async.cg 16-byte copies through CuTe's tiled-copy partitioner, one commit group per K tile
+    gA_t = cute.local_tile(gA, (MS_M, MS_BK), (0, None))  # (MS_M, MS_BK, k tiles)
+    gB_t = cute.local_tile(gB, (MS_N, MS_BK), (0, None))
+    thr_g2s = g2s.get_slice(tidx)
+    for kt in cutlass.range_constexpr(MS_K // MS_BK):
+        cute.copy(g2s, thr_g2s.partition_S(gA_t[None, None, kt]), thr_g2s.partition_D(sA[None, None, kt]))
+        cute.copy(g2s, thr_g2s.partition_S(gB_t[None, None, kt]), thr_g2s.partition_D(sB[None, None, kt]))
+        cute.arch.cp_async_commit_group()
+    thr = tiled_mma.get_slice(tidx)
+    tCsA, tCsB = thr.partition_A(sA), thr.partition_B(sB)
+    tCrA = tiled_mma.make_fragment_A(tCsA[None, None, None, 0])
+    tCrB = tiled_mma.make_fragment_B(tCsB[None, None, None, 0])
+    acc = tiled_mma.make_fragment_C(thr.partition_C(gC))
+    acc.fill(0.0)
+    # S2R: ldmatrix through CuTe's MMA-matched tiled copies
+    s2r_a = cute.make_tiled_copy_A(s2r_a_atom, tiled_mma)
+    s2r_b = cute.make_tiled_copy_B(s2r_b_atom, tiled_mma)
+    thr_a, thr_b = s2r_a.get_slice(tidx), s2r_b.get_slice(tidx)
+    tXsA, tXrA = thr_a.partition_S(sA), thr_a.retile(tCrA)
+    tXsB, tXrB = thr_b.partition_S(sB), thr_b.retile(tCrB)
+    for kt in cutlass.range_constexpr(MS_K // MS_BK):
+        cute.arch.cp_async_wait_group(MS_K // MS_BK - 1 - kt)  # tile kt landed; later tiles may still be in flight
+        cute.arch.sync_threads()
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.copy(s2r_a, tXsA[None, None, kb, kt], tXrA[None, None, kb])
+            cute.copy(s2r_b, tXsB[None, None, kb, kt], tXrB[None, None, kb])
+            cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+    tCgC = thr.partition_C(gC)
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        tCgC[i] = acc[i]
+
+
+def make_mma_sync_tile(dtype):
+    """C (64 x 64, fp32, row-major) = A (64 x 128, K-major) @ B (64 x 128, K-major)^T for 16-bit ``dtype``
+    (``cutlass.BFloat16`` / ``cutlass.Float16``) through CuTe's ``mma.sync`` m16n8k16 atom tiled over a 2 x 2
+    warp layout (128 threads), operands staged global -> shared with ``cp.async`` (CuTe's G2S atom, two commit
+    groups) and shared -> registers with ``ldmatrix.x4`` (CuTe's MMA-matched tiled copies), swizzled smem."""
+
+    @cute.jit
+    def mma_sync_tile(a: cute.Pointer, b: cute.Pointer, c: cute.Pointer):
+        op = cute.nvgpu.warp.MmaF16BF16Op(dtype, cutlass.Float32, (16, 8, 16))
+        tiled_mma = cute.make_tiled_mma(op, cute.make_layout((2, 2, 1)), permutation_mnk=(32, 32, 16))
+        g2s_atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
+                                       dtype, num_bits_per_copy=128)
+        # 128 threads x 8 elements: 16 rows of 8 threads per pass, K-major
+        g2s = cute.make_tiled_copy_tv(g2s_atom, cute.make_layout((16, 8), stride=(8, 1)), cute.make_layout((1, 8)))
+        ldm = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), dtype)
+        s_layout = cute.tile_to_shape(cute.make_layout((8, MS_BK), stride=(MS_BK, 1)),
+                                      (MS_M, MS_BK, MS_K // MS_BK), (0, 1, 2))
+        gA = cute.make_tensor(a, cute.make_layout((MS_M, MS_K), stride=(MS_K, 1)))
+        gB = cute.make_tensor(b, cute.make_layout((MS_N, MS_K), stride=(MS_K, 1)))
+        gC = cute.make_tensor(c, cute.make_layout((MS_M, MS_N), stride=(MS_N, 1)))
+        _mma_sync_tile(tiled_mma, g2s, ldm, ldm, s_layout, gA, gB, gC).launch(grid=(1, 1, 1), block=(128, 1, 1),
+                                                                               smem=2 * 2 * MS_M * MS_K + 1024)
+
+    return mma_sync_tile

@@ -15,9 +15,10 @@ pytestmark = pytest.mark.emulator
 
 CHECKOUT = os.environ.get("NVGEMM_CUTLASS_DIR")
 HARNESS = Path(__file__).resolve().parents[2] / "bench" / "run_nvidia_examples.py"
-# a fast representative set: SIMT, mma.sync + ldmatrix, wgmma + TMA, tcgen05 (1-CTA f16, NVFP4 block-scaled)
+# a fast representative set: SIMT, mma.sync + ldmatrix, wgmma + TMA, tcgen05 (1-CTA f16, NVFP4 block-scaled), cluster
+# launch control (the tutorial's CLC GEMM: every schedule must leave the same bits, try_cancel winning or failing)
 FAST = ["ampere/elementwise_add", "ampere/tensorop_gemm", "hopper/dense_gemm", "blackwell/dense_gemm",
-        "blackwell/dense_blockscaled_gemm_persistent"]
+        "blackwell/dense_blockscaled_gemm_persistent", "blackwell/tutorial_fp16_gemm_3_1"]
 
 
 def _harness():

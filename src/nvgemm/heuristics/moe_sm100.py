@@ -26,8 +26,8 @@ from ..perfmodel.families.sm100_moe import (PREP_KERNELS, byte_floor_us, expecte
                                             moe_gemm_estimates)
 from ..templates.sm100_moe.config import (MOE_SPLIT_K, MOE_TILE_N, Sm100MoeConfig, moe_shape_problem,
                                           validate_moe_config)
-from .moe_sm90 import (MOE_LAYERS, MoeCandidate, MoeShape, _shared_us, bucket_of, get_moe_layer,  # noqa: F401
-                       shape_from_preset)
+from .moe_sm90 import (MOE_LAYERS, MoeCandidate, MoeShape, _shared_us, bucket_of,  # noqa: F401
+                       format_moe_plan, get_moe_layer, shape_from_preset)
 
 MAX_CANDIDATES = 8
 PER_GEMM = 3
@@ -115,20 +115,9 @@ def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_ke
 
 def format_plan(shape: MoeShape, ms, gpu: str = GPU, max_candidates: int = MAX_CANDIDATES) -> str:
     """``nvgemm plan`` on a Blackwell target: per M, the ranked candidates with their modelled times."""
-    lines = [f"{shape.name}: {shape.num_experts} experts, top-{shape.top_k}, H={shape.hidden}, I={shape.inter}"
-             f"{f', shared I={shape.shared_inter}' if shape.shared_inter else ''} on {gpu} (sm100 grouped W4A4; "
-             "times are a MODEL: kernel + launch per GEMM, uniform routing)"]
-    pre = "nvgemm_cutedsl_sm100_moe_"
-    for m in ms:
-        lo, hi = bucket_of(m)
-        a = expected_active_experts(m, shape.top_k, shape.num_experts)
-        lines.append(f"  M={m} (bucket {lo}..{hi}): ~{a:.1f} active experts, {m * shape.top_k / a:.2f} pairs per "
-                     "active expert")
-        for i, c in enumerate(moe_candidates(shape, m, gpu, max_candidates=max_candidates)):
-            lines.append(f"    {i + 1}. tile_n={c.config13.tile_n} slots~{c.tiles:.1f}  "
-                         f"{sum(c.gemm_us) / 2:7.1f} us  [{c.gemm_us[0]:.1f}-{c.gemm_us[1]:.1f}]  "
-                         f"G1 {c.config13.name().replace(pre, '')}  G2 {c.config2.name().replace(pre, '')}")
-    return "\n".join(lines)
+    return format_moe_plan(shape, ms, gpu, "sm100 grouped W4A4",
+                           lambda m: moe_candidates(shape, m, gpu, max_candidates=max_candidates),
+                           lambda c: f"tile_n={c.config13.tile_n} slots", "nvgemm_cutedsl_sm100_moe_")
 
 
 __all__ = ["MAX_CANDIDATES", "format_plan", "layer_model", "moe_candidates",

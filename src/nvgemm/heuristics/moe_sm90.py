@@ -202,22 +202,30 @@ def _shared_us(shape: MoeShape, m: int, gpu: str, families=("sm90.mma", "sm90.wg
     return (tot[0], tot[1])
 
 
-def format_plan(shape: MoeShape, ms, gpu: str = "H200", max_candidates: int = MAX_CANDIDATES) -> str:
-    """``nvgemm plan --moe``: per M, the ranked candidates with their modelled times."""
+def format_moe_plan(shape: MoeShape, ms, gpu: str, kind: str, candidates, tile_label, prefix: str) -> str:
+    """Per M, the ranked grouped candidates with their modelled times (``nvgemm plan`` for MoE presets):
+    ``candidates(m)`` gives them, ``tile_label(c)`` names each one's token tile, ``prefix`` is cut from
+    config names."""
     lines = [f"{shape.name}: {shape.num_experts} experts, top-{shape.top_k}, H={shape.hidden}, I={shape.inter}"
-             f"{f', shared I={shape.shared_inter}' if shape.shared_inter else ''} on {gpu} (sm90 grouped W4A16; "
+             f"{f', shared I={shape.shared_inter}' if shape.shared_inter else ''} on {gpu} ({kind}; "
              "times are a MODEL: kernel + launch per GEMM, uniform routing)"]
     for m in ms:
         lo, hi = bucket_of(m)
         a = expected_active_experts(m, shape.top_k, shape.num_experts)
         lines.append(f"  M={m} (bucket {lo}..{hi}): ~{a:.1f} active experts, {m * shape.top_k / a:.2f} pairs per "
                      "active expert")
-        for i, c in enumerate(moe_candidates(shape, m, gpu, max_candidates=max_candidates)):
-            lines.append(f"    {i + 1}. tile_m={c.config13.tile_m} tiles~{c.tiles:.1f}  "
+        for i, c in enumerate(candidates(m)):
+            lines.append(f"    {i + 1}. {tile_label(c)}~{c.tiles:.1f}  "
                          f"{sum(c.gemm_us) / 2:7.1f} us  [{c.gemm_us[0]:.1f}-{c.gemm_us[1]:.1f}]  "
-                         f"G1 {c.config13.name().replace('nvgemm_cutedsl_sm90_moe_mma_', '')}  "
-                         f"G2 {c.config2.name().replace('nvgemm_cutedsl_sm90_moe_mma_', '')}")
+                         f"G1 {c.config13.name().replace(prefix, '')}  G2 {c.config2.name().replace(prefix, '')}")
     return "\n".join(lines)
+
+
+def format_plan(shape: MoeShape, ms, gpu: str = "H200", max_candidates: int = MAX_CANDIDATES) -> str:
+    """``nvgemm plan --moe``: per M, the ranked candidates with their modelled times."""
+    return format_moe_plan(shape, ms, gpu, "sm90 grouped W4A16",
+                           lambda m: moe_candidates(shape, m, gpu, max_candidates=max_candidates),
+                           lambda c: f"tile_m={c.config13.tile_m} tiles", "nvgemm_cutedsl_sm90_moe_mma_")
 
 
 __all__ = ["MAX_CANDIDATES", "MOE_LAYERS", "MoeCandidate", "MoeShape", "bucket_of", "format_plan",

@@ -91,22 +91,25 @@ def random_moe_operands(m, top_k, e, h, i, *, seed=0):
     return ops
 
 
-def emu_launcher():
-    """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator."""
+def emu_launcher(stats=None):
+    """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator
+    (``stats``: a list that receives each launch's warp-instruction count)."""
     from nvgemm.aot.compile_spec import make_spec
     from nvgemm.emulator.runner import prepare
 
     def launch(args):
         spec = make_spec("sm100_moe_nvfp4", args.config, "sm_100a", epilogue=args.spec)
-        prepare(spec).launch(*args.abi_values(), 0)
+        r = prepare(spec).launch(*args.abi_values(), 0)
+        if stats is not None:
+            stats.append(r.stats["warp_instructions"])
 
     return launch
 
 
-def run_moe_emu(ops, config13, config2, keep=None):
+def run_moe_emu(ops, config13, config2, keep=None, stats=None):
     """One ``nvfp4_moe`` call (W4A4 operands in schema order) through the grouped kernels on the emulator."""
     from nvgemm.templates.sm100_moe.launch import moe_forward
 
     (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, emap, sh, res, odt) = ops
     return moe_forward(x, ids, emap, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, sh, res, odt, config13,
-                       config2, emu_launcher(), keep=keep)
+                       config2, emu_launcher(stats), keep=keep)

@@ -13,13 +13,15 @@
    for every split plus a K tail), an expert without tokens, ``-1`` ids and an expert picked twice
    by a token, through the real AOT artifacts on the emulator (the production host path
    ``moe_forward``), compared bit for bit with the emulated ``nvfp4_moe`` on exactness-preserving
-   data (``tests/emulator/_sm90_moe_emu.py`` / ``_sm100_moe_emu.py``).
+   data (``tests/emulator/_sm90_moe_emu.py`` / ``_sm100_moe_emu.py``); ``--variants`` adds GEMM1 with
+   per-row alpha and fp16 activations (:data:`MOE_VARIANTS`).
 
 Writes ``bench/results/emulator_sweep.md`` (one row per kernel: verdict, seconds, warp-instructions;
 the committed file joins ``--only picks`` with ``--only recorder``).
 
     python bench/emulator_sweep.py [--only picks|recorder] [--limit N] [--families mma,wgmma]
-    python bench/emulator_sweep.py --only moe [--families sm90_moe,sm100_moe] [--limit N] [--out F]
+    python bench/emulator_sweep.py --only moe [--families sm90_moe,sm100_moe] [--variants bf16,...] [--limit N]
+        [--out F]
 
 ``--only moe`` writes its own section (rewritten after every row, so an interrupted run keeps what
 finished); the committed file joins it with the other parts.
@@ -157,9 +159,17 @@ def _moe_config_module(family):
     return config
 
 
-def run_moe(family, c13, c2, seed=0):
-    """One emulated ``nvfp4_moe`` with (c13, c2) on :func:`moe_problem`: (max |diff|, first differing
-    element or None, warp-instructions of all kernel launches, problem)."""
+#: GEMM1 epilogue / activation variants of a run (each its own compiled kernels): per-expert alpha in
+#: bf16 (the default), per-row alpha (gate and up ``weight_scale_2`` differ), fp16 activations (per-row
+#: alpha, as the helpers force for fp16's range).
+MOE_VARIANTS = {"bf16": ("expert", torch.bfloat16), "bf16-rowalpha": ("row", torch.bfloat16),
+                "fp16-rowalpha": ("row", torch.float16)}
+
+
+def run_moe(family, c13, c2, variant="bf16", seed=0):
+    """One emulated ``nvfp4_moe`` with (c13, c2) on :func:`moe_problem` in ``variant``
+    (:data:`MOE_VARIANTS`): (None or (number of differing elements, first index, got, want),
+    warp-instructions of all kernel launches, (M, top_k, E, H, I), pairs per expert)."""
     from nvgemm.moe.ops import nvfp4_moe_emulated
 
     if family == "sm90_moe":
@@ -167,7 +177,9 @@ def run_moe(family, c13, c2, seed=0):
     else:
         from _sm100_moe_emu import exact_moe_operands, run_moe_emu
     m, top_k, e, h, i, ids = moe_problem(family, c13, c2)
-    ops = exact_moe_operands(m, top_k, e, h, i, ids=ids, seed=seed, shared=True, residual=True)
+    alpha13, x_dtype = MOE_VARIANTS[variant]
+    ops = exact_moe_operands(m, top_k, e, h, i, ids=ids, seed=seed, shared=True, residual=True, alpha13=alpha13,
+                             x_dtype=x_dtype)
     stats, keep = [], {}
     got = run_moe_emu(ops, c13, c2, keep, stats)
     want = nvfp4_moe_emulated(*ops)
@@ -183,15 +195,15 @@ def run_moe(family, c13, c2, seed=0):
     return first, sum(stats), (m, top_k, e, h, i), keep["work_list"].counts.tolist()
 
 
-def sweep_moe(limit, rows: list, families, write=None, ms=MOE_MS) -> None:
+def sweep_moe(limit, rows: list, families, write=None, ms=MOE_MS, variants=("bf16",)) -> None:
     for family in families:
         em = moe_emitted(family, ms)
-        runs = moe_runs(family, ms)[:limit]
+        runs = [(v, c13, c2) for v in variants for c13, c2 in moe_runs(family, ms)[:limit]]
         done13, done2 = set(), set()
-        for c13, c2 in runs:
+        for variant, c13, c2 in runs:
             t0 = time.perf_counter()
             try:
-                first, instr, prob, counts = run_moe(family, c13, c2)
+                first, instr, prob, counts = run_moe(family, c13, c2, variant)
                 verdict = "bit-exact" if first is None else \
                     f"FAIL {first[0]} elements differ, first {first[1]}: {first[2]} vs {first[3]}"
             except Exception as e:
@@ -200,11 +212,11 @@ def sweep_moe(limit, rows: list, families, write=None, ms=MOE_MS) -> None:
             dt = time.perf_counter() - t0
             p = "-" if prob is None else f"M={prob[0]} top{prob[1]} E={prob[2]} H={prob[3]} I={prob[4]} pairs/expert={counts}"
             for role, c, other, done in ((13, c13, c2, done13), (2, c2, c13, done2)):
-                if c in done:
+                if (variant, c) in done:
                     continue
-                done.add(c)
+                done.add((variant, c))
                 where = em[role][c]
-                rows.append(("moe", family, f"GEMM{'1' if role == 13 else '2'}", c.name(), other.name(), p, verdict, dt,
+                rows.append((variant, family, f"GEMM{'1' if role == 13 else '2'}", c.name(), other.name(), p, verdict, dt,
                              instr, f"{len(where)} (layer, M), e.g. {where[0][0]} M={where[0][1]}"))
                 print(rows[-1], flush=True)
             if write:
@@ -215,8 +227,8 @@ def moe_totals(families, ms=MOE_MS) -> int:
     return sum(len(moe_emitted(f, ms)[r]) for f in families for r in (13, 2))
 
 
-def write_moe(path, rows, families, cmd, t0, limit) -> None:
-    total = moe_totals(families)
+def write_moe(path, rows, families, cmd, t0, variants) -> None:
+    total = moe_totals(families) * len(variants)
     fails = [r for r in rows if r[6].startswith("FAIL")]
     ok = len(rows) - len(fails)
     lines = ["## Every grouped MoE config the policies emit, run on the emulator", "",
@@ -226,12 +238,14 @@ def write_moe(path, rows, families, cmd, t0, limit) -> None:
              f"Emitted: every candidate of the sm90 (H200) / sm100 (B200) grouped policy for {', '.join(_layer_names())} "
              f"at M = {', '.join(map(str, MOE_MS))} (one row per distinct config per GEMM role; a run pairs it with an "
              "emitted config of the other role and the same token tile).", "",
-             f"**{ok}/{len(rows)} bit-exact** of {len(rows)} configs run; {total} emitted in total"
+             f"**{ok}/{len(rows)} bit-exact** of {len(rows)} (config, role, variant) rows run; {total} = emitted configs "
+             f"per role x variants {', '.join(variants)} in total"
              + ("" if len(rows) == total else f" -- **{total - len(rows)} not run** (interrupted or --limit)")
              + f"; {time.perf_counter() - t0:.0f} s.", "",
-             "| family | role | config | paired with | problem | result | s | warp-instr | emitted for |",
-             "|---|---|---|---|---|---|---:|---:|---|"]
-    lines += [f"| {f} | {role} | {n} | {o} | {p} | {r} | {s:.1f} | {i} | {w} |" for _, f, role, n, o, p, r, s, i, w in rows]
+             "| family | variant | role | config | paired with | problem | result | s | warp-instr | emitted for |",
+             "|---|---|---|---|---|---|---|---:|---:|---|"]
+    lines += [f"| {f} | {v} | {role} | {n} | {o} | {p} | {r} | {s:.1f} | {i} | {w} |"
+              for v, f, role, n, o, p, r, s, i, w in rows]
     Path(path).write_text("\n".join(lines) + "\n")
 
 
@@ -246,6 +260,7 @@ def main() -> int:
     ap.add_argument("--only", choices=("picks", "recorder", "moe"))
     ap.add_argument("--limit", type=int, help="at most this many kernels per part (and per arch)")
     ap.add_argument("--families", help="picks: sm90 families (default mma,wgmma); moe: sm90_moe,sm100_moe (default both)")
+    ap.add_argument("--variants", default="bf16", help=f"moe: GEMM1 variants, of {', '.join(MOE_VARIANTS)}")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "emulator_sweep.md"))
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -257,8 +272,11 @@ def main() -> int:
         if set(fams) - set(MOE_FAMILIES):
             ap.error(f"--families for moe: {', '.join(MOE_FAMILIES)}")
         out = a.out if a.out != ap.get_default("out") else str(ROOT / "bench" / "results" / "emulator_sweep_moe.md")
-        sweep_moe(a.limit, rows, fams, lambda: write_moe(out, rows, fams, cmd, t0, a.limit))
-        write_moe(out, rows, fams, cmd, t0, a.limit)
+        variants = tuple(a.variants.split(","))
+        if set(variants) - set(MOE_VARIANTS):
+            ap.error(f"--variants: {', '.join(MOE_VARIANTS)}")
+        sweep_moe(a.limit, rows, fams, lambda: write_moe(out, rows, fams, cmd, t0, variants), variants=variants)
+        write_moe(out, rows, fams, cmd, t0, variants)
         fails = [r for r in rows if r[6].startswith("FAIL")]
         print(f"wrote {out}: {len(rows)} configs, {len(fails)} failures")
         return 1 if fails else 0

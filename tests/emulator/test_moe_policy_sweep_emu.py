@@ -7,8 +7,8 @@ results in ``bench/results/emulator_sweep.md``).
 Default run: only the enumeration's own checks (no kernel): every emitted config of each GEMM role
 is in some run, both configs of a run share the token tile, and each run's routing has an expert
 with two work tiles (the last partial), an expert without tokens and ``-1`` ids, and a K with a
-stage for every split plus a tail. ``-m emulator_full``: one test per run (about 50 runs, 10-40 s
-each on this machine).
+stage for every split plus a tail. ``-m emulator_full``: one test per run and GEMM1 variant (per-expert
+alpha in bf16, per-row alpha in bf16 and fp16: about 150 tests, 5-130 s each on this machine).
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ def test_runs_cover_every_emitted_config(family):
 
 
 @pytest.mark.emulator_full
+@pytest.mark.parametrize("variant", list(S.MOE_VARIANTS))
 @pytest.mark.parametrize("family,c13,c2", RUNS, ids=[f"{c13.name()}+{c2.name()}" for _, c13, c2 in RUNS])
-def test_emitted_config_bit_exact(family, c13, c2):
-    first, instr, prob, counts = S.run_moe(family, c13, c2)
+def test_emitted_config_bit_exact(family, c13, c2, variant):
+    first, instr, prob, counts = S.run_moe(family, c13, c2, variant)
     assert first is None, f"{c13.name()} + {c2.name()} on M,top_k,E,H,I={prob}: {first[0]} elements differ, " \
                           f"first {first[1]}: {first[2]} vs {first[3]}"
     assert instr > 0 and counts[1] == 0

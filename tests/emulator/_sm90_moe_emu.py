@@ -29,7 +29,7 @@ def _stack(g, e, rows, k, sparse_per_row=None):
 
 
 def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None, shared=False, residual=False,
-                       x_dtype=torch.bfloat16):
+                       x_dtype=torch.bfloat16, up_shift=0):
     """Operands (op schema order, W4A16 silu_mul) on which every kernel step is exact or rounds the
     same single fp32 result as the reference:
 
@@ -42,12 +42,13 @@ def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None,
     * finalize: the same fp32 operations in the same order on both sides (any top-k weights).
 
     fp16 (max 65504): the per-row alpha is forced and the up rows get 2**[-20, -18], which keeps
-    ``h`` and the outputs in range.
+    ``h`` and the outputs in range; ``up_shift`` lowers the up rows' scales by 2**up_shift more (fp16
+    with a long K: the sums grow with K).
     """
     g = torch.Generator().manual_seed(seed)
     w13, s13 = _stack(g, e, 2 * i, h)
     w2, s2 = _stack(g, e, h, i, sparse_per_row=2)
-    up_lo = -20 if x_dtype == torch.float16 else -2
+    up_lo = (-20 if x_dtype == torch.float16 else -2) - up_shift
     if x_dtype == torch.float16:
         alpha13 = "row"
     if alpha13 == "expert":

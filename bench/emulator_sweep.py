@@ -174,14 +174,14 @@ def run_moe(family, c13, c2, variant="bf16", seed=0):
     from nvgemm.moe.ops import nvfp4_moe_emulated
 
     if family == "sm90_moe":
-        from _sm90_moe_emu import exact_moe_operands, run_moe_emu
+        from _sm90_moe_emu import FP16_SAFE_K, exact_moe_operands, run_moe_emu
     else:
-        from _sm100_moe_emu import exact_moe_operands, run_moe_emu
+        from _sm100_moe_emu import FP16_SAFE_K, exact_moe_operands, run_moe_emu
     m, top_k, e, h, i, ids = moe_problem(family, c13, c2)
     alpha13, x_dtype = MOE_VARIANTS[variant]
-    # fp16: the helpers' up-row scales keep h finite for K <= 416; each doubling of K past it may
-    # double both GEMM1 sums (h = gate x up): 4x smaller up scales per doubling (powers of two: exact)
-    shift = 2 * max(0, math.ceil(math.log2(h / 416))) if x_dtype == torch.float16 else 0
+    # fp16: the helpers' up-row scales keep h and the output finite for K <= FP16_SAFE_K; each doubling
+    # of K past it may double both GEMM1 sums (h = gate x up): 4x smaller up scales per doubling (exact)
+    shift = 2 * max(0, math.ceil(math.log2(h / FP16_SAFE_K))) if x_dtype == torch.float16 else 0
     ops = exact_moe_operands(m, top_k, e, h, i, ids=ids, seed=seed, shared=True, residual=True, alpha13=alpha13,
                              x_dtype=x_dtype, up_shift=shift)
     stats, keep = [], {}

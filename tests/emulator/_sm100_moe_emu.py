@@ -37,6 +37,11 @@ def _exact_x(g, m, h):
     return (v * torch.pow(2.0, torch.randint(-1, 2, (m, h // 16, 1), generator=g).float())).reshape(m, h)
 
 
+#: largest GEMM1 K for which the fp16 operands keep h and the output finite (every sm100 MoE sweep run at H = 416 is finite);
+#: callers with a longer K pass ``up_shift`` (2 per doubling of K)
+FP16_SAFE_K = 416
+
+
 def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None, shared=False, residual=False,
                        x_dtype=torch.bfloat16, up_shift=0):
     """W4A4 ``silu_mul`` operands (op schema order) on which every kernel step is exact or rounds the

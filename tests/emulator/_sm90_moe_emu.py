@@ -28,6 +28,11 @@ def _stack(g, e, rows, k, sparse_per_row=None):
     return torch.stack(ws), torch.stack(ss)
 
 
+#: largest GEMM1 K for which the fp16 operands keep h and the output finite (the fp16 output overflows at H = 416 in the MoE sweep);
+#: callers with a longer K pass ``up_shift`` (2 per doubling of K)
+FP16_SAFE_K = 64
+
+
 def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None, shared=False, residual=False,
                        x_dtype=torch.bfloat16, up_shift=0):
     """Operands (op schema order, W4A16 silu_mul) on which every kernel step is exact or rounds the

@@ -37,8 +37,13 @@ def _exact_x(g, m, h):
     return (v * torch.pow(2.0, torch.randint(-1, 2, (m, h // 16, 1), generator=g).float())).reshape(m, h)
 
 
+#: largest GEMM1 K for which the fp16 operands keep h and the output finite (every sm100 MoE sweep run at H = 416 is finite);
+#: callers with a longer K pass ``up_shift`` (2 per doubling of K)
+FP16_SAFE_K = 416
+
+
 def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None, shared=False, residual=False,
-                       x_dtype=torch.bfloat16):
+                       x_dtype=torch.bfloat16, up_shift=0):
     """W4A4 ``silu_mul`` operands (op schema order) on which every kernel step is exact or rounds the
     same single value as the reference:
 
@@ -61,6 +66,7 @@ def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None,
     up_lo = -2
     if x_dtype == torch.float16:  # fp16 (max 65504): per-row alpha with tiny up rows keeps h in range
         alpha13, up_lo = "row", -24
+    up_lo -= up_shift  # fp16 with a long K (the sums grow with K): smaller up-row scales keep h in range
     if alpha13 == "expert":
         g13 = torch.pow(2.0, 14 + torch.randint(0, 3, (e,), generator=g).float())
     else:  # per row: gate rows >= 2**14, up rows 2**[-2, 0]
@@ -91,22 +97,25 @@ def random_moe_operands(m, top_k, e, h, i, *, seed=0):
     return ops
 
 
-def emu_launcher():
-    """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator."""
+def emu_launcher(stats=None):
+    """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator
+    (``stats``: a list that receives each launch's warp-instruction count)."""
     from nvgemm.aot.compile_spec import make_spec
     from nvgemm.emulator.runner import prepare
 
     def launch(args):
         spec = make_spec("sm100_moe_nvfp4", args.config, "sm_100a", epilogue=args.spec)
-        prepare(spec).launch(*args.abi_values(), 0)
+        r = prepare(spec).launch(*args.abi_values(), 0)
+        if stats is not None:
+            stats.append(r.stats["warp_instructions"])
 
     return launch
 
 
-def run_moe_emu(ops, config13, config2, keep=None):
+def run_moe_emu(ops, config13, config2, keep=None, stats=None):
     """One ``nvfp4_moe`` call (W4A4 operands in schema order) through the grouped kernels on the emulator."""
     from nvgemm.templates.sm100_moe.launch import moe_forward
 
     (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, emap, sh, res, odt) = ops
     return moe_forward(x, ids, emap, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, sh, res, odt, config13,
-                       config2, emu_launcher(), keep=keep)
+                       config2, emu_launcher(stats), keep=keep)

@@ -28,8 +28,13 @@ def _stack(g, e, rows, k, sparse_per_row=None):
     return torch.stack(ws), torch.stack(ss)
 
 
+#: largest GEMM1 K for which the fp16 operands keep h and the output finite (the fp16 output overflows at H = 416 in the MoE sweep);
+#: callers with a longer K pass ``up_shift`` (2 per doubling of K)
+FP16_SAFE_K = 64
+
+
 def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None, shared=False, residual=False,
-                       x_dtype=torch.bfloat16):
+                       x_dtype=torch.bfloat16, up_shift=0):
     """Operands (op schema order, W4A16 silu_mul) on which every kernel step is exact or rounds the
     same single fp32 result as the reference:
 
@@ -42,12 +47,13 @@ def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None,
     * finalize: the same fp32 operations in the same order on both sides (any top-k weights).
 
     fp16 (max 65504): the per-row alpha is forced and the up rows get 2**[-20, -18], which keeps
-    ``h`` and the outputs in range.
+    ``h`` and the outputs in range; ``up_shift`` lowers the up rows' scales by 2**up_shift more (fp16
+    with a long K: the sums grow with K).
     """
     g = torch.Generator().manual_seed(seed)
     w13, s13 = _stack(g, e, 2 * i, h)
     w2, s2 = _stack(g, e, h, i, sparse_per_row=2)
-    up_lo = -20 if x_dtype == torch.float16 else -2
+    up_lo = (-20 if x_dtype == torch.float16 else -2) - up_shift
     if x_dtype == torch.float16:
         alpha13 = "row"
     if alpha13 == "expert":
@@ -84,8 +90,9 @@ def random_moe_operands(m, top_k, e, h, i, *, seed=0):
     return [x, ids, wts, w13, s13, g13, None, w2, s2, g2, None, "silu_mul", False, None, None, None, None]
 
 
-def emu_launcher(device="H200"):
-    """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator."""
+def emu_launcher(device="H200", stats=None):
+    """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator
+    (``stats``: a list that receives each launch's warp-instruction count)."""
     from nvgemm.emulator.runner import prepare
     from nvgemm.aot.compile_spec import make_spec
     from nvgemm.templates.sm90.operand import kind_of
@@ -93,12 +100,14 @@ def emu_launcher(device="H200"):
     def launch(args):
         spec = make_spec("sm90_moe_mma", args.config, "sm_90a", epilogue=args.spec, a_format=kind_of(args.x.dtype),
                          b_format="nvfp4")
-        prepare(spec, device=device).launch(*args.abi_values(), 0)
+        r = prepare(spec, device=device).launch(*args.abi_values(), 0)
+        if stats is not None:
+            stats.append(r.stats["warp_instructions"])
 
     return launch
 
 
-def run_moe_emu(ops, config13, config2, keep=None):
+def run_moe_emu(ops, config13, config2, keep=None, stats=None):
     """One ``nvfp4_moe`` call (W4A16 operands in schema order) through the grouped kernels on the emulator."""
     from nvgemm.templates.sm90.launch import Sm90Workspace
     from nvgemm.templates.sm90_moe.launch import moe_forward
@@ -107,4 +116,4 @@ def run_moe_emu(ops, config13, config2, keep=None):
     assert i13 is None and i2 is None
     return moe_forward(x, ids, emap, wts, w13, s13, g13, w2, s2, g2, act, rwi, sh, res, odt, config13,
                        config2,
-                       emu_launcher(), workspace=Sm90Workspace(torch.device("cpu")), keep=keep)
+                       emu_launcher(stats=stats), workspace=Sm90Workspace(torch.device("cpu")), keep=keep)

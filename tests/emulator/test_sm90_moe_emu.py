@@ -5,9 +5,9 @@ prepared weights, both grouped GEMMs, finalize), compared **bit for bit** with t
 kernel sum is exact or one rounding of the same fp32 value), and for batch invariance on random
 data (a token's output at M = 1 equals its row inside a larger batch with the same configs).
 
-Default run: three routings (odd M with an expert without tokens and empty slots; one expert with
-every token, split-K, per-row alpha, shared_out + residual; random data batch invariance) -- about
-4 kernels to build and 10 emulated launches. The sweep (``pytest -m emulator_full``; results in
+Default run: four routings (odd M with an expert without tokens and empty slots; the same with
+per-row alpha; one expert with every token, split-K, per-row alpha, shared_out + residual; random
+data batch invariance) -- about 5 kernels to build and 12 emulated launches. The sweep (``pytest -m emulator_full``; results in
 ``bench/results/sm90_moe_emu_sweep.txt``) adds tile_m 16/32, expert_map with router-weight-on-input,
 fp16, and batch invariance inside M = 64.
 """
@@ -68,6 +68,14 @@ def test_exact_one_expert_all_tokens_split_k():
     ops = exact_moe_operands(19, 1, 3, 64, 64, ids=ids, alpha13="row", shared=True, residual=True, seed=2)
     keep = _check_exact(ops, G1_SK, G2_SK)
     assert keep["work_list"].tiles.view(-1, 4)[:3, 2].tolist() == [8, 8, 3]
+
+
+def test_exact_row_alpha_without_split_k():
+    """Per-row alpha (gate and up ``weight_scale_2`` differ) with a GEMM1 without split-K: the unused
+    split-K workspace argument was the 2-D ``[E, 2I]`` alpha, which the kernel's ABI refuses
+    ("mWork: expected a 1-D tensor"); found by ``bench/emulator_sweep.py --only moe``."""
+    ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)
+    _check_exact(exact_moe_operands(5, 2, 4, 96, 32, ids=ids, alpha13="row", seed=6), G1, G2)
 
 
 def _batch_invariance(m_big, c1, c2, seed):

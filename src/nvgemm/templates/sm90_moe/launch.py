@@ -209,7 +209,8 @@ def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: Mo
     spec = EpilogueSpec(alpha="vector" if alpha.numel() > stack.num_experts else "scalar", activation=activation,
                         out_dtype=out_dtype)
     out = torch.empty((p, n_out), dtype=out_dtype, device=x.device)
-    work, count = alpha, _int32_dummy(x.device)  # never read without split-K
+    alpha = alpha.reshape(-1).contiguous()  # [E] or per row [E * rows] (the ABI's 1-D alpha)
+    work, count = alpha, _int32_dummy(x.device)  # never read without split-K (a 1-D fp32 tensor, as the ABI wants)
     if config.split_k > 1:
         feat = config.tile_n // 2 if gated else config.tile_n
         need_w, need_c = config.split_k * p * stack.rows, wl.slots * -(-n_out // feat)
@@ -218,7 +219,7 @@ def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: Mo
             work, count = ws.work, ws.count
         else:
             work, count = WORKSPACES.get(x.device, need_w, need_c, stream_id)
-    return MoeGemmArgs(x, rows, wl.tiles, stack.weight, stack.scale, alpha.reshape(-1).contiguous(), out, work, count,
+    return MoeGemmArgs(x, rows, wl.tiles, stack.weight, stack.scale, alpha, out, work, count,
                        spec, config)
 
 

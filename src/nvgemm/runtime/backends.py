@@ -174,17 +174,28 @@ def _selfcheck_inputs(problem: LinearProblem, device: torch.device):
             problem.activation, problem.out_dtype)
 
 
-def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
-    """Element-wise |kernel - emulated| allowed for the call ``args`` whose emulated output is ``want``."""
-    from ..formats import NVFP4, dequantize, from_blocked, quantize_activation
+def accumulation_bound(a: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dequantized weight, element-wise fp32 summation-order bound of ``(a @ w.T) * alpha``) for the
+    activation values ``a`` [M, K] and a packed NVFP4 ``weight`` with its swizzled scales."""
+    from ..formats import NVFP4, dequantize, from_blocked
 
-    x, weight, weight_scale, ws2, ins, _bias, _res, activation, out_dtype = args
     n, k = weight.shape[0], weight.shape[1] * 2
     w = dequantize(weight, from_blocked(weight_scale.view(torch.float8_e4m3fn), n, k // NVFP4.block_size))
+    return w, SELFCHECK_ACC_SLACK * k * 2.0**-24 * ((a.abs() @ w.abs().t()) * alpha.abs())
+
+
+def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
+    """Element-wise |kernel - emulated| allowed for the call ``args`` whose emulated output is ``want``."""
+    from ..formats import dequantize, quantize_activation
+
+    x, weight, weight_scale, ws2, ins, _bias, _res, activation, out_dtype = args
+    k = weight.shape[1] * 2
     x2 = x.reshape(-1, k)
     a = x2.float() if ins is None else dequantize(*quantize_activation(x2, ins))
     alpha = ws2.float() * (1.0 if ins is None else ins.float().reshape(()))
-    err = SELFCHECK_ACC_SLACK * k * 2.0**-24 * ((a.abs() @ w.abs().t()) * alpha.abs())
+    w, err = accumulation_bound(a, weight, weight_scale, alpha)
+    n = weight.shape[0]
     if activation == "silu_mul":
         # |d(silu(g)*u)| <= 1.1*|u|*dg + (|silu(g)|+1)*du, with g/u the pre-activation values
         pre = (a @ w.t()) * alpha

@@ -30,7 +30,7 @@ import threading
 
 import torch
 
-from .backends import (SELFCHECK_ACC_SLACK, Backend, LinearProblem, _OUT_ULP, _selfcheck_inputs, checked_verdict,
+from .backends import (Backend, LinearProblem, _OUT_ULP, _selfcheck_inputs, accumulation_bound, checked_verdict,
                        choose_backend, load_builtin_backends, warn_once)
 
 REQUANT = "requant"
@@ -77,11 +77,6 @@ def last_fused_selected(kind: str) -> str | None:
 _E4M3_ONE, _E4M3_HALF, _E4M3_TWO = 0x38, 0x30, 0x40
 
 
-def _pack(codes: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes [R, K] (uint8 0..15) -> packed [R, K/2], even K in the low nibble."""
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
-
-
 def _codes(rows: int, k: int, g: torch.Generator, small: bool) -> torch.Tensor:
     """E2M1 codes: ``small`` = magnitude <= 1 (codes 0..2) with element 0 of every 16-block +6 (code 7),
     else any code; random signs."""
@@ -108,7 +103,7 @@ def requant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
     * ``out_input_scale`` puts the 75th percentile of the block amaxes of h at the top of the NVFP4 range:
       a quarter of the blocks saturate the e4m3 scale at 448, the others do not.
     """
-    from ..formats import dequantize, to_blocked
+    from ..formats import dequantize, pack_e2m1, to_blocked
 
     g = torch.Generator(device="cpu").manual_seed(2515)
     i, k, m = p.n // 2, p.k, p.m
@@ -118,7 +113,7 @@ def requant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
     w_sf = torch.full((2 * i, kb), _E4M3_ONE, dtype=torch.uint8)
     choice = torch.tensor([_E4M3_HALF, _E4M3_ONE, _E4M3_TWO], dtype=torch.uint8)
     w_sf[i:] = choice[torch.randint(0, 3, (i, kb), generator=g)]
-    x_val = dequantize(_pack(x), torch.full((m, kb), _E4M3_ONE, dtype=torch.uint8).view(torch.float8_e4m3fn))
+    x_val = dequantize(pack_e2m1(x), torch.full((m, kb), _E4M3_ONE, dtype=torch.uint8).view(torch.float8_e4m3fn))
     e = 0  # 2^e in [20, 40) / (21 kb): every gate in [19, 98] after a bias of -1 .. 1
     while 21 * kb * 2.0**e >= 40:
         e -= 1
@@ -135,7 +130,7 @@ def requant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
         bias = torch.randint(-2, 3, (2 * i,), generator=g).float() * 0.5
     # the gated output (exact up to its one rounding), for out_input_scale
     # on the check's device (a GPU's fp32 matmul; exact either way): gate_up layers are large
-    acc = x_val.to(device) @ dequantize(_pack(w).to(device), w_sf.view(torch.float8_e4m3fn).to(device)).t()
+    acc = x_val.to(device) @ dequantize(pack_e2m1(w).to(device), w_sf.view(torch.float8_e4m3fn).to(device)).t()
     acc = (acc * ws2.to(device)).cpu()
     if bias is not None:
         acc = acc + bias
@@ -144,7 +139,7 @@ def requant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
     gs = (block_amax.quantile(0.75) / (6.0 * 448.0)).clamp_min(2.0**-30).reshape(())
     xd = p.x_dtype
     w_blocked = to_blocked(w_sf.view(torch.float8_e4m3fn))
-    return (x_val.to(device=device, dtype=xd), _pack(w).to(device), w_blocked.to(device), ws2.float().to(device),
+    return (x_val.to(device=device, dtype=xd), pack_e2m1(w).to(device), w_blocked.to(device), ws2.float().to(device),
             ins.to(device), None if bias is None else bias.to(device=device, dtype=xd), gs.float().to(device),
             p.out_dtype)
 
@@ -174,12 +169,9 @@ def prequant_selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
     from ..formats import NVFP4, dequantize, from_blocked
 
     packed, scales, weight, weight_scale, ws2, ins, _b, _r, out_dtype = args
-    m, k, n = packed.shape[0], packed.shape[1] * 2, weight.shape[0]
-    kb = k // NVFP4.block_size
-    a = dequantize(packed, from_blocked(scales.view(torch.float8_e4m3fn), m, kb))
-    w = dequantize(weight, from_blocked(weight_scale.view(torch.float8_e4m3fn), n, kb))
-    alpha = ws2.float() * ins.float().reshape(())
-    err = SELFCHECK_ACC_SLACK * k * 2.0**-24 * ((a.abs() @ w.abs().t()) * alpha.abs())
+    m, k = packed.shape[0], packed.shape[1] * 2
+    a = dequantize(packed, from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size))
+    _, err = accumulation_bound(a, weight, weight_scale, ws2.float() * ins.float().reshape(()))
     return err + 2 * _OUT_ULP[out_dtype] * want.abs() + 2.0**-20
 
 

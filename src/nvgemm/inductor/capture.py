@@ -41,15 +41,14 @@ from typing import Any, Optional
 
 import torch
 import torch.fx as fx
-from torch._dynamo.utils import counters
 
 from ..formats import NVFP4, blocked_numel, blocked_shape
 from .choices import LINEAR_ARG_NAMES
+from .compat import nvgemm_counters
 
 log = logging.getLogger("nvgemm_cutedsl")
 aten = torch.ops.aten
 
-COUNTER = "nvgemm_cutedsl"
 _FP4 = torch.float4_e2m1fn_x2
 _E4M3 = torch.float8_e4m3fn
 # ops that only re-label a tensor (make_fx on torch 2.11 inserts detach after view.dtype)
@@ -244,9 +243,9 @@ def _try_claim_scaled_mm(graph: fx.Graph, mm: fx.Node) -> bool:
     for dead in ((last, mul, mm) if last is not mul else (mul, mm)):
         if not dead.users:
             graph.erase_node(dead)
-    counters[COUNTER]["scaled_mm_claimed"] += 1
+    nvgemm_counters()["scaled_mm_claimed"] += 1
     if bias is not None:
-        counters[COUNTER]["bias_folded"] += 1
+        nvgemm_counters()["bias_folded"] += 1
     log.debug("nvgemm_cutedsl: claimed %s (N=%d, K=%d, bias=%s) as nvgemm::nvfp4_linear", mm, n, k, bias is not None)
     return True
 
@@ -324,7 +323,7 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_re
     for node in list(graph.nodes):
         if _is_call(node, _linear_op()):
             _normalise_linear(graph, node)
-            counters[COUNTER]["nvfp4_linear_captured"] += 1
+            nvgemm_counters()["nvfp4_linear_captured"] += 1
     if fuse_requant:
         from .requant import fuse_requant_chains
 

@@ -29,6 +29,18 @@ log = logging.getLogger("nvgemm_cutedsl")
 #: torch releases on which every probe below was run and the integration's CPU tests passed.
 CHECKED_TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.0", "2.15.0")
 
+#: the key of nvgemm's Inductor counters in ``torch._dynamo.utils.counters``
+COUNTER = "nvgemm_cutedsl"
+
+
+def nvgemm_counters():
+    """nvgemm's Inductor counters (``lowered``, ``scaled_mm_claimed``, ``requant_fused``, ...):
+    ``torch._dynamo.utils.counters["nvgemm_cutedsl"]``. ``torch._dynamo.utils.counters`` is a private
+    name of torch, used here only (present in every release of :data:`CHECKED_TORCH`)."""
+    from torch._dynamo.utils import counters
+
+    return counters[COUNTER]
+
 
 def _torch_release() -> tuple[int, ...]:
     from packaging.version import Version

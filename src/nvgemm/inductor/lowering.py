@@ -262,9 +262,7 @@ def build_lowering(allowed: Optional[set[str]] = None):
     def nvgemm_cutedsl_lowering(*args, **kwargs):
         from torch._inductor import ir
 
-        from torch._dynamo.utils import counters
-
-        counters["nvgemm_cutedsl"]["lowered"] += 1
+        compat.nvgemm_counters()["lowered"] += 1
         full = normalise_call(args, kwargs)
         # Kernels read x row-major; the autotuner needs every input as a buffer with a layout.
         full[0] = ir.ExternKernel.require_contiguous(full[0])

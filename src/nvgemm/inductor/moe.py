@@ -285,11 +285,12 @@ def build_lowering(allowed: Optional[set[str]] = None):
                                       _config_generator, NAME, INPUT_GEN_FNS, pts)
 
     def nvgemm_cutedsl_moe_lowering(*args, **kwargs):
-        from torch._dynamo.utils import counters
         from torch._inductor import config as inductor_config, ir
         from torch._inductor.lowering import fallback_handler
 
-        counters["nvgemm_cutedsl"]["moe_lowered"] += 1
+        from . import compat
+
+        compat.nvgemm_counters()["moe_lowered"] += 1
         full = normalise_call(args, kwargs)
         full[0] = ir.ExternKernel.require_contiguous(full[0])
         for i, n in enumerate(MOE_ARG_NAMES):

@@ -31,15 +31,14 @@ from typing import Any, Optional
 
 import torch
 import torch.fx as fx
-from torch._dynamo.utils import counters
 
 from .capture import _is_call as _is, _val
+from .compat import nvgemm_counters
 
 log = logging.getLogger("nvgemm_cutedsl")
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-COUNTER = "nvgemm_cutedsl"
 _X_DTYPES = (torch.bfloat16, torch.float16)
 _ROW_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
@@ -173,12 +172,12 @@ def fuse_requant_chains(graph: fx.Graph, set_val) -> int:
             why, gate_up = "the gate_up output has another user", None
         if gate_up is None:
             if why and why != "down's input is not produced by a gated nvfp4_linear":
-                counters[COUNTER]["requant_not_fused"] += 1
+                nvgemm_counters()["requant_not_fused"] += 1
                 log.debug("nvgemm_cutedsl: %s not fused with its input: %s", down, why)
             continue
         why = _check(gate_up, down, down_x)
         if why is not None:
-            counters[COUNTER]["requant_not_fused"] += 1
+            nvgemm_counters()["requant_not_fused"] += 1
             log.debug("nvgemm_cutedsl: %s -> %s not fused: %s", gate_up, down, why)
             continue
         x, w, ws, ws2, ins, bias = gate_up.args[:6]
@@ -197,7 +196,7 @@ def fuse_requant_chains(graph: fx.Graph, set_val) -> int:
         down.replace_all_uses_with(pq)
         graph.erase_node(down)
         done += 1
-        counters[COUNTER]["requant_fused"] += 1
+        nvgemm_counters()["requant_fused"] += 1
     if done:
         graph.eliminate_dead_code()
     return done
@@ -210,8 +209,8 @@ def post_grad_pass(graph: fx.Graph) -> None:
     ``_scaled_mm`` claim), then fuses; logs how many gated MLPs were rewritten."""
     from .capture import capture_nvfp4_linears
 
-    before = counters[COUNTER]["requant_fused"]
+    before = nvgemm_counters()["requant_fused"]
     capture_nvfp4_linears(graph, claim_scaled_mm=False, fuse_requant=True)
-    fused = counters[COUNTER]["requant_fused"] - before
+    fused = nvgemm_counters()["requant_fused"] - before
     log.info("nvgemm_cutedsl: fused requant pass: %d gated MLP%s rewritten to nvfp4_linear_requant -> "
              "nvfp4_linear_prequant in this graph", fused, "" if fused == 1 else "s")

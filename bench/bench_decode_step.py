@@ -1,6 +1,6 @@
 """Decode-step benchmark: eager vs torch.compile(max-autotune) without nvgemm vs with nvgemm.
 
-One decode step of ``nvgemm.inductor.demo.TinyNvfp4Llama`` (q/k/v/o/gate/up/down NVFP4, KV cache
+One decode step of ``nvgemm.integrations.inductor.demo.TinyNvfp4Llama`` (q/k/v/o/gate/up/down NVFP4, KV cache
 of ``--cache-len`` tokens) per sequence, over several batch sizes served by ONE compiled graph
 (dynamic batch). For each mode it reports:
 
@@ -47,7 +47,7 @@ def _child(args) -> dict:
     import torch
 
     import nvgemm
-    from nvgemm.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama
+    from nvgemm.integrations.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama
 
     dev = torch.device(args.device)
     if dev.type == "cpu":

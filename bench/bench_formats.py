@@ -28,7 +28,7 @@ HIDDEN, INTER, VOCAB = 4096, 14336, 32000
 
 
 def bench_quantize(size: int, repeats: int) -> dict:
-    from nvgemm.formats import quantize_weight
+    from nvgemm.core.formats import quantize_weight
 
     w = torch.randn(size, size).to(torch.bfloat16)
     quantize_weight(w[:256])  # warm-up (lookup tables, allocator)
@@ -44,7 +44,7 @@ def bench_quantize(size: int, repeats: int) -> dict:
 def write_synthetic_checkpoint(folder: Path) -> None:
     from safetensors.torch import save_file
 
-    from nvgemm.formats import blocked_numel  # noqa: F401  (import check)
+    from nvgemm.core.formats import blocked_numel  # noqa: F401  (import check)
 
     cfg = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
@@ -78,7 +78,7 @@ def write_synthetic_checkpoint(folder: Path) -> None:
 
 _CHILD = r"""
 import sys, torch, transformers, accelerate, safetensors
-import nvgemm, nvgemm.modelopt
+import nvgemm, nvgemm.integrations.modelopt
 def rss(k):
     for line in open('/proc/self/status'):
         if line.startswith(k): return int(line.split()[1]) * 1024

@@ -50,7 +50,7 @@ MOE_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 def _clear_shape_memos() -> None:
     """Forget every answer that depends on the shape (see item 8 of the module docstring)."""
     from nvgemm.heuristics import implementable, policy
-    from nvgemm.perfmodel import model
+    from nvgemm.heuristics.perfmodel import model
 
     policy._candidates_memo.cache_clear()
     model._total_cached.cache_clear()
@@ -79,8 +79,9 @@ def _clear_moe_memos() -> None:
     """Forget every MoE-policy answer that depends on the shape: the run-time picks, the feasible
     configs of a layer shape, the binomial work-tile sums, the dense model's per-shape memos (kept:
     the config spaces, static facts, the batch registry -- shape-independent)."""
-    from nvgemm.heuristics import moe_sm90, moe_sm100
-    from nvgemm.perfmodel.families import sm90_moe
+    from nvgemm.templates.sm90_moe import policy as moe_sm90
+    from nvgemm.templates.sm100_moe import policy as moe_sm100
+    from nvgemm.templates.sm90_moe import perf as sm90_moe
 
     _clear_shape_memos()
     moe_sm90.pick_moe_configs.cache_clear()
@@ -92,7 +93,7 @@ def _clear_moe_memos() -> None:
 def _moe_passes(policy) -> tuple[list[float], list[float]]:
     """(median CPU ms of each of PASSES passes, every call) of ``policy.moe_candidates`` over every
     MoE layer preset x MOE_MS, every call with the shape-dependent memos cleared first."""
-    from nvgemm.heuristics import moe_sm90
+    from nvgemm.templates.sm90_moe import policy as moe_sm90
 
     layers = list(moe_sm90.MOE_LAYERS.values())
     policy.moe_candidates(layers[0], 1)  # first call: imports, tables, config spaces
@@ -152,7 +153,7 @@ def main() -> int:
     unseen2, unseen2_cpu = _time(_problems(128))
     repeat, repeat_cpu = _time(_problems(64))
     rules, rules_cpu = _time(_problems(192), use_nvmmh=False)
-    from nvgemm.heuristics.problem import Target
+    from nvgemm.core.problem import Target
 
     h200 = dict(a_format="bf16", target=Target.from_gpu("H200"))
     candidates(GemmProblem(n=4096, k=4096, m=1, **h200))  # loads the model's SASS facts table once
@@ -166,7 +167,8 @@ def main() -> int:
     finally:
         gc.enable()
     pass_meds, rep_all, rep_best = _passes_cpu(_problems(384, **h200))
-    from nvgemm.heuristics import moe_sm90, moe_sm100
+    from nvgemm.templates.sm90_moe import policy as moe_sm90
+    from nvgemm.templates.sm100_moe import policy as moe_sm100
 
     moe90_meds, moe90 = _moe_passes(moe_sm90)
     moe100_meds, moe100 = _moe_passes(moe_sm100)

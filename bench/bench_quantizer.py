@@ -13,7 +13,7 @@ small M the "useful" fraction is what the number means.
 Denominator: the device-to-device copy bandwidth measured here (``clone`` of a 1 GiB tensor:
 read + write), i.e. what a perfect streaming kernel reaches on this GPU, and the theoretical peak
 where torch reports the memory clock and bus width. Timing: ``triton.testing.do_bench``
-(median, L2 flushed between reps). The torch reference quantizer (``nvgemm.formats``) is timed
+(median, L2 flushed between reps). The torch reference quantizer (``nvgemm.core.formats``) is timed
 as a baseline. ``--gemm`` also times the W4A16 fallback GEMM against a bf16 ``torch.mm``.
 
 CPU interpreter timing is not a benchmark: without a CUDA GPU this script says so and exits 2.
@@ -70,13 +70,13 @@ def main(argv=None) -> int:
     import triton
     import triton.testing
 
-    from nvgemm.formats import blocked_numel, quantize_activation, to_blocked
-    from nvgemm.triton_kernels.fused import (
+    from nvgemm.core.formats import blocked_numel, quantize_activation, to_blocked
+    from nvgemm.templates.triton.fused import (
         add_rmsnorm_quantize_nvfp4_triton,
         rmsnorm_quantize_nvfp4_triton,
         silu_mul_quantize_nvfp4_triton,
     )
-    from nvgemm.triton_kernels.quantize import quantize_nvfp4_triton
+    from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     pdl = False if args.no_pdl else None
@@ -121,8 +121,8 @@ def main(argv=None) -> int:
 
     gemm_rows = []
     if args.gemm:
-        from nvgemm.formats import quantize_weight
-        from nvgemm.triton_kernels.gemm_w4a16 import nvfp4_linear_triton
+        from nvgemm.core.formats import quantize_weight
+        from nvgemm.templates.triton.gemm_w4a16 import nvfp4_linear_triton
 
         for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
             q = quantize_weight(torch.randn(n, k, device="cuda") * 0.02)

@@ -42,8 +42,8 @@ def _load_suite():
 
 
 def case_config(case, suite):
-    from nvgemm.runtime.sm90_backend import pick_config
-    from nvgemm.templates.sm90.config import Sm90W4A16Config
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
+    from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
 
     if case.config is not None:
         return Sm90W4A16Config(**case.config)
@@ -64,8 +64,8 @@ def case_epilogue(case):
 
 def case_spec(case, suite, config=None):
     from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.runtime.sm90_backend import _X_FORMAT, ARCH, template_id_of
-    from nvgemm.templates.registry import HardwareSpec
+    from nvgemm.templates.sm90_w4a16.backend import _X_FORMAT, ARCH, template_id_of
+    from nvgemm.aot.abi import HardwareSpec
 
     config = config or case_config(case, suite)
     return make_spec(template_id_of(config), config, ARCH, epilogue=case_epilogue(case), hw=HardwareSpec(sm_count=suite.SM_COUNT),

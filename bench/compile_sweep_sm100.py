@@ -37,10 +37,10 @@ def main() -> int:
 
     from nvgemm.epilogues import EpilogueSpec
     from nvgemm.heuristics import candidates
-    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.core.problem import GemmProblem, Target
     from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.registry import check_spec, get_template
-    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
+    from nvgemm.aot.abi import check_spec, get_template
+    from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C
 
     cfgs: list = []
     for m, n, k in SHAPES:

@@ -48,10 +48,10 @@ def main() -> int:
     args = ap.parse_args()
     from importlib.metadata import version
 
-    from nvgemm.perfmodel.table import load_table, spill_status
-    from nvgemm.perfmodel import sass_tool as T
+    from nvgemm.heuristics.perfmodel.table import load_table, spill_status
+    from nvgemm.cli import sass_tool as T
 
-    from nvgemm.templates.sm90.config import Sm90W4A16Config as W
+    from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as W
 
     shapes = T.preset_shapes() if args.shapes == "presets" else list(T.LLAMA_SHAPES)
     # the two variants issue 23 found spilling (4096 x 14336 at M = 32) are recorded first
@@ -105,7 +105,7 @@ def main() -> int:
 
 
 def _cfg(name: str):
-    from nvgemm.perfmodel.table import parse_config_name
+    from nvgemm.heuristics.perfmodel.table import parse_config_name
 
     return parse_config_name(name)
 

@@ -4,7 +4,7 @@
 
 The sm90 W4A16 kernels decode each prepared 32-bit weight word (8 E2M1 codes) into four packed
 bf16x2 / f16x2 registers whose set bits may only sit at the 8 "field" positions F of the format
-(bf16: bits 6, 7, 8, 15 of each half; fp16: 9, 10, 11, 15; :mod:`nvgemm.templates.sm90.operand`).
+(bf16: bits 6, 7, 8, 15 of each half; fp16: 9, 10, 11, 15; :mod:`nvgemm.templates.sm90_w4a16.operand`).
 The word is re-encoded offline, so what costs instructions is moving bits at run time: a rotation
 ``SHF.R.W`` (1 instruction) and one ``LOP3`` per output (the output must be zero outside F, so
 its last instruction masks with an immediate).
@@ -156,7 +156,7 @@ def shipped_scheme(kind: str):
     """nvgemm's scheme for ``kind`` (None when nvgemm / torch cannot be imported)."""
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-        from nvgemm.templates.sm90.operand import SCHEMES
+        from nvgemm.templates.sm90_w4a16.operand import SCHEMES
     except ImportError:
         return None
     return SCHEMES[kind]

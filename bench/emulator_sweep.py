@@ -63,7 +63,7 @@ def sweep_picks(limit: int | None, rows: list, families: tuple[str, ...]) -> Non
 
 
 def sweep_recorder(limit: int | None, rows: list) -> None:
-    from nvgemm.perfmodel import sass_tool
+    from nvgemm.cli import sass_tool
     from test_launch_recorder import _small_problem, check_sm90, check_sm100
 
     for arch in ("sm_90a", "sm_100a"):
@@ -84,7 +84,8 @@ MOE_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the M buckets' bounds (every buck
 
 
 def _moe_policy(family):
-    from nvgemm.heuristics import moe_sm90, moe_sm100
+    from nvgemm.templates.sm90_moe import policy as moe_sm90
+    from nvgemm.templates.sm100_moe import policy as moe_sm100
 
     return (moe_sm90, "H200") if family == "sm90_moe" else (moe_sm100, "B200")
 
@@ -96,7 +97,7 @@ def token_tile(family, c) -> int:
 def moe_emitted(family, ms=MOE_MS):
     """{role: {config: [(layer, M), ...]}}: every config the grouped policy of ``family`` emits (all
     candidates) for the MoE presets at ``ms``, per GEMM role (13 = gate/up, 2 = down)."""
-    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS
+    from nvgemm.templates.sm90_moe.policy import MOE_LAYERS
 
     mod, gpu = _moe_policy(family)
     out = {13: {}, 2: {}}
@@ -171,7 +172,7 @@ def run_moe(family, c13, c2, variant="bf16", seed=0):
     """One emulated ``nvfp4_moe`` with (c13, c2) on :func:`moe_problem` in ``variant``
     (:data:`MOE_VARIANTS`): (None or (number of differing elements, first index, got, want),
     warp-instructions of all kernel launches, (M, top_k, E, H, I), pairs per expert)."""
-    from nvgemm.moe.ops import nvfp4_moe_emulated
+    from nvgemm.ops.moe import nvfp4_moe_emulated
 
     if family == "sm90_moe":
         from _sm90_moe_emu import FP16_SAFE_K, exact_moe_operands, run_moe_emu
@@ -256,7 +257,7 @@ def write_moe(path, rows, families, cmd, t0, variants) -> None:
 
 
 def _layer_names():
-    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS
+    from nvgemm.templates.sm90_moe.policy import MOE_LAYERS
 
     return list(MOE_LAYERS)
 

@@ -7,7 +7,7 @@ CPU self-test:      python bench/gpu_check.py --cpu-selftest        # the glue, 
 
 Steps (METHOD.md): 1. load the precompiled kernels (``kernel.so`` via nvgemm's ctypes AOT loader;
 cutlass is never imported, and the script says whether it is even installed); 2. numerics of every
-manifest case against the emulated op (``nvgemm.ops.nvfp4_linear_emulated``) on fresh random inputs,
+manifest case against the emulated op (``nvgemm.ops.linear.nvfp4_linear_emulated``) on fresh random inputs,
 outputs poisoned with NaN before each launch, each case launched twice (split-K counters must come
 back to zero); 3. device-to-device copy bandwidth, measured once (bytes read + written: the
 copy-kernel baseline); 4. timing, cold L2: CUDA graphs over rotating prepared-weight copies (>= 256
@@ -21,8 +21,8 @@ rows per CTA, stage shapes, split-K and PDL off at M = 32..256) and for bf16 cuB
 the MoE registry's self-check tolerance), bitwise determinism over two runs and batch invariance (token
 0 alone == its row in the batch, same configs); timing of the whole layer in one CUDA graph over 16
 different random routings (cold experts), against the weight-byte floor of the routed experts at the
-copy bandwidth and the model (``nvgemm.heuristics.moe_sm90.layer_model``);
-5. the performance model's prediction for every timed case (``nvgemm.perfmodel``, pure Python) next
+copy bandwidth and the model (``nvgemm.templates.sm90_moe.policy.layer_model``);
+5. the performance model's prediction for every timed case (``nvgemm.heuristics.perfmodel``, pure Python) next
 to the measurement; one table (us, modelled us, speed-up vs bf16, weight bandwidth as % of the copy
 bandwidth and of 4.3 TB/s) and JSON under ``--out``.
 
@@ -70,7 +70,7 @@ def _load_suite():
 def random_layer(case, dev, gen):
     """Fresh random packed weight (every byte value is a valid pair of codes), e4m3 block scales in
     a realistic range, global scale(s), activations; the op's input contract (swizzled scales)."""
-    from nvgemm.formats import to_blocked
+    from nvgemm.core.formats import to_blocked
 
     n, k = case.n, case.k
     packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev, generator=gen)
@@ -91,12 +91,12 @@ def random_layer(case, dev, gen):
 
 def error_bound(case, lay, prepared, ref):
     """Elementwise bound on |kernel - emulated| (see the module docstring)."""
-    from nvgemm.templates.sm90.operand import dequant_ref
+    from nvgemm.templates.sm90_w4a16.operand import dequant_ref
 
     w = dequant_ref(prepared)  # E2M1 * s (no global scale), exact
     x = lay["x"].float()
     if lay["input_scale"] is not None:
-        from nvgemm.templates.sm90.launch import qdq_activation
+        from nvgemm.templates.sm90_w4a16.launch import qdq_activation
 
         x = qdq_activation(lay["x"], lay["input_scale"]).float()
     alpha = lay["weight_scale_2"].float().abs() * (lay["input_scale"].float() if lay["input_scale"] is not None else 1.0)
@@ -121,7 +121,7 @@ def load_entry(artifacts: Path, e: dict, loaded: dict, what: str):
     if d not in loaded:
         from nvgemm.aot.artifact import AotKernel
         from nvgemm.aot.cache import KernelCache
-        from nvgemm.templates.registry import abi_from_json
+        from nvgemm.aot.abi import abi_from_json
 
         meta = KernelCache(artifacts).read_entry(d, e["key"], Path(e["entry"]).parts[0])
         loaded[d] = AotKernel(d / "kernel.so", abi_from_json(meta["abi"]), name=e["spec_name"])
@@ -141,10 +141,10 @@ class Runner:
             self.manifest = {e["case"]["name"]: e for e in man["entries"]}
 
     def config(self, case):
-        from nvgemm.templates.sm90.config import Sm90W4A16Config
+        from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
 
         if self.cpu:
-            from nvgemm.runtime.sm90_backend import pick_config
+            from nvgemm.templates.sm90_w4a16.backend import pick_config
 
             if case.config is not None:
                 return Sm90W4A16Config(**case.config)
@@ -158,11 +158,11 @@ class Runner:
 
     def launch(self, case, args, kernel, stream=None):
         if self.cpu:
-            from nvgemm.templates.sm90.launch import kernel_view_ref
+            from nvgemm.templates.sm90_w4a16.launch import kernel_view_ref
 
             args.out.copy_(kernel_view_ref(args, self.config(case)))
             return args.out
-        from nvgemm.templates.sm90.launch import launch_sm90
+        from nvgemm.templates.sm90_w4a16.launch import launch_sm90
 
         return launch_sm90(args, kernel, stream or torch.cuda.current_stream())
 
@@ -171,9 +171,9 @@ class Runner:
 
 
 def check_numerics(case, runner, dev, gen):
-    from nvgemm.ops import nvfp4_linear_emulated
-    from nvgemm.templates.sm90.launch import prepare_sm90_args
-    from nvgemm.templates.sm90.operand import kind_of, prepare_sm90_weight
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+    from nvgemm.templates.sm90_w4a16.launch import prepare_sm90_args
+    from nvgemm.templates.sm90_w4a16.operand import kind_of, prepare_sm90_weight
 
     lay = random_layer(case, dev, gen)
     prepared = prepare_sm90_weight(lay["weight"], lay["weight_scale"], lay["weight_scale_2"], kind_of(lay["x"].dtype))
@@ -270,7 +270,7 @@ _WEIGHT_COPIES: dict = {}
 def model_of(case, cfg, sms):
     """The performance model's (low, high) microseconds for this case and bf16 cuBLAS (pure Python)."""
     try:
-        from nvgemm.perfmodel import bf16_baseline, estimate
+        from nvgemm.heuristics.perfmodel import bf16_baseline, estimate
 
         e = estimate(cfg, case.m, case.n, case.k, "H200", sms)
         b = bf16_baseline(case.m, case.n, case.k, "H200", sms)
@@ -282,8 +282,8 @@ def model_of(case, cfg, sms):
 def time_case(case, runner, dev, gen, copy_bw):
     import dataclasses as dc
 
-    from nvgemm.templates.sm90.launch import Sm90Workspace, prepare_sm90_args
-    from nvgemm.templates.sm90.operand import kind_of, prepare_sm90_weight
+    from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, prepare_sm90_args
+    from nvgemm.templates.sm90_w4a16.operand import kind_of, prepare_sm90_weight
 
     lay = random_layer(case, dev, gen)
     cfg = runner.config(case)
@@ -357,8 +357,8 @@ class MoeRunner:
 
     def launcher(self, stream=None):
         from nvgemm.aot.compile_spec import make_spec
-        from nvgemm.templates.registry import HardwareSpec
-        from nvgemm.templates.sm90.operand import kind_of
+        from nvgemm.aot.abi import HardwareSpec
+        from nvgemm.templates.sm90_w4a16.operand import kind_of
 
         def launch(args):
             spec = make_spec("sm90_moe_mma", args.config, "sm_90a", epilogue=args.spec, hw=HardwareSpec(sm_count=132),
@@ -379,8 +379,8 @@ class MoeRunner:
 
 def moe_layer(case, dev, gen, cpu_selftest):
     """Random W4A16 expert stacks of the case's preset (tiny stand-ins in the CPU self-test)."""
-    from nvgemm.formats import blocked_numel
-    from nvgemm.heuristics.moe_sm90 import get_moe_layer
+    from nvgemm.core.formats import blocked_numel
+    from nvgemm.templates.sm90_moe.policy import get_moe_layer
 
     if cpu_selftest:
         e, k, h, i = 4, 2, 64, 32
@@ -420,7 +420,7 @@ def _moe_run(ops, configs, launch):
 
 
 def check_moe_numerics(case, msuite, runner, dev, gen, cpu_selftest):
-    from nvgemm.moe.ops import nvfp4_moe_emulated
+    from nvgemm.ops.moe import nvfp4_moe_emulated
 
     ops = moe_layer(case, dev, gen, cpu_selftest)
     configs = msuite.case_configs(case)
@@ -450,7 +450,7 @@ def check_moe_numerics(case, msuite, runner, dev, gen, cpu_selftest):
 
 
 def time_moe_case(case, msuite, runner, dev, gen, copy_bw):
-    from nvgemm.heuristics.moe_sm90 import get_moe_layer, layer_model
+    from nvgemm.templates.sm90_moe.policy import get_moe_layer, layer_model
 
     ops = moe_layer(case, dev, gen, False)
     configs = msuite.case_configs(case)
@@ -530,7 +530,7 @@ def main() -> int:
 
     cases = [c for c in suite.all_cases() if args.only in c.name]
     if args.cpu_selftest:  # small stand-ins for the big shapes; same code paths
-        from nvgemm.templates.sm90.config import Sm90W4A16Config, shape_problem
+        from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config, shape_problem
 
         small = [dataclasses.replace(c, n=min(c.n, 256), k=min(c.k, 512 if c.k % 512 == 0 else c.k % 512 + 512),
                                      m=min(c.m, 8))

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from nvgemm.heuristics import candidates  # noqa: E402
-from nvgemm.heuristics.problem import GemmProblem, Target  # noqa: E402
-from nvgemm.perfmodel import bf16_baseline, estimate, get_hardware  # noqa: E402
+from nvgemm.core.problem import GemmProblem, Target  # noqa: E402
+from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, get_hardware  # noqa: E402
 
 #: bf16 GEMV matrices spanning the published 235-822 MB range (N x K, bf16 bytes)
 H200_GEMV = ((28672, 4096), (8192, 28672), (50176, 8192))
@@ -37,16 +37,16 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     h200, b200, h100 = get_hardware("H200"), get_hardware("B200"), get_hardware("H100")
     pr("# Performance model calibration: the model against published measurements\n")
-    pr("**Every nvgemm number here is a MODEL** (`nvgemm.perfmodel`, no GPU); the reference columns are "
+    pr("**Every nvgemm number here is a MODEL** (`nvgemm.heuristics.perfmodel`, no GPU); the reference columns are "
        "published measurements of *other* kernels. Times per call (kernel + launch), low-high range.\n")
     pr(f"- generated {datetime.date.today().isoformat()} with `python bench/model_calibration.py > "
        f"bench/results/model_calibration.md` (nvgemm {commit})")
-    pr(f"- constants under test (`src/nvgemm/perfmodel/hardware.py`): H200 achievable bandwidth "
+    pr(f"- constants under test (`src/nvgemm/heuristics/perfmodel/hardware.py`): H200 achievable bandwidth "
        f"{h200.achievable_bw_low_tbs}-{h200.achievable_bw_tbs} TB/s of {h200.peak_bw_tbs} peak, DRAM latency "
        f"{h200.dram_latency[0]:.0f}-{h200.dram_latency[1]:.0f} cycles, launch {h200.launch_us[0]}-{h200.launch_us[1]} us "
        f"less {h200.pdl_saving_us[0]}-{h200.pdl_saving_us[1]} us with PDL; B200 {b200.achievable_bw_low_tbs}-"
        f"{b200.achievable_bw_tbs} of {b200.peak_bw_tbs} TB/s. The same constants price nvgemm's kernels and the "
-       "bf16 cuBLAS baseline (`perfmodel/baseline.py`).\n")
+       "bf16 cuBLAS baseline (`heuristics/perfmodel/baseline.py`).\n")
     pr("## 1. bf16 GEMV on H200 (the baseline model) vs published H200 GEMVs\n")
     pr("Published: best custom kernels 72-89 % of 4.8 TB/s, cuBLAS 70-82 %, on 235-822 MB matrices (M = 1).\n")
     pr("| N x K | bf16 MB | model us | model % of 4.8 TB/s | published cuBLAS % | published best % | lands |")
@@ -110,7 +110,7 @@ def main() -> int:
 def _variant_section(pr) -> None:
     """Section 4: the SASS timing facts of every compiled variant with its own record against the
     main loop's shared entry (why the model keys them per variant)."""
-    from nvgemm.perfmodel.table import load_table, lookup, parse_config_name
+    from nvgemm.heuristics.perfmodel.table import load_table, lookup, parse_config_name
 
     fields = ("loop_instrs", "loop_issue_cycles", "chain_base", "round_trips", "regs", "fixed_instrs")
     rows = []

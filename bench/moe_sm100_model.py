@@ -2,8 +2,8 @@
 measurement): ``python bench/moe_sm100_model.py [--gpu B200] [--out bench/results/moe_sm100_model.md]``.
 
 Per preset and M: expected active experts and work slots under uniform routing, the policy's first
-(GEMM1, GEMM2) pair (:mod:`nvgemm.heuristics.moe_sm100`) and its modelled time
-(:mod:`nvgemm.perfmodel.families.sm100_moe`: the dense swap-AB sm100 kernel's model on the equivalent
+(GEMM1, GEMM2) pair (:mod:`nvgemm.templates.sm100_moe.policy`) and its modelled time
+(:mod:`nvgemm.templates.sm100_moe.perf`: the dense swap-AB sm100 kernel's model on the equivalent
 problem, with its fill, partial-round (idle SM) and tail terms), the host path's launches (work list
 + the torch activation prep + finalize at the tiny-kernel cost), the shared expert's two dense W4A4
 GEMMs, and the byte floor of the routed (+ shared) experts' NVFP4 weights at the achievable bandwidth.
@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 def main() -> int:
     from moe_sm90_model import render_tables
 
-    from nvgemm.heuristics.moe_sm100 import layer_model
-    from nvgemm.perfmodel.families.sm100_moe import PREP_KERNELS
-    from nvgemm.perfmodel.hardware import get_hardware
+    from nvgemm.templates.sm100_moe.policy import layer_model
+    from nvgemm.templates.sm100_moe.perf import PREP_KERNELS
+    from nvgemm.heuristics.perfmodel.hardware import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="B200")

@@ -2,7 +2,7 @@
 measurement): ``python bench/moe_sm90_model.py [--gpu H200] [--out bench/results/moe_sm90_model.md]``.
 
 Per preset and M: expected active experts and work tiles under uniform routing, the policy's first
-(GEMM1, GEMM2) pair and its modelled time (:mod:`nvgemm.perfmodel.families.sm90_moe`, the dense mma
+(GEMM1, GEMM2) pair and its modelled time (:mod:`nvgemm.templates.sm90_moe.perf`, the dense mma
 kernel's model on the equivalent problem), the host path's launches (1 Triton prep + 1 finalize at
 the tiny-kernel cost), the shared expert's two dense GEMMs where the model has one, and the byte
 floor of the routed (+ shared) experts' NVFP4 weights at the achievable bandwidth. B200 (the
@@ -23,7 +23,7 @@ MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 def render_tables(layer_model, gpu: str, config_prefix: str) -> list[str]:
     """One markdown table per MoE preset layer: per M, ``layer_model(shape, m, gpu)``'s numbers."""
-    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS
+    from nvgemm.templates.sm90_moe.policy import MOE_LAYERS
 
     lines = []
     for name, shape in MOE_LAYERS.items():
@@ -50,8 +50,8 @@ def render_tables(layer_model, gpu: str, config_prefix: str) -> list[str]:
 
 
 def main() -> int:
-    from nvgemm.heuristics.moe_sm90 import layer_model
-    from nvgemm.perfmodel.hardware import get_hardware
+    from nvgemm.templates.sm90_moe.policy import layer_model
+    from nvgemm.heuristics.perfmodel.hardware import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="H200")

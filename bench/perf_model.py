@@ -7,7 +7,7 @@
 Inputs: the committed SASS facts table (``src/nvgemm/perfmodel/sass_facts.json``; regenerate it
 with ``nvgemm model --regen-table`` after a kernel change), the candidate policy
 (``nvgemm.heuristics.candidates``, nvMatmulHeuristics off so the rows are reproducible) and the
-model (``nvgemm.perfmodel``). Shapes: the Llama-3.1-8B and 3.3-70B decode GEMMs.
+model (``nvgemm.heuristics.perfmodel``). Shapes: the Llama-3.1-8B and 3.3-70B decode GEMMs.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _short(name: str) -> str:
 
 def _policy(n, k, m, gpu):
     from nvgemm.heuristics import candidates
-    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.core.problem import GemmProblem, Target
 
     t = Target.from_gpu(gpu)
     a = "bf16" if t.family == "sm90" else "nvfp4"
@@ -52,7 +52,7 @@ def _header(title: str, cmd: str) -> list[str]:
     import importlib.metadata as md
     import platform
 
-    from nvgemm.perfmodel import table_header
+    from nvgemm.heuristics.perfmodel import table_header
 
     th = table_header()
     return [
@@ -60,7 +60,7 @@ def _header(title: str, cmd: str) -> list[str]:
         "",
         "**This is a MODEL, not a measurement. A GPU measurement overrides every number here.** Nothing in this",
         "file ran on a GPU: kernels were compiled on CPU, their SASS read, and the CPU performance model",
-        "(`nvgemm.perfmodel`) turned that into times. Times are per call, in microseconds, as a low-high range",
+        "(`nvgemm.heuristics.perfmodel`) turned that into times. Times are per call, in microseconds, as a low-high range",
         "(optimistic / pessimistic end of every hardware assumption below).",
         "",
         f"- generated {datetime.date.today().isoformat()} with `{cmd}` (python {platform.python_version()}, "
@@ -84,7 +84,7 @@ SM90_ASSUMPTIONS = """## Model assumptions (H200)
   3 dependent L2 round trips). The host path launches nothing else for W4A16 (no fills: absent operands
   reuse tensors of the call, split-K buffers live in a per-device workspace); a W4A4 layer adds its one
   Triton qdq kernel (not included below: these rows are W4A16).
-- Kernel (`nvgemm/perfmodel/model.py`): the grid's CTAs are spread over the 132 SMs in rounds of the
+- Kernel (`nvgemm/heuristics/perfmodel/model.py`): the grid's CTAs are spread over the 132 SMs in rounds of the
   resident CTAs per SM (occupancy from registers per scheduler quadrant, shared memory incl. the dynamic
   ring, threads); a partial last round runs on the SMs that hold CTAs and the idle ones add nothing. Each
   round = fill (one loaded DRAM latency + the first ring stage through the port; a later round pays fill / residency)
@@ -98,7 +98,7 @@ SM90_ASSUMPTIONS = """## Model assumptions (H200)
   bf16 peak, the mma family's `mma.sync` at 2/3 of that peak, per SM, as a term of every step (so a
   tensor-bound kernel pays for its partial last round). The wgmma family's split-K splits only the tiles
   of that last round (its tail), each into split-K CTAs after the whole tiles.
-- bf16 cuBLAS baseline (`nvgemm/perfmodel/baseline.py`): the same bandwidth range, fill, launch (with the
+- bf16 cuBLAS baseline (`nvgemm/heuristics/perfmodel/baseline.py`): the same bandwidth range, fill, launch (with the
   PDL saving) and co-limit rule: launch + one DRAM latency + colimit(bf16 bytes / bandwidth, 2 x M8 x N x K
   FLOPs at 70 % of the peak), M8 = M rounded up to 8 rows; charged no waves or tail (an ideal stream, if
   anything faster than cuBLAS: `bench/results/model_calibration.md`). "x bf16" = modelled bf16 time /
@@ -111,9 +111,9 @@ SM90_ASSUMPTIONS = """## Model assumptions (H200)
 def sm90_report(out: Path) -> None:
     import torch
 
-    from nvgemm.perfmodel import bf16_baseline, estimate, lookup
-    from nvgemm.perfmodel.model import best
-    from nvgemm.runtime.sm90_backend import pick_config
+    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, lookup
+    from nvgemm.heuristics.perfmodel.model import best
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
 
     fams = ("sm90.mma", "sm90.wgmma")
     lines = _header("sm90 W4A16 decode on H200: performance MODEL of the policy's picks (issue 14)",
@@ -122,7 +122,7 @@ def sm90_report(out: Path) -> None:
         "## Model: policy pick per shape and M, against bf16 cuBLAS",
         "",
         "Policy pick = what the sm90 runtime runs (`runtime/sm90_backend.pick_config`: the first candidate of",
-        "`heuristics/sm90.py`, which ranks both families' configs with this model and drops variants whose SASS",
+        "`templates/sm90_w4a16/policy.py`, which ranks both families' configs with this model and drops variants whose SASS",
         "spills). Model best = the fastest modelled config over the families' search spaces (tiles, warps, ring",
         "depth, split-K; spills not checked). Rounds = rounds of CTAs x SMs holding CTAs (of 132). Limit = what",
         "sets the first round's step at the (low, high) end. Bytes x = the ratio of the bytes the two GEMMs",
@@ -214,10 +214,10 @@ def sm90_sweep() -> list[str]:
     """Item 5 at every M in 33..256 (not only the rows above): policy pick vs modelled bf16."""
     import torch
 
-    from nvgemm.perfmodel import bf16_baseline, estimate
-    from nvgemm.runtime.sm90_backend import pick_config
+    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
 
-    from nvgemm.perfmodel import get_hardware
+    from nvgemm.heuristics.perfmodel import get_hardware
 
     hw = get_hardware("H200")
     worse, total, dq_wins = [], 0, 0
@@ -259,8 +259,8 @@ def sm90_sweep() -> list[str]:
 
 def sm90_compute_bound(rows) -> list[str]:
     """Item 5's arithmetic: where bf16 cuBLAS is tensor-core bound, no NVFP4 path can be faster."""
-    from nvgemm.perfmodel import get_hardware
-    from nvgemm.perfmodel.baseline import TENSOR_EFFICIENCY
+    from nvgemm.heuristics.perfmodel import get_hardware
+    from nvgemm.heuristics.perfmodel.baseline import TENSOR_EFFICIENCY
 
     hw = get_hardware("H200")
     n, k, m = 57344, 8192, 256
@@ -296,7 +296,7 @@ def sm90_compute_bound(rows) -> list[str]:
 
 def bf16_crosscheck() -> list[str]:
     """The bf16 baseline model next to published measurements (anchors.md)."""
-    from nvgemm.perfmodel import bf16_baseline
+    from nvgemm.heuristics.perfmodel import bf16_baseline
 
     rows = [("B200, bf16 M=1, N=6656 K=19968 (FlashInfer PR #4466)", "46.2 us", (1, 6656, 19968, "B200")),
             ("B200, bf16 M=1, N=19968 K=6656 (FlashInfer PR #4466)", "45.4 us", (1, 19968, 6656, "B200")),
@@ -319,9 +319,9 @@ def _gpct(e) -> str:
 def sm100_report(out: Path) -> None:
     from dataclasses import replace as dreplace
 
-    from nvgemm.perfmodel import bf16_baseline, estimate, estimate_with, family_for, get_hardware, lookup, rank
-    from nvgemm.perfmodel.model import best
-    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
+    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, estimate_with, family_for, get_hardware, lookup, rank
+    from nvgemm.heuristics.perfmodel.model import best
+    from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C
 
     lines = _header("sm100 NVFP4 W4A4 decode on B200: performance MODEL (issue 13 item 10)",
                     "python bench/perf_model.py sm100")
@@ -332,7 +332,7 @@ def sm100_report(out: Path) -> None:
         "helper kernels (activation quantize, alpha product) at 1.0-2.0 us each. % of 8 TB/s = NVFP4 weight +",
         "scale bytes / GEMM time. Goal (issue 13): modelled M=1 >= 60 % of HBM bandwidth (8 TB/s), read here on",
         "the GEMM time. The policy list is `candidates()` with nvMatmulHeuristics off; \"fastest of the policy's",
-        "list\" is what the policy would rank first if it ranked by the model (`nvgemm.perfmodel.rank`).",
+        "list\" is what the policy would rank first if it ranked by the model (`nvgemm.heuristics.perfmodel.rank`).",
         "",
         "| N x K (layer) | M | model: policy #1 | model GEMM us | model % of 8 TB/s | model per-call us"
         " | model: fastest of the policy's list (its rank) | model GEMM us | model % of 8 TB/s"
@@ -406,7 +406,7 @@ SM100_ASSUMPTIONS = """## Model assumptions (B200)
 
 - 148 SMs, ~1.965 GHz, 8 TB/s HBM peak with 6.0-6.8 TB/s (75-85 %) achievable, L2 126 MB, DRAM latency 1400-2400
   cycles, L2 300-700 cycles, 64 B/clock per SM from L2/DRAM: published figures where known
-  (`nvgemm/perfmodel/hardware.py` cites them), assumptions otherwise.
+  (`nvgemm/heuristics/perfmodel/hardware.py` cites them), assumptions otherwise.
 - For these tcgen05/TMA kernels instruction counts do not matter; the model uses bytes in flight and
   pipeline depth: one CTA per SM keeps `stages` 256-deep K tiles in flight (stages from shared memory:
   `(232448 - 2048) // stage bytes`, capped at 12; checked against the compiled kernels' launch), so a

@@ -38,7 +38,7 @@ import torch
 
 from nvgemm.heuristics import GemmProblem, Target, candidates, nvmmh
 from nvgemm.heuristics.presets import PRESETS
-from nvgemm.heuristics.sm100 import cta_count, kernel_dims
+from nvgemm.templates.sm100_w4a4.policy import cta_count, kernel_dims
 
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -145,7 +145,7 @@ def explain(m, n, k, tc, nc, target) -> str:
     lib_split = [c for c in nc if c[6] > 1 and c[7] == "L"]
     if rule_split:
         c0 = rule_split[0]
-        from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
+        from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C
 
         cfg = C(c0[1], c0[2], c0[3], c0[4], swap_ab=c0[0])
         tiles = cta_count(cfg, *kernel_dims(GemmProblem(n=n, k=k, m=m, target=target), cfg.swap_ab))

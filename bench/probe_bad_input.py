@@ -37,8 +37,8 @@ import torch
 
 import nvgemm  # noqa: F401  (registers the ops)
 from nvgemm import NVFP4Linear
-from nvgemm.formats import blocked_shape, quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
+from nvgemm.core.formats import blocked_shape, quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
 
 GOOD = ("clear error", "correct result")
 LIMIT_S = 60.0
@@ -185,7 +185,7 @@ def _shape_case(n, k, w4a4, act="none"):
     args = (x, q.packed, to_blocked(q.scale), q.global_scale, INS if w4a4 else None, None, None, act, None)
     got = torch.ops.nvgemm.nvfp4_linear(*args)
     # independent reference: fp64 dequantize-and-matmul from the linear scales
-    from nvgemm.formats import dequantize, quantize_activation
+    from nvgemm.core.formats import dequantize, quantize_activation
     from nvgemm.epilogues.spec import apply_activation_ref
 
     w = dequantize(q.packed, q.scale).double()
@@ -320,7 +320,7 @@ def edit_json(p: Path, fn) -> None:
 
 
 def load(ck, **kw):
-    from nvgemm.modelopt import load_modelopt_checkpoint
+    from nvgemm.integrations.modelopt import load_modelopt_checkpoint
 
     return load_modelopt_checkpoint(ck, **kw)
 
@@ -495,7 +495,7 @@ def _():
 
 @case("loader", "good checkpoint: logits equal the fp64 dequant reference to bf16 rounding")
 def _():
-    from nvgemm.modelopt.reference import build_reference_model
+    from nvgemm.integrations.modelopt.reference import build_reference_model
 
     model = load(tiny())
     ref = build_reference_model(model)
@@ -510,14 +510,14 @@ def _():
 
 @case("serving_plan", "vllm_gemms on a FIFO safetensors")
 def _():
-    from nvgemm.runtime.serving_plan import vllm_gemms
+    from nvgemm.dispatch.serving_plan import vllm_gemms
 
     return expect_error(vllm_gemms, _replace(copy(), "model.safetensors", "fifo"), 1)
 
 
 @case("serving_plan", "vllm_gemms on bad config.json")
 def _():
-    from nvgemm.runtime.serving_plan import vllm_gemms
+    from nvgemm.dispatch.serving_plan import vllm_gemms
 
     return expect_error(vllm_gemms, _replace(copy(), "config.json", "bad-json"), 1)
 
@@ -541,7 +541,7 @@ def _():
 
 @case("vllm layer", "plan_gemms: negative block scale")
 def _():
-    from nvgemm.vllm.layer import plan_gemms
+    from nvgemm.integrations.vllm.layer import plan_gemms
 
     s = Q.scale.view(torch.uint8).clone()
     s[1, 1] |= 0x80
@@ -550,7 +550,7 @@ def _():
 
 @case("vllm layer", "plan_gemms: NaN (never loaded) block scale")
 def _():
-    from nvgemm.vllm.layer import plan_gemms
+    from nvgemm.integrations.vllm.layer import plan_gemms
 
     s = Q.scale.view(torch.uint8).clone()
     s[1, 1] = 0x7F
@@ -559,14 +559,14 @@ def _():
 
 @case("vllm layer", "plan_gemms: zero weight_scale_2")
 def _():
-    from nvgemm.vllm.layer import plan_gemms
+    from nvgemm.integrations.vllm.layer import plan_gemms
 
     return expect_error(plan_gemms, Q.packed, Q.scale, torch.zeros(1), None, [N])
 
 
 @case("vllm layer", "LoadTracker: a shard never loaded")
 def _():
-    from nvgemm.vllm.layer import LoadTracker
+    from nvgemm.integrations.vllm.layer import LoadTracker
 
     t = LoadTracker("qkv", 3)
     load_ = t.wrap("weight", lambda p, w, *a: None)
@@ -677,7 +677,7 @@ def _spec():
     from nvgemm.epilogues.spec import EpilogueSpec
     from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
     from nvgemm.aot.compile_spec import capture_codegen_env
-    from nvgemm.templates.registry import DEFAULT_HW, CompileSpec
+    from nvgemm.aot.abi import DEFAULT_HW, CompileSpec
 
     return CompileSpec(SELFTEST_TEMPLATE_ID, SelftestConfig(), EpilogueSpec(), "sm_100a", DEFAULT_HW["sm_100a"],
                        a_format="bf16", b_format="bf16", codegen_env=capture_codegen_env())

@@ -46,7 +46,7 @@ def _cases():
     from nvgemm.epilogues import EpilogueSpec
 
     try:
-        from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
+        from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C
     except ImportError:  # before the family folder
         from nvgemm.templates.sm100_config import Sm100Nvfp4GemmConfig as C
     full = EpilogueSpec(alpha="vector", bias=True, activation="none", residual=True)
@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--after", action="store_true", help="model the reduction as the new (all-loads-first) code")
     a = ap.parse_args()
     from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.registry import get_template
+    from nvgemm.aot.abi import get_template
 
     ptxas, cuobjdump = _tools()
     tpl = get_template("sm100_nvfp4_gemm")

@@ -1,5 +1,5 @@
 """The sm90 grouped-MoE cases of the H200 check (``bench/gpu_check.py``, built by
-``bench/build_sm90_artifacts.py``): the MoE presets' layers (``nvgemm.heuristics.moe_sm90``) at
+``bench/build_sm90_artifacts.py``): the MoE presets' layers (``nvgemm.templates.sm90_moe.policy``) at
 decode token counts with the run-time policy's (GEMM1, GEMM2) pick, plus numerics cases with forced
 configs (split-K, tile_m 16/32, per-row alpha, shared_out + residual, fp16). Pure Python."""
 
@@ -14,7 +14,7 @@ MOE_TIMED_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 @dataclass(frozen=True)
 class MoeCase:
     name: str
-    preset: str  # nvgemm.heuristics.moe_sm90.MOE_LAYERS key
+    preset: str  # nvgemm.templates.sm90_moe.policy.MOE_LAYERS key
     m: int
     timed: bool
     configs: tuple = field(default=None)  # (config13 dict, config2 dict) forced; None: the policy's pick
@@ -32,7 +32,7 @@ def _mc(tile_m=8, tile_n=128, tile_k=256, split_k=1, num_warps=4, stages=4, pdl=
 
 
 def moe_cases() -> list[MoeCase]:
-    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS
+    from nvgemm.templates.sm90_moe.policy import MOE_LAYERS
 
     out = []
     for p in MOE_LAYERS:
@@ -51,7 +51,7 @@ def moe_cases() -> list[MoeCase]:
 
 def case_configs(case: MoeCase):
     """(config13, config2) of a case: forced, or the run-time pick on an H200 (132 SMs)."""
-    from nvgemm.heuristics.moe_sm90 import get_moe_layer, pick_moe_configs
+    from nvgemm.templates.sm90_moe.policy import get_moe_layer, pick_moe_configs
     from nvgemm.templates.sm90_moe.config import Sm90MoeConfig
 
     if case.configs is not None:
@@ -67,7 +67,7 @@ def case_specs(case: MoeCase, environ=None):
 
     from nvgemm.epilogues.spec import EpilogueSpec
     from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.registry import HardwareSpec
+    from nvgemm.aot.abi import HardwareSpec
 
     c13, c2 = case_configs(case)
     xdt = torch.float16 if case.x_dtype == "fp16" else torch.bfloat16

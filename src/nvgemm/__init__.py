@@ -7,48 +7,42 @@ Inductor integration.
 
 __version__ = "0.1.0"
 
-from . import ops  # noqa: F401  (registers torch.ops.nvgemm.*)
-from .triton_kernels import fused_ops as _fused_ops  # noqa: F401  (fused quantizer ops; torch only)
-from .formats import NVFP4, Nvfp4Format, quantize_weight  # noqa: F401
-from .linear import NVFP4Linear  # noqa: F401
-from .moe import NVFP4Experts  # noqa: F401  (registers torch.ops.nvgemm.nvfp4_moe)
-from . import fused_requant  # noqa: F401  (registers nvgemm::nvfp4_linear_requant / _prequant)
-
+from nvgemm import ops  # noqa: F401  (registers torch.ops.nvgemm.*)
+from nvgemm.templates.triton import fused_ops as _fused_ops  # noqa: F401  (fused quantizer ops; torch only)
+from nvgemm.core.formats import NVFP4, Nvfp4Format, quantize_weight  # noqa: F401
+from nvgemm.nn.linear import NVFP4Linear  # noqa: F401
+from nvgemm.nn.experts import NVFP4Experts  # noqa: F401  (registers torch.ops.nvgemm.nvfp4_moe)
 
 def load_modelopt_checkpoint(*args, **kwargs):
-    """See :func:`nvgemm.modelopt.load_modelopt_checkpoint` (imports transformers lazily)."""
-    from .modelopt import load_modelopt_checkpoint as _load
+    """See :func:`nvgemm.integrations.modelopt.load_modelopt_checkpoint` (imports transformers lazily)."""
+    from nvgemm.integrations.modelopt import load_modelopt_checkpoint as _load
 
     return _load(*args, **kwargs)
 
-
-# Inductor integration (opt-in; nvgemm.inductor imports torch._inductor only inside enable()).
+# Inductor integration (opt-in; nvgemm.integrations.inductor imports torch._inductor only inside enable()).
 def enable(*args, **kwargs):
-    """Route NVFP4 linears in ``torch.compile`` graphs through nvgemm; see :func:`nvgemm.inductor.enable`."""
-    from .inductor import enable as _enable
+    """Route NVFP4 linears in ``torch.compile`` graphs through nvgemm; see :func:`nvgemm.integrations.inductor.enable`."""
+    from nvgemm.integrations.inductor import enable as _enable
 
     return _enable(*args, **kwargs)
 
-
 def disable():
     """Undo :func:`enable`; PyTorch's own behaviour is restored."""
-    from .inductor import disable as _disable
+    from nvgemm.integrations.inductor import disable as _disable
 
     return _disable()
 
-
 def enabled(*args, **kwargs):
-    """Context manager: ``with nvgemm.enabled(): ...`` (see :func:`nvgemm.inductor.enabled`)."""
-    from .inductor import enabled as _enabled
+    """Context manager: ``with nvgemm.enabled(): ...`` (see :func:`nvgemm.integrations.inductor.enabled`)."""
+    from nvgemm.integrations.inductor import enabled as _enabled
 
     return _enabled(*args, **kwargs)
-
 
 def fused_requant_pass(graph):
     """Inductor post-grad pass rewriting W4A4 gated MLPs into the fused requant chain, by qualified name for
     compilers that take passes that way (vLLM: ``-cc '{"inductor_passes": {"post_grad_custom_pre_pass":
-    "nvgemm.fused_requant_pass"}}'``); see :func:`nvgemm.inductor.requant.post_grad_pass`. (``nvgemm.enable()``
+    "nvgemm.fused_requant_pass"}}'``); see :func:`nvgemm.integrations.inductor.requant.post_grad_pass`. (``nvgemm.enable()``
     runs the same rewrite inside its capture pass.)"""
-    from .inductor.requant import post_grad_pass
+    from nvgemm.integrations.inductor.requant import post_grad_pass
 
     return post_grad_pass(graph)

@@ -133,19 +133,19 @@ def sm90_stand_in():
     """The sm90 kernels' stand-in on CPU, for tests of what a Hopper GPU holds and computes.
 
     Inside the block, backend ``cutedsl_sm90`` takes CPU problems by the real rules of
-    :func:`nvgemm.runtime.sm90_backend.supports` (read as if on an sm_90 GPU) and runs the real host
+    :func:`nvgemm.templates.sm90_w4a16.backend.supports` (read as if on an sm_90 GPU) and runs the real host
     path -- ``run_sm90`` derives and memoises the prepared copy of a checkpoint-layout weight,
     ``nvgemm::nvfp4_linear_sm90_prepared`` passes a held layer's own prepared tensors -- with only
     the launch replaced: the emulated op on the checkpoint layout re-encoded from the prepared
-    tensors the kernel would read (:func:`nvgemm.templates.sm90.operand.to_modelopt`, value-exact).
+    tensors the kernel would read (:func:`nvgemm.templates.sm90_w4a16.operand.to_modelopt`, value-exact).
     Results are bit-identical to the emulated op exactly when the launch is handed the right
     prepared weight. Yields the list of prepared weights handed to the launch."""
     from dataclasses import replace
 
-    from .ops import nvfp4_linear_emulated
-    from .runtime import backends as B
-    from .runtime import sm90_backend
-    from .templates.sm90.operand import to_modelopt
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+    from nvgemm.dispatch import registry as B
+    from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
+    from nvgemm.templates.sm90_w4a16.operand import to_modelopt
 
     B.load_builtin_backends()
     name = sm90_backend.BACKEND_NAME

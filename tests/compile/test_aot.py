@@ -25,7 +25,7 @@ from nvgemm.aot import artifact as aot  # noqa: E402
 from nvgemm.aot import selftest as st  # noqa: E402
 from nvgemm.aot.cache import KernelCache  # noqa: E402
 from nvgemm.aot.compile_spec import NON_CODEGEN_ENV, make_spec  # noqa: E402
-from nvgemm.templates.registry import ScalarArg, register_template, unregister_template  # noqa: E402
+from nvgemm.aot.abi import ScalarArg, register_template, unregister_template  # noqa: E402
 
 ARCHS = ("sm_90a", "sm_100a")
 

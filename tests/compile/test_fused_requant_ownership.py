@@ -18,12 +18,12 @@ import torch  # noqa: E402
 
 pytest.importorskip("cutlass")
 
-import nvgemm.ops  # noqa: E402,F401
+import nvgemm.ops.linear  # noqa: E402,F401
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.epilogues.requant import requant_warp  # noqa: E402
-from nvgemm.formats import blocked_numel, blocked_offset  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100.launch import gate_up_permutation  # noqa: E402
+from nvgemm.core.formats import blocked_numel, blocked_offset  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
 WARP = 32
@@ -60,8 +60,8 @@ def _case(tile_n, seed=0):
 
 
 def _own(cfg, kernel_cls=None):
-    from nvgemm.templates.sm100.epilogue import thread_ownership
-    from nvgemm.templates.sm100.kernel import Sm100Nvfp4GemmKernel
+    from nvgemm.templates.sm100_w4a4.epilogue import thread_ownership
+    from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel
 
     epi = EpilogueSpec(alpha="vector", activation="silu_mul", out_dtype=torch.bfloat16)
     return thread_ownership((kernel_cls or Sm100Nvfp4GemmKernel)(cfg, epi, max_active_clusters=148))
@@ -82,7 +82,7 @@ def test_old_16x256b_atom_breaks_the_blocks():
     a warp's lanes no longer hold one 16-feature block of one token, and the bytes differ."""
     import cutlass.utils as utils
 
-    from nvgemm.templates.sm100.kernel import Sm100Nvfp4GemmKernel
+    from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel
 
     class OldAtomChoice(Sm100Nvfp4GemmKernel):
         def _t2r_layout(self):
@@ -103,9 +103,9 @@ def test_fused_requant_kernel_compiles_without_spills(alpha, tile_n):
     memory (LDL/STL) in the SASS."""
     import re
 
-    from nvgemm.perfmodel import sass_tool
+    from nvgemm.cli import sass_tool
     from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.registry import check_spec, get_template
+    from nvgemm.aot.abi import check_spec, get_template
 
     epi = EpilogueSpec(alpha=alpha, bias=True, activation="silu_mul", out_quant=True)
     spec = make_spec("sm100_nvfp4_gemm", C(tile_n=tile_n, swap_ab=True), "sm_100a", epilogue=epi)
@@ -126,7 +126,7 @@ def test_fused_requant_kernel_compiles_without_spills(alpha, tile_n):
 
 
 def test_out_quant_rejects_what_it_does_not_implement():
-    from nvgemm.templates.sm100.kernel import Sm100Nvfp4GemmKernel
+    from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel
 
     with pytest.raises(ValueError, match="1-CTA swap-AB"):
         Sm100Nvfp4GemmKernel(C(tile_n=64), EpilogueSpec(activation="silu_mul", out_quant=True), 148)

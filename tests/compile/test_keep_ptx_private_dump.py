@@ -20,7 +20,7 @@ def test_keep_ptx_compile_writes_nothing_into_the_shared_dump_dir():
     Before the fix the PTX file was left in CUTE_DSL_DUMP_DIR (this test failed)."""
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    from nvgemm.templates.registry import compile_for_target
+    from nvgemm.aot.abi import compile_for_target
 
     @cute.kernel
     def bump(x: cute.Tensor):

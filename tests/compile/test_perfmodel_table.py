@@ -1,7 +1,7 @@
 """Compile-only check of the committed SASS facts table (``nvgemm/perfmodel/sass_facts.json``).
 
 Re-derives the static facts of a representative subset of the table's entries -- compile for the
-entry's arch (no GPU), disassemble with cuobjdump, reduce with ``nvgemm.perfmodel.sass`` -- and
+entry's arch (no GPU), disassemble with cuobjdump, reduce with ``nvgemm.heuristics.perfmodel.sass`` -- and
 fails when the SASS and the table disagree beyond the tolerances below, so a kernel regression
 (more instructions, more registers, spills, a second wave of loads, fewer pipeline stages) fails
 CI. Regenerate the table after an intended change: ``nvgemm model --regen-table``.
@@ -35,12 +35,12 @@ import pytest  # noqa: E402
 
 pytest.importorskip("cutlass")
 
-from nvgemm.perfmodel.facts import KernelFacts, family_for  # noqa: E402
-from nvgemm.perfmodel.families import sm100 as F100  # noqa: E402
-from nvgemm.perfmodel.table import load_table, parse_config_name  # noqa: E402
-from nvgemm.perfmodel import sass_tool  # noqa: E402
-from nvgemm.templates.sm90.config import Sm90W4A16Config as C90  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C100  # noqa: E402
+from nvgemm.heuristics.perfmodel.facts import KernelFacts, family_for  # noqa: E402
+from nvgemm.templates.sm100_w4a4 import perf as F100  # noqa: E402
+from nvgemm.heuristics.perfmodel.table import load_table, parse_config_name  # noqa: E402
+from nvgemm.cli import sass_tool  # noqa: E402
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as C90  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C100  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
 
@@ -131,7 +131,7 @@ def test_sm100_stage_arithmetic_matches_the_launch(cfg):
 def test_sm90_mma_ring_arithmetic_matches_the_launch(cfg):
     """The mma family's ring formula (``mma_smem_bytes``) against the dynamic shared memory the
     compiled host code launches with (the ring + the split-K flag word, allocator alignment slack)."""
-    from nvgemm.templates.sm90.config import mma_smem_bytes
+    from nvgemm.templates.sm90_w4a16.config import mma_smem_bytes
 
     dyn = sass_tool.dynamic_smem_bytes(sass_tool.compile_config(cfg))
     assert mma_smem_bytes(cfg) <= dyn <= mma_smem_bytes(cfg) + 256, (cfg.name(), dyn, mma_smem_bytes(cfg))

@@ -30,9 +30,9 @@ pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100.config import validate_config  # noqa: E402
+from nvgemm.aot.abi import check_spec, get_template  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import validate_config  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
 
@@ -199,7 +199,7 @@ def test_splitk_reduction_is_unrolled_vector_loads(cfg):
 
 def _policy_configs(max_configs: int):
     heur = pytest.importorskip("nvgemm.heuristics")
-    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.core.problem import GemmProblem, Target
 
     seen = []
     for m, n, k in ((1, 4096, 4096), (16, 6144, 4096), (128, 4096, 14336)):
@@ -241,7 +241,7 @@ def test_invalid_config_gets_reason_and_never_compiles(monkeypatch):
             get_template(TID).compile(spec)
     # a native gated tile_n=8 kernel would write 4-column output sub-tiles (under the TMA-store
     # epilogue's 8): refused by the kernel and by the problem rule
-    from nvgemm.templates.sm100.validity import can_implement_problem
+    from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
 
     gated = EpilogueSpec(alpha="scalar", activation="silu_mul", out_dtype=torch.float32)
     with pytest.raises(ValueError, match="narrower than 8 columns"):
@@ -255,7 +255,7 @@ def test_invalid_config_gets_reason_and_never_compiles(monkeypatch):
         get_template(TID).compile(spec)
     # and the problem-level predicate refuses problem/config mismatches with a reason
     from nvgemm.heuristics import can_implement
-    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.core.problem import GemmProblem, Target
 
     prob = GemmProblem(n=4096, k=4096, m=64, target=Target.from_gpu("B200"))
     st = can_implement(prob, C(tile_n=8, swap_ab=True))

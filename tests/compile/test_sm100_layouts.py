@@ -1,7 +1,7 @@
 """Which accumulator element each epilogue thread of the sm_100a kernel owns -- computed FROM THE
 KERNEL'S OWN CuTe layouts, on CPU.
 
-``nvgemm.templates.sm100.epilogue.thread_ownership`` traces the kernel's ``_t2r_copy`` /
+``nvgemm.templates.sm100_w4a4.epilogue.thread_ownership`` traces the kernel's ``_t2r_copy`` /
 ``_acc_coords`` / ``_out_copy`` / ``_out_tiles`` (the tiled MMA's C partition, the TMEM copy atom
 the kernel selects, the epilogue tile) with static thread indices and reads off, for every
 epilogue thread and register, the GEMM-tile (row, col) it holds after ``tcgen05.ld`` and the
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
 
@@ -50,14 +50,14 @@ WARP = 32
 
 
 def _kernel(cfg: C, epi: EpilogueSpec, kernel_cls=None):
-    from nvgemm.templates.sm100.kernel import Sm100Nvfp4GemmKernel
+    from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel
 
     return (kernel_cls or Sm100Nvfp4GemmKernel)(cfg, epi, max_active_clusters=148)
 
 
 @functools.lru_cache(maxsize=None)
 def ownership(cfg: C, epi: EpilogueSpec):
-    from nvgemm.templates.sm100.epilogue import thread_ownership
+    from nvgemm.templates.sm100_w4a4.epilogue import thread_ownership
 
     k = _kernel(cfg, epi)
     return thread_ownership(k), k
@@ -156,8 +156,8 @@ def test_checker_catches_the_16x256b_pairing_bug():
     ownership checks must reject it (pairing and coalescing both break)."""
     import cutlass.utils as utils
 
-    from nvgemm.templates.sm100.epilogue import thread_ownership
-    from nvgemm.templates.sm100.kernel import Sm100Nvfp4GemmKernel
+    from nvgemm.templates.sm100_w4a4.epilogue import thread_ownership
+    from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel
 
     class OldAtomChoice(Sm100Nvfp4GemmKernel):
         def _t2r_layout(self):

@@ -31,8 +31,8 @@ pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.perfmodel import sass_tool  # noqa: E402
-from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
+from nvgemm.cli import sass_tool  # noqa: E402
+from nvgemm.aot.abi import check_spec, get_template  # noqa: E402
 from nvgemm.templates.sm100_moe.config import Sm100MoeConfig as C  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
@@ -100,8 +100,8 @@ def test_refused_specs_never_reach_the_compiler():
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("NVGEMM_MOE_SWEEP") != "1", reason="sweep: set NVGEMM_MOE_SWEEP=1")
 def test_sweep_every_emitted_config():
-    from nvgemm.heuristics.moe_sm100 import moe_candidates
-    from nvgemm.heuristics.moe_sm90 import MOE_LAYERS
+    from nvgemm.templates.sm100_moe.policy import moe_candidates
+    from nvgemm.templates.sm90_moe.policy import MOE_LAYERS
 
     rows = set()
     for shape in MOE_LAYERS.values():

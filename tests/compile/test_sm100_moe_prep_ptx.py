@@ -1,6 +1,6 @@
 """Compile the sm100 grouped-MoE activation prep Triton kernel for explicit GPU targets (no GPU):
 it builds for sm_90 and sm_100 with IEEE division only and no FMA contraction (its contract with
-``nvgemm.formats``; the bytes are checked under the interpreter in
+``nvgemm.core.formats``; the bytes are checked under the interpreter in
 ``tests/cpu/triton_interp/interp_sm100_moe_prep.py``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.compile_only
 
 from nvgemm.templates.sm100_moe.prep_triton import _slot_quant_kernel  # noqa: E402
-from nvgemm.triton_kernels._common import is_interpreted  # noqa: E402
+from nvgemm.templates.triton._common import is_interpreted  # noqa: E402
 
 if is_interpreted(_slot_quant_kernel):
     pytest.skip("kernels were defined under TRITON_INTERPRET=1; PTX needs the compiler", allow_module_level=True)

@@ -46,12 +46,12 @@ import torch
 pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.perfmodel import sass as S  # noqa: E402
-from nvgemm.perfmodel import sass_tool  # noqa: E402
+from nvgemm.heuristics.perfmodel import sass as S  # noqa: E402
+from nvgemm.cli import sass_tool  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.runtime.sm90_backend import pick_config  # noqa: E402
-from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
-from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402
+from nvgemm.templates.sm90_w4a16.backend import pick_config  # noqa: E402
+from nvgemm.aot.abi import check_spec, get_template  # noqa: E402
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as C  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
 
@@ -338,7 +338,7 @@ def test_wgmma_descriptor_is_cutes_k_major_sw128():
     from cutlass.cute.nvgpu import OperandMajorMode
     from cutlass.tensor_utils import LayoutEnum
 
-    from nvgemm.templates.sm90.common import WGMMA_DESC_SW128_KMAJOR
+    from nvgemm.templates.sm90_w4a16.common import WGMMA_DESC_SW128_KMAJOR
 
     @cute.kernel
     def k(tiled_mma: cute.TiledMma, sB_layout: cute.ComposedLayout, sA_layout: cute.ComposedLayout):

@@ -31,11 +31,11 @@ import torch
 pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.heuristics.moe_sm90 import MOE_LAYERS, moe_candidates  # noqa: E402
-from nvgemm.perfmodel import sass as S  # noqa: E402
-from nvgemm.perfmodel import sass_tool  # noqa: E402
+from nvgemm.templates.sm90_moe.policy import MOE_LAYERS, moe_candidates  # noqa: E402
+from nvgemm.heuristics.perfmodel import sass as S  # noqa: E402
+from nvgemm.cli import sass_tool  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.registry import check_spec, get_template  # noqa: E402
+from nvgemm.aot.abi import check_spec, get_template  # noqa: E402
 
 pytestmark = pytest.mark.compile_only
 

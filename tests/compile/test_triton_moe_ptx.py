@@ -12,8 +12,8 @@ import pytest
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.compile_only
 
-from nvgemm.triton_kernels._common import is_interpreted  # noqa: E402
-from nvgemm.triton_kernels.moe import moe_finalize_kernel, moe_gemm1_kernel, moe_gemm2_kernel  # noqa: E402
+from nvgemm.templates.triton._common import is_interpreted  # noqa: E402
+from nvgemm.templates.triton.moe import moe_finalize_kernel, moe_gemm1_kernel, moe_gemm2_kernel  # noqa: E402
 
 if is_interpreted(moe_gemm1_kernel):
     pytest.skip("kernels were defined under TRITON_INTERPRET=1; PTX needs the compiler", allow_module_level=True)

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.compile_only
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from nvgemm.triton_kernels._common import is_interpreted  # noqa: E402
-from nvgemm.triton_kernels.fused import rmsnorm_quantize_kernel, silu_mul_quantize_kernel  # noqa: E402
-from nvgemm.triton_kernels.gemm_w4a16 import w4a16_gemm_kernel  # noqa: E402
-from nvgemm.triton_kernels.quantize import quantize_nvfp4_kernel  # noqa: E402
+from nvgemm.templates.triton._common import is_interpreted  # noqa: E402
+from nvgemm.templates.triton.fused import rmsnorm_quantize_kernel, silu_mul_quantize_kernel  # noqa: E402
+from nvgemm.templates.triton.gemm_w4a16 import w4a16_gemm_kernel  # noqa: E402
+from nvgemm.templates.triton.quantize import quantize_nvfp4_kernel  # noqa: E402
 
 if is_interpreted(quantize_nvfp4_kernel):
     pytest.skip("kernels were defined under TRITON_INTERPRET=1; PTX needs the compiler", allow_module_level=True)

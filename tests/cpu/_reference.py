@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nvgemm.formats import unpack_e2m1
+from nvgemm.core.formats import unpack_e2m1
 
 LUT = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 

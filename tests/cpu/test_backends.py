@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import nvgemm  # noqa: F401
-from nvgemm.formats import quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
-from nvgemm.runtime import backends as B
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.dispatch import registry as B
 
 
 @pytest.fixture
@@ -112,9 +112,9 @@ def test_selfcheck_passes_reordered_summation(fake_backend, activation, w4a4):
     """A correct kernel summing K in another order (here: two fp32 halves added) is not disabled."""
     def split_k(x, w, ws, ws2, ins, bias, res, act, out_dtype):
         k = x.shape[-1]
-        from nvgemm.formats import NVFP4, dequantize, from_blocked, quantize_activation
+        from nvgemm.core.formats import NVFP4, dequantize, from_blocked, quantize_activation
         from nvgemm.epilogues import EpilogueSpec, epilogue_ref
-        from nvgemm.ops import alpha_of
+        from nvgemm.ops.linear import alpha_of
 
         wd = dequantize(w, from_blocked(ws, w.shape[0], k // NVFP4.block_size))
         a = x.float() if ins is None else dequantize(*quantize_activation(x, ins))
@@ -131,7 +131,7 @@ def test_selfcheck_passes_reordered_summation(fake_backend, activation, w4a4):
 
 
 def test_selfcheck_inputs_cover_codes_signs_zero_and_subnormal_scales():
-    from nvgemm.formats import NVFP4, dequantize, from_blocked, quantize_activation, unpack_e2m1
+    from nvgemm.core.formats import NVFP4, dequantize, from_blocked, quantize_activation, unpack_e2m1
 
     p = B.LinearProblem(m=4, n=256, k=256, device_type="cpu", capability=None, weight_only=False,
                         x_dtype=torch.bfloat16, out_dtype=torch.bfloat16, alpha="scalar", bias=False,

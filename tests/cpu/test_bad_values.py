@@ -8,7 +8,7 @@ from _reference import ref_linear_fp64
 
 import nvgemm  # noqa: F401  (registers the ops)
 from nvgemm import NVFP4Linear
-from nvgemm.formats import blocked_shape, from_blocked, quantize_weight, to_blocked
+from nvgemm.core.formats import blocked_shape, from_blocked, quantize_weight, to_blocked
 
 # [128, 128]: N % 128 == 0 and K % 64 == 0, so the linear [N, K/16] scales flattened to 1-D have
 # exactly the swizzled size (every Llama/Qwen layer has this property).

@@ -31,7 +31,7 @@ from nvgemm.aot.compile_spec import (
     kernel_source_hash,
     make_spec,
 )
-from nvgemm.templates.registry import (
+from nvgemm.aot.abi import (
     CompileSpec,
     HardwareSpec,
     PointerArg,
@@ -42,8 +42,8 @@ from nvgemm.templates.registry import (
     abi_from_json,
     abi_to_json,
 )
-from nvgemm.templates.sm90.config import Sm90W4A16Config
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
 
 FID = "f" * 16  # fixed fingerprint id so key tests do not depend on the checkout
 

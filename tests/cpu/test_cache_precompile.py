@@ -15,7 +15,7 @@ from nvgemm.heuristics import GemmProblem, Target, candidates, m_buckets
 from nvgemm.heuristics.presets import get_preset
 from nvgemm.aot import artifact as aot, cache as cache_mod
 from nvgemm.cli.precompile import checkpoint_shapes, plan_specs
-from nvgemm.templates.registry import template_id_for_config
+from nvgemm.aot.abi import template_id_for_config
 
 from test_cache import fake_build  # noqa: E402  (tests/cpu is on sys.path under pytest rootdir conftest)
 

@@ -15,8 +15,8 @@ pytest.importorskip("modelopt")
 pytest.importorskip("transformers")
 
 from nvgemm import NVFP4Linear  # noqa: E402
-from nvgemm.formats import Nvfp4Tensor, from_blocked, quantize_weight, to_blocked  # noqa: E402
-from nvgemm.modelopt import CheckpointError, load_modelopt_checkpoint, read_quant_config  # noqa: E402
+from nvgemm.core.formats import Nvfp4Tensor, from_blocked, quantize_weight, to_blocked  # noqa: E402
+from nvgemm.integrations.modelopt import CheckpointError, load_modelopt_checkpoint, read_quant_config  # noqa: E402
 from nvgemm.testing import make_tiny_checkpoint  # noqa: E402
 
 
@@ -172,7 +172,7 @@ def test_mixed_precision_map(ckpts, tmp_path):
     plain = "model.layers.1.self_attn.o_proj"
     # make one layer unquantized: dequantize it into a bf16 weight
     q = Nvfp4Tensor(sd[f"{plain}.weight"], sd[f"{plain}.weight_scale"], sd[f"{plain}.weight_scale_2"])
-    from nvgemm.formats import dequantize
+    from nvgemm.core.formats import dequantize
 
     sd[f"{plain}.weight"] = dequantize(*q).to(torch.bfloat16)
     for s in ("weight_scale", "weight_scale_2", "input_scale"):
@@ -310,8 +310,8 @@ def test_from_linear_is_modelopt_recipe(seed):
 
 def _held_bytes(model) -> int:
     """Bytes the NVFP4 layers hold for their weights: the storages of their weight tensors (either
-    layout) plus what the launchers derived from them (:func:`nvgemm.templates.derived.derived_nbytes`)."""
-    from nvgemm.templates.derived import derived_nbytes
+    layout) plus what the launchers derived from them (:func:`nvgemm.templates.common.derived.derived_nbytes`)."""
+    from nvgemm.templates.common.derived import derived_nbytes
 
     total = 0
     for m in model.modules():
@@ -368,7 +368,7 @@ def test_sm90_layers_held_once_at_load(ckpts, caplog):
             t, sd_one[key] = t.view(torch.uint8), sd_one[key].view(torch.uint8)
         assert torch.equal(sd_one[key], t), key
     # the dequantize-and-matmul reference (the demo's) reads a held layer's re-encoded checkpoint layout
-    from nvgemm.modelopt.reference import build_reference_model
+    from nvgemm.integrations.modelopt.reference import build_reference_model
 
     with torch.no_grad():
         assert torch.equal(build_reference_model(one)(ids).logits, build_reference_model(two)(ids).logits)

@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from nvgemm.runtime.files import read_json, safetensors_header
+from nvgemm.core.files import read_json, safetensors_header
 from nvgemm.cli.precompile import checkpoint_shapes
-from nvgemm.runtime.serving_plan import vllm_gemms
+from nvgemm.dispatch.serving_plan import vllm_gemms
 
 
 def within(seconds: float, fn, *args):
@@ -55,7 +55,7 @@ def _fifo_copy(src, dst, name):
 
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json", "hf_quant_config.json"])
 def test_fifo_in_checkpoint_is_refused_not_opened(tiny, tmp_path, name):
-    from nvgemm.modelopt import CheckpointError, load_modelopt_checkpoint
+    from nvgemm.integrations.modelopt import CheckpointError, load_modelopt_checkpoint
 
     ck = _fifo_copy(tiny, tmp_path / "ck", name)
     with pytest.raises(CheckpointError, match=f"{name}: is a FIFO, not a regular file"):
@@ -101,7 +101,7 @@ def test_checkpoint_code_never_runs_without_trust_remote_code(tmp_path, monkeypa
     """An unknown model_type with auto_map makes transformers offer to run the folder's code (it
     prompts when trust_remote_code is unset); nvgemm passes trust_remote_code=False unless told."""
     pytest.importorskip("transformers")
-    from nvgemm.modelopt import CheckpointError, load_modelopt_checkpoint
+    from nvgemm.integrations.modelopt import CheckpointError, load_modelopt_checkpoint
 
     ck = tmp_path / "evil"
     ck.mkdir()

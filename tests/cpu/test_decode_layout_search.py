@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nvgemm.templates.sm90.operand import SCHEMES
+from nvgemm.templates.sm90_w4a16.operand import SCHEMES
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "decode_layout_search.py"
 

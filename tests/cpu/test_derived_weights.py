@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import nvgemm  # noqa: F401  (registers the ops)
-from nvgemm.formats import from_blocked, quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
-from nvgemm.templates.sm100 import launch as L100
-from nvgemm.templates.sm90 import launch as L90
-from nvgemm.templates.sm90.config import Sm90W4A16Config
-from nvgemm.templates.sm90.operand import prepare_sm90_weight
+from nvgemm.core.formats import from_blocked, quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.templates.sm100_w4a4 import launch as L100
+from nvgemm.templates.sm90_w4a16 import launch as L90
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
+from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
 
 MMA = Sm90W4A16Config("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
 
@@ -130,7 +130,7 @@ def test_inference_tensors_work_on_every_host_path():
 def test_selfcheck_under_inference_mode_does_not_disable_a_backend(monkeypatch):
     """The first call of a layer under inference_mode makes the self-check's inputs inference
     tensors: a backend running the sm90 host path must pass it, not be disabled."""
-    from nvgemm.runtime import backends as B
+    from nvgemm.dispatch import registry as B
 
     def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
         p = L90.cached_sm90_weight(weight, weight_scale, weight_scale_2)
@@ -153,8 +153,8 @@ def test_selfcheck_under_inference_mode_does_not_disable_a_backend(monkeypatch):
 def test_layer_weight_memory_reports_the_derived_copies():
     """The vLLM load log line states a layer's checkpoint bytes and the copies the launchers made
     (issue 22 item 14: on Hopper the prepared layout is a second copy of every weight)."""
-    from nvgemm.templates.derived import derived_nbytes
-    from nvgemm.vllm.layer import weight_memory
+    from nvgemm.templates.common.derived import derived_nbytes
+    from nvgemm.integrations.vllm.layer import weight_memory
 
     pa, sa, g = _layer(64, 256, 8)
     pb, sb, _ = _layer(64, 256, 9)
@@ -173,8 +173,8 @@ def test_layer_weight_memory_reports_the_derived_copies():
 def test_inference_tensors_on_the_sm100_launcher_and_the_module():
     """The whole sm100 host path (gated: the interleave cache) and NVFP4Linear under inference_mode."""
     from nvgemm.epilogues.spec import EpilogueSpec
-    from nvgemm.linear import NVFP4Linear
-    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
+    from nvgemm.nn.linear import NVFP4Linear
+    from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
 
     with torch.inference_mode():
         w, s, g = _layer(128, 256, 10)

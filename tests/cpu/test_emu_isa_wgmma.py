@@ -158,7 +158,7 @@ def test_4bit_kmajor_nibbles_low_first():
 
 
 def test_nvgemm_wgmma_constant_decodes_to_sw128_kmajor():
-    from nvgemm.templates.sm90.common import WGMMA_DESC_SW128_KMAJOR
+    from nvgemm.templates.sm90_w4a16.common import WGMMA_DESC_SW128_KMAJOR
 
     d = decode_wgmma_desc(WGMMA_DESC_SW128_KMAJOR | (0x2400 >> 4))
     assert (d.start, d.lbo, d.sbo, d.swizzle, d.base_offset) == (0x2400, 16, 1024, 128, 0)

@@ -1,4 +1,4 @@
-"""nvgemm.formats against independent references (brute-force rounding, the byte-offset formula)."""
+"""nvgemm.core.formats against independent references (brute-force rounding, the byte-offset formula)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvgemm.formats import (
+from nvgemm.core.formats import (
     NVFP4,
     E2M1_VALUES,
     blocked_numel,

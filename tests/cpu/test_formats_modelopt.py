@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvgemm.formats import dequantize, quantize_weight
+from nvgemm.core.formats import dequantize, quantize_weight
 
 NVFP4QTensor = pytest.importorskip("modelopt.torch.quantization.qtensor.nvfp4_tensor").NVFP4QTensor
 
@@ -109,7 +109,7 @@ def test_underflowing_global_scale_dequantizes_to_zero_like_modelopt():
 
 
 def test_all_zero_documented_deviation():
-    # ModelOpt: 0/0 -> NaN scales (documented in nvgemm.formats.quantize_weight); nvgemm: zeros
+    # ModelOpt: 0/0 -> NaN scales (documented in nvgemm.core.formats.quantize_weight); nvgemm: zeros
     _, scale, _ = modelopt_quantize(torch.zeros(2, 16))
     assert bool(torch.isnan(scale.float()).all())
     q = quantize_weight(torch.zeros(2, 16))

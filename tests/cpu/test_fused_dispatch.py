@@ -1,5 +1,5 @@
 """Dispatch of the fused gated-MLP ops (``nvgemm::nvfp4_linear_requant`` / ``_prequant``) through
-:mod:`nvgemm.runtime.fused_backends`, on CPU: which backend a problem gets on a (fake) sm_100 / sm_90 GPU,
+:mod:`nvgemm.dispatch.fused`, on CPU: which backend a problem gets on a (fake) sm_100 / sm_90 GPU,
 the one warning of the fallbacks, the overrides, and the first-use check (bytes for requant) keeping a
 wrong kernel from serving while a correct kernel that sums in another order and computes silu another way
 passes it."""
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import nvgemm  # noqa: F401
-from nvgemm.fused_requant import prequant_emulated, requant_emulated
-from nvgemm.formats import dequantize, from_blocked, quantize_activation, quantize_weight, to_blocked
-from nvgemm.runtime import backends as B
-from nvgemm.runtime import fused_backends as F
+from nvgemm.ops.fused import prequant_emulated, requant_emulated
+from nvgemm.core.formats import dequantize, from_blocked, quantize_activation, quantize_weight, to_blocked
+from nvgemm.dispatch import registry as B
+from nvgemm.dispatch import fused as F
 
 
 def _problem(m=4, n=64, k=64, device_type="cpu", capability=None, activation="silu_mul", bias=False, alpha="scalar",
@@ -228,7 +228,7 @@ def test_emu_sm100_is_registered_for_both_ops_and_only_forced():
 
 
 def test_clear_errors_on_misused_registry_and_module():
-    from nvgemm.modelopt import NVFP4GatedMLP
+    from nvgemm.integrations.modelopt import NVFP4GatedMLP
 
     with pytest.raises(ValueError, match="kind must be 'requant' or 'prequant'"):
         F.fused_backends("moe")

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 pytest.importorskip("modelopt")
 
 import nvgemm  # noqa: E402
-from nvgemm.modelopt import NVFP4GatedMLP, fuse_gated_mlps, load_modelopt_checkpoint  # noqa: E402
+from nvgemm.integrations.modelopt import NVFP4GatedMLP, fuse_gated_mlps, load_modelopt_checkpoint  # noqa: E402
 from nvgemm.testing import make_tiny_checkpoint  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def test_patched_model_runs_the_fused_chain_bit_exact(llama_ckpt, monkeypatch):
     assert calls["nvfp4_linear_requant"] == 2 and calls["nvfp4_linear_prequant"] == 2, calls
     assert calls["nvfp4_linear"] == 8, calls
     # the plain chain down(gate_up(x)) on the same layers: equal bit for bit
-    monkeypatch.setattr("nvgemm.fused_requant.fused_chain_reason", lambda device: "plain chain (test)")
+    monkeypatch.setattr("nvgemm.ops.fused.fused_chain_reason", lambda device: "plain chain (test)")
     plain, calls = _logits(fused, ids)
     assert calls["nvfp4_linear_requant"] == 0 and calls["nvfp4_linear"] == 12, calls
     assert torch.equal(got, plain)

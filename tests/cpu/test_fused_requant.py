@@ -11,7 +11,7 @@ from torch.library import opcheck
 
 import nvgemm
 from nvgemm.epilogues import requant as rq
-from nvgemm.formats import blocked_numel, blocked_offset, from_blocked, quantize_weight
+from nvgemm.core.formats import blocked_numel, blocked_offset, from_blocked, quantize_weight
 
 torch.manual_seed(0)
 
@@ -24,7 +24,7 @@ def _layer(n, k, vector_alpha=False):
 
 def _gate_up(m, i, k, dtype, bias, vector_alpha, zero_rows=()):
     q, ws2 = _layer(2 * i, k, vector_alpha)
-    from nvgemm.formats import to_blocked
+    from nvgemm.core.formats import to_blocked
 
     x = (torch.randn(m, k) * 2).to(dtype)
     for r in zero_rows:
@@ -113,11 +113,11 @@ def test_gated_mlp_fused_equals_unfused_chain():
     down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h), input_scale=0.5 / 2688)
     x = torch.randn(7, k).to(torch.bfloat16)
     res = torch.randn(7, h).to(torch.bfloat16)
-    fused = nvgemm.fused_requant.gated_mlp(gu, down, x, residual=res)
+    fused = nvgemm.ops.fused.gated_mlp(gu, down, x, residual=res)
     assert torch.equal(fused, down(gu(x), residual=res))
     # W4A16 down: not fusable, the plain chain
     down16 = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h))
-    assert torch.equal(nvgemm.fused_requant.gated_mlp(gu, down16, x), down16(gu(x)))
+    assert torch.equal(nvgemm.ops.fused.gated_mlp(gu, down16, x), down16(gu(x)))
 
 
 def test_opcheck_and_errors():
@@ -128,7 +128,7 @@ def test_opcheck_and_errors():
             test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     p, s = torch.ops.nvgemm.nvfp4_linear_requant(x, w, ws, ws2, ins, None, gs)
     q, _ = _layer(8, 16)
-    from nvgemm.formats import to_blocked
+    from nvgemm.core.formats import to_blocked
 
     opcheck(torch.ops.nvgemm.nvfp4_linear_prequant.default,
             (p, s.view(torch.uint8), q.packed, to_blocked(q.scale).view(torch.uint8), q.global_scale, gs, None, None,
@@ -149,8 +149,8 @@ def test_sm100_requant_launch_arguments():
     """The launcher's buffers for the out_quant kernel (no cutlass needed): zeroed codes and swizzled scale
     bytes of the right sizes, alpha followed by the next layer's input_scale; clear errors otherwise."""
     from nvgemm.epilogues import EpilogueSpec
-    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C
-    from nvgemm.templates.sm100.launch import prepare_sm100_requant_args
+    from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C
+    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args
 
     x, w, ws, ws2, ins, b = _gate_up(5, 48, 64, torch.bfloat16, True, True)
     gs = torch.tensor(0.125)

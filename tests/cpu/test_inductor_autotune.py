@@ -23,14 +23,14 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import nvgemm
-from nvgemm.formats import quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
 
 SLOW_BACKEND = textwrap.dedent(
     """
     import time
-    from nvgemm.ops import nvfp4_linear_emulated
-    from nvgemm.runtime.backends import Backend, register_backend
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+    from nvgemm.dispatch.registry import Backend, register_backend
     CALLS = {"n": 0}
     def _slow(*args):
         CALLS["n"] += 1
@@ -55,7 +55,7 @@ def _child_code() -> str:
         import json, torch
         {slow}
         import nvgemm
-        from nvgemm.inductor import lowering
+        from nvgemm.integrations.inductor import lowering
         lowering.split_points = lambda: [8]
         lowering.RANGE_UPPER_BOUND = 64
         from torch._dynamo.utils import counters
@@ -86,8 +86,8 @@ def test_range_dispatch_autotunes_each_range_serves_all_m_and_persists(monkeypat
     timings land in the on-disk autotune cache, so a second process does not benchmark again."""
     ns: dict = {}
     exec(SLOW_BACKEND, ns)
-    from nvgemm.inductor import lowering
-    from nvgemm.runtime.backends import unregister_backend
+    from nvgemm.integrations.inductor import lowering
+    from nvgemm.dispatch.registry import unregister_backend
 
     monkeypatch.setattr(lowering, "split_points", lambda: [8])  # two ranges: [1, 8], [9, inf)
     monkeypatch.setattr(lowering, "RANGE_UPPER_BOUND", 64)  # benchmark [9, inf) at M = 64
@@ -157,10 +157,10 @@ def test_kernel_backends_offer_one_choice_per_policy_config():
     """On a (hypothetical) B200 / H200 the autotuner sees each policy config of the CuTeDSL backend."""
     import torch
 
-    from nvgemm.inductor.choices import candidates as choice_candidates
-    from nvgemm.runtime.backends import LinearProblem
-    from nvgemm.templates.sm90.config import config_from_name as sm90_from_name
-    from nvgemm.templates.sm100.config import config_from_name as sm100_from_name
+    from nvgemm.integrations.inductor.choices import candidates as choice_candidates
+    from nvgemm.dispatch.registry import LinearProblem
+    from nvgemm.templates.sm90_w4a16.config import config_from_name as sm90_from_name
+    from nvgemm.templates.sm100_w4a4.config import config_from_name as sm100_from_name
 
     for cap, name, parse, weight_only in (((10, 0), "cutedsl_sm100", sm100_from_name, False),
                                           ((9, 0), "cutedsl_sm90", sm90_from_name, True)):

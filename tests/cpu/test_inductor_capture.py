@@ -15,9 +15,9 @@ import torch
 from torch._dynamo.utils import counters
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from nvgemm.formats import quantize_weight, to_blocked
-from nvgemm.inductor.capture import capture_nvfp4_linears
-from nvgemm.ops import nvfp4_linear_emulated
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.integrations.inductor.capture import capture_nvfp4_linears
+from nvgemm.ops.linear import nvfp4_linear_emulated
 
 aten = torch.ops.aten
 FP4 = torch.float4_e2m1fn_x2
@@ -71,7 +71,7 @@ def _eager_semantics(x, w, ws, ins, alpha, bias, out_dtype):
 
     Returns (result fp32, |acc * alpha| fp32: the magnitude at which the first two roundings happen).
     """
-    from nvgemm.formats import dequantize, from_blocked, quantize_activation
+    from nvgemm.core.formats import dequantize, from_blocked, quantize_activation
 
     qx, sx = quantize_activation(x, ins)
     a = dequantize(qx, sx)
@@ -202,9 +202,9 @@ def _post_grad_on_fake_cuda(fn, shapes):
 def test_claimed_before_pytorchs_fold_and_pytorchs_fold_when_disabled():
     """The pre-pass runs before PyTorch's ``mul(_scaled_mm, alpha)`` fold (torch >= 2.15); disabled, or on a
     torch without the fold and no explicit ``claim_scaled_mm=True``, the chain stays PyTorch's."""
-    import nvgemm.inductor as ni
-    from nvgemm.formats import blocked_numel
-    from nvgemm.inductor import compat
+    import nvgemm.integrations.inductor as ni
+    from nvgemm.core.formats import blocked_numel
+    from nvgemm.integrations.inductor import compat
 
     has_fold = compat.available("scaled_mm_fold")
 

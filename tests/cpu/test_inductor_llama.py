@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import nvgemm
-from nvgemm.inductor.demo import ScaledMmNvfp4Linear, TinyLlamaConfig, TinyNvfp4Llama, make_linear
+from nvgemm.integrations.inductor.demo import ScaledMmNvfp4Linear, TinyLlamaConfig, TinyNvfp4Llama, make_linear
 
 CPU_PATCH = {"max_autotune_gemm_backends": "ATEN", "emulate_precision_casts": True, "cpp.vec_isa_ok": False}
 

@@ -20,9 +20,9 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import nvgemm
-from nvgemm.moe import NVFP4Experts
-from nvgemm.moe.backends import MoeBackend, register_moe_backend, unregister_moe_backend
-from nvgemm.moe.ops import nvfp4_moe_emulated
+from nvgemm.nn.experts import NVFP4Experts
+from nvgemm.dispatch.moe import MoeBackend, register_moe_backend, unregister_moe_backend
+from nvgemm.ops.moe import nvfp4_moe_emulated
 
 E, H, I, TOPK = 4, 64, 32, 2
 BATCHES = (1, 3, 8, 17)
@@ -130,7 +130,7 @@ def test_moe_is_autotuned_per_m_range(monkeypatch):
         time.sleep(0.2)
         return nvfp4_moe_emulated(*args)
 
-    from nvgemm.inductor import lowering
+    from nvgemm.integrations.inductor import lowering
 
     monkeypatch.setattr(lowering, "split_points", lambda: [8])  # ranges [1, 8], [9, inf)
     monkeypatch.setattr(lowering, "RANGE_UPPER_BOUND", 32)

@@ -22,9 +22,9 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import nvgemm.inductor as ni
-from nvgemm.inductor import compat
-from nvgemm.formats import blocked_shape
+import nvgemm.integrations.inductor as ni
+from nvgemm.integrations.inductor import compat
+from nvgemm.core.formats import blocked_shape
 
 N, K = 256, 128
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import nvgemm
-import nvgemm.inductor as ni
-from nvgemm.inductor import choices as ch
-from nvgemm.runtime.backends import LinearProblem
+import nvgemm.integrations.inductor as ni
+from nvgemm.integrations.inductor import choices as ch
+from nvgemm.dispatch.registry import LinearProblem
 
 
 def test_import_does_not_touch_inductor():
     code = (
-        "import sys, nvgemm, nvgemm.inductor; "
+        "import sys, nvgemm, nvgemm.integrations.inductor; "
         "bad = [m for m in sys.modules if m.startswith('torch._inductor')]; "
         "assert not bad, bad[:5]"
     )
@@ -27,7 +27,7 @@ def _inductor_state():
     from torch._inductor import config
     from torch._inductor.scheduler import Scheduler
 
-    from nvgemm.inductor import compat
+    from nvgemm.integrations.inductor import compat
 
     try:
         from torch._inductor.codegen.nv_universal_gemm.nv_universal_gemm_scheduling import NVUniversalGemmScheduling
@@ -51,7 +51,7 @@ def test_enable_disable_roundtrip_and_context_manager():
     nvgemm.enable()  # idempotent
     st = _inductor_state()
     assert ni.is_enabled()
-    from nvgemm.inductor import compat
+    from nvgemm.integrations.inductor import compat
 
     assert st[0] is not None and st[1] is not None and st[4] == compat.available("pdl_hook")
     assert st[1].__name__ == "nvgemm_cutedsl_lowering"
@@ -81,7 +81,7 @@ def test_user_pass_is_kept_and_ours_runs_first():
 
 def _fake_missing(monkeypatch, **reasons):
     """Make the named compat pieces probe as missing (the rest probe the running torch)."""
-    from nvgemm.inductor import compat
+    from nvgemm.integrations.inductor import compat
 
     real = compat.Piece.missing
 
@@ -106,7 +106,7 @@ def test_missing_required_piece_is_refused_by_name(monkeypatch):
 def test_missing_optional_pdl_hook_warns_once_and_enables_without_it(monkeypatch):
     from torch._inductor.scheduler import Scheduler
 
-    from nvgemm.inductor import registration
+    from nvgemm.integrations.inductor import registration
 
     monkeypatch.setattr(registration, "_WARNED", set())
     _fake_missing(monkeypatch, pdl_hook="no selective PDL (simulated)")
@@ -124,7 +124,7 @@ def test_probes_match_the_documented_first_release():
     """Each piece is present exactly on the torch releases the compat table says (runs per CI torch)."""
     from packaging.version import Version
 
-    from nvgemm.inductor import compat
+    from nvgemm.integrations.inductor import compat
 
     rel = Version(torch.__version__.split("+")[0]).release[:2]
     state = compat.probe()
@@ -135,7 +135,7 @@ def test_probes_match_the_documented_first_release():
 
 
 def test_scaled_mm_claim_defaults_to_where_pytorch_folds(monkeypatch):
-    from nvgemm.inductor import compat, registration
+    from nvgemm.integrations.inductor import compat, registration
 
     with nvgemm.enabled():
         assert registration._STATE["claim_scaled_mm"] is compat.available("scaled_mm_fold")
@@ -173,7 +173,7 @@ def test_forced_only_backends_are_not_autotune_choices():
     """The PTX emulator's backends support CPU problems but run only when forced: inside
     torch.compile they were benchmarked as choices (seconds per call, and 2-CTA picks the emulator
     then refused). Named in ``allowed`` they are still offered."""
-    from nvgemm.runtime.backends import backends
+    from nvgemm.dispatch.registry import backends
 
     names = {b.name for b in backends()}
     assert {"emu_sm90", "emu_sm100"} <= names
@@ -206,7 +206,7 @@ def test_choice_keys_and_arg_rebuild():
 
 def test_autotune_op_eager_matches_the_linear_with_gapped_optionals():
     """The op torch < 2.15 benchmarks as its fallback: present optionals packed, gaps (W4A16 + bias) exact."""
-    from nvgemm.formats import quantize_weight, to_blocked
+    from nvgemm.core.formats import quantize_weight, to_blocked
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
@@ -226,7 +226,7 @@ def test_autotune_op_eager_matches_the_linear_with_gapped_optionals():
 
 
 def test_split_points_follow_heuristics_buckets():
-    from nvgemm.inductor.lowering import DEFAULT_SPLIT_POINTS, split_points
+    from nvgemm.integrations.inductor.lowering import DEFAULT_SPLIT_POINTS, split_points
 
     pts = split_points()
     assert pts == sorted(pts) and pts[0] >= 1
@@ -239,8 +239,8 @@ def test_split_points_follow_heuristics_buckets():
 
 
 def test_choice_op_runs_named_backend_and_rejects_unknown():
-    from nvgemm.formats import quantize_weight, to_blocked
-    from nvgemm.ops import nvfp4_linear_emulated
+    from nvgemm.core.formats import quantize_weight, to_blocked
+    from nvgemm.ops.linear import nvfp4_linear_emulated
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
@@ -262,8 +262,8 @@ def test_dynamic_compile_with_weights_as_graph_inputs(tmp_path):
     from torch._dynamo.utils import counters
     from torch._inductor.utils import fresh_cache
 
-    from nvgemm.formats import quantize_weight, to_blocked
-    from nvgemm.ops import nvfp4_linear_emulated
+    from nvgemm.core.formats import quantize_weight, to_blocked
+    from nvgemm.ops.linear import nvfp4_linear_emulated
 
     def f(x, w, ws, ws2, ins):
         return torch.ops.nvgemm.nvfp4_linear(x, w, ws, ws2, ins, None, None, "none", None)

@@ -1,4 +1,4 @@
-"""The capture pass's gated-MLP rewrite (:mod:`nvgemm.inductor.requant`): ``down(silu_mul(gate_up(x)))`` of
+"""The capture pass's gated-MLP rewrite (:mod:`nvgemm.integrations.inductor.requant`): ``down(silu_mul(gate_up(x)))`` of
 ``nvgemm::nvfp4_linear`` ops becomes ``nvfp4_linear_requant -> nvfp4_linear_prequant`` when valid.
 
 End to end under ``torch.compile`` on CPU (the emulated backend): the fused ops are in the compiled code and
@@ -17,8 +17,8 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import nvgemm
-from nvgemm.fused_requant import gated_mlp
-from nvgemm.inductor.capture import capture_nvfp4_linears
+from nvgemm.ops.fused import gated_mlp
+from nvgemm.integrations.inductor.capture import capture_nvfp4_linears
 
 H, I = 64, 48
 CPU_PATCH = {"emulate_precision_casts": True, "cpp.vec_isa_ok": False}
@@ -147,7 +147,7 @@ def test_graph_rewrite_refuses(case, monkeypatch):
         model, kw = FusedEpilogueMLP(), {"fuse_requant": False}
     else:  # a CUDA device other than sm_100: the dense kernels serve the plain chain
         model = FusedEpilogueMLP()
-        monkeypatch.setattr("nvgemm.runtime.fused_backends.fused_chain_reason",
+        monkeypatch.setattr("nvgemm.dispatch.fused.fused_chain_reason",
                             lambda device: "sm_90 (test)")
     x = _x((4, H))
     run, gm, c = _rewrite(model, x, **kw)

@@ -18,9 +18,9 @@ pytest.importorskip("modelopt")
 pytest.importorskip("transformers")
 
 from nvgemm import NVFP4Linear  # noqa: E402
-from nvgemm.formats import dequantize  # noqa: E402
-from nvgemm.modelopt import CheckpointError, load_modelopt_checkpoint  # noqa: E402
-from nvgemm.moe import NVFP4Experts  # noqa: E402
+from nvgemm.core.formats import dequantize  # noqa: E402
+from nvgemm.integrations.modelopt import CheckpointError, load_modelopt_checkpoint  # noqa: E402
+from nvgemm.nn.experts import NVFP4Experts  # noqa: E402
 from nvgemm.testing import build_tiny_model, make_tiny_checkpoint  # noqa: E402
 
 KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")

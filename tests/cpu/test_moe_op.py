@@ -10,11 +10,11 @@ import torch
 
 import nvgemm  # noqa: F401  (registers the ops)
 from _moe_reference import Q, RefExpert, moe_tolerance, ref_moe_fp64
-from nvgemm.formats import from_blocked, quantize_weight
-from nvgemm.formats.nvfp4 import global_scale_from_amax
-from nvgemm.linear import NVFP4Linear
-from nvgemm.moe import NVFP4Experts
-from nvgemm.moe import backends as mb
+from nvgemm.core.formats import from_blocked, quantize_weight
+from nvgemm.core.formats import global_scale_from_amax
+from nvgemm.nn.linear import NVFP4Linear
+from nvgemm.nn.experts import NVFP4Experts
+from nvgemm.dispatch import moe as mb
 
 E, H, I, M, K = 4, 64, 32, 6, 2
 
@@ -255,7 +255,7 @@ def test_registry_selfcheck_and_override(registry, monkeypatch):
 
 
 def mb_problem(mod, x, ids, wts):
-    from nvgemm.moe.ops import check_moe_args
+    from nvgemm.ops.moe import check_moe_args
 
     return check_moe_args(x, ids, wts, *mod.tensors(), "silu_mul", False, None, None, None, None)
 
@@ -268,7 +268,7 @@ def test_selfcheck_inputs_are_valid(kind):
                       out_dtype=torch.bfloat16, device_type="cpu", capability=None, router_weight_on_input=False,
                       expert_map=True, shared_out=True, residual=True)
     args = mb.selfcheck_inputs(p, torch.device("cpu"))
-    from nvgemm.moe.ops import check_moe_args
+    from nvgemm.ops.moe import check_moe_args
 
     assert check_moe_args(*args) == p
     assert torch.isfinite(mb._REGISTRY["emulated"].run(*args).float()).all()

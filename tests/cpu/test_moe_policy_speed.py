@@ -23,14 +23,16 @@ from dataclasses import replace
 
 import pytest
 
-from nvgemm.heuristics import moe_sm90, moe_sm100
-from nvgemm.heuristics.moe_sm90 import MOE_LAYERS, MoeShape, bucket_of
+from nvgemm.templates.sm90_moe import policy as moe_sm90
+from nvgemm.templates.sm100_moe import policy as moe_sm100
+from nvgemm.templates.sm90_moe.policy import MOE_LAYERS, MoeShape, bucket_of
 from nvgemm.heuristics.policy import m_buckets
-from nvgemm.perfmodel import batch
-from nvgemm.perfmodel import model as model_mod
-from nvgemm.perfmodel.families import sm90_moe, sm100_moe
-from nvgemm.perfmodel.families.sm90 import SM90_SPLITS
-from nvgemm.templates.sm90.config import MMA_ROW_TILES, ROW_TILE
+from nvgemm.heuristics.perfmodel import batch
+from nvgemm.heuristics.perfmodel import model as model_mod
+from nvgemm.templates.sm90_moe import perf as sm90_moe
+from nvgemm.templates.sm100_moe import perf as sm100_moe
+from nvgemm.templates.sm90_w4a16.perf import SM90_SPLITS
+from nvgemm.templates.sm90_w4a16.config import MMA_ROW_TILES, ROW_TILE
 from nvgemm.templates.sm90_moe.config import MOE_TILE_M, Sm90MoeConfig
 from nvgemm.templates.sm90_moe.config import moe_shape_problem as problem90
 from nvgemm.templates.sm90_moe.config import validate_moe_config as valid90

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from nvgemm.moe.backends import MoeProblem, moe_backends  # noqa: E402
+from nvgemm.dispatch.moe import MoeProblem, moe_backends  # noqa: E402
 
 BASE = MoeProblem(m=4, top_k=2, num_experts=8, num_global_experts=8, hidden=64, intermediate=32,
                   activation="silu_mul", weight_only=False, alpha13="expert", x_dtype=torch.bfloat16,

@@ -11,7 +11,7 @@ import nvgemm  # noqa: F401  (registers the ops)
 from nvgemm.epilogues import EpilogueSpec, epilogue_ref
 from _reference import ref_linear_fp64
 
-from nvgemm.formats import blocked_numel, quantize_weight, to_blocked
+from nvgemm.core.formats import blocked_numel, quantize_weight, to_blocked
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # Tolerances. The emulated op and the fp64 reference use identical quantized operands (exact in

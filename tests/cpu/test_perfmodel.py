@@ -1,4 +1,4 @@
-"""The CPU performance model (nvgemm.perfmodel): SASS parsing, the model's arithmetic against
+"""The CPU performance model (nvgemm.heuristics.perfmodel): SASS parsing, the model's arithmetic against
 hand-computed values, the committed table, the CLI and ``nvgemm plan``'s model column.
 
 Hand-computed values are derived in the comments next to each assertion; tolerances are 1e-6
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nvgemm import cli
-from nvgemm.perfmodel import (
+from nvgemm.heuristics.perfmodel import (
     FamilyFacts,
     Geometry,
     KernelFacts,
@@ -26,14 +26,14 @@ from nvgemm.perfmodel import (
     lookup,
     rank,
 )
-from nvgemm.perfmodel import sass as S
-from nvgemm.perfmodel.families import sm100 as F100
-from nvgemm.perfmodel.families.sm90 import MmaFacts
-from nvgemm.perfmodel.facts import SplitKReduce
-from nvgemm.perfmodel.model import colimit, occupancy, rounds
-from nvgemm.perfmodel.table import load_table
-from nvgemm.templates.sm90.config import Sm90W4A16Config as C90
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C100
+from nvgemm.heuristics.perfmodel import sass as S
+from nvgemm.templates.sm100_w4a4 import perf as F100
+from nvgemm.templates.sm90_w4a16.perf import MmaFacts
+from nvgemm.heuristics.perfmodel.facts import SplitKReduce
+from nvgemm.heuristics.perfmodel.model import colimit, occupancy, rounds
+from nvgemm.heuristics.perfmodel.table import load_table
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as C90
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C100
 
 H200 = get_hardware("H200")
 REL = 1e-6
@@ -274,7 +274,7 @@ def _preset_picks(gpu: str, a_format: str, ms):
     """(M, N, K, policy pick) for every preset layer GEMM and M on ``gpu`` (nvMatmulHeuristics off)."""
     from nvgemm.heuristics import candidates
     from nvgemm.heuristics.presets import PRESETS
-    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.core.problem import GemmProblem, Target
 
     target = Target.from_gpu(gpu)
     shapes = sorted({(lg.n, lg.k) for p in PRESETS.values() for lg in p.layers})
@@ -364,7 +364,7 @@ def test_sm100_grid_is_the_launchers_persistent_bound():
     -- not sm_count // cluster = 37 / 18) into the kernel, and the model calls the same function."""
     from types import SimpleNamespace
 
-    from nvgemm.templates.sm100.kernel import max_active_clusters_for
+    from nvgemm.templates.sm100_w4a4.kernel import max_active_clusters_for
 
     b200 = get_hardware("B200")
     fam = F100.Sm100Facts()
@@ -393,8 +393,8 @@ def test_table_header_and_entries():
 
 def test_table_file_format_round_trips():
     """The committed file is what ``format_table`` writes (one line per entry) and parses back."""
-    from nvgemm.perfmodel.table import TABLE_PATH
-    from nvgemm.perfmodel.sass_tool import format_table
+    from nvgemm.heuristics.perfmodel.table import TABLE_PATH
+    from nvgemm.cli.sass_tool import format_table
 
     t = load_table()
     clean = {"header": t["header"], "entries": t["entries"], **({"spills": t["spills"]} if "spills" in t else {})}
@@ -415,7 +415,7 @@ def _spill_table():
 
 
 def test_spill_status_is_per_variant():
-    from nvgemm.perfmodel.table import spill_status
+    from nvgemm.heuristics.perfmodel.table import spill_status
 
     t, base, sk4, sk7 = _spill_table()
     # sk4 spills with the full epilogue of activation none (either recorded variant counts)
@@ -438,8 +438,8 @@ def test_timing_facts_are_per_variant_where_recorded():
     the main loop's shared entry for that variant -- field by field the larger of its ``ref`` and
     ``full`` epilogues, registers too -- and the model prices the variant with them; a variant
     without such a record (or asked without an activation) keeps the shared entry."""
-    from nvgemm.perfmodel.model import estimate_with
-    from nvgemm.perfmodel.table import lookup
+    from nvgemm.heuristics.perfmodel.model import estimate_with
+    from nvgemm.heuristics.perfmodel.table import lookup
 
     base = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=3, pdl=True)
     sk8 = C90("mma", tile_m=8, tile_n=128, tile_k=256, split_k=8, num_warps=4, stages=3, pdl=True)
@@ -471,9 +471,9 @@ def test_timing_facts_are_per_variant_where_recorded():
 def test_policy_drops_recorded_spilling_variants(monkeypatch):
     """The sm90 policy reads the spill records: a variant recorded as spilling is never emitted
     (here a synthetic record for every candidate of one problem: all dropped but one)."""
-    from nvgemm.heuristics import sm90 as H
-    from nvgemm.heuristics.problem import GemmProblem, Target
-    from nvgemm.perfmodel import table as T
+    from nvgemm.templates.sm90_w4a16 import policy as H
+    from nvgemm.core.problem import GemmProblem, Target
+    from nvgemm.heuristics.perfmodel import table as T
 
     prob = GemmProblem(n=4096, k=14336, m=32, a_format="bf16", target=Target.from_gpu("H200"))
     cands = H.ranked_candidates(prob, limit=3)
@@ -495,9 +495,9 @@ def test_named_spilling_variants_are_recorded_and_not_emitted():
     table records both from their SASS and the policy never emits them for activation none."""
     from nvgemm.heuristics import candidates
     from nvgemm.heuristics.presets import PRESETS
-    from nvgemm.heuristics.problem import GemmProblem, Target
-    from nvgemm.perfmodel.table import spill_status
-    from nvgemm.perfmodel.sass_tool import SM90_M
+    from nvgemm.core.problem import GemmProblem, Target
+    from nvgemm.heuristics.perfmodel.table import spill_status
+    from nvgemm.cli.sass_tool import SM90_M
 
     sk7 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=7, num_warps=8, stages=3, pdl=True)
     sk4 = C90("mma", tile_m=32, tile_n=128, tile_k=256, split_k=4, num_warps=8, stages=3, pdl=True)
@@ -518,8 +518,8 @@ def test_every_recorded_pair_the_policy_emits_is_spill_free():
     recorded is spill-free in both epilogues (by the policy's filter, checked here end to end), and
     every first choice for the Llama-3.1-8B / 3.3-70B shapes is recorded (the sweep's minimum:
     ``python bench/compile_sweep_sm90.py --shapes llama --top 1``)."""
-    from nvgemm.perfmodel.table import spill_status
-    from nvgemm.perfmodel.sass_tool import LLAMA_SHAPES, SM90_M, policy_pairs
+    from nvgemm.heuristics.perfmodel.table import spill_status
+    from nvgemm.cli.sass_tool import LLAMA_SHAPES, SM90_M, policy_pairs
 
     pairs = policy_pairs("sm_90a")
     assert pairs
@@ -533,8 +533,8 @@ def test_every_recorded_pair_the_policy_emits_is_spill_free():
 def test_regenerate_updates_only_what_it_compiled(tmp_path, monkeypatch):
     """``regenerate_table`` (compiling stubbed out): an explicit config list replaces just those
     entries; a full regeneration of one arch keeps the other arch's entries."""
-    from nvgemm.perfmodel.table import TABLE_PATH
-    from nvgemm.perfmodel import sass_tool
+    from nvgemm.heuristics.perfmodel.table import TABLE_PATH
+    from nvgemm.cli import sass_tool
 
     cfg = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     fake = dict(lookup(cfg).to_json(), regs=99)
@@ -639,7 +639,7 @@ def test_plan_shows_model_column(capsys):
     data = json.loads(capsys.readouterr().out)
     cands = data["rows"][0]["candidates"]
     assert data["model_gpu"] == "H200" and all(c["model_us"] is not None for c in cands)
-    from nvgemm.runtime.sm90_backend import pick_config
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
 
     first = pick_config(1, 28672, 4096, torch.bfloat16, "none", 132)
     assert cands[0]["config"] == first.name()

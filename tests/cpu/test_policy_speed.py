@@ -1,11 +1,11 @@
-"""The sm90 policy's fast path (``nvgemm.perfmodel.batch``) changes no number and no pick.
+"""The sm90 policy's fast path (``nvgemm.heuristics.perfmodel.batch``) changes no number and no pick.
 
 The fast path prices all configs of a shape at once on numpy arrays and memoises what does not
 depend on the shape. Its references here are the scalar model, unmemoised:
-:func:`nvgemm.perfmodel.model.total_us_with` (a ``Geometry`` and ``_sass_chain`` per config, what
+:func:`nvgemm.heuristics.perfmodel.model.total_us_with` (a ``Geometry`` and ``_sass_chain`` per config, what
 the policy ranked with before; itself checked against the full report, ``estimate_with``) for
 every number, and a ranking written out below from the documented rule of
-:func:`nvgemm.perfmodel.rank` over those numbers for every pick. Equality is exact
+:func:`nvgemm.heuristics.perfmodel.rank` over those numbers for every pick. Equality is exact
 (``==`` on floats): the fast path does the same IEEE operations in the same order, so any
 difference is a bug, not rounding. Shapes: every preset layer x 14 batch sizes x both epilogues,
 plus random shapes (fixed seeds) over N 16..64000, K 32..25600, M 1..2048.
@@ -17,12 +17,13 @@ import random
 
 import pytest
 
-from nvgemm.heuristics import GemmProblem, sm90
+from nvgemm.heuristics import GemmProblem
+from nvgemm.templates.sm90_w4a16 import policy as sm90
 from nvgemm.heuristics.presets import PRESETS
-from nvgemm.heuristics.problem import Target
-from nvgemm.perfmodel import MODEL_TIE, batch, estimate_with, family_for, get_hardware, lookup
-from nvgemm.perfmodel import model as model_mod
-from nvgemm.perfmodel.table import load_table, spill_status
+from nvgemm.core.problem import Target
+from nvgemm.heuristics.perfmodel import MODEL_TIE, batch, estimate_with, family_for, get_hardware, lookup
+from nvgemm.heuristics.perfmodel import model as model_mod
+from nvgemm.heuristics.perfmodel.table import load_table, spill_status
 
 MS = (1, 3, 8, 13, 32, 48, 100, 128, 200, 256, 384, 512, 1000, 2048)
 H200 = Target.from_gpu("H200")
@@ -46,7 +47,7 @@ def _random_problems(seed: int, count: int):
 
 def _reference_us(config, m, n, k, sm_count, activation=None):
     """Modelled (low, high) us of ``config``, unmemoised: the scalar model
-    (:func:`~nvgemm.perfmodel.model.total_us_with`: a ``Geometry``, ``_sass_chain`` per end) --
+    (:func:`~nvgemm.heuristics.perfmodel.model.total_us_with`: a ``Geometry``, ``_sass_chain`` per end) --
     what the policy ranked with before the batch path -- checked against the full report
     (:func:`estimate_with`, which converts cycles to us as ``cycles / clock x 1e6`` instead of
     ``cycles x (1e6 / clock)``: the two differ in the last bits, 1e-12 relative). None: no
@@ -122,8 +123,8 @@ def test_batch_totals_match_the_scalar_fast_path_and_keep_its_nones():
     """``totals`` = ``estimate_us`` per config, including configs it cannot price (a shape the
     config cannot run: split-K beyond the K stages) and configs of another engine (sm100, which
     takes the scalar path inside ``totals``)."""
-    from nvgemm.templates.sm90.config import Sm90W4A16Config as W
-    from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
+    from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as W
+    from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
 
     cfgs = [W("mma", tile_m=8, tile_n=128, tile_k=256, split_k=8, num_warps=4, stages=4, pdl=True),
             W("wgmma", tile_m=64, tile_n=256, tile_k=128, split_k=2, num_warps=8, stages=4, pdl=True),

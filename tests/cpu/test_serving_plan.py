@@ -1,4 +1,4 @@
-"""nvgemm.runtime.serving_plan: the GEMMs a vLLM serve runs per rank, the kernel each M dispatches to,
+"""nvgemm.dispatch.serving_plan: the GEMMs a vLLM serve runs per rank, the kernel each M dispatches to,
 and ``nvgemm precompile --checkpoint --vllm --tp`` listing exactly those kernels."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nvgemm.runtime.backends import LinearProblem
-from nvgemm.runtime.serving_plan import ServedGemm, plan, shard_runs, vllm_gemms
+from nvgemm.dispatch.registry import LinearProblem
+from nvgemm.dispatch.serving_plan import ServedGemm, plan, shard_runs, vllm_gemms
 
 
 def write_ckpt(path, *, hidden=128, inter=224, heads=4, kv_heads=2, ws2=None, ins=None, w4a16=False, bias=False):

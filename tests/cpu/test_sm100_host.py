@@ -1,5 +1,5 @@
-"""Host side of the sm100 NVFP4 family (nvgemm.templates.sm100.launch / validity / occupancy and
-the nvgemm.runtime.sm100_backend wiring), tested on CPU.
+"""Host side of the sm100 NVFP4 family (nvgemm.templates.sm100_w4a4.launch / validity / occupancy and
+the nvgemm.templates.sm100_w4a4.backend wiring), tested on CPU.
 
 ``prepare_sm100_args`` builds the kernel's arguments (activation quantization to swizzled
 scales, swap-AB operand/scale roles and the transposed output view, alpha, split-K buffers);
@@ -20,14 +20,14 @@ import torch
 
 import nvgemm  # noqa: F401  (registers the ops)
 from nvgemm.epilogues import EpilogueSpec, epilogue_ref
-from nvgemm.formats import quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
-from nvgemm.runtime.backends import LinearProblem
-from nvgemm.ops import check_linear_args
-from nvgemm.runtime.sm100_backend import supports
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig
-from nvgemm.templates.sm100.launch import kernel_view_ref, splitk_workspace_shape
-from nvgemm.templates.sm100.launch import prepare_sm100_args as _prepare
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.dispatch.registry import LinearProblem
+from nvgemm.ops.linear import check_linear_args
+from nvgemm.templates.sm100_w4a4.backend import supports
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100_w4a4.launch import kernel_view_ref, splitk_workspace_shape
+from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args as _prepare
 
 
 def prepare_sm100_args(*call_and_cfg, **kw):
@@ -144,7 +144,7 @@ def test_splitk_workspace_survives_growth_after_a_capture():
     import gc
     import weakref
 
-    from nvgemm.templates.sm100.launch import SplitKWorkspaces
+    from nvgemm.templates.sm100_w4a4.launch import SplitKWorkspaces
 
     cap = _FakeCapture()
     pool = SplitKWorkspaces(capturing=cap)
@@ -169,7 +169,7 @@ def test_splitk_workspace_survives_growth_after_a_capture():
 
 
 def test_splitk_workspace_capture_needing_more_gets_a_private_pair():
-    from nvgemm.templates.sm100.launch import SplitKWorkspaces
+    from nvgemm.templates.sm100_w4a4.launch import SplitKWorkspaces
 
     cap = _FakeCapture()
     pool = SplitKWorkspaces(capturing=cap)
@@ -198,7 +198,7 @@ def test_template_rule_refuses_split_k_beyond_k_tiles(k, split_k, ok):
     a never-written accumulator): refused by the template's own rule, which the launcher
     applies too. (Uneven but non-empty splits, e.g. K=288 -> 2 tiles / 2 splits, are fine for the
     kernel; the policy additionally prefers equal slices.)"""
-    from nvgemm.templates.sm100.validity import can_implement_problem, k_tiles
+    from nvgemm.templates.sm100_w4a4.validity import can_implement_problem, k_tiles
 
     cfg = Sm100Nvfp4GemmConfig(tile_n=64, split_k=split_k)
     st = can_implement_problem(cfg, m=4, n=64, k=k, out_bytes=2)
@@ -216,7 +216,7 @@ def test_template_rule_refuses_split_k_beyond_k_tiles(k, split_k, ok):
 
 def test_template_class_exposes_the_problem_rule():
     pytest.importorskip("cutlass")
-    from nvgemm.templates.registry import get_template
+    from nvgemm.aot.abi import get_template
 
     tpl = get_template("sm100_nvfp4_gemm")
     assert not tpl.can_implement_problem(Sm100Nvfp4GemmConfig(split_k=4), m=1, n=64, k=512, out_bytes=2)
@@ -224,12 +224,12 @@ def test_template_class_exposes_the_problem_rule():
 
 
 def test_cluster_occupancy_aot_values():
-    """GPC-aware guaranteed cluster counts (module docstring of nvgemm.templates.sm100.occupancy),
+    """GPC-aware guaranteed cluster counts (module docstring of nvgemm.templates.sm100_w4a4.occupancy),
     worked by hand for B200's 148 SMs in 8 GPCs of an even SM count <= 20: c=4 -- a GPC with
     2 (mod 4) SMs wastes 2; at most six GPCs can be such (eight would sum to <= 8*18 = 144 < 148,
     and their number is even since 148 = 0 mod 4) -> (148 - 12) / 4 = 34; c=8 -- six GPCs of 20
     and two of 14 -> 6*2 + 2*1 = 14; c=16 -- the same split -> 6."""
-    from nvgemm.templates.sm100.occupancy import aot_max_active_clusters, guaranteed_clusters
+    from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters, guaranteed_clusters
 
     assert [guaranteed_clusters(148, c) for c in (1, 2, 4, 8, 16)] == [148, 74, 34, 14, 6]
     assert [guaranteed_clusters(160, c) for c in (1, 2, 4, 8, 16)] == [160, 80, 40, 16, 8]  # full dies
@@ -252,8 +252,8 @@ def test_runtime_occupancy_resolution_uses_the_driver_count():
     with one warning."""
     import logging
 
-    from nvgemm.runtime.occupancy import resolve_max_active_clusters
-    from nvgemm.runtime.sm100_backend import compile_spec_for
+    from nvgemm.templates.common.occupancy import resolve_max_active_clusters
+    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
 
     cfg = Sm100Nvfp4GemmConfig(tile_n=16, swap_ab=True, cluster_m=4)
     spec = EpilogueSpec(alpha="scalar")
@@ -291,7 +291,7 @@ def test_device_sized_kernel_falls_back_to_the_precompiled_one(monkeypatch):
     import warnings
 
     from nvgemm.aot import cache as cache_mod
-    from nvgemm.runtime.sm100_backend import compile_spec_for, kernel_for
+    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for, kernel_for
 
     cfg = Sm100Nvfp4GemmConfig(tile_n=16, swap_ab=True, cluster_m=4)
     spec = EpilogueSpec(alpha="scalar")
@@ -329,8 +329,8 @@ def test_kernel_bakes_the_resolved_cluster_count():
     """The template turns hw.max_active_clusters=0 into the arch's guaranteed count, and keeps an
     explicit (measured) count."""
     pytest.importorskip("cutlass")
-    from nvgemm.runtime.sm100_backend import compile_spec_for
-    from nvgemm.templates.registry import get_template
+    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
+    from nvgemm.aot.abi import get_template
 
     tpl = get_template("sm100_nvfp4_gemm")
     cfg = Sm100Nvfp4GemmConfig(tile_n=128, cluster_m=2, cluster_n=2)
@@ -376,7 +376,7 @@ def test_backend_only_on_sm100():
     # silu_mul: the kernel implements it; the backend follows the candidate policy's verdict
     r = supports(_lp("cuda", (10, 0), n=256, activation="silu_mul"))
     from nvgemm.heuristics import candidates
-    from nvgemm.heuristics.problem import GemmProblem, Target
+    from nvgemm.core.problem import GemmProblem, Target
 
     has = bool(candidates(GemmProblem(n=256, k=256, m=4, epilogue="silu_mul", target=Target.from_gpu("B200")),
                           use_nvmmh=False))
@@ -385,7 +385,7 @@ def test_backend_only_on_sm100():
 
 
 def test_cpu_dispatch_never_selects_sm100(seed):
-    from nvgemm.runtime.backends import select_backend
+    from nvgemm.dispatch.registry import select_backend
 
     assert select_backend(_lp("cpu", None)).name == "emulated"
 
@@ -405,8 +405,8 @@ def test_cute_apply_reference_is_epilogue_ref(alpha, bias, act, res, seed):
 
 
 def test_gate_up_interleave_roundtrip(seed):
-    from nvgemm.formats import from_blocked
-    from nvgemm.templates.sm100.launch import gate_up_permutation, interleave_gate_up
+    from nvgemm.core.formats import from_blocked
+    from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation, interleave_gate_up
 
     n, k = 256, 512
     q = quantize_weight(torch.randn(n, k))

@@ -1,7 +1,7 @@
 """Host logic of the sm100 grouped W4A4 MoE path on CPU (no kernels): the stacked A operand, the
 per-slot NVFP4 activations and scale atoms, the pair -> output-row map, the alpha table, the shape /
 config rules and the backend's problem filter -- each against an independent construction from
-``nvgemm.formats`` -- and the candidate policy (at most 8, valid, one pick per M bucket, token tile
+``nvgemm.core.formats`` -- and the candidate policy (at most 8, valid, one pick per M bucket, token tile
 from the pairs per active expert, split-K when few row tiles are active)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from nvgemm.formats import from_blocked, pack_e2m1, quantize_activation, to_blocked, unpack_e2m1
-from nvgemm.heuristics.moe_sm100 import MOE_LAYERS, bucket_of, moe_candidates, pick_moe_configs, token_tiles
+from nvgemm.core.formats import from_blocked, pack_e2m1, quantize_activation, to_blocked, unpack_e2m1
+from nvgemm.templates.sm100_moe.policy import MOE_LAYERS, bucket_of, moe_candidates, pick_moe_configs, token_tiles
 from nvgemm.templates.sm100_moe.config import (Sm100MoeConfig as C, moe_config_from_name, moe_shape_problem,
                                                validate_moe_config)
 from nvgemm.templates.sm100_moe.launch import (alpha_table, prepare_moe_stack, slot_activations,
@@ -111,8 +111,8 @@ def test_config_and_shape_rules():
 
 
 def test_backend_problem_filter():
-    from nvgemm.moe.backends import MoeProblem
-    from nvgemm.moe.sm100_backend import supports
+    from nvgemm.dispatch.moe import MoeProblem
+    from nvgemm.templates.sm100_moe.backend import supports
 
     p = MoeProblem(m=4, top_k=2, num_experts=8, num_global_experts=8, hidden=256, intermediate=64,
                    activation="silu_mul", weight_only=False, alpha13="expert", x_dtype=torch.bfloat16,
@@ -176,7 +176,7 @@ def test_plan_lists_the_grouped_candidates_on_blackwell(capsys):
 def test_emulator_moe_backend_only_when_forced(monkeypatch):
     """``emu_sm100_moe`` never serves (nor is an Inductor autotuning candidate for) an unforced CPU call."""
     from nvgemm.emulator.backend import supports_moe_sm100
-    from nvgemm.moe.backends import MoeProblem
+    from nvgemm.dispatch.moe import MoeProblem
 
     p = MoeProblem(m=4, top_k=2, num_experts=8, num_global_experts=8, hidden=256, intermediate=64,
                    activation="silu_mul", weight_only=False, alpha13="expert", x_dtype=torch.bfloat16,

@@ -1,5 +1,5 @@
-"""Host side of the sm90 W4A16 kernels (``nvgemm.templates.sm90``: operand, launch; the
-``cutedsl_sm90`` backend), tested on CPU against ``nvgemm.formats`` and the emulated op.
+"""Host side of the sm90 W4A16 kernels (``nvgemm.templates.sm90_w4a16``: operand, launch; the
+``cutedsl_sm90`` backend), tested on CPU against ``nvgemm.core.formats`` and the emulated op.
 
 * operand: the weight re-layout is a bijection (every code in every position comes back), the
   kernel's decode -- rotations, masks, ``lop3`` masked XORs, re-encoded scales, the packed multiply --
@@ -25,15 +25,15 @@ import pytest
 import torch
 
 import nvgemm  # noqa: F401  (registers the ops)
-from nvgemm.formats import E2M1_VALUES, dequantize, quantize_activation, quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
-from nvgemm.runtime.backends import LinearProblem, select_backend
-from nvgemm.runtime.sm90_backend import default_config, pick_config, supports
-from nvgemm.templates.sm90 import launch as L
-from nvgemm.templates.sm90.config import Sm90W4A16Config as C
-from nvgemm.templates.sm90.config import shape_problem, validate_config
-from nvgemm.templates.sm90.launch import Sm90Workspace, kernel_view_ref, prepare_sm90_args, qdq_activation
-from nvgemm.templates.sm90.operand import (
+from nvgemm.core.formats import E2M1_VALUES, dequantize, quantize_activation, quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.dispatch.registry import LinearProblem, select_backend
+from nvgemm.templates.sm90_w4a16.backend import default_config, pick_config, supports
+from nvgemm.templates.sm90_w4a16 import launch as L
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as C
+from nvgemm.templates.sm90_w4a16.config import shape_problem, validate_config
+from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, kernel_view_ref, prepare_sm90_args, qdq_activation
+from nvgemm.templates.sm90_w4a16.operand import (
     SCHEMES,
     decode_ref,
     decode_scale_bits,
@@ -72,7 +72,7 @@ def test_decode_scheme_is_invertible_and_eight_instructions(kind):
     """The 32 output field bits are independent linear functions of the word (the encoder finds a
     spanning tree, so the re-layout is a bijection), the decode costs 4 rotations + 4 lop3, and
     every word decodes back to the codes it was built from, bit for bit, in both directions."""
-    from nvgemm.templates.sm90.operand import _terms, _word_plan, decode_words_ref
+    from nvgemm.templates.sm90_w4a16.operand import _terms, _word_plan, decode_words_ref
 
     sch = SCHEMES[kind]
     assert bin(sch.field_mask).count("1") == 8
@@ -105,7 +105,7 @@ def test_decode_scheme_with_a_cycle_is_rejected(monkeypatch):
     the plan builder says so instead of writing an undecodable weight."""
     import dataclasses
 
-    from nvgemm.templates.sm90 import operand
+    from nvgemm.templates.sm90_w4a16 import operand
 
     bad = dataclasses.replace(operand.SCHEMES["bf16"], sources=((0,), (12,), (2, 6), (2, 6)))
     monkeypatch.setitem(operand.SCHEMES, "bf16", bad)
@@ -130,7 +130,7 @@ def test_relayout_round_trip(seed, kind, n, k):
 @pytest.mark.parametrize("kind", list(SCHEMES))
 def test_decode_is_exact_for_every_code_and_every_scale(kind):
     """All 16 codes x all 254 finite e4m3 scale bytes (both signs, zero, subnormals): the kernel's
-    decode (``dequant_ref``) equals ``E2M1 * s`` exactly, i.e. ``nvgemm.formats.dequantize``."""
+    decode (``dequant_ref``) equals ``E2M1 * s`` exactly, i.e. ``nvgemm.core.formats.dequantize``."""
     sbytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)  # no NaN
     n = 16 * ((sbytes.numel() + 15) // 16)
     sb = torch.cat([sbytes, torch.full((n - sbytes.numel(),), 0x38, dtype=torch.uint8)])  # pad with 1.0
@@ -189,7 +189,7 @@ def test_wgmma_activation_slots_match_the_register_a_k_order():
     holds K = 16 q + 4 s + 2 v2 + v0 at MMA k = 2 q + v0 + 8 v2 (the operand's word layout), so
     the kernel's copy destination (``x_slot_offset``) must put that K there. Rows cover all 8
     swizzle phases and two atoms; each row's 32 pairs fill its 128 bytes exactly once."""
-    from nvgemm.templates.sm90.operand import sw128_kmajor_offset, x_slot_offset
+    from nvgemm.templates.sm90_w4a16.operand import sw128_kmajor_offset, x_slot_offset
 
     for r in range(24):
         where = {x_slot_offset(r, p): p for p in range(32)}
@@ -209,9 +209,9 @@ def test_wgmma_split_tail_covers_every_tile_and_k_stage_once(split, sms):
     every (tile, K stage) is computed by exactly one CTA, whole tiles by one unsplit CTA, split parts
     of a tile are adjacent and come after all whole tiles, the kernel's tail recovery from the grid
     size agrees with the host's, and the model's geometry counts the same CTAs."""
-    from nvgemm.perfmodel.families.sm90 import WgmmaFacts
-    from nvgemm.perfmodel.hardware import get_hardware
-    from nvgemm.templates.sm90.config import wgmma_cta_role, wgmma_tail_tiles
+    from nvgemm.templates.sm90_w4a16.perf import WgmmaFacts
+    from nvgemm.heuristics.perfmodel.hardware import get_hardware
+    from nvgemm.templates.sm90_w4a16.config import wgmma_cta_role, wgmma_tail_tiles
 
     for tiles in (1, 5, sms - 1, sms, sms + 1, 2 * sms + 3, 896):
         tail = wgmma_tail_tiles(tiles, split, sms)
@@ -251,7 +251,7 @@ def _wgmma_datapath(x: torch.Tensor, p, tile_m: int) -> torch.Tensor:
     into the swizzled tile, the tensor cores' B read of it per k-step and slot, the register A
     fragments of the decoded weight (``decode_ref``) per k-step and slot; ``sum_s A_s B_s^T``,
     times 2**7. Returns [M, n_pad]."""
-    from nvgemm.templates.sm90.operand import sw128_kmajor_offset, x_slot_offset
+    from nvgemm.templates.sm90_w4a16.operand import sw128_kmajor_offset, x_slot_offset
 
     m, k = x.shape
     w = decode_ref(p).double()  # [n_pad, k_pad], E2M1 * s * 2**-7
@@ -489,7 +489,7 @@ def test_policy_first_choice_against_bf16(n, k):
     partial last round, fill and tail while the bf16 baseline is an ideal stream at the same tensor
     rate, at most 1 / 0.7 as slow; and nowhere would a dequantize pass + cuBLAS be faster
     (bench/results/sm90_model.md)."""
-    from nvgemm.perfmodel import bf16_baseline, estimate
+    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate
 
     for m in (1, 2, 4, 8, 16, 32, 33, 48, 64, 96, 128, 144, 160, 192, 224, 240, 256):
         cfg = pick_config(m, n, k, torch.bfloat16, "none", 132)
@@ -506,8 +506,8 @@ def test_policy_picks_do_not_spill():
     traffic at all -- the spill record of each pick's own (config, activation) variant, read from
     its SASS with the reference and the fullest epilogue (bench/compile_sweep_sm90.py; the compile
     tests re-derive records from the SASS). M: the sweep's token counts (sass_tool.SM90_M)."""
-    from nvgemm.perfmodel.table import spill_status
-    from nvgemm.perfmodel.sass_tool import SM90_M
+    from nvgemm.heuristics.perfmodel.table import spill_status
+    from nvgemm.cli.sass_tool import SM90_M
 
     for n, k in LLAMA:
         for m in SM90_M:

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from nvgemm.heuristics.moe_sm90 import MOE_LAYERS, bucket_of, moe_candidates, pick_moe_configs
-from nvgemm.perfmodel.families.sm90_moe import expected_active_experts, expected_tiles
+from nvgemm.templates.sm90_moe.policy import MOE_LAYERS, bucket_of, moe_candidates, pick_moe_configs
+from nvgemm.templates.sm90_moe.perf import expected_active_experts, expected_tiles
 from nvgemm.templates.sm90_moe.config import moe_shape_problem, validate_moe_config
 
 

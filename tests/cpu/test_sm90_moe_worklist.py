@@ -14,7 +14,7 @@ from nvgemm.templates.sm90_moe.config import (
     validate_moe_config,
     work_tiles_bound,
 )
-from nvgemm.moe.ops import local_ids
+from nvgemm.ops.moe import local_ids
 from nvgemm.templates.sm90_moe.launch import build_work_list, finalize_ref, local_expert_ids
 
 

@@ -6,7 +6,7 @@ CPU: :func:`nvgemm.testing.sm90_stand_in` makes the registry select ``cutedsl_sm
 problems by its real rules and runs the real host path with the launch replaced by the emulated op on
 the checkpoint layout re-encoded from the prepared tensors it is handed (value-exact), so outputs are
 compared bit for bit with the emulated op on the checkpoint tensors. Bytes held are the sizes of the
-tensors' storages plus what the launchers derived (:func:`nvgemm.templates.derived.derived_nbytes`),
+tensors' storages plus what the launchers derived (:func:`nvgemm.templates.common.derived.derived_nbytes`),
 against the prepared layout's size computed from the shapes: 16-row tiles, K padded to 256,
 K/2 code bytes + K/16 scale bytes per row.
 """
@@ -18,12 +18,12 @@ import gc
 import pytest
 import torch
 
-from nvgemm.formats import quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
-from nvgemm.prepared import one_copy_wanted
-from nvgemm.templates.derived import derived_nbytes
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.ops.prepared import one_copy_wanted
+from nvgemm.templates.common.derived import derived_nbytes
 from nvgemm.testing import sm90_stand_in
-from nvgemm.vllm.layer import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
+from nvgemm.integrations.vllm.layer import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
 
 CPU = torch.device("cpu")
 

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import nvgemm  # noqa: F401
-from nvgemm.formats import dequantize, from_blocked, quantize_weight, to_blocked
-from nvgemm.linear import NVFP4Linear
-from nvgemm.runtime import backends as B
-from nvgemm.templates.sm90 import launch as L90
-from nvgemm.templates.sm90.config import Sm90W4A16Config
-from nvgemm.templates.sm90.operand import prepare_sm90_weight, to_modelopt
+from nvgemm.core.formats import dequantize, from_blocked, quantize_weight, to_blocked
+from nvgemm.nn.linear import NVFP4Linear
+from nvgemm.dispatch import registry as B
+from nvgemm.templates.sm90_w4a16 import launch as L90
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
+from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight, to_modelopt
 
 
 def _layer(n, k, seed, *, w4a4=True, bias=False, activation="none"):
@@ -95,9 +95,9 @@ def test_state_dict_is_the_checkpoint_layout_and_loading_refills():
 def test_kernel_branch_runs_on_the_prepared_weight(monkeypatch):
     """When the registry picks cutedsl_sm90, the op hands the prepared tensors to
     sm90_backend.run_prepared (here: the host path + kernel_view_ref on CPU), no re-encoding."""
-    from nvgemm.ops import nvfp4_linear_emulated
-    from nvgemm.runtime import sm90_backend
-    from nvgemm.templates.sm90 import operand
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+    from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
+    from nvgemm.templates.sm90_w4a16 import operand
 
     cfg = Sm90W4A16Config("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
     calls = []
@@ -108,7 +108,7 @@ def test_kernel_branch_runs_on_the_prepared_weight(monkeypatch):
         return L90.kernel_view_ref(args, cfg).reshape(*x.shape[:-1], -1)
 
     fake = B.Backend(name="cutedsl_sm90", priority=10_000, supports=lambda p: None, run=None)
-    monkeypatch.setattr("nvgemm.prepared.select_backend", lambda problem: fake)
+    monkeypatch.setattr("nvgemm.ops.prepared.select_backend", lambda problem: fake)
     monkeypatch.setattr(sm90_backend, "run_prepared", run_prepared)
     monkeypatch.setattr(operand, "to_modelopt", lambda p: pytest.fail("re-encoded on the kernel path"))
     mod = _layer(128, 512, 4, w4a4=True, bias=True)

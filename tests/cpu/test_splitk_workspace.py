@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from nvgemm.formats import quantize_weight, to_blocked
-from nvgemm.templates.sm100.launch import SplitKWorkspaces
-from nvgemm.templates.sm90 import launch as L90
-from nvgemm.templates.sm90.config import Sm90W4A16Config
-from nvgemm.templates.sm90.operand import prepare_sm90_weight
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.templates.sm100_w4a4.launch import SplitKWorkspaces
+from nvgemm.templates.sm90_w4a16 import launch as L90
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
+from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
 
 SPLIT = Sm90W4A16Config("mma", tile_m=8, tile_n=128, tile_k=256, split_k=4, num_warps=4, stages=3)
 

@@ -11,17 +11,17 @@ import sys
 import pytest
 import torch
 
-import nvgemm.ops as nv_ops
-from nvgemm.formats import blocked_numel, quantize_activation, to_blocked
-from nvgemm.runtime.backends import LinearProblem, backends, load_builtin_backends, select_backend
-from nvgemm.triton_kernels import reference as ref
+import nvgemm.ops.linear as nv_ops
+from nvgemm.core.formats import blocked_numel, quantize_activation, to_blocked
+from nvgemm.dispatch.registry import LinearProblem, backends, load_builtin_backends, select_backend
+from nvgemm.templates.triton import reference as ref
 
 load_builtin_backends()
 
 
 def test_import_nvgemm_does_not_import_triton():
-    code = ("import sys, nvgemm, nvgemm.ops, torch\n"
-            "from nvgemm.runtime.backends import backends\n"
+    code = ("import sys, nvgemm, nvgemm.ops.linear, torch\n"
+            "from nvgemm.dispatch.registry import backends\n"
             "names = [b.name for b in backends()]\n"
             "assert 'triton_w4a16' in names, names\n"
             "assert torch.ops.nvgemm.rmsnorm_quantize_nvfp4 is not None\n"
@@ -74,7 +74,7 @@ def test_fallback_is_selected_where_no_cutedsl_kernel(cap, monkeypatch):
 
 
 def test_cuda_quantizer_installed():
-    from nvgemm.triton_kernels import registry
+    from nvgemm.templates.triton import backend as registry
 
     assert nv_ops._CUDA_QUANTIZER is registry.cuda_quantizer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nvgemm.formats import pack_e2m1, to_blocked
+from nvgemm.core.formats import pack_e2m1, to_blocked
 
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
 
@@ -57,7 +57,7 @@ def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None,
     * GEMM2: at most two nonzero codes per weight row: one rounding of the same sum of two exact
       products; alpha2 = input_scale x weight_scale_2 a power of two; finalize: the same fp32 operations in the same order.
     """
-    from nvgemm.ops import nvfp4_linear_emulated
+    from nvgemm.ops.linear import nvfp4_linear_emulated
 
     g = torch.Generator().manual_seed(seed)
     w13, s13 = _stack(g, e, 2 * i, h)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nvgemm.formats import pack_e2m1, to_blocked
+from nvgemm.core.formats import pack_e2m1, to_blocked
 
 
 def _codes(g, shape, sparse_per_row=None):
@@ -73,7 +73,7 @@ def exact_moe_operands(m, top_k, e, h, i, *, seed=0, alpha13="expert", ids=None,
 
 def random_moe_operands(m, top_k, e, h, i, *, seed=0):
     """Gaussian W4A16 operands (ModelOpt-style quantized weights) for the batch-invariance tests."""
-    from nvgemm.formats import quantize_weight
+    from nvgemm.core.formats import quantize_weight
 
     g = torch.Generator().manual_seed(seed)
 
@@ -95,7 +95,7 @@ def emu_launcher(device="H200", stats=None):
     (``stats``: a list that receives each launch's warp-instruction count)."""
     from nvgemm.emulator.runner import prepare
     from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.sm90.operand import kind_of
+    from nvgemm.templates.sm90_w4a16.operand import kind_of
 
     def launch(args):
         spec = make_spec("sm90_moe_mma", args.config, "sm_90a", epilogue=args.spec, a_format=kind_of(args.x.dtype),
@@ -109,7 +109,7 @@ def emu_launcher(device="H200", stats=None):
 
 def run_moe_emu(ops, config13, config2, keep=None, stats=None):
     """One ``nvfp4_moe`` call (W4A16 operands in schema order) through the grouped kernels on the emulator."""
-    from nvgemm.templates.sm90.launch import Sm90Workspace
+    from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace
     from nvgemm.templates.sm90_moe.launch import moe_forward
 
     (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, emap, sh, res, odt) = ops

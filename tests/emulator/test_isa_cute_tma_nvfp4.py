@@ -31,14 +31,14 @@ kernel_test_env("sm_100a")
 pytestmark = pytest.mark.emulator
 
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.registry import (  # noqa: E402
+from nvgemm.aot.abi import (  # noqa: E402
     PointerArg,
     StreamArg,
     compile_for_target,
     fake_args,
     register_template,
 )
-from nvgemm.templates.status import Status  # noqa: E402
+from nvgemm.core.status import Status  # noqa: E402
 
 PROGRAMS = Path(__file__).with_name("emu_cute_tma_nvfp4_programs.py")
 SOURCE_SHA = hashlib.sha256(PROGRAMS.read_bytes()).hexdigest()[:16]

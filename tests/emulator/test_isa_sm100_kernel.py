@@ -18,12 +18,12 @@ from isa_env import kernel_test_env
 
 kernel_test_env("sm_100a")
 
-import nvgemm.ops  # noqa: E402,F401 -- registers torch.ops.nvgemm (the activation quantizer)
+import nvgemm.ops.linear  # noqa: E402,F401 -- registers torch.ops.nvgemm (the activation quantizer)
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.formats.nvfp4 import to_blocked  # noqa: E402
+from nvgemm.core.formats import to_blocked  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
 
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
 

@@ -18,19 +18,19 @@ from isa_env import kernel_test_env
 kernel_test_env("sm_100a")
 pytestmark = pytest.mark.emulator
 
-import nvgemm.ops  # noqa: E402,F401
+import nvgemm.ops.linear  # noqa: E402,F401
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.formats.nvfp4 import to_blocked  # noqa: E402
+from nvgemm.core.formats import to_blocked  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
 
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)
 
 
 def _policy_picks():
-    from nvgemm.perfmodel import sass_tool
-    from nvgemm.runtime.sm100_backend import _policy_config
+    from nvgemm.cli import sass_tool
+    from nvgemm.templates.sm100_w4a4.backend import _policy_config
 
     out = []
     for n, k in sass_tool.LLAMA_SHAPES:
@@ -58,8 +58,8 @@ def test_policy_picks_are_modelled(ms):
     pair along cluster M, so cluster_m even; the ISA modules reject cta_group::2 with M = 128 or without a peer),
     with or without multicast clusters. Every pick must be such a tile *and* have its (tile_m, cluster, swap-AB)
     form among the cases test_isa_sm100_kernel.py runs bit-exact."""
-    from nvgemm.perfmodel import sass_tool
-    from nvgemm.runtime.sm100_backend import _policy_config
+    from nvgemm.cli import sass_tool
+    from nvgemm.templates.sm100_w4a4.backend import _policy_config
     from test_isa_sm100_kernel import CASES
 
     ran = {_form(**p.values[3]) for p in CASES}

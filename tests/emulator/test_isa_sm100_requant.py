@@ -17,13 +17,13 @@ from isa_env import kernel_test_env
 
 kernel_test_env("sm_100a")
 
-import nvgemm.ops  # noqa: E402,F401
+import nvgemm.ops.linear  # noqa: E402,F401
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.epilogues.requant import fused_requant_reference  # noqa: E402
-from nvgemm.formats import dequantize, from_blocked, to_blocked  # noqa: E402
+from nvgemm.core.formats import dequantize, from_blocked, to_blocked  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100.launch import prepare_sm100_requant_args  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args  # noqa: E402
 
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
 
@@ -45,7 +45,7 @@ def test_fused_requant_kernel_on_emulator(m, i, k, sk, tmp_path, monkeypatch, se
     g = torch.Generator().manual_seed(seed)
     w_packed, w_scale = _exact_codes(g, 2 * i, k)  # checkpoint order [gate; up]
     # gate bias +4096, and -4096 on every 3rd feature: silu(g) = -0 there in kernel and torch alike, so h
-    # holds signed zeros inside non-zero blocks (E2M1 code 0, not 0x8 = -0, per nvgemm.formats)
+    # holds signed zeros inside non-zero blocks (E2M1 code 0, not 0x8 = -0, per nvgemm.core.formats)
     gate_bias = torch.where(torch.arange(i) % 3 == 2, -4096.0, 4096.0)
     bias = torch.cat([gate_bias, torch.zeros(i)]).to(torch.bfloat16)
     one = torch.tensor(1.0)
@@ -80,12 +80,12 @@ def test_fused_requant_kernel_on_emulator(m, i, k, sk, tmp_path, monkeypatch, se
 
 def test_emulator_narrow_conversions_match_torch():
     """The emulator's cvt.rn.satfinite.{e2m1x2,e4m3x2}.f32 / cvt.rn.f16x2.e4m3x2 element rules against
-    nvgemm.formats' E2M1 encoder (ModelOpt's rule) and torch's float8_e4m3fn cast: ties, saturation,
+    nvgemm.core.formats' E2M1 encoder (ModelOpt's rule) and torch's float8_e4m3fn cast: ties, saturation,
     subnormal e4m3 scales, signed zeros, every e4m3 byte decoded."""
     import numpy as np
 
     from nvgemm.emulator.ptx.ops.fp import e2m1_rn_satfinite, e4m3_rn_satfinite, e4m3_to_f64
-    from nvgemm.formats import e2m1_encode
+    from nvgemm.core.formats import e2m1_encode
 
     g = torch.Generator().manual_seed(0)
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 100.0, -0.25, -0.1, -5.0, 0.0, 6.0, -6.5]
@@ -127,8 +127,8 @@ def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
     scales): the output equals the emulated unfused chain ``down(gate_up(x))`` bit for bit. Exact data as
     above, and x chosen so that its own NVFP4 quantization is exact (every 16-block holds +-6 * 2**j,
     input_scale 1)."""
-    from nvgemm.fused_requant import gated_mlp
-    from nvgemm.runtime.fused_backends import PREQUANT, REQUANT, last_fused_selected
+    from nvgemm.ops.fused import gated_mlp
+    from nvgemm.dispatch.fused import PREQUANT, REQUANT, last_fused_selected
 
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     gu, down, x = _exact_chain()
@@ -151,9 +151,10 @@ def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
     import types
 
     from nvgemm.emulator.runner import prepare
-    from nvgemm.fused_requant import prequant_emulated, requant_emulated
-    from nvgemm.runtime import occupancy, sm100_backend
-    from nvgemm.templates.sm100.occupancy import aot_max_active_clusters
+    from nvgemm.ops.fused import prequant_emulated, requant_emulated
+    from nvgemm.templates.common import occupancy
+    from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
+    from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
 
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
 

@@ -11,13 +11,13 @@ from isa_env import kernel_test_env
 kernel_test_env("sm_100a")
 pytestmark = pytest.mark.emulator
 
-import nvgemm.ops  # noqa: E402,F401
+import nvgemm.ops.linear  # noqa: E402,F401
 from nvgemm.emulator.isa.tma import decode_tensor_map  # noqa: E402
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.formats.nvfp4 import quantize_weight, to_blocked  # noqa: E402
+from nvgemm.core.formats import quantize_weight, to_blocked  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100.launch import prepare_sm100_args  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args  # noqa: E402
 
 OUT = {torch.bfloat16: ("bf16", 2, 64), torch.float16: ("f16", 2, 64), torch.float32: ("f32", 4, 128)}
 

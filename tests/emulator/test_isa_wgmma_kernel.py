@@ -13,10 +13,10 @@ from isa_env import kernel_test_env
 
 kernel_test_env("sm_90a")
 
-from nvgemm.formats.nvfp4 import quantize_weight  # noqa: E402
+from nvgemm.core.formats import quantize_weight  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
-from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402
-from nvgemm.templates.sm90.launch import cached_sm90_weight, kernel_view_ref, prepare_sm90_args  # noqa: E402
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as C  # noqa: E402
+from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, kernel_view_ref, prepare_sm90_args  # noqa: E402
 
 CASES = [
     pytest.param(5, 256, 512, 32, 1, id="m5-n256-k512-t32", marks=pytest.mark.emulator),

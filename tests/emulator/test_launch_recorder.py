@@ -5,7 +5,7 @@ what nvgemm's launcher computes for the config (:mod:`nvgemm.emulator.recorder`)
 
 Default CI: representative configs (sm90 decode + split-K wgmma, sm100 swap-AB split-K and a 2x1
 cluster); ``pytest -m emulator_full``: every config the policy emits for the preset Llama shapes on
-sm_90a and sm_100a (``nvgemm.perfmodel.sass_tool.policy_configs``; ~210 builds).
+sm_90a and sm_100a (``nvgemm.cli.sass_tool.policy_configs``; ~210 builds).
 
 Finding (fixed): the wgmma family's ``wgmma_smem_bytes`` reserved 1024 bytes of alignment slack the launch
 never requests (the ring is the first allocation of a dynamic window declared ``.align 1024``); the
@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("cutlass")
 
 from nvgemm.emulator.recorder import descriptor_matches, record_sm100, record_sm90, sm100_tma_addresses  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as B  # noqa: E402
-from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as B  # noqa: E402
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as C  # noqa: E402
 
 pytestmark = pytest.mark.emulator
 
@@ -113,7 +113,7 @@ def _small_problem(cfg, arch):
 @pytest.mark.emulator_full
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_every_policy_config_launch_matches_the_launcher(arch):
-    from nvgemm.perfmodel import sass_tool
+    from nvgemm.cli import sass_tool
 
     cfgs = sass_tool.policy_configs(arch)
     failures = []

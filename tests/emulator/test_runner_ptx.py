@@ -25,8 +25,8 @@ def test_ptx_for_compiles_with_keep_ptx_once_then_reads_the_cache(tmp_path, monk
             calls.append(keep_ptx)
             return types.SimpleNamespace(__ptx__=".version 9.4\n.visible .entry k()\n{\nret;\n}\n")
 
-    import nvgemm.templates.registry as registry
-    import nvgemm.templates.sm90.common as common
+    import nvgemm.aot.abi as registry
+    import nvgemm.templates.sm90_w4a16.common as common
 
     monkeypatch.setattr(registry, "get_template", lambda tid: FakeTemplate())
     monkeypatch.setattr(common, "embedded_cubin", lambda compiled: b"fatbin")

@@ -29,7 +29,7 @@ pytest.importorskip("cutlass")
 
 from _sm100_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
 
-from nvgemm.moe.ops import nvfp4_moe_emulated  # noqa: E402
+from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
 from nvgemm.templates.sm100_moe.config import Sm100MoeConfig as C  # noqa: E402
 
 pytestmark = pytest.mark.emulator
@@ -122,7 +122,7 @@ def test_op_runs_the_grouped_kernel_via_the_emulator_backend(monkeypatch):
     """``NVGEMM_MOE_BACKEND=emu_sm100_moe``: ``torch.ops.nvgemm.nvfp4_moe`` dispatches to the grouped
     kernels (the policy's pick for the B200 profile) on the emulator, bit-exact with the emulated op."""
     import nvgemm.moe  # noqa: F401  (registers the op)
-    from nvgemm.moe.backends import last_moe_selected
+    from nvgemm.dispatch.moe import last_moe_selected
 
     monkeypatch.setenv("NVGEMM_MOE_BACKEND", "emu_sm100_moe")
     ids = torch.tensor([[1, 3], [3, 0], [2, 3]], dtype=torch.int32)

@@ -1,6 +1,6 @@
 """nvgemm's sm90 ``mma`` (decode) kernels executed on the PTX emulator through their real AOT
 artifacts (production ``AotKernel`` host path relinked against the fake CUDA runtime), compared
-with the emulated backend (``nvgemm.ops.nvfp4_linear_emulated``):
+with the emulated backend (``nvgemm.ops.linear.nvfp4_linear_emulated``):
 
 * bit for bit on exact data (:func:`nvgemm.emulator.check.exact_operands`: every fp32 sum exact);
 * within :data:`~nvgemm.emulator.check.RANDOM_RTOL` on random data and for ``silu_mul`` (its
@@ -31,8 +31,8 @@ pytest.importorskip("cutlass")
 
 from nvgemm.emulator.check import RANDOM_RTOL, exact_operands, random_operands, reference, rel_err, run_sm90  # noqa: E402
 from nvgemm.emulator.ptx import EmulationError  # noqa: E402
-from nvgemm.templates.sm90.config import Sm90W4A16Config as C  # noqa: E402
-from nvgemm.templates.sm90.launch import Sm90Workspace  # noqa: E402
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as C  # noqa: E402
+from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace  # noqa: E402
 
 pytestmark = pytest.mark.emulator
 
@@ -98,7 +98,7 @@ def test_fp16_path_with_e4m3_subnormal_block_scales_bit_exact():
     ops = exact_operands(6, 256, 512, x_dtype=torch.float16, bias=True, seed=31)
     g = torch.Generator().manual_seed(31)
     sub = (torch.randint(1, 8, (256, 512 // 16), generator=g).float() * 2.0**-9).to(torch.float8_e4m3fn)
-    from nvgemm.formats import to_blocked
+    from nvgemm.core.formats import to_blocked
 
     ops.weight_scale = to_blocked(sub)
     ops.weight_scale_2 = torch.tensor(64.0)
@@ -157,8 +157,8 @@ def test_mutations_of_the_real_ptx_fail_the_comparison():
 
 
 def _policy_picks(families=("mma",), ms=(1, 2, 4, 8, 16, 32)):
-    from nvgemm.perfmodel import sass_tool
-    from nvgemm.runtime.sm90_backend import pick_config
+    from nvgemm.cli import sass_tool
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
 
     picks = {}
     for n, k in sass_tool.LLAMA_SHAPES:
@@ -233,7 +233,7 @@ def test_policy_picks_full(i):
 def test_emu_sm90_backend_is_forced_only_and_matches(monkeypatch):
     """``NVGEMM_BACKEND=emu_sm90`` runs ``nvgemm::nvfp4_linear`` on the emulated kernel; without the
     override the CPU op never picks it (priority below the emulated reference)."""
-    from nvgemm.runtime.backends import last_selected
+    from nvgemm.dispatch.registry import last_selected
 
     ops = exact_operands(3, 256, 512, seed=17)
     want = reference(ops)
@@ -249,8 +249,8 @@ def test_emu_sm100_backend_runs_the_w4a4_kernel(monkeypatch):
     """``NVGEMM_BACKEND=emu_sm100``: the sm_100a W4A4 kernel (policy pick for the B200 profile) on the
     emulator agrees with the emulated op (both quantize the activations the same way; they differ by
     fp32 summation order and the output rounding)."""
-    import nvgemm.ops  # noqa: F401
-    from nvgemm.runtime.backends import last_selected
+    import nvgemm.ops.linear  # noqa: F401
+    from nvgemm.dispatch.registry import last_selected
 
     ops = random_operands(4, 256, 512, seed=23)
     ops.input_scale = (ops.x.float().abs().amax() / 2688).reshape(())

@@ -29,7 +29,7 @@ pytest.importorskip("cutlass")
 
 from _sm90_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
 
-from nvgemm.moe.ops import nvfp4_moe_emulated  # noqa: E402
+from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
 from nvgemm.templates.sm90_moe.config import Sm90MoeConfig as C  # noqa: E402
 
 pytestmark = pytest.mark.emulator

@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import nvgemm
-from nvgemm.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama, make_linear
+from nvgemm.integrations.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama, make_linear
 
 pytestmark = [pytest.mark.gpu]
 

@@ -5,7 +5,7 @@ elsewhere (markers ``gpu`` + ``sm100``) and are ready to run on a B200/GB200/B30
 
 Every test draws fresh random inputs (seeded from the test id), poisons the output with NaN
 before the launch (so an unwritten element fails), and compares against
-``nvgemm.ops.nvfp4_linear_emulated`` on the same device.
+``nvgemm.ops.linear.nvfp4_linear_emulated`` on the same device.
 
 Tolerance (element-wise): the kernel and the reference multiply the same exact operands
 (E2M1 x e4m3 products are exact in fp32) and differ only in the fp32 summation order of the
@@ -27,9 +27,9 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.formats import dequantize, from_blocked, quantize_weight, to_blocked  # noqa: E402
-from nvgemm.ops import nvfp4_linear_emulated  # noqa: E402
-from nvgemm.templates.sm100.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
+from nvgemm.core.formats import dequantize, from_blocked, quantize_weight, to_blocked  # noqa: E402
+from nvgemm.ops.linear import nvfp4_linear_emulated  # noqa: E402
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 
 ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 
@@ -45,8 +45,8 @@ def kernel_for(cfg: C, epi: EpilogueSpec):
     driver's cluster-occupancy answer), export, link and load through the kernel cache
     (``nvgemm.aot.cache``)."""
     from nvgemm.aot.cache import default_cache
-    from nvgemm.runtime.occupancy import query_max_active_clusters
-    from nvgemm.runtime.sm100_backend import compile_spec_for
+    from nvgemm.templates.common.occupancy import query_max_active_clusters
+    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
 
     props = torch.cuda.get_device_properties(0)
     query = functools.partial(query_max_active_clusters, 0)
@@ -54,7 +54,7 @@ def kernel_for(cfg: C, epi: EpilogueSpec):
 
 
 def run_kernel(args):
-    from nvgemm.templates.sm100.launch import launch_sm100
+    from nvgemm.templates.sm100_w4a4.launch import launch_sm100
 
     launch_sm100(args, kernel_for(args.config, args.spec), torch.cuda.current_stream())
     torch.cuda.synchronize()
@@ -74,8 +74,8 @@ def make_call(m, n, k, *, vector_alpha, bias, residual, activation, out_dtype):
 
 
 def prepare(call, cfg):
-    from nvgemm.ops import check_linear_args
-    from nvgemm.templates.sm100.launch import prepare_sm100_args
+    from nvgemm.ops.linear import check_linear_args
+    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args
 
     return prepare_sm100_args(*call[:7], check_linear_args(*call), cfg)
 
@@ -155,7 +155,7 @@ def test_split_k_with_an_empty_split(seed):
     (empty splits publish zeros instead of a never-written accumulator)."""
     from dataclasses import replace
 
-    from nvgemm.templates.sm100.launch import splitk_buffers
+    from nvgemm.templates.sm100_w4a4.launch import splitk_buffers
 
     cfg4 = C(tile_n=16, swap_ab=True, split_k=4)
 
@@ -204,11 +204,11 @@ def test_native_tma_store_fp32_out(cfg, activation, seed):
 
 
 def test_aot_cluster_occupancy_is_a_lower_bound():
-    """The per-arch AOT cluster count (nvgemm.templates.sm100.occupancy) must never exceed what
+    """The per-arch AOT cluster count (nvgemm.templates.sm100_w4a4.occupancy) must never exceed what
     this GPU holds (a larger one would spill the persistent grid into a second wave). Prints
     both, so the first Blackwell run can replace the guaranteed values by measured ones."""
-    from nvgemm.runtime.occupancy import query_max_active_clusters
-    from nvgemm.templates.sm100.occupancy import aot_max_active_clusters
+    from nvgemm.templates.common.occupancy import query_max_active_clusters
+    from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
 
     props = torch.cuda.get_device_properties(0)
     for c in (1, 2, 4, 8, 16):
@@ -221,7 +221,7 @@ def test_aot_cluster_occupancy_is_a_lower_bound():
 def test_split_k_workspace_growth_keeps_captured_graphs_valid(seed):
     """Capture a split-K GEMM in a CUDA graph, then run a larger split-K GEMM eagerly on the same
     stream (the workspace grows), then replay: the graph must still compute its result."""
-    from nvgemm.templates.sm100.launch import launch_sm100
+    from nvgemm.templates.sm100_w4a4.launch import launch_sm100
 
     cfg = C(tile_n=16, swap_ab=True, split_k=4)
     epi_call = make_call(5, 512, 2048, vector_alpha=False, bias=False, residual=False, activation="none",

@@ -13,7 +13,7 @@ and two warpgroups, K not a multiple of its 64-deep chunk), plus every e4m3 scal
 zero, negative) through the packed decode of both families -- the check that bf16/fp16 packed
 multiplies and the tensor cores keep the subnormal operands the exact decode relies on. Every test draws
 fresh random inputs (seeded from the test id), poisons the output with NaN before each launch and
-compares with ``nvgemm.ops.nvfp4_linear_emulated`` on the same device.
+compares with ``nvgemm.ops.linear.nvfp4_linear_emulated`` on the same device.
 
 Tolerance (element-wise): both sides compute the same exact products (E2M1 x e4m3 x activation
 are exact in fp32) and differ in fp32 summation order only: |diff| <= 2 ulp(out) * |ref| +
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvgemm.templates.sm90.config import Sm90W4A16Config
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
@@ -93,8 +93,8 @@ def test_kernel_matches_emulated(case, runner, gen):
 
 def test_op_dispatches_to_sm90_kernel_and_matches(gen):
     """Through ``torch.ops.nvgemm.nvfp4_linear``: the cutedsl_sm90 backend is selected on sm_90."""
-    from nvgemm.ops import nvfp4_linear_emulated, problem_of, check_linear_args
-    from nvgemm.runtime.backends import select_backend
+    from nvgemm.ops.linear import nvfp4_linear_emulated, problem_of, check_linear_args
+    from nvgemm.dispatch.registry import select_backend
 
     case = next(c for c in CASES if c.name == "8b.gate_up.m1")
     lay = check.random_layer(case, torch.device("cuda"), gen)
@@ -114,9 +114,9 @@ def test_every_scale_byte_and_code_through_the_kernel(gen, family):
     and bf16 activations, through the policy's kernel (M = 3: the mma family) and the register-A
     WGMMA kernel: the decode is exact only if the packed multiply keeps subnormal inputs (code 0.5
     decodes to a bf16 / fp16 subnormal) and the tensor cores keep subnormal fp16 operands."""
-    from nvgemm.formats import to_blocked
-    from nvgemm.ops import nvfp4_linear_emulated
-    from nvgemm.runtime.sm90_backend import run_sm90
+    from nvgemm.core.formats import to_blocked
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+    from nvgemm.templates.sm90_w4a16.backend import run_sm90
 
     dev = torch.device("cuda")
     sb = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
@@ -143,7 +143,7 @@ def test_every_scale_byte_and_code_through_the_kernel(gen, family):
 def test_deterministic_and_graph_capturable(gen, name):
     """Fixed-order reductions: bitwise-identical reruns; the call replays inside a CUDA graph (both
     families, split-K with the in-kernel reduction: the counters come back to zero)."""
-    from nvgemm.runtime.sm90_backend import run_sm90
+    from nvgemm.templates.sm90_w4a16.backend import run_sm90
 
     case = next(c for c in CASES if c.name == name)
     lay = check.random_layer(dataclasses.replace(case), torch.device("cuda"), gen)

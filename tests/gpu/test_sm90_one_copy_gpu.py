@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 
 def _layers(n_layers, n, k, seed):
-    from nvgemm.linear import NVFP4Linear
+    from nvgemm.nn.linear import NVFP4Linear
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -30,7 +30,7 @@ def _layers(n_layers, n, k, seed):
 
 @pytest.mark.parametrize("m", [1, 64])
 def test_held_layers_compute_the_same_and_free_the_checkpoint_layout(m):
-    from nvgemm.linear import prepare_for_sm90
+    from nvgemm.nn.linear import prepare_for_sm90
 
     model = _layers(4, 4096, 4096, m)
     x = torch.randn(m, 4096, device="cuda").bfloat16()
@@ -54,8 +54,8 @@ def test_held_layers_compute_the_same_and_free_the_checkpoint_layout(m):
 def test_vllm_fused_layer_held_once_is_bit_identical():
     """A fused q/k/v of two GEMMs (unequal input scales), held in one stacked tensor, vs the
     checkpoint layout the kernels derive their copy from."""
-    from nvgemm.formats import quantize_weight
-    from nvgemm.vllm.layer import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
+    from nvgemm.core.formats import quantize_weight
+    from nvgemm.integrations.vllm.layer import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
 
     g = torch.Generator().manual_seed(22)
     k, widths = 4096, [4096, 1024, 1000]  # v's 1000 rows: not a whole tile

@@ -1,7 +1,7 @@
 """nvgemm's Triton kernels on a real GPU (marked ``gpu``; PDL tests need sm_90+).
 
 Same contracts as the CPU interpreter tests (tests/cpu/triton_interp), at decode/prefill sizes:
-* quantizers: bytes identical to ``nvgemm.formats`` computed on CPU (no tolerance);
+* quantizers: bytes identical to ``nvgemm.core.formats`` computed on CPU (no tolerance);
 * fused quantizers: y within one dtype ulp of the unfused reference on <= 1% of elements, and
   bytes identical to quantizing the kernel's own y;
 * W4A16 / W4A4 GEMM vs the emulated op: fp32 summation-order bound (``nvfp4_cases.error_bound``)
@@ -24,9 +24,9 @@ pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu" / "triton_interp"))
 from nvfp4_cases import adversarial, error_bound  # noqa: E402
 
-from nvgemm.formats import blocked_numel, quantize_activation, quantize_weight, to_blocked  # noqa: E402
-from nvgemm.ops import nvfp4_linear_emulated  # noqa: E402
-from nvgemm.triton_kernels import reference as ref  # noqa: E402
+from nvgemm.core.formats import blocked_numel, quantize_activation, quantize_weight, to_blocked  # noqa: E402
+from nvgemm.ops.linear import nvfp4_linear_emulated  # noqa: E402
+from nvgemm.templates.triton import reference as ref  # noqa: E402
 
 DEV = "cuda"
 
@@ -51,7 +51,7 @@ def assert_bytes(p, s, rp, rs):
 @pytest.mark.parametrize("m", [1, 7, 128, 129, 1000, 4096])
 @pytest.mark.parametrize("k", [16, 48, 4096, 7168])
 def test_quantizer_bytes(m, k, seed):
-    from nvgemm.triton_kernels.quantize import quantize_nvfp4_triton
+    from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
 
     x = (torch.randn(m, k, device=DEV) * torch.exp2(torch.randint(-8, 8, (m, 1), device=DEV).float())).bfloat16()
     gs = torch.tensor(0.01, device=DEV)
@@ -68,7 +68,7 @@ def test_quantizer_adversarial_and_op(dtype):
     assert_bytes(p, s, *ref_bytes(x, gs))
     packed = torch.full((x.shape[0], x.shape[1] // 2), 0xAB, dtype=torch.uint8, device=DEV)
     scale = torch.full((blocked_numel(x.shape[0], x.shape[1] // 16),), 0xCD, dtype=torch.uint8, device=DEV)
-    from nvgemm.triton_kernels.quantize import quantize_nvfp4_triton
+    from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
 
     p, s = quantize_nvfp4_triton(x, gs, True, out=(packed, scale))  # garbage buffers: padding must be rewritten
     assert_bytes(p, s, *ref_bytes(x, gs))
@@ -87,7 +87,7 @@ def _check_fused(y, y_ref, p, s, gs, dtype):
 @pytest.mark.parametrize("m,k", [(1, 4096), (7, 5120), (128, 8192), (333, 2048), (2, 16384)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_quantizers(m, k, dtype, seed):
-    from nvgemm.triton_kernels.fused import (
+    from nvgemm.templates.triton.fused import (
         add_rmsnorm_quantize_nvfp4_triton,
         rmsnorm_quantize_nvfp4_triton,
         silu_mul_quantize_nvfp4_triton,
@@ -124,7 +124,7 @@ GEMM_CASES = [  # m, n, k, activation, w4a4, vector alpha, bias, residual
                          ids=[f"m{c[0]}-n{c[1]}-k{c[2]}-{c[3]}-{'w4a4' if c[4] else 'w4a16'}" for c in GEMM_CASES])
 @pytest.mark.parametrize("xdt", [torch.bfloat16, torch.float16])
 def test_gemm_vs_emulated(m, n, k, activation, w4a4, vec, has_bias, has_res, xdt, seed):
-    from nvgemm.triton_kernels.gemm_w4a16 import nvfp4_linear_triton
+    from nvgemm.templates.triton.gemm_w4a16 import nvfp4_linear_triton
 
     q = quantize_weight(torch.randn(n, k) * 0.02)
     q = type(q)(q.packed.to(DEV), q.scale.to(DEV), q.global_scale.to(DEV))
@@ -154,9 +154,9 @@ def _compiled(jitfn):
 @sm90_plus
 def test_pdl_chain_exact_and_compiled_with_griddepcontrol(seed):
     """add+RMSNorm+quantize -> quantize(new residual) -> W4A4 GEMM, all launched with PDL, x20."""
-    from nvgemm.triton_kernels.fused import add_rmsnorm_quantize_nvfp4_triton, rmsnorm_quantize_kernel
-    from nvgemm.triton_kernels.gemm_w4a16 import nvfp4_linear_triton, w4a16_gemm_kernel
-    from nvgemm.triton_kernels.quantize import quantize_nvfp4_kernel, quantize_nvfp4_triton
+    from nvgemm.templates.triton.fused import add_rmsnorm_quantize_nvfp4_triton, rmsnorm_quantize_kernel
+    from nvgemm.templates.triton.gemm_w4a16 import nvfp4_linear_triton, w4a16_gemm_kernel
+    from nvgemm.templates.triton.quantize import quantize_nvfp4_kernel, quantize_nvfp4_triton
 
     m, k, n = 4, 4096, 2048
     q = quantize_weight(torch.randn(n, k) * 0.02)
@@ -185,8 +185,8 @@ def test_pdl_chain_exact_and_compiled_with_griddepcontrol(seed):
 
 @sm90_plus
 def test_pdl_inside_cuda_graph(seed):
-    from nvgemm.triton_kernels.fused import rmsnorm_quantize_nvfp4_triton
-    from nvgemm.triton_kernels.quantize import quantize_nvfp4_triton
+    from nvgemm.templates.triton.fused import rmsnorm_quantize_nvfp4_triton
+    from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
 
     m, k = 1, 8192
     x = torch.randn(m, k, device=DEV).bfloat16()

@@ -25,8 +25,8 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu" / "triton_interp"))
 from moe_cases import make_moe  # noqa: E402
 
-from nvgemm.moe.backends import last_moe_selected  # noqa: E402
-from nvgemm.moe.ops import nvfp4_moe_emulated  # noqa: E402
+from nvgemm.dispatch.moe import last_moe_selected  # noqa: E402
+from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
 
 DEV = "cuda"
 
@@ -61,13 +61,13 @@ def test_op_runs_triton_and_matches_emulated(m, w4a4):
 def test_exact_data_bit_exact_and_expert_map():
     emap = torch.tensor([-1, 0, 3, -1, 1, 2, -1, -1], dtype=torch.int32)
     args = _args(4, 64, 32, 9, 2, True, seed=3, exact=True, expert_map=emap)
-    from nvgemm.triton_kernels.moe import nvfp4_moe_triton
+    from nvgemm.templates.triton.moe import nvfp4_moe_triton
 
     assert torch.equal(nvfp4_moe_triton(*args), nvfp4_moe_emulated(*args))
 
 
 def test_deterministic_and_cuda_graph_replay():
-    from nvgemm.triton_kernels.moe import nvfp4_moe_triton
+    from nvgemm.templates.triton.moe import nvfp4_moe_triton
 
     args = _args(16, 256, 128, 8, 4, True, seed=5)
     a = nvfp4_moe_triton(*args)

@@ -24,8 +24,8 @@ os.environ.setdefault("NVGEMM_VLLM", "1")
 from vllm.model_executor.layers.fused_moe import RoutedExperts  # noqa: E402
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
 
-from nvgemm.formats import dequantize, quantize_activation, quantize_weight  # noqa: E402
-from nvgemm.vllm.moe import NvgemmModelOptNvFp4FusedMoE  # noqa: E402
+from nvgemm.core.formats import dequantize, quantize_activation, quantize_weight  # noqa: E402
+from nvgemm.integrations.vllm.moe import NvgemmModelOptNvFp4FusedMoE  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -164,7 +164,7 @@ def test_nan_or_negative_expert_block_scale_is_refused(byte):
 
 
 def test_moe_names_are_gated_to_checked_vllm_releases():
-    from nvgemm.vllm import _compat
+    from nvgemm.integrations.vllm import _compat
 
     assert _compat.moe_supported("0.32.0") and _compat.moe_supported("0.32.0+cpu")
     assert not _compat.moe_supported("0.33.0")  # linear layers only there; MoE stays vLLM's

@@ -8,15 +8,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from nvgemm import vllm as plugin  # noqa: E402
-from nvgemm.vllm import _compat  # noqa: E402
+from nvgemm.integrations import vllm as plugin  # noqa: E402
+from nvgemm.integrations.vllm import _compat  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 
 def test_entry_point_is_installed():
     eps = {ep.name: ep.value for ep in md.entry_points(group="vllm.general_plugins")}
-    assert eps.get("nvgemm") == "nvgemm.vllm:register"
+    assert eps.get("nvgemm") == "nvgemm.integrations.vllm:register"
 
 
 @pytest.mark.parametrize("env,expected", [
@@ -56,7 +56,7 @@ def test_register_swaps_only_the_modelopt_nvfp4_configs(monkeypatch):
     assert get_quantization_config("modelopt_fp4").__module__.startswith("vllm.")
     monkeypatch.setenv("NVGEMM_VLLM", "1")
     plugin.register()
-    from nvgemm.vllm.method import NvgemmModelOptMixedPrecisionConfig, NvgemmModelOptNvFp4Config
+    from nvgemm.integrations.vllm.method import NvgemmModelOptMixedPrecisionConfig, NvgemmModelOptNvFp4Config
 
     assert get_quantization_config("modelopt_fp4") is NvgemmModelOptNvFp4Config
     assert get_quantization_config("modelopt_mixed") is NvgemmModelOptMixedPrecisionConfig
@@ -71,7 +71,7 @@ def test_warmup_covers_every_cuda_graph_size_and_bucket(monkeypatch):
     import torch
 
     from nvgemm.heuristics import m_buckets
-    from nvgemm.vllm import method
+    from nvgemm.integrations.vllm import method
 
     def cfg(eager):
         return SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 24, 48, 200]),
@@ -100,11 +100,11 @@ def test_hopper_layer_holds_its_weight_once(monkeypatch, one_copy):
 
     import torch
 
-    from nvgemm.formats import quantize_weight, to_blocked
-    from nvgemm.ops import nvfp4_linear_emulated
-    from nvgemm.templates.derived import derived_nbytes
+    from nvgemm.core.formats import quantize_weight, to_blocked
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+    from nvgemm.templates.common.derived import derived_nbytes
     from nvgemm.testing import sm90_stand_in
-    from nvgemm.vllm import method
+    from nvgemm.integrations.vllm import method
 
     monkeypatch.setenv("NVGEMM_SM90_ONE_COPY", one_copy)
     monkeypatch.setattr("vllm.model_executor.parameter.get_tensor_model_parallel_rank", lambda: 0)  # no TP group

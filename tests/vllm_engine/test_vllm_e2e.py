@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("vllm")
 from safetensors.torch import load_file  # noqa: E402
 
-from nvgemm.formats import dequantize, quantize_activation  # noqa: E402
+from nvgemm.core.formats import dequantize, quantize_activation  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -99,7 +99,7 @@ def check_calls(ckpt: Path, dump: Path, tp: int) -> int:
 
 def nvgemm_logprobs(ckpt: Path, results: list) -> list[torch.Tensor]:
     """nvgemm's own model (its ModelOpt loader + transformers), teacher-forced on vLLM's tokens."""
-    from nvgemm.modelopt import load_modelopt_checkpoint
+    from nvgemm.integrations.modelopt import load_modelopt_checkpoint
 
     model = load_modelopt_checkpoint(ckpt)
     out = []

@@ -26,8 +26,8 @@ import torch
 pytest.importorskip("vllm")
 from safetensors.torch import load_file  # noqa: E402
 
-from nvgemm.formats import to_blocked  # noqa: E402
-from nvgemm.moe.ops import nvfp4_moe_emulated  # noqa: E402
+from nvgemm.core.formats import to_blocked  # noqa: E402
+from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
 
 from test_vllm_e2e import common_steps_diff, max_logprob_diff, nvgemm_logprobs  # noqa: E402
 

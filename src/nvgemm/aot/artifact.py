@@ -9,7 +9,7 @@ the template's declared C ABI, writes a small C shim with stable entry points an
 Load side (no cutlass import, ever): :class:`AotKernel` opens ``kernel.so`` with ctypes, loads the
 embedded cubin once per process (``nvgemm_aot_load``) and launches via ``nvgemm_aot_launch`` with
 argument slots packed from torch tensors per the ABI. The calling convention is documented in
-``nvgemm.templates.registry``.
+``nvgemm.aot.abi``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nvgemm.templates.registry import (
+from nvgemm.aot.abi import (
     COMPILE_LOCK,
     AbiArg,
     CompileSpec,
@@ -40,7 +40,7 @@ from nvgemm.templates.registry import (
     validate_abi,
 )
 
-from .trusted_fs import write_all
+from nvgemm.aot.trusted_fs import write_all
 
 AOT_ABI_VERSION = 1
 ENTRY_SYMBOLS = ("nvgemm_aot_abi_version", "nvgemm_aot_load", "nvgemm_aot_launch")
@@ -270,7 +270,7 @@ def build_artifacts(spec: CompileSpec, out_dir: Path, key: str) -> dict[str, Any
 
     Returns the metadata the loader needs (ABI, symbol names) plus timings. Needs cutlass; no GPU.
     """
-    from .compile_spec import capture_codegen_env
+    from nvgemm.aot.compile_spec import capture_codegen_env
 
     # cutlass-dsl reads its CUTE_DSL_* switches from this process's environment, not from the spec:
     # refuse to build an entry whose key claims switches the compiler will not see (or vice versa).

@@ -49,10 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from nvgemm.templates.registry import CompileSpec, abi_from_json
+from nvgemm.aot.abi import CompileSpec, abi_from_json
 
-from .compile_spec import KEY_VERSION, compile_key, fingerprint, spec_json
-from .trusted_fs import (
+from nvgemm.aot.compile_spec import KEY_VERSION, compile_key, fingerprint, spec_json
+from nvgemm.aot.trusted_fs import (
     UntrustedCacheError,
     closing_fd,
     create_file,
@@ -216,7 +216,7 @@ class KernelCache:
             raise CorruptEntry("meta.json checksum mismatch")
         if payload.get("key_version") != KEY_VERSION or payload.get("fingerprint") != fid or payload.get("key") != key:
             raise CacheMiss(f"{key}: entry from another nvgemm/toolchain version")
-        from .artifact import AOT_ABI_VERSION
+        from nvgemm.aot.artifact import AOT_ABI_VERSION
 
         if payload.get("abi_version") != AOT_ABI_VERSION:
             raise CacheMiss(f"{key}: AOT ABI version {payload.get('abi_version')} != {AOT_ABI_VERSION}")
@@ -330,7 +330,7 @@ class KernelCache:
         return CacheResult(key, "compiled", d, meta, seconds=time.perf_counter() - t0)
 
     def _build_locked(self, spec: CompileSpec, key: str, d: Path) -> dict:
-        from .artifact import build_artifacts
+        from nvgemm.aot.artifact import build_artifacts
 
         self._write_fingerprint()
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:16]}-", dir=self.fp_dir()))
@@ -364,7 +364,7 @@ class KernelCache:
 
     def get(self, spec: CompileSpec, *, build: bool = True):
         """The loaded :class:`~nvgemm.aot.artifact.AotKernel` for ``spec`` (compiling on a miss if allowed)."""
-        from .artifact import AotKernel
+        from nvgemm.aot.artifact import AotKernel
 
         k = self._by_spec.get(spec)  # warm calls: one dict lookup, no hashing of the spec
         if k is not None:

@@ -2,7 +2,7 @@
 
 ``compile_key(spec)`` is the sha256 of three things:
 
-1. the canonical JSON of the frozen :class:`~nvgemm.templates.registry.CompileSpec` (template id,
+1. the canonical JSON of the frozen :class:`~nvgemm.aot.abi.CompileSpec` (template id,
    config fields, epilogue, operand formats and majors, target arch, hardware numbers,
    ``codegen_env``);
 2. the environment switches that change code generation, captured into ``spec.codegen_env`` by
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from nvgemm.templates.registry import CompileSpec, HardwareSpec, DEFAULT_HW
+from nvgemm.aot.abi import CompileSpec, HardwareSpec, DEFAULT_HW
 from nvgemm.epilogues.spec import EpilogueSpec
 
 KEY_VERSION = 1  # bump when the key derivation or the entry layout changes
@@ -53,10 +53,10 @@ NON_CODEGEN_ENV = frozenset(
         "NVGEMM_LOG",
         "NVGEMM_LOG_LEVEL",
         "NVGEMM_PRECOMPILE_JOBS",
-        "NVGEMM_BACKEND",  # eager backend override (runtime/backends.py)
-        "NVGEMM_MOE_BACKEND",  # eager MoE backend override (moe/backends.py)
+        "NVGEMM_BACKEND",  # eager backend override (dispatch/registry.py)
+        "NVGEMM_MOE_BACKEND",  # eager MoE backend override (dispatch/moe.py)
         "NVGEMM_NVMMH",  # nvMatmulHeuristics on/off: ranks candidates (heuristics/nvmmh.py)
-        "NVGEMM_INDUCTOR_CHOICES",  # restricts Inductor choice kinds (inductor/choices.py)
+        "NVGEMM_INDUCTOR_CHOICES",  # restricts Inductor choice kinds (integrations/inductor/choices.py)
         "NVGEMM_PDL",  # Triton kernels' PDL toggle; CuTeDSL PDL is the config's `pdl` field
         # cutlass-dsl diagnostics, paths, caches
         "CUTE_DSL_ARCH",

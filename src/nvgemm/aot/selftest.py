@@ -15,7 +15,7 @@ loader and compares with torch.
 
 from dataclasses import dataclass
 
-from nvgemm.templates.registry import (
+from nvgemm.aot.abi import (
     CompileSpec,
     PointerArg,
     ScalarArg,
@@ -26,7 +26,7 @@ from nvgemm.templates.registry import (
     fake_args,
     register_template,
 )
-from nvgemm.templates.status import Status
+from nvgemm.core.status import Status
 
 SELFTEST_TEMPLATE_ID = "selftest_scale"
 

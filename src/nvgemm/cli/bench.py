@@ -44,7 +44,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from . import int_list
+from nvgemm.cli import int_list
 
 
 
@@ -82,7 +82,7 @@ def _best_specs(model: str, ms: list[int], arches: list[str]) -> list[tuple[str,
     from nvgemm.heuristics.presets import get_preset
     from nvgemm.aot.compile_spec import capture_codegen_env
     from nvgemm.cli.precompile import ARCH_DEFAULT_GPU
-    from nvgemm.templates.registry import CompileSpec, HardwareSpec, template_id_for_config
+    from nvgemm.aot.abi import CompileSpec, HardwareSpec, template_id_for_config
 
     preset = get_preset(model)
     env = capture_codegen_env()
@@ -350,10 +350,10 @@ def graph_time_us(calls: list, iters: int, reps: int) -> tuple[float, str]:
 def _bench_gemm(n: int, k: int, m: int, cap: tuple[int, int], bw_gbs: float, l2_bytes: int, iters: int, reps: int) -> dict:
     import torch
 
-    import nvgemm.ops  # noqa: F401  (registers torch.ops.nvgemm)
-    from nvgemm.formats import quantize_activation, quantize_weight, to_blocked
-    from nvgemm.ops import problem_of, check_linear_args
-    from nvgemm.runtime.backends import select_backend
+    import nvgemm.ops.linear  # noqa: F401  (registers torch.ops.nvgemm)
+    from nvgemm.core.formats import quantize_activation, quantize_weight, to_blocked
+    from nvgemm.ops.linear import problem_of, check_linear_args
+    from nvgemm.dispatch.registry import select_backend
 
     dev = "cuda"
     g = torch.Generator(device="cpu").manual_seed(n * 131 + k * 7 + m)

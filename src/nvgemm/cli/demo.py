@@ -123,9 +123,9 @@ def _greedy(model, ids, n_tokens, step_fn=None):
         pkv, nxt = _cache_of(res, kv), res.logits[:, -1].argmax(-1, keepdim=True)
         logits = [res.logits[:, -1].float()]
         if step_fn is not None:  # decode steps run compiled: eager paths recorded by the prefill are stale
-            from ..linear import NVFP4Linear
+            from nvgemm.nn.linear import NVFP4Linear
 
-            from ..moe import NVFP4Experts
+            from nvgemm.nn.experts import NVFP4Experts
 
             for mod in model.modules():
                 if isinstance(mod, (NVFP4Linear, NVFP4Experts)):
@@ -168,7 +168,7 @@ def device_arg(s: str) -> str:
 
 
 def run(args) -> int:
-    from ..modelopt import CheckpointError
+    from nvgemm.integrations.modelopt import CheckpointError
 
     with quiet_third_party(), _emulated_kernels(getattr(args, "emulate_kernels", None)):
         if args.device and args.device.startswith("cuda"):
@@ -207,16 +207,16 @@ def _emulated_kernels(arch):
 def _run(args) -> int:
     import torch
 
-    from ..linear import NVFP4Linear
-    from ..modelopt import load_modelopt_checkpoint
-    from ..modelopt.reference import DequantExperts, build_reference_model, dequant_linear_of
-    from ..moe import NVFP4Experts
+    from nvgemm.nn.linear import NVFP4Linear
+    from nvgemm.integrations.modelopt import load_modelopt_checkpoint
+    from nvgemm.integrations.modelopt.reference import DequantExperts, build_reference_model, dequant_linear_of
+    from nvgemm.nn.experts import NVFP4Experts
 
     emulate = getattr(args, "emulate_kernels", None)
     device = "cpu" if emulate else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tmp = None
     if args.checkpoint is None:
-        from ..testing import build_tiny_model, quantize_and_export
+        from nvgemm.testing import build_tiny_model, quantize_and_export
 
         cfg = dict(DEMO_CONFIG) if args.model == "llama" else {}
         kind = cfg.pop("kind", "qwen3_moe" if args.model == "moe" else args.model)
@@ -244,7 +244,7 @@ def _run(args) -> int:
 
     step_fn = None
     if args.compile:
-        from .. import enable
+        from nvgemm import enable
 
         enable()
         step_fn = torch.compile(model, mode="max-autotune", dynamic=True)

@@ -2,7 +2,7 @@
 
 Prints the versions nvgemm depends on, whether each is inside the supported range, the CUDA
 device (if any) and which nvgemm kernel family serves it, and the table of TorchInductor pieces
-the ``nvgemm.enable()`` integration uses on the running torch (:mod:`nvgemm.inductor.compat`).
+the ``nvgemm.enable()`` integration uses on the running torch (:mod:`nvgemm.integrations.inductor.compat`).
 Exit status 0 when every dependency is inside the supported range, 1 otherwise.
 """
 
@@ -62,7 +62,7 @@ def run(args) -> int:
     else:
         print("GPU: none (every linear runs on the emulated backend; kernels can still be compiled "
               "ahead of time with `nvgemm precompile --arch ...`)")
-    from ..inductor import compat
+    from nvgemm.integrations.inductor import compat
 
     print("TorchInductor integration (nvgemm.enable()):")
     print(compat.report())

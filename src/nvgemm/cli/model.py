@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from . import int_list, int_pair
+from nvgemm.cli import int_list, int_pair
 
 _MODEL_NOTE = "MODEL (not a measurement; a GPU measurement overrides it)"
 
@@ -54,8 +54,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _gpu_for(config, gpu: str | None) -> str:
-    from ..perfmodel.facts import family_for
-    from ..perfmodel.hardware import DEFAULT_GPU_OF_ARCH
+    from nvgemm.heuristics.perfmodel.facts import family_for
+    from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH
 
     if gpu:
         return gpu
@@ -64,8 +64,8 @@ def _gpu_for(config, gpu: str | None) -> str:
 
 
 def _policy_configs(n: int, k: int, m: int, gpu: str) -> list:
-    from ..heuristics import candidates
-    from ..heuristics.problem import GemmProblem, Target
+    from nvgemm.heuristics import candidates
+    from nvgemm.core.problem import GemmProblem, Target
 
     target = Target.from_gpu(gpu)
     a_format = "bf16" if target.family == "sm90" else "nvfp4"
@@ -77,7 +77,7 @@ def _r(t, d: int = 1) -> str:
 
 
 def format_estimate(e, base=None) -> list[str]:
-    """Human-readable report lines of one :class:`~nvgemm.perfmodel.model.Estimate`."""
+    """Human-readable report lines of one :class:`~nvgemm.heuristics.perfmodel.model.Estimate`."""
     f, g, o = e.facts, e.geometry, e.occupancy
     lines = [f"{e.config}  M={e.m} N={e.n} K={e.k} on {e.gpu}   [{_MODEL_NOTE}]",
              f"  static facts: {f.source}; {f.regs} regs, {f.smem_bytes} B smem/CTA, local {f.local_bytes} B, "
@@ -122,11 +122,11 @@ def format_estimate(e, base=None) -> list[str]:
 
 
 def run(args) -> int:
-    from ..perfmodel import bf16_baseline, estimate, estimate_with, family_for, get_hardware, why_not
-    from ..perfmodel.model import best as model_best
+    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, estimate_with, family_for, get_hardware, why_not
+    from nvgemm.heuristics.perfmodel.model import best as model_best
 
     if args.regen_table:
-        from ..perfmodel.sass_tool import regenerate_table
+        from nvgemm.cli.sass_tool import regenerate_table
 
         archs = tuple(args.arch or ("sm_90a", "sm_100a"))
         table = regenerate_table(archs=archs, log=lambda s: print(s, flush=True))
@@ -137,7 +137,7 @@ def run(args) -> int:
         print("nvgemm model: give at least one --shape N,K", file=sys.stderr)
         return 2
     try:
-        from ..perfmodel.table import parse_config_name
+        from nvgemm.heuristics.perfmodel.table import parse_config_name
 
         configs = [parse_config_name(c) for c in args.config] if args.config else []
     except ValueError as e:
@@ -174,7 +174,7 @@ def run(args) -> int:
                     text.append(f"{cfg.name()}  M={m} N={n} K={k}: no estimate: {why}")
                     continue
                 if args.sass:
-                    from ..perfmodel.sass_tool import derive_facts
+                    from nvgemm.cli.sass_tool import derive_facts
 
                     if cfg not in sass_facts:
                         sass_facts[cfg] = derive_facts(cfg)[0]

@@ -14,8 +14,8 @@ table: expected active experts A(M) and tokens per active expert M*k/A(M) under 
 NVFP4 bytes of the active (and shared) experts and their time at the GPU's achievable bandwidth (a
 labelled model, not a measurement). The expert GEMM rows are planned at M = ceil(tokens per active expert).
 On an sm90 target (``--gpu H200|H100``) the grouped W4A16 MoE kernels' ranked (GEMM1, GEMM2) candidates per
-M follow (``nvgemm.heuristics.moe_sm90``; ``--tp N`` divides the expert and shared intermediate sizes), on
-an sm100 target (W4A4) those of the grouped swap-AB tcgen05 kernels (``nvgemm.heuristics.moe_sm100``):
+M follow (``nvgemm.templates.sm90_moe.policy``; ``--tp N`` divides the expert and shared intermediate sizes), on
+an sm100 target (W4A4) those of the grouped swap-AB tcgen05 kernels (``nvgemm.templates.sm100_moe.policy``):
 
     nvgemm plan --model DeepSeek-V3 --tp 8 --gpu H200 --m 1,8,32
     nvgemm plan --model DeepSeek-V3 --tp 8 --gpu B200 --m 1,8,32
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from . import int_list, int_pair
+from nvgemm.cli import int_list, int_pair
 
 
 
@@ -62,8 +62,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _problems(args):
-    from ..heuristics.presets import get_moe_preset, get_preset
-    from ..heuristics.problem import GemmProblem, Target
+    from nvgemm.heuristics.presets import get_moe_preset, get_preset
+    from nvgemm.core.problem import GemmProblem, Target
 
     target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
     fmt = args.format
@@ -92,7 +92,7 @@ def _routing_rows(moe, ms, gpu) -> list[dict]:
     """Per M: uniform-routing statistics and the modelled weight-streaming floor of the MoE layer."""
     import math
 
-    from nvgemm.perfmodel.hardware import GPUS
+    from nvgemm.heuristics.perfmodel.hardware import GPUS
 
     bw = GPUS[gpu].achievable_bw if gpu in GPUS else None
     rows = []
@@ -108,7 +108,7 @@ def _routing_rows(moe, ms, gpu) -> list[dict]:
 
 def _model_gpu(target) -> str | None:
     """The performance model's hardware description for a plan target (None: none)."""
-    from nvgemm.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS
+    from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS
 
     if target.gpu and target.gpu.upper() in GPUS:
         return target.gpu.upper()
@@ -117,7 +117,7 @@ def _model_gpu(target) -> str | None:
 
 def _model_us(config, pm, gpu, sm_count):
     """(low, high) modelled microseconds of ``config`` on ``pm`` (its largest M), or None."""
-    from nvgemm.perfmodel import estimate_us
+    from nvgemm.heuristics.perfmodel import estimate_us
 
     if gpu is None:
         return None
@@ -141,8 +141,8 @@ def _time_column(c) -> str:
 
 
 def run(args) -> int:
-    from ..heuristics import nvmmh
-    from ..heuristics.policy import bucket_candidates, candidates, problem_status
+    from nvgemm.heuristics import nvmmh
+    from nvgemm.heuristics.policy import bucket_candidates, candidates, problem_status
 
     try:
         title, target, fmt, base, moe = _problems(args)
@@ -228,14 +228,14 @@ def run(args) -> int:
         for c in r["candidates"]:
             print(f"  {c['rank']:2d}. {c['config']:<62s} {_time_column(c)}  {c['reason']}")
     if moe is not None and target.family == "sm90":
-        from ..heuristics.moe_sm90 import format_plan, shape_from_preset
+        from nvgemm.templates.sm90_moe.policy import format_plan, shape_from_preset
 
         print()
         print(format_plan(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
                           model_gpu or "H200", args.max_candidates))
     elif moe is not None and target.family == "sm100" and fmt == "w4a4":
-        from ..heuristics.moe_sm100 import format_plan as format_plan_sm100
-        from ..heuristics.moe_sm90 import shape_from_preset
+        from nvgemm.templates.sm100_moe.policy import format_plan as format_plan_sm100
+        from nvgemm.templates.sm90_moe.policy import shape_from_preset
 
         print()
         print(format_plan_sm100(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,

@@ -15,7 +15,7 @@ runs: vLLM's fused q/k/v and gate/up layers, per-rank shapes for ``--tp``, each 
 ``--max-num-batched-tokens``) the one kernel the runtime dispatch picks (no autotuning candidates).
 
 For each arch, layer GEMM (N, K) and M bucket, the candidate policy (``nvgemm.heuristics``) names
-up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.templates.registry.CompileSpec`
+up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.aot.abi.CompileSpec`
 (duplicates across layers/buckets collapse: shapes are dynamic, not part of the key). Specs already
 in the cache are skipped; the rest compile in ``--jobs`` worker processes. No GPU is needed: the
 arch is explicit and SM counts come from ``--gpu`` (default: B200 for sm_100a, H100 for sm_90a).
@@ -33,7 +33,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from . import int_list, int_pair
+from nvgemm.cli import int_list, int_pair
 
 ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
 
@@ -86,7 +86,7 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
     A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``.
     Identical (N, K) shapes are reported once, named after the first layer that has them.
     """
-    from ..runtime.files import safetensors_files, safetensors_header
+    from nvgemm.core.files import safetensors_files, safetensors_header
 
     tensors: dict[str, dict] = {}
     for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
@@ -136,7 +136,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     from nvgemm.epilogues.spec import EpilogueSpec
     from nvgemm.heuristics import GemmProblem, Target, candidates, problem_status
     from nvgemm.aot.compile_spec import capture_codegen_env
-    from nvgemm.templates.registry import CompileSpec, HardwareSpec, template_id_for_config
+    from nvgemm.aot.abi import CompileSpec, HardwareSpec, template_id_for_config
 
     arches = [a.strip() for a in args.arch.split(",") if a.strip()]
     env = capture_codegen_env()
@@ -147,7 +147,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     skipped: list[tuple[str, str]] = []
     if args.selftest:
         from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
-        from nvgemm.templates.registry import DEFAULT_HW
+        from nvgemm.aot.abi import DEFAULT_HW
 
         for arch in arches:
             for threads in (128, 256):
@@ -206,8 +206,8 @@ def _vllm_specs(args, arches):
     import torch
 
     from nvgemm.heuristics import Target
-    from nvgemm.runtime.backends import LinearProblem
-    from nvgemm.runtime.serving_plan import plan, vllm_gemms
+    from nvgemm.dispatch.registry import LinearProblem
+    from nvgemm.dispatch.serving_plan import plan, vllm_gemms
 
     if not args.checkpoint:
         raise ValueError("--vllm needs --checkpoint")

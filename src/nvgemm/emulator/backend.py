@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from ..runtime.backends import Backend, LinearProblem, register_backend, warn_once
+from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, warn_once
 
 BACKEND_NAME = "emu_sm90"
 SM100_BACKEND_NAME = "emu_sm100"
@@ -40,7 +40,7 @@ def _tooling() -> Optional[str]:
 
 def supports(p: LinearProblem) -> Optional[str]:
     """The sm90 backend's own rules, for CPU tensors on the H200 profile."""
-    from ..runtime import sm90_backend
+    from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
@@ -49,17 +49,17 @@ def supports(p: LinearProblem) -> Optional[str]:
 
 def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
     """The sm90 runtime's pick for the H200 profile (mma or wgmma family)."""
-    from ..runtime.sm90_backend import pick_config
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
 
     return pick_config(m, n, k, x_dtype, activation, _SM_COUNT)
 
 
 def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from ..ops import check_linear_args, nvfp4_linear_emulated
-    from ..runtime.sm90_backend import compile_spec_for
-    from ..templates.sm90.launch import cached_sm90_weight, prepare_sm90_args
-    from ..templates.sm90.operand import kind_of
-    from .runner import prepare
+    from nvgemm.ops.linear import check_linear_args, nvfp4_linear_emulated
+    from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
+    from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
+    from nvgemm.templates.sm90_w4a16.operand import kind_of
+    from nvgemm.emulator.runner import prepare
 
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     if residual is not None and residual.dtype != spec.out_dtype:
@@ -82,7 +82,7 @@ _SM100_SM_COUNT = 148  # the B200 profile
 
 def supports_sm100(p: LinearProblem) -> Optional[str]:
     """The sm100 backend's own rules, for CPU tensors on the B200 profile."""
-    from ..runtime import sm100_backend
+    from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
 
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
@@ -90,10 +90,10 @@ def supports_sm100(p: LinearProblem) -> Optional[str]:
 
 
 def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from ..ops import check_linear_args
-    from ..runtime.sm100_backend import _policy_config, compile_spec_for
-    from ..templates.sm100.launch import prepare_sm100_args
-    from .runner import prepare
+    from nvgemm.ops.linear import check_linear_args
+    from nvgemm.templates.sm100_w4a4.backend import _policy_config, compile_spec_for
+    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args
+    from nvgemm.emulator.runner import prepare
 
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
@@ -115,9 +115,9 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
     """``nvgemm::nvfp4_linear_requant`` through the sm_100a kernel's fused requant epilogue on the emulator
     (CPU tensors; ``spec`` has ``out_quant=True``). Config: ``config`` or the smallest 1-CTA swap-AB tile
     that holds every token in one N tile. Returns (packed codes, swizzled e4m3 scales)."""
-    from ..runtime.sm100_backend import compile_spec_for
-    from ..templates.sm100.launch import prepare_sm100_requant_args, requant_config
-    from .runner import prepare
+    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
+    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args, requant_config
+    from nvgemm.emulator.runner import prepare
 
     why = _tooling()
     if why:
@@ -138,7 +138,7 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
 
 def supports_sm100_requant(p: LinearProblem) -> Optional[str]:
     """The sm100 fused requant launch's rules, for CPU tensors on the B200 profile."""
-    from ..runtime import sm100_backend
+    from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
 
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
@@ -149,7 +149,7 @@ def supports_sm100_requant(p: LinearProblem) -> Optional[str]:
 def run_emu_sm100_requant_op(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
                              out_dtype=None):
     """``nvgemm::nvfp4_linear_requant``'s arguments -> :func:`run_emu_sm100_requant`."""
-    from ..runtime.sm100_backend import requant_spec
+    from nvgemm.templates.sm100_w4a4.backend import requant_spec
 
     spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
     return run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, spec)
@@ -159,8 +159,8 @@ def run_emu_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2,
                            out_dtype):
     """``nvgemm::nvfp4_linear_prequant`` through the sm_100a W4A4 kernel on the emulator, fed the given
     activation codes and scales (the GPU backend's host path: ``prequant_args``)."""
-    from ..runtime.sm100_backend import compile_spec_for, prequant_args
-    from .runner import prepare
+    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for, prequant_args
+    from nvgemm.emulator.runner import prepare
 
     why = _tooling()
     if why:
@@ -175,7 +175,7 @@ def run_emu_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2,
 
 
 def _register_fused() -> None:
-    from ..runtime.fused_backends import PREQUANT, REQUANT, register_fused_backend
+    from nvgemm.dispatch.fused import PREQUANT, REQUANT, register_fused_backend
 
     register_fused_backend(REQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100_requant,
                                             run=run_emu_sm100_requant_op, autotune=False))
@@ -194,7 +194,7 @@ def supports_moe_sm100(p) -> Optional[str]:
     forced (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): never an autotuning candidate (seconds per call)."""
     import os
 
-    from ..moe import sm100_backend
+    from nvgemm.templates.sm100_moe import backend as sm100_backend
 
     if os.environ.get("NVGEMM_MOE_BACKEND", "").strip() != MOE_SM100_BACKEND_NAME:
         return f"runs only when forced (NVGEMM_MOE_BACKEND={MOE_SM100_BACKEND_NAME})"
@@ -209,11 +209,11 @@ def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w1
     """``nvgemm::nvfp4_moe`` through the sm_100a grouped kernels on the emulator
     (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): the production host path
     (:func:`nvgemm.templates.sm100_moe.launch.moe_forward`), the policy's pick for the B200 profile."""
-    from ..aot.compile_spec import make_spec
-    from ..heuristics.moe_sm100 import pick_moe_configs
-    from ..templates.registry import HardwareSpec
-    from ..templates.sm100_moe.launch import moe_forward
-    from .runner import prepare
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.templates.sm100_moe.policy import pick_moe_configs
+    from nvgemm.aot.abi import HardwareSpec
+    from nvgemm.templates.sm100_moe.launch import moe_forward
+    from nvgemm.emulator.runner import prepare
 
     m, h = x.shape
     if configs is None:
@@ -237,7 +237,7 @@ register_backend(SM100_BACKEND)
 
 
 def _register_moe():
-    from ..moe.backends import MoeBackend, register_moe_backend
+    from nvgemm.dispatch.moe import MoeBackend, register_moe_backend
 
     register_moe_backend(MoeBackend(name=MOE_SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm100,
                                     run=run_emu_moe_sm100))

@@ -8,7 +8,7 @@
   only rounding left is the final store, which both sides round identically (RNE).
 * :func:`random_operands`: gaussian data for the tolerance comparisons.
 * :func:`run_sm90`: one ``nvfp4_linear`` call through the real sm90 AOT artifact on the emulator,
-  with the production host path (:func:`~nvgemm.templates.sm90.launch.prepare_sm90_args`).
+  with the production host path (:func:`~nvgemm.templates.sm90_w4a16.launch.prepare_sm90_args`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..formats import pack_e2m1, to_blocked
+from nvgemm.core.formats import pack_e2m1, to_blocked
 
 #: ||emulator - emulated|| / ||emulated|| allowed on random data: both use the same quantized
 #: operands, so they differ by fp32 summation order and one output rounding (<= 2**-8 relative per
@@ -67,7 +67,7 @@ def exact_operands(m: int, n: int, k: int, *, x_dtype=torch.bfloat16, alpha: str
 
 def random_operands(m: int, n: int, k: int, *, x_dtype=torch.bfloat16, alpha: str = "scalar", bias: bool = False,
                     residual: bool = False, activation: str = "none", out_dtype=None, seed: int = 0) -> Operands:
-    from ..formats import quantize_weight
+    from nvgemm.core.formats import quantize_weight
 
     g = torch.Generator().manual_seed(seed)
     q = quantize_weight(torch.randn(n, k, generator=g))
@@ -83,8 +83,8 @@ def random_operands(m: int, n: int, k: int, *, x_dtype=torch.bfloat16, alpha: st
 
 
 def reference(ops: Operands) -> torch.Tensor:
-    """The emulated backend (``nvgemm.ops.nvfp4_linear_emulated``)."""
-    from ..ops import nvfp4_linear_emulated
+    """The emulated backend (``nvgemm.ops.linear.nvfp4_linear_emulated``)."""
+    from nvgemm.ops.linear import nvfp4_linear_emulated
 
     return nvfp4_linear_emulated(*ops.args())
 
@@ -104,10 +104,10 @@ class Sm90Run:
 def run_sm90(config, ops: Operands, *, order="forward", workspace=None, device: str = "H200",
              kernel=None) -> Sm90Run:
     """``ops`` through the sm90 kernel ``config`` (its real AOT artifact) on the emulator."""
-    from ..runtime.sm90_backend import compile_spec_for
-    from ..templates.sm90.launch import Sm90Workspace, prepare_sm90_args
-    from ..templates.sm90.operand import kind_of, prepare_sm90_weight
-    from .runner import prepare
+    from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
+    from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, prepare_sm90_args
+    from nvgemm.templates.sm90_w4a16.operand import kind_of, prepare_sm90_weight
+    from nvgemm.emulator.runner import prepare
 
     prepared = prepare_sm90_weight(ops.weight, ops.weight_scale, ops.weight_scale_2, kind_of(ops.x.dtype))
     ws = workspace if workspace is not None else Sm90Workspace(torch.device("cpu"))

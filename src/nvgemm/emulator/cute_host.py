@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cuda import _cache_root, _trusted_dir, fake_cuda, relink
-from .ptx.errors import EmulationError
-from .ptx.machine import DEVICES, GlobalMemory, Launch
-from .runner import execute_record
+from nvgemm.emulator.cuda import _cache_root, _trusted_dir, fake_cuda, relink
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.machine import DEVICES, GlobalMemory, Launch
+from nvgemm.emulator.runner import execute_record
 
 CHECKED_DSL_VERSIONS = ("4.8.1",)
 
@@ -116,7 +116,7 @@ class EmulatedHostFunction:
 
     def __post_init__(self):
         from nvgemm.aot.artifact import load_image
-        from nvgemm.templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
+        from nvgemm.templates.sm90_w4a16.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
         _check_dsl_version()
         if self.device not in DEVICES:
@@ -145,7 +145,7 @@ class EmulatedHostFunction:
         import tempfile
 
         from nvgemm.aot.artifact import _prepare_export, parse_header, write_shim
-        from nvgemm.templates.registry import COMPILE_LOCK
+        from nvgemm.aot.abi import COMPILE_LOCK
 
         root = _trusted_dir(_cache_root() / "cute_host")
         d = Path(tempfile.mkdtemp(prefix="export-", dir=root))  # 0700, ours

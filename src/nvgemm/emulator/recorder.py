@@ -7,7 +7,7 @@ and return the :class:`~nvgemm.emulator.cuda.LaunchRecord` plus the expectation 
 config and the tensors (independently of the artifact):
 
 * sm90 ``mma`` / ``wgmma``: grid ``(ceil(N_out / features per CTA), split_k, ceil(M / tile_m))`` (mma) or
-  ``tiles + tail tiles * (split_k - 1)`` CTAs (wgmma, :func:`~nvgemm.templates.sm90.config.wgmma_tail_tiles`),
+  ``tiles + tail tiles * (split_k - 1)`` CTAs (wgmma, :func:`~nvgemm.templates.sm90_w4a16.config.wgmma_tail_tiles`),
   block ``32 * num_warps``, no cluster, dynamic smem = the config's ``mma_smem_bytes`` /
   ``wgmma_smem_bytes`` exactly, PDL = ``config.pdl``; every parameter is the ABI's tensor descriptor
   ``{data pointer, int32 dynamic shapes, int64 dynamic strides}`` of the tensor passed;
@@ -41,13 +41,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def record_sm90(config, m: int, n: int, k: int, activation: str = "none", *, device: str = "H200") -> Recorded:
-    from ..formats import quantize_weight, to_blocked
-    from ..runtime.sm90_backend import compile_spec_for
-    from ..templates.sm90.config import mma_smem_bytes, wgmma_smem_bytes, wgmma_tail_tiles
-    from ..templates.sm90.launch import Sm90Workspace, prepare_sm90_args
-    from ..templates.sm90.operand import prepare_sm90_weight
-    from .ptx.machine import DEVICES
-    from .runner import prepare
+    from nvgemm.core.formats import quantize_weight, to_blocked
+    from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
+    from nvgemm.templates.sm90_w4a16.config import mma_smem_bytes, wgmma_smem_bytes, wgmma_tail_tiles
+    from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, prepare_sm90_args
+    from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
+    from nvgemm.emulator.ptx.machine import DEVICES
+    from nvgemm.emulator.runner import prepare
 
     g = torch.Generator().manual_seed(m * 131 + n + k)
     q = quantize_weight(torch.randn(n, k, generator=g))
@@ -76,7 +76,7 @@ def record_sm90(config, m: int, n: int, k: int, activation: str = "none", *, dev
 
 
 def _is_tensor(a) -> bool:
-    from ..templates.registry import TensorArg
+    from nvgemm.aot.abi import TensorArg
 
     return isinstance(a, TensorArg)
 
@@ -85,7 +85,7 @@ def _descriptor(a, t: torch.Tensor) -> list:
     """The exported tensor descriptor of ``t`` for ABI argument ``a``, from the ABI's C layout
     (``void *data``; ``int32/int64 dynamic_shapes[n]``; ``int64 dynamic_strides[m]``, naturally
     aligned), as a list of byte values with None for padding (the host code leaves it unwritten)."""
-    from ..aot.artifact import tensor_layout
+    from nvgemm.aot.artifact import tensor_layout
 
     shape, stride = tensor_layout(a, t)
     out: list = list(struct.pack("<Q", t.data_ptr()))
@@ -104,13 +104,13 @@ def descriptor_matches(raw: bytes, want: list) -> bool:
 
 
 def record_sm100(config, m: int, n: int, k: int, activation: str = "none", *, device: str = "B200") -> Recorded:
-    from ..epilogues.spec import EpilogueSpec
-    from ..formats import quantize_weight, to_blocked
-    from ..runtime.sm100_backend import compile_spec_for
-    from ..templates.sm100.kernel import max_active_clusters_for
-    from ..templates.sm100.launch import CTA_TILE_M, prepare_sm100_args
-    from .ptx.machine import DEVICES
-    from .runner import prepare
+    from nvgemm.epilogues.spec import EpilogueSpec
+    from nvgemm.core.formats import quantize_weight, to_blocked
+    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
+    from nvgemm.templates.sm100_w4a4.kernel import max_active_clusters_for
+    from nvgemm.templates.sm100_w4a4.launch import CTA_TILE_M, prepare_sm100_args
+    from nvgemm.emulator.ptx.machine import DEVICES
+    from nvgemm.emulator.runner import prepare
 
     g = torch.Generator().manual_seed(m * 131 + n + k)
     q = quantize_weight(torch.randn(n, k, generator=g))

@@ -1,6 +1,6 @@
 """Run nvgemm's real AOT kernels on the emulator: artifact + PTX + relinked library, one launch.
 
-:func:`prepare` takes a :class:`~nvgemm.templates.registry.CompileSpec` to an :class:`EmuKernel`:
+:func:`prepare` takes a :class:`~nvgemm.aot.abi.CompileSpec` to an :class:`EmuKernel`:
 the production AOT cache entry (``KernelCache.ensure``), the PTX of the same spec compiled with
 ``keep_ptx`` (stored under the emulator cache, keyed by the entry key; registered with the fake
 runtime by the fatbin's sha256 + entry name, so a launch whose image differs finds no PTX and
@@ -21,10 +21,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cuda import LaunchRecord, _cache_root, _trusted_dir, _trusted_file, fake_cuda, relink
-from .ptx.errors import EmulationError
-from .ptx.interp import run_launch
-from .ptx.machine import DEVICES, GlobalMemory, Launch
+from nvgemm.emulator.cuda import LaunchRecord, _cache_root, _trusted_dir, _trusted_file, fake_cuda, relink
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.interp import run_launch
+from nvgemm.emulator.ptx.machine import DEVICES, GlobalMemory, Launch
 
 _LOCK = threading.Lock()
 _KERNELS: dict[Any, "EmuKernel"] = {}
@@ -50,8 +50,8 @@ def ptx_for(spec, key: str) -> tuple[str, str, str]:
         m = json.loads(meta.read_text())
         return (d / "kernel.ptx").read_text(), m["image_sha256"], m["entry"]
     _ensure_dump_dir()
-    from nvgemm.templates.registry import get_template
-    from nvgemm.templates.sm90.common import embedded_cubin  # generic: any compiled CuTeDSL module
+    from nvgemm.aot.abi import get_template
+    from nvgemm.templates.sm90_w4a16.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
     # compile_for_target gives every keep_ptx compile a private dump dir: no other process's PTX
     # can be read for this spec (kernel names do not depend on the config). The launch's block must
@@ -90,7 +90,7 @@ class EmuKernel:
     def launch(self, *values, order="forward", record_only: bool = False) -> Launch | None:
         """Launch with ``values`` in ABI order (torch CPU tensors, scalars, a stream int); ``order``: the
         cluster order, or a :class:`~.ptx.schedule.Schedule` (order + clusters resident at once)."""
-        from nvgemm.templates.registry import PointerArg, TensorArg
+        from nvgemm.aot.abi import PointerArg, TensorArg
 
         gmem = GlobalMemory()
         for a, v in zip(self.kernel.abi, values):
@@ -137,7 +137,7 @@ def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
     """The emulated kernel of ``spec`` (built, PTX'd and relinked once per process)."""
     from nvgemm.aot.artifact import AotKernel
     from nvgemm.aot.cache import default_cache
-    from nvgemm.templates.registry import abi_from_json
+    from nvgemm.aot.abi import abi_from_json
 
     with _LOCK:
         k = _KERNELS.get((spec, device))
@@ -165,7 +165,7 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     (and tensor params) are the global allocations."""
     import struct
 
-    from .ptx.program import compile_entry
+    from nvgemm.emulator.ptx.program import compile_entry
 
     prog = compile_entry(ptx, entry)
     gmem = GlobalMemory()

@@ -4,6 +4,6 @@ The CuTeDSL ``apply`` functors live next to the kernels that use them and import
 lazily; this package's top level imports torch only.
 """
 
-from .spec import ACTIVATIONS, ALPHA_KINDS, OUT_DTYPES, EpilogueSpec, apply_activation_ref, epilogue_ref
+from nvgemm.epilogues.spec import ACTIVATIONS, ALPHA_KINDS, OUT_DTYPES, EpilogueSpec, apply_activation_ref, epilogue_ref
 
 __all__ = ["ACTIVATIONS", "ALPHA_KINDS", "OUT_DTYPES", "EpilogueSpec", "apply_activation_ref", "epilogue_ref"]

@@ -12,7 +12,7 @@ gated features of one token -- exactly one NVFP4 block of the down projection's 
 2. block amax over the 16 even lanes: ``shfl.bfly`` 2, 4, 8, 16 (odd lanes carry 0);
 3. ``sf = e4m3(min(amax / (6*gs), 448))``, ``S = float(sf)*gs``, ``q = e2m1(h / S)`` (true division,
    0 for an all-zero block and for ``h == -0`` too: every zero is code 0, while the hardware cvt keeps a
-   zero's sign, so the kernel selects +0 itself) -- the :func:`nvgemm.formats.quantize_activation` convention;
+   zero's sign, so the kernel selects +0 itself) -- the :func:`nvgemm.core.formats.quantize_activation` convention;
 4. lane ``4i`` gets lane ``4i+2``'s code (``shfl.bfly 2``) and stores byte ``code_lo | code_hi<<4`` at
    ``packed[token, 8*block + i]``; lane 0 stores ``sf`` at ``blocked_offset(token, block)``.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import E2M1_MAX, E4M3_MAX, blocked_numel, blocked_offset, e2m1_encode, fp8_e4m3_rne
+from nvgemm.core.formats import E2M1_MAX, E4M3_MAX, blocked_numel, blocked_offset, e2m1_encode, fp8_e4m3_rne
 
 WARP = 32
 BLOCK = 16

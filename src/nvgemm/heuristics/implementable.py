@@ -2,11 +2,11 @@
 
 Templates, the candidate policy and the tests all call this one function. It combines
 
-1. the problem's own checks (:func:`nvgemm.heuristics.problem.validate_problem`),
+1. the problem's own checks (:func:`nvgemm.core.problem.validate_problem`),
 2. the config's problem-independent checks, owned by the template modules
-   (``nvgemm.templates.sm100.config.validate_config`` / ``sm90.config.validate_config``), and
+   (``nvgemm.templates.sm100_w4a4.config.validate_config`` / ``sm90.config.validate_config``), and
 3. the problem-dependent rules: the sm100 family's own rule
-   (:func:`nvgemm.templates.sm100.validity.can_implement_problem`), the sm90 rules below, and the
+   (:func:`nvgemm.templates.sm100_w4a4.validity.can_implement_problem`), the sm90 rules below, and the
    policy's split-K preference (equal whole-tile slices).
 
 It never raises for a bad problem or config: the answer is a ``Status`` whose ``reason`` names the
@@ -18,15 +18,15 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from nvgemm.templates.sm90 import config as sm90_config
-from nvgemm.templates.sm90.config import Sm90W4A16Config
-from nvgemm.templates.sm100 import validity as sm100_validity
-from nvgemm.templates.sm100.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
-from nvgemm.templates.status import Status
+from nvgemm.templates.sm90_w4a16 import config as sm90_config
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
+from nvgemm.templates.sm100_w4a4 import validity as sm100_validity
+from nvgemm.templates.sm100_w4a4.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
+from nvgemm.core.status import Status
 
-from .problem import OUT_BYTES, GemmProblem, Target, validate_problem
+from nvgemm.core.problem import OUT_BYTES, GemmProblem, Target, validate_problem
 
-# W4A4 (sm100) limits are the template's own (nvgemm.templates.sm100.validity).
+# W4A4 (sm100) limits are the template's own (nvgemm.templates.sm100_w4a4.validity).
 W4A4_K_ALIGN = sm100_validity.K_ALIGN
 NARROW_TILE_N = sm100_validity.NARROW_TILE_N
 SWAP_AB_MAX_M = sm100_validity.SWAP_AB_MAX_M

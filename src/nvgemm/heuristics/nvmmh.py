@@ -14,9 +14,9 @@ space** for a W4A4 problem, with a runtime estimate.
   CTA_TILE_M_DIV_REQUIREMENT=128 restricts its search to 128-row CTAs (nvgemm's only per-CTA
   height); answers outside nvgemm's tile_n / cluster sets are dropped. Split-K is NOT
   restricted: the library fixes one split-K per tile and rejecting it drops the tile (it then
-  returns nothing for e.g. M=6144); :mod:`nvgemm.heuristics.sm100` snaps an
+  returns nothing for e.g. M=6144); :mod:`nvgemm.templates.sm100_w4a4.policy` snaps an
   unsupported split-K (3, 5, 6 ...) to the nearest factor nvgemm implements;
-  :mod:`nvgemm.heuristics.sm100` maps a per-CTA 128-row pick to the 1-CTA ``tile_m=128`` config
+  :mod:`nvgemm.templates.sm100_w4a4.policy` maps a per-CTA 128-row pick to the 1-CTA ``tile_m=128`` config
   and, with an even cluster_m, to the 2-CTA ``tile_m=256`` config.
 * The interface, its hardware descriptor (named GPU) and backend are created once per GPU and
   cached; results are memoised per (gpu, precision, M, N, K, count). Calls are serialised by a
@@ -34,9 +34,9 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
-from nvgemm.templates.sm100 import config as sm100_config
+from nvgemm.templates.sm100_w4a4 import config as sm100_config
 
-from .problem import GPUS, GemmProblem, Target
+from nvgemm.core.problem import GPUS, GemmProblem, Target
 
 log = logging.getLogger("nvgemm.heuristics")
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from nvgemm.templates.sm90.config import Sm90W4A16Config
-from nvgemm.templates.sm100.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
-from nvgemm.templates.status import Status
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
+from nvgemm.templates.sm100_w4a4.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
+from nvgemm.core.status import Status
 
-from . import nvmmh, sm90, sm100
-from .implementable import can_implement
-from .problem import Candidate, GemmProblem, Target, as_gemm_problem, validate_problem
+from nvgemm.heuristics import nvmmh
+from nvgemm.templates.sm90_w4a16 import policy as sm90
+from nvgemm.templates.sm100_w4a4 import policy as sm100
+from nvgemm.heuristics.implementable import can_implement
+from nvgemm.core.problem import Candidate, GemmProblem, Target, as_gemm_problem, validate_problem
 
 log = logging.getLogger("nvgemm.heuristics")
 

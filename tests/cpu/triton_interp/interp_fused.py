@@ -2,7 +2,7 @@
 
 Each kernel returns (with ``return_y=True``) the value it quantized, ``y``. The checks:
 
-1. ``y`` equals the unfused torch reference (``nvgemm.triton_kernels.reference``) except where
+1. ``y`` equals the unfused torch reference (``nvgemm.templates.triton.reference``) except where
    the fp32 math legitimately differs — the order of the sum of squares in RMSNorm and the
    ulp-level accuracy of rsqrt/exp — and then by at most one ulp of x's dtype, on at most 1% of
    the elements (a few-fp32-ulp difference changes a bf16/fp16 rounding with probability
@@ -21,9 +21,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from nvgemm.formats import quantize_activation, to_blocked
-from nvgemm.triton_kernels import reference as ref
-from nvgemm.triton_kernels.fused import (
+from nvgemm.core.formats import quantize_activation, to_blocked
+from nvgemm.templates.triton import reference as ref
+from nvgemm.templates.triton.fused import (
     add_rmsnorm_quantize_nvfp4_triton,
     rmsnorm_quantize_nvfp4_triton,
     silu_mul_quantize_nvfp4_triton,

@@ -1,6 +1,6 @@
 """Triton W4A16 fallback GEMM (and its W4A4 quantize-dequantize mode) vs the emulated op.
 
-Reference: ``nvgemm.ops.nvfp4_linear_emulated`` (dequantize + fp32 matmul + ``epilogue_ref``).
+Reference: ``nvgemm.ops.linear.nvfp4_linear_emulated`` (dequantize + fp32 matmul + ``epilogue_ref``).
 Both sides multiply identical, exactly representable operands (x or its NVFP4 quantize-dequantize,
 and E2M1*sf weights; every product is exact in fp32), so the accumulators differ only by fp32
 summation order: |acc - acc_ref| <= 2 * K * 2**-24 * sum_k |a_k w_k| (the standard gamma_K bound
@@ -17,9 +17,9 @@ import os
 import pytest
 import torch
 
-from nvgemm.formats import dequantize, from_blocked, quantize_activation, quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
-from nvgemm.triton_kernels.gemm_w4a16 import nvfp4_linear_triton
+from nvgemm.core.formats import dequantize, from_blocked, quantize_activation, quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.templates.triton.gemm_w4a16 import nvfp4_linear_triton
 from nvfp4_cases import error_bound
 
 assert os.environ.get("TRITON_INTERPRET") == "1"

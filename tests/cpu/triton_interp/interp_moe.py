@@ -1,6 +1,6 @@
-"""Triton grouped NVFP4 MoE (``nvgemm.triton_kernels.moe``) vs the MoE numerics contract.
+"""Triton grouped NVFP4 MoE (``nvgemm.templates.triton.moe``) vs the MoE numerics contract.
 
-Reference: the emulated op ``nvgemm.moe.ops.nvfp4_moe_emulated`` (the numerics contract), itself
+Reference: the emulated op ``nvgemm.ops.moe.nvfp4_moe_emulated`` (the numerics contract), itself
 checked here bit for bit against :func:`moe_cases.pair_reference` (the contract evaluated one
 (token, slot) pair at a time with ``nvfp4_linear_emulated``, no MoE code). Both sides quantize identical operands; the kernel may
 only sum each GEMM in another fp32 order. Hence:
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from moe_cases import make_moe, pair_reference
-from nvgemm.moe.ops import nvfp4_moe_emulated
-from nvgemm.triton_kernels.moe import moe_align, nvfp4_moe_triton
+from nvgemm.ops.moe import nvfp4_moe_emulated
+from nvgemm.templates.triton.moe import moe_align, nvfp4_moe_triton
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 

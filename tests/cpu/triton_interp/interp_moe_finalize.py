@@ -29,7 +29,7 @@ def test_finalize_triton_bit_exact(m, k, h, extras, odt):
 def test_prep_triton_equals_torch_work_list(m, k, e, tm, ep):
     """The one-launch prep == the torch construction (itself checked against a plain-Python one in
     tests/cpu/test_sm90_moe_worklist.py), with and without an expert map."""
-    from nvgemm.moe.ops import local_ids
+    from nvgemm.ops.moe import local_ids
     from nvgemm.templates.sm90_moe.prep_triton import build_work_list_triton
 
     g = torch.Generator().manual_seed(m * 7 + e)

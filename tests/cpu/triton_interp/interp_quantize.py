@@ -1,6 +1,6 @@
 """Triton activation quantizer and device helpers under the interpreter, byte for byte.
 
-Reference: ``nvgemm.formats.quantize_activation`` (+ ``to_blocked`` for the 128x4 swizzle). There
+Reference: ``nvgemm.core.formats.quantize_activation`` (+ ``to_blocked`` for the 128x4 swizzle). There
 is no tolerance anywhere in this file: codes, scale bytes and the swizzle padding must be equal.
 Output buffers are pre-filled with garbage so the kernel must write every byte, padding included.
 """
@@ -15,11 +15,11 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from nvgemm.formats import blocked_numel, e2m1_decode, e2m1_encode, quantize_activation, to_blocked
-from nvgemm.triton_kernels._common import e2m1_decode as tk_e2m1_decode
-from nvgemm.triton_kernels._common import e2m1_encode as tk_e2m1_encode
-from nvgemm.triton_kernels._common import e4m3_rne, e4m3_to_f32, f32_to_bf16_rne, is_interpreted
-from nvgemm.triton_kernels.quantize import quantize_nvfp4_kernel, quantize_nvfp4_triton
+from nvgemm.core.formats import blocked_numel, e2m1_decode, e2m1_encode, quantize_activation, to_blocked
+from nvgemm.templates.triton._common import e2m1_decode as tk_e2m1_decode
+from nvgemm.templates.triton._common import e2m1_encode as tk_e2m1_encode
+from nvgemm.templates.triton._common import e4m3_rne, e4m3_to_f32, f32_to_bf16_rne, is_interpreted
+from nvgemm.templates.triton.quantize import quantize_nvfp4_kernel, quantize_nvfp4_triton
 from nvfp4_cases import BOUNDS, adversarial
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -202,7 +202,7 @@ def test_errors_name_the_problem():
 
 
 def _qdq_ref(x: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
-    from nvgemm.formats import dequantize
+    from nvgemm.core.formats import dequantize
 
     q, s = quantize_activation(x, gs)
     return dequantize(q, s)  # E2M1 * s in fp32 (exact in bf16 / fp16)
@@ -213,7 +213,7 @@ def test_qdq_matches_quantize_then_dequantize_bitwise(dtype, seed):
     """``qdq_nvfp4_triton`` = ``formats.quantize_activation`` + ``dequantize``, bit for bit, in one
     kernel: random rows across binades, an all-zero block, the adversarial rounding ties, and an
     output buffer pre-filled with NaN (every element must be written)."""
-    from nvgemm.triton_kernels.quantize import qdq_nvfp4_triton
+    from nvgemm.templates.triton.quantize import qdq_nvfp4_triton
 
     x = (torch.randn(37, 96) * torch.exp2(torch.randint(-6, 7, (37, 6))).repeat_interleave(16, 1)).to(dtype)
     x[3, 16:32] = 0
@@ -226,7 +226,7 @@ def test_qdq_matches_quantize_then_dequantize_bitwise(dtype, seed):
 
 
 def test_qdq_errors_name_the_problem():
-    from nvgemm.triton_kernels.quantize import qdq_nvfp4_triton
+    from nvgemm.templates.triton.quantize import qdq_nvfp4_triton
 
     gs = torch.tensor(1.0)
     with pytest.raises(TypeError, match="bfloat16 or float16"):

@@ -1,7 +1,7 @@
 """The sm100 grouped-MoE activation prep Triton kernel (``nvgemm.templates.sm100_moe.prep_triton``)
 under the interpreter: the same codes and scale atoms, byte for byte, as the torch construction
 (:func:`nvgemm.templates.sm100_moe.launch.slot_activations`, itself checked against
-``nvgemm.formats.quantize_activation`` per pair in ``tests/cpu/test_sm100_moe_host.py``)."""
+``nvgemm.core.formats.quantize_activation`` per pair in ``tests/cpu/test_sm100_moe_host.py``)."""
 
 import pytest
 import torch

@@ -3,7 +3,7 @@
 :func:`make_moe` builds stacked expert weights the way the op takes them (``w13`` [E, R13, H/2] with
 ``[gate; up]`` rows, one 128x4-swizzled scale block per expert, per-expert ``weight_scale_2`` and input
 scales); :func:`pair_reference` evaluates the numerics contract literally, one (token, slot) pair at
-a time, from ``nvgemm.ops.nvfp4_linear_emulated`` (independent of any MoE code): GEMM1 with the
+a time, from ``nvgemm.ops.linear.nvfp4_linear_emulated`` (independent of any MoE code): GEMM1 with the
 activation and one rounding to x's dtype, GEMM2 in fp32, ``w * y`` summed in fp32 in slot order,
 shared output and residual added, one rounding.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from nvgemm.formats import quantize_weight, to_blocked
-from nvgemm.ops import nvfp4_linear_emulated
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.ops.linear import nvfp4_linear_emulated
 
 
 def make_moe(e, h, i, *, gated=True, w4a4=True, row_alpha=False, seed=0, exact=False):

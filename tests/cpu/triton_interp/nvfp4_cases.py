@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from nvgemm.formats import dequantize, quantize_activation
+from nvgemm.core.formats import dequantize, quantize_activation
 
 BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # e2m1 rounding boundaries (exact ties)
 

@@ -205,7 +205,7 @@ class FakeCuda:
         self.set_device("H200")
 
     def set_device(self, name: str) -> None:
-        from ..ptx.machine import DEVICES
+        from nvgemm.emulator.ptx.machine import DEVICES
 
         if name not in DEVICES:
             raise ValueError(f"unknown device profile {name!r}; have {sorted(DEVICES)}")
@@ -242,7 +242,7 @@ class FakeCuda:
             if ptx is None:
                 raise LookupError(f"nvgemm emulator: no PTX registered for kernel {name[:80]}... with image sha256 "
                                   f"{sha[:16]} (compile the same spec with keep_ptx and register it)")
-            from ..ptx.program import compile_entry, parse_cached
+            from nvgemm.emulator.ptx.program import compile_entry, parse_cached
 
             entry = parse_cached(ptx).entries.get(name)
             if entry is None:

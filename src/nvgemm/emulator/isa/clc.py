@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 
-from .errors import IsaError
+from nvgemm.emulator.isa.errors import IsaError
 
 RESPONSE_BYTES = 16
 RESPONSE_TAG = 0x434C4300  # "\0CLC" little-endian; bit 0 is the canceled flag

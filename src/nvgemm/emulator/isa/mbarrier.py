@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import IsaError
+from nvgemm.emulator.isa.errors import IsaError
 
 COUNT_MAX = (1 << 20) - 1
 

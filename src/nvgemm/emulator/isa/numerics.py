@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import IsaError
+from nvgemm.emulator.isa.errors import IsaError
 
 
 def _e2m1_table() -> np.ndarray:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ptx.errors import EmulationError
-from ..ptx.ops import opcode
-from .clc import RESPONSE_BYTES, decode_response, encode_response, response_words
-from .errors import IsaError
-from .ops_sm100 import _exit_hook, _target
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.ops import opcode
+from nvgemm.emulator.isa.clc import RESPONSE_BYTES, decode_response, encode_response, response_words
+from nvgemm.emulator.isa.errors import IsaError
+from nvgemm.emulator.isa.ops_sm100 import _exit_hook, _target
 
 FAILURE_OBSERVED = "clc.failure_observed"  # Cta.ext key: a query of this CTA saw a failed response
 

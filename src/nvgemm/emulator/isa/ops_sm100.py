@@ -41,14 +41,14 @@ import re
 
 import numpy as np
 
-from ..ptx.errors import EmulationError
-from ..ptx.machine import PARAM_WINDOW, SHARED_WINDOW, Wait
-from ..ptx.ops import opcode
-from ..ptx.ops.memory import cluster_target
-from ..ptx.parser import Operand
-from .errors import IsaError
-from .mbarrier import Mbarrier
-from .tcgen05 import (
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.machine import PARAM_WINDOW, SHARED_WINDOW, Wait
+from nvgemm.emulator.ptx.ops import opcode
+from nvgemm.emulator.ptx.ops.memory import cluster_target
+from nvgemm.emulator.ptx.parser import Operand
+from nvgemm.emulator.isa.errors import IsaError
+from nvgemm.emulator.isa.mbarrier import Mbarrier
+from nvgemm.emulator.isa.tcgen05 import (
     Tcgen05Pipe,
     Tmem,
     TmemAllocator,
@@ -59,7 +59,7 @@ from .tcgen05 import (
     mma_mxf4nvf4,
     mma_mxf4nvf4_pair,
 )
-from .tma import decode_tensor_map, tile_load, tile_store
+from nvgemm.emulator.isa.tma import decode_tensor_map, tile_load, tile_store
 
 
 def _err(e: Exception, w, ins, lane=None) -> EmulationError:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ptx.errors import EmulationError
-from ..ptx.ops import opcode
-from .errors import IsaError
-from .wgmma import WgmmaGroups, WgmmaShape, mma_async_warp
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.ops import opcode
+from nvgemm.emulator.isa.errors import IsaError
+from nvgemm.emulator.isa.wgmma import WgmmaGroups, WgmmaShape, mma_async_warp
 
 
 class _WarpState:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import IsaError
+from nvgemm.emulator.isa.errors import IsaError
 
 _MASK64 = (1 << 64) - 1
 SWIZZLE_WIDTHS = (0, 32, 64, 128)

@@ -52,9 +52,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import numerics
-from .errors import IsaError
-from .smem_desc import decode_tcgen05_desc, read_operand
+from nvgemm.emulator.isa import numerics
+from nvgemm.emulator.isa.errors import IsaError
+from nvgemm.emulator.isa.smem_desc import decode_tcgen05_desc, read_operand
 
 LANES, COLUMNS = 128, 512
 

@@ -46,8 +46,8 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import IsaError
-from .smem_desc import swizzle
+from nvgemm.emulator.isa.errors import IsaError
+from nvgemm.emulator.isa.smem_desc import swizzle
 
 #: element type code -> (name, size in bits)
 TMA_DTYPES = {0: ("b8", 8), 1: ("b16", 16), 6: ("f16", 16), 7: ("f32", 32), 10: ("bf16", 16), 11: ("b4", 4)}

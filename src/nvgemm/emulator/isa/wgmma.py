@@ -38,9 +38,9 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from . import numerics
-from .errors import IsaError
-from .smem_desc import decode_wgmma_desc, read_operand
+from nvgemm.emulator.isa import numerics
+from nvgemm.emulator.isa.errors import IsaError
+from nvgemm.emulator.isa.smem_desc import decode_wgmma_desc, read_operand
 
 WARPGROUP = 128
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import EmulationError
-from .machine import FULL, JUMPED, LANES, Cta, Launch, Wait, Warp
-from .schedule import as_schedule, cluster_origins, run_clusters
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.machine import FULL, JUMPED, LANES, Cta, Launch, Wait, Warp
+from nvgemm.emulator.ptx.schedule import as_schedule, cluster_origins, run_clusters
 
 DEFAULT_MAX_INSTRUCTIONS = 50_000_000
 
@@ -161,7 +161,7 @@ def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
 
     def finish_cta(c: Cta) -> None:
         nonlocal total
-        from .ops.memory import finish_cta_async
+        from nvgemm.emulator.ptx.ops.memory import finish_cta_async
 
         finish_cta_async(c)
         for hook in launch.ext.get("cta_exit_hooks", ()):

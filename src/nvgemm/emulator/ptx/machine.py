@@ -79,7 +79,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import EmulationError
+from nvgemm.emulator.ptx.errors import EmulationError
 
 LANES = 32
 SHARED_WINDOW = 0xFFFF_8000_0000_0000  # generic addresses of the CTA's shared window (never a host pointer)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .errors import EmulationError
+from nvgemm.emulator.ptx.errors import EmulationError
 
 REG_TYPES = {  # declared register type -> storage bank (raw bits; registers are untyped containers)
     "pred": "pred",

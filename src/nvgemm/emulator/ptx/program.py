@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import ops as ops_registry
-from .errors import EmulationError, UnknownOpcodeError
-from .machine import FULL, LANE_IDS, LANES
-from .parser import Entry, Instruction, Module, Operand, parse_module
+from nvgemm.emulator.ptx import ops as ops_registry
+from nvgemm.emulator.ptx.errors import EmulationError, UnknownOpcodeError
+from nvgemm.emulator.ptx.machine import FULL, LANE_IDS, LANES
+from nvgemm.emulator.ptx.parser import Entry, Instruction, Module, Operand, parse_module
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _SIGNED = {2: np.int16, 4: np.int32, 8: np.int64}

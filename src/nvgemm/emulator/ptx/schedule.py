@@ -31,8 +31,8 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from .errors import DeadlockError, EmulationError
-from .machine import LANES, Cluster, Cta, Warp
+from nvgemm.emulator.ptx.errors import DeadlockError, EmulationError
+from nvgemm.emulator.ptx.machine import LANES, Cluster, Cta, Warp
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Config space and validity rule of the sm_100a grouped W4A4 MoE kernel (``"moe_tcgen05"``); pure Python.
 
-The grouped kernel (:mod:`.kernel`) is the swap-AB decode kernel of :mod:`nvgemm.templates.sm100`
+The grouped kernel (:mod:`.kernel`) is the swap-AB decode kernel of :mod:`nvgemm.templates.sm100_w4a4`
 (weights on the 128-row MMA M side, tokens on the MMA N side, block-scaled ``tcgen05.mma``, TMA,
 deterministic split-K, the fused SwiGLU + NVFP4 requant epilogue) run over a **work list**: the N
 tile ``j`` of the grouped GEMM is work slot ``j`` = ``(expert, first permuted pair, pairs <= tile_n)``
@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..sm100.config import Sm100Nvfp4GemmConfig, validate_config as _validate_dense
-from ..sm90_moe.config import work_tiles_bound
-from ..status import Status
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig, validate_config as _validate_dense
+from nvgemm.templates.sm90_moe.config import work_tiles_bound
+from nvgemm.core.status import Status
 
 MOE_FAMILY = "moe_tcgen05"
 MOE_ARCHS = ("sm_100a",)

@@ -3,7 +3,7 @@
     out[j * tile_n + t, f] = epilogue_e( sum_k E2M1(W_e[f, k]) SFA_e[f, k/16] E2M1(X[j, t, k]) SFB[j, t, k/16] )
 
 for every work slot ``j = (e, p0, cnt)`` (``cnt > 0``) and token row ``t < tile_n`` of the slot.
-Everything is :class:`~nvgemm.templates.sm100.kernel.Sm100Nvfp4GemmKernel` (its warp roles,
+Everything is :class:`~nvgemm.templates.sm100_w4a4.kernel.Sm100Nvfp4GemmKernel` (its warp roles,
 pipelines, split-K and epilogues, swap-AB with ``m`` = weight rows per expert, ``n`` = slots x
 tile_n); the grouped kernel only overrides its work hooks:
 
@@ -20,7 +20,7 @@ tile_n); the grouped kernel only overrides its work hooks:
   known yet) and the MMA warp waits too before it reads the work list.
 
 Numerics are the dense kernel's: fp32 TMEM accumulation in K order, the split-K sum in split order,
-one rounding per output (:mod:`nvgemm.templates.sm100.epilogue`).
+one rounding per output (:mod:`nvgemm.templates.sm100_w4a4.epilogue`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import cutlass.cute as cute
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
-from ..registry import compile_for_target, fake_args, register_template
-from ..sm100.kernel import Sm100Nvfp4GemmKernel, _dtype_name, max_active_clusters_for
-from ..status import Status
-from .config import MOE_ARCHS, MOE_FAMILY, Sm100MoeConfig, validate_moe_config
+from nvgemm.aot.abi import compile_for_target, fake_args, register_template
+from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel, _dtype_name, max_active_clusters_for
+from nvgemm.core.status import Status
+from nvgemm.templates.sm100_moe.config import MOE_ARCHS, MOE_FAMILY, Sm100MoeConfig, validate_moe_config
 
 TEMPLATE_ID = "sm100_moe_nvfp4"
 
@@ -168,7 +168,7 @@ class Sm100MoeTemplate:
         return Status.success()
 
     def abi(self, spec):
-        from ..registry import PointerArg, ScalarArg, StreamArg
+        from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg
 
         out = _dtype_name(spec.epilogue.out_dtype)
         q = spec.epilogue.out_quant

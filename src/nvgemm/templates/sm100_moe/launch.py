@@ -10,13 +10,13 @@ One layer = work list + activation prep + GEMM1 (fused SwiGLU + NVFP4 requant) +
    (M, top_k, E), so the grid of a CUDA graph does not depend on the routing.
 2. **Activation prep** (:func:`slot_activations`): slot ``j``'s row ``t < cnt`` is the token of
    permuted pair ``p0 + t``, quantized to NVFP4 with **its expert's** ``w13_input_scale[e]``
-   (``nvgemm.formats.quantize_activation`` row by row: the contract's step 2 per pair); packed codes
+   (``nvgemm.core.formats.quantize_activation`` row by row: the contract's step 2 per pair); packed codes
    ``[slots * tile_n, H/2]``, scales as one 128-row swizzled atom per slot (rows >= cnt are zero).
    One Triton launch on CUDA (:mod:`.prep_triton`), torch ops elsewhere (no host synchronisation).
 3. **GEMM1** (``m`` = 2I interleaved gate/up rows per expert): ``acc * alpha13[e]`` -> SiLU-mul
    -> round to the activation dtype -> NVFP4 with ``w2_input_scale[e]``, written as GEMM2's B
    operand directly (codes ``[slots * tile_n, I/2]`` + per-slot scale atoms): the fused requant
-   epilogue of :mod:`nvgemm.templates.sm100.epilogue`, bit-exact with ``quantize_nvfp4`` of the
+   epilogue of :mod:`nvgemm.templates.sm100_w4a4.epilogue`, bit-exact with ``quantize_nvfp4`` of the
    rounded SwiGLU output.
 4. **GEMM2**: ``y = acc2 * alpha2[e]`` in fp32, ``[slots * tile_n, H]``.
 5. **Finalize**: :func:`nvgemm.templates.sm90_moe.launch.finalize` (fp32, slots in order, no
@@ -34,12 +34,12 @@ from typing import Callable, Optional
 
 import torch
 
-from ...epilogues.spec import EpilogueSpec
-from ...formats import NVFP4, blocked_numel, from_blocked, quantize_activation, to_blocked
-from ..sm100.launch import gate_up_permutation, splitk_buffers
-from ..sm90.launch import _memo, capturing
-from ..sm90_moe.launch import MoeWorkList, finalize, work_list
-from .config import Sm100MoeConfig, moe_shape_problem, padded_rows, validate_moe_config
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.formats import NVFP4, blocked_numel, from_blocked, quantize_activation, to_blocked
+from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation, splitk_buffers
+from nvgemm.templates.sm90_w4a16.launch import _memo, capturing
+from nvgemm.templates.sm90_moe.launch import MoeWorkList, finalize, work_list
+from nvgemm.templates.sm100_moe.config import Sm100MoeConfig, moe_shape_problem, padded_rows, validate_moe_config
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -275,7 +275,7 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     s2 = cached_moe_stack(w2, w2_scale, False)
     kind13, alpha13, alpha2 = cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13, s2)
     if xin.device.type == "cuda":  # one Triton launch (the same bytes)
-        from .prep_triton import slot_activations_triton
+        from nvgemm.templates.sm100_moe.prep_triton import slot_activations_triton
 
         b1, sfb1, rop = slot_activations_triton(xin, wl, w13_input_scale, tn)
         yrow = rop[wl.pos]

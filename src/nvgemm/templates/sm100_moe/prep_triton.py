@@ -4,8 +4,8 @@ bit for bit.
 
 Program ``(j, kt)`` reads work slot ``j = (e, p0, cnt)``, gathers the source token of each of its
 ``tile_n`` rows (``rows[p0 + t]``; rows ``t >= cnt`` load as zeros), quantizes the ``BLOCK_K``
-columns ``kt`` with the expert's input scale (``nvgemm.triton_kernels._common``: the quantizer of
-``nvgemm.formats``, true divisions, RNE e4m3 / E2M1; compiled without fp contraction), and stores the packed codes at rows
+columns ``kt`` with the expert's input scale (``nvgemm.templates.triton._common``: the quantizer of
+``nvgemm.core.formats``, true divisions, RNE e4m3 / E2M1; compiled without fp contraction), and stores the packed codes at rows
 ``j * tile_n + t`` and the e4m3 scales into slot ``j``'s 128-row swizzled atom (rows ``t < tile_n``;
 the caller zero-allocates the atoms, so rows ``tile_n..127`` stay 0); with ``kt == 0`` it also
 records where each of its pairs lands (permuted pair -> slot row, for the finalize)."""
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvgemm.triton_kernels._common import nvfp4_quantize_tile
+from nvgemm.templates.triton._common import nvfp4_quantize_tile
 
 _BLOCK_K = 128
 

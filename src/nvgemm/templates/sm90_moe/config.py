@@ -1,6 +1,6 @@
 """Config space and validity rule of the sm_90a grouped MoE kernel (``"moe_mma"``); pure Python.
 
-The grouped kernel (:mod:`.kernel`) is the ``mma`` decode kernel of :mod:`nvgemm.templates.sm90`
+The grouped kernel (:mod:`.kernel`) is the ``mma`` decode kernel of :mod:`nvgemm.templates.sm90_w4a16`
 (weights as the 16-row A operand of ``mma.sync.m16n8k16``, exact packed decode, cp.async ring,
 deterministic split-K) run over a **work list** instead of a dense M range: grid z enumerates work
 tiles ``(expert, first permuted row, rows)``, each holding up to ``tile_m`` (token, slot) pairs
@@ -8,7 +8,7 @@ routed to one expert. A tile's weights are the expert's rows of the stacked prep
 tile offset ``expert x tiles per expert``), its activation rows are gathered through a row table
 (GEMM1: the token of each permuted pair; GEMM2: the identity), its alpha is the expert's (one
 value, or one per row when an expert's gate/up ``weight_scale_2`` differ). Fields are those of
-:class:`~nvgemm.templates.sm90.config.Sm90W4A16Config` (family ``mma``):
+:class:`~nvgemm.templates.sm90_w4a16.config.Sm90W4A16Config` (family ``mma``):
 
     tile_m     pairs per work tile (tokens routed to one expert): 8 | 16 | 32
     tile_n     weight rows per CTA = 16 x row tiles per warp (1, 2, 4) x num_warps
@@ -29,8 +29,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..sm90.config import Sm90W4A16Config, validate_config as _validate_dense
-from ..status import Status
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config, validate_config as _validate_dense
+from nvgemm.core.status import Status
 
 MOE_FAMILY = "moe_mma"
 MOE_ARCHS = ("sm_90a",)

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvgemm.triton_kernels._common import f32_to_bf16_rne
+from nvgemm.templates.triton._common import f32_to_bf16_rne
 
 _BLOCK = 1024
 

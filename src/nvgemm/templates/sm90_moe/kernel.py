@@ -5,7 +5,7 @@
 for every permuted pair row ``p`` of every work tile ``(e, p0, cnt)`` (``p0 <= p < p0 + cnt``).
 The inner loop -- cp.async ring of weight vectors, scale words and activation rows, the exact
 register decode, ``mma.sync.m16n8k16`` with the weight as the 16-row A operand and 8 pairs per MMA
-N -- is :class:`~nvgemm.templates.sm90.mma.Sm90W4A16MmaKernel`'s, unchanged. What differs:
+N -- is :class:`~nvgemm.templates.sm90_w4a16.mma.Sm90W4A16MmaKernel`'s, unchanged. What differs:
 
 * grid = (row blocks, split_k, work-list slots); a CTA reads its tile ``(e, p0, cnt)`` from the
   work list (after ``griddepcontrol.wait`` with PDL: the list comes from the routing) and exits at
@@ -32,17 +32,11 @@ from cutlass import Int32, Int64
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
-from ..registry import CompileSpec, StreamArg, TensorArg, SymDim, compile_for_target, fake_args, register_template
-from ..sm90.common import (
-    X_FORMATS,
-    cp_async_wait,
-    operand_args,
-    splitk_arrive,
-    st_global_f32,
-)
-from ..sm90.mma import Sm90W4A16MmaKernel
-from ..status import Status
-from .config import MOE_ARCHS, MOE_FAMILY, Sm90MoeConfig, validate_moe_config
+from nvgemm.aot.abi import CompileSpec, StreamArg, TensorArg, SymDim, compile_for_target, fake_args, register_template
+from nvgemm.templates.sm90_w4a16.common import X_FORMATS, cp_async_wait, operand_args, splitk_arrive, st_global_f32
+from nvgemm.templates.sm90_w4a16.mma import Sm90W4A16MmaKernel
+from nvgemm.core.status import Status
+from nvgemm.templates.sm90_moe.config import MOE_ARCHS, MOE_FAMILY, Sm90MoeConfig, validate_moe_config
 
 
 class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
@@ -160,7 +154,7 @@ class Sm90MoeMmaTemplate:
         mX     [rows_x, K] bf16 | fp16   activation source rows (x, or the permuted intermediate)
         mRows  int32 [P]                 source row of each permuted pair row
         mTiles int32 [4 T]               work list: (expert, first row, rows, 0) per slot
-        mW     uint8 [E tiles, chunks 512]  stacked prepared weights (:mod:`nvgemm.templates.sm90.operand`)
+        mW     uint8 [E tiles, chunks 512]  stacked prepared weights (:mod:`nvgemm.templates.sm90_w4a16.operand`)
         mS     uint8 [E tiles, chunks 64]   stacked re-encoded scales
         mAlpha fp32 [E] | [E rows]
         mOut   [P, N_out] output dtype   (GEMM1: the activation dtype; GEMM2: fp32)

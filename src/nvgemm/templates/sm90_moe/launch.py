@@ -39,10 +39,10 @@ import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
-from ..sm90.launch import Sm90Workspace, _int32_dummy, _memo, capturing
-from ..workspace import WORKSPACES
-from ..sm90.operand import Sm90Weight, kind_of, prepare_sm90_weight
-from .config import Sm90MoeConfig, moe_shape_problem, validate_moe_config, work_tiles_bound
+from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, _int32_dummy, _memo, capturing
+from nvgemm.templates.common.workspace import WORKSPACES
+from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, prepare_sm90_weight
+from nvgemm.templates.sm90_moe.config import Sm90MoeConfig, moe_shape_problem, validate_moe_config, work_tiles_bound
 
 # --------------------------------------------------------------------------- work list
 
@@ -97,7 +97,7 @@ def build_work_list(local: torch.Tensor, num_experts: int, tile_m: int) -> MoeWo
 
 def local_expert_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
     """``topk_ids`` through ``expert_map`` as int64 local ids (-1: nothing); the op's rule
-    (``nvgemm.moe.ops.local_ids``), restated here so the template does not import the op layer."""
+    (``nvgemm.ops.moe.local_ids``), restated here so the template does not import the op layer."""
     ids = topk_ids.long()
     if expert_map is None:
         return ids
@@ -108,7 +108,7 @@ def work_list(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_ex
               tile_m: int) -> MoeWorkList:
     """The work list: one Triton launch on CUDA when it fits (:mod:`.prep_triton`), else torch ops."""
     if topk_ids.device.type == "cuda":
-        from .prep_triton import build_work_list_triton, prep_supported
+        from nvgemm.templates.sm90_moe.prep_triton import build_work_list_triton, prep_supported
 
         if prep_supported(topk_ids.numel(), num_experts):
             return build_work_list_triton(topk_ids, expert_map, num_experts, tile_m)
@@ -144,7 +144,7 @@ class MoeStack:
 
 def prepare_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, kind: str) -> MoeStack:
     """Stacked ``[E, rows, K/2]`` packed weights + per-expert swizzled scales -> :class:`MoeStack`
-    (each expert through :func:`~nvgemm.templates.sm90.operand.prepare_sm90_weight`)."""
+    (each expert through :func:`~nvgemm.templates.sm90_w4a16.operand.prepare_sm90_weight`)."""
     e, rows = w.shape[0], w.shape[1]
     one = torch.ones((), dtype=torch.float32, device=w.device)
     parts: list[Sm90Weight] = [prepare_sm90_weight(w[i], w_scale[i], one, kind) for i in range(e)]
@@ -154,7 +154,7 @@ def prepare_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, kind: str) -> MoeS
 
 def cached_moe_stack(w: torch.Tensor, w_scale: torch.Tensor, kind: str) -> MoeStack:
     """:func:`prepare_moe_stack` memoized per (weight tensor, kind) like the dense weights
-    (:func:`nvgemm.templates.sm90.launch.cached_sm90_weight`): invalidated when the weight or its
+    (:func:`nvgemm.templates.sm90_w4a16.launch.cached_sm90_weight`): invalidated when the weight or its
     scales change in place, dropped when the weight is freed; a fresh preparation on CUDA ends
     with a stream synchronisation (outside capture)."""
 
@@ -195,7 +195,7 @@ def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: Mo
               stream_id: int = 0) -> MoeGemmArgs:
     """Arguments of one grouped GEMM (output ``[P, rows or rows/2]``); raises naming the problem.
     Split-K partials go to ``ws`` when given, else to the shared per-(device, stream) pool
-    (:data:`nvgemm.templates.workspace.WORKSPACES`)."""
+    (:data:`nvgemm.templates.common.workspace.WORKSPACES`)."""
     validate_moe_config(config).raise_if_failed("sm90 moe config")
     gated = activation == "silu_mul"
     if why := moe_shape_problem(config, stack.rows, stack.k, gated):
@@ -245,7 +245,7 @@ def finalize_ref(y: torch.Tensor, wl: MoeWorkList, weights: torch.Tensor, shared
 def finalize(y, wl, weights, shared_out, residual, out_dtype):
     """The finalize step: one Triton kernel on CUDA (:mod:`.finalize_triton`), torch ops elsewhere."""
     if y.device.type == "cuda":
-        from .finalize_triton import finalize_triton
+        from nvgemm.templates.sm90_moe.finalize_triton import finalize_triton
 
         return finalize_triton(y, wl.pos, wl.valid, weights, shared_out, residual, out_dtype)
     return finalize_ref(y, wl, weights, shared_out, residual, out_dtype)

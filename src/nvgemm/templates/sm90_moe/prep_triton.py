@@ -1,7 +1,7 @@
 """The MoE work list (:func:`~.launch.build_work_list`) as ONE Triton launch (CUDA; runs under
 ``TRITON_INTERPRET=1``): at decode the prep step's launch count, not its work, is the cost (the
 torch version is ~24 tiny kernels, tens of microseconds in a CUDA graph against a few microseconds
-of expert weights at TP8 -- :mod:`nvgemm.perfmodel.families.sm90_moe`).
+of expert weights at TP8 -- :mod:`nvgemm.templates.sm90_moe.perf`).
 
 One program holds every pair (``P = M x top_k <= MAX_PAIRS``): the pairs' keys (local expert, or E
 for an empty slot) are sorted **stably** as ``key x BLOCK + pair`` (bitonic ``tl.sort``), which
@@ -71,8 +71,8 @@ def prep_supported(pairs: int, num_experts: int) -> bool:
 def build_work_list_triton(topk_ids: torch.Tensor, expert_map, num_experts: int, tile_m: int):
     """:func:`~.launch.build_work_list` of ``topk_ids`` (int32 [M, K]) mapped through ``expert_map``
     (int32 [E_global] or None) in one launch (``prep_supported`` must hold)."""
-    from .config import work_tiles_bound
-    from .launch import MoeWorkList
+    from nvgemm.templates.sm90_moe.config import work_tiles_bound
+    from nvgemm.templates.sm90_moe.launch import MoeWorkList
 
     m, k = topk_ids.shape
     p = m * k

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import EmulationError
-from ..interp import branch, exit_lanes
-from ..machine import FULL, JUMPED, LANE_IDS, LANES, Wait
-from . import opcode
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.interp import branch, exit_lanes
+from nvgemm.emulator.ptx.machine import FULL, JUMPED, LANE_IDS, LANES, Wait
+from nvgemm.emulator.ptx.ops import opcode
 
 
 @opcode("bra", "brx")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..program import TYPE_DTYPE
-from . import opcode
+from nvgemm.emulator.ptx.program import TYPE_DTYPE
+from nvgemm.emulator.ptx.ops import opcode
 
 # format: (explicit mantissa bits, min normal exponent, max finite, canonical NaN bits)
 FORMATS = {
@@ -492,7 +492,7 @@ def _cvt(ins, ctx):
     if bad:
         raise ctx.unsupported(ins, f"modifier(s) {bad}")
     if dtype_t in _INT_T and atype_t in _INT_T:
-        from .alu import compile_int_cvt
+        from nvgemm.emulator.ptx.ops.alu import compile_int_cvt
         return compile_int_cvt(ins, ctx, dtype_t, atype_t, mods)
     ftz = "ftz" in mods
     sat = "sat" in mods

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import EmulationError
-from ..machine import FULL, LANE_IDS
-from . import opcode
-from .memory import read_bytes, write_bytes
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.machine import FULL, LANE_IDS
+from nvgemm.emulator.ptx.ops import opcode
+from nvgemm.emulator.ptx.ops.memory import read_bytes, write_bytes
 
 _NUM = {"x1": 1, "x2": 2, "x4": 4}
 _ROW = (LANE_IDS >> 2).astype(np.int64)  # t / 4

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import EmulationError
-from ..machine import CLUSTER_RANK_SHIFT, FULL, LANES, PARAM_WINDOW, SHARED_WINDOW, AsyncWrite
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.machine import CLUSTER_RANK_SHIFT, FULL, LANES, PARAM_WINDOW, SHARED_WINDOW, AsyncWrite
 
 ALL_LANES = np.arange(LANES)
-from ..program import TYPE_DTYPE
-from . import opcode
+from nvgemm.emulator.ptx.program import TYPE_DTYPE
+from nvgemm.emulator.ptx.ops import opcode
 
 _SPACES = {"global", "shared", "shared::cta", "shared::cluster", "param", "param::entry", "param::func", "local",
            "const"}

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import EmulationError
-from ..machine import FULL, LANE_IDS
-from .fp import from_bits, round_fmt, to_bits
-from . import opcode
+from nvgemm.emulator.ptx.errors import EmulationError
+from nvgemm.emulator.ptx.machine import FULL, LANE_IDS
+from nvgemm.emulator.ptx.ops.fp import from_bits, round_fmt, to_bits
+from nvgemm.emulator.ptx.ops import opcode
 
 _G = (LANE_IDS >> 2).astype(np.int64)
 _Q = (LANE_IDS & 3).astype(np.int64)

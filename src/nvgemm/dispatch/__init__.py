@@ -1,0 +1,1 @@
+"""Dispatch: the backend registry every op kind selects from, the first-use self-check and the serving plan."""

@@ -1,0 +1,177 @@
+"""Run-time backends behind ``nvgemm::nvfp4_moe`` (same mechanism as ``nvfp4_linear``'s).
+
+A backend is a named implementation of the MoE op with a ``supports(MoeProblem) -> reason | None``
+predicate and a ``run`` taking the op's arguments in schema order. The op runs the
+highest-priority backend that supports the problem; ``emulated`` (``nvgemm.ops.moe``) supports
+everything and is last. Before a kernel backend serves a problem kind for the first time it runs
+it once on random data and is compared with the emulated op (``NVGEMM_SELFCHECK=0`` turns this
+off); a backend that disagrees or raises is disabled for that problem with one warning.
+
+Override: ``NVGEMM_MOE_BACKEND=<name>`` forces a MoE backend (an error if it cannot run the
+problem); otherwise ``NVGEMM_BACKEND=<name>`` forces it too when ``<name>`` is a registered MoE
+backend (``NVGEMM_BACKEND=emulated`` makes both ops emulated). Kernel modules register with
+:func:`register_moe_backend` when imported; list them with :func:`add_builtin_moe_module` (the linear
+registry's ``add_builtin_module``: imported lazily on first dispatch, never at ``import nvgemm``).
+Selection and the first-use check are shared with ``nvfp4_linear`` (``nvgemm.dispatch.registry``:
+``choose_backend``, ``checked_verdict``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from nvgemm.dispatch.registry import (
+    add_builtin_module,
+    checked_verdict,
+    choose_backend,
+    load_builtin_backends,
+    warn_once,
+)
+
+
+@dataclass(frozen=True)
+class MoeProblem:
+    """What a backend needs to decide whether it can run one ``nvfp4_moe`` call."""
+
+    m: int  # tokens
+    top_k: int
+    num_experts: int  # local experts E (leading dim of the stacked weights)
+    num_global_experts: int  # expert_map length, or E without a map
+    hidden: int  # H
+    intermediate: int  # I (w2's K); gated w13 has 2I rows
+    activation: str
+    weight_only: bool  # W4A16 (no input scales)
+    alpha13: str  # "expert" ([E] weight_scale_2) | "row" ([E, R13]: unequal gate/up scales)
+    x_dtype: torch.dtype
+    out_dtype: torch.dtype
+    device_type: str
+    capability: tuple[int, int] | None
+    router_weight_on_input: bool
+    expert_map: bool
+    shared_out: bool
+    residual: bool
+
+    @property
+    def gated(self) -> bool:
+        return self.activation == "silu_mul"
+
+
+@dataclass(frozen=True)
+class MoeBackend:
+    name: str
+    priority: int  # higher wins
+    supports: Callable[[MoeProblem], str | None]
+    run: Callable[..., torch.Tensor] = field(repr=False)
+
+
+_REGISTRY: dict[str, MoeBackend] = {}
+_LOCK = threading.Lock()
+_LAST = threading.local()
+_CHECKED: dict[tuple, str | None] = {}
+#: Element-wise |kernel - emulated| allowed in the first-use check, relative to the largest output of the
+#: same token: both quantize the same operands; a kernel may sum in another order, which can move the
+#: bf16 rounding of the intermediate h and then one FP4 code of its requantization (~1e-2 of that
+#: element, well under 2^-6 of the token's largest output); a wrong kernel is off by O(1) on the
+#: elements it breaks, and every element is checked (a single wrong column fails).
+SELFCHECK_RTOL = 2.0**-6
+_OUT_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-23}
+
+
+def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
+    """Element-wise allowance of the MoE first-use check for the call ``args`` (emulated output ``want``)."""
+    ulp = _OUT_ULP.get(args[16] or args[0].dtype, 2.0**-8)
+    row = want.abs().amax(dim=-1, keepdim=True)
+    return SELFCHECK_RTOL * row + 2 * ulp * want.abs() + 2.0**-20
+#: MoE kernel modules register on import like the linear ones: list them with this
+#: (``nvgemm.dispatch.registry.add_builtin_module``; imported lazily on first dispatch).
+add_builtin_moe_module = add_builtin_module
+
+
+def register_moe_backend(backend: MoeBackend) -> None:
+    with _LOCK:
+        _REGISTRY[backend.name] = backend
+
+
+def unregister_moe_backend(name: str) -> None:
+    with _LOCK:
+        _REGISTRY.pop(name, None)
+
+
+def moe_backends() -> list[MoeBackend]:
+    load_builtin_backends()
+    with _LOCK:
+        return sorted(_REGISTRY.values(), key=lambda b: (-b.priority, b.name))
+
+
+def last_moe_selected() -> str | None:
+    """Name of the backend the most recent eager ``nvfp4_moe`` in this thread ran on."""
+    return getattr(_LAST, "name", None)
+
+
+def selfcheck_inputs(p: MoeProblem, device: torch.device) -> tuple:
+    """Random op arguments (schema order) for problem ``p``: ids cover every slot kind."""
+    from nvgemm.core.formats import quantize_weight, to_blocked
+
+    g = torch.Generator(device="cpu").manual_seed(4321)
+    e, h, i = p.num_experts, p.hidden, p.intermediate
+    r13 = 2 * i if p.gated else i
+
+    def stack(rows, k):
+        qs = [quantize_weight(torch.randn(rows, k, generator=g)) for _ in range(e)]
+        return (torch.stack([q.packed for q in qs]), torch.stack([to_blocked(q.scale) for q in qs]),
+                torch.stack([q.global_scale.reshape(()) for q in qs]))
+
+    w13, s13, g13 = stack(r13, h)
+    if p.alpha13 == "row":
+        g13 = g13[:, None] * torch.linspace(0.5, 2.0, r13)
+    w2, s2, g2 = stack(h, i)
+    x = torch.randn(p.m, h, generator=g)
+    ins13 = ins2 = None
+    if not p.weight_only:
+        ins13 = float(x.abs().amax()) / 2688 * torch.linspace(0.8, 1.2, e)
+        ins2 = torch.full((e,), 0.5 / 2688) * torch.linspace(1.2, 0.8, e)
+    ids = torch.randint(0, p.num_global_experts, (p.m, p.top_k), generator=g, dtype=torch.int32)
+    emap = None
+    if p.expert_map:
+        emap = torch.full((p.num_global_experts,), -1, dtype=torch.int32)
+        emap[: e] = torch.arange(e, dtype=torch.int32)
+    if p.m * p.top_k > 1:
+        ids.view(-1)[-1] = -1  # an invalid slot
+    wts = torch.rand(p.m, p.top_k, generator=g)
+    shared = torch.randn(p.m, h, generator=g) if p.shared_out else None
+    res = torch.randn(p.m, h, generator=g) if p.residual else None
+    xd = p.x_dtype
+
+    def to(t, dtype=None):
+        return None if t is None else t.to(device=device, dtype=dtype or t.dtype)
+
+    return (to(x, xd), to(ids), to(wts), to(w13), to(s13), to(g13), to(ins13), to(w2), to(s2), to(g2), to(ins2),
+            p.activation, p.router_weight_on_input, to(emap), to(shared, xd), to(res, xd), p.out_dtype)
+
+
+def _selfcheck(backend: MoeBackend, p: MoeProblem) -> str | None:
+    return checked_verdict(_CHECKED, backend, p, selfcheck_inputs, _REGISTRY["emulated"].run, selfcheck_bound,
+                           "MoE backend")
+
+
+def select_moe_backend(p: MoeProblem, check: bool = True) -> MoeBackend:
+    """The backend ``nvfp4_moe`` runs for ``p`` (deterministic; see the module docstring)."""
+    all_b = moe_backends()
+    forced, var = os.environ.get("NVGEMM_MOE_BACKEND", "").strip(), "NVGEMM_MOE_BACKEND"
+    if not forced and os.environ.get("NVGEMM_BACKEND", "").strip() in {b.name for b in all_b}:
+        forced, var = os.environ["NVGEMM_BACKEND"].strip(), "NVGEMM_BACKEND"
+
+    def on_emulated(reasons):
+        warn_once(f"moe-emulated-{p.capability}-{p.weight_only}",
+                  "nvgemm_cutedsl: no NVFP4 MoE kernel for this problem "
+                  f"({'; '.join(reasons) or 'no MoE kernel backends registered'}); using the emulated "
+                  "MoE path (per-expert dequantize + fp32 matmul), which is correct but slow")
+
+    b = choose_backend(all_b, p, forced, var, _selfcheck if check else None, "MoE backend", on_emulated)
+    _LAST.name = b.name
+    return b

@@ -1,0 +1,312 @@
+"""Run-time GEMM backends behind ``nvgemm::nvfp4_linear``.
+
+A backend is a named implementation of the op (a CuTeDSL kernel family, a Triton kernel, the
+emulated reference) with a ``supports(problem) -> reason | None`` predicate. The op's eager
+implementation takes the highest-priority backend that supports the problem; the emulated
+backend supports everything and is always last, so every problem has a correct path.
+
+Kernel modules register themselves with :func:`register_backend` when they are imported by
+:func:`load_builtin_backends` (lazily, on first dispatch; never at ``import nvgemm``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+log = logging.getLogger("nvgemm_cutedsl")
+
+
+@dataclass(frozen=True)
+class LinearProblem:
+    """What a backend needs to decide whether it can run one ``nvfp4_linear`` call."""
+
+    m: int
+    n: int
+    k: int
+    device_type: str
+    capability: tuple[int, int] | None  # (major, minor) of the CUDA device, None on CPU
+    weight_only: bool  # input_scale is None (W4A16)
+    x_dtype: torch.dtype
+    out_dtype: torch.dtype
+    alpha: str  # "scalar" | "vector"
+    bias: bool
+    activation: str
+    residual: bool
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    priority: int  # higher wins
+    supports: Callable[[LinearProblem], str | None]
+    run: Callable[..., torch.Tensor] = field(repr=False)
+    #: offered to Inductor's autotuner as a choice; False for tools that only run when forced
+    #: (the PTX emulator's backends: seconds per call on the CPU)
+    autotune: bool = True
+
+
+_REGISTRY: dict[str, Backend] = {}
+_LOCK = threading.Lock()
+_BUILTINS_LOADED = False
+_WARNED: set[str] = set()
+_LAST = threading.local()  # the backend select_backend chose most recently, per thread
+
+#: Modules that register kernel backends when imported; missing optional deps are skipped.
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "nvgemm.templates.sm100_w4a4.backend",
+    "nvgemm.templates.sm90_w4a16.backend",
+    "nvgemm.templates.triton.backend",
+    "nvgemm.emulator.backend",  # emu_sm90 / emu_sm100: only when forced (NVGEMM_BACKEND=...)
+    "nvgemm.templates.sm90_moe.backend",  # nvfp4_moe: cutedsl_sm90_moe (grouped W4A16 kernels)
+    "nvgemm.templates.sm100_moe.backend",  # nvfp4_moe: cutedsl_sm100_moe (grouped W4A4 kernels)
+)
+
+
+def register_backend(backend: Backend) -> None:
+    with _LOCK:
+        _REGISTRY[backend.name] = backend
+
+
+def unregister_backend(name: str) -> None:
+    with _LOCK:
+        _REGISTRY.pop(name, None)
+
+
+def add_builtin_module(module: str) -> None:
+    """Add a module that registers backends on import (used by kernel packages)."""
+    global _BUILTIN_MODULES
+    if module not in _BUILTIN_MODULES:
+        _BUILTIN_MODULES = _BUILTIN_MODULES + (module,)
+
+
+def load_builtin_backends() -> None:
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    import importlib
+
+    for mod in _BUILTIN_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:  # optional dependency missing: that backend is simply absent
+            log.info("nvgemm_cutedsl: backend module %s not available: %s", mod, e)
+    _BUILTINS_LOADED = True
+
+
+def backends() -> list[Backend]:
+    load_builtin_backends()
+    with _LOCK:
+        return sorted(_REGISTRY.values(), key=lambda b: (-b.priority, b.name))
+
+
+def warn_once(key: str, msg: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(msg)
+        import warnings
+
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------- first-use check
+#
+# nvgemm ships kernels that could only be compiled, not run, where they were written (sm_100a
+# above all). Before a kernel backend serves a problem for the first time on a device, it runs
+# that problem once on adversarial data and every output element is compared with the emulated
+# op; a backend that disagrees anywhere (or raises) is disabled for that problem with one
+# warning, and the next backend (ultimately the emulated one) serves it. A wrong kernel therefore
+# costs speed, never silent garbage. ``NVGEMM_SELFCHECK=0`` turns the check off. It is skipped
+# while a CUDA graph is being captured (warm-up before capture runs it).
+
+_CHECKED: dict[tuple, str | None] = {}
+#: Element-wise bound (as the GPU kernel tests): kernel and emulated op decode identical operands
+#: (exact in fp32) and differ by the fp32 summation order, <= K * 2^-24 * |alpha| * sum_k |a*b|;
+#: SELFCHECK_ACC_SLACK covers the tensor core's accumulation and activation slopes <= 1.13; plus
+#: one rounding of the output dtype each side. One wrong element or column is off by O(1).
+SELFCHECK_ACC_SLACK = 4.0
+_OUT_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-23}
+
+
+def _adversarial(rows: int, k: int, gen: torch.Generator, amax: float) -> torch.Tensor:
+    """[rows, k] fp32 values with max |v| = ``amax`` that exercise every E2M1 code and both signs,
+    all-zero 16-blocks (scale 0 / 1), blocks small enough for subnormal e4m3 block scales, and heavy
+    tails (outliers that set the global scale)."""
+    v = torch.randn(rows, k, generator=gen)
+    blocks = v.view(rows, k // 16, 16)
+    kind = torch.randint(0, 8, (rows, k // 16), generator=gen)
+    kind[torch.arange(rows), torch.arange(rows) % (k // 16)] = 7  # no all-zero row: every output checked
+    blocks[kind == 0] = 0.0                                   # zero blocks
+    blocks[kind == 1] *= 2.0**-12                             # subnormal block scales (weights:
+    blocks[kind == 3] *= 2.0**-6                              # ModelOpt's 2^-9 clamp; activations)
+    blocks[kind == 2] *= torch.rand(int((kind == 2).sum()), 16, generator=gen) * 8  # spread codes
+    out = torch.rand(rows, k, generator=gen) < 0.002
+    v[out] *= 40.0                                            # tails
+    if rows and k:
+        v.view(-1)[0] = 2000.0                                # at least one outlier
+    return v.clamp(-2000.0, 2000.0) * (amax / 2000.0)  # bounded: fp16 outputs stay finite
+
+
+def _selfcheck_inputs(problem: LinearProblem, device: torch.device):
+    from nvgemm.core.formats import quantize_weight, to_blocked
+
+    gen = torch.Generator(device="cpu").manual_seed(1234)
+    q = quantize_weight(_adversarial(problem.n, problem.k, gen, 1.0))
+    x = _adversarial(problem.m, problem.k, gen, 8.0)
+    ws2 = q.global_scale.reshape(())
+    if problem.alpha == "vector":
+        ws2 = ws2 * torch.linspace(0.5, 2.0, problem.n)
+    ins = None if problem.weight_only else (x.abs().amax() / 2688).clamp_min(2.0**-30).reshape(())
+    n_out = problem.n // 2 if problem.activation == "silu_mul" else problem.n
+    bias = torch.randn(problem.n, generator=gen) if problem.bias else None
+    res = torch.randn(problem.m, n_out, generator=gen) if problem.residual else None
+    xd = problem.x_dtype
+
+    def to(t, dtype=None):
+        return None if t is None else t.to(device=device, dtype=dtype or t.dtype)
+
+    return (to(x, xd), to(q.packed), to(to_blocked(q.scale)), to(ws2), to(ins), to(bias, xd), to(res, xd),
+            problem.activation, problem.out_dtype)
+
+
+def accumulation_bound(a: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dequantized weight, element-wise fp32 summation-order bound of ``(a @ w.T) * alpha``) for the
+    activation values ``a`` [M, K] and a packed NVFP4 ``weight`` with its swizzled scales."""
+    from nvgemm.core.formats import NVFP4, dequantize, from_blocked
+
+    n, k = weight.shape[0], weight.shape[1] * 2
+    w = dequantize(weight, from_blocked(weight_scale.view(torch.float8_e4m3fn), n, k // NVFP4.block_size))
+    return w, SELFCHECK_ACC_SLACK * k * 2.0**-24 * ((a.abs() @ w.abs().t()) * alpha.abs())
+
+
+def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
+    """Element-wise |kernel - emulated| allowed for the call ``args`` whose emulated output is ``want``."""
+    from nvgemm.core.formats import dequantize, quantize_activation
+
+    x, weight, weight_scale, ws2, ins, _bias, _res, activation, out_dtype = args
+    k = weight.shape[1] * 2
+    x2 = x.reshape(-1, k)
+    a = x2.float() if ins is None else dequantize(*quantize_activation(x2, ins))
+    alpha = ws2.float() * (1.0 if ins is None else ins.float().reshape(()))
+    w, err = accumulation_bound(a, weight, weight_scale, alpha)
+    n = weight.shape[0]
+    if activation == "silu_mul":
+        # |d(silu(g)*u)| <= 1.1*|u|*dg + (|silu(g)|+1)*du, with g/u the pre-activation values
+        pre = (a @ w.t()) * alpha
+        h = n // 2
+        err = 1.1 * pre[:, h:].abs() * err[:, :h] + (pre[:, :h].abs() + 1) * err[:, h:]
+    ulp = _OUT_ULP[out_dtype or x.dtype]
+    return err.reshape(want.shape) + 2 * ulp * want.abs() + 2.0**-20
+
+
+def selfcheck_device(device_type: str) -> torch.device | None:
+    """The device a first-use check runs on; None = skip it (``NVGEMM_SELFCHECK=0``, a hypothetical
+    CUDA problem planned on a GPU-less host, or a CUDA graph being captured)."""
+    if os.environ.get("NVGEMM_SELFCHECK", "1") == "0":
+        return None
+    if device_type == "cuda":
+        if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+            return None
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
+def checked_verdict(checked: dict, backend, problem, make_args, reference, bound, label: str) -> str | None:
+    """The first-use check shared by the ops' registries: ``backend.run`` vs ``reference`` on
+    ``make_args(problem, device)``, cached in ``checked``; None if every output element agrees within
+    ``bound(args, want)`` (element-wise, non-finite values must match exactly), else the reason,
+    warned once (``label``: "backend" / "MoE backend")."""
+    device = selfcheck_device(problem.device_type)
+    if device is None:
+        return None
+    key = (backend.name, problem, str(device))
+    if key in checked:
+        return checked[key]
+    try:
+        args = make_args(problem, device)
+        got = backend.run(*args).float()
+        want = reference(*args).float()
+        what = "op" if label == "backend" else label.replace("backend", "op")
+        verdict = None
+        if got.shape != want.shape:
+            verdict = f"returned shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        else:
+            excess = (got - want).abs() - bound(args, want)
+            bad = (got != want) & (~torch.isfinite(got) | ~torch.isfinite(want) | (excess > 0))
+            if bool(bad.any()):
+                first = [int(i) for i in bad.nonzero()[0].tolist()]
+                verdict = (f"disagrees with the emulated {what} on {int(bad.sum())} of {bad.numel()} output elements "
+                           f"(first at {first}: {float(got[tuple(first)]):.6g} vs {float(want[tuple(first)]):.6g})")
+    except Exception as e:  # a kernel failing to launch must not take the op down with it
+        verdict = f"raised {type(e).__name__}: {e}"
+    checked[key] = verdict
+    if verdict is not None:
+        warn_once(f"selfcheck-{label}-{backend.name}-{problem}",
+                  f"nvgemm_cutedsl: {label} {backend.name} {verdict} on {problem}; disabled for this problem")
+    return verdict
+
+
+def _selfcheck(backend: Backend, problem: LinearProblem) -> str | None:
+    """None if ``backend`` agrees with the emulated op on ``problem``'s shape and kind."""
+    return checked_verdict(_CHECKED, backend, problem, _selfcheck_inputs, _REGISTRY["emulated"].run, selfcheck_bound,
+                           "backend")
+
+
+def choose_backend(all_b: list, problem, forced: str, var: str, selfcheck, label: str, on_emulated) -> "Backend":
+    """Shared selection: ``forced`` (from env var ``var``) if set, else the first backend in ``all_b``
+    whose ``supports`` and (kernel backends, when ``selfcheck``) first-use check pass;
+    ``on_emulated(reasons)`` runs when the emulated backend serves a CUDA problem."""
+    if forced:
+        for b in all_b:
+            if b.name == forced:
+                reason = b.supports(problem)
+                if reason is not None:
+                    raise RuntimeError(f"{var}={forced} cannot run {problem}: {reason}")
+                return b
+        raise RuntimeError(f"{var}={forced!r} is not a registered {label}; have {[b.name for b in all_b]}")
+    reasons = []
+    for b in all_b:
+        reason = b.supports(problem)
+        if reason is None and selfcheck is not None and b.name != "emulated":
+            reason = selfcheck(b, problem)
+        if reason is None:
+            if b.name == "emulated" and problem.device_type == "cuda":
+                on_emulated(reasons)
+            return b
+        reasons.append(f"{b.name}: {reason}")
+    raise RuntimeError(f"no nvgemm {label} supports {problem}: {reasons}")
+
+
+def last_selected() -> str | None:
+    """Name of the backend the most recent eager ``nvfp4_linear`` in this thread ran on."""
+    return getattr(_LAST, "name", None)
+
+
+def select_backend(problem: LinearProblem, check: bool = True) -> Backend:
+    b = _select_backend(problem, check)
+    _LAST.name = b.name
+    return b
+
+
+def _select_backend(problem: LinearProblem, check: bool = True) -> Backend:
+    """The backend the op will run for ``problem`` (deterministic).
+
+    ``NVGEMM_BACKEND=<name>`` forces one backend (an error if it cannot run the problem).
+    With ``check`` a kernel backend passes the first-use check above before it is chosen.
+    """
+    def on_emulated(reasons):
+        warn_once(
+            f"emulated-{problem.capability}-{problem.weight_only}",
+            f"nvgemm_cutedsl: no NVFP4 kernel for this problem on sm_{''.join(map(str, problem.capability or ()))} "
+            f"({'; '.join(reasons) or 'no kernel backends registered'}); using the emulated path "
+            "(dequantize + fp32 matmul), which is correct but slow",
+        )
+
+    return choose_backend(backends(), problem, os.environ.get("NVGEMM_BACKEND", "").strip(), "NVGEMM_BACKEND",
+                          _selfcheck if check else None, "backend", on_emulated)

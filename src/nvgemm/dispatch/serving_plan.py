@@ -1,0 +1,203 @@
+"""Which kernel the eager dispatch of ``nvgemm::nvfp4_linear`` runs for a problem, without running it.
+
+The op picks, for each call, the highest-priority backend whose ``supports()`` accepts the problem,
+and a CuTeDSL backend then picks its kernel config for the exact token count M (the policy's first
+candidate). This module answers the same two questions on any host (no GPU, no cutlass), for:
+
+* serving logs (:func:`kernel_config`: the config name a backend will use), and
+* ``nvgemm precompile --checkpoint DIR --vllm``: exactly the :class:`CompileSpec` set a served
+  model needs (:func:`serving_spec`), so every kernel is a cache load at warm-up.
+
+It mirrors ``run_sm100`` / ``run_sm90`` (the same pick functions and the same ``compile_spec_for``);
+``tests/cpu/test_serving_plan.py`` checks that it names the kernel those functions would load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.dispatch.registry import LinearProblem, backends
+
+#: Default SM counts per capability when planning for a named target without a device.
+SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132}
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    config: object | None  # the CuTeDSL kernel config; None for backends without one
+    spec: object | None  # the CompileSpec the kernel cache is asked for; None likewise
+    passed_over: tuple[tuple[str, str], ...]  # (backend, reason) of higher-priority backends
+
+
+def epilogue_of(p: LinearProblem) -> EpilogueSpec:
+    """The epilogue spec ``check_linear_args`` builds for a call of this problem."""
+    return EpilogueSpec(alpha=p.alpha, bias=p.bias, activation=p.activation, residual=p.residual,
+                        out_dtype=p.out_dtype)
+
+
+def _sm_count(p: LinearProblem, sm_count: int | None) -> int:
+    if sm_count is not None:
+        return sm_count
+    if p.device_type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return SM_COUNT.get(tuple(p.capability or ()), 132)
+
+
+def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
+    """(config, CompileSpec) the named CuTeDSL backend loads for ``p``; (None, None) for other backends."""
+    sms = _sm_count(p, sm_count)
+    if backend == "cutedsl_sm100":
+        from nvgemm.templates.sm100_w4a4 import backend as s
+
+        cfg = s._policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, s.arch_of(p.capability), sms)
+        return cfg, (None if cfg is None else s.compile_spec_for(cfg, epilogue_of(p), s.arch_of(p.capability), sms))
+    if backend == "cutedsl_sm90":
+        from nvgemm.templates.sm90_w4a16 import backend as s
+
+        cfg = s.pick_config(p.m, p.n, p.k, p.x_dtype, p.activation, sms)
+        return cfg, s.compile_spec_for(cfg, epilogue_of(p), p.x_dtype, sms)
+    return None, None
+
+
+def plan(p: LinearProblem, sm_count: int | None = None) -> Choice:
+    """The backend (by ``supports()``; the first-use check is not run) and kernel for ``p``."""
+    passed = []
+    for b in backends():
+        reason = b.supports(p)
+        if reason is None:
+            cfg, spec = serving_spec(b.name, p, sm_count)
+            return Choice(b.name, cfg, spec, tuple(passed))
+        passed.append((b.name, reason))
+    raise RuntimeError(f"no nvgemm backend supports {p}: {passed}")
+
+
+def kernel_config(backend: str, p: LinearProblem, sm_count: int | None = None) -> str | None:
+    """Name of the kernel config ``backend`` runs for ``p`` (None for backends without configs)."""
+    try:
+        cfg, _ = serving_spec(backend, p, sm_count)
+    except (ImportError, ValueError) as e:  # planning must never take a serving process down
+        return f"unknown ({type(e).__name__}: {e})"
+    if cfg is None:
+        return None
+    return cfg.name() if hasattr(cfg, "name") else str(cfg)
+
+
+# ------------------------------------------------------------------------------- fused shards
+
+
+def shard_runs(weight_scale_2: Sequence[float], input_scale: Sequence[float] | None) -> list[tuple[list[int], bool]]:
+    """How one fused layer's shards map onto exact GEMMs: ``[(shard indices, per-column alpha)]``.
+
+    Adjacent shards with the same ``input_scale`` (all of them for ModelOpt exports; W4A16 has none)
+    share one GEMM, since one activation quantization serves them; its alpha is per-column when
+    their ``weight_scale_2`` differ, else scalar. Shards with another ``input_scale`` start a new GEMM.
+    """
+    runs: list[list[int]] = []
+    for s in range(len(weight_scale_2)):
+        if runs and (input_scale is None or input_scale[s] == input_scale[runs[-1][0]]):
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return [(r, len({weight_scale_2[s] for s in r}) > 1) for r in runs]
+
+
+# ----------------------------------------------------------------------- vLLM serving shapes
+
+#: How vLLM builds Llama/Qwen/Mistral-style decoders: fused column-parallel layers (packed modules)
+#: and row-parallel layers (K split across tensor-parallel ranks). Other linears are column-parallel.
+VLLM_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+VLLM_ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ServedGemm:
+    """One GEMM a vLLM tensor-parallel rank runs for a checkpoint layer."""
+
+    layer: str
+    n: int
+    k: int
+    weight_only: bool
+    alpha: str
+    bias: bool
+
+
+def vllm_gemms(ckpt, tp: int = 1) -> list[ServedGemm]:
+    """The GEMMs nvgemm's vLLM plugin runs on a tensor-parallel rank for a ModelOpt NVFP4 export (all
+    ranks have the same shapes; a row-parallel bias is rank 0's only), read from the safetensors
+    headers and the per-tensor scales."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from nvgemm.core.files import read_json, safetensors_files
+
+    ckpt = Path(ckpt)
+    cfg = read_json(ckpt / "config.json")
+    heads = int(cfg.get("num_attention_heads", 1))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or cfg.get("hidden_size", heads) // heads)
+    handles = []
+    for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
+        try:
+            handles.append(safe_open(str(f), framework="pt", device="cpu"))
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
+    where = {k: h for h in handles for k in h.keys()}
+
+    def shape(key):
+        return list(where[key].get_slice(key).get_shape())
+
+    def value(key):
+        return float(where[key].get_tensor(key).float().reshape(-1)[0]) if key in where else None
+
+    layers = sorted(k[: -len(".weight_scale")] for k in where if k.endswith(".weight_scale")
+                    and f"{k[: -len('.weight_scale')]}.weight" in where and where[k[: -len('.weight_scale')] + ".weight"]
+                    .get_slice(k[: -len(".weight_scale")] + ".weight").get_dtype() == "U8")
+    if not layers:
+        raise ValueError(f"no NVFP4 linear weights (uint8 .weight + .weight_scale) found in {ckpt}")
+    fused_of = {f"{base}.{s}": f"{base}.{f}" for name in layers for base in [name.rsplit(".", 1)[0]]
+                for f, shards in VLLM_FUSED.items() for s in shards if name.endswith("." + s)}
+    groups: dict[str, list[str]] = {}
+    for name in layers:
+        groups.setdefault(fused_of.get(name, name), []).append(name)
+    out = []
+    for vname, members in groups.items():
+        proj = vname.rsplit(".", 1)[-1]
+        order = VLLM_FUSED.get(proj)
+        if order:
+            members = sorted(members, key=lambda m: order.index(m.rsplit(".", 1)[-1]))
+        n_full, k_full = shape(members[0] + ".weight")[0], shape(members[0] + ".weight")[1] * 2
+        row = proj in VLLM_ROW_PARALLEL
+        if row and k_full % (16 * tp):
+            raise ValueError(f"{vname}: K={k_full} does not split into {tp} ranks of whole 16-element blocks")
+        k = k_full // tp if row else k_full
+        widths = []
+        for m in members:
+            n = shape(m + ".weight")[0]
+            short = m.rsplit(".", 1)[-1]
+            if row:
+                widths.append(n)
+            elif short in ("k_proj", "v_proj") and kv_heads < tp:
+                widths.append(head_dim)  # vLLM replicates KV heads when there are fewer than ranks
+            else:
+                if n % tp:
+                    raise ValueError(f"{m}: N={n} does not split into {tp} ranks")
+                widths.append(n // tp)
+        ws2 = [value(m + ".weight_scale_2") for m in members]
+        ins = [value(m + ".input_scale") for m in members]
+        weight_only = all(v is None for v in ins)
+        bias = any(m + ".bias" in where for m in members)
+        bounds = [0]
+        for w in widths:
+            bounds.append(bounds[-1] + w)
+        # a row-parallel layer's bias is added by rank 0 only
+        for b in ([True, False] if bias and row and tp > 1 else [bias]):
+            for idx, per_col in shard_runs(ws2, None if weight_only else ins):
+                out.append(ServedGemm(vname, bounds[idx[-1] + 1] - bounds[idx[0]], k, weight_only,
+                                      "vector" if per_col else "scalar", b))
+    return out

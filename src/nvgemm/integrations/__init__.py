@@ -1,0 +1,1 @@
+"""Integrations with host projects: Inductor (``torch.compile``), vLLM, ModelOpt checkpoints."""

@@ -1,0 +1,247 @@
+"""Gate/up GEMM with the fused SwiGLU + NVFP4 requant epilogue, and the W4A4 gated-MLP chain.
+
+* ``torch.ops.nvgemm.nvfp4_linear_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias,
+  out_input_scale, out_dtype=None) -> (packed uint8 [M, I/2], swizzled e4m3 scales)``: the gate_up
+  GEMM (checkpoint order ``[gate; up]``, N = 2I) whose epilogue quantizes its SwiGLU output for the
+  next W4A4 layer. Bit-exact contract::
+
+      packed, scales == quantize_nvfp4(nvfp4_linear(x, ..., activation="silu_mul", out_dtype=d), out_input_scale)
+
+  (epilogue order acc*alpha -> +bias -> silu_mul -> one rounding to ``d`` -> quantize).
+* ``torch.ops.nvgemm.nvfp4_linear_prequant(packed, scales, weight, weight_scale, weight_scale_2,
+  input_scale, bias, residual, out_dtype)``: a W4A4 linear on an already-quantized activation (the
+  down projection fed by the op above); same result as ``nvfp4_linear`` on the dequantized input.
+* :func:`gated_mlp`: ``down(silu_mul(gate_up(x)))`` for two :class:`~nvgemm.NVFP4Linear` layers, through
+  the two ops above when both are W4A4 (one activation round trip less), else the plain chain.
+
+Backends (:mod:`nvgemm.dispatch.fused`: selection, first-use check, overrides):
+
+* ``cutedsl_sm100`` (:mod:`nvgemm.templates.sm100_w4a4.backend`, sm_100-family GPUs): requant = the sm_100a kernel
+  with ``EpilogueSpec(out_quant=True)`` (fused epilogue modelled lane by lane in
+  :mod:`nvgemm.epilogues.requant`), prequant = the W4A4 kernel fed the given codes and scales (no
+  re-quantization). Compiles and its host logic is tested; never run on a GPU here;
+* ``emu_sm100`` (forced with ``NVGEMM_BACKEND=emu_sm100``, CPU tensors): the same kernels on the PTX emulator;
+* ``unfused`` (requant, other CUDA GPUs): ``nvfp4_linear(..., "silu_mul")`` on the dense backends, then
+  ``quantize_nvfp4`` (Triton) -- the contract itself, one warning;
+* ``emulated`` (everything; the reference): torch, below.
+
+:func:`gated_mlp` runs the plain chain where no kernel takes a pre-quantized activation (CUDA GPUs other
+than sm_100: :func:`nvgemm.dispatch.fused.fused_chain_reason`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from nvgemm.epilogues import epilogue_ref
+from nvgemm.epilogues.requant import fused_requant_reference
+from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked
+from nvgemm.ops.linear import X_DTYPES, alpha_of, check_linear_args, check_scale_values, problem_of
+from nvgemm.dispatch.registry import Backend, LinearProblem
+from nvgemm.dispatch.fused import PREQUANT, REQUANT, fused_chain_reason, register_fused_backend, select_fused_backend
+
+__all__ = ["nvfp4_linear_requant", "nvfp4_linear_prequant", "gated_mlp", "fused_mlp_reason"]
+
+
+def _acc(a: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 [M, N] = a @ (E2M1*sw).T (weight_scale_2 goes to alpha, like nvfp4_linear_emulated)."""
+    n, k = weight.shape[0], weight.shape[1] * 2
+    w_scale = from_blocked(weight_scale.to(a.device).view(torch.float8_e4m3fn), n, k // NVFP4.block_size)
+    return a @ dequantize(weight.to(a.device), w_scale).t()
+
+
+def _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype):
+    if input_scale is None:
+        raise ValueError("nvgemm.nvfp4_linear_requant: input_scale is required (W4A4 gate_up); "
+                         "weight-only layers use nvfp4_linear + quantize_nvfp4")
+    if out_input_scale.dtype != torch.float32 or out_input_scale.numel() != 1:
+        raise ValueError("nvgemm.nvfp4_linear_requant: out_input_scale (the next layer's input_scale) must be a "
+                         f"float32 scalar tensor, got {out_input_scale.dtype} {tuple(out_input_scale.shape)}")
+    if x.dim() != 2:
+        raise ValueError(f"nvgemm.nvfp4_linear_requant: x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    if out_dtype is not None and out_dtype not in X_DTYPES:
+        raise ValueError(f"nvgemm.nvfp4_linear_requant: out_dtype (the rounding before requant) must be bf16 "
+                         f"or fp16, got {out_dtype}")
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul", out_dtype)
+    i = weight.shape[0] // 2
+    if i % NVFP4.block_size:
+        raise ValueError(f"nvgemm.nvfp4_linear_requant: the gated width I = N/2 = {i} must be a multiple of 16 "
+                         "(one NVFP4 block of the next layer's input)")
+    return spec, i
+
+
+@torch.library.custom_op("nvgemm::nvfp4_linear_requant", mutates_args=())
+def nvfp4_linear_requant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    out_input_scale: torch.Tensor,
+    out_dtype: Optional[torch.dtype] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused gate_up GEMM + SwiGLU + NVFP4 requant (see the module docstring)."""
+    spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_requant")
+    check_scale_values(weight_scale_2, out_input_scale, "nvgemm.nvfp4_linear_requant (out_input_scale)")
+    p = problem_of(x, weight, weight_scale_2, input_scale, bias, None, "silu_mul", spec)
+    backend = select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(spec.out_dtype, bias=bias))
+    return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+
+
+def requant_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    """The reference: quantize x, dequantize, fp32 matmul, the epilogue and the lane model's requant."""
+    spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    from nvgemm.core.formats import quantize_activation
+
+    qx, sx = quantize_activation(x, input_scale.to(x.device))
+    acc = _acc(dequantize(qx, sx), weight, weight_scale)
+    # alpha and bias (the "pre" part of the epilogue), fp32; activation + rounding + quantize follow
+    pre = epilogue_ref(acc, type(spec)(alpha=spec.alpha, bias=spec.bias, out_dtype=torch.float32),
+                       alpha_of(weight_scale_2.to(x.device), input_scale.to(x.device)), bias)
+    return fused_requant_reference(pre, out_input_scale.to(x.device), spec.out_dtype)
+
+
+@nvfp4_linear_requant.register_fake
+def _(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    _spec, i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    m = x.shape[0]
+    return (x.new_empty((m, i // 2), dtype=torch.uint8),
+            x.new_empty((blocked_numel(m, i // NVFP4.block_size),), dtype=torch.float8_e4m3fn))
+
+
+def _vector_dtype_reason(out_dtype, **tensors) -> Optional[str]:
+    """Why no kernel takes these epilogue operands: the kernels read bias / residual in the output dtype
+    (the emulated op takes any float dtype)."""
+    for name, t in tensors.items():
+        if t is not None and t.dtype != out_dtype:
+            return f"{name} dtype {t.dtype} is not the output dtype {out_dtype}"
+    return None
+
+
+def _check_prequant(packed, scales, weight, out_dtype):
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise ValueError(f"nvgemm.nvfp4_linear_prequant: packed must be uint8 [M, K/2], got {packed.dtype} "
+                         f"{tuple(packed.shape)}")
+    m, k = packed.shape[0], packed.shape[1] * 2
+    if weight.dim() != 2 or weight.shape[1] * 2 != k:
+        raise ValueError(f"nvgemm.nvfp4_linear_prequant: activation K={k} does not match weight {tuple(weight.shape)}")
+    want = blocked_numel(m, k // NVFP4.block_size)
+    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8) or scales.dim() != 1 or scales.numel() != want:
+        raise ValueError(f"nvgemm.nvfp4_linear_prequant: scales must be the 1-D swizzled e4m3 scales of a "
+                         f"[{m}, {k // 16}] matrix ({want} elements), got {scales.dtype} {tuple(scales.shape)}")
+    if out_dtype not in X_DTYPES:
+        raise ValueError(f"nvgemm.nvfp4_linear_prequant: out_dtype must be bf16 or fp16, got {out_dtype}")
+
+
+@torch.library.custom_op("nvgemm::nvfp4_linear_prequant", mutates_args=())
+def nvfp4_linear_prequant(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    residual: Optional[torch.Tensor],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """W4A4 linear whose activation arrives quantized (packed codes + swizzled scales)."""
+    spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_prequant")
+    dev = packed.device
+    p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
+                      capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+                      weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
+                      bias=bias is not None, activation="none", residual=residual is not None)
+    backend = select_fused_backend(PREQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias, residual=residual))
+    return backend.run(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+
+
+def _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
+    _check_prequant(packed, scales, weight, out_dtype)
+    m, k = packed.shape[0], packed.shape[1] * 2
+    x_meta = torch.empty((m, k), dtype=out_dtype, device="meta")
+    spec = check_linear_args(x_meta, weight.to("meta"), weight_scale.to("meta"), weight_scale_2.to("meta"),
+                             input_scale.to("meta"), None if bias is None else bias.to("meta"),
+                             None if residual is None else residual.to("meta"), "none", out_dtype)
+    for name, t in (("weight", weight), ("weight_scale", weight_scale), ("bias", bias), ("residual", residual),
+                    ("scales", scales)):
+        if t is not None and t.device != packed.device:
+            raise ValueError(f"nvgemm.nvfp4_linear_prequant: {name} is on {t.device} but packed is on {packed.device}")
+    return spec
+
+
+def prequant_emulated(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
+    """The reference: dequantize the given activation, fp32 matmul, the epilogue."""
+    spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    m, k = packed.shape[0], packed.shape[1] * 2
+    sx = from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size)
+    acc = _acc(dequantize(packed, sx), weight, weight_scale)
+    return epilogue_ref(acc, spec, alpha_of(weight_scale_2.to(packed.device), input_scale.to(packed.device)), bias,
+                        residual)
+
+
+@nvfp4_linear_prequant.register_fake
+def _(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
+    _check_prequant(packed, scales, weight, out_dtype)
+    return packed.new_empty((packed.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+def requant_unfused(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    """The contract as two kernels: the gate_up GEMM with silu_mul (dense backends), then quantize_nvfp4."""
+    h = torch.ops.nvgemm.nvfp4_linear(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul",
+                                      out_dtype)
+    return torch.ops.nvgemm.quantize_nvfp4(h, out_input_scale.to(h.device), True)
+
+
+def _cuda_only(p) -> Optional[str]:
+    return None if p.device_type == "cuda" else f"the unfused fallback serves CUDA devices (got {p.device_type})"
+
+
+register_fused_backend(REQUANT, Backend(name="emulated", priority=-1000, supports=lambda p: None, run=requant_emulated))
+register_fused_backend(REQUANT, Backend(name="unfused", priority=-500, supports=_cuda_only, run=requant_unfused))
+register_fused_backend(PREQUANT, Backend(name="emulated", priority=-1000, supports=lambda p: None,
+                                         run=prequant_emulated))
+
+
+def gated_mlp(gate_up, down, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``down(silu_mul(gate_up(x)))`` for two :class:`~nvgemm.NVFP4Linear` (``gate_up`` with
+    ``activation="silu_mul"``, checkpoint ``[gate; up]`` order). When both are W4A4 the gate_up GEMM
+    emits down's NVFP4 input directly (fused requant); the result equals the unfused chain bit for bit."""
+    if gate_up.activation != "silu_mul":
+        raise ValueError(f"gated_mlp: gate_up must have activation='silu_mul', got {gate_up.activation!r}")
+    if down.in_features * 2 != gate_up.out_features:
+        raise ValueError(f"gated_mlp: down.in_features={down.in_features} is not gate_up.out_features/2 "
+                         f"= {gate_up.out_features // 2}")
+    if fused_mlp_reason(gate_up, down, x) is not None:
+        return down(gate_up(x), residual=residual)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    packed, scales = torch.ops.nvgemm.nvfp4_linear_requant(
+        x2, gate_up.weight, gate_up.weight_scale, gate_up.weight_scale_2, gate_up.input_scale, gate_up.bias,
+        down.input_scale, x.dtype)
+    res2 = None if residual is None else residual.reshape(-1, residual.shape[-1])
+    out = torch.ops.nvgemm.nvfp4_linear_prequant(
+        packed, scales, down.weight, down.weight_scale, down.weight_scale_2, down.input_scale, down.bias, res2,
+        x.dtype)
+    return out.reshape(*lead, out.shape[-1])
+
+
+def fused_mlp_reason(gate_up, down, x: torch.Tensor) -> Optional[str]:
+    """None if :func:`gated_mlp` runs ``gate_up`` -> ``down`` through the fused ops for input ``x``, else why
+    it runs the plain chain (same result)."""
+    if gate_up.weight_only or down.weight_only:
+        return "a W4A16 layer (the fused chain needs W4A4 gate_up and down)"
+    if gate_up.sm90_kind is not None or down.sm90_kind is not None:
+        return "a layer held in the sm90 layout (Hopper: the dense kernels serve the chain)"
+    if down.activation != "none":
+        return f"down has activation {down.activation!r}"
+    if down.in_features % NVFP4.block_size:
+        return f"I = {down.in_features} is not a multiple of 16"
+    if x.dtype not in X_DTYPES:
+        return f"x dtype {x.dtype}"
+    return fused_chain_reason(x.device)

@@ -1,1 +1,0 @@
-"""Built-in family facts (registered on first use of :mod:`nvgemm.perfmodel.facts`)."""

@@ -1,0 +1,82 @@
+"""MoE backend ``cutedsl_sm100_moe`` of ``nvgemm::nvfp4_moe``: the sm_100a grouped W4A4 kernels.
+
+Thin wiring of :mod:`nvgemm.templates.sm100_moe` into the MoE backend registry
+(:mod:`nvgemm.dispatch.moe`): which problems it takes (:func:`supports`), which configs a call runs
+(:func:`~nvgemm.templates.sm100_moe.policy.pick_moe_configs`: the policy's first (GEMM1, GEMM2) pair for
+the call's M bucket, ranked by the performance model), where the compiled kernels come from (the
+kernel cache) and the eager op (:func:`run`), whose host work is
+:func:`nvgemm.templates.sm100_moe.launch.moe_forward`. On CPU the same host path runs the real AOT
+artifacts on the PTX emulator (``tests/emulator/test_sm100_moe_emu.py``, as for the sm90 grouped kernel).
+
+Supports: CUDA tensors on an sm_100 device, W4A4 (both input scales), ``silu_mul`` (GEMM1's fused
+NVFP4 requant writes GEMM2's input), bf16/fp16 activations, H and I multiples of 32. Everything else
+(W4A16, non-gated experts, other GPUs) is left to the next backend (the emulated op as the last
+resort, with its one warning).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from nvgemm.dispatch.moe import MoeBackend, MoeProblem, register_moe_backend
+
+BACKEND_NAME = "cutedsl_sm100_moe"
+PRIORITY = 90
+ARCH = "sm_100a"
+
+
+def supports(p: MoeProblem):
+    if p.device_type != "cuda":
+        return f"needs a CUDA device (got {p.device_type})"
+    if p.capability is None or tuple(p.capability) != (10, 0):
+        return f"needs an sm_100 GPU (capability 10.0), got {p.capability}"
+    if p.weight_only:
+        return "W4A16 MoE is not this kernel (W4A4 only: both input scales are needed)"
+    if p.activation != "silu_mul":
+        return f"activation {p.activation!r}: the grouped kernel implements silu_mul (fused NVFP4 requant) only"
+    if p.x_dtype not in (torch.bfloat16, torch.float16):
+        return f"x must be bfloat16 or float16, got {p.x_dtype}"
+    if p.hidden % 32 or p.intermediate % 32:
+        return f"H={p.hidden} and I={p.intermediate} must be multiples of 32 (16-byte TMA rows of packed FP4)"
+    if p.m < 1:
+        return "empty input (M = 0)"
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _kernel_for(config, spec, sm_count: int):
+    from nvgemm.aot.cache import default_cache
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.aot.abi import HardwareSpec
+
+    cs = make_spec("sm100_moe_nvfp4", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count))
+    return default_cache().get(cs)
+
+
+def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale, w2_scale_2,
+        w2_input_scale, activation="silu_mul", router_weight_on_input=False, expert_map=None, shared_out=None,
+        residual=None, out_dtype=None, configs=None):
+    """Eager implementation (CUDA sm_100 only); ``configs`` = (GEMM1, GEMM2) overrides the policy."""
+    from nvgemm.templates.sm100_moe.policy import pick_moe_configs
+    from nvgemm.templates.sm100_moe.launch import moe_forward
+
+    sm = torch.cuda.get_device_properties(x.device).multi_processor_count
+    m, h = x.shape
+    if configs is None:
+        configs = pick_moe_configs(m, w13.shape[0], topk_ids.shape[1], h, w2.shape[2] * 2, sm)
+    stream = torch.cuda.current_stream(x.device)
+
+    def launch(args):
+        _kernel_for(args.config, args.spec, sm).launch(*args.abi_values(), stream)
+
+    return moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2,
+                       w2_scale, w2_scale_2, w2_input_scale, activation, router_weight_on_input, shared_out, residual,
+                       out_dtype, configs[0], configs[1], launch, stream_id=stream.cuda_stream)
+
+
+BACKEND = MoeBackend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
+register_moe_backend(BACKEND)
+
+__all__ = ["BACKEND", "BACKEND_NAME", "run", "supports"]

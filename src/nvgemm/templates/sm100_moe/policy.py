@@ -1,0 +1,142 @@
+"""Candidate policy of the sm_100a grouped W4A4 MoE kernels: per M bucket, ranked (GEMM1, GEMM2)
+config pairs for one MoE layer shape, from the performance model
+(:mod:`nvgemm.templates.sm100_moe.perf`).
+
+* **Token tile** (``tile_n`` 8 / 16 / 32 / 64 tokens per work slot, shared by both GEMMs: one work
+  list): from the expected pairs per *active* expert at the bucket's M (uniform routing, or a measured
+  ``histogram`` of pairs per expert): the smallest tile that holds them and its neighbours are
+  scored -- a tile smaller than an expert's count re-reads its weights, a larger one wastes MMA
+  columns and epilogue work; the model weighs both.
+* **Split-K** fills the 148 SMs: each GEMM is ranked over :data:`MOE_SPLIT_K` (bounded by its K
+  tiles), so a layer with few active row tiles (TP8 decode) gets a deep split and a busy one none.
+* **Ranking**: the best :data:`PER_GEMM` configs of each GEMM per tile, paired, ordered by the
+  modelled GEMM1 + GEMM2 time; at most 8 candidates. Configs are chosen at the upper M of the M
+  bucket (:func:`nvgemm.heuristics.policy.m_buckets`), so every M of a bucket runs the same kernels
+  (batch invariance, one CUDA graph per bucket).
+
+The layer presets, buckets and shapes are :mod:`.moe_sm90`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+from nvgemm.templates.sm100_moe.perf import (
+    PREP_KERNELS,
+    byte_floor_us,
+    expected_active_experts,
+    host_us,
+    moe_gemm_estimates,
+)
+from nvgemm.templates.sm100_moe.config import (
+    MOE_SPLIT_K,
+    MOE_TILE_N,
+    Sm100MoeConfig,
+    moe_shape_problem,
+    validate_moe_config,
+)
+from nvgemm.templates.sm90_moe.policy import (
+    MOE_LAYERS,
+    MoeCandidate,
+    MoeShape,
+    _shared_us,
+    bucket_of,
+    format_moe_plan,
+    get_moe_layer,
+    shape_from_preset,
+)
+
+MAX_CANDIDATES = 8
+PER_GEMM = 3
+GPU = "B200"
+
+
+def token_tiles(m: int, top_k: int, num_experts: int, histogram=None) -> tuple[int, ...]:
+    """The tiles scored for ``m`` tokens: the smallest ``tile_n`` holding the expected pairs per
+    active expert (or the histogram's largest count), and its neighbours in :data:`MOE_TILE_N`."""
+    if histogram is not None:
+        per = max([c for c in histogram if c > 0] or [1])
+    else:
+        per = m * top_k / max(expected_active_experts(m, top_k, num_experts), 1e-9)
+    i = next((j for j, t in enumerate(MOE_TILE_N) if t >= per), len(MOE_TILE_N) - 1)
+    return tuple(MOE_TILE_N[max(0, i - 1):i + 2])
+
+
+@functools.lru_cache(maxsize=None)
+def _space(tile_n: int) -> tuple:
+    """(position, config, dense twin) of the valid configs of ``tile_n`` (shape-independent: memoised)."""
+    out = []
+    for i, s in enumerate(MOE_SPLIT_K):
+        c = Sm100MoeConfig(tile_n=tile_n, split_k=s, pdl=True)
+        if validate_moe_config(c):
+            out.append((i, c, c.dense()))
+    return tuple(out)
+
+
+def moe_candidates(shape: MoeShape, m: int, gpu: str = GPU, sm_count: int | None = None, histogram=None,
+                   max_candidates: int = MAX_CANDIDATES) -> list[MoeCandidate]:
+    """Ranked (GEMM1, GEMM2) configs for ``shape`` (gated, W4A4) at ``m`` tokens (module docstring).
+    Both GEMMs of every scored tile are priced in one pass
+    (:func:`~nvgemm.templates.sm100_moe.perf.moe_gemm_estimates`)."""
+    if max_candidates < 1:
+        raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+    spaces, jobs = [], []
+    tiles = token_tiles(m, shape.top_k, shape.num_experts, histogram)
+    for tn in tiles:
+        for rows, k, gated in ((2 * shape.inter, shape.hidden, True), (shape.hidden, shape.inter, False)):
+            space = [t for t in _space(tn) if not moe_shape_problem(t[1], rows, k, gated)]
+            spaces.append(space)
+            jobs.append(([c for _, c, _ in space], [d for _, _, d in space], tn, rows, k))
+    best = []
+    for space, ests in zip(spaces, moe_gemm_estimates(jobs, m, shape.top_k, shape.num_experts, gpu, sm_count,
+                                                      histogram)):
+        scored = [(0.5 * (e.us[0] + e.us[1]), i, c, e) for (i, c, _), e in zip(space, ests) if e is not None]
+        scored.sort(key=lambda t: t[:2])
+        best.append([(c, e) for _, _, c, e in scored[:PER_GEMM]])
+    pairs = []
+    for j in range(len(tiles)):
+        for c1, e1 in best[2 * j]:
+            for c2, e2 in best[2 * j + 1]:
+                pairs.append(MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))
+    pairs.sort(key=lambda p: (sum(p.gemm_us), p.config13.tile_n, p.config13.split_k, p.config2.split_k))
+    return pairs[:max_candidates]
+
+
+@functools.lru_cache(maxsize=1024)
+def pick_moe_configs(m: int, num_experts: int, top_k: int, hidden: int, inter: int,
+                     sm_count: int = 148, gpu: str = GPU) -> tuple[Sm100MoeConfig, Sm100MoeConfig]:
+    """The run-time pick: the first candidate at the upper M of ``m``'s bucket (one pair per bucket)."""
+    shape = MoeShape("runtime", num_experts, top_k, hidden, inter)
+    _, hi = bucket_of(m)
+    cands = moe_candidates(shape, hi, gpu, sm_count, max_candidates=1)
+    if cands:
+        return cands[0].config13, cands[0].config2
+    return Sm100MoeConfig(tile_n=8), Sm100MoeConfig(tile_n=8)  # no model estimate: a valid default
+
+
+def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_kernels: Optional[int] = None) -> dict:
+    """Modelled per-layer time of the grouped path with the policy's first candidate (a MODEL)."""
+    cands = moe_candidates(shape, m, gpu, histogram=histogram, max_candidates=1)
+    if not cands:
+        return {}
+    c = cands[0]
+    host = host_us(gpu, PREP_KERNELS if prep_kernels is None else prep_kernels)
+    shared = _shared_us(shape, m, gpu, ("sm100.nvfp4",)) if shape.shared_inter else (0.0, 0.0)
+    total = tuple(c.gemm_us[i] + host[i] + shared[i] for i in range(2))
+    return {"m": m, "active": expected_active_experts(m, shape.top_k, shape.num_experts), "tiles": c.tiles,
+            "config13": c.config13.name(), "config2": c.config2.name(), "gemm_us": c.gemm_us, "host_us": host,
+            "shared_us": shared, "total_us": total,
+            "floor_us": byte_floor_us(m, shape.top_k, shape.num_experts, shape.hidden, shape.inter, shape.shared_inter,
+                                      gpu)}
+
+
+def format_plan(shape: MoeShape, ms, gpu: str = GPU, max_candidates: int = MAX_CANDIDATES) -> str:
+    """``nvgemm plan`` on a Blackwell target: per M, the ranked candidates with their modelled times."""
+    return format_moe_plan(shape, ms, gpu, "sm100 grouped W4A4",
+                           lambda m: moe_candidates(shape, m, gpu, max_candidates=max_candidates),
+                           lambda c: f"tile_n={c.config13.tile_n} slots", "nvgemm_cutedsl_sm100_moe_")
+
+
+__all__ = ["MAX_CANDIDATES", "format_plan", "layer_model", "moe_candidates",
+           "pick_moe_configs", "token_tiles"]

@@ -1,0 +1,259 @@
+"""The ``cutedsl_sm100`` backend: wires the sm100 NVFP4 family's launcher into the backend registry.
+
+Family code (config, validity rule, kernel, host launcher) lives in :mod:`nvgemm.templates.sm100_w4a4`;
+this module adds what belongs to the runtime: the device predicate (``supports``: a CUDA device of
+the sm_100 family, capability 10.x, so on CPU and other GPUs the backend is never selected),
+config selection through the candidate policy, the hardware cluster-occupancy query
+(:mod:`nvgemm.templates.common.occupancy`), and fetching the compiled kernel from the kernel cache
+(``nvgemm.aot.cache``), compiled for an explicit arch with explicit hardware numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Callable, Optional
+
+import torch
+
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
+from nvgemm.templates.sm100_w4a4.launch import launch_sm100, prepare_sm100_args
+from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
+from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend
+
+
+def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str, sm_count: int,
+                     occupancy_query: Optional[Callable[[int], int]] = None):
+    """The kernel cache's compile spec for one config on one device.
+
+    ``occupancy_query(cluster_size) -> clusters`` (the driver query at run time; None ahead of
+    time) decides ``hw.max_active_clusters``: the device's count, or 0 -- the template's per-arch
+    AOT value, i.e. the key a precompiled kernel has -- when they agree
+    (:func:`nvgemm.templates.common.occupancy.resolve_max_active_clusters`)."""
+    from nvgemm.aot.abi import HardwareSpec
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.templates.common.occupancy import resolve_max_active_clusters
+
+    mac = resolve_max_active_clusters(arch, sm_count, config.cluster_m * config.cluster_n, occupancy_query)
+    return make_spec(TEMPLATE_ID, config, arch, epilogue=spec,
+                     hw=HardwareSpec(sm_count=sm_count, max_active_clusters=mac))
+
+
+_AOT_FALLBACK_WARNED: set = set()
+
+
+def kernel_for(cspec, cache=None):
+    """The loaded kernel of ``cspec``; a device-sized spec (``hw.max_active_clusters`` set) that
+    is not in the cache and cannot be built here (no cutlass-dsl) runs the precompiled AOT kernel
+    instead, with one warning per spec (correct either way; the grid is then sized by the
+    guaranteed count)."""
+    import dataclasses
+
+    from nvgemm.aot import cache as cache_mod
+
+    cache = cache or cache_mod.default_cache()
+    if not cspec.hw.max_active_clusters:
+        return cache.get(cspec)
+    try:
+        return cache.get(cspec, build=cache_mod._dsl_available())
+    except cache_mod.CacheMiss:
+        aot = dataclasses.replace(cspec, hw=dataclasses.replace(cspec.hw, max_active_clusters=0))
+        k = cache.get(aot, build=False)
+        if cspec not in _AOT_FALLBACK_WARNED:
+            _AOT_FALLBACK_WARNED.add(cspec)
+            warnings.warn(
+                f"nvgemm_cutedsl sm100: {cspec.name()}: this device holds {cspec.hw.max_active_clusters} clusters, "
+                "the precompiled kernel's persistent grid is sized for the guaranteed count; run `nvgemm precompile` "
+                "where cutlass-dsl can build the device-sized kernel (or install it here)", RuntimeWarning, stacklevel=2)
+        return k
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    major, minor = capability
+    if major != 10:
+        raise ValueError(f"nvgemm_cutedsl sm100: capability {major}.{minor} is not the sm_100 family")
+    return {0: "sm_100a", 3: "sm_103a"}.get(minor, "sm_100f")
+
+
+def _device_rule(p: LinearProblem) -> Optional[str]:
+    """What every sm100 W4A4 launch needs: an sm_100-family GPU, an input_scale, bias in the output dtype."""
+    if p.device_type != "cuda":
+        return f"needs a CUDA device (got {p.device_type})"
+    if p.capability is None or p.capability[0] != 10:
+        return f"needs an sm_100-family GPU (capability 10.x), got {p.capability}"
+    if p.weight_only:
+        return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
+    if p.bias and p.x_dtype != p.out_dtype:
+        return "bias/residual must be in the output dtype"
+    return None
+
+
+def supports(p: LinearProblem) -> Optional[str]:
+    why = _device_rule(p)
+    if why is not None:
+        return why
+    ob = torch.empty((), dtype=p.out_dtype).element_size()
+    # the template's own rule for the problem (any config: shapes and alignment only)
+    st = can_implement_problem(Sm100Nvfp4GemmConfig(), m=1, n=p.n, k=p.k, out_bytes=ob, activation=p.activation)
+    if not st:
+        return st.reason
+    # the same predicate the policy uses (sm_count only ranks candidates; 148 = B200)
+    if _policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, arch_of(p.capability), 148) is None:
+        return f"the sm100 candidate policy has no implementable config (M={p.m} N={p.n} K={p.k} {p.activation})"
+    return None
+
+
+_OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _policy_config(m, n, k, out_dtype, activation, arch, sm_count) -> Optional[Sm100Nvfp4GemmConfig]:
+    """The policy's first candidate (deterministic; nvMatmulHeuristics off on the eager path)."""
+    from nvgemm.heuristics import candidates
+    from nvgemm.core.problem import GemmProblem, Target
+
+    prob = GemmProblem(n=n, k=k, m=m, out_dtype=_OUT_NAMES[out_dtype], epilogue=activation,
+                       target=Target(arch=arch, sm_count=sm_count))
+    cands = candidates(prob, use_nvmmh=False)
+    return cands[0].config if cands else None
+
+
+def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm100Nvfp4GemmConfig:
+    m = x.numel() // x.shape[-1]
+    cfg = _policy_config(m, weight.shape[0], weight.shape[1] * 2, spec.out_dtype, spec.activation,
+                         arch_of(capability), sm_count)
+    if cfg is None:
+        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={weight.shape[0]}")
+    return cfg
+
+
+def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
+              config=None):
+    """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only).
+
+    ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
+    """
+    from nvgemm.ops.linear import check_linear_args
+    from nvgemm.templates.common.occupancy import query_max_active_clusters
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    dev = x.device
+    props = torch.cuda.get_device_properties(dev)
+    cap = (props.major, props.minor)
+    if config is None:
+        config = _pick_config(x, weight, spec, props.multi_processor_count, cap)
+    elif isinstance(config, str):
+        config = config_from_name(config)
+    stream = torch.cuda.current_stream(dev)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream.cuda_stream)
+    cspec = compile_spec_for(config, spec, arch_of(cap), props.multi_processor_count,
+                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
+    kernel = kernel_for(cspec)
+    launch_sm100(args, kernel, stream)
+    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+
+
+BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)
+register_backend(BACKEND)
+
+
+# --------------------------------------------------------------------------- fused gated-MLP ops
+# nvgemm::nvfp4_linear_requant (the out_quant epilogue) and nvgemm::nvfp4_linear_prequant (the W4A4 kernel fed
+# the quantized activation); registered with nvgemm.dispatch.fused under the same name.
+
+
+def supports_requant(p: LinearProblem) -> Optional[str]:
+    """The fused requant launch (``EpilogueSpec(out_quant=True)``, 1-CTA swap-AB, every token in one N tile)."""
+    from nvgemm.templates.sm100_w4a4.launch import requant_config
+
+    why = _device_rule(p)
+    if why is not None:
+        return why
+    cfg = requant_config(p.m)
+    if cfg is None:
+        return f"M={p.m} > 128 tokens: the fused requant launch holds every token in one swap-AB N tile"
+    ob = torch.empty((), dtype=p.out_dtype).element_size()
+    st = can_implement_problem(cfg, m=p.m, n=p.n, k=p.k, out_bytes=ob, activation="silu_mul")
+    return None if st else st.reason
+
+
+def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype) -> EpilogueSpec:
+    import dataclasses
+
+    from nvgemm.ops.linear import check_linear_args
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul", out_dtype)
+    return dataclasses.replace(spec, out_quant=True)
+
+
+def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales)."""
+    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args, requant_config
+    from nvgemm.templates.common.occupancy import query_max_active_clusters
+
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
+    config = requant_config(x.shape[0])
+    if config is None:
+        raise ValueError(f"nvgemm_cutedsl sm100: fused requant takes at most 128 tokens, got M={x.shape[0]}")
+    dev = x.device
+    props = torch.cuda.get_device_properties(dev)
+    args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                      spec, config)
+    cspec = compile_spec_for(config, spec, arch_of((props.major, props.minor)), props.multi_processor_count,
+                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
+    launch_sm100(args, kernel_for(cspec), torch.cuda.current_stream(dev))
+    return args.out, args.residual.view(torch.float8_e4m3fn)
+
+
+def prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype) -> EpilogueSpec:
+    from nvgemm.ops.linear import check_linear_args
+
+    def meta(t):
+        return None if t is None else t.to("meta")
+
+    x = torch.empty((packed.shape[0], packed.shape[1] * 2), dtype=out_dtype, device="meta")
+    return check_linear_args(x, meta(weight), meta(weight_scale), meta(weight_scale_2), meta(input_scale), meta(bias),
+                             meta(residual), "none", out_dtype)
+
+
+def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,
+                  arch: str, sm_count: int, stream_id: int = 0):
+    """(the W4A4 launch's arguments fed the given activation codes + scales, the config: the policy's pick)."""
+    spec = prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    m, n, k = packed.shape[0], weight.shape[0], weight.shape[1] * 2
+    config = _policy_config(m, n, k, spec.out_dtype, "none", arch, sm_count)
+    if config is None:
+        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={n} K={k}")
+    args = prepare_sm100_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream_id, quantized=(packed, scales.view(torch.float8_e4m3fn)))
+    return args, config
+
+
+def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
+    """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization."""
+    from nvgemm.templates.common.occupancy import query_max_active_clusters
+
+    dev = packed.device
+    props = torch.cuda.get_device_properties(dev)
+    arch = arch_of((props.major, props.minor))
+    stream = torch.cuda.current_stream(dev)
+    args, config = prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                                 out_dtype, arch, props.multi_processor_count, stream.cuda_stream)
+    cspec = compile_spec_for(config, args.spec, arch, props.multi_processor_count,
+                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
+    launch_sm100(args, kernel_for(cspec), stream)
+    return args.out
+
+
+def _register_fused() -> None:
+    from nvgemm.dispatch.fused import PREQUANT, REQUANT, register_fused_backend
+
+    register_fused_backend(REQUANT, Backend(name="cutedsl_sm100", priority=100, supports=supports_requant,
+                                            run=run_sm100_requant))
+    register_fused_backend(PREQUANT, Backend(name="cutedsl_sm100", priority=100, supports=supports,
+                                             run=run_sm100_prequant))
+
+
+_register_fused()

@@ -1,0 +1,307 @@
+"""Host launcher of the sm_100a NVFP4 CuTeDSL GEMM: argument preparation, workspaces, launch.
+
+:func:`prepare_sm100_args` turns one validated ``nvgemm::nvfp4_linear`` call (W4A4; the caller
+passes its :class:`~nvgemm.epilogues.EpilogueSpec`) into the kernel's arguments -- it is pure torch
+and runs on CPU, where tests check it against the emulated op through :func:`kernel_view_ref` (the
+kernel's math expressed on the prepared arguments):
+
+* activations are quantized with ``torch.ops.nvgemm.quantize_nvfp4(x, input_scale,
+  swizzle=True)`` -> packed E2M1 [M, K/2] + 128x4-swizzled e4m3 scales;
+* ``alpha = input_scale * weight_scale_2`` as a device fp32 scalar (shape (1,)) or a per-N
+  vector (fused shards with unequal ``weight_scale_2``);
+* swap-AB: A = weight / weight scales, B = activations / activation scales, MMA problem
+  (m, n) = (N, M); the output buffer [M, N] row-major is the kernel's column-major C;
+* alpha, bias and the residual are passed 16-byte aligned (copied when a caller's view is not:
+  the kernel reads them with 16-byte vector loads);
+* split-K: an fp32 workspace of tiles x S x tile_n x 128 values (laid out thread-major by the
+  kernel, see :mod:`nvgemm.templates.sm100_w4a4.epilogue`) and int32 per-tile counters that must be
+  zero at launch (the kernel resets them), from :class:`SplitKWorkspaces` -- safe under CUDA
+  graph capture (see there);
+* silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
+  interleaved copy of a weight is made once and cached (keyed by the weight's storage, offset and
+  version: :mod:`nvgemm.templates.common.derived`), which costs one extra copy of each gate_up weight in device memory. A loader
+  that stores gate_up pre-interleaved would avoid that copy (not done).
+
+The problem-level limits are the template's own rule
+(:func:`nvgemm.templates.sm100_w4a4.validity.can_implement_problem`); a refused call raises
+``ValueError`` with its reason. Backend registration, config selection and the kernel cache live
+in :mod:`nvgemm.templates.sm100_w4a4.backend`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.formats import NVFP4, blocked_numel
+from nvgemm.templates.common.derived import DerivedCache
+from nvgemm.templates.common.workspace import WORKSPACES, SplitKWorkspaces, is_capturing as _is_capturing  # noqa: F401
+from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
+
+CTA_TILE_M = 128
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+@dataclass
+class Sm100Args:
+    """Everything one launch needs, in the kernel's (MMA) terms."""
+
+    a: torch.Tensor  # uint8 [m, K/2] packed E2M1
+    b: torch.Tensor  # uint8 [n, K/2]
+    sfa: torch.Tensor  # e4m3 1-D swizzled scales of A (rows = m)
+    sfb: torch.Tensor  # e4m3 1-D swizzled scales of B (rows = n)
+    out: torch.Tensor  # [tokens, N_out] row-major (the op's result)
+    alpha: Optional[torch.Tensor]  # fp32 (1,) or (N,)
+    bias: Optional[torch.Tensor]  # out dtype (N,)
+    residual: Optional[torch.Tensor]  # out dtype [tokens, N] contiguous
+    workspace: Optional[torch.Tensor]  # fp32, split-K only
+    counters: Optional[torch.Tensor]  # int32 zeros, split-K only
+    m: int
+    n: int
+    k: int
+    spec: EpilogueSpec
+    config: Sm100Nvfp4GemmConfig
+
+    def kernel_c_view(self) -> torch.Tensor:
+        """The [m, n] view of ``out`` the kernel writes (transposed for swap-AB)."""
+        return self.out.t() if self.config.swap_ab else self.out
+
+
+def splitk_workspace_shape(m: int, n: int, config: Sm100Nvfp4GemmConfig) -> tuple[int, int]:
+    """(workspace fp32 elements, number of per-tile counters) for MMA problem (m, n)."""
+    tiles_m = _round_up(_ceil_div(m, CTA_TILE_M), config.cluster_m)
+    tiles_n = _round_up(_ceil_div(n, config.tile_n), config.cluster_n)
+    tiles = tiles_m * tiles_n
+    return tiles * config.split_k * config.tile_n * CTA_TILE_M, tiles
+
+
+def splitk_buffers(device: torch.device, m: int, n: int, config: Sm100Nvfp4GemmConfig, stream_id: int = 0):
+    """Workspace + zeroed counters for MMA problem (m, n) from the process-wide pool."""
+    ws_numel, n_cnt = splitk_workspace_shape(m, n, config)
+    return WORKSPACES.get(device, ws_numel, n_cnt, stream_id)
+
+
+def gate_up_permutation(n: int, device=None) -> torch.Tensor:
+    """GEMM row order of an interleaved gate_up weight: row 2j = gate j, row 2j+1 = up j."""
+    if n % 2:
+        raise ValueError(f"silu_mul needs an even number of GEMM rows, got N={n}")
+    h = n // 2
+    idx = torch.arange(h, device=device)
+    return torch.stack([idx, idx + h], dim=1).reshape(-1)
+
+
+GATED = DerivedCache()
+
+
+def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
+    """(weight, swizzled weight_scale, weight_scale_2, bias) with gate/up rows interleaved.
+
+    The packed weight and its (re-swizzled) scales are derived once per weight storage and
+    version (:mod:`nvgemm.templates.common.derived`: a per-call view such as ``weight_scale.view(e4m3)``
+    of a uint8 scale hits; an in-place update re-derives into the same buffers); per-N vectors
+    (weight_scale_2, bias) are permuted per call (they are small)."""
+    from nvgemm.core.formats import from_blocked, to_blocked
+
+    n, kb = weight.shape[0], weight.shape[1] * 2 // NVFP4.block_size
+    perm = gate_up_permutation(n, weight.device)
+
+    def make():
+        return weight[perm].contiguous(), to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
+
+    w_i, s_i = GATED.get("gate_up", weight, (weight, weight_scale), make, capturing=_is_capturing())
+    w2 = weight_scale_2[perm] if weight_scale_2.dim() == 1 else weight_scale_2
+    b = bias[perm] if bias is not None else None
+    return w_i, s_i, w2, b
+
+
+def _aligned16(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with a 16-byte aligned base (the kernel reads it with 16-byte vectors)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def prepare_sm100_args(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    residual: Optional[torch.Tensor],
+    spec: EpilogueSpec,
+    config: Sm100Nvfp4GemmConfig,
+    *,
+    stream_id: int = 0,
+    quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+) -> Sm100Args:
+    """The kernel's arguments for one call; ``spec`` is the call's validated epilogue
+    (``nvgemm.ops.linear.check_linear_args``). Raises ValueError naming the problem when the template
+    cannot implement it. ``quantized`` = (packed codes [M, K/2], flat swizzled e4m3 scales): the
+    activation arrives quantized (``nvgemm::nvfp4_linear_prequant``); ``x`` is then unused (None) and
+    nothing is re-quantized."""
+    if input_scale is None:
+        raise ValueError("nvgemm_cutedsl sm100: the W4A4 kernel needs input_scale (W4A16 is not this kernel)")
+    n, k = weight.shape[0], weight.shape[1] * 2
+    if quantized is None:
+        dev = x.device
+        x2 = x.reshape(-1, k)
+        tokens = x2.shape[0]
+    else:
+        dev = quantized[0].device
+        tokens = quantized[0].shape[0]
+    ob = torch.empty((), dtype=spec.out_dtype).element_size()
+    st = can_implement_problem(config, m=tokens, n=n, k=k, out_bytes=ob, activation=spec.activation)
+    if not st:
+        raise ValueError(f"nvgemm_cutedsl sm100: {config.name()} cannot run this call: {st.reason}")
+    n_out = spec.out_features(n)
+
+    if quantized is None:
+        xq, xs = torch.ops.nvgemm.quantize_nvfp4(x2.contiguous(), input_scale.to(dev).reshape(()), True)
+    else:
+        xq, xs = quantized[0].contiguous(), quantized[1].contiguous()
+    wq = weight.contiguous()
+    ws_ = weight_scale.view(torch.float8_e4m3fn) if weight_scale.dtype == torch.uint8 else weight_scale
+    xs = xs.view(torch.float8_e4m3fn) if xs.dtype == torch.uint8 else xs
+    if xs.numel() != blocked_numel(tokens, k // NVFP4.block_size):
+        raise ValueError("nvgemm_cutedsl sm100: activation quantizer returned unswizzled/misshapen scales")
+
+    w2 = weight_scale_2
+    if spec.gated:
+        wq, ws_, w2, bias = interleave_gate_up(wq, ws_, weight_scale_2, bias)
+    alpha = _aligned16((input_scale.float().reshape(()).to(dev) * w2.float().to(dev)).reshape(-1))
+    out = torch.empty((tokens, n_out), dtype=spec.out_dtype, device=dev)
+    bias_k = None
+    if bias is not None:
+        if bias.dtype != spec.out_dtype:
+            raise ValueError(f"nvgemm_cutedsl sm100: bias dtype {bias.dtype} must equal the output dtype {spec.out_dtype}")
+        bias_k = _aligned16(bias)
+    res_k = None
+    if residual is not None:
+        if residual.dtype != spec.out_dtype:
+            raise ValueError(
+                f"nvgemm_cutedsl sm100: residual dtype {residual.dtype} must equal the output dtype {spec.out_dtype}"
+            )
+        res_k = _aligned16(residual.reshape(tokens, n_out))
+
+    ws_ = ws_.reshape(-1)  # the kernel reads the flat 128x4 bytes
+    if config.swap_ab:
+        a, sfa, b, sfb, m_k, n_k = wq, ws_, xq, xs, n, tokens
+    else:
+        a, sfa, b, sfb, m_k, n_k = xq, xs, wq, ws_, tokens, n
+    ws = cnt = None
+    if config.split_k > 1:
+        ws, cnt = splitk_buffers(dev, m_k, n_k, config, stream_id)
+    return Sm100Args(a, b, sfa, sfb, out, alpha if spec.alpha != "none" else None, bias_k, res_k, ws, cnt,
+                     m_k, n_k, k, spec, config)
+
+
+def prepare_sm100_requant_args(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_input_scale: torch.Tensor,
+    spec: EpilogueSpec,
+    config: Sm100Nvfp4GemmConfig,
+) -> Sm100Args:
+    """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``): those of the gated
+    GEMM, with ``out`` = zeroed packed codes [tokens, I/2] (uint8), ``residual`` = zeroed 128x4-swizzled
+    scale bytes of the [tokens, I/16] matrix (padding stays zero: the kernel writes real blocks only)
+    and ``alpha`` = the alpha values followed by the next layer's input_scale (the kernel's ABI)."""
+    import dataclasses
+
+    if not spec.out_quant:
+        raise ValueError("prepare_sm100_requant_args: the epilogue spec must have out_quant=True")
+    if not (config.swap_ab and config.tile_m == 128):
+        raise ValueError(f"nvgemm_cutedsl sm100: the fused requant epilogue needs a 1-CTA swap-AB config, "
+                         f"got {config.name()}")
+    i = weight.shape[0] // 2
+    if weight.shape[0] % 2 or i % NVFP4.block_size:
+        raise ValueError(f"nvgemm_cutedsl sm100: fused requant needs N = 2I with I % 16 == 0, got N={weight.shape[0]}")
+    if out_input_scale.dtype != torch.float32 or out_input_scale.numel() != 1:
+        raise ValueError(f"nvgemm_cutedsl sm100: out_input_scale must be a float32 scalar, got "
+                         f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
+    gated = dataclasses.replace(spec, out_quant=False)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, gated, config)
+    tokens, dev = args.n, x.device
+    alpha = args.alpha.reshape(-1) if spec.alpha != "none" else torch.zeros(0, device=dev)
+    alpha_gs = _aligned16(torch.cat([alpha.float(), out_input_scale.float().reshape(1).to(dev)]))
+    codes = torch.zeros((tokens, i // 2), dtype=torch.uint8, device=dev)
+    scales = torch.zeros(blocked_numel(tokens, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
+    return dataclasses.replace(args, out=codes, residual=scales, alpha=alpha_gs, spec=spec)
+
+
+#: swap-AB token tiles of the fused requant launch (smallest holding every token; the kernel needs 1-CTA swap-AB)
+REQUANT_TILE_N = (8, 16, 32, 64, 128)
+
+
+def requant_config(m: int) -> Optional[Sm100Nvfp4GemmConfig]:
+    """The fused requant launch's config for ``m`` tokens: the smallest 1-CTA swap-AB tile holding every token
+    in one N tile; None above 128 tokens (decode sizes only: larger M runs the unfused chain)."""
+    tile_n = next((t for t in REQUANT_TILE_N if t >= m), None)
+    return None if tile_n is None else Sm100Nvfp4GemmConfig(tile_n=tile_n, swap_ab=True)
+
+
+def kernel_view_ref(args: Sm100Args) -> torch.Tensor:
+    """The kernel's math on the prepared arguments, in torch fp32 (CPU-testable): decode A/B
+    with their own scales, C = A @ B^T in the MMA's (m, n) frame, the epilogue with per-feature
+    vectors indexed along the MMA row when swap-AB, written through ``kernel_c_view()``."""
+    from nvgemm.epilogues.spec import apply_activation_ref
+    from nvgemm.core.formats import dequantize, from_blocked
+
+    kb = args.k // NVFP4.block_size
+    A = dequantize(args.a, from_blocked(args.sfa, args.m, kb))
+    B = dequantize(args.b, from_blocked(args.sfb, args.n, kb))
+    C = A @ B.t()  # [m, n] fp32
+    feat_dim = 0 if args.config.swap_ab else 1
+    shape = (-1, 1) if feat_dim == 0 else (1, -1)
+    y = C
+    if args.spec.alpha == "scalar":
+        y = y * args.alpha.reshape(())
+    elif args.spec.alpha == "vector":
+        y = y * args.alpha.reshape(shape)
+    if args.spec.bias:
+        y = y + args.bias.float().reshape(shape)
+    if args.spec.gated:
+        # interleaved features: 2j = gate j, 2j+1 = up j (along the MMA rows when swap-AB)
+        g, u = (y[0::2], y[1::2]) if args.config.swap_ab else (y[:, 0::2], y[:, 1::2])
+        y = g * torch.sigmoid(g) * u
+    else:
+        y = apply_activation_ref(y, args.spec.activation)
+    if args.spec.residual:
+        r = args.residual.float()
+        y = y + (r.t() if args.config.swap_ab else r)
+    out = torch.full_like(args.out, float("nan"))
+    view = out.t() if args.config.swap_ab else out
+    view.copy_(y.to(args.spec.out_dtype))
+    return out
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def launch_sm100(args: Sm100Args, kernel, stream) -> torch.Tensor:
+    """Launch a loaded kernel (``AotKernel`` from the cache) on ``stream``; returns ``args.out``."""
+    kernel.launch(
+        args.a, args.b, args.sfa, args.sfb, args.out,
+        args.alpha if args.alpha is not None else 0,
+        args.bias if args.bias is not None else 0,
+        args.residual if args.residual is not None else 0,
+        args.workspace if args.workspace is not None else 0,
+        args.counters if args.counters is not None else 0,
+        args.m, args.n, args.k, stream,
+    )
+    return args.out

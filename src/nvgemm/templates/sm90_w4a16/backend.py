@@ -1,0 +1,147 @@
+"""Backend ``cutedsl_sm90`` of ``nvgemm::nvfp4_linear``: the sm_90a W4A16 CuTeDSL kernels.
+
+Thin wiring of :mod:`nvgemm.templates.sm90_w4a16` into the run time: which problems it takes
+(:func:`supports`), which config a call runs (:func:`pick_config`: the policy's first candidate,
+ranked by the performance model), where the compiled kernel comes from (the kernel cache,
+``nvgemm.aot.cache``; on a box without cutlass-dsl the kernels must be precompiled), and the
+eager op (:func:`run_sm90`). The host work per call lives in :mod:`nvgemm.templates.sm90_w4a16.launch`.
+
+Supports: CUDA tensors on an sm_90 device (capability 9.0), K % 32 == 0, bf16/fp16 activations,
+residual in the output dtype, and for ``silu_mul`` N/2 % 16 == 0 (others fall back to the emulated
+op with a warning). W4A4 layers run weight-only on quantize-dequantized activations (exact; see
+the launch module).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Optional
+
+import torch
+
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config, config_from_name, shape_problem, validate_config
+from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, launch_sm90, prepare_sm90_args
+from nvgemm.templates.sm90_w4a16.operand import kind_of
+from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, warn_once
+
+log = logging.getLogger("nvgemm_cutedsl.sm90")
+
+ARCH = "sm_90a"
+BACKEND_NAME = "cutedsl_sm90"
+PRIORITY = 90
+
+_X_FORMAT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def default_config(m: int) -> Sm90W4A16Config:
+    """The config when the policy is unavailable: the decode kernel for M <= 32, the register-A
+    WGMMA kernel (64 or 128 tokens x 256 rows per CTA) beyond."""
+    if m <= 32:
+        tm = 8 if m <= 8 else (16 if m <= 16 else 32)
+        return Sm90W4A16Config("mma", tile_m=tm, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)
+    return Sm90W4A16Config("wgmma", tile_m=64 if m <= 64 else 128, tile_n=256, tile_k=128, num_warps=8, stages=4,
+                           pdl=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, sm_count: int) -> Sm90W4A16Config:
+    """The heuristics' first candidate this runtime can run (the policy ranks them with the
+    performance model); without the policy: :func:`default_config`."""
+    gated = activation == "silu_mul"
+    try:
+        from nvgemm.heuristics import candidates
+        from nvgemm.core.problem import GemmProblem, Target
+
+        prob = GemmProblem(n=n, k=k, m=m, a_format=_X_FORMAT[x_dtype], b_format="nvfp4",
+                           epilogue=activation, target=Target(arch=ARCH, sm_count=sm_count))
+        for c in candidates(prob, use_nvmmh=False):
+            cfg = c.config
+            if isinstance(cfg, Sm90W4A16Config) and validate_config(cfg) and not shape_problem(cfg, m, n, k, gated):
+                return cfg
+    except (ImportError, ValueError, TypeError) as e:  # policy unavailable: fall back to the default
+        log.info("nvgemm_cutedsl sm90: heuristics failed (%s); using the default config", e)
+    cfg = default_config(m)
+    if gated and cfg.family == "mma" and cfg.row_tiles % 2:
+        cfg = Sm90W4A16Config("mma", tile_m=cfg.tile_m, tile_n=2 * cfg.tile_n, tile_k=cfg.tile_k,
+                              num_warps=cfg.num_warps, stages=cfg.stages, pdl=cfg.pdl)
+    return cfg
+
+
+def template_id_of(config: Sm90W4A16Config) -> str:
+    return f"sm90_w4a16_{config.family}"
+
+
+def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int = 132):
+    from nvgemm.aot.abi import HardwareSpec
+    from nvgemm.aot.compile_spec import make_spec
+
+    return make_spec(template_id_of(config), config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
+                     a_format=_X_FORMAT[x_dtype], b_format="nvfp4")
+
+
+def supports(p: LinearProblem) -> Optional[str]:
+    if p.device_type != "cuda":
+        return f"needs a CUDA device (got {p.device_type})"
+    if p.capability is None or tuple(p.capability) != (9, 0):
+        return f"needs an sm_90 GPU (capability 9.0), got {p.capability}"
+    if p.x_dtype not in _X_FORMAT:
+        return f"x must be bfloat16 or float16, got {p.x_dtype}"
+    if p.k % 32:
+        return f"K={p.k} is not a multiple of 32 (16-byte rows of packed FP4)"
+    if p.activation == "silu_mul" and (p.n % 2 or (p.n // 2) % 16):
+        return f"silu_mul needs N/2 = {p.n // 2} to be a multiple of 16 (whole gate and up row tiles)"
+    if p.m < 1:
+        return "empty input (M = 0)"
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _kernel_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int):
+    """The loaded kernel for one (config, epilogue, dtype): spec hashing and cache lookup once."""
+    from nvgemm.aot.cache import default_cache
+
+    return default_cache().get(compile_spec_for(config, spec, x_dtype, sm_count))
+
+
+def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
+             config=None):
+    """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only).
+
+    ``config`` (a config or its name; autotuned code passes one) overrides the policy's pick."""
+    from nvgemm.ops.linear import check_linear_args, nvfp4_linear_emulated
+
+    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    if residual is not None and residual.dtype != spec.out_dtype:
+        warn_once("sm90-residual-dtype", f"nvgemm_cutedsl sm90: residual dtype {residual.dtype} != output dtype "
+                  f"{spec.out_dtype}; this call uses the emulated op")
+        return nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                                     activation, out_dtype)
+    prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
+    return run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
+
+
+def run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype, config=None):
+    """The kernel on an already prepared weight (:class:`~nvgemm.templates.sm90_w4a16.operand.Sm90Weight`);
+    the caller has validated the call (residual in the output dtype, x of the prepared kind)."""
+    props = torch.cuda.get_device_properties(x.device)
+    n, k = prepared.n, prepared.k
+    m = x.numel() // k
+    if config is None:
+        config = pick_config(m, n, k, x.dtype, activation, props.multi_processor_count)
+    elif isinstance(config, str):
+        config = config_from_name(config)
+    stream = torch.cuda.current_stream(x.device)
+    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config,
+                             stream_id=stream.cuda_stream)
+    kernel = _kernel_for(config, args.spec, x.dtype, props.multi_processor_count)
+    launch_sm90(args, kernel, stream)
+    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+
+
+BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm90)
+register_backend(BACKEND)
+
+__all__ = ["ARCH", "BACKEND", "compile_spec_for", "default_config", "pick_config", "run_prepared", "run_sm90",
+           "supports", "template_id_of"]

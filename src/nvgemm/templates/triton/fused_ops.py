@@ -1,0 +1,119 @@
+"""``nvgemm::`` ops for the fused NVFP4 quantizers (torch-only module; triton loads lazily).
+
+* ``torch.ops.nvgemm.rmsnorm_quantize_nvfp4(x, weight, input_scale, eps=1e-6, swizzle=True)``
+  -> (packed uint8 [M, K/2], scales e4m3)
+* ``torch.ops.nvgemm.add_rmsnorm_quantize_nvfp4(x, residual, weight, input_scale, eps=1e-6,
+  swizzle=True)`` -> (packed, scales, new residual = x + residual)
+* ``torch.ops.nvgemm.silu_mul_quantize_nvfp4(x, input_scale, swizzle=True)`` with x = [gate | up]
+  [M, 2I] -> (packed uint8 [M, I/2], scales)
+
+Scales are the 1-D 128x4 swizzled layout when ``swizzle`` (what ``nvfp4_linear``'s W4A4 kernels
+read), else linear [M, K/16]. Eager: the Triton kernel on CUDA (sm_80+, Triton importable), the
+pure-torch reference (:mod:`nvgemm.templates.triton.reference`) otherwise. Fake impls allocate the
+same shapes. None of these ops mutates its inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from nvgemm.core.formats import blocked_numel
+
+from nvgemm.templates.triton.reference import (
+    add_rmsnorm_quantize_ref,
+    check_fused_args,
+    rmsnorm_quantize_ref,
+    silu_mul_quantize_ref,
+)
+
+log = logging.getLogger("nvgemm_cutedsl")
+
+__all__ = ["rmsnorm_quantize_nvfp4", "add_rmsnorm_quantize_nvfp4", "silu_mul_quantize_nvfp4", "triton_unusable"]
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_import_error() -> str | None:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means "no Triton kernels"
+        log.info("nvgemm_cutedsl: triton is not usable: %r", e)
+        return f"triton cannot be imported ({type(e).__name__}: {e})"
+    return None
+
+
+def triton_unusable(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (None if they can): CUDA sm_80+, Triton importable."""
+    if device.type != "cuda":
+        return f"needs a CUDA device, got {device.type}"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 0):
+        return f"needs sm_80 or newer, got sm_{cap[0]}{cap[1]}"
+    return _triton_import_error()
+
+
+def _scale_like(x: torch.Tensor, m: int, k: int, swizzle: bool) -> torch.Tensor:
+    if swizzle:
+        return x.new_empty((blocked_numel(m, k // 16),), dtype=torch.float8_e4m3fn)
+    return x.new_empty((m, k // 16), dtype=torch.float8_e4m3fn)
+
+
+@torch.library.custom_op("nvgemm::rmsnorm_quantize_nvfp4", mutates_args=())
+def rmsnorm_quantize_nvfp4(x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor, eps: float = 1e-6,
+                           swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4(weight * RMSNorm(x)) in one launch; bit-exact with the unfused chain."""
+    check_fused_args("rmsnorm_quantize_nvfp4", x, input_scale, weight=weight)
+    if triton_unusable(x.device) is None:
+        from nvgemm.templates.triton.fused import rmsnorm_quantize_nvfp4_triton
+
+        return rmsnorm_quantize_nvfp4_triton(x, weight, input_scale, eps, swizzle)
+    return rmsnorm_quantize_ref(x, weight, input_scale, eps, swizzle)
+
+
+@rmsnorm_quantize_nvfp4.register_fake
+def _(x, weight, input_scale, eps=1e-6, swizzle=True):
+    check_fused_args("rmsnorm_quantize_nvfp4", x, input_scale, weight=weight)
+    m, k = x.shape
+    return x.new_empty((m, k // 2), dtype=torch.uint8), _scale_like(x, m, k, swizzle)
+
+
+@torch.library.custom_op("nvgemm::add_rmsnorm_quantize_nvfp4", mutates_args=())
+def add_rmsnorm_quantize_nvfp4(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                               input_scale: torch.Tensor, eps: float = 1e-6,
+                               swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """r = x + residual; NVFP4(weight * RMSNorm(r)). Returns (packed, scales, r)."""
+    check_fused_args("add_rmsnorm_quantize_nvfp4", x, input_scale, weight=weight, residual=residual)
+    if triton_unusable(x.device) is None:
+        from nvgemm.templates.triton.fused import add_rmsnorm_quantize_nvfp4_triton
+
+        return add_rmsnorm_quantize_nvfp4_triton(x, residual, weight, input_scale, eps, swizzle)
+    return add_rmsnorm_quantize_ref(x, residual, weight, input_scale, eps, swizzle)
+
+
+@add_rmsnorm_quantize_nvfp4.register_fake
+def _(x, residual, weight, input_scale, eps=1e-6, swizzle=True):
+    check_fused_args("add_rmsnorm_quantize_nvfp4", x, input_scale, weight=weight, residual=residual)
+    m, k = x.shape
+    return x.new_empty((m, k // 2), dtype=torch.uint8), _scale_like(x, m, k, swizzle), torch.empty_like(x)
+
+
+@torch.library.custom_op("nvgemm::silu_mul_quantize_nvfp4", mutates_args=())
+def silu_mul_quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor,
+                            swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4(silu(x[:, :I]) * x[:, I:]) in one launch; bit-exact with the unfused chain."""
+    check_fused_args("silu_mul_quantize_nvfp4", x, input_scale, gated=True)
+    if triton_unusable(x.device) is None:
+        from nvgemm.templates.triton.fused import silu_mul_quantize_nvfp4_triton
+
+        return silu_mul_quantize_nvfp4_triton(x, input_scale, swizzle)
+    return silu_mul_quantize_ref(x, input_scale, swizzle)
+
+
+@silu_mul_quantize_nvfp4.register_fake
+def _(x, input_scale, swizzle=True):
+    check_fused_args("silu_mul_quantize_nvfp4", x, input_scale, gated=True)
+    m, i = x.shape[0], x.shape[1] // 2
+    return x.new_empty((m, i // 2), dtype=torch.uint8), _scale_like(x, m, i, swizzle)

@@ -121,7 +121,7 @@ def test_exact_expert_map_router_weight_on_input_fp16():
 def test_op_runs_the_grouped_kernel_via_the_emulator_backend(monkeypatch):
     """``NVGEMM_MOE_BACKEND=emu_sm100_moe``: ``torch.ops.nvgemm.nvfp4_moe`` dispatches to the grouped
     kernels (the policy's pick for the B200 profile) on the emulator, bit-exact with the emulated op."""
-    import nvgemm.moe  # noqa: F401  (registers the op)
+    import nvgemm.ops.moe  # noqa: F401  (registers the op)
     from nvgemm.dispatch.moe import last_moe_selected
 
     monkeypatch.setenv("NVGEMM_MOE_BACKEND", "emu_sm100_moe")

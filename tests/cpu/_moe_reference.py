@@ -3,7 +3,7 @@
 Per routed pair it runs ``_reference.ref_linear_fp64`` (fp64 lookup-table decode, brute-force
 activation rounding, fp64 matmul/epilogue) for the gate/up GEMM, rounds the activation to the
 input dtype (where ModelOpt's fake-quant graph and nvgemm round it), runs the down GEMM in fp64
-and sums ``w * y`` in fp64. It shares no code with ``nvgemm.moe`` or the swizzle.
+and sums ``w * y`` in fp64. It shares no code with ``nvgemm.ops.moe`` or the swizzle.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ compiled for sm_90a with two epilogues -- ``ref`` (scalar alpha) and ``full`` (p
 bias + residual) -- and its SASS read with cuobjdump: ``LDL``/``STL`` (local memory: ptxas spills,
 which PTX ``.local`` cannot show) in the kernel and in its main loop, and the tensor-core
 instructions (HMMA for mma, HGMMA for wgmma). The records go into the ``spills`` section of
-``src/nvgemm/perfmodel/sass_facts.json``, which the policy reads to drop spilling variants; the
+``src/nvgemm/heuristics/perfmodel/sass_facts.json``, which the policy reads to drop spilling variants; the
 sweep repeats until the policy emits no unrecorded pair (dropping a spiller brings in another
 candidate). Writes a markdown table of the final pairs.
 

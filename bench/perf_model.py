@@ -4,7 +4,7 @@
     python bench/perf_model.py sm100   # -> bench/results/sm100_model.md (B200, sm100 decode configs)
     python bench/perf_model.py all
 
-Inputs: the committed SASS facts table (``src/nvgemm/perfmodel/sass_facts.json``; regenerate it
+Inputs: the committed SASS facts table (``src/nvgemm/heuristics/perfmodel/sass_facts.json``; regenerate it
 with ``nvgemm model --regen-table`` after a kernel change), the candidate policy
 (``nvgemm.heuristics.candidates``, nvMatmulHeuristics off so the rows are reproducible) and the
 model (``nvgemm.heuristics.perfmodel``). Shapes: the Llama-3.1-8B and 3.3-70B decode GEMMs.

@@ -1,4 +1,4 @@
-"""Compile-only check of the committed SASS facts table (``nvgemm/perfmodel/sass_facts.json``).
+"""Compile-only check of the committed SASS facts table (``nvgemm/heuristics/perfmodel/sass_facts.json``).
 
 Re-derives the static facts of a representative subset of the table's entries -- compile for the
 entry's arch (no GPU), disassemble with cuobjdump, reduce with ``nvgemm.heuristics.perfmodel.sass`` -- and

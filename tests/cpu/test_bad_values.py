@@ -111,7 +111,7 @@ def test_integer_bias_and_residual_refused(layer, dtype):
 
 
 def test_non_finite_activations_documented_behaviour(layer):
-    """Not checked per call (README): W4A4 saturates +-Inf like cvt.satfinite, NaN propagates."""
+    """Not checked per call (docs/numerics.md): W4A4 saturates +-Inf like cvt.satfinite, NaN propagates."""
     q, x = layer
     x = x.clone()
     x[0, 0], x[1, 0] = float("inf"), float("nan")

@@ -1,6 +1,6 @@
-"""The decode-layout searches behind the README's decode statements (``bench/decode_layout_search.py``)
-must admit the layouts they talk about -- otherwise their "none found" would say nothing about
-them -- and reject broken ones."""
+"""The decode-layout searches behind the decode statements of ``src/nvgemm/templates/sm90_w4a16/README.md``
+(``bench/decode_layout_search.py``) must admit the layouts they talk about -- otherwise their "none found"
+would say nothing about them -- and reject broken ones."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ tensor is, not by which Python object holds it; in-place updates re-derive into 
 inference tensors work; capture never leaves an unfilled entry (issue 22 items 12, 13, 15, 16).
 
 CPU only: the bookkeeping is torch on CPU tensors, capture is simulated by patching the
-launchers' ``capturing`` predicates (a real CUDA-graph replay needs a GPU; see the README)."""
+launchers' ``capturing`` predicates (a real CUDA-graph replay needs a GPU; see docs/kernels.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The grouped MoE policies' fast path changes no number and no pick.
 
 ``heuristics.moe_sm90`` / ``moe_sm100`` price every config of both GEMMs of every token tile in one
-pass (``perfmodel.families.sm90_moe.grouped_gemm_estimates`` -> ``perfmodel.batch.gemm_totals``) and
+pass (``templates.sm90_moe.perf.grouped_gemm_estimates`` -> ``perfmodel.batch.gemm_totals``) and
 memoise what does not depend on M (the config spaces, the feasible configs of a layer shape, the
 binomial work-tile sums keyed by (M, top_k, E, tile)). The reference here is the policy as it was
 written before, per config and unmemoised: the binomial sum recomputed for every config, every

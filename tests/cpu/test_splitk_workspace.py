@@ -1,6 +1,6 @@
 """Split-K workspaces: one pair per (device, stream) for both families, bounded under CUDA-graph
 capture on a stream no eager call used (issue 22 item 16). CPU: capture is simulated by the
-pool's injectable ``capturing`` predicate; a real replay needs a GPU (see the README)."""
+pool's injectable ``capturing`` predicate; a real replay needs a GPU (see docs/kernels.md)."""
 
 from __future__ import annotations
 

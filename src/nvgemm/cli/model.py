@@ -8,7 +8,7 @@ Examples::
     nvgemm model --config NAME --shape 6144,4096 --m 1 --sass          # compile now, read the SASS
     nvgemm model --regen-table                                         # rewrite sass_facts.json
 
-Static kernel facts come from the committed SASS table (``nvgemm/perfmodel/sass_facts.json``)
+Static kernel facts come from the committed SASS table (``nvgemm/heuristics/perfmodel/sass_facts.json``)
 unless ``--sass`` compiles the config now (cutlass-dsl, no GPU). A GPU measurement overrides
 every number printed here.
 """

@@ -26,7 +26,7 @@ table's ``spills`` section, which the policy reads to drop spilling variants
 :func:`regenerate_table` recompiles every config the families list
 (:meth:`~nvgemm.heuristics.perfmodel.facts.FamilyFacts.table_configs`) plus every config the candidate
 policy emits for the Llama-3.1-8B / 3.3-70B decode shapes, and writes
-``src/nvgemm/perfmodel/sass_facts.json`` (``nvgemm model --regen-table``; ~3 s per kernel).
+``src/nvgemm/heuristics/perfmodel/sass_facts.json`` (``nvgemm model --regen-table``; ~3 s per kernel).
 
 Imports: at module import only the analytic model (this package) and the standard library; the compile
 path (templates, :mod:`nvgemm.aot.compile_spec`, the candidate policy, triton) is imported lazily inside

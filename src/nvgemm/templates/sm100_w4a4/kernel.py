@@ -75,7 +75,7 @@ Gated SiLU-mul (``activation="silu_mul"``)
 
 Numerics: every epilogue step is fp32 and the output is rounded once; the compiler contracts
 ``acc*alpha + bias`` (and ``silu*up + residual``) into one ``fma.rn.f32`` -- one fp32 rounding
-fewer than the emulated op's separate multiply and add (see the README's numerics section).
+fewer than the emulated op's separate multiply and add (see docs/numerics.md).
 
 Hardware numbers (target arch; ``max_active_clusters``, see
 :mod:`nvgemm.templates.sm100_w4a4.occupancy`) are explicit arguments; nothing is probed at import.

@@ -33,7 +33,7 @@ pipeline depth, not instruction counts:
 * DRAM bytes: weights ``N x K / 2`` + swizzled weight scales ``round_up(N, 128) x
   round_up(K/16, 4)`` + activations ``M x K / 2`` + activation scales padded to 128 rows +
   output;
-* host path per call (``templates/sm100/launch.prepare_sm100_args``): the activation quantize
+* host path per call (``templates/sm100_w4a4/launch.prepare_sm100_args``): the activation quantize
   kernel and the ``input_scale * weight_scale_2`` product -> :data:`HOST_AUX_KERNELS` = 2.
 """
 

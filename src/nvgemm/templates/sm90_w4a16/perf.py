@@ -1,4 +1,4 @@
-"""Facts of the sm_90a W4A16 families ``mma`` and ``wgmma`` (``templates/sm90/``).
+"""Facts of the sm_90a W4A16 families ``mma`` and ``wgmma`` (``templates/sm90_w4a16/``).
 
 Both read the prepared operand of ``templates/sm90_w4a16/operand.py`` (0.5625 bytes per weight element;
 N padded to 16-row tiles, K to a multiple of 256) and run one kernel per call: split-K partials

@@ -8,7 +8,7 @@ Importing this package imports nothing heavy; the modules are:
   in-kernel quantize-dequantize of x);
 * :mod:`.reference` — pure-torch references of the fused quantizers;
 * :mod:`.fused_ops` — the ``nvgemm::*_quantize_nvfp4`` torch ops (torch only);
-* :mod:`.registry` — registers the ops, the ``triton_w4a16`` backend and the CUDA quantizer; it is
+* :mod:`.backend` — registers the ops, the ``triton_w4a16`` and ``triton_moe`` backends and the CUDA quantizer; it is
   listed in ``nvgemm.dispatch.registry`` built-in modules and loaded on first dispatch.
 
 All kernels are bit-exact with :mod:`nvgemm.core.formats` by construction (IEEE division, integer RNE

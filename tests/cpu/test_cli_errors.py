@@ -96,4 +96,9 @@ def test_unexpected_errors_are_one_line_too(monkeypatch, capsys):
     monkeypatch.setenv("NVGEMM_DEBUG", "1")
     with pytest.raises(RuntimeError, match="something deep"):
         cli.main(["plan", "--shape", "4096,4096"])
+    monkeypatch.setenv("NVGEMM_DEBUG", "maybe")  # a bad value: one line naming it, before the command runs
+    assert cli.main(["plan", "--shape", "4096,4096"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("nvgemm plan: error: NVGEMM_DEBUG='maybe': expected 1 or 0 (also true/false, yes/no, "
+                           "on/off)")
 

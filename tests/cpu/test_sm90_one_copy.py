@@ -142,6 +142,6 @@ def test_one_copy_switch(monkeypatch):
     assert one_copy_wanted() is True
     monkeypatch.setenv("NVGEMM_SM90_ONE_COPY", "0")
     assert one_copy_wanted() is False and one_copy_wanted(True) is True
-    monkeypatch.setenv("NVGEMM_SM90_ONE_COPY", "yes")
-    with pytest.raises(ValueError, match="NVGEMM_SM90_ONE_COPY='yes': expected 0"):
+    monkeypatch.setenv("NVGEMM_SM90_ONE_COPY", "maybe")
+    with pytest.raises(ValueError, match="NVGEMM_SM90_ONE_COPY='maybe': expected 1 or 0"):
         one_copy_wanted()

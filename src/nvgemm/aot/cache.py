@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from nvgemm import settings
 from nvgemm.aot.abi import CompileSpec, abi_from_json
 
 from nvgemm.aot.compile_spec import KEY_VERSION, compile_key, fingerprint, spec_json
@@ -71,9 +72,8 @@ _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("NVGEMM_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
+    if settings.NVGEMM_CACHE_DIR is not None:
+        return settings.NVGEMM_CACHE_DIR
     repo_cache = _REPO_ROOT / "kernels_cache"
     if repo_cache.is_dir() and (_REPO_ROOT / "pyproject.toml").is_file():
         return repo_cache

@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from nvgemm import settings
+
 # (sub-command, module)
 COMMANDS: list[tuple[str, str]] = [
     ("demo", "nvgemm.cli.demo"),
@@ -54,19 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Set to 1 to see the traceback of an unexpected error instead of the one-line message.
-DEBUG_ENV = "NVGEMM_DEBUG"
-
 
 def main(argv: list[str] | None = None) -> int:
     """Run one sub-command. Any error is one line on stderr naming the problem and a nonzero exit
     (2: bad input the command recognised; 1: anything else), never a traceback unless NVGEMM_DEBUG=1."""
-    import os
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
+        return 2
+    try:
+        debug = settings.NVGEMM_DEBUG
+    except settings.SettingError as e:
+        print(f"nvgemm {args.command}: error: {e}", file=sys.stderr)
         return 2
     try:
         return int(args.func(args) or 0)
@@ -74,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nvgemm {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # the last line of defence: one line, not a traceback
-        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        if debug:
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"nvgemm {args.command}: error: {type(e).__name__}{': ' + msg if msg else ''} "
-              f"(set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+              "(set NVGEMM_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
 
 

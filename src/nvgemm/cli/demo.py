@@ -23,6 +23,8 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+from nvgemm import settings
+
 MOE_DEMO_KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")  # nvgemm.testing.TINY_CONFIGS
 DEMO_CONFIG = dict(
     kind="llama", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
@@ -187,21 +189,12 @@ def run(args) -> int:
 @contextlib.contextmanager
 def _emulated_kernels(arch):
     """``--emulate-kernels sm90``: force the emulator backend (CPU) for the run."""
-    import os
-
     if arch is None:
         yield
         return
-    prev = os.environ.get("NVGEMM_BACKEND")
-    os.environ["NVGEMM_BACKEND"] = f"emu_{arch}"
     print(f"nvgemm demo: every linear runs the real {arch} kernel on the CPU PTX emulator (NVGEMM_BACKEND=emu_{arch})")
-    try:
+    with settings.override(NVGEMM_BACKEND=f"emu_{arch}"):
         yield
-    finally:
-        if prev is None:
-            os.environ.pop("NVGEMM_BACKEND", None)
-        else:
-            os.environ["NVGEMM_BACKEND"] = prev
 
 
 def _run(args) -> int:

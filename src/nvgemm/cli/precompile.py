@@ -33,6 +33,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from nvgemm import settings
 from nvgemm.cli import int_list, int_pair
 
 ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
@@ -311,7 +312,7 @@ def run(args) -> int:
             print(f"  {state:7s} {spec.template_id:18s} {spec.name()}  [{label}]")
         return 0
     if todo:
-        jobs = args.jobs or int(os.environ.get("NVGEMM_PRECOMPILE_JOBS", 0)) or min(4, os.cpu_count() or 1)
+        jobs = args.jobs or settings.NVGEMM_PRECOMPILE_JOBS or min(4, os.cpu_count() or 1)
         jobs = min(jobs, len(todo))
         bar = None
         if not args.quiet:

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 
 import torch
 
+from nvgemm import settings
 from nvgemm.dispatch.registry import (
     Backend,
     LinearProblem,
@@ -204,8 +204,8 @@ def select_fused_backend(kind: str, p: LinearProblem, check: bool = True, no_ker
     ``no_kernel``: a reason, not in ``p``, why no kernel backend can run this call (e.g. a bias dtype)."""
     all_b = fused_backends(kind)
     names = {b.name for b in all_b}
-    forced, var = os.environ.get("NVGEMM_FUSED_BACKEND", "").strip(), "NVGEMM_FUSED_BACKEND"
-    dense_forced = os.environ.get("NVGEMM_BACKEND", "").strip()
+    forced, var = settings.NVGEMM_FUSED_BACKEND, "NVGEMM_FUSED_BACKEND"
+    dense_forced = settings.NVGEMM_BACKEND
     if not forced and dense_forced:
         if dense_forced in names:
             forced, var = dense_forced, "NVGEMM_BACKEND"

@@ -18,13 +18,13 @@ Selection and the first-use check are shared with ``nvfp4_linear`` (``nvgemm.dis
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from nvgemm import settings
 from nvgemm.dispatch.registry import (
     add_builtin_module,
     checked_verdict,
@@ -162,9 +162,9 @@ def _selfcheck(backend: MoeBackend, p: MoeProblem) -> str | None:
 def select_moe_backend(p: MoeProblem, check: bool = True) -> MoeBackend:
     """The backend ``nvfp4_moe`` runs for ``p`` (deterministic; see the module docstring)."""
     all_b = moe_backends()
-    forced, var = os.environ.get("NVGEMM_MOE_BACKEND", "").strip(), "NVGEMM_MOE_BACKEND"
-    if not forced and os.environ.get("NVGEMM_BACKEND", "").strip() in {b.name for b in all_b}:
-        forced, var = os.environ["NVGEMM_BACKEND"].strip(), "NVGEMM_BACKEND"
+    forced, var = settings.NVGEMM_MOE_BACKEND, "NVGEMM_MOE_BACKEND"
+    if not forced and settings.NVGEMM_BACKEND in {b.name for b in all_b}:
+        forced, var = settings.NVGEMM_BACKEND, "NVGEMM_BACKEND"
 
     def on_emulated(reasons):
         warn_once(f"moe-emulated-{p.capability}-{p.weight_only}",

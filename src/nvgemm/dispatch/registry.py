@@ -12,12 +12,13 @@ Kernel modules register themselves with :func:`register_backend` when they are i
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from nvgemm import settings
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -208,7 +209,7 @@ def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
 def selfcheck_device(device_type: str) -> torch.device | None:
     """The device a first-use check runs on; None = skip it (``NVGEMM_SELFCHECK=0``, a hypothetical
     CUDA problem planned on a GPU-less host, or a CUDA graph being captured)."""
-    if os.environ.get("NVGEMM_SELFCHECK", "1") == "0":
+    if not settings.NVGEMM_SELFCHECK:
         return None
     if device_type == "cuda":
         if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
@@ -308,5 +309,5 @@ def _select_backend(problem: LinearProblem, check: bool = True) -> Backend:
             "(dequantize + fp32 matmul), which is correct but slow",
         )
 
-    return choose_backend(backends(), problem, os.environ.get("NVGEMM_BACKEND", "").strip(), "NVGEMM_BACKEND",
+    return choose_backend(backends(), problem, settings.NVGEMM_BACKEND, "NVGEMM_BACKEND",
                           _selfcheck if check else None, "backend", on_emulated)

@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from nvgemm import settings
 from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, warn_once
 
 BACKEND_NAME = "emu_sm90"
@@ -192,11 +193,9 @@ MOE_SM100_BACKEND_NAME = "emu_sm100_moe"
 def supports_moe_sm100(p) -> Optional[str]:
     """The sm100 grouped MoE backend's own rules, for CPU tensors on the B200 profile -- and only when
     forced (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): never an autotuning candidate (seconds per call)."""
-    import os
-
     from nvgemm.templates.sm100_moe import backend as sm100_backend
 
-    if os.environ.get("NVGEMM_MOE_BACKEND", "").strip() != MOE_SM100_BACKEND_NAME:
+    if settings.NVGEMM_MOE_BACKEND != MOE_SM100_BACKEND_NAME:
         return f"runs only when forced (NVGEMM_MOE_BACKEND={MOE_SM100_BACKEND_NAME})"
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"

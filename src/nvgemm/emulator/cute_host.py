@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvgemm import settings
 from nvgemm.emulator.cuda import _cache_root, _trusted_dir, fake_cuda, relink
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.machine import DEVICES, GlobalMemory, Launch
@@ -46,7 +46,7 @@ def _check_dsl_version() -> str:
     from importlib.metadata import version
 
     v = version("nvidia-cutlass-dsl")
-    if v not in CHECKED_DSL_VERSIONS and os.environ.get("NVGEMM_EMU_ANY_DSL") != "1":
+    if v not in CHECKED_DSL_VERSIONS and not settings.NVGEMM_EMU_ANY_DSL:
         raise RuntimeError(f"nvgemm emulator: running a compiled CuTeDSL host function uses the DSL's argument "
                            f"marshalling (generate_execution_args), checked against nvidia-cutlass-dsl "
                            f"{', '.join(CHECKED_DSL_VERSIONS)}; this is {v} (NVGEMM_EMU_ANY_DSL=1 to try anyway)")

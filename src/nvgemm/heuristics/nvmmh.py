@@ -29,11 +29,11 @@ space** for a W4A4 problem, with a runtime estimate.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
+from nvgemm import settings
 from nvgemm.templates.sm100_w4a4 import config as sm100_config
 
 from nvgemm.core.problem import GPUS, GemmProblem, Target
@@ -112,7 +112,7 @@ def _load():
     global _module, _unavailable
     if _module is not None or _unavailable is not None:
         return _module
-    if os.environ.get("NVGEMM_NVMMH", "1") == "0":
+    if not settings.NVGEMM_NVMMH:
         _unavailable = "disabled by NVGEMM_NVMMH=0"
     else:
         try:

@@ -22,20 +22,17 @@ included, for the token counts the layer will run); ``NVGEMM_SM90_ONE_COPY=0`` (
 
 from __future__ import annotations
 
-import os
 from typing import Iterable, Optional
 
 import torch
 
+from nvgemm import settings
 from nvgemm.core.formats import NVFP4, blocked_shape
 from nvgemm.ops.linear import check_linear_args, nvfp4_linear, problem_of
 from nvgemm.dispatch.registry import LinearProblem, backends, select_backend, warn_once
 from nvgemm.templates.sm90_w4a16.config import K_ALIGN, ROW_TILE
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, to_modelopt
 
-#: ``0`` keeps Hopper layers in the checkpoint layout (two copies on the GPU: the checkpoint's and the
-#: sm90 kernels' prepared one); ``1`` (default) holds the layers the sm90 kernels serve once.
-ONE_COPY_ENV = "NVGEMM_SM90_ONE_COPY"
 #: Token counts whose backend decides whether an ``NVFP4Linear`` is held in the sm90 layout: decode
 #: (the mma kernels) and a prefill batch (the wgmma kernels).
 DECISION_M = (1, 128)
@@ -43,13 +40,12 @@ SM90 = "cutedsl_sm90"
 
 
 def one_copy_wanted(explicit: Optional[bool] = None) -> bool:
-    """``explicit`` when given, else ``NVGEMM_SM90_ONE_COPY`` (default 1)."""
+    """``explicit`` when given, else ``NVGEMM_SM90_ONE_COPY`` (default 1): ``0`` keeps Hopper layers in the
+    checkpoint layout (two copies on the GPU: the checkpoint's and the sm90 kernels' prepared one); ``1``
+    holds the layers the sm90 kernels serve once."""
     if explicit is not None:
         return bool(explicit)
-    v = os.environ.get(ONE_COPY_ENV, "1").strip()
-    if v not in ("0", "1"):
-        raise ValueError(f"{ONE_COPY_ENV}={v!r}: expected 0 (keep the checkpoint layout) or 1 (one copy)")
-    return v == "1"
+    return settings.NVGEMM_SM90_ONE_COPY
 
 
 def sm90_serve_reason(problems: Iterable[LinearProblem]) -> Optional[str]:
@@ -138,5 +134,5 @@ def _(x, pweight, pscale, weight_scale_2, input_scale, bias, residual, activatio
     return x.new_empty((*x.shape[:-1], n_out), dtype=out_dtype or x.dtype)
 
 
-__all__ = ["DECISION_M", "ONE_COPY_ENV", "nvfp4_linear_sm90_prepared", "one_copy_wanted", "sm90_serve_reason",
+__all__ = ["DECISION_M", "nvfp4_linear_sm90_prepared", "one_copy_wanted", "sm90_serve_reason",
            "sm90_weight_of"]

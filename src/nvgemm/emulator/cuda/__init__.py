@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from nvgemm import settings
+
 SOURCE = Path(__file__).with_name("fake_cudart.c")
 LIB_NAME = "libnvgemm_emucudart.so"
 VERSION_NODE = "NVGEMM_EMU_1"
@@ -66,8 +68,8 @@ class LaunchRecord:
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("NVGEMM_CACHE_DIR")
-    return (Path(base).expanduser() if base else Path(tempfile.gettempdir()) / f"nvgemm-{os.getuid()}") / "emulator"
+    base = settings.NVGEMM_CACHE_DIR
+    return (base if base is not None else Path(tempfile.gettempdir()) / f"nvgemm-{os.getuid()}") / "emulator"
 
 
 def _trusted_dir(d: Path) -> Path:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from nvgemm import settings
 from nvgemm.epilogues import EpilogueSpec, epilogue_ref
 from nvgemm.core.formats import NVFP4
 from nvgemm.ops.linear import alpha_of, check_linear_args
@@ -63,8 +63,8 @@ class Candidate:
 
 def _allowed_from_env() -> Optional[set[str]]:
     """``NVGEMM_INDUCTOR_CHOICES=emulated,cutedsl_sm100,cublaslt`` restricts the candidate kinds."""
-    raw = os.environ.get("NVGEMM_INDUCTOR_CHOICES", "").strip()
-    return {s.strip() for s in raw.split(",") if s.strip()} if raw else None
+    names = settings.NVGEMM_INDUCTOR_CHOICES
+    return set(names) if names else None
 
 
 def _heuristic_configs(problem: LinearProblem, backend: str) -> list[str]:

@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import os
 
+from nvgemm import settings
+
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
 PLUGIN_NAME = "nvgemm"
-ENV = "NVGEMM_VLLM"
 
 _REGISTERED = False
 
@@ -30,13 +31,9 @@ _REGISTERED = False
 def opted_in(environ=None) -> bool:
     """True when the user asked for the plugin (see the module docstring)."""
     env = os.environ if environ is None else environ
-    flag = env.get(ENV, "").strip().lower()
-    if flag in ("0", "false", "no", "off"):
-        return False
-    if flag in ("1", "true", "yes", "on"):
-        return True
-    if flag:
-        raise ValueError(f"{ENV}={env.get(ENV)!r}: expected 1 (enable) or 0 (disable)")
+    flag = settings.get("NVGEMM_VLLM", env)
+    if flag is not None:
+        return flag
     allowed = env.get("VLLM_PLUGINS")
     return allowed is not None and PLUGIN_NAME in [p.strip() for p in allowed.split(",")]
 
@@ -52,7 +49,7 @@ def _show_logs() -> None:
     h = logging.StreamHandler(sys.stdout)
     h.setFormatter(logging.Formatter("(pid=%(process)d) %(levelname)s %(asctime)s [nvgemm] %(message)s", "%m-%d %H:%M:%S"))
     root.addHandler(h)
-    root.setLevel(os.environ.get("NVGEMM_VLLM_LOG_LEVEL", "INFO").upper())
+    root.setLevel(settings.NVGEMM_VLLM_LOG_LEVEL)
     root.propagate = False
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from nvgemm import settings
 from nvgemm.integrations.vllm import _compat
 from nvgemm.ops.prepared import one_copy_wanted
 from nvgemm.templates.sm90_w4a16.operand import kind_of
@@ -50,8 +51,6 @@ log = logging.getLogger("nvgemm_cutedsl.vllm")
 
 V = _compat.load()
 
-#: Write every linear call's inputs and output to this folder (debugging and tests; slow).
-DUMP_ENV = "NVGEMM_VLLM_DUMP"
 _DUMP_COUNTER = itertools.count()
 
 
@@ -106,7 +105,7 @@ class NvgemmNvFp4LinearMethod(V.LinearMethodBase):
         self.gemms = []
         self.sm90 = None  # layer.Sm90Held when the weight is held once, in the sm90 layout
         self.tracker = None  # set by create_weights
-        self.dump_dir = os.environ.get(DUMP_ENV) or None
+        self.dump_dir = settings.NVGEMM_VLLM_DUMP
 
     def create_weights(self, layer, input_size_per_partition: int, output_partition_sizes: list[int],
                        input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs):

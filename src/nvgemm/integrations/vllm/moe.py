@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from nvgemm import settings
 from nvgemm.integrations.vllm import _compat
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
@@ -83,7 +84,7 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
         self.weight_only = weight_only
         self.prefix = prefix
         self.use_global_sf = False  # input scales are loaded per *local* expert
-        self.dump_dir = os.environ.get("NVGEMM_VLLM_DUMP") or None
+        self.dump_dir = settings.NVGEMM_VLLM_DUMP
         self.activation = None
 
     def uses_weight_scale_2_pattern(self) -> bool:

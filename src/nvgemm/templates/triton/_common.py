@@ -22,12 +22,13 @@ into an FMA (the references round after every operation).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from nvgemm import settings
 
 __all__ = [
     "KIND_FP32",
@@ -266,7 +267,7 @@ def use_gdc(kernel, device: torch.device, pdl: bool | None) -> bool:
             raise RuntimeError(f"nvgemm: PDL (griddepcontrol) needs sm_90+, this GPU is sm_{cap[0]}{cap[1]}")
         return False
     if pdl is None:
-        return os.environ.get("NVGEMM_PDL", "1") != "0"
+        return settings.NVGEMM_PDL
     return bool(pdl)
 
 

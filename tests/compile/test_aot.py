@@ -24,7 +24,7 @@ from nvgemm.epilogues.spec import EpilogueSpec  # noqa: E402
 from nvgemm.aot import artifact as aot  # noqa: E402
 from nvgemm.aot import selftest as st  # noqa: E402
 from nvgemm.aot.cache import KernelCache  # noqa: E402
-from nvgemm.aot.compile_spec import NON_CODEGEN_ENV, make_spec  # noqa: E402
+from nvgemm.aot.compile_spec import DSL_NON_CODEGEN_ENV, make_spec  # noqa: E402
 from nvgemm.aot.abi import ScalarArg, register_template, unregister_template  # noqa: E402
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -192,15 +192,15 @@ def test_non_codegen_env_list_agrees_with_cutlass():
                     declared[f"CUTE_DSL_{v.source}"] = v.affects_compile
     undeclared_ok = {"CUTE_DSL_LIBS", "CUTE_DSL_KEEP", "CUTE_DSL_KEEP_IR", "CUTE_DSL_KEEP_PTX",
                      "CUTE_DSL_KEEP_CUBIN", "CUTE_DSL_KEEP_SASS"}
-    for name in sorted(n for n in NON_CODEGEN_ENV if n.startswith("CUTE_DSL_")):
+    for name in sorted(DSL_NON_CODEGEN_ENV):
         if name == "CUTE_DSL_ARCH":
             continue
         if name in declared:
             assert declared[name] is False, f"{name} changes code generation per cutlass-dsl; it must be keyed"
         else:
-            assert name in undeclared_ok, f"{name} is not a cutlass-dsl setting; remove it from NON_CODEGEN_ENV"
+            assert name in undeclared_ok, f"{name} is not a cutlass-dsl setting; remove it from DSL_NON_CODEGEN_ENV"
     # Every codegen-affecting declared switch would be captured by the prefix rule.
-    assert all(n not in NON_CODEGEN_ENV for n, affects in declared.items() if affects and n != "CUTE_DSL_ARCH")
+    assert all(n not in DSL_NON_CODEGEN_ENV for n, affects in declared.items() if affects and n != "CUTE_DSL_ARCH")
 
 
 CONCURRENT = textwrap.dedent(

@@ -25,7 +25,6 @@ import torch
 from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.aot import artifact as aot, cache as cache_mod
 from nvgemm.aot.compile_spec import (
-    NON_CODEGEN_ENV,
     capture_codegen_env,
     compile_key,
     kernel_source_hash,
@@ -118,14 +117,17 @@ def test_unrelated_things_do_not_change_the_key(monkeypatch):
     assert compile_key(clean, FID) == compile_key(noisy, FID)
 
 
-def test_codegen_env_capture_is_prefix_based():
-    env = {"NVGEMM_NEW_SWITCH": "1", "CUTE_DSL_LINEINFO": "1", "CUTE_DSL_LOG_LEVEL": "20", "OTHER": "x"}
-    assert capture_codegen_env(env) == (("CUTE_DSL_LINEINFO", "1"), ("NVGEMM_NEW_SWITCH", "1"))
+def test_codegen_env_capture():
+    """cutlass-dsl switches by prefix (an unknown one is keyed); nvgemm's only the settings tagged codegen
+    (tests/cpu/test_settings.py): an undeclared NVGEMM_* name is read by nothing, so it is not keyed."""
+    env = {"NVGEMM_NEW_SWITCH": "1", "CUTE_DSL_LINEINFO": "1", "CUTE_DSL_NEW_SWITCH": "1", "CUTE_DSL_LOG_LEVEL": "20",
+           "NVGEMM_CACHE_DIR": "/x", "OTHER": "x"}
+    assert capture_codegen_env(env) == (("CUTE_DSL_LINEINFO", "1"), ("CUTE_DSL_NEW_SWITCH", "1"))
     a = make_spec("t", Sm100Nvfp4GemmConfig(), "sm_100a", environ=env)
     b = make_spec("t", Sm100Nvfp4GemmConfig(), "sm_100a", environ={**env, "CUTE_DSL_LINEINFO": "0"})
     assert compile_key(a, FID) != compile_key(b, FID)
-    assert a.env("NVGEMM_NEW_SWITCH") == "1" and a.env("NVGEMM_MISSING", "d") == "d"
-    assert "NVGEMM_CACHE_DIR" in NON_CODEGEN_ENV
+    keyed = _spec(codegen_env=(("NVGEMM_SM100_EPI_TILE", "32"),))
+    assert keyed.env("NVGEMM_SM100_EPI_TILE") == "32" and keyed.env("NVGEMM_MISSING", "d") == "d"
 
 
 def test_spec_rejects_bad_fields():

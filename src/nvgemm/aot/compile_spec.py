@@ -6,10 +6,12 @@
    config fields, epilogue, operand formats and majors, target arch, hardware numbers,
    ``codegen_env``);
 2. the environment switches that change code generation, captured into ``spec.codegen_env`` by
-   :func:`capture_codegen_env`: **every** variable whose name starts with one of
-   :data:`CODEGEN_ENV_PREFIXES`, minus the explicit :data:`NON_CODEGEN_ENV` list of switches known
-   not to change generated code (logging, dump and cache paths). An unknown new switch is therefore
-   keyed (a spurious miss at worst), never silently ignored (a stale hit);
+   :func:`capture_codegen_env`: nvgemm's settings tagged ``codegen`` in :mod:`nvgemm.settings`
+   (exactly those: a ``runtime`` setting never misses a precompiled kernel), and cutlass-dsl's own
+   switches: **every** variable starting with one of :data:`DSL_ENV_PREFIXES`, minus
+   :data:`DSL_NON_CODEGEN_ENV`, the ones cutlass-dsl declares do not change generated code (logging,
+   dump and cache paths). An unknown new DSL switch is therefore keyed (a spurious miss at worst),
+   never silently ignored (a stale hit);
 3. the :func:`fingerprint`: a hash of nvgemm's kernel sources, every file under
    ``nvgemm/templates`` and ``nvgemm/epilogues`` plus the AOT shim generator (found by walking the
    directories, not a hand-listed set), and the cutlass-dsl / CUDA / Python versions.
@@ -33,32 +35,20 @@ from typing import Any
 
 import torch
 
+from nvgemm import settings
 from nvgemm.aot.abi import CompileSpec, HardwareSpec, DEFAULT_HW
 from nvgemm.epilogues.spec import EpilogueSpec
 
 KEY_VERSION = 1  # bump when the key derivation or the entry layout changes
 
-CODEGEN_ENV_PREFIXES = ("NVGEMM_", "CUTE_DSL_", "CUTE_EXPERIMENTAL_DSL_")
+DSL_ENV_PREFIXES = ("CUTE_DSL_", "CUTE_EXPERIMENTAL_DSL_")
 
-# Switches under those prefixes that do not change generated code. For CUTE_DSL_* these are the
-# settings cutlass-dsl itself declares `affects_compile=False` (checked by a compile test), plus
-# CUTE_DSL_ARCH because nvgemm always passes the arch explicitly (`--gpu-arch spec.arch`, which is
-# keyed) and CUTE_DSL_LIBS (runtime library paths).
-NON_CODEGEN_ENV = frozenset(
+# cutlass-dsl switches that do not change generated code: the settings cutlass-dsl itself declares
+# `affects_compile=False` (checked by a compile test), plus CUTE_DSL_ARCH because nvgemm always passes
+# the arch explicitly (`--gpu-arch spec.arch`, which is keyed) and CUTE_DSL_LIBS (runtime library paths).
+DSL_NON_CODEGEN_ENV = frozenset(
     {
-        # nvgemm runtime / tooling: which kernel is chosen, never how one is generated. (A switch
-        # listed here must not change a template's code; add new non-codegen NVGEMM_* switches here,
-        # or serving with them set misses every precompiled kernel.)
-        "NVGEMM_CACHE_DIR",
-        "NVGEMM_LOG",
-        "NVGEMM_LOG_LEVEL",
-        "NVGEMM_PRECOMPILE_JOBS",
-        "NVGEMM_BACKEND",  # eager backend override (dispatch/registry.py)
-        "NVGEMM_MOE_BACKEND",  # eager MoE backend override (dispatch/moe.py)
-        "NVGEMM_NVMMH",  # nvMatmulHeuristics on/off: ranks candidates (heuristics/nvmmh.py)
-        "NVGEMM_INDUCTOR_CHOICES",  # restricts Inductor choice kinds (integrations/inductor/choices.py)
-        "NVGEMM_PDL",  # Triton kernels' PDL toggle; CuTeDSL PDL is the config's `pdl` field
-        # cutlass-dsl diagnostics, paths, caches
+        # diagnostics, paths, caches
         "CUTE_DSL_ARCH",
         "CUTE_DSL_LIBS",
         "CUTE_DSL_CACHE_DIR",
@@ -91,11 +81,11 @@ _SOURCE_SUFFIXES = (".py", ".h", ".cu", ".c", ".cuh", ".json", ".txt")
 
 
 def capture_codegen_env(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
-    """Sorted ``(name, value)`` pairs of the env switches that change code generation."""
+    """Sorted ``(name, value)`` pairs of the env switches that change code generation: cutlass-dsl's
+    (as set) and nvgemm's ``codegen`` settings (canonical text; a bad value is an error)."""
     env = os.environ if environ is None else environ
-    return tuple(
-        sorted((k, v) for k, v in env.items() if k.startswith(CODEGEN_ENV_PREFIXES) and k not in NON_CODEGEN_ENV)
-    )
+    dsl = [(k, v) for k, v in env.items() if k.startswith(DSL_ENV_PREFIXES) and k not in DSL_NON_CODEGEN_ENV]
+    return tuple(sorted([*dsl, *settings.codegen_env(env)]))
 
 
 def make_spec(
@@ -221,9 +211,9 @@ def compile_key(spec: CompileSpec, fingerprint_id: str | None = None) -> str:
 
 
 __all__ = [
-    "CODEGEN_ENV_PREFIXES",
+    "DSL_ENV_PREFIXES",
+    "DSL_NON_CODEGEN_ENV",
     "KEY_VERSION",
-    "NON_CODEGEN_ENV",
     "capture_codegen_env",
     "compile_key",
     "fingerprint",

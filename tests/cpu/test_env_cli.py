@@ -23,3 +23,35 @@ def test_env_flags_a_version_below_the_floor(monkeypatch, capsys):
     assert rows["nvidia-cutlass-dsl"] is False and rows["torch"] is True
     assert main(["env"]) == 1
     assert "outside the range" in capsys.readouterr().out
+
+
+def test_env_prints_every_setting_with_value_source_and_tag(monkeypatch, capsys):
+    from nvgemm import settings
+
+    monkeypatch.setenv("NVGEMM_BACKEND", "emulated")
+    monkeypatch.delenv("NVGEMM_SELFCHECK", raising=False)
+    monkeypatch.setenv("NVGEMM_PDLL", "0")  # a typo: not a setting
+    lines, ok = env_cli.settings_report()
+    assert ok
+    rows = {ln.split()[0]: ln.split() for ln in lines[1:] if ln.split()[0].startswith("NVGEMM_")}
+    assert set(rows) == set(settings.SETTINGS)
+    assert rows["NVGEMM_BACKEND"][1:] == ["emulated", "environment", "runtime"]
+    assert rows["NVGEMM_SELFCHECK"][1:] == ["1", "default", "runtime"]
+    assert lines[-1] == "  not nvgemm settings, ignored: NVGEMM_PDLL"
+    main(["env"])
+    assert "NVGEMM_BACKEND" in capsys.readouterr().out
+
+
+def test_env_flags_a_setting_that_does_not_parse(monkeypatch, capsys):
+    monkeypatch.setenv("NVGEMM_PDL", "maybe")
+    lines, ok = env_cli.settings_report()
+    assert not ok
+    assert any(ln.split()[0] == "NVGEMM_PDL" and "<-- NVGEMM_PDL='maybe': expected 1 or 0" in ln for ln in lines)
+    assert main(["env"]) == 1
+
+
+def test_env_markdown_is_the_settings_reference(capsys):
+    from nvgemm import settings
+
+    assert main(["env", "--markdown"]) == 0
+    assert capsys.readouterr().out == settings.markdown()

@@ -1,15 +1,21 @@
-"""``nvgemm env``: what this installation has -- versions, the GPU, and the Inductor pieces per torch.
+"""``nvgemm env``: what this installation has -- versions, the GPU, settings, and the Inductor pieces per torch.
 
 Prints the versions nvgemm depends on, whether each is inside the supported range, the CUDA
-device (if any) and which nvgemm kernel family serves it, and the table of TorchInductor pieces
-the ``nvgemm.enable()`` integration uses on the running torch (:mod:`nvgemm.integrations.inductor.compat`).
-Exit status 0 when every dependency is inside the supported range, 1 otherwise.
+device (if any) and which nvgemm kernel family serves it, every ``NVGEMM_*`` setting with its value,
+source (default / environment) and tag (codegen / runtime; :mod:`nvgemm.settings`), and the table of
+TorchInductor pieces the ``nvgemm.enable()`` integration uses on the running torch
+(:mod:`nvgemm.integrations.inductor.compat`). Exit status 0 when every dependency is inside the supported
+range and every setting parses, 1 otherwise. ``--markdown`` prints docs/env.md instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import sys
+from typing import Mapping, Optional
+
+from nvgemm import settings
 
 #: (distribution, lowest supported version, why the floor is there)
 SUPPORTED = (
@@ -23,6 +29,8 @@ SUPPORTED = (
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("env", help="versions, GPU and the TorchInductor pieces available on this install",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--markdown", action="store_true",
+                   help="print the settings reference (docs/env.md is this output) and exit")
     p.set_defaults(func=run)
     return p
 
@@ -46,7 +54,24 @@ def check_versions() -> list[tuple[str, str | None, str, bool]]:
     return rows
 
 
+def settings_report(environ: Optional[Mapping[str, str]] = None) -> tuple[list[str], bool]:
+    """The lines ``nvgemm env`` prints about the settings, and whether every value parses."""
+    rows = settings.report(environ)
+    width = max(len(r.setting.name) for r in rows)
+    lines = ["Settings (NVGEMM_*; docs/env.md):"]
+    for r in rows:
+        line = f"  {r.setting.name:<{width}}  {r.value or '(unset)':<16} {r.source:<11}  {r.setting.tag}"
+        lines.append(line + (f"   <-- {r.error}" if r.error else ""))
+    unknown = settings.unknown(environ)
+    if unknown:
+        lines.append(f"  not nvgemm settings, ignored: {', '.join(unknown)}")
+    return lines, all(r.error is None for r in rows)
+
+
 def run(args) -> int:
+    if args.markdown:
+        sys.stdout.write(settings.markdown())
+        return 0
     import torch
 
     rows = check_versions()
@@ -62,8 +87,10 @@ def run(args) -> int:
     else:
         print("GPU: none (every linear runs on the emulated backend; kernels can still be compiled "
               "ahead of time with `nvgemm precompile --arch ...`)")
+    lines, settings_ok = settings_report()
+    print("\n".join(lines))
     from nvgemm.integrations.inductor import compat
 
     print("TorchInductor integration (nvgemm.enable()):")
     print(compat.report())
-    return 0 if all(ok for *_, ok in rows) else 1
+    return 0 if all(ok for *_, ok in rows) and settings_ok else 1

@@ -3,7 +3,7 @@
 This module is the only place in nvgemm that touches ``NVGEMM_*`` in the environment (a test scans the
 package for any other read). A value is read on each access, so a variable changed while the process
 runs (``monkeypatch.setenv`` in a test, ``os.environ[...]`` before a call) takes effect on the next
-access; a read costs one environment lookup and a small parse::
+access. A read costs one environment lookup (a text seen before is not parsed again)::
 
     from nvgemm import settings
 
@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
@@ -208,10 +210,22 @@ def setting(name: str) -> Setting:
         raise KeyError(f"{name} is not an nvgemm setting (known: {', '.join(SETTINGS)})") from None
 
 
+#: (name, raw text) -> (setting, parsed value): a read that finds the text it saw before skips the parse.
+_PARSED: dict[tuple[str, str], tuple[Setting, Any]] = {}
+
+
 def get(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The value of setting ``name`` in ``environ`` (default: this process's environment, read now)."""
-    env = os.environ if environ is None else environ
-    return setting(name).parse(env.get(name))
+    s = SETTINGS.get(name) or setting(name)
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None:
+        return s.default
+    hit = _PARSED.get((name, raw))
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    value = s.parse(raw)
+    _PARSED[name, raw] = (s, value)
+    return value
 
 
 def source(name: str, environ: Optional[Mapping[str, str]] = None) -> str:
@@ -221,8 +235,27 @@ def source(name: str, environ: Optional[Mapping[str, str]] = None) -> str:
     return "environment" if (env.get(name) or "").strip() else "default"
 
 
+class _SettingsModule(types.ModuleType):
+    """This module's type: one read-only property per setting, so ``settings.NVGEMM_X`` reads the
+    environment on each access (a property is found without the failed lookup a module ``__getattr__``
+    costs first)."""
+
+
+def _property(name: str) -> property:
+    def refuse(_module, _value):
+        raise AttributeError(f"settings.{name} is read from the environment: set os.environ[{name!r}] "
+                             "(a test: monkeypatch.setenv), or use settings.override(...)")
+
+    return property(lambda _module: get(name), refuse, doc=SETTINGS[name].doc)
+
+
+for _name in SETTINGS:
+    setattr(_SettingsModule, _name, _property(_name))
+sys.modules[__name__].__class__ = _SettingsModule
+
+
 def __getattr__(name: str) -> Any:
-    """``settings.NVGEMM_X``: the current value of a declared setting."""
+    """A setting declared after import (tests), or a clear error for a name that is not one."""
     if name in SETTINGS:
         return get(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}"

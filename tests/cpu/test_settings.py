@@ -74,6 +74,12 @@ def test_reads_are_lazy_so_setenv_takes_effect(monkeypatch):
     assert settings.NVGEMM_SELFCHECK is True
     monkeypatch.setenv("NVGEMM_SELFCHECK", "0")
     assert settings.NVGEMM_SELFCHECK is False
+    monkeypatch.setenv("NVGEMM_SELFCHECK", "1")  # a text seen before: answered from the parse memo
+    assert settings.NVGEMM_SELFCHECK is True
+    monkeypatch.setenv("NVGEMM_SELFCHECK", "0")
+    assert settings.NVGEMM_SELFCHECK is False and settings.get("NVGEMM_SELFCHECK", {}) is True
+    with pytest.raises(AttributeError, match=r"settings.NVGEMM_SELFCHECK is read from the environment"):
+        settings.NVGEMM_SELFCHECK = True
 
 
 def test_unknown_names_are_errors():

@@ -39,7 +39,7 @@ from nvgemm import settings
 from nvgemm.aot.abi import CompileSpec, HardwareSpec, DEFAULT_HW
 from nvgemm.epilogues.spec import EpilogueSpec
 
-KEY_VERSION = 1  # bump when the key derivation or the entry layout changes
+KEY_VERSION = 2  # bump when the key derivation or the entry layout changes (2: config classes moved modules)
 
 DSL_ENV_PREFIXES = ("CUTE_DSL_", "CUTE_EXPERIMENTAL_DSL_")
 

@@ -122,3 +122,38 @@ def test_checkpoint_code_never_runs_without_trust_remote_code(tmp_path, monkeypa
         load_modelopt_checkpoint(ck)
     assert not marker.exists(), "the checkpoint's code ran"
     assert not prompts, "transformers prompted for remote code"
+
+
+@pytest.mark.parametrize("file,content,found", [
+    ("hf_quant_config.json", [{"quant_algo": "NVFP4"}], "holds a list"),
+    ("hf_quant_config.json", "NVFP4", "holds a string"),
+    ("hf_quant_config.json", None, "holds null"),
+    ("hf_quant_config.json", {"quantization": ["NVFP4"]}, "'quantization' section is a list"),
+    ("hf_quant_config.json", {"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": ["q_proj"]}},
+     "quantized_layers is a list"),
+    ("config.json", [1, 2], "holds a list"),
+    ("config.json", {"quantization_config": "modelopt"}, "quantization_config is a string"),
+], ids=["hfq-list", "hfq-string", "hfq-null", "hfq-section-list", "hfq-layers-list", "config-list",
+        "config-qc-string"])
+def test_json_of_the_wrong_shape_is_a_checkpoint_error(tmp_path, file, content, found):
+    """A config file holding a JSON list or scalar where an object belongs raises the loader's
+    CheckpointError naming the file and what it holds (not an AttributeError from ``.get``)."""
+    from nvgemm.integrations.modelopt import CheckpointError, read_quant_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    if file == "config.json" and isinstance(content, dict):
+        content = {"model_type": "llama", **content}
+    (tmp_path / file).write_text(json.dumps(content))
+    with pytest.raises(CheckpointError, match=found) as e:
+        read_quant_config(tmp_path)
+    assert str(tmp_path / file) in str(e.value)
+
+
+def test_hf_quant_config_list_refused_by_the_loader(tmp_path):
+    pytest.importorskip("transformers")
+    from nvgemm.integrations.modelopt import CheckpointError, load_modelopt_checkpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps([{"quantization": {"quant_algo": "NVFP4"}}]))
+    with pytest.raises(CheckpointError, match=r"hf_quant_config.json: holds a list \(\[\{'quantization'"):
+        load_modelopt_checkpoint(tmp_path)

@@ -87,18 +87,21 @@ def read_quant_config(ckpt: str | Path) -> QuantConfig:
     cfg_path, hfq_path = ckpt / "config.json", ckpt / "hf_quant_config.json"
     if not cfg_path.exists():
         raise CheckpointError(f"{ckpt}: no config.json; is this a Hugging Face export folder?")
-    config = read_json(cfg_path, CheckpointError)
+    config = _json_object(cfg_path)
     qc = config.get("quantization_config")
     if hfq_path.exists():
-        q = read_json(hfq_path, CheckpointError).get("quantization")
+        q = _json_object(hfq_path).get("quantization")
         if not isinstance(q, dict):
-            raise CheckpointError(f"{hfq_path}: missing the 'quantization' section")
+            raise CheckpointError(f"{hfq_path}: the 'quantization' section is {_json_kind(q)}, "
+                                  "expected a JSON object")
         algo = q.get("quant_algo")
         return _modelopt_config(algo, q.get("group_size", 16), q.get("exclude_modules") or [],
                                 q.get("quantized_layers") or {}, str(hfq_path))
     if not qc:
         raise CheckpointError(f"{ckpt}: neither hf_quant_config.json nor config.json:quantization_config; "
                               "not a quantized export")
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{cfg_path}: quantization_config is {_json_kind(qc)}, expected a JSON object")
     method = qc.get("quant_method")
     if method == "modelopt":
         return _modelopt_config(qc.get("quant_algo"), 16, qc.get("ignore") or qc.get("exclude_modules") or [],
@@ -121,6 +124,22 @@ def read_quant_config(ckpt: str | Path) -> QuantConfig:
                           "(expected 'modelopt' or compressed-tensors 'nvfp4-pack-quantized')")
 
 
+def _json_kind(value) -> str:
+    """How a JSON value reads in an error message: its JSON type and a short repr."""
+    kind = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    text = repr(value)
+    return f"{kind} ({text[:60] + '...' if len(text) > 60 else text})"
+
+
+def _json_object(path: Path) -> dict:
+    """``path`` parsed as JSON, which must be an object (a list or a scalar is a broken export)."""
+    value = read_json(path, CheckpointError)
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: holds {_json_kind(value)}, expected a JSON object")
+    return value
+
+
 def _modelopt_config(algo, group_size, exclude, quantized_layers, where) -> QuantConfig:
     if algo not in (*SUPPORTED_ALGOS, "MIXED_PRECISION"):
         raise CheckpointError(f"{where}: quant_algo {algo!r} is not NVFP4; nvgemm loads {SUPPORTED_ALGOS} "
@@ -133,6 +152,9 @@ def _modelopt_config(algo, group_size, exclude, quantized_layers, where) -> Quan
         log.warning("nvgemm_cutedsl: %s: exclude_modules %s hold a NUL-separated suffix (a ModelOpt export artifact); "
                     "using the module names before it", where, garbled)
         exclude = [p.split("\x00")[0].rstrip(".") if "\x00" in p else p for p in exclude]
+    if not isinstance(quantized_layers, dict):
+        raise CheckpointError(f"{where}: quantized_layers is {_json_kind(quantized_layers)}, expected a JSON "
+                              "object (layer name -> quant_algo)")
     per_layer = {}
     for name, lc in quantized_layers.items():
         la = lc.get("quant_algo") if isinstance(lc, dict) else lc

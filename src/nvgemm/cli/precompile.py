@@ -21,7 +21,7 @@ in the cache are skipped; the rest compile in ``--jobs`` worker processes. No GP
 arch is explicit and SM counts come from ``--gpu`` (default: B200 for sm_100a, H100 for sm_90a).
 
 Exit status: 0 when every kernel is compiled or cached, 3 when some failed (listed with reasons),
-2 on bad arguments.
+2 on bad arguments, including a request that names no arch or whose every GEMM has no kernel.
 """
 
 from __future__ import annotations
@@ -140,6 +140,8 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     from nvgemm.aot.abi import CompileSpec, HardwareSpec, template_id_for_config
 
     arches = [a.strip() for a in args.arch.split(",") if a.strip()]
+    if not arches:
+        raise ValueError(f"--arch {args.arch!r} names no arch; use one or more of {sorted(ARCH_CAPABILITY)}")
     env = capture_codegen_env()
     import torch
 
@@ -151,6 +153,8 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
         from nvgemm.aot.abi import DEFAULT_HW
 
         for arch in arches:
+            if arch not in DEFAULT_HW:
+                raise ValueError(f"--arch {arch}: no selftest kernel for it; use one of {sorted(DEFAULT_HW)}")
             for threads in (128, 256):
                 s = CompileSpec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=threads), EpilogueSpec(),
                                 arch, DEFAULT_HW[arch], a_format="bf16", b_format="bf16", codegen_env=env)
@@ -183,6 +187,12 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                         a_format=a_format, b_format="nvfp4", codegen_env=env,
                     )
                     specs.setdefault(s, label)
+    if not specs:  # every problem was refused: the request itself cannot be served
+        if not skipped:
+            raise ValueError(f"no kernel to build for {title} on {', '.join(arches)}")
+        label, reason = skipped[0]
+        more = f" (and {len(skipped) - 1} more problems)" if len(skipped) > 1 else ""
+        raise ValueError(f"no kernel to build: no candidates for {label}: {reason}{more}")
     return title, list((lbl, s) for s, lbl in specs.items()), skipped
 
 

@@ -69,6 +69,10 @@ CASES = [
     (["plan", "--model", "NoSuchModel"], ["unknown model preset"]),
     (["plan", "--shape", "4096"], ["--shape", "two comma-separated"]),
     (["model", "--config", "nonsense_config", "--shape", "4096,4096"], ["nonsense_config"]),
+    (["model", "--best", "nope.family", "--shape", "4096,4096"], ["'nope.family'", "not a known family",
+                                                                  "sm100.nvfp4", "sm90.mma", "sm90.wgmma"]),
+    (["model", "--best", "sm90.mma,nope", "--shape", "4096,4096"], ["'nope'", "not a known family"]),
+    (["model", "--best", ",", "--shape", "4096,4096"], ["--best ','", "not a known family"]),
 ]
 
 

@@ -143,6 +143,17 @@ def run(args) -> int:
     except ValueError as e:
         print(f"nvgemm model: {e}", file=sys.stderr)
         return 2
+    if args.best is not None:
+        from nvgemm.heuristics.perfmodel.facts import registered_families
+
+        known = sorted(f.name for f in registered_families())
+        names = [f.strip() for f in args.best.split(",") if f.strip()]
+        unknown = [f for f in names if f not in known] if names else [args.best]
+        if unknown:
+            print(f"nvgemm model: --best {', '.join(map(repr, unknown))}: not a known family; "
+                  f"use one or more of {', '.join(known)}", file=sys.stderr)
+            return 2
+        args.best = ",".join(names)
     rows, text = [], []
     sass_facts = {}
     for n, k in args.shape:

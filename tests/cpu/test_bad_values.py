@@ -120,3 +120,63 @@ def test_non_finite_activations_documented_behaviour(layer):
     assert bool(torch.isfinite(w4a4[0]).all()) and bool(torch.isnan(w4a4[1]).all())
     w4a16 = _call(x, q).float()
     assert not bool(torch.isfinite(w4a16[0]).all()) and bool(torch.isnan(w4a16[1]).all())
+
+
+# ----------------------------------------------------------------------- 1-D scales: both hints work
+
+
+def _hinted_calls(msg: str) -> dict[str, str]:
+    """The two calls the ambiguity message offers, as Python expressions on ``weight_scale``."""
+    import re
+
+    swz = re.search(r"swizzled -> (weight_scale\.view\([\d, ]+\))", msg)
+    lin = re.search(r"linear \[\d+, \d+\] matrix -> (nvgemm\.core\.formats\.to_blocked\(weight_scale\.view\(\d+, "
+                    r"\d+\)\))", msg)
+    assert swz and lin, msg
+    return {"swizzled": swz.group(1), "linear": lin.group(1)}
+
+
+@pytest.mark.parametrize("n,k", [(128, 128), (256, 192)], ids=["n128-k128", "n256-k192"])
+def test_one_d_scale_message_names_both_layouts_and_each_call_is_right(seed, n, k):
+    """A 1-D scale tensor is refused as ambiguous; the message gives the call for swizzled bytes and
+    the call for a flattened linear [N, K/16] matrix, with this layer's N and K/16, and following the
+    matching hint gives the reference result for either layout."""
+    g = torch.Generator().manual_seed(seed)
+    q = quantize_weight(torch.randn(n, k, generator=g))
+    x = torch.randn(3, k, generator=g).bfloat16()
+    want, mag = ref_linear_fp64(x, q, q.global_scale, None, None, None, "none", torch.bfloat16)
+    tol = 2.0**-8 * want.abs() + 2 * k * 2.0**-24 * mag + 1e-30
+    held = {"swizzled": to_blocked(q.scale).reshape(-1), "linear": q.scale.reshape(-1)}
+    assert held["swizzled"].numel() == held["linear"].numel()  # why the layout cannot be told
+    for layout, flat in held.items():
+        with pytest.raises(ValueError, match="1-D scales are ambiguous") as e:
+            torch.ops.nvgemm.nvfp4_linear(x, q.packed, flat, q.global_scale, None, None, None, "none", None)
+        msg = str(e.value)
+        assert f"[N, K/16] = [{n}, {k // 16}]" in msg
+        assert f"weight_scale.view{blocked_shape(n, k // 16)}" in msg
+        assert f"nvgemm.core.formats.to_blocked(weight_scale.view({n}, {k // 16}))" in msg
+        call = _hinted_calls(msg)[layout]
+        scale = eval(call, {"nvgemm": nvgemm, "weight_scale": flat})
+        out = torch.ops.nvgemm.nvfp4_linear(x, q.packed, scale, q.global_scale, None, None, None, "none", None)
+        assert bool(((out.double() - want).abs() <= tol).all()), (layout, call)
+    # the trap the message warns about: linear bytes viewed as swizzled are accepted and wrong
+    wrong = torch.ops.nvgemm.nvfp4_linear(x, q.packed, held["linear"].view(blocked_shape(n, k // 16)),
+                                          q.global_scale, None, None, None, "none", None)
+    assert not bool(((wrong.double() - want).abs() <= tol).all())
+
+
+def test_flattened_linear_scales_of_unpadded_size_get_the_linear_call(seed):
+    """N % 128 != 0: a flattened linear matrix is smaller than the swizzled layout, so it is not
+    ambiguous; the message names the one call that turns it into the accepted shape."""
+    n, k = 100, 64
+    g = torch.Generator().manual_seed(seed)
+    q = quantize_weight(torch.randn(n, k, generator=g))
+    x = torch.randn(2, k, generator=g).bfloat16()
+    with pytest.raises(ValueError, match=r"flattened linear \[N, K/16\] = \[100, 4\] matrix") as e:
+        torch.ops.nvgemm.nvfp4_linear(x, q.packed, q.scale.reshape(-1), q.global_scale, None, None, None, "none",
+                                      None)
+    assert "nvgemm.core.formats.to_blocked(weight_scale.view(100, 4))" in str(e.value)
+    out = torch.ops.nvgemm.nvfp4_linear(x, q.packed, to_blocked(q.scale.reshape(-1).view(100, 4)), q.global_scale,
+                                        None, None, None, "none", None)
+    want, mag = ref_linear_fp64(x, q, q.global_scale, None, None, None, "none", torch.bfloat16)
+    assert bool(((out.double() - want).abs() <= 2.0**-8 * want.abs() + 2 * k * 2.0**-24 * mag + 1e-30).all())

@@ -92,7 +92,8 @@ class NVFP4Linear(nn.Module):
         ``weight_scale`` is either the checkpoint's linear [N, K/16] matrix (swizzled here) or
         already-swizzled scales in their tiled shape ``nvgemm.core.formats.blocked_shape(N, K/16)``.
         1-D scales are refused: a flattened linear matrix has the swizzled size whenever
-        N % 128 == 0 and K % 64 == 0, so the layout cannot be told from the tensor.
+        N % 128 == 0 and K % 64 == 0, so the layout cannot be told from the tensor. Pass swizzled
+        bytes as ``scale.view(blocked_shape(N, K // 16))`` and linear ones as ``scale.view(N, K // 16)``.
         """
         if weight.dtype != torch.uint8 or weight.dim() != 2:
             raise ValueError(f"NVFP4Linear: weight must be uint8 [N, K/2], got {weight.dtype} {tuple(weight.shape)}")

@@ -85,8 +85,13 @@ def check_linear_args(
         if _shape(weight_scale) == (n, kb):
             hint = "these are linear [N, K/16] scales: swizzle them once with nvgemm.core.formats.to_blocked"
         elif weight_scale.dim() == 1 and weight_scale.numel() == blocked_numel(n, kb):
-            hint = ("1-D scales are ambiguous (a flattened linear [N, K/16] matrix has the same size); if these "
-                    f"bytes are 128x4-swizzled, say so with .view{want}")
+            hint = (f"1-D scales are ambiguous (a flattened linear [N, K/16] = [{n}, {kb}] matrix has the same "
+                    f"size); say which you hold: bytes already 128x4-swizzled -> weight_scale.view{want}; a "
+                    f"flattened linear [{n}, {kb}] matrix -> nvgemm.core.formats.to_blocked(weight_scale.view({n}, "
+                    f"{kb})) (viewing linear bytes as swizzled gives wrong results)")
+        elif weight_scale.dim() == 1 and weight_scale.numel() == n * kb:
+            hint = (f"these are a flattened linear [N, K/16] = [{n}, {kb}] matrix: swizzle them once with "
+                    f"nvgemm.core.formats.to_blocked(weight_scale.view({n}, {kb}))")
         else:
             hint = "wrong size for this weight"
         raise ValueError(
@@ -215,7 +220,16 @@ def nvfp4_linear(
     activation: str = "none",
     out_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    """NVFP4 linear: ``epilogue(alpha * x @ dequant(weight).T)``; see the module docstring."""
+    """NVFP4 linear: ``epilogue(alpha * x @ dequant(weight).T)``; see the module docstring.
+
+    ``weight_scale`` is the 128x4-swizzled e4m3 scales in their tiled shape
+    ``nvgemm.core.formats.blocked_shape(N, K // 16)``. A 1-D scale tensor is refused as ambiguous
+    (a flattened linear [N, K/16] matrix has the same size whenever N % 128 == 0 and K % 64 == 0);
+    say which one you hold: bytes that are already swizzled ->
+    ``scale.view(blocked_shape(N, K // 16))``; a flattened linear matrix ->
+    ``to_blocked(scale.view(N, K // 16))``. Viewing linear bytes as swizzled is not detectable and
+    gives wrong results.
+    """
     spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     check_scale_values(weight_scale_2, input_scale)
     backend = select_backend(problem_of(x, weight, weight_scale_2, input_scale, bias, residual, activation, spec))

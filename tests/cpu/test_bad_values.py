@@ -180,3 +180,36 @@ def test_flattened_linear_scales_of_unpadded_size_get_the_linear_call(seed):
                                         None, None, None, "none", None)
     want, mag = ref_linear_fp64(x, q, q.global_scale, None, None, None, "none", torch.bfloat16)
     assert bool(((out.double() - want).abs() <= 2.0**-8 * want.abs() + 2 * k * 2.0**-24 * mag + 1e-30).all())
+
+
+# ----------------------------------------------------------------------- quantizer input_scale values
+
+QUANTIZERS = {
+    "quantize_nvfp4": lambda x, s: torch.ops.nvgemm.quantize_nvfp4(x, s),
+    "rmsnorm_quantize_nvfp4": lambda x, s: torch.ops.nvgemm.rmsnorm_quantize_nvfp4(x, torch.ones(x.shape[1]), s),
+    "add_rmsnorm_quantize_nvfp4": lambda x, s: torch.ops.nvgemm.add_rmsnorm_quantize_nvfp4(
+        x, torch.zeros_like(x), torch.ones(x.shape[1]), s),
+    "silu_mul_quantize_nvfp4": lambda x, s: torch.ops.nvgemm.silu_mul_quantize_nvfp4(x, s),
+}
+
+
+@pytest.mark.parametrize("op", list(QUANTIZERS))
+@pytest.mark.parametrize("v", BAD_SCALARS + [0.0, -0.0], ids=["nan", "inf", "negative", "zero", "minus-zero"])
+def test_quantizers_refuse_a_bad_input_scale(seed, op, v):
+    """quantize_nvfp4 and the fused quantizers refuse a NaN / Inf / zero / negative input_scale,
+    naming the op and the value, instead of returning garbage codes and scales."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    with pytest.raises(ValueError, match=f"nvgemm.{op}: input_scale is {v}; it must be finite and > 0"):
+        QUANTIZERS[op](x, torch.tensor(v))
+    packed, scale = QUANTIZERS[op](x, torch.tensor(0.01))[:2]  # a good scale still quantizes
+    assert packed.shape == (4, (64 if op != "silu_mul_quantize_nvfp4" else 32) // 2)
+
+
+def test_quantizer_value_check_is_eager_only():
+    """The fake impls take any value (they never read it), so tracing does not sync or fail."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 64, dtype=torch.bfloat16)
+        packed, scale = torch.ops.nvgemm.quantize_nvfp4(x, torch.empty((), dtype=torch.float32))
+    assert tuple(packed.shape) == (4, 32)

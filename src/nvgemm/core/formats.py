@@ -49,6 +49,7 @@ __all__ = [
     "is_blocked",
     "check_block_scales",
     "check_k",
+    "check_input_scale_value",
     "ceil_to",
     "GLOBAL_DIVISOR",
 ]
@@ -141,6 +142,19 @@ def _check_dtype(x: torch.Tensor, dtype: torch.dtype, name: str) -> None:
 def _check_finite(x: torch.Tensor, name: str) -> None:
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or Inf; NVFP4 has neither")
+
+
+def check_input_scale_value(input_scale: torch.Tensor, where: str) -> None:
+    """Refuse a NaN, infinite, zero or negative activation global scale (``input_scale``) held on the host.
+
+    Quantizing with such a scale returns garbage (zero gives all-zero codes and scales, a negative
+    one negative scales). Reading a value forces a device sync, so a CUDA scalar is not read per
+    call: it is checked where it is built (``NVFP4Linear``, the checkpoint and vLLM loaders)."""
+    if input_scale.device.type != "cpu":
+        return
+    v = input_scale.reshape(-1)[0].item()
+    if not (v > 0 and v != float("inf")):
+        raise ValueError(f"{where}: input_scale is {v}; it must be finite and > 0")
 
 
 # --------------------------------------------------------------------------- element

@@ -29,6 +29,7 @@ from nvgemm.core.formats import (
     NVFP4,
     blocked_numel,
     blocked_shape,
+    check_input_scale_value,
     dequantize,
     from_blocked,
     quantize_activation,
@@ -148,10 +149,8 @@ def check_scale_values(weight_scale_2: torch.Tensor, input_scale: Optional[torch
         if bool(bad.any()):
             v = weight_scale_2.reshape(-1)[bad.reshape(-1)][0].item()
             raise ValueError(f"{where}: weight_scale_2 holds {v}; it must be finite and >= 0")
-    if input_scale is not None and input_scale.device.type == "cpu":
-        v = input_scale.reshape(-1)[0].item()
-        if not (v > 0 and v != float("inf")):
-            raise ValueError(f"{where}: input_scale is {v}; it must be finite and > 0")
+    if input_scale is not None:
+        check_input_scale_value(input_scale, where)
 
 
 def problem_of(x, weight, weight_scale_2, input_scale, bias, residual, activation, spec: EpilogueSpec) -> LinearProblem:
@@ -277,8 +276,10 @@ def quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = T
 
     Scales are the flat 1-D bytes of the 128x4 swizzled layout (rows padded to 128, K/16 padded
     to 4, padding zero; what the kernels read) when ``swizzle``, else the linear [M, K/16] layout.
+    ``input_scale`` must be finite and > 0 (checked when it is a host tensor).
     """
     _check_quant_args(x, input_scale)
+    check_input_scale_value(input_scale, "nvgemm.quantize_nvfp4")
     if x.device.type == "cuda":
         from nvgemm.dispatch.registry import load_builtin_backends
 

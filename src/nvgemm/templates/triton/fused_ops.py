@@ -10,7 +10,8 @@
 Scales are the 1-D 128x4 swizzled layout when ``swizzle`` (what ``nvfp4_linear``'s W4A4 kernels
 read), else linear [M, K/16]. Eager: the Triton kernel on CUDA (sm_80+, Triton importable), the
 pure-torch reference (:mod:`nvgemm.templates.triton.reference`) otherwise. Fake impls allocate the
-same shapes. None of these ops mutates its inputs.
+same shapes. None of these ops mutates its inputs. ``input_scale`` must be finite and > 0 (checked
+when it is a host tensor, as for ``quantize_nvfp4``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 
 import torch
 
-from nvgemm.core.formats import blocked_numel
+from nvgemm.core.formats import blocked_numel, check_input_scale_value
 
 from nvgemm.templates.triton.reference import (
     add_rmsnorm_quantize_ref,
@@ -66,6 +67,7 @@ def rmsnorm_quantize_nvfp4(x: torch.Tensor, weight: torch.Tensor, input_scale: t
                            swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4(weight * RMSNorm(x)) in one launch; bit-exact with the unfused chain."""
     check_fused_args("rmsnorm_quantize_nvfp4", x, input_scale, weight=weight)
+    check_input_scale_value(input_scale, "nvgemm.rmsnorm_quantize_nvfp4")
     if triton_unusable(x.device) is None:
         from nvgemm.templates.triton.fused import rmsnorm_quantize_nvfp4_triton
 
@@ -86,6 +88,7 @@ def add_rmsnorm_quantize_nvfp4(x: torch.Tensor, residual: torch.Tensor, weight: 
                                swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """r = x + residual; NVFP4(weight * RMSNorm(r)). Returns (packed, scales, r)."""
     check_fused_args("add_rmsnorm_quantize_nvfp4", x, input_scale, weight=weight, residual=residual)
+    check_input_scale_value(input_scale, "nvgemm.add_rmsnorm_quantize_nvfp4")
     if triton_unusable(x.device) is None:
         from nvgemm.templates.triton.fused import add_rmsnorm_quantize_nvfp4_triton
 
@@ -105,6 +108,7 @@ def silu_mul_quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor,
                             swizzle: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4(silu(x[:, :I]) * x[:, I:]) in one launch; bit-exact with the unfused chain."""
     check_fused_args("silu_mul_quantize_nvfp4", x, input_scale, gated=True)
+    check_input_scale_value(input_scale, "nvgemm.silu_mul_quantize_nvfp4")
     if triton_unusable(x.device) is None:
         from nvgemm.templates.triton.fused import silu_mul_quantize_nvfp4_triton
 

@@ -5,7 +5,8 @@ Run as a script (vLLM spawns processes, so this must not be imported by pytest):
 (``ep``: expert parallelism, vLLM's ``enable_expert_parallel``: each rank holds a subset of the experts;
 ``compile``: vLLM's torch.compile instead of eager, with nvgemm's fused requant pass named in the compilation
 config, ``inductor_passes``)
-The caller sets NVGEMM_VLLM=1 (the opt-in) and NVGEMM_VLLM_DUMP (every nvgemm linear call is saved).
+The caller sets NVGEMM_VLLM=1 (the opt-in) and NVGEMM_VLLM_DUMP (every nvgemm linear call is saved). With
+``compile``, nvgemm's Inductor counters go to OUT.json.counters.
 """
 
 import json
@@ -37,6 +38,11 @@ def main() -> None:
                     "logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in o.logprobs]})
     with open(out, "w") as f:
         json.dump(doc, f)
+    if compiled:  # what nvgemm's pass did in this process (the engine runs in it: TP=1, no multiprocessing)
+        from nvgemm.integrations.inductor.compat import nvgemm_counters
+
+        with open(out + ".counters", "w") as f:
+            json.dump(dict(nvgemm_counters()), f)
 
 
 if __name__ == "__main__":

@@ -135,8 +135,9 @@ def serve(ckpt: Path, tp: int, work: Path, ep: bool = False, compiled: bool = Fa
     tag = f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}{'_compiled' if compiled else ''}"
     dump, out = work / f"dump_{tag}", work / f"{tag}.json"
     env = dict(os.environ, **ENGINE_ENV, NVGEMM_VLLM_DUMP=str(dump))
-    if compiled:  # compile every time: a cached artifact would skip the pass (and its log line) under test
+    if compiled:  # compile every time, into this run's own caches: a cached graph would skip the pass under test
         env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor_{tag}")
     flags = (["ep"] if ep else []) + (["compile"] if compiled else [])
     proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out), *flags],
                           env=env,
@@ -145,6 +146,15 @@ def serve(ckpt: Path, tp: int, work: Path, ep: bool = False, compiled: bool = Fa
     if proc.returncode != 0:
         raise AssertionError(f"vLLM ({tag}) failed with exit code {proc.returncode}:\n{proc.stdout[-6000:]}")
     return json.loads(out.read_text()), dump, proc.stdout
+
+
+def compiled_facts(work: Path) -> tuple[dict, str]:
+    """After ``serve(..., compiled=True)`` in ``work``: nvgemm's Inductor counters in the engine process
+    (``_serve.py`` writes them) and the Python code Inductor generated for the compiled graphs (in the run's
+    own Inductor cache, written there on a compile and on a cache hit alike)."""
+    (counters_file,) = work.glob("*_compiled.json.counters")
+    code = "\n".join(p.read_text() for d in work.glob("inductor_*_compiled") for p in sorted(d.rglob("*.py")))
+    return json.loads(counters_file.read_text()), code
 
 
 @pytest.fixture(scope="session")

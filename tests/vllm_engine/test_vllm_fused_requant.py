@@ -18,16 +18,22 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conftest import serve  # noqa: E402
+from conftest import compiled_facts, serve  # noqa: E402
 from test_vllm_e2e import LOGPROB_TOL, common_steps_diff  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 
 def test_compiled_engine_runs_the_fused_requant_chain(checkpoints, served, tmp_path_factory):
-    results, _, log = serve(checkpoints["NVFP4"], 1, tmp_path_factory.mktemp("vllm_compiled"), compiled=True)
+    work = tmp_path_factory.mktemp("vllm_compiled")
+    results, _, log = serve(checkpoints["NVFP4"], 1, work, compiled=True)
+    # the rewrite, from the engine process's nvgemm counters and from the compiled graphs' code (what ran)
+    counters, code = compiled_facts(work)
+    assert counters.get("requant_fused", 0) >= 2, (counters, log[-4000:])  # both layers' gate_up -> down
+    assert code.count("torch.ops.nvgemm.nvfp4_linear_requant.default(") >= 2, code[-4000:]
+    assert code.count("torch.ops.nvgemm.nvfp4_linear_prequant.default(") >= 2, code[-4000:]
     counts = [int(n) for n in re.findall(r"fused requant pass: (\d+) gated MLPs? rewritten", log)]
-    assert counts and max(counts) >= 1 and sum(counts) >= 2, log[-4000:]  # both layers' gate_up -> down
+    assert sum(counts) == counters["requant_fused"], log[-4000:]
     assert all(len(r["token_ids"]) == 4 for r in results)
     # Same weights and kernels (emulated); the fused chain rounds h once where SiluAndMul rounds gate/up,
     # silu and the product, and down re-quantizes h to FP4 (a 1-ulp move can flip one code): the W4A4
@@ -35,3 +41,4 @@ def test_compiled_engine_runs_the_fused_requant_chain(checkpoints, served, tmp_p
     diff, steps = common_steps_diff(served("NVFP4", 1)[0], results)
     print(f"compiled + fused requant vs eager: max |logprob diff| = {diff:.4g} over {steps} steps")
     assert steps >= 2 and diff <= LOGPROB_TOL["NVFP4"]
+

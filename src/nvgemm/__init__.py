@@ -12,6 +12,7 @@ from nvgemm.templates.triton import fused_ops as _fused_ops  # noqa: F401  (fuse
 from nvgemm.core.formats import NVFP4, Nvfp4Format, quantize_weight  # noqa: F401
 from nvgemm.nn.linear import NVFP4Linear  # noqa: F401
 from nvgemm.nn.experts import NVFP4Experts  # noqa: F401  (registers torch.ops.nvgemm.nvfp4_moe)
+from nvgemm.integrations.requant_pass import make_fused_requant_pass as _make_pass, pass_uuid as _pass_uuid
 
 def load_modelopt_checkpoint(*args, **kwargs):
     """See :func:`nvgemm.integrations.modelopt.load_modelopt_checkpoint` (imports transformers lazily)."""
@@ -38,11 +39,6 @@ def enabled(*args, **kwargs):
 
     return _enabled(*args, **kwargs)
 
-def fused_requant_pass(graph):
-    """Inductor post-grad pass rewriting W4A4 gated MLPs into the fused requant chain, by qualified name for
-    compilers that take passes that way (vLLM: ``-cc '{"inductor_passes": {"post_grad_custom_pre_pass":
-    "nvgemm.fused_requant_pass"}}'``); see :func:`nvgemm.integrations.inductor.requant.post_grad_pass`. (``nvgemm.enable()``
-    runs the same rewrite inside its capture pass.)"""
-    from nvgemm.integrations.inductor.requant import post_grad_pass
-
-    return post_grad_pass(graph)
+# The fused requant rewrite as a pass named by qualified name (vLLM's inductor_passes); its source text, which
+# vLLM hashes into its compile-cache keys, carries nvgemm's version and a hash of the rewrite's sources.
+fused_requant_pass = _make_pass(_pass_uuid(__version__))

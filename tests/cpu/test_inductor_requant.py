@@ -173,3 +173,17 @@ def test_compiled_dynamic_batch_one_graph_for_every_m():
             x = _x((m, H), seed=m)
             assert torch.equal(f(x), model(x))
     assert counters["stats"]["unique_graphs"] == 1 and counters["nvgemm_cutedsl"]["requant_fused"] == 1
+
+
+def test_named_pass_rewrites_the_graph():
+    """``nvgemm.fused_requant_pass`` (the pass vLLM resolves by name) runs the same rewrite."""
+    model, x = SiluMulMLP(), _x((7, H))
+    gm, bufs = _graph(model, x)
+    counters.clear()
+    nvgemm.fused_requant_pass(gm.graph)
+    gm.recompile()
+    assert "nvgemm.nvfp4_linear_requant.default" in _targets(gm)
+    assert counters["nvgemm_cutedsl"]["requant_fused"] == 1
+    gu = nvgemm.NVFP4Linear.from_tensors(model.gu.weight, model.gu.weight_scale, model.gu.weight_scale_2,
+                                         model.gu.input_scale, activation="silu_mul")
+    assert torch.equal(gm(x, bufs), gated_mlp(gu, model.down, x))

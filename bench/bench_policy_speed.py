@@ -49,13 +49,14 @@ MOE_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 def _clear_shape_memos() -> None:
     """Forget every answer that depends on the shape (see item 8 of the module docstring)."""
-    from nvgemm.heuristics import implementable, policy
+    from nvgemm.heuristics import policy
     from nvgemm.heuristics.perfmodel import model
+    from nvgemm.templates.sm90_w4a16 import validity
 
     policy._candidates_memo.cache_clear()
     model._total_cached.cache_clear()
     model._estimate_cached.cache_clear()
-    implementable._sm90_problem_status.cache_clear()
+    validity._sm90_problem_status.cache_clear()
 
 
 def _passes_cpu(problems) -> tuple[list[float], list[float], list[float]]:

@@ -127,7 +127,7 @@ def test_selfcheck_passes_reordered_summation(fake_backend, activation, w4a4):
     p = B.LinearProblem(m=7, n=256, k=512, device_type="cpu", capability=None, weight_only=not w4a4,
                         x_dtype=torch.bfloat16, out_dtype=torch.bfloat16, alpha="scalar", bias=False,
                         activation=activation, residual=False)
-    assert B._selfcheck(B._REGISTRY["split_k"], p) is None
+    assert B._selfcheck(B.registered("linear", "split_k"), p) is None
 
 
 def test_selfcheck_inputs_cover_codes_signs_zero_and_subnormal_scales():

@@ -14,6 +14,7 @@ import torch
 import nvgemm  # noqa: F401
 from nvgemm.ops.fused import prequant_emulated, requant_emulated
 from nvgemm.core.formats import dequantize, from_blocked, quantize_activation, quantize_weight, to_blocked
+from nvgemm.core import backend as core_backend
 from nvgemm.dispatch import registry as B
 from nvgemm.dispatch import fused as F
 
@@ -30,12 +31,12 @@ def fake_fused():
     added = []
 
     def add(kind, name, run, priority=50, supports=lambda p: None):
-        F.register_fused_backend(kind, B.Backend(name=name, priority=priority, supports=supports, run=run))
+        B.register_backend(B.Backend(name=name, priority=priority, supports=supports, run=run), kind)
         added.append((kind, name))
 
     yield add
     for kind, name in added:
-        F.unregister_fused_backend(kind, name)
+        B.unregister_backend(name, kind)
     F._CHECKED.clear()
 
 
@@ -43,7 +44,7 @@ def fake_fused():
 def _clean_env(monkeypatch):
     for var in ("NVGEMM_BACKEND", "NVGEMM_FUSED_BACKEND", "NVGEMM_SELFCHECK"):
         monkeypatch.delenv(var, raising=False)
-    B._WARNED.clear()
+    core_backend._WARNED.clear()
 
 
 def test_sm100_gpu_gets_the_kernels_other_gpus_the_fallbacks_with_one_warning():
@@ -218,10 +219,13 @@ def test_op_refuses_bad_scales_and_runs_kernel_free_on_bias_dtype(fake_fused):
 
 
 def test_emu_sm100_is_registered_for_both_ops_and_only_forced():
-    names = {k: [b.name for b in F.fused_backends(k)] for k in (F.REQUANT, F.PREQUANT)}
+    from nvgemm import emulator
+
+    emulator.enable()
+    names = {k: [b.name for b in B.backends(k)] for k in (F.REQUANT, F.PREQUANT)}
     for kind in names:
         assert names[kind][-1] == "emu_sm100" and "cutedsl_sm100" in names[kind] and "emulated" in names[kind]
-    emu = {b.name: b for b in F.fused_backends(F.REQUANT)}["emu_sm100"]
+    emu = {b.name: b for b in B.backends(F.REQUANT)}["emu_sm100"]
     assert "CPU tensors" in emu.supports(_problem(device_type="cuda", capability=(10, 0)))
     assert "M=300 > 128" in emu.supports(_problem(m=300, n=512, k=256))
     assert dataclasses.replace(emu).autotune is False
@@ -231,7 +235,9 @@ def test_clear_errors_on_misused_registry_and_module():
     from nvgemm.integrations.modelopt import NVFP4GatedMLP
 
     with pytest.raises(ValueError, match="kind must be 'requant' or 'prequant'"):
-        F.fused_backends("moe")
+        F.select_fused_backend("moe", _problem())
+    with pytest.raises(ValueError, match=r"op kind must be one of \('linear', 'moe', 'requant', 'prequant'\), got 'fused'"):
+        B.backends("fused")
     plain = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(64, 64), input_scale=0.01)
     with pytest.raises(ValueError, match="gate_up_proj must have activation 'silu_mul'"):
         NVFP4GatedMLP(plain, plain)

@@ -21,7 +21,7 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import nvgemm
 from nvgemm.nn.experts import NVFP4Experts
-from nvgemm.dispatch.moe import MoeBackend, register_moe_backend, unregister_moe_backend
+from nvgemm.dispatch.registry import Backend, register_backend, unregister_backend
 from nvgemm.ops.moe import nvfp4_moe_emulated
 
 E, H, I, TOPK = 4, 64, 32, 2
@@ -134,7 +134,7 @@ def test_moe_is_autotuned_per_m_range(monkeypatch):
 
     monkeypatch.setattr(lowering, "split_points", lambda: [8])  # ranges [1, 8], [9, inf)
     monkeypatch.setattr(lowering, "RANGE_UPPER_BOUND", 32)
-    register_moe_backend(MoeBackend(name="test_slow_moe", priority=-2000, supports=lambda p: None, run=slow))
+    register_backend(Backend(name="test_slow_moe", priority=-2000, supports=lambda p: None, run=slow), "moe")
     ex = _experts(6)
     try:
         def f(x, ids, w):
@@ -184,7 +184,7 @@ def test_moe_is_autotuned_per_m_range(monkeypatch):
             want = nvfp4_moe_emulated(xm, idm, wm, *ex.tensors(), "silu_mul", False, None, None, None, None)
             assert torch.equal(out, want), m
     finally:
-        unregister_moe_backend("test_slow_moe")
+        unregister_backend("test_slow_moe", "moe")
 
 
 if __name__ == "__main__":  # pragma: no cover

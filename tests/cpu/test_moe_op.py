@@ -15,6 +15,7 @@ from nvgemm.core.formats import global_scale_from_amax
 from nvgemm.nn.linear import NVFP4Linear
 from nvgemm.nn.experts import NVFP4Experts
 from nvgemm.dispatch import moe as mb
+from nvgemm.dispatch import registry as reg
 
 E, H, I, M, K = 4, 64, 32, 6, 2
 
@@ -206,11 +207,11 @@ def test_opcheck():
 
 @pytest.fixture
 def registry():
-    saved = dict(mb._REGISTRY)
+    saved = dict(reg._REGISTRY["moe"])
     mb._CHECKED.clear()
     yield
-    mb._REGISTRY.clear()
-    mb._REGISTRY.update(saved)
+    reg._REGISTRY["moe"].clear()
+    reg._REGISTRY["moe"].update(saved)
     mb._CHECKED.clear()
 
 
@@ -228,9 +229,9 @@ def test_registry_selfcheck_and_override(registry, monkeypatch):
 
     def wrong(*args):  # drops the top-k weights: a plausible kernel bug
         calls.append(1)
-        return mb._REGISTRY["emulated"].run(args[0], args[1], torch.ones_like(args[2]), *args[3:])
+        return reg.registered("moe", "emulated").run(args[0], args[1], torch.ones_like(args[2]), *args[3:])
 
-    mb.register_moe_backend(mb.MoeBackend("wrong", 10, lambda p: None, wrong))
+    reg.register_backend(reg.Backend("wrong", 10, lambda p: None, wrong), "moe")
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         got = _call(mod, x, ids, wts)
@@ -249,7 +250,7 @@ def test_registry_selfcheck_and_override(registry, monkeypatch):
     monkeypatch.setenv("NVGEMM_BACKEND", "triton_w4a16")
     assert mb.select_moe_backend(mb_problem(mod, x, ids, wts)).name == "emulated"
     # a correct backend passes the check and serves
-    mb.register_moe_backend(mb.MoeBackend("good", 20, lambda p: None, mb._REGISTRY["emulated"].run))
+    reg.register_backend(reg.Backend("good", 20, lambda p: None, reg.registered("moe", "emulated").run), "moe")
     monkeypatch.delenv("NVGEMM_BACKEND")
     assert torch.equal(_call(mod, x, ids, wts), want) and mb.last_moe_selected() == "good"
 
@@ -271,7 +272,7 @@ def test_selfcheck_inputs_are_valid(kind):
     from nvgemm.ops.moe import check_moe_args
 
     assert check_moe_args(*args) == p
-    assert torch.isfinite(mb._REGISTRY["emulated"].run(*args).float()).all()
+    assert torch.isfinite(reg.registered("moe", "emulated").run(*args).float()).all()
 
 
 # ----------------------------------------------------------------------------- bad input

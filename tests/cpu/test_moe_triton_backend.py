@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from nvgemm.dispatch.moe import MoeProblem, moe_backends  # noqa: E402
+from nvgemm.dispatch.moe import MoeProblem  # noqa: E402
+from nvgemm.dispatch.registry import backends  # noqa: E402
 
 BASE = MoeProblem(m=4, top_k=2, num_experts=8, num_global_experts=8, hidden=64, intermediate=32,
                   activation="silu_mul", weight_only=False, alpha13="expert", x_dtype=torch.bfloat16,
@@ -18,7 +19,7 @@ BASE = MoeProblem(m=4, top_k=2, num_experts=8, num_global_experts=8, hidden=64, 
 
 
 def _triton():
-    names = {b.name: b for b in moe_backends()}
+    names = {b.name: b for b in backends("moe")}
     assert "triton_moe" in names and names["triton_moe"].priority > names["emulated"].priority
     return names["triton_moe"]
 

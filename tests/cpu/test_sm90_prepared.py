@@ -18,6 +18,7 @@ import torch
 import nvgemm  # noqa: F401
 from nvgemm.core.formats import dequantize, from_blocked, quantize_weight, to_blocked
 from nvgemm.nn.linear import NVFP4Linear
+from nvgemm.core import backend as core_backend
 from nvgemm.dispatch import registry as B
 from nvgemm.templates.sm90_w4a16 import launch as L90
 from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
@@ -60,7 +61,7 @@ def test_prepared_layer_holds_one_copy_and_computes_the_same(w4a4, bias, activat
     assert mod.weight is None and mod.weight_scale is None
     assert {n for n, _ in mod.named_buffers()} >= {"sm90_weight", "sm90_scale"}
     assert held == mod.sm90_weight.numel() + mod.sm90_scale.numel() and held <= ckpt_bytes * 1.01
-    monkeypatch.setattr(B, "_WARNED", set())
+    monkeypatch.setattr(core_backend, "_WARNED", set())
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         got = mod(x)

@@ -35,8 +35,9 @@ Writing a template (kernel helpers)
 
     register_template(Sm100Nvfp4GemmTemplate())        # at import of the template module
 
-and add ``"<template_id>": "<module>"`` to :data:`BUILTIN_TEMPLATE_MODULES` so the cache can import
-the module on demand (only when it must compile; warm loads never import templates).
+and name ``("<template_id>", "<module>")`` in the family's registration (``kernels=`` of
+:func:`nvgemm.core.family.register_family`) so the cache can import the module on demand (only when
+it must compile; warm loads never import templates).
 
 The ``@cute.jit`` host function must annotate every parameter so ``export_to_c`` can write the C
 header: tensors ``cute.Tensor``, pointers ``cute.Pointer``, scalars ``cutlass.Int32`` /
@@ -114,6 +115,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol, Union, runtime_checkable
 
+from nvgemm.core.family import families, family_of_config
 from nvgemm.epilogues.spec import EpilogueSpec
 
 from nvgemm.core.status import Status
@@ -125,31 +127,19 @@ TARGET_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_110a")
 OPERAND_FORMATS = ("nvfp4", "bf16", "fp16", "fp8_e4m3", "fp32")
 MAJORS = ("k", "m", "n")
 
-# template_id -> module that registers it on import (imported only when compiling).
-BUILTIN_TEMPLATE_MODULES: dict[str, str] = {
-    "sm100_nvfp4_gemm": "nvgemm.templates.sm100_w4a4.kernel",
-    "sm90_w4a16_mma": "nvgemm.templates.sm90_w4a16.mma",
-    "sm90_w4a16_wgmma": "nvgemm.templates.sm90_w4a16.wgmma",
-    "sm90_moe_mma": "nvgemm.templates.sm90_moe.kernel",
-    "sm100_moe_nvfp4": "nvgemm.templates.sm100_moe.kernel",
-}
-
-# Config class name -> template id (a callable of the config when one config type spans templates).
-# The policy yields configs; precompile / the runtime map them to templates through this table.
-CONFIG_TEMPLATE_IDS: dict[str, Any] = {
-    "Sm100Nvfp4GemmConfig": "sm100_nvfp4_gemm",
-    "Sm90W4A16Config": lambda c: f"sm90_w4a16_{c.family}",
-    "Sm90MoeConfig": "sm90_moe_mma",
-    "Sm100MoeConfig": "sm100_moe_nvfp4",
-}
+def builtin_template_modules() -> dict[str, str]:
+    """template id -> the kernel module that registers it on import (imported only when compiling),
+    from the registered kernel families (:attr:`nvgemm.core.family.KernelFamily.kernels`)."""
+    return {tid: module for fam in families() for tid, module in fam.kernels}
 
 
 def template_id_for_config(config: Any) -> str:
-    """The template id that compiles ``config`` (KeyError naming the config type when none does)."""
-    entry = CONFIG_TEMPLATE_IDS.get(type(config).__name__)
-    if entry is None:
+    """The template id that compiles ``config`` (KeyError naming the config type when none does): the
+    template of the kernel family whose config space holds it."""
+    fam = family_of_config(config)
+    if fam is None or not fam.kernels:
         raise KeyError(f"no kernel template is declared for config type {type(config).__name__}")
-    return entry(config) if callable(entry) else entry
+    return fam.template_id_for(config)
 
 
 COMPILE_LOCK = threading.RLock()
@@ -429,17 +419,18 @@ def unregister_template(template_id: str) -> None:
 def get_template(template_id: str) -> KernelTemplate:
     """The registered template, importing its builtin module on first use."""
     t = _REGISTRY.get(template_id)
-    if t is None and template_id in BUILTIN_TEMPLATE_MODULES:
-        importlib.import_module(BUILTIN_TEMPLATE_MODULES[template_id])
+    builtin = builtin_template_modules() if t is None else {}
+    if t is None and template_id in builtin:
+        importlib.import_module(builtin[template_id])
         t = _REGISTRY.get(template_id)
     if t is None:
-        known = sorted(set(_REGISTRY) | set(BUILTIN_TEMPLATE_MODULES))
+        known = sorted(set(_REGISTRY) | set(builtin))
         raise KeyError(f"no kernel template registered under {template_id!r}; known: {known}")
     return t
 
 
 def registered_template_ids() -> list[str]:
-    return sorted(set(_REGISTRY) | set(BUILTIN_TEMPLATE_MODULES))
+    return sorted(set(_REGISTRY) | set(builtin_template_modules()))
 
 
 def check_spec(spec: CompileSpec) -> Status:
@@ -520,8 +511,7 @@ def compile_for_target(fn: Any, args: list[Any], spec: CompileSpec, options: str
 __all__ = [
     "ABI_DTYPE_BITS",
     "AbiArg",
-    "BUILTIN_TEMPLATE_MODULES",
-    "CONFIG_TEMPLATE_IDS",
+    "builtin_template_modules",
     "COMPILE_LOCK",
     "CompileSpec",
     "DEFAULT_HW",

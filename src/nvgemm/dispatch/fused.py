@@ -2,9 +2,10 @@
 epilogue emits the next layer's NVFP4 input) and ``nvgemm::nvfp4_linear_prequant`` (W4A4 linear on an
 already-quantized activation): the same mechanism as ``nvfp4_linear``'s (:mod:`nvgemm.dispatch.registry`).
 
-A backend is a :class:`~nvgemm.dispatch.registry.Backend` registered for one of the two kinds
-(:data:`REQUANT`, :data:`PREQUANT`) with a ``supports(LinearProblem)`` predicate and a ``run`` taking the
-op's arguments in schema order. The op runs the highest-priority backend that supports the problem;
+A backend is a :class:`~nvgemm.core.backend.Backend` registered in the one registry
+(:func:`~nvgemm.dispatch.registry.register_backend`) for one of the two op kinds (:data:`REQUANT`,
+:data:`PREQUANT`) with a ``supports(LinearProblem)`` predicate and a ``run`` taking the op's arguments in
+schema order. The op runs the highest-priority backend that supports the problem;
 ``emulated`` (registered by :mod:`nvgemm.ops.fused`) supports everything and is last. Before a kernel
 backend serves a problem for the first time it runs it once and is compared with the emulated op
 (``NVGEMM_SELFCHECK=0`` turns this off):
@@ -30,50 +31,30 @@ import threading
 import torch
 
 from nvgemm import settings
+from nvgemm.core.backend import PREQUANT, REQUANT, Backend, LinearProblem, warn_once
 from nvgemm.dispatch.registry import (
-    Backend,
-    LinearProblem,
     _OUT_ULP,
     _selfcheck_inputs,
     accumulation_bound,
+    backends,
     checked_verdict,
     choose_backend,
-    load_builtin_backends,
-    warn_once,
+    registered,
 )
 
-REQUANT = "requant"
-PREQUANT = "prequant"
+FUSED_KINDS = (REQUANT, PREQUANT)
 #: backends that run no kernel of their own (the fallbacks a forced dense-only backend keeps)
 NON_KERNEL = ("unfused", "emulated")
 
-_REGISTRY: dict[str, dict[str, Backend]] = {REQUANT: {}, PREQUANT: {}}
-_LOCK = threading.Lock()
 _CHECKED: dict[tuple, str | None] = {}
 _LAST = threading.local()
 log = logging.getLogger("nvgemm_cutedsl")
 
 
-def _kind(kind: str) -> dict[str, Backend]:
-    if kind not in _REGISTRY:
+def _fused(kind: str) -> str:
+    if kind not in FUSED_KINDS:
         raise ValueError(f"nvgemm fused backends: kind must be {REQUANT!r} or {PREQUANT!r}, got {kind!r}")
-    return _REGISTRY[kind]
-
-
-def register_fused_backend(kind: str, backend: Backend) -> None:
-    with _LOCK:
-        _kind(kind)[backend.name] = backend
-
-
-def unregister_fused_backend(kind: str, name: str) -> None:
-    with _LOCK:
-        _kind(kind).pop(name, None)
-
-
-def fused_backends(kind: str) -> list[Backend]:
-    load_builtin_backends()
-    with _LOCK:
-        return sorted(_kind(kind).values(), key=lambda b: (-b.priority, b.name))
+    return kind
 
 
 def last_fused_selected(kind: str) -> str | None:
@@ -186,7 +167,7 @@ def prequant_selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
 
 def _selfcheck(kind: str):
     def check(backend: Backend, problem: LinearProblem) -> str | None:
-        ref = _kind(kind)["emulated"]
+        ref = registered(kind, "emulated")
         if kind == REQUANT:
             return checked_verdict(_CHECKED, dataclasses.replace(backend, name=f"{backend.name}[requant]",
                                                                  run=_flat_bytes(backend.run)),
@@ -202,7 +183,7 @@ def select_fused_backend(kind: str, p: LinearProblem, check: bool = True, no_ker
     """The backend the ``kind`` op runs for ``p`` (deterministic; see the module docstring). The first
     non-kernel fallback serving a CUDA problem warns once, naming why each kernel backend was passed over.
     ``no_kernel``: a reason, not in ``p``, why no kernel backend can run this call (e.g. a bias dtype)."""
-    all_b = fused_backends(kind)
+    all_b = backends(_fused(kind))
     names = {b.name for b in all_b}
     forced, var = settings.NVGEMM_FUSED_BACKEND, "NVGEMM_FUSED_BACKEND"
     dense_forced = settings.NVGEMM_BACKEND

@@ -1,7 +1,8 @@
-"""Run-time backends behind ``nvgemm::nvfp4_moe`` (same mechanism as ``nvfp4_linear``'s).
+"""Backend selection for ``nvgemm::nvfp4_moe`` (same mechanism as ``nvfp4_linear``'s).
 
-A backend is a named implementation of the MoE op with a ``supports(MoeProblem) -> reason | None``
-predicate and a ``run`` taking the op's arguments in schema order. The op runs the
+A MoE backend is a :class:`~nvgemm.core.backend.Backend` of op kind ``moe`` in the one registry
+(:mod:`nvgemm.dispatch.registry`) with a ``supports(MoeProblem) -> reason | None`` predicate and a
+``run`` taking the op's arguments in schema order. The op runs the
 highest-priority backend that supports the problem; ``emulated`` (``nvgemm.ops.moe``) supports
 everything and is last. Before a kernel backend serves a problem kind for the first time it runs
 it once on random data and is compared with the emulated op (``NVGEMM_SELFCHECK=0`` turns this
@@ -9,68 +10,22 @@ off); a backend that disagrees or raises is disabled for that problem with one w
 
 Override: ``NVGEMM_MOE_BACKEND=<name>`` forces a MoE backend (an error if it cannot run the
 problem); otherwise ``NVGEMM_BACKEND=<name>`` forces it too when ``<name>`` is a registered MoE
-backend (``NVGEMM_BACKEND=emulated`` makes both ops emulated). Kernel modules register with
-:func:`register_moe_backend` when imported; list them with :func:`add_builtin_moe_module` (the linear
-registry's ``add_builtin_module``: imported lazily on first dispatch, never at ``import nvgemm``).
-Selection and the first-use check are shared with ``nvfp4_linear`` (``nvgemm.dispatch.registry``:
-``choose_backend``, ``checked_verdict``).
+backend (``NVGEMM_BACKEND=emulated`` makes both ops emulated). Kernel families name their MoE backends
+in their registration (loaded on first dispatch, never at ``import nvgemm``). Selection and the
+first-use check are shared with ``nvfp4_linear`` (``nvgemm.dispatch.registry``: ``choose_backend``,
+``checked_verdict``).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from nvgemm import settings
-from nvgemm.dispatch.registry import (
-    add_builtin_module,
-    checked_verdict,
-    choose_backend,
-    load_builtin_backends,
-    warn_once,
-)
+from nvgemm.core.backend import MOE, Backend, MoeProblem
+from nvgemm.dispatch.registry import backends, checked_verdict, choose_backend, registered, warn_once
 
-
-@dataclass(frozen=True)
-class MoeProblem:
-    """What a backend needs to decide whether it can run one ``nvfp4_moe`` call."""
-
-    m: int  # tokens
-    top_k: int
-    num_experts: int  # local experts E (leading dim of the stacked weights)
-    num_global_experts: int  # expert_map length, or E without a map
-    hidden: int  # H
-    intermediate: int  # I (w2's K); gated w13 has 2I rows
-    activation: str
-    weight_only: bool  # W4A16 (no input scales)
-    alpha13: str  # "expert" ([E] weight_scale_2) | "row" ([E, R13]: unequal gate/up scales)
-    x_dtype: torch.dtype
-    out_dtype: torch.dtype
-    device_type: str
-    capability: tuple[int, int] | None
-    router_weight_on_input: bool
-    expert_map: bool
-    shared_out: bool
-    residual: bool
-
-    @property
-    def gated(self) -> bool:
-        return self.activation == "silu_mul"
-
-
-@dataclass(frozen=True)
-class MoeBackend:
-    name: str
-    priority: int  # higher wins
-    supports: Callable[[MoeProblem], str | None]
-    run: Callable[..., torch.Tensor] = field(repr=False)
-
-
-_REGISTRY: dict[str, MoeBackend] = {}
-_LOCK = threading.Lock()
 _LAST = threading.local()
 _CHECKED: dict[tuple, str | None] = {}
 #: Element-wise |kernel - emulated| allowed in the first-use check, relative to the largest output of the
@@ -87,25 +42,6 @@ def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
     ulp = _OUT_ULP.get(args[16] or args[0].dtype, 2.0**-8)
     row = want.abs().amax(dim=-1, keepdim=True)
     return SELFCHECK_RTOL * row + 2 * ulp * want.abs() + 2.0**-20
-#: MoE kernel modules register on import like the linear ones: list them with this
-#: (``nvgemm.dispatch.registry.add_builtin_module``; imported lazily on first dispatch).
-add_builtin_moe_module = add_builtin_module
-
-
-def register_moe_backend(backend: MoeBackend) -> None:
-    with _LOCK:
-        _REGISTRY[backend.name] = backend
-
-
-def unregister_moe_backend(name: str) -> None:
-    with _LOCK:
-        _REGISTRY.pop(name, None)
-
-
-def moe_backends() -> list[MoeBackend]:
-    load_builtin_backends()
-    with _LOCK:
-        return sorted(_REGISTRY.values(), key=lambda b: (-b.priority, b.name))
 
 
 def last_moe_selected() -> str | None:
@@ -154,14 +90,14 @@ def selfcheck_inputs(p: MoeProblem, device: torch.device) -> tuple:
             p.activation, p.router_weight_on_input, to(emap), to(shared, xd), to(res, xd), p.out_dtype)
 
 
-def _selfcheck(backend: MoeBackend, p: MoeProblem) -> str | None:
-    return checked_verdict(_CHECKED, backend, p, selfcheck_inputs, _REGISTRY["emulated"].run, selfcheck_bound,
+def _selfcheck(backend: Backend, p: MoeProblem) -> str | None:
+    return checked_verdict(_CHECKED, backend, p, selfcheck_inputs, registered(MOE, "emulated").run, selfcheck_bound,
                            "MoE backend")
 
 
-def select_moe_backend(p: MoeProblem, check: bool = True) -> MoeBackend:
+def select_moe_backend(p: MoeProblem, check: bool = True) -> Backend:
     """The backend ``nvfp4_moe`` runs for ``p`` (deterministic; see the module docstring)."""
-    all_b = moe_backends()
+    all_b = backends(MOE)
     forced, var = settings.NVGEMM_MOE_BACKEND, "NVGEMM_MOE_BACKEND"
     if not forced and settings.NVGEMM_BACKEND in {b.name for b in all_b}:
         forced, var = settings.NVGEMM_BACKEND, "NVGEMM_BACKEND"

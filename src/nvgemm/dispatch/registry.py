@@ -1,118 +1,107 @@
-"""Run-time GEMM backends behind ``nvgemm::nvfp4_linear``.
+"""The one backend registry every op kind selects from, and the ``nvfp4_linear`` selection.
 
-A backend is a named implementation of the op (a CuTeDSL kernel family, a Triton kernel, the
-emulated reference) with a ``supports(problem) -> reason | None`` predicate. The op's eager
-implementation takes the highest-priority backend that supports the problem; the emulated
-backend supports everything and is always last, so every problem has a correct path.
+A backend (:class:`~nvgemm.core.backend.Backend`) is a named implementation of one op kind (a CuTeDSL
+kernel family, a Triton kernel, the emulated reference) with a ``supports(problem) -> reason | None``
+predicate. The registry holds the backends of every op kind (:data:`~nvgemm.core.backend.OP_KINDS`:
+``linear``, ``moe``, and the fused ``requant`` / ``prequant``); each op takes the highest-priority backend
+of its kind that supports the problem. The emulated backends support everything and are always last,
+so every problem has a correct path. Selection for ``nvfp4_linear`` is below; the MoE op's and the fused
+ops' rules (which env var forces them, their first-use checks) are :mod:`nvgemm.dispatch.moe` and
+:mod:`nvgemm.dispatch.fused`, all through :func:`choose_backend` and :func:`checked_verdict`.
 
-Kernel modules register themselves with :func:`register_backend` when they are imported by
-:func:`load_builtin_backends` (lazily, on first dispatch; never at ``import nvgemm``).
+Where backends come from:
+
+* kernel families name theirs in their registration (:func:`nvgemm.core.family.register_family`);
+  :func:`load_builtin_backends` imports and registers them on first dispatch (never at ``import nvgemm``);
+* the ops register their emulated (and unfused) reference backends when they are defined;
+* the PTX emulator's backends (``emu_*``) are registered only when asked for: an ``NVGEMM_BACKEND`` /
+  ``NVGEMM_MOE_BACKEND`` / ``NVGEMM_FUSED_BACKEND`` naming one (see :func:`backends`), ``nvgemm demo
+  --emulate-kernels``, or :func:`nvgemm.emulator.enable`. A process that asks for none never imports
+  ``nvgemm.emulator``.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from nvgemm import settings
+from nvgemm.core.backend import LINEAR, OP_KINDS, Backend, LinearProblem, warn_once
+from nvgemm.core.family import families, resolve
 
 log = logging.getLogger("nvgemm_cutedsl")
 
-
-@dataclass(frozen=True)
-class LinearProblem:
-    """What a backend needs to decide whether it can run one ``nvfp4_linear`` call."""
-
-    m: int
-    n: int
-    k: int
-    device_type: str
-    capability: tuple[int, int] | None  # (major, minor) of the CUDA device, None on CPU
-    weight_only: bool  # input_scale is None (W4A16)
-    x_dtype: torch.dtype
-    out_dtype: torch.dtype
-    alpha: str  # "scalar" | "vector"
-    bias: bool
-    activation: str
-    residual: bool
-
-
-@dataclass(frozen=True)
-class Backend:
-    name: str
-    priority: int  # higher wins
-    supports: Callable[[LinearProblem], str | None]
-    run: Callable[..., torch.Tensor] = field(repr=False)
-    #: offered to Inductor's autotuner as a choice; False for tools that only run when forced
-    #: (the PTX emulator's backends: seconds per call on the CPU)
-    autotune: bool = True
-
-
-_REGISTRY: dict[str, Backend] = {}
-_LOCK = threading.Lock()
+_REGISTRY: dict[str, dict[str, Backend]] = {kind: {} for kind in OP_KINDS}
+_LOCK = threading.RLock()
 _BUILTINS_LOADED = False
-_WARNED: set[str] = set()
 _LAST = threading.local()  # the backend select_backend chose most recently, per thread
 
-#: Modules that register kernel backends when imported; missing optional deps are skipped.
-_BUILTIN_MODULES: tuple[str, ...] = (
-    "nvgemm.templates.sm100_w4a4.backend",
-    "nvgemm.templates.sm90_w4a16.backend",
-    "nvgemm.templates.triton.backend",
-    "nvgemm.emulator.backend",  # emu_sm90 / emu_sm100: only when forced (NVGEMM_BACKEND=...)
-    "nvgemm.templates.sm90_moe.backend",  # nvfp4_moe: cutedsl_sm90_moe (grouped W4A16 kernels)
-    "nvgemm.templates.sm100_moe.backend",  # nvfp4_moe: cutedsl_sm100_moe (grouped W4A4 kernels)
-)
+#: backends whose name starts with this are the PTX emulator's: forcing one enables the emulator
+EMULATOR_PREFIX = "emu_"
 
 
-def register_backend(backend: Backend) -> None:
+def _kind(kind: str) -> dict[str, Backend]:
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        raise ValueError(f"nvgemm backends: op kind must be one of {OP_KINDS}, got {kind!r}") from None
+
+
+def register_backend(backend: Backend, kind: str = LINEAR) -> None:
+    """Add (or replace, by name) ``backend`` for op ``kind``."""
     with _LOCK:
-        _REGISTRY[backend.name] = backend
+        _kind(kind)[backend.name] = backend
 
 
-def unregister_backend(name: str) -> None:
+def unregister_backend(name: str, kind: str = LINEAR) -> None:
     with _LOCK:
-        _REGISTRY.pop(name, None)
-
-
-def add_builtin_module(module: str) -> None:
-    """Add a module that registers backends on import (used by kernel packages)."""
-    global _BUILTIN_MODULES
-    if module not in _BUILTIN_MODULES:
-        _BUILTIN_MODULES = _BUILTIN_MODULES + (module,)
+        _kind(kind).pop(name, None)
 
 
 def load_builtin_backends() -> None:
+    """Register every backend the kernel families name (once; a family whose optional dependency is
+    missing simply has no backend)."""
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
         return
-    import importlib
-
-    for mod in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ImportError as e:  # optional dependency missing: that backend is simply absent
-            log.info("nvgemm_cutedsl: backend module %s not available: %s", mod, e)
-    _BUILTINS_LOADED = True
-
-
-def backends() -> list[Backend]:
-    load_builtin_backends()
     with _LOCK:
-        return sorted(_REGISTRY.values(), key=lambda b: (-b.priority, b.name))
+        if _BUILTINS_LOADED:
+            return
+        for fam in families():
+            for kind, ref in fam.backends:
+                try:
+                    register_backend(resolve(ref), kind)
+                except ImportError as e:  # optional dependency missing: that backend is simply absent
+                    log.info("nvgemm_cutedsl: backend %s of family %s not available: %s", ref, fam.name, e)
+        _BUILTINS_LOADED = True
 
 
-def warn_once(key: str, msg: str) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        log.warning(msg)
-        import warnings
+def _emulator_requested() -> None:
+    """Enable the PTX emulator's backends when a forcing env var names one of them."""
+    forced = (settings.NVGEMM_BACKEND, settings.NVGEMM_MOE_BACKEND, settings.NVGEMM_FUSED_BACKEND)
+    if any(name.startswith(EMULATOR_PREFIX) for name in forced):
+        # the emulator sits beside the stack: imported only when asked for
+        importlib.import_module("nvgemm.emulator").enable()
 
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+def backends(kind: str = LINEAR) -> list[Backend]:
+    """The backends of op ``kind``, highest priority first."""
+    load_builtin_backends()
+    _emulator_requested()
+    with _LOCK:
+        return sorted(_kind(kind).values(), key=lambda b: (-b.priority, b.name))
+
+
+def registered(kind: str, name: str) -> Backend:
+    """The backend ``name`` of op ``kind`` (KeyError naming those registered)."""
+    with _LOCK:
+        table = _kind(kind)
+        if name not in table:
+            raise KeyError(f"no {kind} backend {name!r}; registered: {sorted(table)}")
+        return table[name]
 
 
 # ---------------------------------------------------------------------------- first-use check
@@ -255,8 +244,8 @@ def checked_verdict(checked: dict, backend, problem, make_args, reference, bound
 
 def _selfcheck(backend: Backend, problem: LinearProblem) -> str | None:
     """None if ``backend`` agrees with the emulated op on ``problem``'s shape and kind."""
-    return checked_verdict(_CHECKED, backend, problem, _selfcheck_inputs, _REGISTRY["emulated"].run, selfcheck_bound,
-                           "backend")
+    return checked_verdict(_CHECKED, backend, problem, _selfcheck_inputs, registered(LINEAR, "emulated").run,
+                           selfcheck_bound, "backend")
 
 
 def choose_backend(all_b: list, problem, forced: str, var: str, selfcheck, label: str, on_emulated) -> "Backend":
@@ -309,5 +298,5 @@ def _select_backend(problem: LinearProblem, check: bool = True) -> Backend:
             "(dequantize + fp32 matmul), which is correct but slow",
         )
 
-    return choose_backend(backends(), problem, settings.NVGEMM_BACKEND, "NVGEMM_BACKEND",
+    return choose_backend(backends(LINEAR), problem, settings.NVGEMM_BACKEND, "NVGEMM_BACKEND",
                           _selfcheck if check else None, "backend", on_emulated)

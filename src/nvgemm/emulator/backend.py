@@ -9,7 +9,10 @@ wgmma, TMA, mbarrier and tcgen05 opcodes come from :mod:`nvgemm.emulator.isa`). 
 runtime's own pick (``pick_config`` of the sm90 backend, the sm100 policy's first candidate) for the
 device profile (H200: 132 SMs, B200: 148). Slow (about 0.5-30 s per call on one core): a
 correctness tool, not a compute path. ``emu_sm100_moe`` (``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the
-same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4 kernels.
+same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4 kernels, and ``emu_sm100`` also serves the
+fused requant / prequant ops.
+
+Importing this module registers nothing: :func:`nvgemm.emulator.enable` registers :data:`BACKENDS`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Optional
 import torch
 
 from nvgemm import settings
-from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, warn_once
+from nvgemm.core.backend import MOE, PREQUANT, REQUANT, Backend, LinearProblem, warn_once
 
 BACKEND_NAME = "emu_sm90"
 SM100_BACKEND_NAME = "emu_sm100"
@@ -175,18 +178,6 @@ def run_emu_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2,
     return args.out
 
 
-def _register_fused() -> None:
-    from nvgemm.dispatch.fused import PREQUANT, REQUANT, register_fused_backend
-
-    register_fused_backend(REQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100_requant,
-                                            run=run_emu_sm100_requant_op, autotune=False))
-    register_fused_backend(PREQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100,
-                                             run=run_emu_sm100_prequant, autotune=False))
-
-
-_register_fused()
-
-
 MOE_SM100_BACKEND_NAME = "emu_sm100_moe"
 
 
@@ -231,19 +222,17 @@ def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w1
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90, autotune=False)
 SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100,
                         autotune=False)
-register_backend(BACKEND)
-register_backend(SM100_BACKEND)
+#: (op kind, backend) for every backend the emulator provides
+BACKENDS = (
+    ("linear", BACKEND),
+    ("linear", SM100_BACKEND),
+    (REQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100_requant,
+                      run=run_emu_sm100_requant_op, autotune=False)),
+    (PREQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100,
+                       run=run_emu_sm100_prequant, autotune=False)),
+    (MOE, Backend(name=MOE_SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm100, run=run_emu_moe_sm100)),
+)
 
-
-def _register_moe():
-    from nvgemm.dispatch.moe import MoeBackend, register_moe_backend
-
-    register_moe_backend(MoeBackend(name=MOE_SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm100,
-                                    run=run_emu_moe_sm100))
-
-
-_register_moe()
-
-__all__ = ["BACKEND", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "config_for", "run_emu_sm100",
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "config_for", "run_emu_sm100",
            "run_emu_sm100_prequant", "run_emu_sm100_requant", "run_emu_sm100_requant_op", "supports_sm100_requant",
            "run_emu_sm90", "supports", "supports_sm100"]

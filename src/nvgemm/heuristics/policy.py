@@ -10,8 +10,9 @@
 * :func:`bucket_candidates` runs the policy once per bucket of an M range; a candidate chosen for
   a bucket is implementable for every M in it (narrow tiles cover the bucket's upper bound).
 
-Family selection: W4A4 (nvfp4 x nvfp4) on sm_100a/sm_100f/sm_103a/sm_110a -> :mod:`.sm100`;
-W4A16 (bf16/fp16 x nvfp4) on sm_90a -> :mod:`.sm90`.
+Family selection: the registered kernel family (:func:`nvgemm.core.family.families`) whose GEMM kind is the
+problem's (W4A4 = nvfp4 x nvfp4, W4A16 = bf16/fp16 x nvfp4) and whose arches hold the target's; its policy
+module's ``candidates`` ranks the configs.
 """
 
 from __future__ import annotations
@@ -19,13 +20,10 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
-from nvgemm.templates.sm100_w4a4.config import SM100_ARCHS, Sm100Nvfp4GemmConfig
+from nvgemm.core.family import KernelFamily, families
 from nvgemm.core.status import Status
 
 from nvgemm.heuristics import nvmmh
-from nvgemm.templates.sm90_w4a16 import policy as sm90
-from nvgemm.templates.sm100_w4a4 import policy as sm100
 from nvgemm.heuristics.implementable import can_implement
 from nvgemm.core.problem import Candidate, GemmProblem, Target, as_gemm_problem, validate_problem
 
@@ -35,15 +33,15 @@ DEFAULT_MAX_CANDIDATES = 8
 # Upper bounds of the M buckets: narrow token tiles 8/16/32, then the policy bands.
 BUCKET_BOUNDS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
-_FAMILIES = {"w4a4": ("sm100", "sm_100a/sm_100f/sm_103a/sm_110a"), "w4a16": ("sm90", "sm_90a")}
+def _gemm_families(kind: str) -> list[KernelFamily]:
+    return [f for f in families() if f.gemm_kind == kind]
 
 
-def family_of(problem: GemmProblem) -> str | None:
-    fam = _FAMILIES.get(problem.kind, (None,))[0]
-    if fam == "sm100" and problem.target.arch in SM100_ARCHS:
-        return "sm100"
-    if fam == "sm90" and problem.target.family == "sm90":
-        return "sm90"
+def family_of(problem: GemmProblem) -> KernelFamily | None:
+    """The kernel family whose policy serves ``problem`` (None: no family for its kind on its arch)."""
+    for fam in _gemm_families(problem.kind):
+        if problem.target.arch in fam.archs:
+            return fam
     return None
 
 
@@ -54,13 +52,12 @@ def problem_status(problem: GemmProblem) -> Status:
         return st
     fam = family_of(problem)
     if fam is None:
-        want = _FAMILIES[problem.kind][1]
+        want = "/".join(a for f in _gemm_families(problem.kind) for a in f.archs) or "a registered family"
         return Status.fail(
             f"no nvgemm kernel family for {problem.kind} on {problem.target.arch} ({problem.kind} needs {want})"
         )
     # The family's most permissive config carries every problem-only rule (K and N alignment).
-    probe = Sm100Nvfp4GemmConfig() if fam == "sm100" else Sm90W4A16Config()
-    return can_implement(problem, probe)
+    return can_implement(problem, fam.probe_config())
 
 
 def candidates(
@@ -68,7 +65,7 @@ def candidates(
 ) -> list[Candidate]:
     """Ranked, capped candidate configs for ``problem`` ([] when it cannot be implemented).
 
-    ``problem`` is a :class:`GemmProblem` or a ``runtime.backends.LinearProblem`` (its target then
+    ``problem`` is a :class:`GemmProblem` or a :class:`nvgemm.core.backend.LinearProblem` (its target then
     comes from ``target`` or the named GPU of its CUDA capability; no capability -> []).
     """
     if max_candidates < 1:
@@ -92,9 +89,7 @@ def _candidates_uncached(problem: GemmProblem, max_candidates: int, use_nvmmh: b
     if not st:
         log.debug("nvgemm_cutedsl: no candidates for %s: %s", problem, st.reason)
         return ()
-    if family_of(problem) == "sm100":
-        return tuple(sm100.candidates(problem, max_candidates, use_nvmmh=use_nvmmh))
-    return tuple(sm90.candidates(problem, max_candidates, use_nvmmh=use_nvmmh))
+    return tuple(family_of(problem).candidates(problem, max_candidates, use_nvmmh=use_nvmmh))
 
 
 def m_buckets(max_m: int = 256) -> list[tuple[int, int]]:

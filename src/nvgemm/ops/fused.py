@@ -39,8 +39,9 @@ from nvgemm.epilogues import epilogue_ref
 from nvgemm.epilogues.requant import fused_requant_reference
 from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked
 from nvgemm.ops.linear import X_DTYPES, alpha_of, check_linear_args, check_scale_values, problem_of
-from nvgemm.dispatch.registry import Backend, LinearProblem
-from nvgemm.dispatch.fused import PREQUANT, REQUANT, fused_chain_reason, register_fused_backend, select_fused_backend
+from nvgemm.core.backend import PREQUANT, REQUANT, Backend, LinearProblem
+from nvgemm.dispatch.fused import fused_chain_reason, select_fused_backend
+from nvgemm.dispatch.registry import register_backend
 
 __all__ = ["nvfp4_linear_requant", "nvfp4_linear_prequant", "gated_mlp", "fused_mlp_reason"]
 
@@ -202,10 +203,9 @@ def _cuda_only(p) -> Optional[str]:
     return None if p.device_type == "cuda" else f"the unfused fallback serves CUDA devices (got {p.device_type})"
 
 
-register_fused_backend(REQUANT, Backend(name="emulated", priority=-1000, supports=lambda p: None, run=requant_emulated))
-register_fused_backend(REQUANT, Backend(name="unfused", priority=-500, supports=_cuda_only, run=requant_unfused))
-register_fused_backend(PREQUANT, Backend(name="emulated", priority=-1000, supports=lambda p: None,
-                                         run=prequant_emulated))
+register_backend(Backend(name="emulated", priority=-1000, supports=lambda p: None, run=requant_emulated), REQUANT)
+register_backend(Backend(name="unfused", priority=-500, supports=_cuda_only, run=requant_unfused), REQUANT)
+register_backend(Backend(name="emulated", priority=-1000, supports=lambda p: None, run=prequant_emulated), PREQUANT)
 
 
 def gated_mlp(gate_up, down, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -40,7 +40,9 @@ import torch
 from nvgemm.epilogues import apply_activation_ref
 from nvgemm.core.formats import NVFP4, blocked_shape
 from nvgemm.ops.linear import X_DTYPES, nvfp4_linear_emulated
-from nvgemm.dispatch.moe import MoeBackend, MoeProblem, register_moe_backend, select_moe_backend
+from nvgemm.core.backend import MOE, Backend, MoeProblem
+from nvgemm.dispatch.moe import select_moe_backend
+from nvgemm.dispatch.registry import register_backend
 
 MOE_ACTIVATIONS = ("silu_mul", "silu", "relu2", "gelu_tanh")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -229,7 +231,7 @@ def nvfp4_moe_emulated(*args) -> torch.Tensor:
     return moe_compose(*args, linear=nvfp4_linear_emulated)
 
 
-register_moe_backend(MoeBackend(name="emulated", priority=-1000, supports=lambda p: None, run=nvfp4_moe_emulated))
+register_backend(Backend(name="emulated", priority=-1000, supports=lambda p: None, run=nvfp4_moe_emulated), MOE)
 
 
 @torch.library.custom_op("nvgemm::nvfp4_moe", mutates_args=())

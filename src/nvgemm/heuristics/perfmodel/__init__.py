@@ -9,7 +9,7 @@ Two halves:
   for a named GPU -- a grid in rounds over the SMs with fill, tails and co-limits
   (:mod:`.model`) -- from the static facts
   of the compiled kernel in the committed table (``sass_facts.json``, :mod:`.table`), the
-  family's geometry (:mod:`.facts`, :mod:`.families`) and the hardware description
+  family's geometry (:mod:`.facts`, each family's ``perf.py``) and the hardware description
   (:mod:`.hardware`). :func:`bf16_baseline` models bf16 cuBLAS with the same bandwidth, fill and
   launch (one efficiency assumption for both sides of every ratio). Spills are per compiled
   variant (:func:`.table.spill_status`).
@@ -33,7 +33,6 @@ from nvgemm.heuristics.perfmodel.facts import (
     KernelFacts,
     SplitKReduce,
     family_for,
-    register_family,
     registered_families,
 )
 from nvgemm.heuristics.perfmodel.hardware import GPUS, Hardware, get_hardware
@@ -68,7 +67,6 @@ __all__ = [
     "lookup",
     "rank",
     "MODEL_TIE",
-    "register_family",
     "registered_families",
     "table_header",
     "why_not",

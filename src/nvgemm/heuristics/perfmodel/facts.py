@@ -10,7 +10,8 @@
     iterations of the busiest CTA, bytes streamed per iteration, DRAM bytes, extra launches,
     split-K reduction. Computed by the family, no compile.
 :class:`FamilyFacts`
-    the hook: one subclass per kernel family, registered with :func:`register_family`. It knows
+    the hook: one subclass per kernel family, named in that family's registration
+    (``perf_facts=`` of :func:`nvgemm.core.family.register_family`). It knows
     which configs it owns, the SASS pattern of its streamed loads, how many weight elements a
     thread consumes per main-loop iteration (to normalise instruction counts), the geometry, and
     (optionally) an arithmetic estimate of the static facts for configs missing from the table.
@@ -19,9 +20,9 @@ Adding a family (what a kernel helper does)
 -------------------------------------------
 ::
 
-    from nvgemm.heuristics.perfmodel.facts import FamilyFacts, Geometry, register_family
+    # templates/<family>/perf.py
+    from nvgemm.heuristics.perfmodel.facts import FamilyFacts, Geometry
 
-    @register_family
     class MyFamily(FamilyFacts):
         name = "sm90.myfam"               # table key prefix, shown in reports
         arch = "sm_90a"
@@ -42,17 +43,18 @@ the family has its own config class), ``estimate_static(config)`` (facts without
 funcs)`` (family extras the SASS tool stores, e.g. stages) with ``dynamic_smem = True`` when the
 kernel's shared memory is dynamic, ``min_round_trips(config)`` (a lower bound on serial DRAM round
 trips per iteration the SASS replay cannot see, e.g. a cp.async ring), and ``search_space(m)``
-(configs ``nvgemm.heuristics.perfmodel.best`` searches); then list the configs to tabulate in
+(configs ``nvgemm.heuristics.perfmodel.best`` searches); name the class in the family's registration
+(``perf_facts=("nvgemm.templates.<family>.perf:MyFamily",)``), list the configs to tabulate in
 :func:`FamilyFacts.table_configs` and regenerate the table (``nvgemm model --regen-table``).
-Families in this package: ``families/sm90.py`` (mma,
-wgmma) and ``families/sm100.py`` (the tcgen05 block-scaled GEMM). Imports here stay below
-``nvgemm.heuristics``: templates' pure-Python config modules and the standard library only.
+The built-in facts: ``templates/sm90_w4a16/perf.py`` (mma, wgmma) and ``templates/sm100_w4a4/perf.py``
+(the tcgen05 block-scaled GEMM). This module imports no kernel family: the registry hands them in.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nvgemm.core.family import families, generation, resolve
 from nvgemm.heuristics.perfmodel.hardware import Hardware
 
 
@@ -200,46 +202,35 @@ class FamilyFacts:
         return {}
 
 
-_FAMILIES: list[FamilyFacts] = []
-
-
-def register_family(cls_or_obj):
-    """Register a :class:`FamilyFacts` subclass (usable as a class decorator) or instance.
-    A later registration with the same ``name`` replaces the earlier one."""
-    obj = cls_or_obj() if isinstance(cls_or_obj, type) else cls_or_obj
-    if not obj.name:
-        raise ValueError("a FamilyFacts needs a name")
-    _FAMILIES[:] = [f for f in _FAMILIES if f.name != obj.name]
-    _FAMILIES.append(obj)
-    return cls_or_obj
+_FACTS: list[FamilyFacts] = []
+_FACTS_GENERATION = -1
 
 
 def registered_families() -> list[FamilyFacts]:
-    _load_builtin()
-    return list(_FAMILIES)
+    """One instance of every ``FamilyFacts`` the registered kernel families name (``perf_facts``),
+    in family order; rebuilt when a kernel family is (un)registered."""
+    global _FACTS_GENERATION
+    gen = generation()
+    if gen != _FACTS_GENERATION:
+        facts = [resolve(ref)() for fam in families() for ref in fam.perf_facts]
+        for f in facts:
+            if not f.name:
+                raise ValueError(f"{type(f).__name__}: a FamilyFacts needs a name")
+        gen = generation()  # families() may have loaded the built-in families
+        _FACTS[:] = facts
+        _FACTS_GENERATION = gen
+    return list(_FACTS)
 
 
 def family_for(config) -> FamilyFacts | None:
     """The registered family that owns ``config`` (None: no family)."""
-    _load_builtin()
-    for f in reversed(_FAMILIES):  # later registrations (extensions) win
+    for f in reversed(registered_families()):  # later registrations (extensions) win
         try:
             if f.matches(config):
                 return f
         except (AttributeError, TypeError):
             continue
     return None
-
-
-_BUILTIN_LOADED = False
-
-
-def _load_builtin() -> None:
-    global _BUILTIN_LOADED
-    if not _BUILTIN_LOADED:
-        _BUILTIN_LOADED = True
-        from nvgemm.templates.sm90_w4a16 import perf as sm90  # noqa: F401  (registration side effect)
-        from nvgemm.templates.sm100_w4a4 import perf as sm100
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -253,6 +244,5 @@ __all__ = [
     "SplitKReduce",
     "ceil_div",
     "family_for",
-    "register_family",
     "registered_families",
 ]

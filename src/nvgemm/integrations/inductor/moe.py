@@ -28,7 +28,8 @@ from typing import Optional
 import torch
 
 from nvgemm.ops import moe as _moe_ops  # noqa: F401  (registers nvgemm::nvfp4_moe)
-from nvgemm.dispatch.moe import MoeProblem, moe_backends
+from nvgemm.core.backend import MOE, MoeProblem
+from nvgemm.dispatch.registry import backends
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -51,7 +52,7 @@ _BENCH_M: dict = {}
 def moe_candidates(problem: MoeProblem, allowed: Optional[set[str]] = None) -> list[str]:
     """Candidate keys for ``problem``: every supporting MoE kernel backend, then the emulated op."""
     out = []
-    for b in moe_backends():
+    for b in backends(MOE):
         if b.name == "emulated" or (allowed is not None and b.name not in allowed):
             continue
         reason = b.supports(problem)
@@ -69,11 +70,11 @@ def _moe_backend(choice: str):
     kind, _, name = choice.partition(":")
     if kind != "backend" or not name:
         raise ValueError(f"nvgemm_cutedsl: unknown MoE choice {choice!r}")
-    for b in moe_backends():
+    for b in backends(MOE):
         if b.name == name:
             return b
     raise RuntimeError(f"nvgemm_cutedsl: compiled code asks for MoE backend {name!r}, which is not registered in "
-                       f"this process (have {[b.name for b in moe_backends()]})")
+                       f"this process (have {[b.name for b in backends(MOE)]})")
 
 
 @torch.library.custom_op("nvgemm::nvfp4_moe_choice", mutates_args=())

@@ -1,6 +1,6 @@
 """MoE backend ``cutedsl_sm100_moe`` of ``nvgemm::nvfp4_moe``: the sm_100a grouped W4A4 kernels.
 
-Thin wiring of :mod:`nvgemm.templates.sm100_moe` into the MoE backend registry
+Thin wiring of :mod:`nvgemm.templates.sm100_moe` into the MoE op's dispatch
 (:mod:`nvgemm.dispatch.moe`): which problems it takes (:func:`supports`), which configs a call runs
 (:func:`~nvgemm.templates.sm100_moe.policy.pick_moe_configs`: the policy's first (GEMM1, GEMM2) pair for
 the call's M bucket, ranked by the performance model), where the compiled kernels come from (the
@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from nvgemm.dispatch.moe import MoeBackend, MoeProblem, register_moe_backend
+from nvgemm.core.backend import Backend, MoeProblem
 
 BACKEND_NAME = "cutedsl_sm100_moe"
 PRIORITY = 90
@@ -76,7 +76,6 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
                        out_dtype, configs[0], configs[1], launch, stream_id=stream.cuda_stream)
 
 
-BACKEND = MoeBackend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
-register_moe_backend(BACKEND)
+BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
 
 __all__ = ["BACKEND", "BACKEND_NAME", "run", "supports"]

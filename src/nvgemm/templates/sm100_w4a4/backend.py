@@ -1,4 +1,4 @@
-"""The ``cutedsl_sm100`` backend: wires the sm100 NVFP4 family's launcher into the backend registry.
+"""The ``cutedsl_sm100`` backends (``nvfp4_linear`` and the fused requant / prequant ops) of the sm100 NVFP4 family.
 
 Family code (config, validity rule, kernel, host launcher) lives in :mod:`nvgemm.templates.sm100_w4a4`;
 this module adds what belongs to the runtime: the device predicate (``supports``: a CUDA device of
@@ -20,7 +20,7 @@ from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
 from nvgemm.templates.sm100_w4a4.launch import launch_sm100, prepare_sm100_args
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
-from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend
+from nvgemm.core.backend import Backend, LinearProblem
 
 
 def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str, sm_count: int,
@@ -156,12 +156,11 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
 
 
 BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)
-register_backend(BACKEND)
 
 
 # --------------------------------------------------------------------------- fused gated-MLP ops
 # nvgemm::nvfp4_linear_requant (the out_quant epilogue) and nvgemm::nvfp4_linear_prequant (the W4A4 kernel fed
-# the quantized activation); registered with nvgemm.dispatch.fused under the same name.
+# the quantized activation): backends of the same name for those op kinds (the family's registration lists them).
 
 
 def supports_requant(p: LinearProblem) -> Optional[str]:
@@ -247,13 +246,5 @@ def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, inp
     return args.out
 
 
-def _register_fused() -> None:
-    from nvgemm.dispatch.fused import PREQUANT, REQUANT, register_fused_backend
-
-    register_fused_backend(REQUANT, Backend(name="cutedsl_sm100", priority=100, supports=supports_requant,
-                                            run=run_sm100_requant))
-    register_fused_backend(PREQUANT, Backend(name="cutedsl_sm100", priority=100, supports=supports,
-                                             run=run_sm100_prequant))
-
-
-_register_fused()
+REQUANT_BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports_requant, run=run_sm100_requant)
+PREQUANT_BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100_prequant)

@@ -55,7 +55,6 @@ from nvgemm.heuristics.perfmodel.facts import (
     KernelFacts,
     SplitKReduce,
     ceil_div,
-    register_family,
 )
 from nvgemm.heuristics.perfmodel.hardware import Hardware
 
@@ -112,7 +111,6 @@ def tmem_columns(c: Sm100Nvfp4GemmConfig) -> int:
     return c.tile_n * acc_stages + (c.tile_m // v // 32) * 4 + (round_up(c.tile_n, 128) // 32) * 4
 
 
-@register_family
 class Sm100Facts(FamilyFacts):
     name = "sm100.nvfp4"
     arch = "sm_100a"

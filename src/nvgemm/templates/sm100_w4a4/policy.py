@@ -32,7 +32,7 @@ two accumulator stages (``POLICY_TILE_N``).
 Merge order: decode bands (M <= 64) take two rule candidates per nvMatmulHeuristics pick
 (the library does not model narrow tiles well), 65..256 alternate, above 256 the library leads.
 Duplicates are merged (the rule's reason plus the library's rank and estimate). Every emitted
-config passes :func:`nvgemm.heuristics.implementable.can_implement`.
+config passes the family's :func:`nvgemm.templates.sm100_w4a4.validity.can_implement`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import replace
 from nvgemm.templates.sm100_w4a4.config import SM100_SPLIT_K, SM100_TILE_K, SM100_TILE_N, Sm100Nvfp4GemmConfig
 
 from nvgemm.heuristics import nvmmh
-from nvgemm.heuristics.implementable import NARROW_TILE_N, SWAP_AB_MAX_M, can_implement
+from nvgemm.templates.sm100_w4a4.validity import NARROW_TILE_N, SWAP_AB_MAX_M, can_implement
 from nvgemm.core.problem import Candidate, GemmProblem, ceil_div, choose_split_k
 
 C = Sm100Nvfp4GemmConfig

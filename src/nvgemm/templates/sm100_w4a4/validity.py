@@ -1,14 +1,16 @@
-"""The sm100 NVFP4 family's problem-level validity rule (pure Python: no cutlass, no torch).
+"""The sm100 NVFP4 family's validity rules (pure Python: no cutlass, no torch).
 
 :func:`can_implement_problem` answers "can this config compute this GEMM correctly?" for plain
-problem numbers. ``nvgemm.heuristics.can_implement`` (the policy's and the tests' predicate) and
-the host launcher (:func:`nvgemm.templates.sm100_w4a4.launch.prepare_sm100_args`) both call it, so the
-kernel's own limits live next to the kernel. Policy preferences that are not correctness limits
-(e.g. split-K only in equal whole-tile slices) stay in the heuristics.
+problem numbers; the host launcher (:func:`nvgemm.templates.sm100_w4a4.launch.prepare_sm100_args`)
+calls it, so the kernel's own limits live next to the kernel. :func:`can_implement` is the family's
+predicate for a :class:`~nvgemm.core.problem.GemmProblem` (registered with the family;
+``nvgemm.heuristics.can_implement`` dispatches to it): the problem's own checks, the format and arch,
+:func:`can_implement_problem`, and the policy's preference of split-K in equal whole-tile slices.
 """
 
 from __future__ import annotations
 
+from nvgemm.core.problem import OUT_BYTES, GemmProblem, validate_problem
 from nvgemm.core.status import Status
 from nvgemm.templates.sm100_w4a4.config import SM100_ARCHS, SM100_TILE_K, Sm100Nvfp4GemmConfig, validate_config
 
@@ -85,4 +87,39 @@ def can_implement_problem(
     return Status.success()
 
 
-__all__ = ["K_ALIGN", "MIN_TMA_STORE_COLS", "NARROW_TILE_N", "SWAP_AB_MAX_M", "can_implement_problem", "k_tiles"]
+def split_k_ok(k: int, tile_k: int, split_k: int) -> Status:
+    """The policy's split-K preference: ``split_k`` divides the K tiles into equal whole-tile slices."""
+    k_tiles_ = -(-k // tile_k)
+    if split_k > k_tiles_:
+        return Status.fail(f"split_k={split_k} exceeds the {k_tiles_} K tiles of {tile_k} (K={k})")
+    if k_tiles_ % split_k:
+        return Status.fail(
+            f"split_k={split_k} does not divide the {k_tiles_} K tiles of {tile_k} (K={k}) into equal whole-tile slices"
+        )
+    return Status.success()
+
+
+def can_implement(problem: GemmProblem, config: Sm100Nvfp4GemmConfig) -> Status:
+    """Whether ``config`` implements ``problem`` (the family's predicate; a reason on failure)."""
+    st = validate_problem(problem)
+    if not st:
+        return st
+    if problem.kind != "w4a4":
+        return Status.fail(
+            f"sm100 NVFP4 GEMM needs nvfp4 x nvfp4 (W4A4); problem is {problem.a_format} x {problem.b_format}"
+        )
+    arch = problem.target.arch
+    if arch not in SM100_ARCHS:
+        return Status.fail(f"arch {arch} not supported by the sm100 NVFP4 family (needs one of {SM100_ARCHS})")
+    st = can_implement_problem(
+        config, m=problem.m_hi, n=problem.n, k=problem.k, out_bytes=OUT_BYTES[problem.out_dtype],
+        activation=problem.epilogue, arch=arch,
+    )
+    if not st:
+        return st
+    # policy preference on top of the kernel's rule: split K into equal whole-tile slices
+    return split_k_ok(problem.k, config.tile_k, config.split_k)
+
+
+__all__ = ["K_ALIGN", "MIN_TMA_STORE_COLS", "NARROW_TILE_N", "SWAP_AB_MAX_M", "can_implement", "can_implement_problem",
+           "k_tiles", "split_k_ok"]

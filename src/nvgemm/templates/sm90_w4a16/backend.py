@@ -21,10 +21,16 @@ from typing import Optional
 import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
-from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config, config_from_name, shape_problem, validate_config
+from nvgemm.templates.sm90_w4a16.config import (
+    Sm90W4A16Config,
+    config_from_name,
+    shape_problem,
+    template_id_of,
+    validate_config,
+)
 from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, launch_sm90, prepare_sm90_args
 from nvgemm.templates.sm90_w4a16.operand import kind_of
-from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, warn_once
+from nvgemm.core.backend import Backend, LinearProblem, warn_once
 
 log = logging.getLogger("nvgemm_cutedsl.sm90")
 
@@ -67,10 +73,6 @@ def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, s
         cfg = Sm90W4A16Config("mma", tile_m=cfg.tile_m, tile_n=2 * cfg.tile_n, tile_k=cfg.tile_k,
                               num_warps=cfg.num_warps, stages=cfg.stages, pdl=cfg.pdl)
     return cfg
-
-
-def template_id_of(config: Sm90W4A16Config) -> str:
-    return f"sm90_w4a16_{config.family}"
 
 
 def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int = 132):
@@ -141,7 +143,6 @@ def run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype
 
 
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm90)
-register_backend(BACKEND)
 
 __all__ = ["ARCH", "BACKEND", "compile_spec_for", "default_config", "pick_config", "run_prepared", "run_sm90",
            "supports", "template_id_of"]

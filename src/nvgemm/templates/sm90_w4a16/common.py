@@ -2,7 +2,7 @@
 epilogue of one output element, and the registry contract (C ABI, can_implement, compile).
 
 This module imports cutlass; it is imported only when a kernel is compiled (never at ``import
-nvgemm``), through :data:`nvgemm.aot.abi.BUILTIN_TEMPLATE_MODULES`.
+nvgemm``), through the kernel modules the family registers (``kernels=`` in its ``__init__``).
 
 C ABI of every sm90 W4A16 template, in order (``launch.Sm90Args.abi_values``):
 

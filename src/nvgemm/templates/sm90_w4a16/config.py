@@ -279,6 +279,11 @@ def config_from_name(name: str) -> Sm90W4A16Config:
                            num_warps=int(nw), stages=int(st), pdl=bool(pdl))
 
 
+def template_id_of(c: Sm90W4A16Config) -> str:
+    """The AOT template that compiles ``c``: one per kernel (``sm90_w4a16_mma`` / ``sm90_w4a16_wgmma``)."""
+    return f"sm90_w4a16_{c.family}"
+
+
 def validate_config(c: Sm90W4A16Config) -> Status:
     """The one validity rule of sm90 configs (heuristics, templates, runtime and tests use it)."""
     if c.family not in SM90_FAMILIES:
@@ -332,6 +337,7 @@ __all__ = [
     "mma_smem_bytes",
     "mma_stage_bytes",
     "shape_problem",
+    "template_id_of",
     "validate_config",
     "wgmma_smem_bytes",
     "wgmma_stage_bytes",

@@ -51,7 +51,7 @@ from nvgemm.templates.sm90_w4a16.config import (
 )
 
 from nvgemm.heuristics.perfmodel.baseline import TENSOR_EFFICIENCY
-from nvgemm.heuristics.perfmodel.facts import FamilyFacts, Geometry, SplitKReduce, ceil_div, register_family
+from nvgemm.heuristics.perfmodel.facts import FamilyFacts, Geometry, SplitKReduce, ceil_div
 from nvgemm.heuristics.perfmodel.hardware import Hardware
 
 #: bytes per weight element streamed: 0.5 (E2M1) + 1/16 (one scale byte per 16)
@@ -252,7 +252,6 @@ class _Sm90Base(FamilyFacts):
         return c if self.matches(c) else None
 
 
-@register_family
 class MmaFacts(_Sm90Base):
     name = "sm90.mma"
     family_field = "mma"
@@ -302,7 +301,6 @@ class MmaFacts(_Sm90Base):
         return out
 
 
-@register_family
 class WgmmaFacts(_Sm90Base):
     name = "sm90.wgmma"
     family_field = "wgmma"

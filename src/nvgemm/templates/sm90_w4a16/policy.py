@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from nvgemm.templates.sm90_w4a16.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config, wgmma_tail_tiles
 
-from nvgemm.heuristics.implementable import sm90_config_fits, sm90_problem_status
+from nvgemm.templates.sm90_w4a16.validity import sm90_config_fits, sm90_problem_status
 from nvgemm.core.problem import Candidate, GemmProblem, ceil_div
 
 W = Sm90W4A16Config

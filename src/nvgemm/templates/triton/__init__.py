@@ -8,9 +8,30 @@ Importing this package imports nothing heavy; the modules are:
   in-kernel quantize-dequantize of x);
 * :mod:`.reference` — pure-torch references of the fused quantizers;
 * :mod:`.fused_ops` — the ``nvgemm::*_quantize_nvfp4`` torch ops (torch only);
-* :mod:`.backend` — registers the ops, the ``triton_w4a16`` and ``triton_moe`` backends and the CUDA quantizer; it is
-  listed in ``nvgemm.dispatch.registry`` built-in modules and loaded on first dispatch.
+* :mod:`.moe` — the grouped MoE kernels behind ``triton_moe``;
+* :mod:`.backend` — the ``triton_w4a16`` and ``triton_moe`` backends (named below; imported on first
+  dispatch), which also registers the fused quantizer ops and installs the CUDA quantizer.
 
 All kernels are bit-exact with :mod:`nvgemm.core.formats` by construction (IEEE division, integer RNE
-conversions) and are tested on CPU under ``TRITON_INTERPRET=1``.
+conversions) and are tested on CPU under ``TRITON_INTERPRET=1``. This ``__init__`` registers the family
+by name and imports nothing else.
 """
+
+from nvgemm.core.family import register_family
+
+_P = __name__
+
+register_family(
+    name="triton",
+    package=_P,
+    summary="Triton NVFP4 fallback GEMM and grouped MoE for CUDA sm_80+, and the activation quantizers",
+    backends=(("linear", f"{_P}.backend:BACKEND"), ("moe", f"{_P}.backend:MOE_BACKEND")),
+    can_implement=f"{_P}.backend:supports",
+    launcher=f"{_P}.gemm_w4a16",
+    omits=(
+        ("configs", "no config type: block sizes are picked per call (gemm_w4a16.gemm_config, moe.moe_config)"),
+        ("kernels", "Triton compiles at first call (JIT); nothing is precompiled into the AOT cache"),
+        ("policy", "no candidate list: the per-call block-size rule in gemm_w4a16 / moe is the whole choice"),
+        ("perf", "not ranked by the performance model: a portable fallback below the CuTeDSL backends"),
+    ),
+)

@@ -1,15 +1,15 @@
-"""Registers nvgemm's Triton kernels with the runtime (imported by ``load_builtin_backends``).
+"""The Triton family's backends (named in the family's registration; imported on first dispatch).
 
 Importing this module imports torch only (Triton loads on first use), and:
 
 * registers the fused-quantizer ops (``nvgemm::rmsnorm_quantize_nvfp4``,
   ``nvgemm::add_rmsnorm_quantize_nvfp4``, ``nvgemm::silu_mul_quantize_nvfp4``);
-* registers backend ``triton_w4a16`` for ``nvgemm::nvfp4_linear`` with priority
+* defines backend ``triton_w4a16`` (:data:`BACKEND`) for ``nvgemm::nvfp4_linear`` with priority
   :data:`PRIORITY` (0: below the CuTeDSL backends, e.g. ``cutedsl_sm100`` at 100, above
   ``emulated`` at -1000). It supports CUDA sm_80+ with Triton importable and bf16/fp16 x, for
   weight-only problems and for W4A4 problems (in-kernel quantize-dequantize of x: same values as a
   W4A4 kernel, see :mod:`nvgemm.templates.triton.gemm_w4a16`);
-* registers MoE backend ``triton_moe`` for ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.templates.triton.moe`,
+* defines MoE backend ``triton_moe`` (:data:`MOE_BACKEND`) for ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.templates.triton.moe`,
   priority :data:`MOE_PRIORITY`: above ``emulated``) on CUDA sm_80+ with Triton importable;
 * installs the Triton activation quantizer as the CUDA implementation of
   ``nvgemm::quantize_nvfp4`` (``nvgemm.ops.linear.set_cuda_quantizer``), falling back to the torch
@@ -21,8 +21,7 @@ from __future__ import annotations
 import torch
 
 from nvgemm.ops import linear as nv_ops
-from nvgemm.dispatch.moe import MoeBackend, register_moe_backend
-from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend
+from nvgemm.core.backend import Backend, LinearProblem
 
 from nvgemm.templates.triton import fused_ops  # noqa: F401  (registers the fused quantizer ops)
 from nvgemm.templates.triton.fused_ops import _triton_import_error, triton_unusable
@@ -66,6 +65,6 @@ def cuda_quantizer(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
     return nv_ops.quantize_nvfp4_emulated(x, input_scale, swizzle)
 
 
-register_backend(Backend(name=NAME, priority=PRIORITY, supports=supports, run=run))
-register_moe_backend(MoeBackend(name=MOE_NAME, priority=MOE_PRIORITY, supports=supports, run=moe_run))
+BACKEND = Backend(name=NAME, priority=PRIORITY, supports=supports, run=run)
+MOE_BACKEND = Backend(name=MOE_NAME, priority=MOE_PRIORITY, supports=supports, run=moe_run)
 nv_ops.set_cuda_quantizer(cuda_quantizer)

@@ -173,8 +173,10 @@ def test_forced_only_backends_are_not_autotune_choices():
     """The PTX emulator's backends support CPU problems but run only when forced: inside
     torch.compile they were benchmarked as choices (seconds per call, and 2-CTA picks the emulator
     then refused). Named in ``allowed`` they are still offered."""
+    from nvgemm import emulator
     from nvgemm.dispatch.registry import backends
 
+    emulator.enable()  # opt-in: registered only when asked for
     names = {b.name for b in backends()}
     assert {"emu_sm90", "emu_sm100"} <= names
     keys = [c.key for c in ch.candidates(_problem())]

@@ -7,6 +7,11 @@ Inductor integration.
 
 __version__ = "0.1.0"
 
+from nvgemm.core.family import add_family_root as _add_family_root
+
+# The built-in kernel families are the folders of nvgemm.templates: each registers itself when the family
+# registry is first consulted (nothing is imported here).
+_add_family_root("nvgemm.templates")
 from nvgemm import ops  # noqa: F401  (registers torch.ops.nvgemm.*)
 from nvgemm.templates.triton import fused_ops as _fused_ops  # noqa: F401  (fused quantizer ops; torch only)
 from nvgemm.core.formats import NVFP4, Nvfp4Format, quantize_weight  # noqa: F401

@@ -29,6 +29,7 @@ from nvgemm.heuristics.presets import PRESETS, get_preset
 from nvgemm.core.problem import as_gemm_problem, choose_split_k
 from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config
 from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C
+from nvgemm.templates.sm100_w4a4 import policy as sm100_policy
 
 B200 = Target.from_gpu("B200")
 H100 = Target.from_gpu("H100")
@@ -197,7 +198,7 @@ def test_precision_strings():
 def test_nvmmh_gets_logical_k_and_kernel_orientation(monkeypatch):
     calls = []
 
-    def spy(gpu, precision, m, n, k, count):
+    def spy(gpu, precision, m, n, k, count, space):
         calls.append((gpu, precision, m, n, k))
         return ()
 
@@ -205,9 +206,10 @@ def test_nvmmh_gets_logical_k_and_kernel_orientation(monkeypatch):
         pytest.skip("nvMatmulHeuristics not installed")
     monkeypatch.setattr(nvmmh, "_query_cached", spy)
     p = GemmProblem(n=6144, k=4096, m=8, target=B200)
-    nvmmh.query(p, swap_ab=True)
-    nvmmh.query(p, swap_ab=False)
-    nvmmh.query(GemmProblem(n=6144, k=4096, m=8, out_dtype="fp16", target=Target.from_gpu("GB200")), swap_ab=False)
+    nvmmh.query(p, swap_ab=True, space=sm100_policy.NVMMH_SPACE)
+    nvmmh.query(p, swap_ab=False, space=sm100_policy.NVMMH_SPACE)
+    nvmmh.query(GemmProblem(n=6144, k=4096, m=8, out_dtype="fp16", target=Target.from_gpu("GB200")), swap_ab=False,
+                space=sm100_policy.NVMMH_SPACE)
     assert calls == [
         ("B200", "F4F4T", 6144, 8, 4096),  # swap-AB: weights' N on the kernel M side; LOGICAL K
         ("B200", "F4F4T", 8, 6144, 4096),
@@ -218,8 +220,8 @@ def test_nvmmh_gets_logical_k_and_kernel_orientation(monkeypatch):
 def test_nvmmh_live_picks_in_space_and_k_sensitive():
     if not nvmmh.available():
         pytest.skip("nvMatmulHeuristics not installed")
-    short = nvmmh.query(GemmProblem(n=8192, k=2048, m=256), swap_ab=False)
-    long = nvmmh.query(GemmProblem(n=8192, k=16384, m=256), swap_ab=False)
+    short = nvmmh.query(GemmProblem(n=8192, k=2048, m=256), swap_ab=False, space=sm100_policy.NVMMH_SPACE)
+    long = nvmmh.query(GemmProblem(n=8192, k=16384, m=256), swap_ab=False, space=sm100_policy.NVMMH_SPACE)
     assert short and long
     for pk in short + long:
         assert pk.tile_m == 128 and pk.tile_n in (8, 16, 32, 64, 128, 192, 256)

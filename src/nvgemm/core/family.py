@@ -13,8 +13,9 @@ needs the piece). The layers above take what they need from here instead of keep
 
 Registering records names only: nothing is imported until a piece is resolved, so a family's
 ``__init__`` stays light and ``import nvgemm`` imports no family at all. The built-in families are the
-sub-packages of :data:`FAMILY_ROOT`; :func:`families` imports them (each registers itself) on first use.
-This module imports no other nvgemm module.
+sub-packages of the family roots (``nvgemm/__init__.py`` adds ``nvgemm.templates`` with
+:func:`add_family_root`); :func:`families` imports them (each registers itself) on first use. This module
+imports no other nvgemm module but :mod:`nvgemm.core.backend` and names no module above ``core``.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ from typing import Any
 
 from nvgemm.core.backend import OP_KINDS
 
-#: the package whose sub-packages are the built-in families (``common`` holds shared pieces, no family)
-FAMILY_ROOT = "nvgemm.templates"
+#: sub-packages of a family root that are no family (``common`` holds what the families share)
 NOT_FAMILIES = ("common",)
 
 #: the pieces every family provides, or names in ``omits`` with the reason it has none
@@ -123,6 +123,7 @@ _REF = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?")
 
 _FAMILIES: dict[str, KernelFamily] = {}
 _LOCK = threading.RLock()
+_ROOTS: list[str] = []  # packages whose sub-packages are families, imported on first use
 _LOADED = False
 _GENERATION = 0
 
@@ -161,6 +162,16 @@ def generation() -> int:
     return _GENERATION
 
 
+def add_family_root(package: str) -> None:
+    """Make every sub-package of ``package`` (but :data:`NOT_FAMILIES`) a family, imported -- and so
+    registered -- the first time the registry is consulted."""
+    global _LOADED
+    with _LOCK:
+        if package not in _ROOTS:
+            _ROOTS.append(package)
+            _LOADED = False
+
+
 def _load_builtin() -> None:
     global _LOADED
     if _LOADED:
@@ -168,10 +179,11 @@ def _load_builtin() -> None:
     with _LOCK:
         if _LOADED:
             return
-        root = importlib.import_module(FAMILY_ROOT)
-        for mod in pkgutil.iter_modules(root.__path__):
-            if mod.ispkg and mod.name not in NOT_FAMILIES:
-                importlib.import_module(f"{FAMILY_ROOT}.{mod.name}")  # its __init__ calls register_family
+        for package in _ROOTS:
+            root = importlib.import_module(package)
+            for mod in pkgutil.iter_modules(root.__path__):
+                if mod.ispkg and mod.name not in NOT_FAMILIES:
+                    importlib.import_module(f"{package}.{mod.name}")  # its __init__ calls register_family
         _LOADED = True
 
 
@@ -207,9 +219,9 @@ def resolve(ref: str) -> Any:
 
 
 __all__ = [
-    "FAMILY_ROOT",
     "KernelFamily",
     "PIECES",
+    "add_family_root",
     "families",
     "generation",
     "family",

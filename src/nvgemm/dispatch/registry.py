@@ -83,8 +83,7 @@ def _emulator_requested() -> None:
     """Enable the PTX emulator's backends when a forcing env var names one of them."""
     forced = (settings.NVGEMM_BACKEND, settings.NVGEMM_MOE_BACKEND, settings.NVGEMM_FUSED_BACKEND)
     if any(name.startswith(EMULATOR_PREFIX) for name in forced):
-        # the emulator sits beside the stack: imported only when asked for
-        importlib.import_module("nvgemm.emulator").enable()
+        importlib.import_module("nvgemm.emulator").enable()  # lazy: the emulator is opt-in (beside the stack)
 
 
 def backends(kind: str = LINEAR) -> list[Backend]:

@@ -18,6 +18,7 @@ def enable() -> None:
     global _ENABLED
     if _ENABLED:
         return
+    # lazy: importing the emulator package registers nothing; its backends load only when enabled
     from nvgemm.dispatch.registry import register_backend
     from nvgemm.emulator.backend import BACKENDS
 

@@ -1,7 +1,8 @@
 """Adapter to nvMatmulHeuristics (package ``nvMatmulHeuristics``, optional, imported lazily).
 
-What it does for the policy: rank tile/cluster/split-K choices **inside nvgemm's own sm100 config
-space** for a W4A4 problem, with a runtime estimate.
+What it does for a family's policy: rank tile/cluster/split-K choices **inside the family's own config
+space** (an :class:`NvmmhSpace` the policy passes; the sm100 W4A4 family's is
+``nvgemm.templates.sm100_w4a4.policy.NVMMH_SPACE``) for a W4A4 problem, with a runtime estimate.
 
 * Precision string: per-operand codes ``F4`` (NVFP4), ``T`` (bf16), ``H`` (fp16), ``S`` (fp32); W4A4
   is ``"F4F4" + out`` (``F4F4T`` for a bf16 output). nvMatmulHeuristics 0.1 has no mixed
@@ -12,14 +13,14 @@ space** for a W4A4 problem, with a runtime estimate.
   W[N,K] · X[M,K]ᵀ, again two K-major operands).
 * The library's CUTLASS3 model reports per-CTA tiles. The backend property
   CTA_TILE_M_DIV_REQUIREMENT=128 restricts its search to 128-row CTAs (nvgemm's only per-CTA
-  height); answers outside nvgemm's tile_n / cluster sets are dropped. Split-K is NOT
+  height); answers outside the space's tile_n / cluster sets are dropped. Split-K is NOT
   restricted: the library fixes one split-K per tile and rejecting it drops the tile (it then
   returns nothing for e.g. M=6144); :mod:`nvgemm.templates.sm100_w4a4.policy` snaps an
   unsupported split-K (3, 5, 6 ...) to the nearest factor nvgemm implements;
   :mod:`nvgemm.templates.sm100_w4a4.policy` maps a per-CTA 128-row pick to the 1-CTA ``tile_m=128`` config
   and, with an even cluster_m, to the 2-CTA ``tile_m=256`` config.
 * The interface, its hardware descriptor (named GPU) and backend are created once per GPU and
-  cached; results are memoised per (gpu, precision, M, N, K, count). Calls are serialised by a
+  cached; results are memoised per (gpu, precision, M, N, K, count, space). Calls are serialised by a
   lock (the C handle is not documented as thread-safe; Inductor compiles on several threads).
 * If the package is missing, fails to load, is disabled with ``NVGEMM_NVMMH=0``, or a query
   raises, :func:`query` returns ``None`` and logs the reason ONCE per reason kind; the policy then
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from nvgemm import settings
-from nvgemm.templates.sm100_w4a4 import config as sm100_config
 
 from nvgemm.core.problem import GPUS, GemmProblem, Target
 
@@ -44,9 +44,17 @@ PRECISION_CODES = {"nvfp4": "F4", "bf16": "T", "fp16": "H", "fp32": "S"}
 # Fallback named GPU per arch when the target carries no GPU name.
 _ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_110a": "B200", "sm_90a": "H100"}
 
-_VALID_TILE_N = frozenset(sm100_config.SM100_TILE_N)
-_VALID_CLUSTER = frozenset(sm100_config.SM100_CLUSTER)
 PER_CTA_TILE_M = 128
+
+
+@dataclass(frozen=True)
+class NvmmhSpace:
+    """The per-CTA configs a family's kernel implements: 128-row CTAs, these tile_n and cluster extents,
+    at most ``max_cluster_ctas`` CTAs per cluster."""
+
+    tile_n: frozenset[int]
+    cluster: frozenset[int]
+    max_cluster_ctas: int = 16
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ generation = 0  # bumped by reset(); part of the policy's memo key
 _lock = threading.RLock()
 _module = None  # the imported nvMatmulHeuristics module
 _unavailable: str | None = None  # reason, once known
-_handles: dict[str, tuple] = {}  # gpu enum name -> (interface, backend, callback)
+_handles: dict[tuple, tuple] = {}  # (gpu enum name, space) -> (interface, backend)
 _logged: set[str] = set()
 
 
@@ -137,23 +145,26 @@ def unavailable_reason() -> str | None:
         return _unavailable
 
 
-def _in_space(tile_m: int, tile_n: int, cluster_m: int, cluster_n: int) -> bool:
+def _in_space(space: NvmmhSpace, tile_m: int, tile_n: int, cluster_m: int, cluster_n: int) -> bool:
     return (
         tile_m == PER_CTA_TILE_M
-        and tile_n in _VALID_TILE_N
-        and cluster_m in _VALID_CLUSTER
-        and cluster_n in _VALID_CLUSTER
-        and cluster_m * cluster_n <= 16
+        and tile_n in space.tile_n
+        and cluster_m in space.cluster
+        and cluster_n in space.cluster
+        and cluster_m * cluster_n <= space.max_cluster_ctas
     )
 
 
-def _validity(kernel_ptr, _problem_ptr) -> int:
-    k = kernel_ptr.contents
-    return int(_in_space(k.cta[0], k.cta[1], k.cluster[0], k.cluster[1]))
+def _validity(space: NvmmhSpace):
+    def check(kernel_ptr, _problem_ptr) -> int:
+        k = kernel_ptr.contents
+        return int(_in_space(space, k.cta[0], k.cta[1], k.cluster[0], k.cluster[1]))
+
+    return check
 
 
-def _handle(gpu: str | None):
-    key = gpu or "default"
+def _handle(gpu: str | None, space: NvmmhSpace):
+    key = (gpu or "default", space)
     h = _handles.get(key)
     if h is None:
         import ctypes
@@ -178,23 +189,25 @@ def _handle(gpu: str | None):
             )
         except Exception:
             lh.setBackendCallbackProperty(
-                backend, mod.NvMatmulHeuristicsBackendPropertyCallbackKind.KERNEL_ADDITIONAL_VALIDITY_CHECK, _validity
+                backend, mod.NvMatmulHeuristicsBackendPropertyCallbackKind.KERNEL_ADDITIONAL_VALIDITY_CHECK,
+                _validity(space)
             )
         h = _handles[key] = (lh, backend)
     return h
 
 
 @lru_cache(maxsize=4096)
-def _query_cached(gpu: str | None, precision: str, m: int, n: int, k: int, count: int) -> tuple[NvmmhPick, ...]:
+def _query_cached(gpu: str | None, precision: str, m: int, n: int, k: int, count: int,
+                  space: NvmmhSpace) -> tuple[NvmmhPick, ...]:
     mod = _module
-    lh, backend = _handle(gpu)
+    lh, backend = _handle(gpu, space)
     layout = mod.NvMatmulHeuristicsMatmulLayout.TN_ROW_MAJOR
     problem = lh.makeNvMatmulHeuristicsProblem(m, n, k, layout)
     raw = lh.getEx(problem, count, backend, precision=precision)
     best: dict[tuple, float] = {}
     for r in raw:
         c = r["kernel"]
-        if not _in_space(c.cta_tile_m, c.cta_tile_n, c.cluster_m, c.cluster_n):
+        if not _in_space(space, c.cta_tile_m, c.cta_tile_n, c.cluster_m, c.cluster_n):
             continue  # includes the zeroed configs the library returns for an unknown precision
         key = (c.cta_tile_m, c.cta_tile_n, c.cluster_m, c.cluster_n, c.split_k)
         rt = float(r["runtime"]) * 1e6
@@ -204,11 +217,11 @@ def _query_cached(gpu: str | None, precision: str, m: int, n: int, k: int, count
     return tuple(NvmmhPick(*key, runtime_us=rt, rank=i) for i, (key, rt) in enumerate(ordered))
 
 
-def query(problem: GemmProblem, swap_ab: bool, count: int = 6) -> tuple[NvmmhPick, ...] | None:
-    """nvMatmulHeuristics' ranked picks for ``problem`` in one orientation.
+def query(problem: GemmProblem, swap_ab: bool, count: int = 6, *, space: NvmmhSpace) -> tuple[NvmmhPick, ...] | None:
+    """nvMatmulHeuristics' ranked picks for ``problem`` in one orientation, inside ``space``.
 
     Returns None when the library is unavailable or failed (logged once); an empty tuple when it
-    has no precision for the formats or found nothing in nvgemm's space.
+    has no precision for the formats or found nothing in the space.
     """
     with _lock:
         if _load() is None:
@@ -218,7 +231,7 @@ def query(problem: GemmProblem, swap_ab: bool, count: int = 6) -> tuple[NvmmhPic
             return ()
         m, n, k = problem_dims(problem, swap_ab)
         try:
-            return _query_cached(nvmmh_gpu_name(problem.target), precision, m, n, k, count)
+            return _query_cached(nvmmh_gpu_name(problem.target), precision, m, n, k, count, space)
         except Exception as e:  # a C-library or ctypes failure must not break compilation
             _log_once("query", "nvMatmulHeuristics query failed (%s: %s); using decode rules only", type(e).__name__, e)
             return None

@@ -39,7 +39,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvgemm.templates.sm100_w4a4.config import SM100_SPLIT_K, SM100_TILE_K, SM100_TILE_N, Sm100Nvfp4GemmConfig
+from nvgemm.templates.sm100_w4a4.config import (
+    SM100_CLUSTER,
+    SM100_SPLIT_K,
+    SM100_TILE_K,
+    SM100_TILE_N,
+    Sm100Nvfp4GemmConfig,
+)
 
 from nvgemm.heuristics import nvmmh
 from nvgemm.templates.sm100_w4a4.validity import NARROW_TILE_N, SWAP_AB_MAX_M, can_implement
@@ -50,6 +56,8 @@ NARROW_TILES = (8, 16, 32)
 SWAP_MIN_N = 128
 NVMMH_COUNT = 4
 NVMMH_COUNT_DECODE = 4
+#: the per-CTA configs nvMatmulHeuristics may answer with (the kernel's tile_n and cluster sets)
+NVMMH_SPACE = nvmmh.NvmmhSpace(tile_n=frozenset(SM100_TILE_N), cluster=frozenset(SM100_CLUSTER))
 # Weight bytes above which a decode GEMM streams its weights from HBM (L2 cannot hold them across
 # calls): an L2-prefetch variant of the primary decode tile is then worth measuring.
 PREFETCH_MIN_WEIGHT_BYTES = 8 << 20
@@ -194,7 +202,7 @@ def nvmmh_candidates(problem: GemmProblem, count: int | None = None) -> list[Can
     if count is None:
         count = NVMMH_COUNT_DECODE if problem.m_hi <= 64 else NVMMH_COUNT
     swap = _main_orientation_swap(problem)
-    picks = nvmmh.query(problem, swap, count)
+    picks = nvmmh.query(problem, swap, count, space=NVMMH_SPACE)
     if picks is None:
         return None
     km, _ = kernel_dims(problem, swap)

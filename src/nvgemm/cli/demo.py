@@ -192,6 +192,9 @@ def _emulated_kernels(arch):
     if arch is None:
         yield
         return
+    from nvgemm import emulator  # lazy: the emulator is imported only when asked for
+
+    emulator.enable()
     print(f"nvgemm demo: every linear runs the real {arch} kernel on the CPU PTX emulator (NVGEMM_BACKEND=emu_{arch})")
     with settings.override(NVGEMM_BACKEND=f"emu_{arch}"):
         yield

@@ -22,7 +22,8 @@ from typing import Optional
 import torch
 
 from nvgemm import settings
-from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, warn_once
+from nvgemm.core.validation import LinearProblem, linear_spec
+from nvgemm.dispatch.registry import Backend, backends, register_backend, warn_once
 
 BACKEND_NAME = "emu_sm90"
 SM100_BACKEND_NAME = "emu_sm100"
@@ -56,18 +57,17 @@ def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
 
 
 def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from nvgemm.ops.linear import check_linear_args, nvfp4_linear_emulated
     from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
     from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
     from nvgemm.templates.sm90_w4a16.operand import kind_of
     from nvgemm.emulator.runner import prepare
 
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     if residual is not None and residual.dtype != spec.out_dtype:
         warn_once("emu-residual-dtype", f"nvgemm emulator: residual dtype {residual.dtype} != output dtype "
                   f"{spec.out_dtype}; this call uses the emulated op")
-        return nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                     activation, out_dtype)
+        emulated = next(b for b in backends() if b.name == "emulated")
+        return emulated.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     n, k = weight.shape[0], weight.shape[1] * 2
     m = x.numel() // k
     cfg = config_for(m, n, k, x.dtype, activation)
@@ -91,12 +91,11 @@ def supports_sm100(p: LinearProblem) -> Optional[str]:
 
 
 def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from nvgemm.ops.linear import check_linear_args
     from nvgemm.templates.sm100_w4a4.backend import _policy_config, compile_spec_for
     from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args
     from nvgemm.emulator.runner import prepare
 
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
     cfg = _policy_config(m, n, k, spec.out_dtype, spec.activation, "sm_100a", _SM100_SM_COUNT)
     if cfg is None:

@@ -68,7 +68,7 @@ def candidates(
 ) -> list[Candidate]:
     """Ranked, capped candidate configs for ``problem`` ([] when it cannot be implemented).
 
-    ``problem`` is a :class:`GemmProblem` or a ``runtime.backends.LinearProblem`` (its target then
+    ``problem`` is a :class:`GemmProblem` or a ``nvgemm.core.validation.LinearProblem`` (its target then
     comes from ``target`` or the named GPU of its CUDA capability; no capability -> []).
     """
     if max_candidates < 1:

@@ -27,7 +27,7 @@ import torch
 from nvgemm import settings
 from nvgemm.epilogues import EpilogueSpec, epilogue_ref
 from nvgemm.core.formats import NVFP4
-from nvgemm.ops.linear import alpha_of, check_linear_args
+from nvgemm.core.validation import alpha_of, check_linear_args
 from nvgemm.dispatch.registry import LinearProblem, backends as registered_backends
 
 log = logging.getLogger("nvgemm_cutedsl")

@@ -24,7 +24,8 @@ from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config, config_from_name, shape_problem, validate_config
 from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, launch_sm90, prepare_sm90_args
 from nvgemm.templates.sm90_w4a16.operand import kind_of
-from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, warn_once
+from nvgemm.core.validation import LinearProblem, linear_spec
+from nvgemm.dispatch.registry import Backend, backends, register_backend, warn_once
 
 log = logging.getLogger("nvgemm_cutedsl.sm90")
 
@@ -107,17 +108,15 @@ def _kernel_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtyp
 
 def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
              config=None):
-    """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only).
+    """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only) of a call the op has validated.
 
     ``config`` (a config or its name; autotuned code passes one) overrides the policy's pick."""
-    from nvgemm.ops.linear import check_linear_args, nvfp4_linear_emulated
-
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     if residual is not None and residual.dtype != spec.out_dtype:
         warn_once("sm90-residual-dtype", f"nvgemm_cutedsl sm90: residual dtype {residual.dtype} != output dtype "
                   f"{spec.out_dtype}; this call uses the emulated op")
-        return nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                     activation, out_dtype)
+        emulated = next(b for b in backends() if b.name == "emulated")
+        return emulated.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
     return run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
 

@@ -10,22 +10,22 @@ Importing this module imports torch only (Triton loads on first use), and:
   weight-only problems and for W4A4 problems (in-kernel quantize-dequantize of x: same values as a
   W4A4 kernel, see :mod:`nvgemm.templates.triton.gemm_w4a16`);
 * registers MoE backend ``triton_moe`` for ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.templates.triton.moe`,
-  priority :data:`MOE_PRIORITY`: above ``emulated``) on CUDA sm_80+ with Triton importable;
-* installs the Triton activation quantizer as the CUDA implementation of
-  ``nvgemm::quantize_nvfp4`` (``nvgemm.ops.linear.set_cuda_quantizer``), falling back to the torch
-  reference on devices the kernel cannot serve.
+  priority :data:`MOE_PRIORITY`: above ``emulated``) on CUDA sm_80+ with Triton importable.
+
+The activation quantizer (``nvgemm::quantize_nvfp4`` on CUDA, and what the W4A4 kernel backends
+quantize with) is :func:`nvgemm.templates.triton.fused_ops.quantize_nvfp4_cuda`, called directly.
 """
 
 from __future__ import annotations
 
 import torch
 
-from nvgemm.ops import linear as nv_ops
+from nvgemm.core.validation import LinearProblem, linear_spec
 from nvgemm.dispatch.moe import MoeBackend, register_moe_backend
-from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend
+from nvgemm.dispatch.registry import Backend, register_backend
 
 from nvgemm.templates.triton import fused_ops  # noqa: F401  (registers the fused quantizer ops)
-from nvgemm.templates.triton.fused_ops import _triton_import_error, triton_unusable
+from nvgemm.templates.triton.fused_ops import _triton_import_error
 
 NAME = "triton_w4a16"
 PRIORITY = 0
@@ -46,10 +46,12 @@ def supports(p: LinearProblem) -> str | None:
 
 
 def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
+    """The op's call (validated there) on the Triton kernel."""
+    # the kernel module imports triton: loaded on first use
     from nvgemm.templates.triton.gemm_w4a16 import nvfp4_linear_triton
 
     return nvfp4_linear_triton(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
-                               out_dtype)
+                               out_dtype, spec=linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype))
 
 
 def moe_run(*args):
@@ -58,14 +60,5 @@ def moe_run(*args):
     return nvfp4_moe_triton(*args)
 
 
-def cuda_quantizer(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
-    if triton_unusable(x.device) is None:
-        from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
-
-        return quantize_nvfp4_triton(x, input_scale, swizzle)
-    return nv_ops.quantize_nvfp4_emulated(x, input_scale, swizzle)
-
-
 register_backend(Backend(name=NAME, priority=PRIORITY, supports=supports, run=run))
 register_moe_backend(MoeBackend(name=MOE_NAME, priority=MOE_PRIORITY, supports=supports, run=moe_run))
-nv_ops.set_cuda_quantizer(cuda_quantizer)

@@ -233,3 +233,22 @@ def test_sm100_launcher_quantizes_with_the_quantizer_it_is_given():
     assert seen == [((8, 256), float(ins), True)]
     assert torch.equal(args.b, quantize_ref(x, ins)[0])  # swap-AB: the activation is operand B
     assert torch.equal(args.alpha, V.alpha_of(ws2, ins).reshape(1))
+
+
+def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_op(aligned_kernel, counters):
+    """Compiled code calls one named candidate (``nvgemm::nvfp4_linear_choice``): it validates the call once,
+    and a kernel candidate that cannot read an operand in place hands the call to the eager op (fallback,
+    one warning) instead of launching."""
+    import nvgemm.integrations.inductor.choices  # noqa: F401  (registers nvgemm::nvfp4_linear_choice)
+
+    args = _args(seed=4)
+    counters.clear()
+    out = torch.ops.nvgemm.nvfp4_linear_choice(*args, "backend:test_aligned_kernel")
+    assert counters["check_linear_args"] == 1 and len(aligned_kernel) == 1
+    assert torch.equal(out, L.nvfp4_linear_emulated(*args))
+    bad = list(args)
+    bad[1] = _offset(args[1], 9)
+    with pytest.warns(RuntimeWarning, match=r"weight is not 16-byte aligned.*runs on emulated"):
+        out = torch.ops.nvgemm.nvfp4_linear_choice(*bad, "backend:test_aligned_kernel")
+    assert len(aligned_kernel) == 1 and B.last_selected() == "emulated"
+    assert torch.equal(out, L.nvfp4_linear_emulated(*args))

@@ -252,3 +252,18 @@ def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_o
         out = torch.ops.nvgemm.nvfp4_linear_choice(*bad, "backend:test_aligned_kernel")
     assert len(aligned_kernel) == 1 and B.last_selected() == "emulated"
     assert torch.equal(out, L.nvfp4_linear_emulated(*args))
+
+
+def test_fused_requant_call_validates_once(counters, monkeypatch):
+    """``nvgemm::nvfp4_linear_requant`` validates at the op; its reference backend does not validate again
+    (before: twice per call)."""
+    import nvgemm.ops.fused as OF
+
+    _count(monkeypatch, counters, OF, "check_linear_args")
+    monkeypatch.delenv("NVGEMM_BACKEND", raising=False)
+    x, w, s, ws2, ins, *_ = _args(m=3, n=64, k=128, seed=5)
+    for _ in range(2):
+        counters.clear()
+        packed, scales = torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, torch.tensor(0.05), None)
+        assert counters["check_linear_args"] == 1
+    assert packed.shape == (3, 16)

@@ -39,7 +39,7 @@ from nvgemm.epilogues import epilogue_ref
 from nvgemm.epilogues.requant import fused_requant_reference
 from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked
 from nvgemm.core.validation import (X_DTYPES, LinearProblem, alpha_of, check_linear_args, check_scale_values,
-                                    misaligned_operands, problem_of)
+                                    linear_spec, misaligned_operands, problem_of)
 from nvgemm.dispatch.registry import Backend
 from nvgemm.dispatch.fused import PREQUANT, REQUANT, fused_chain_reason, register_fused_backend, select_fused_backend
 
@@ -94,8 +94,9 @@ def nvfp4_linear_requant(
 
 
 def requant_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
-    """The reference: quantize x, dequantize, fp32 matmul, the epilogue and the lane model's requant."""
-    spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    """The reference (of a call the op has validated): quantize x, dequantize, fp32 matmul, the epilogue and the
+    lane model's requant."""
+    spec = linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype)
     from nvgemm.core.formats import quantize_activation
 
     qx, sx = quantize_activation(x, input_scale.to(x.device))
@@ -179,8 +180,8 @@ def _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_s
 
 
 def prequant_emulated(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
-    """The reference: dequantize the given activation, fp32 matmul, the epilogue."""
-    spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    """The reference (of a call the op has validated): dequantize the given activation, fp32 matmul, the epilogue."""
+    spec = linear_spec(out_dtype, weight_scale_2, bias, residual, "none", out_dtype)
     m, k = packed.shape[0], packed.shape[1] * 2
     sx = from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size)
     acc = _acc(dequantize(packed, sx), weight, weight_scale)

@@ -83,6 +83,9 @@ def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch
 
 
 def supports(p: LinearProblem) -> Optional[str]:
+    """The sm90 rules for ``p``. Operand alignment (``p.misaligned``) does not refuse: the launcher copies an
+    unaligned x, the kernels read the prepared copy of the weight, and bias / residual need only element
+    alignment (the ABI's ``assumed_align``)."""
     if p.device_type != "cuda":
         return f"needs a CUDA device (got {p.device_type})"
     if p.capability is None or tuple(p.capability) != (9, 0):

@@ -35,7 +35,8 @@ MOE_PRIORITY = 0
 
 def supports(p: LinearProblem) -> str | None:
     """Whether the Triton kernels serve problem ``p`` (a ``LinearProblem`` or a ``MoeProblem``: both have
-    device_type, capability and x_dtype; every op feature is supported)."""
+    device_type, capability and x_dtype; every op feature is supported, and any operand alignment: the
+    kernels make no alignment assumption)."""
     if p.device_type != "cuda":
         return f"needs a CUDA device, got {p.device_type}"
     if p.capability is None or tuple(p.capability) < (8, 0):

@@ -235,11 +235,14 @@ def test_sm100_launcher_quantizes_with_the_quantizer_it_is_given():
     assert torch.equal(args.alpha, V.alpha_of(ws2, ins).reshape(1))
 
 
-def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_op(aligned_kernel, counters):
+def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_op(aligned_kernel, counters,
+                                                                                  monkeypatch):
     """Compiled code calls one named candidate (``nvgemm::nvfp4_linear_choice``): it validates the call once,
     and a kernel candidate that cannot read an operand in place hands the call to the eager op (fallback,
     one warning) instead of launching."""
-    import nvgemm.integrations.inductor.choices  # noqa: F401  (registers nvgemm::nvfp4_linear_choice)
+    import nvgemm.integrations.inductor.choices as CH  # registers nvgemm::nvfp4_linear_choice
+
+    _count(monkeypatch, counters, CH, "check_linear_args")
 
     args = _args(seed=4)
     counters.clear()

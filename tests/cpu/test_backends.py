@@ -114,7 +114,7 @@ def test_selfcheck_passes_reordered_summation(fake_backend, activation, w4a4):
         k = x.shape[-1]
         from nvgemm.core.formats import NVFP4, dequantize, from_blocked, quantize_activation
         from nvgemm.epilogues import EpilogueSpec, epilogue_ref
-        from nvgemm.ops.linear import alpha_of
+        from nvgemm.core.validation import alpha_of
 
         wd = dequantize(w, from_blocked(ws, w.shape[0], k // NVFP4.block_size))
         a = x.float() if ins is None else dequantize(*quantize_activation(x, ins))

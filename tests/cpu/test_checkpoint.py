@@ -92,6 +92,41 @@ def test_logits_match_independent_reference(ckpts, kind, algo):
     assert model.model.layers[0].mlp.down_proj.last_path == "emulated"
 
 
+def unalign_tensor(path: Path, tensor: str, off: int) -> None:
+    """Rewrite the safetensors file ``path`` with its header padded (spaces, as the format allows) so that
+    ``tensor``'s bytes start ``off`` bytes past a 16-byte file offset: a CPU load views the page-aligned
+    file mapping, so the loaded tensor's data pointer is ``off`` bytes past a 16-byte boundary."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + n].rstrip(b" ")
+    begin = json.loads(header)[tensor]["data_offsets"][0]
+    header += b" " * ((off - 8 - len(header) - begin) % 16)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n:])
+
+
+def test_loader_holds_16_byte_aligned_tensors(ckpts, tmp_path):
+    """A checkpoint whose tensors sit at unaligned file offsets loads into 16-byte aligned layers (the
+    kernels read weight / weight_scale / bias in place), with the same values."""
+    from safetensors import safe_open
+
+    src = ckpts[("qwen2", "NVFP4")]
+    ck = _copy(src, tmp_path)
+    for name, off in (("model.layers.0.mlp.down_proj.weight", 3), ("model.layers.1.self_attn.q_proj.bias", 6)):
+        unalign_tensor(ck / "model.safetensors", name, off)
+        with safe_open(str(ck / "model.safetensors"), framework="pt", device="cpu") as f:
+            assert f.get_tensor(name).data_ptr() % 16 == off  # the file buffer is unaligned
+    model = load_modelopt_checkpoint(ck)
+    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    assert len(layers) == 14
+    for m in layers:
+        for t in (m.weight, m.weight_scale, m.bias):
+            assert t is None or t.data_ptr() % 16 == 0
+    ref = load_modelopt_checkpoint(src)
+    ids = torch.randint(0, 512, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)
+
+
 def test_exclude_modules_honoured(ckpts):
     model = load_modelopt_checkpoint(ckpts[("llama", "NVFP4")])
     assert type(model.lm_head) is torch.nn.Linear

@@ -23,7 +23,7 @@ from nvgemm.epilogues import EpilogueSpec, epilogue_ref
 from nvgemm.core.formats import quantize_weight, to_blocked
 from nvgemm.ops.linear import nvfp4_linear_emulated
 from nvgemm.dispatch.registry import LinearProblem
-from nvgemm.ops.linear import check_linear_args
+from nvgemm.core.validation import check_linear_args
 from nvgemm.templates.sm100_w4a4.backend import supports
 from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
 from nvgemm.templates.sm100_w4a4.launch import kernel_view_ref, splitk_workspace_shape

@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 
-import nvgemm.ops.linear as nv_ops
 from nvgemm.core.formats import blocked_numel, quantize_activation, to_blocked
 from nvgemm.dispatch.registry import LinearProblem, backends, load_builtin_backends, select_backend
 from nvgemm.templates.triton import reference as ref
@@ -73,10 +72,17 @@ def test_fallback_is_selected_where_no_cutedsl_kernel(cap, monkeypatch):
     assert select_backend(_problem("cpu")).name == "emulated"
 
 
-def test_cuda_quantizer_installed():
-    from nvgemm.templates.triton import backend as registry
+def test_cuda_quantizer_serves_the_reference_bytes_where_triton_cannot_run():
+    """The activation quantizer handed to the kernel backends (and ``quantize_nvfp4``'s CUDA path) falls
+    back to the torch reference on a device the Triton kernel cannot serve, with the op's bytes."""
+    from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
 
-    assert nv_ops._CUDA_QUANTIZER is registry.cuda_quantizer
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    ins = torch.tensor(0.02)
+    for swizzle in (True, False):
+        got = quantize_nvfp4_cuda(x, ins, swizzle)
+        want = torch.ops.nvgemm.quantize_nvfp4(x, ins, swizzle)
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))
 
 
 # --------------------------------------------------------------------------- fused ops

@@ -259,3 +259,35 @@ def test_emu_sm100_backend_runs_the_w4a4_kernel(monkeypatch):
     got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
     assert last_selected() == "emu_sm100"
     assert rel_err(got, want) < RANDOM_RTOL
+
+
+def _at_offset(t: torch.Tensor, off: int) -> torch.Tensor:
+    """``t``'s bytes in a uint8 buffer sliced ``off`` bytes past a 16-byte boundary and viewed as ``t``: how a
+    CPU safetensors load holds a tensor stored at an unaligned file offset."""
+    nbytes = t.numel() * t.element_size()
+    buf = torch.empty(nbytes + 32, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 16 + off
+    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def test_emu_sm100_misaligned_weight_is_refused_by_name_and_runs_aligned(monkeypatch):
+    """A weight at an unaligned address never reaches the kernel ABI's 16-byte pointer check (which raised
+    ``ValueError: a_ptr: pointer must be 16-byte aligned`` at launch): forced, ``emu_sm100`` refuses the call
+    naming the tensor; the same bytes held by ``NVFP4Linear`` (aligned at construction) run on the kernel."""
+    from nvgemm import NVFP4Linear
+    from nvgemm.dispatch.registry import last_selected
+
+    ops = random_operands(4, 256, 512, seed=31)
+    ops.input_scale = (ops.x.float().abs().amax() / 2688).reshape(())
+    want = reference(ops)
+    ops.weight = _at_offset(ops.weight, 3)
+    assert ops.weight.data_ptr() % 16 == 3
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm100")
+    with pytest.raises(RuntimeError, match="NVGEMM_BACKEND=emu_sm100 cannot run .*weight is not 16-byte aligned"):
+        torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    layer = NVFP4Linear.from_tensors(ops.weight, ops.weight_scale, ops.weight_scale_2, ops.input_scale)
+    got = layer(ops.x)
+    assert last_selected() == "emu_sm100"
+    assert rel_err(got, want) < RANDOM_RTOL

@@ -74,7 +74,7 @@ def make_call(m, n, k, *, vector_alpha, bias, residual, activation, out_dtype):
 
 
 def prepare(call, cfg):
-    from nvgemm.ops.linear import check_linear_args
+    from nvgemm.core.validation import check_linear_args
     from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args
 
     return prepare_sm100_args(*call[:7], check_linear_args(*call), cfg)

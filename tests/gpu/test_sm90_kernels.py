@@ -93,7 +93,8 @@ def test_kernel_matches_emulated(case, runner, gen):
 
 def test_op_dispatches_to_sm90_kernel_and_matches(gen):
     """Through ``torch.ops.nvgemm.nvfp4_linear``: the cutedsl_sm90 backend is selected on sm_90."""
-    from nvgemm.ops.linear import nvfp4_linear_emulated, problem_of, check_linear_args
+    from nvgemm.core.validation import check_linear_args, problem_of
+    from nvgemm.ops.linear import nvfp4_linear_emulated
     from nvgemm.dispatch.registry import select_backend
 
     case = next(c for c in CASES if c.name == "8b.gate_up.m1")
@@ -101,7 +102,7 @@ def test_op_dispatches_to_sm90_kernel_and_matches(gen):
     args = (lay["x"], lay["weight"], lay["weight_scale"], lay["weight_scale_2"], lay["input_scale"], lay["bias"],
             lay["residual"], lay["activation"], lay["out_dtype"])
     spec = check_linear_args(*args)
-    assert select_backend(problem_of(*args[:2], *args[3:8], spec)).name == "cutedsl_sm90"
+    assert select_backend(problem_of(*args[:8], spec)).name == "cutedsl_sm90"
     out = torch.ops.nvgemm.nvfp4_linear(*args)
     ref = nvfp4_linear_emulated(*args)
     assert torch.isfinite(out).all()

@@ -352,7 +352,7 @@ def _bench_gemm(n: int, k: int, m: int, cap: tuple[int, int], bw_gbs: float, l2_
 
     import nvgemm.ops.linear  # noqa: F401  (registers torch.ops.nvgemm)
     from nvgemm.core.formats import quantize_activation, quantize_weight, to_blocked
-    from nvgemm.ops.linear import problem_of, check_linear_args
+    from nvgemm.core.validation import alpha_of, check_linear_args, problem_of
     from nvgemm.dispatch.registry import select_backend
 
     dev = "cuda"
@@ -374,7 +374,7 @@ def _bench_gemm(n: int, k: int, m: int, cap: tuple[int, int], bw_gbs: float, l2_
 
     # nvgemm op
     spec = check_linear_args(x, packs[0], scales[0], ws2, input_scale, None, None, "none", None)
-    backend = select_backend(problem_of(x, packs[0], ws2, input_scale, None, None, "none", spec)).name
+    backend = select_backend(problem_of(x, packs[0], scales[0], ws2, input_scale, None, None, "none", spec)).name
     row["nvgemm_backend"] = backend
     if backend == "emulated":
         row["nvgemm_us"], row["nvgemm_mode"] = None, "n/a: only the emulated reference backend is registered"
@@ -390,7 +390,7 @@ def _bench_gemm(n: int, k: int, m: int, cap: tuple[int, int], bw_gbs: float, l2_
             xq, xs = quantize_activation(x, input_scale)
             a = xq.view(torch.float4_e2m1fn_x2)
             xs_sw = to_blocked(xs).reshape(-1)
-            alpha = (input_scale * ws2).float()
+            alpha = alpha_of(ws2, input_scale)
             calls = [lambda i=i: torch._scaled_mm(a, packs[i].view(torch.float4_e2m1fn_x2).t(), xs_sw, scales[i],
                                                   out_dtype=torch.bfloat16) * alpha for i in range(copies)]
             row["cublas_nvfp4_us"], row["cublas_nvfp4_mode"] = graph_time_us(calls, iters, reps)

@@ -19,30 +19,14 @@ from typing import Callable
 
 import torch
 
+from nvgemm.core.validation import LinearProblem  # noqa: F401  (one call's problem; defined with its validation)
+
 LINEAR = "linear"
 MOE = "moe"
 REQUANT = "requant"
 PREQUANT = "prequant"
 #: every op kind a backend can serve
 OP_KINDS = (LINEAR, MOE, REQUANT, PREQUANT)
-
-
-@dataclass(frozen=True)
-class LinearProblem:
-    """What a backend needs to decide whether it can run one ``nvfp4_linear`` call (also the fused ops')."""
-
-    m: int
-    n: int
-    k: int
-    device_type: str
-    capability: tuple[int, int] | None  # (major, minor) of the CUDA device, None on CPU
-    weight_only: bool  # input_scale is None (W4A16)
-    x_dtype: torch.dtype
-    out_dtype: torch.dtype
-    alpha: str  # "scalar" | "vector"
-    bias: bool
-    activation: str
-    residual: bool
 
 
 @dataclass(frozen=True)

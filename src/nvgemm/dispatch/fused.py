@@ -32,6 +32,7 @@ import torch
 
 from nvgemm import settings
 from nvgemm.core.backend import PREQUANT, REQUANT, Backend, LinearProblem, warn_once
+from nvgemm.core.validation import alpha_of
 from nvgemm.dispatch.registry import (
     _OUT_ULP,
     _selfcheck_inputs,
@@ -161,7 +162,7 @@ def prequant_selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
     packed, scales, weight, weight_scale, ws2, ins, _b, _r, out_dtype = args
     m, k = packed.shape[0], packed.shape[1] * 2
     a = dequantize(packed, from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size))
-    _, err = accumulation_bound(a, weight, weight_scale, ws2.float() * ins.float().reshape(()))
+    _, err = accumulation_bound(a, weight, weight_scale, alpha_of(ws2, ins))
     return err + 2 * _OUT_ULP[out_dtype] * want.abs() + 2.0**-20
 
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+from dataclasses import replace
 
 import torch
 
 from nvgemm import settings
 from nvgemm.core.backend import LINEAR, OP_KINDS, Backend, LinearProblem, warn_once
 from nvgemm.core.family import families, resolve
+from nvgemm.core.validation import alpha_of
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -38,6 +40,12 @@ _REGISTRY: dict[str, dict[str, Backend]] = {kind: {} for kind in OP_KINDS}
 _LOCK = threading.RLock()
 _BUILTINS_LOADED = False
 _LAST = threading.local()  # the backend select_backend chose most recently, per thread
+#: (problem, forced backend, first-use check on) -> the backend ``select_backend`` chose; cleared when a
+#: backend is (un)registered. The problem holds everything a decision depends on, the operands'
+#: alignment included (``LinearProblem.misaligned``, computed per call from the tensors), so a new or
+#: re-pointed weight of the same shape takes the decision of its own alignment; the weight's values
+#: never enter a decision (the first-use check runs on its own data).
+_DECISIONS: dict[tuple, Backend] = {}
 
 #: backends whose name starts with this are the PTX emulator's: forcing one enables the emulator
 EMULATOR_PREFIX = "emu_"
@@ -54,11 +62,13 @@ def register_backend(backend: Backend, kind: str = LINEAR) -> None:
     """Add (or replace, by name) ``backend`` for op ``kind``."""
     with _LOCK:
         _kind(kind)[backend.name] = backend
+        _DECISIONS.clear()
 
 
 def unregister_backend(name: str, kind: str = LINEAR) -> None:
     with _LOCK:
         _kind(kind).pop(name, None)
+        _DECISIONS.clear()
 
 
 def load_builtin_backends() -> None:
@@ -182,7 +192,7 @@ def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
     k = weight.shape[1] * 2
     x2 = x.reshape(-1, k)
     a = x2.float() if ins is None else dequantize(*quantize_activation(x2, ins))
-    alpha = ws2.float() * (1.0 if ins is None else ins.float().reshape(()))
+    alpha = alpha_of(ws2, ins)
     w, err = accumulation_bound(a, weight, weight_scale, alpha)
     n = weight.shape[0]
     if activation == "silu_mul":
@@ -278,9 +288,38 @@ def last_selected() -> str | None:
 
 
 def select_backend(problem: LinearProblem, check: bool = True) -> Backend:
-    b = _select_backend(problem, check)
+    """The backend for ``problem``: decided once per (problem, ``NVGEMM_BACKEND``, first-use check),
+    then taken from the decision cache (repeated decode calls walk no backend list)."""
+    key = (problem, settings.NVGEMM_BACKEND, check and settings.NVGEMM_SELFCHECK)
+    b = _DECISIONS.get(key)
+    if b is None:
+        b = _select_backend(problem, check)
+        if problem.misaligned:
+            _warn_misaligned(problem, b)
+        # a decision made while a CUDA graph is captured skipped the first-use check: not kept
+        if not (problem.device_type == "cuda" and torch.cuda.is_available()
+                and torch.cuda.is_current_stream_capturing()):
+            _DECISIONS[key] = b
     _LAST.name = b.name
     return b
+
+
+def _warn_misaligned(problem: LinearProblem, chosen: Backend) -> None:
+    """One warning naming the operands whose alignment made a higher-priority backend refuse ``problem``."""
+    aligned = replace(problem, misaligned=())
+    refused = []
+    for b in backends():
+        if b is chosen or b.name == chosen.name:
+            break
+        why = b.supports(problem)
+        if why is not None and b.supports(aligned) is None:
+            refused.append(f"{b.name}: {why}")
+    if refused:
+        names = ", ".join(problem.misaligned)
+        warn_once(f"misaligned-{problem.misaligned}-{chosen.name}",
+                  f"nvgemm_cutedsl: misaligned operand ({names}) of nvfp4_linear [M={problem.m} N={problem.n} "
+                  f"K={problem.k}]: {'; '.join(refused)}; it runs on {chosen.name} instead. Hold the tensor in a "
+                  "16-byte aligned buffer (e.g. .clone()) to use the kernel")
 
 
 def _select_backend(problem: LinearProblem, check: bool = True) -> Backend:

@@ -25,7 +25,8 @@ from typing import Optional
 import torch
 
 from nvgemm import settings
-from nvgemm.core.backend import MOE, PREQUANT, REQUANT, Backend, LinearProblem, warn_once
+from nvgemm.core.backend import MOE, PREQUANT, REQUANT, Backend
+from nvgemm.core.validation import LinearProblem, linear_spec
 
 BACKEND_NAME = "emu_sm90"
 SM100_BACKEND_NAME = "emu_sm100"
@@ -59,18 +60,14 @@ def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
 
 
 def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from nvgemm.ops.linear import check_linear_args, nvfp4_linear_emulated
     from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
     from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
     from nvgemm.templates.sm90_w4a16.operand import kind_of
     from nvgemm.emulator.runner import prepare
 
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
-    if residual is not None and residual.dtype != spec.out_dtype:
-        warn_once("emu-residual-dtype", f"nvgemm emulator: residual dtype {residual.dtype} != output dtype "
-                  f"{spec.out_dtype}; this call uses the emulated op")
-        return nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                     activation, out_dtype)
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
+    if residual is not None and residual.dtype != spec.out_dtype:  # supports() refuses such a call
+        raise ValueError(f"emu_sm90: residual dtype {residual.dtype} != output dtype {spec.out_dtype}")
     n, k = weight.shape[0], weight.shape[1] * 2
     m = x.numel() // k
     cfg = config_for(m, n, k, x.dtype, activation)
@@ -94,12 +91,11 @@ def supports_sm100(p: LinearProblem) -> Optional[str]:
 
 
 def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from nvgemm.ops.linear import check_linear_args
     from nvgemm.templates.sm100_w4a4.backend import _policy_config, compile_spec_for
     from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args
     from nvgemm.emulator.runner import prepare
 
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
     cfg = _policy_config(m, n, k, spec.out_dtype, spec.activation, "sm_100a", _SM100_SM_COUNT)
     if cfg is None:

@@ -65,7 +65,7 @@ def candidates(
 ) -> list[Candidate]:
     """Ranked, capped candidate configs for ``problem`` ([] when it cannot be implemented).
 
-    ``problem`` is a :class:`GemmProblem` or a :class:`nvgemm.core.backend.LinearProblem` (its target then
+    ``problem`` is a :class:`GemmProblem` or a ``nvgemm.core.validation.LinearProblem`` (its target then
     comes from ``target`` or the named GPU of its CUDA capability; no capability -> []).
     """
     if max_candidates < 1:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from nvgemm.core.formats import NVFP4, dequantize, from_blocked, quantize_weight, to_blocked
+from nvgemm.core.validation import aligned
 from nvgemm.nn.linear import NVFP4Linear
 from nvgemm.dispatch.moe import last_moe_selected
 from nvgemm.ops.moe import check_moe_args
@@ -38,7 +39,7 @@ class NVFP4Experts(nn.Module):
         self.router_weight_on_input = router_weight_on_input
         vals = (w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale, w2_scale_2, w2_input_scale)
         for name, t in zip(_BUFFERS, vals):
-            self.register_buffer(name, None if t is None else t.contiguous())
+            self.register_buffer(name, None if t is None else aligned(t))  # kernels read them in place
         self.register_buffer("expert_map", expert_map)
         self.num_experts, self.hidden_size = w13.shape[0], w2.shape[1]
         self.intermediate_size = w2.shape[2] * 2

@@ -18,7 +18,7 @@ from nvgemm.core.formats import (
     to_blocked,
 )
 from nvgemm.ops import prepared as _prepared  # noqa: F401  (registers nvgemm::nvfp4_linear_sm90_prepared)
-from nvgemm.ops.linear import check_linear_args, check_scale_values
+from nvgemm.core.validation import aligned, check_linear_args, check_scale_values
 from nvgemm.dispatch.registry import last_selected
 
 
@@ -115,11 +115,11 @@ class NVFP4Linear(nn.Module):
             )
         mod = cls(k, n, bias=bias is not None, weight_only=input_scale is None, activation=activation,
                   bias_dtype=bias.dtype if bias is not None else torch.bfloat16, device="meta")
-        mod.weight = weight.contiguous()
-        mod.weight_scale = weight_scale.contiguous()
+        mod.weight = aligned(weight)  # the kernels read both in place (16-byte aligned)
+        mod.weight_scale = aligned(weight_scale)
         mod.weight_scale_2 = weight_scale_2.float().reshape(weight_scale_2.shape if weight_scale_2.dim() == 1 else ())
         mod.input_scale = None if input_scale is None else input_scale.float().reshape(())
-        mod.bias = None if bias is None else bias.contiguous()
+        mod.bias = None if bias is None else aligned(bias)
         mod._validate()
         return mod
 
@@ -300,7 +300,7 @@ def prepare_for_sm90(model: nn.Module, kind: str = "bf16", *, log=None) -> dict[
     import logging
 
     from nvgemm.ops.prepared import DECISION_M, sm90_serve_reason
-    from nvgemm.dispatch.registry import LinearProblem
+    from nvgemm.core.validation import LinearProblem
 
     log = log or logging.getLogger("nvgemm_cutedsl")
     x_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kind]

@@ -38,8 +38,9 @@ import torch
 from nvgemm.epilogues import epilogue_ref
 from nvgemm.epilogues.requant import fused_requant_reference
 from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked
-from nvgemm.ops.linear import X_DTYPES, alpha_of, check_linear_args, check_scale_values, problem_of
-from nvgemm.core.backend import PREQUANT, REQUANT, Backend, LinearProblem
+from nvgemm.core.validation import (X_DTYPES, LinearProblem, alpha_of, check_linear_args, check_scale_values,
+                                    linear_spec, misaligned_operands, problem_of)
+from nvgemm.core.backend import PREQUANT, REQUANT, Backend
 from nvgemm.dispatch.fused import fused_chain_reason, select_fused_backend
 from nvgemm.dispatch.registry import register_backend
 
@@ -88,21 +89,22 @@ def nvfp4_linear_requant(
     spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
     check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_requant")
     check_scale_values(weight_scale_2, out_input_scale, "nvgemm.nvfp4_linear_requant (out_input_scale)")
-    p = problem_of(x, weight, weight_scale_2, input_scale, bias, None, "silu_mul", spec)
+    p = problem_of(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul", spec)
     backend = select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(spec.out_dtype, bias=bias))
     return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
 
 
 def requant_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
-    """The reference: quantize x, dequantize, fp32 matmul, the epilogue and the lane model's requant."""
-    spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    """The reference (of a call the op has validated): quantize x, dequantize, fp32 matmul, the epilogue and the
+    lane model's requant."""
+    spec = linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype)
     from nvgemm.core.formats import quantize_activation
 
     qx, sx = quantize_activation(x, input_scale.to(x.device))
     acc = _acc(dequantize(qx, sx), weight, weight_scale)
     # alpha and bias (the "pre" part of the epilogue), fp32; activation + rounding + quantize follow
     pre = epilogue_ref(acc, type(spec)(alpha=spec.alpha, bias=spec.bias, out_dtype=torch.float32),
-                       alpha_of(weight_scale_2.to(x.device), input_scale.to(x.device)), bias)
+                       alpha_of(weight_scale_2, input_scale, x.device), bias)
     return fused_requant_reference(pre, out_input_scale.to(x.device), spec.out_dtype)
 
 
@@ -157,7 +159,9 @@ def nvfp4_linear_prequant(
     p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
                       capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
                       weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
-                      bias=bias is not None, activation="none", residual=residual is not None)
+                      bias=bias is not None, activation="none", residual=residual is not None,
+                      misaligned=misaligned_operands(packed=packed, scales=scales, weight=weight,
+                                                     weight_scale=weight_scale, bias=bias, residual=residual))
     backend = select_fused_backend(PREQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias, residual=residual))
     return backend.run(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
 
@@ -177,12 +181,12 @@ def _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_s
 
 
 def prequant_emulated(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
-    """The reference: dequantize the given activation, fp32 matmul, the epilogue."""
-    spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    """The reference (of a call the op has validated): dequantize the given activation, fp32 matmul, the epilogue."""
+    spec = linear_spec(out_dtype, weight_scale_2, bias, residual, "none", out_dtype)
     m, k = packed.shape[0], packed.shape[1] * 2
     sx = from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size)
     acc = _acc(dequantize(packed, sx), weight, weight_scale)
-    return epilogue_ref(acc, spec, alpha_of(weight_scale_2.to(packed.device), input_scale.to(packed.device)), bias,
+    return epilogue_ref(acc, spec, alpha_of(weight_scale_2, input_scale, packed.device), bias,
                         residual)
 
 

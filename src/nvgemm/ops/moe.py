@@ -39,7 +39,8 @@ import torch
 
 from nvgemm.epilogues import apply_activation_ref
 from nvgemm.core.formats import NVFP4, blocked_shape
-from nvgemm.ops.linear import X_DTYPES, nvfp4_linear_emulated
+from nvgemm.core.validation import X_DTYPES
+from nvgemm.ops.linear import nvfp4_linear_emulated
 from nvgemm.core.backend import MOE, Backend, MoeProblem
 from nvgemm.dispatch.moe import select_moe_backend
 from nvgemm.dispatch.registry import register_backend

@@ -5,7 +5,7 @@ own layout from it once (:func:`nvgemm.templates.sm90_w4a16.launch.cached_sm90_w
 model holds every weight twice. :func:`nvgemm.nn.linear.NVFP4Linear.prepare_for_sm90` converts a
 layer to hold only the prepared layout, served by ``nvgemm::nvfp4_linear_sm90_prepared``:
 
-* the op validates the call as ``nvfp4_linear`` does (:func:`nvgemm.ops.linear.check_linear_args` on
+* the op validates the call as ``nvfp4_linear`` does (:func:`nvgemm.core.validation.check_linear_args` on
   stand-ins with the checkpoint layout's shapes and no memory) and asks the backend registry which
   backend serves the problem (the same selection, self-check and ``NVGEMM_BACKEND`` rules);
 * ``cutedsl_sm90`` runs the kernel on the prepared weight directly
@@ -28,8 +28,9 @@ import torch
 
 from nvgemm import settings
 from nvgemm.core.formats import NVFP4, blocked_shape
-from nvgemm.ops.linear import check_linear_args, nvfp4_linear, problem_of
-from nvgemm.dispatch.registry import LinearProblem, backends, select_backend, warn_once
+from nvgemm.core.validation import LinearProblem, check_linear_args, problem_of
+from nvgemm.ops.linear import nvfp4_linear
+from nvgemm.dispatch.registry import backends, select_backend, warn_once
 from nvgemm.templates.sm90_w4a16.config import K_ALIGN, ROW_TILE
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, to_modelopt
 
@@ -115,7 +116,7 @@ def nvfp4_linear_sm90_prepared(
         raise ValueError(f"nvgemm.nvfp4_linear_sm90_prepared: prepared weight/scale must be uint8 {expect[0]} / "
                          f"{expect[1]} for N={n} K={k}, got {pweight.dtype} {tuple(pweight.shape)} / "
                          f"{pscale.dtype} {tuple(pscale.shape)}")
-    backend = select_backend(problem_of(x, w0, weight_scale_2, input_scale, bias, residual, activation, spec))
+    backend = select_backend(problem_of(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, spec))
     if backend.name == SM90 and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
             and (residual is None or residual.dtype == spec.out_dtype):
         from nvgemm.templates.sm90_w4a16 import backend as sm90_backend

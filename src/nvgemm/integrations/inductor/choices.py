@@ -27,7 +27,7 @@ import torch
 from nvgemm import settings
 from nvgemm.epilogues import EpilogueSpec, epilogue_ref
 from nvgemm.core.formats import NVFP4
-from nvgemm.ops.linear import alpha_of, check_linear_args
+from nvgemm.core.validation import alpha_of, check_linear_args, linear_spec, misaligned_operands, problem_of
 from nvgemm.dispatch.registry import LinearProblem, backends as registered_backends
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -153,7 +153,8 @@ def _find_backend(name: str):
 
 
 def _cublaslt_linear(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    """The call (validated by the choice op) on ``torch._scaled_mm``."""
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     k = weight.shape[1] * 2
     x2 = x.reshape(-1, k)
     qx, sx = torch.ops.nvgemm.quantize_nvfp4(x2, input_scale, True)
@@ -180,14 +181,20 @@ def nvfp4_linear_choice(
     out_dtype: Optional[torch.dtype],
     choice: str,
 ) -> torch.Tensor:
-    """``nvgemm::nvfp4_linear`` computed by one named candidate (what autotuned code calls)."""
+    """``nvgemm::nvfp4_linear`` computed by one named candidate (what autotuned code calls); validated here,
+    once. A call whose operands the chosen kernel cannot read in place (not 16-byte aligned) runs the eager
+    op instead, which falls back with one warning naming the tensor."""
     args = (x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    spec = check_linear_args(*args)
     cand = Candidate(choice)
     if cand.kind == CUBLASLT:
         return _cublaslt_linear(*args)
     if cand.kind != "backend" or not cand.backend:
         raise ValueError(f"nvgemm_cutedsl: unknown choice {choice!r}")
     b = _find_backend(cand.backend)
+    if misaligned_operands(x=x, weight=weight, weight_scale=weight_scale, bias=bias, residual=residual) and \
+            b.supports(problem_of(*args[:8], spec)) is not None:
+        return torch.ops.nvgemm.nvfp4_linear(*args)
     if cand.config is not None:
         return b.run(*args, config=cand.config)
     return b.run(*args)

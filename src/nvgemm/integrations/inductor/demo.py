@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.core.validation import alpha_of
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class ScaledMmNvfp4Linear(nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("input_scale", input_scale)
-        self.register_buffer("alpha", (input_scale * weight_scale_2).reshape(()))
+        self.register_buffer("alpha", alpha_of(weight_scale_2, input_scale).reshape(()))
         self.register_buffer("bias", bias)
         self.alpha_form = alpha_form
         self.alpha_float = float(self.alpha)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from nvgemm.core.formats import dequantize, quantize_activation
+from nvgemm.core.validation import alpha_of
 
 
 class DequantLinear(nn.Module):
@@ -27,7 +28,7 @@ class DequantLinear(nn.Module):
                  input_scale: torch.Tensor | None, bias: torch.Tensor | None):
         super().__init__()
         self.register_buffer("w", dequantize(weight, weight_scale))
-        self.register_buffer("alpha", weight_scale_2.float() * (1.0 if input_scale is None else input_scale.float()))
+        self.register_buffer("alpha", alpha_of(weight_scale_2, input_scale))
         self.register_buffer("input_scale", input_scale)
         self.register_buffer("bias", bias)
 

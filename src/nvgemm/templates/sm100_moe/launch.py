@@ -36,6 +36,7 @@ import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.core.formats import NVFP4, blocked_numel, from_blocked, quantize_activation, to_blocked
+from nvgemm.core.validation import alpha_of
 from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation, splitk_buffers
 from nvgemm.templates.sm90_w4a16.launch import _memo, capturing
 from nvgemm.templates.sm90_moe.launch import MoeWorkList, finalize, work_list
@@ -175,14 +176,14 @@ def alpha_table(weight_scale_2: torch.Tensor, input_scale: torch.Tensor, stack: 
     """(alpha kind, fp32 [E * stride]): per expert ``input_scale[e] * weight_scale_2[e]`` (one value)
     or per GEMM row (``[E, rows]`` scale_2, permuted like the stack's rows), then the next layer's
     input scale when the epilogue requantizes (the kernel's per-expert stride)."""
-    in_ = input_scale.float().reshape(-1, 1)
-    g = weight_scale_2.float()
+    in_ = input_scale.reshape(-1, 1)
+    g = weight_scale_2
     if g.dim() == 2:
         kind = "vector"
-        a = in_ * (g if stack.perm is None else g[:, stack.perm])
+        a = alpha_of(g if stack.perm is None else g[:, stack.perm], in_)
     else:
         kind = "scalar"
-        a = in_ * g.reshape(-1, 1)
+        a = alpha_of(g.reshape(-1, 1), in_)
     if next_input_scale is not None:
         a = torch.cat([a, next_input_scale.float().reshape(-1, 1)], dim=1)
     return kind, a.reshape(-1).contiguous()

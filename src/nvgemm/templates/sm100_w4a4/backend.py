@@ -16,11 +16,13 @@ from typing import Callable, Optional
 
 import torch
 
+from nvgemm.core.validation import LinearProblem, alignment_reason, linear_spec
 from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
 from nvgemm.templates.sm100_w4a4.launch import launch_sm100, prepare_sm100_args
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
-from nvgemm.core.backend import Backend, LinearProblem
+from nvgemm.core.backend import Backend
+from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
 
 
 def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str, sm_count: int,
@@ -76,8 +78,14 @@ def arch_of(capability: tuple[int, int]) -> str:
     return {0: "sm_100a", 3: "sm_103a"}.get(minor, "sm_100f")
 
 
+#: operands the kernel reads in place (the launcher quantizes x into new buffers and copies alpha, bias
+#: and the residual when they are not aligned); ``packed`` / ``scales`` are ``nvfp4_linear_prequant``'s
+IN_PLACE_OPERANDS = ("weight", "weight_scale", "packed", "scales")
+
+
 def _device_rule(p: LinearProblem) -> Optional[str]:
-    """What every sm100 W4A4 launch needs: an sm_100-family GPU, an input_scale, bias in the output dtype."""
+    """What every sm100 W4A4 launch needs: an sm_100-family GPU, an input_scale, bias in the output dtype,
+    16-byte aligned operands where the kernel reads them in place."""
     if p.device_type != "cuda":
         return f"needs a CUDA device (got {p.device_type})"
     if p.capability is None or p.capability[0] != 10:
@@ -86,7 +94,7 @@ def _device_rule(p: LinearProblem) -> Optional[str]:
         return "W4A16 (no input_scale) is not the sm100 W4A4 kernel"
     if p.bias and p.x_dtype != p.out_dtype:
         return "bias/residual must be in the output dtype"
-    return None
+    return alignment_reason(p, IN_PLACE_OPERANDS)
 
 
 def supports(p: LinearProblem) -> Optional[str]:
@@ -130,14 +138,14 @@ def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm
 
 def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
               config=None):
-    """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only).
+    """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only), of a call the
+    op has validated.
 
     ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
     """
-    from nvgemm.ops.linear import check_linear_args
     from nvgemm.templates.common.occupancy import query_max_active_clusters
 
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     dev = x.device
     props = torch.cuda.get_device_properties(dev)
     cap = (props.major, props.minor)
@@ -147,7 +155,7 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
         config = config_from_name(config)
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
-                              stream_id=stream.cuda_stream)
+                              stream_id=stream.cuda_stream, quantize=quantize_nvfp4_cuda)
     cspec = compile_spec_for(config, spec, arch_of(cap), props.multi_processor_count,
                              functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
     kernel = kernel_for(cspec)
@@ -179,12 +187,10 @@ def supports_requant(p: LinearProblem) -> Optional[str]:
 
 
 def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype) -> EpilogueSpec:
+    """The fused requant launch's epilogue for a call the op has validated."""
     import dataclasses
 
-    from nvgemm.ops.linear import check_linear_args
-
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul", out_dtype)
-    return dataclasses.replace(spec, out_quant=True)
+    return dataclasses.replace(linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype), out_quant=True)
 
 
 def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
@@ -199,7 +205,7 @@ def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias
     dev = x.device
     props = torch.cuda.get_device_properties(dev)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                      spec, config)
+                                      spec, config, quantize=quantize_nvfp4_cuda)
     cspec = compile_spec_for(config, spec, arch_of((props.major, props.minor)), props.multi_processor_count,
                              functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
     launch_sm100(args, kernel_for(cspec), torch.cuda.current_stream(dev))
@@ -207,14 +213,8 @@ def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias
 
 
 def prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype) -> EpilogueSpec:
-    from nvgemm.ops.linear import check_linear_args
-
-    def meta(t):
-        return None if t is None else t.to("meta")
-
-    x = torch.empty((packed.shape[0], packed.shape[1] * 2), dtype=out_dtype, device="meta")
-    return check_linear_args(x, meta(weight), meta(weight_scale), meta(weight_scale_2), meta(input_scale), meta(bias),
-                             meta(residual), "none", out_dtype)
+    """The W4A4 launch's epilogue for an ``nvfp4_linear_prequant`` call the op has validated."""
+    return linear_spec(out_dtype, weight_scale_2, bias, residual, "none", out_dtype)
 
 
 def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,

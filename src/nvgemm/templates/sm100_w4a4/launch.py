@@ -5,9 +5,10 @@ passes its :class:`~nvgemm.epilogues.EpilogueSpec`) into the kernel's arguments 
 and runs on CPU, where tests check it against the emulated op through :func:`kernel_view_ref` (the
 kernel's math expressed on the prepared arguments):
 
-* activations are quantized with ``torch.ops.nvgemm.quantize_nvfp4(x, input_scale,
-  swizzle=True)`` -> packed E2M1 [M, K/2] + 128x4-swizzled e4m3 scales;
-* ``alpha = input_scale * weight_scale_2`` as a device fp32 scalar (shape (1,)) or a per-N
+* activations are quantized by the ``quantize`` callable the caller passes (the backend gives the
+  Triton quantizer on CUDA; default: the torch reference) -> packed E2M1 [M, K/2] + 128x4-swizzled
+  e4m3 scales;
+* alpha (:func:`nvgemm.core.validation.alpha_of`) as a device fp32 scalar (shape (1,)) or a per-N
   vector (fused shards with unequal ``weight_scale_2``);
 * swap-AB: A = weight / weight scales, B = activations / activation scales, MMA problem
   (m, n) = (N, M); the output buffer [M, N] row-major is the kernel's column-major C;
@@ -31,16 +32,18 @@ in :mod:`nvgemm.templates.sm100_w4a4.backend`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.core.formats import NVFP4, blocked_numel
+from nvgemm.core.validation import alpha_of
 from nvgemm.templates.common.derived import DerivedCache
 from nvgemm.templates.common.workspace import WORKSPACES, SplitKWorkspaces, is_capturing as _is_capturing  # noqa: F401
 from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
+from nvgemm.templates.triton.reference import quantize_ref
 
 CTA_TILE_M = 128
 
@@ -144,12 +147,15 @@ def prepare_sm100_args(
     *,
     stream_id: int = 0,
     quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    quantize: Optional[Callable] = None,
 ) -> Sm100Args:
     """The kernel's arguments for one call; ``spec`` is the call's validated epilogue
-    (``nvgemm.ops.linear.check_linear_args``). Raises ValueError naming the problem when the template
-    cannot implement it. ``quantized`` = (packed codes [M, K/2], flat swizzled e4m3 scales): the
-    activation arrives quantized (``nvgemm::nvfp4_linear_prequant``); ``x`` is then unused (None) and
-    nothing is re-quantized."""
+    (``nvgemm.core.validation.check_linear_args``). Raises ValueError naming the problem when the template
+    cannot implement it. ``quantize(x [M, K], input_scale, swizzle=True) -> (packed, flat swizzled
+    scales)`` quantizes the activation (default: the torch reference,
+    :func:`nvgemm.templates.triton.reference.quantize_ref`). ``quantized`` = (packed codes [M, K/2],
+    flat swizzled e4m3 scales): the activation arrives quantized (``nvgemm::nvfp4_linear_prequant``);
+    ``x`` is then unused (None) and nothing is re-quantized."""
     if input_scale is None:
         raise ValueError("nvgemm_cutedsl sm100: the W4A4 kernel needs input_scale (W4A16 is not this kernel)")
     n, k = weight.shape[0], weight.shape[1] * 2
@@ -167,7 +173,7 @@ def prepare_sm100_args(
     n_out = spec.out_features(n)
 
     if quantized is None:
-        xq, xs = torch.ops.nvgemm.quantize_nvfp4(x2.contiguous(), input_scale.to(dev).reshape(()), True)
+        xq, xs = (quantize or quantize_ref)(x2.contiguous(), input_scale.to(dev).reshape(()), True)
     else:
         xq, xs = quantized[0].contiguous(), quantized[1].contiguous()
     wq = weight.contiguous()
@@ -179,7 +185,7 @@ def prepare_sm100_args(
     w2 = weight_scale_2
     if spec.gated:
         wq, ws_, w2, bias = interleave_gate_up(wq, ws_, weight_scale_2, bias)
-    alpha = _aligned16((input_scale.float().reshape(()).to(dev) * w2.float().to(dev)).reshape(-1))
+    alpha = _aligned16(alpha_of(w2, input_scale, dev).reshape(-1))
     out = torch.empty((tokens, n_out), dtype=spec.out_dtype, device=dev)
     bias_k = None
     if bias is not None:
@@ -216,6 +222,7 @@ def prepare_sm100_requant_args(
     out_input_scale: torch.Tensor,
     spec: EpilogueSpec,
     config: Sm100Nvfp4GemmConfig,
+    quantize: Optional[Callable] = None,
 ) -> Sm100Args:
     """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``): those of the gated
     GEMM, with ``out`` = zeroed packed codes [tokens, I/2] (uint8), ``residual`` = zeroed 128x4-swizzled
@@ -235,7 +242,8 @@ def prepare_sm100_requant_args(
         raise ValueError(f"nvgemm_cutedsl sm100: out_input_scale must be a float32 scalar, got "
                          f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
     gated = dataclasses.replace(spec, out_quant=False)
-    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, gated, config)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, gated, config,
+                              quantize=quantize)
     tokens, dev = args.n, x.device
     alpha = args.alpha.reshape(-1) if spec.alpha != "none" else torch.zeros(0, device=dev)
     alpha_gs = _aligned16(torch.cat([alpha.float(), out_input_scale.float().reshape(1).to(dev)]))

@@ -30,7 +30,8 @@ from nvgemm.templates.sm90_w4a16.config import (
 )
 from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, launch_sm90, prepare_sm90_args
 from nvgemm.templates.sm90_w4a16.operand import kind_of
-from nvgemm.core.backend import Backend, LinearProblem, warn_once
+from nvgemm.core.backend import Backend
+from nvgemm.core.validation import LinearProblem, linear_spec
 
 log = logging.getLogger("nvgemm_cutedsl.sm90")
 
@@ -84,6 +85,9 @@ def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch
 
 
 def supports(p: LinearProblem) -> Optional[str]:
+    """The sm90 rules for ``p``. Operand alignment (``p.misaligned``) does not refuse: the launcher copies an
+    unaligned x, the kernels read the prepared copy of the weight, and bias / residual need only element
+    alignment (the ABI's ``assumed_align``)."""
     if p.device_type != "cuda":
         return f"needs a CUDA device (got {p.device_type})"
     if p.capability is None or tuple(p.capability) != (9, 0):
@@ -96,6 +100,8 @@ def supports(p: LinearProblem) -> Optional[str]:
         return f"silu_mul needs N/2 = {p.n // 2} to be a multiple of 16 (whole gate and up row tiles)"
     if p.m < 1:
         return "empty input (M = 0)"
+    if p.residual_cast:
+        return "residual dtype differs from the output dtype (the kernel adds the residual in the output dtype)"
     return None
 
 
@@ -109,17 +115,12 @@ def _kernel_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtyp
 
 def run_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
              config=None):
-    """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only).
+    """Eager implementation of ``cutedsl_sm90`` (CUDA sm_90 only) of a call the op has validated.
 
     ``config`` (a config or its name; autotuned code passes one) overrides the policy's pick."""
-    from nvgemm.ops.linear import check_linear_args, nvfp4_linear_emulated
-
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
-    if residual is not None and residual.dtype != spec.out_dtype:
-        warn_once("sm90-residual-dtype", f"nvgemm_cutedsl sm90: residual dtype {residual.dtype} != output dtype "
-                  f"{spec.out_dtype}; this call uses the emulated op")
-        return nvfp4_linear_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                     activation, out_dtype)
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
+    if residual is not None and residual.dtype != spec.out_dtype:  # supports() refuses such a call
+        raise ValueError(f"cutedsl_sm90: residual dtype {residual.dtype} != output dtype {spec.out_dtype}")
     prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
     return run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype, config)
 

@@ -12,8 +12,8 @@ quantize-dequantized activations) and launches nothing but the GEMM (and the W4A
   :mod:`nvgemm.templates.common.derived`);
 * absent bias / residual / split-K buffers are compile-time variants of the kernel, which never
   reads them: the ABI slots get tensors the call already has (alpha, the output);
-* bias in another dtype than fp32 and W4A4's ``alpha = input_scale * weight_scale_2`` are derived
-  once and cached like the weights;
+* bias in another dtype than fp32 and W4A4's alpha (:func:`nvgemm.core.validation.alpha_of`) are
+  derived once and cached like the weights;
 * split-K partials and tile counters come from the shared pool, one pair per (device, stream)
   (:data:`nvgemm.templates.common.workspace.WORKSPACES`: allocated with the counters zeroed, grown by
   retiring -- never freeing -- the old pair, bounded under CUDA-graph capture), or from an explicit
@@ -24,7 +24,7 @@ W4A4 checkpoints on Hopper (``input_scale`` given): no FP4 tensor cores, so the 
 ``x' = E2M1[q_x] * s_x`` (exact in bf16 / fp16), quantized with the same convention as the
 emulated op and the Blackwell kernels (:mod:`nvgemm.core.formats`), in one Triton kernel
 (:func:`nvgemm.templates.triton.quantize.qdq_nvfp4_triton`; the torch reference on CPU), and
-``alpha = input_scale * weight_scale_2``.
+``alpha = input_scale * weight_scale_2`` (:func:`nvgemm.core.validation.alpha_of`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Optional
 
 import torch
 
+from nvgemm.core.validation import alpha_of
 from nvgemm.epilogues.spec import EpilogueSpec
 
 from nvgemm.templates.common.derived import DerivedCache, refill_tensors
@@ -90,8 +91,7 @@ def _alpha(prepared: Sm90Weight, input_scale: Optional[torch.Tensor], dev: torch
     ws2 = prepared.weight_scale_2
     if input_scale is None:
         return _fp32_on(ws2, dev)
-    return _memo(f"alpha:{dev}", ws2, (ws2, input_scale),
-                 lambda: (input_scale.to(device=dev, dtype=torch.float32).reshape(()) * ws2.to(dev)).contiguous())
+    return _memo(f"alpha:{dev}", ws2, (ws2, input_scale), lambda: alpha_of(ws2, input_scale, dev).contiguous())
 
 
 # --------------------------------------------------------------------------- workspace

@@ -9,22 +9,22 @@ Importing this module imports torch only (Triton loads on first use), and:
   ``emulated`` at -1000). It supports CUDA sm_80+ with Triton importable and bf16/fp16 x, for
   weight-only problems and for W4A4 problems (in-kernel quantize-dequantize of x: same values as a
   W4A4 kernel, see :mod:`nvgemm.templates.triton.gemm_w4a16`);
-* defines MoE backend ``triton_moe`` (:data:`MOE_BACKEND`) for ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.templates.triton.moe`,
-  priority :data:`MOE_PRIORITY`: above ``emulated``) on CUDA sm_80+ with Triton importable;
-* installs the Triton activation quantizer as the CUDA implementation of
-  ``nvgemm::quantize_nvfp4`` (``nvgemm.ops.linear.set_cuda_quantizer``), falling back to the torch
-  reference on devices the kernel cannot serve.
+* registers MoE backend ``triton_moe`` for ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.templates.triton.moe`,
+  priority :data:`MOE_PRIORITY`: above ``emulated``) on CUDA sm_80+ with Triton importable.
+
+The activation quantizer (``nvgemm::quantize_nvfp4`` on CUDA, and what the W4A4 kernel backends
+quantize with) is :func:`nvgemm.templates.triton.fused_ops.quantize_nvfp4_cuda`, called directly.
 """
 
 from __future__ import annotations
 
 import torch
 
-from nvgemm.ops import linear as nv_ops
-from nvgemm.core.backend import Backend, LinearProblem
+from nvgemm.core.backend import Backend
+from nvgemm.core.validation import LinearProblem, linear_spec
 
 from nvgemm.templates.triton import fused_ops  # noqa: F401  (registers the fused quantizer ops)
-from nvgemm.templates.triton.fused_ops import _triton_import_error, triton_unusable
+from nvgemm.templates.triton.fused_ops import _triton_import_error
 
 NAME = "triton_w4a16"
 PRIORITY = 0
@@ -34,7 +34,8 @@ MOE_PRIORITY = 0
 
 def supports(p: LinearProblem) -> str | None:
     """Whether the Triton kernels serve problem ``p`` (a ``LinearProblem`` or a ``MoeProblem``: both have
-    device_type, capability and x_dtype; every op feature is supported)."""
+    device_type, capability and x_dtype; every op feature is supported, and any operand alignment: the
+    kernels make no alignment assumption)."""
     if p.device_type != "cuda":
         return f"needs a CUDA device, got {p.device_type}"
     if p.capability is None or tuple(p.capability) < (8, 0):
@@ -45,10 +46,12 @@ def supports(p: LinearProblem) -> str | None:
 
 
 def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
+    """The op's call (validated there) on the Triton kernel."""
+    # the kernel module imports triton: loaded on first use
     from nvgemm.templates.triton.gemm_w4a16 import nvfp4_linear_triton
 
     return nvfp4_linear_triton(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
-                               out_dtype)
+                               out_dtype, spec=linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype))
 
 
 def moe_run(*args):
@@ -57,14 +60,5 @@ def moe_run(*args):
     return nvfp4_moe_triton(*args)
 
 
-def cuda_quantizer(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
-    if triton_unusable(x.device) is None:
-        from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
-
-        return quantize_nvfp4_triton(x, input_scale, swizzle)
-    return nv_ops.quantize_nvfp4_emulated(x, input_scale, swizzle)
-
-
 BACKEND = Backend(name=NAME, priority=PRIORITY, supports=supports, run=run)
 MOE_BACKEND = Backend(name=MOE_NAME, priority=MOE_PRIORITY, supports=supports, run=moe_run)
-nv_ops.set_cuda_quantizer(cuda_quantizer)

@@ -26,13 +26,15 @@ from nvgemm.core.formats import blocked_numel, check_input_scale_value
 from nvgemm.templates.triton.reference import (
     add_rmsnorm_quantize_ref,
     check_fused_args,
+    quantize_ref,
     rmsnorm_quantize_ref,
     silu_mul_quantize_ref,
 )
 
 log = logging.getLogger("nvgemm_cutedsl")
 
-__all__ = ["rmsnorm_quantize_nvfp4", "add_rmsnorm_quantize_nvfp4", "silu_mul_quantize_nvfp4", "triton_unusable"]
+__all__ = ["rmsnorm_quantize_nvfp4", "add_rmsnorm_quantize_nvfp4", "silu_mul_quantize_nvfp4", "quantize_nvfp4_cuda",
+           "triton_unusable"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,6 +56,18 @@ def triton_unusable(device: torch.device) -> str | None:
     if cap < (8, 0):
         return f"needs sm_80 or newer, got sm_{cap[0]}{cap[1]}"
     return _triton_import_error()
+
+
+def quantize_nvfp4_cuda(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = True):
+    """The activation quantizer of a CUDA tensor (``nvgemm::quantize_nvfp4``'s CUDA path, and the one the
+    W4A4 kernel backends are given): the Triton kernel where it can run, else the torch reference
+    (same bytes). Arguments as the op's, already checked."""
+    if triton_unusable(x.device) is None:
+        # the Triton kernel module imports triton: loaded on first use
+        from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
+
+        return quantize_nvfp4_triton(x, input_scale, swizzle)
+    return quantize_ref(x, input_scale, swizzle)
 
 
 def _scale_like(x: torch.Tensor, m: int, k: int, swizzle: bool) -> torch.Tensor:

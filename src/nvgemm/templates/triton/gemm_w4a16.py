@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nvgemm.core.validation import alpha_of, check_linear_args
+from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.templates.triton._common import (
     cast_to_kind,
     ceil_div,
@@ -188,16 +190,17 @@ def nvfp4_linear_triton(
     pdl: bool | None = None,
     config: tuple[int, int, int, int, int] | None = None,
     kernel=None,
+    spec: EpilogueSpec | None = None,
 ) -> torch.Tensor:
-    """``nvgemm::nvfp4_linear`` on the Triton W4A16 kernel (same arguments and checks).
+    """``nvgemm::nvfp4_linear`` on the Triton W4A16 kernel (same arguments and checks; ``spec``: the
+    epilogue of a call the op has already validated, which is then not checked again).
 
     ``input_scale`` given: W4A4 semantics by in-kernel quantize-dequantize of x (see module doc).
     """
-    from nvgemm.ops.linear import check_linear_args
-
     kernel = kernel or w4a16_gemm_kernel
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
-                             out_dtype)
+    if spec is None:
+        spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
+                                 out_dtype)
     n, k = weight.shape[0], weight.shape[1] * 2
     n_out = spec.out_features(n)
     dev = check_device(kernel, x, weight, weight_scale, bias, residual, op="nvgemm.nvfp4_linear[triton_w4a16]")
@@ -207,13 +210,8 @@ def nvfp4_linear_triton(
     m = x2.shape[0]
     weight = weight.contiguous()
     wsf = weight_scale.view(torch.uint8) if weight_scale.dtype != torch.uint8 else weight_scale
-    alpha = weight_scale_2.to(dev).float()
-    if input_scale is not None:
-        alpha = input_scale.to(dev).float().reshape(()) * alpha  # fp32, as nvgemm.ops.linear.alpha_of
-        gs = input_scale.to(dev).float().reshape(1)
-    else:
-        gs = alpha.reshape(-1)  # unused
-    alpha = alpha.contiguous()
+    alpha = alpha_of(weight_scale_2, input_scale, dev).contiguous()
+    gs = alpha.reshape(-1) if input_scale is None else input_scale.to(dev).float().reshape(1)  # unused for W4A16
     res2 = residual.reshape(-1, n_out) if residual is not None else None
     if res2 is not None and res2.stride(-1) != 1:
         res2 = res2.contiguous()

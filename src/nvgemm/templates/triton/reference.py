@@ -25,6 +25,7 @@ import torch
 from nvgemm.core.formats import quantize_activation, to_blocked
 
 __all__ = [
+    "quantize_ref",
     "rmsnorm_ref",
     "add_rmsnorm_ref",
     "silu_mul_ref",
@@ -99,23 +100,25 @@ def silu_mul_ref(x: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.silu(g) * u).to(x.dtype)
 
 
-def _quantize(y: torch.Tensor, input_scale: torch.Tensor, swizzle: bool):
+def quantize_ref(y: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = True):
+    """``nvgemm::quantize_nvfp4``'s reference: (packed codes [M, K/2], e4m3 scales: the flat 128x4
+    swizzled bytes when ``swizzle``, else linear [M, K/16])."""
     packed, scale = quantize_activation(y, input_scale.to(y.device))
     return packed, (to_blocked(scale).reshape(-1) if swizzle else scale)
 
 
 def rmsnorm_quantize_ref(x, weight, input_scale, eps: float = 1e-6, swizzle: bool = True):
     check_fused_args("rmsnorm_quantize_nvfp4", x, input_scale, weight=weight)
-    return _quantize(rmsnorm_ref(x, weight, eps), input_scale, swizzle)
+    return quantize_ref(rmsnorm_ref(x, weight, eps), input_scale, swizzle)
 
 
 def add_rmsnorm_quantize_ref(x, residual, weight, input_scale, eps: float = 1e-6, swizzle: bool = True):
     check_fused_args("add_rmsnorm_quantize_nvfp4", x, input_scale, weight=weight, residual=residual)
     y, r = add_rmsnorm_ref(x, residual, weight, eps)
-    packed, scale = _quantize(y, input_scale, swizzle)
+    packed, scale = quantize_ref(y, input_scale, swizzle)
     return packed, scale, r
 
 
 def silu_mul_quantize_ref(x, input_scale, swizzle: bool = True):
     check_fused_args("silu_mul_quantize_nvfp4", x, input_scale, gated=True)
-    return _quantize(silu_mul_ref(x), input_scale, swizzle)
+    return quantize_ref(silu_mul_ref(x), input_scale, swizzle)

@@ -143,3 +143,21 @@ def test_selfcheck_inputs_cover_codes_signs_zero_and_subnormal_scales():
         raw = scales.view(torch.uint8)
         assert bool(((raw > 0) & (raw < 8)).any()), "no subnormal e4m3 block scale"
     assert bool((sx.view(torch.uint8) == 0).any()), "no all-zero activation block"
+
+
+@pytest.mark.parametrize("res_dtype,cast", [(torch.bfloat16, False), (torch.float32, True)])
+def test_residual_of_another_dtype_is_refused_by_sm90_supports(res_dtype, cast):
+    """A residual whose dtype differs from the output's is a property of the problem: the sm90 kernel (which
+    adds the residual in the output dtype) refuses it in ``supports`` and dispatch picks the next backend,
+    instead of the kernel's ``run`` re-entering dispatch."""
+    from nvgemm.core.validation import check_linear_args, problem_of
+    from nvgemm.templates.sm90_w4a16 import backend as sm90
+
+    q = quantize_weight(torch.randn(64, 64))
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    res = torch.randn(3, 64, dtype=res_dtype)
+    args = (x, q.packed, to_blocked(q.scale), q.global_scale.reshape(()), None, None, res, "none", None)
+    p = problem_of(*args[:8], check_linear_args(*args))
+    assert p.residual_cast is cast
+    on_h200 = sm90.supports(__import__("dataclasses").replace(p, device_type="cuda", capability=(9, 0)))
+    assert (on_h200 is not None and "residual dtype" in on_h200) is cast

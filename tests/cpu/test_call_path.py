@@ -14,8 +14,11 @@ import torch
 
 import nvgemm  # noqa: F401
 import nvgemm.core.validation as V
+# imported before any fixture wraps validation (a later import would bind the wrapped function)
+import nvgemm.integrations.inductor.choices as CH  # registers nvgemm::nvfp4_linear_choice
 import nvgemm.ops.linear as L
 from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.core import backend as core_backend
 from nvgemm.dispatch import registry as B
 
 SRC = Path(nvgemm.__file__).parent
@@ -109,7 +112,7 @@ def aligned_kernel(monkeypatch):
 
     monkeypatch.setenv("NVGEMM_SELFCHECK", "0")
     monkeypatch.delenv("NVGEMM_BACKEND", raising=False)
-    monkeypatch.setattr(B, "_WARNED", set())
+    monkeypatch.setattr(core_backend, "_WARNED", set())
     B.register_backend(B.Backend(name="test_aligned_kernel", priority=5000, supports=supports, run=run))
     yield runs
     B.unregister_backend("test_aligned_kernel")
@@ -240,8 +243,6 @@ def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_o
     """Compiled code calls one named candidate (``nvgemm::nvfp4_linear_choice``): it validates the call once,
     and a kernel candidate that cannot read an operand in place hands the call to the eager op (fallback,
     one warning) instead of launching."""
-    import nvgemm.integrations.inductor.choices as CH  # registers nvgemm::nvfp4_linear_choice
-
     _count(monkeypatch, counters, CH, "check_linear_args")
 
     args = _args(seed=4)

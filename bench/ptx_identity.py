@@ -606,7 +606,7 @@ def cmd_compare(a) -> int:
     print(f"0. specs the policies emit (enumerated, by identity): A {len(ea)}, B {len(eb)}, in both {len(ea & eb)}, "
           f"only in A {len(ea - eb)}, only in B {len(eb - ea)}")
     print(f"compiled kernels matched by identity: {len(both)}; compiled only in A: {len(only_a) + len(unreached_b)} "
-          f"({len(unreached_b)} of them not reached by B before its time budget); only in B: "
+          f"({len(unreached_b)} of them not reached by B: its time budget, or a partial dump); only in B: "
           f"{len(only_b) + len(unreached_a)} ({len(unreached_a)} not reached by A)")
     print(f"1. raw PTX text (sha256 as CuTeDSL returns it): identical {len(ident)}, different "
           f"{len(names_only) + len(diff)}, failed on a side {len(fail_same) + len(fail_diff)} "
@@ -627,16 +627,23 @@ def cmd_compare(a) -> int:
             per[ka[k]["template_id"]] = per.get(ka[k]["template_id"], 0) + 1
         for t, n in sorted(per.items()):
             print(f"  {t}: {n}")
-        print(f"  e.g. {ex[0]['name']}:")
-        for s0, s1 in zip(ex[0]["symbols"], ex[1]["symbols"]):
-            if s0 != s1:
-                print(f"    A symbol: {s0}\n    B symbol: {s1}")
-        ta, tb = _ptx_text(A, ex[0]["ptx_sha256"]), _ptx_text(B, ex[1]["ptx_sha256"])
-        if ta and tb:
-            ndiff = sum(1 for x, y in zip(ta.splitlines(), tb.splitlines()) if x != y)
-            print(f"    {ndiff} of {len(ta.splitlines())} lines differ; first differing lines:")
-            for ln in _first_diff(ta, tb, a.lines):
-                print("    " + ln)
+        for mv in moves:  # one example per module move: its symbols and its first differing lines
+            k = next(k for k in names_only if (ka[k]["template_module"], kb[k]["template_module"]) == mv)
+            x, y = ka[k], kb[k]
+            print(f"\n  e.g. {x['name']} ({x['label']}):")
+            for s0, s1 in zip(x["symbols"], y["symbols"]):
+                if s0 != s1:
+                    print(f"    A symbol: {s0}\n    B symbol: {s1}")
+            ta, tb = _ptx_text(A, x["ptx_sha256"]), _ptx_text(B, y["ptx_sha256"])
+            if ta and tb:
+                la, lb = ta.splitlines(), tb.splitlines()
+                syms = x["symbols"] + y["symbols"]
+                pairs = [(u, v) for u, v in zip(la, lb) if u != v]
+                other = [p for p in pairs if not any(sy in p[0] for sy in syms) or not any(sy in p[1] for sy in syms)]
+                print(f"    {len(la)} / {len(lb)} lines; {len(pairs)} differ, {len(other)} of them without a kernel "
+                      "symbol; first differing lines:")
+                for ln in _first_diff(ta, tb, a.lines):
+                    print("    " + ln)
     for k in diff[: a.show]:
         x, y = ka[k], kb[k]
         print(f"\nDIFFERENT: {x['name']} ({x['label']})\n  A {x['ptx_sha256'][:16]} B {y['ptx_sha256'][:16]}")

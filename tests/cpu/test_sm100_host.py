@@ -252,7 +252,7 @@ def test_runtime_occupancy_resolution_uses_the_driver_count():
     with one warning."""
     import logging
 
-    from nvgemm.templates.common.occupancy import resolve_max_active_clusters
+    from nvgemm.templates.sm100_w4a4.occupancy import resolve_max_active_clusters
     from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
 
     cfg = Sm100Nvfp4GemmConfig(tile_n=16, swap_ab=True, cluster_m=4)

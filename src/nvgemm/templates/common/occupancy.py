@@ -7,16 +7,14 @@ sized by. The probe kernel is an empty PTX kernel JIT-compiled by the driver (no
 compiler import on the warm path); results are cached per (device, cluster size). Uses the
 ``cuda.bindings`` driver API (installed with ``nvidia-cutlass-dsl``).
 
-:func:`resolve_max_active_clusters` combines the query with the AOT value the kernel cache keys
-on (:func:`nvgemm.templates.sm100_w4a4.occupancy.aot_max_active_clusters`), see there.
+The sm100 family combines the query with the AOT value its kernel cache keys on
+(:func:`nvgemm.templates.sm100_w4a4.occupancy.resolve_max_active_clusters`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
-from typing import Callable, Optional
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -30,9 +28,6 @@ _PROBE_PTX = b"""
 }
 """
 PROBE_THREADS = 192
-
-_LOCK = threading.Lock()
-_WARNED: set = set()
 
 
 def _check(result):
@@ -78,40 +73,4 @@ def query_max_active_clusters(device_index: int, cluster_size: int, threads: int
         driver.cuModuleUnload(module)
 
 
-def resolve_max_active_clusters(
-    arch: str,
-    sm_count: int,
-    cluster_size: int,
-    query: Optional[Callable[[int], int]],
-) -> int:
-    """The ``HardwareSpec.max_active_clusters`` a run-time compile spec carries.
-
-    The driver's answer whenever it differs from the template's per-arch AOT value -- more
-    clusters (a balanced B200 holds 37 clusters of 4 where 34 are guaranteed) fill the SMs the
-    guaranteed count leaves idle, fewer (a partitioned GPU, MPS, another SKU) keep the persistent
-    grid from spilling into a second wave. ``0`` (= "the AOT value", the key an ahead-of-time
-    build uses) when they agree, when there is no query (ahead of time) or when the query fails
-    (warned once). Where the device-sized kernel is not in the cache and cannot be built, the
-    backend runs the precompiled AOT kernel (:func:`nvgemm.templates.sm100_w4a4.backend.kernel_for`)."""
-    from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
-
-    aot = aot_max_active_clusters(arch, sm_count, cluster_size)
-    if query is None:
-        return 0
-    try:
-        hw = int(query(cluster_size))
-    except Exception as e:  # noqa: BLE001 - any driver failure falls back to the AOT value
-        key = (arch, sm_count, cluster_size)
-        with _LOCK:
-            first = key not in _WARNED
-            _WARNED.add(key)
-        if first:
-            log.warning("nvgemm_cutedsl: cluster occupancy query failed (%s); using the AOT value %d for "
-                        "cluster size %d on %s", e, aot, cluster_size, arch)
-        return 0
-    if hw < 1:
-        raise RuntimeError(f"nvgemm_cutedsl: a cluster of {cluster_size} CTAs does not fit on this device")
-    return 0 if hw == aot else hw
-
-
-__all__ = ["PROBE_THREADS", "query_max_active_clusters", "resolve_max_active_clusters"]
+__all__ = ["PROBE_THREADS", "query_max_active_clusters"]

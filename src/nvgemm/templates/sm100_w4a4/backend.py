@@ -32,10 +32,10 @@ def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str
     ``occupancy_query(cluster_size) -> clusters`` (the driver query at run time; None ahead of
     time) decides ``hw.max_active_clusters``: the device's count, or 0 -- the template's per-arch
     AOT value, i.e. the key a precompiled kernel has -- when they agree
-    (:func:`nvgemm.templates.common.occupancy.resolve_max_active_clusters`)."""
+    (:func:`nvgemm.templates.sm100_w4a4.occupancy.resolve_max_active_clusters`)."""
     from nvgemm.aot.abi import HardwareSpec
     from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.common.occupancy import resolve_max_active_clusters
+    from nvgemm.templates.sm100_w4a4.occupancy import resolve_max_active_clusters
 
     mac = resolve_max_active_clusters(arch, sm_count, config.cluster_m * config.cluster_n, occupancy_query)
     return make_spec(TEMPLATE_ID, config, arch, epilogue=spec,

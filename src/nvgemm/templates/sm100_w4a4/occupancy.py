@@ -8,7 +8,8 @@ and SMs left over in a GPC when its SM count is not a multiple of the cluster si
 for that cluster size.
 
 At run time nvgemm asks the driver (``cuOccupancyMaxActiveClusters``,
-:mod:`nvgemm.templates.common.occupancy`). Ahead of time (kernels built without a GPU) the compile key
+:mod:`nvgemm.templates.common.occupancy`) and :func:`resolve_max_active_clusters` keys the kernel on
+its answer where it differs. Ahead of time (kernels built without a GPU) the compile key
 needs a number that is right for the target: :func:`aot_max_active_clusters`, the **guaranteed**
 count for the arch's topology, i.e. the minimum over every way the enabled SMs can be spread
 over the GPCs. A guaranteed count never causes a partial wave; at worst it leaves a few SMs
@@ -33,6 +34,13 @@ SM count (a GB200 or B300 SKU) get the value computed for their own count by the
 from __future__ import annotations
 
 import functools
+import logging
+import threading
+from typing import Callable, Optional
+
+log = logging.getLogger("nvgemm_cutedsl")
+_LOCK = threading.Lock()
+_WARNED: set = set()
 
 #: sm_100-family die organisation (see the module docstring).
 SM100_GPCS = 8
@@ -89,4 +97,39 @@ def aot_max_active_clusters(arch: str, sm_count: int, cluster_size: int) -> int:
     return max(1, sm_count // cluster_size)
 
 
-__all__ = ["SM100_GPCS", "SM100_MAX_SMS_PER_GPC", "aot_max_active_clusters", "guaranteed_clusters"]
+def resolve_max_active_clusters(
+    arch: str,
+    sm_count: int,
+    cluster_size: int,
+    query: Optional[Callable[[int], int]],
+) -> int:
+    """The ``HardwareSpec.max_active_clusters`` a run-time compile spec carries.
+
+    The driver's answer whenever it differs from the template's per-arch AOT value -- more
+    clusters (a balanced B200 holds 37 clusters of 4 where 34 are guaranteed) fill the SMs the
+    guaranteed count leaves idle, fewer (a partitioned GPU, MPS, another SKU) keep the persistent
+    grid from spilling into a second wave. ``0`` (= "the AOT value", the key an ahead-of-time
+    build uses) when they agree, when there is no query (ahead of time) or when the query fails
+    (warned once). Where the device-sized kernel is not in the cache and cannot be built, the
+    backend runs the precompiled AOT kernel (:func:`nvgemm.templates.sm100_w4a4.backend.kernel_for`)."""
+    aot = aot_max_active_clusters(arch, sm_count, cluster_size)
+    if query is None:
+        return 0
+    try:
+        hw = int(query(cluster_size))
+    except Exception as e:  # noqa: BLE001 - any driver failure falls back to the AOT value
+        key = (arch, sm_count, cluster_size)
+        with _LOCK:
+            first = key not in _WARNED
+            _WARNED.add(key)
+        if first:
+            log.warning("nvgemm_cutedsl: cluster occupancy query failed (%s); using the AOT value %d for "
+                        "cluster size %d on %s", e, aot, cluster_size, arch)
+        return 0
+    if hw < 1:
+        raise RuntimeError(f"nvgemm_cutedsl: a cluster of {cluster_size} CTAs does not fit on this device")
+    return 0 if hw == aot else hw
+
+
+__all__ = ["SM100_GPCS", "SM100_MAX_SMS_PER_GPC", "aot_max_active_clusters", "guaranteed_clusters",
+           "resolve_max_active_clusters"]

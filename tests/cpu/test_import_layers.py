@@ -55,8 +55,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ops",),
     ("nn",),
     ("integrations", "integrations/*"),
-    ("cli",),
-    ("nvgemm", "testing"),  # nvgemm/__init__.py (the public names) and the test helpers
+    ("cli", "testing"),  # testing.py: tiny ModelOpt checkpoints for tests, benches and `nvgemm demo`
+    ("nvgemm",),  # nvgemm/__init__.py: the public names
 )
 
 #: The emulator sits beside the stack: it may import any unit below this one, and is imported only by

@@ -240,7 +240,7 @@ def _run(args) -> int:
 
     step_fn = None
     if args.compile:
-        from nvgemm import enable
+        from nvgemm.integrations.inductor import enable
 
         enable()
         step_fn = torch.compile(model, mode="max-autotune", dynamic=True)

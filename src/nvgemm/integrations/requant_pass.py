@@ -49,7 +49,7 @@ def pass_uuid(version: str, package: Path = _PACKAGE) -> str:
 
 
 def _run(graph) -> None:
-    from nvgemm.integrations.inductor.requant import post_grad_pass  # lazy: keeps Inductor code out of import
+    from nvgemm.integrations.inductor.capture import post_grad_pass  # lazy: keeps Inductor code out of import
 
     post_grad_pass(graph)
 
@@ -72,7 +72,7 @@ def make_fused_requant_pass(uuid: str):
     fn.__doc__ = (
         "Inductor post-grad pass rewriting W4A4 gated MLPs into the fused requant chain, by qualified name for "
         "compilers that take passes that way (vLLM: ``-cc '{\"inductor_passes\": {\"post_grad_custom_pre_pass\": "
-        "\"nvgemm.fused_requant_pass\"}}'``); see :func:`nvgemm.integrations.inductor.requant.post_grad_pass`. "
+        "\"nvgemm.fused_requant_pass\"}}'``); see :func:`nvgemm.integrations.inductor.capture.post_grad_pass`. "
         "``nvgemm.enable()`` runs the same rewrite inside its capture pass. ``fused_requant_pass.uuid()`` is its "
         f"compile-cache identity ({uuid}); see :mod:`nvgemm.integrations.requant_pass`."
     )

@@ -45,6 +45,8 @@ import torch.fx as fx
 from nvgemm.core.formats import NVFP4, blocked_numel, blocked_shape
 from nvgemm.integrations.inductor.choices import LINEAR_ARG_NAMES
 from nvgemm.integrations.inductor.compat import nvgemm_counters
+from nvgemm.integrations.inductor.fx_nodes import is_call as _is_call, node_val as _val
+from nvgemm.integrations.inductor.requant import fuse_requant_chains
 
 log = logging.getLogger("nvgemm_cutedsl")
 aten = torch.ops.aten
@@ -53,14 +55,6 @@ _FP4 = torch.float4_e2m1fn_x2
 _E4M3 = torch.float8_e4m3fn
 # ops that only re-label a tensor (make_fx on torch 2.11 inserts detach after view.dtype)
 _VIEW_OPS = (aten.view.dtype, aten.alias.default, aten.detach.default)
-
-
-def _val(n: Any):
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
-def _is_call(n: Any, *targets) -> bool:
-    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
 
 
 def _strip_dtype_views(n: Any) -> Any:
@@ -325,10 +319,20 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_re
             _normalise_linear(graph, node)
             nvgemm_counters()["nvfp4_linear_captured"] += 1
     if fuse_requant:
-        from nvgemm.integrations.inductor.requant import fuse_requant_chains
-
         fuse_requant_chains(graph, _set_val)
     graph.lint()
+
+
+def post_grad_pass(graph: fx.Graph) -> None:
+    """The rewrite as a standalone Inductor post-grad pass, for compilers that own Inductor's config and take
+    passes by name (vLLM: ``-cc '{"inductor_passes": {"post_grad_custom_pre_pass":
+    "nvgemm.fused_requant_pass"}}'``): normalises the ``nvfp4_linear`` calls (the capture pass without the
+    ``_scaled_mm`` claim), then fuses; logs how many gated MLPs were rewritten."""
+    before = nvgemm_counters()["requant_fused"]
+    capture_nvfp4_linears(graph, claim_scaled_mm=False, fuse_requant=True)
+    fused = nvgemm_counters()["requant_fused"] - before
+    log.info("nvgemm_cutedsl: fused requant pass: %d gated MLP%s rewritten to nvfp4_linear_requant -> "
+             "nvfp4_linear_prequant in this graph", fused, "" if fused == 1 else "s")
 
 
 def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True):
@@ -341,14 +345,14 @@ def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True):
 
         def uuid(self) -> Any:
             import nvgemm.ops.fused as fr
-            import nvgemm.integrations.inductor.capture as cap
             import nvgemm.integrations.inductor.choices as ch
+            import nvgemm.integrations.inductor.fx_nodes as fxn
             import nvgemm.integrations.inductor.lowering as low
             import nvgemm.integrations.inductor.requant as rq
             import nvgemm.dispatch.fused as fb
 
             salt = f"nvgemm_cutedsl-capture-v2-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
-            return get_hash_for_files((cap.__file__, ch.__file__, low.__file__, rq.__file__, fr.__file__,
+            return get_hash_for_files((__file__, ch.__file__, fxn.__file__, low.__file__, rq.__file__, fr.__file__,
                                        fb.__file__), salt)
 
     return NvgemmCapturePass()

@@ -32,8 +32,8 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from nvgemm.integrations.inductor.capture import _is_call as _is, _val
 from nvgemm.integrations.inductor.compat import nvgemm_counters
+from nvgemm.integrations.inductor.fx_nodes import is_call as _is, node_val as _val
 
 log = logging.getLogger("nvgemm_cutedsl")
 aten = torch.ops.aten
@@ -200,17 +200,3 @@ def fuse_requant_chains(graph: fx.Graph, set_val) -> int:
     if done:
         graph.eliminate_dead_code()
     return done
-
-
-def post_grad_pass(graph: fx.Graph) -> None:
-    """The rewrite as a standalone Inductor post-grad pass, for compilers that own Inductor's config and take
-    passes by name (vLLM: ``-cc '{"inductor_passes": {"post_grad_custom_pre_pass":
-    "nvgemm.fused_requant_pass"}}'``): normalises the ``nvfp4_linear`` calls (the capture pass without the
-    ``_scaled_mm`` claim), then fuses; logs how many gated MLPs were rewritten."""
-    from nvgemm.integrations.inductor.capture import capture_nvfp4_linears
-
-    before = nvgemm_counters()["requant_fused"]
-    capture_nvfp4_linears(graph, claim_scaled_mm=False, fuse_requant=True)
-    fused = nvgemm_counters()["requant_fused"] - before
-    log.info("nvgemm_cutedsl: fused requant pass: %d gated MLP%s rewritten to nvfp4_linear_requant -> "
-             "nvfp4_linear_prequant in this graph", fused, "" if fused == 1 else "s")

@@ -50,6 +50,8 @@ chosen), and bypasses the list for W4A16 checkpoints.
 
 from __future__ import annotations
 
+import functools
+
 #: vLLM releases whose internals listed above were checked (the CPU build reports the same version).
 TESTED_VERSIONS = ("0.32.0", "0.33.0")
 #: vLLM releases whose fused-MoE names (above) were checked.
@@ -89,8 +91,10 @@ def moe_supported(version: str | None = None) -> bool:
     return _release(version) in MOE_TESTED_VERSIONS
 
 
+@functools.lru_cache(maxsize=None)
 def load():
-    """Import the vLLM names above (after :func:`check_version`); returns a namespace."""
+    """Import the vLLM names above (after :func:`check_version`); returns a namespace, one for the
+    process (every module's ``V`` is the same object)."""
     from types import SimpleNamespace
 
     from vllm.config import get_current_vllm_config_or_none

@@ -33,6 +33,7 @@ import torch
 
 from nvgemm import settings
 from nvgemm.integrations.vllm import _compat
+from nvgemm.integrations.vllm.engine import model_dtype as _model_dtype, warmup_token_counts
 from nvgemm.ops.prepared import one_copy_wanted
 from nvgemm.templates.sm90_w4a16.operand import kind_of
 from nvgemm.integrations.vllm.layer import (
@@ -52,26 +53,6 @@ log = logging.getLogger("nvgemm_cutedsl.vllm")
 V = _compat.load()
 
 _DUMP_COUNTER = itertools.count()
-
-
-def warmup_token_counts(device: torch.device) -> list[int]:
-    """Token counts to resolve before serving: every CUDA-graph capture size vLLM will use, plus the
-    upper bound of each of the policy's M buckets up to the scheduler's token budget (eager batches).
-    On a CPU device nothing is compiled, so one count (1) only selects the backend for the log."""
-    if device.type != "cuda":
-        return [1]
-    from nvgemm.heuristics import m_buckets
-
-    cfg = V.get_current_vllm_config_or_none()
-    sizes: set[int] = set()
-    budget = 256
-    if cfg is not None:
-        cc = cfg.compilation_config
-        if not cfg.model_config.enforce_eager:
-            sizes.update(int(s) for s in (cc.cudagraph_capture_sizes or []))
-        budget = int(cfg.scheduler_config.max_num_batched_tokens)
-    sizes.update(hi for _, hi in m_buckets(budget))
-    return sorted(sizes)
 
 
 def _passed_over(problem, chosen: str) -> list[str]:
@@ -218,12 +199,6 @@ def _hopper(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def _model_dtype() -> torch.dtype:
-    cfg = V.get_current_vllm_config_or_none()
-    dt = getattr(getattr(cfg, "model_config", None), "dtype", None)
-    return dt if dt in (torch.bfloat16, torch.float16) else torch.bfloat16
-
-
 def _configs(first: dict) -> str:
     """Kernel config names the CuTeDSL backends pick (at the first M each backend serves)."""
     from nvgemm.dispatch.serving_plan import kernel_config
@@ -262,6 +237,7 @@ def _moe_method(config, layer, prefix: str, algo: str | None, sub_config):
         return None
     if config.is_layer_excluded(prefix):
         return None
+    # lazy: imported only on a vLLM whose fused-MoE names were checked (_compat.moe_supported above)
     from nvgemm.integrations.vllm.moe import moe_method_for
 
     return moe_method_for(config, layer, prefix, weight_only=algo == "W4A16_NVFP4",

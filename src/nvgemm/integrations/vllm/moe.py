@@ -30,6 +30,7 @@ import torch
 
 from nvgemm import settings
 from nvgemm.integrations.vllm import _compat
+from nvgemm.integrations.vllm.engine import model_dtype as _model_dtype, warmup_token_counts
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -178,7 +179,6 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
         """Select (and on a GPU warm up) the backend for every token count; log the choice once."""
         from nvgemm.dispatch.moe import select_moe_backend
         from nvgemm.ops.moe import check_moe_args
-        from nvgemm.integrations.vllm.method import _model_dtype, warmup_token_counts
 
         dev = layer.w13_weight.device
         x_dtype = _model_dtype()

@@ -86,6 +86,22 @@ def work_tiles_bound(pairs: int, num_experts: int, tile_m: int) -> int:
     return max(1, pairs // tile_m + min(num_experts, pairs))
 
 
+@dataclass
+class MoeWorkList:
+    """Routing tables of one call (:mod:`.launch` builds them); all on the ids' device."""
+
+    rows: torch.Tensor  # int32 [P]: source token of permuted row p
+    tiles: torch.Tensor  # int32 [4 * slots]: (expert, first row, rows, 0)
+    pos: torch.Tensor  # int64 [M, K]: permuted row of pair (t, s)
+    valid: torch.Tensor  # bool [M, K]: the slot routes to a local expert
+    counts: torch.Tensor  # int64 [E]: pairs per local expert
+    tile_m: int
+
+    @property
+    def slots(self) -> int:
+        return self.tiles.numel() // 4
+
+
 def moe_shape_problem(c: Sm90MoeConfig, rows: int, k: int, gated: bool) -> str | None:
     """Why ``c`` cannot run one grouped GEMM with ``rows`` weight rows per expert (gate + up for a
     gated GEMM1) and reduction ``k`` (None: it can)."""
@@ -116,5 +132,5 @@ def moe_config_from_name(name: str) -> Sm90MoeConfig:
                          stages=int(st), pdl=bool(pdl))
 
 
-__all__ = ["MOE_ARCHS", "MOE_FAMILY", "MOE_TILE_M", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",
+__all__ = ["MOE_ARCHS", "MOE_FAMILY", "MOE_TILE_M", "MoeWorkList", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",
            "validate_moe_config", "work_tiles_bound"]

@@ -42,25 +42,10 @@ from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, _int32_dummy, _memo, capturing
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, prepare_sm90_weight
-from nvgemm.templates.sm90_moe.config import Sm90MoeConfig, moe_shape_problem, validate_moe_config, work_tiles_bound
+from nvgemm.templates.sm90_moe.config import (MoeWorkList, Sm90MoeConfig, moe_shape_problem, validate_moe_config,
+                                              work_tiles_bound)
 
 # --------------------------------------------------------------------------- work list
-
-
-@dataclass
-class MoeWorkList:
-    """Routing tables of one call (see the module docstring); all on the ids' device."""
-
-    rows: torch.Tensor  # int32 [P]: source token of permuted row p
-    tiles: torch.Tensor  # int32 [4 * slots]: (expert, first row, rows, 0)
-    pos: torch.Tensor  # int64 [M, K]: permuted row of pair (t, s)
-    valid: torch.Tensor  # bool [M, K]: the slot routes to a local expert
-    counts: torch.Tensor  # int64 [E]: pairs per local expert
-    tile_m: int
-
-    @property
-    def slots(self) -> int:
-        return self.tiles.numel() // 4
 
 
 def build_work_list(local: torch.Tensor, num_experts: int, tile_m: int) -> MoeWorkList:

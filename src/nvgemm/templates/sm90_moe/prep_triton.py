@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nvgemm.templates.sm90_moe.config import MoeWorkList, work_tiles_bound
+
 #: Pairs one program handles (decode: M <= 256 tokens x top_k <= 8); more -> the torch path.
 MAX_PAIRS = 4096
 #: Experts one program handles (the histogram's bins).
@@ -71,9 +73,6 @@ def prep_supported(pairs: int, num_experts: int) -> bool:
 def build_work_list_triton(topk_ids: torch.Tensor, expert_map, num_experts: int, tile_m: int):
     """:func:`~.launch.build_work_list` of ``topk_ids`` (int32 [M, K]) mapped through ``expert_map``
     (int32 [E_global] or None) in one launch (``prep_supported`` must hold)."""
-    from nvgemm.templates.sm90_moe.config import work_tiles_bound
-    from nvgemm.templates.sm90_moe.launch import MoeWorkList
-
     m, k = topk_ids.shape
     p = m * k
     dev = topk_ids.device

@@ -21,6 +21,7 @@ from nvgemm.integrations.requant_pass import make_fused_requant_pass as _make_pa
 
 def load_modelopt_checkpoint(*args, **kwargs):
     """See :func:`nvgemm.integrations.modelopt.load_modelopt_checkpoint` (imports transformers lazily)."""
+    # lazy: keeps integrations.modelopt out of `import nvgemm`
     from nvgemm.integrations.modelopt import load_modelopt_checkpoint as _load
 
     return _load(*args, **kwargs)
@@ -28,18 +29,21 @@ def load_modelopt_checkpoint(*args, **kwargs):
 # Inductor integration (opt-in; nvgemm.integrations.inductor imports torch._inductor only inside enable()).
 def enable(*args, **kwargs):
     """Route NVFP4 linears in ``torch.compile`` graphs through nvgemm; see :func:`nvgemm.integrations.inductor.enable`."""
+    # lazy: keeps integrations.inductor out of `import nvgemm`
     from nvgemm.integrations.inductor import enable as _enable
 
     return _enable(*args, **kwargs)
 
 def disable():
     """Undo :func:`enable`; PyTorch's own behaviour is restored."""
+    # lazy: keeps integrations.inductor out of `import nvgemm`
     from nvgemm.integrations.inductor import disable as _disable
 
     return _disable()
 
 def enabled(*args, **kwargs):
     """Context manager: ``with nvgemm.enabled(): ...`` (see :func:`nvgemm.integrations.inductor.enabled`)."""
+    # lazy: keeps integrations.inductor out of `import nvgemm`
     from nvgemm.integrations.inductor import enabled as _enabled
 
     return _enabled(*args, **kwargs)

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import torch
 
+from nvgemm.dispatch import registry as B
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
+
 TINY_CONFIGS = {
     "llama": dict(
         arch="LlamaForCausalLM",
@@ -142,9 +146,7 @@ def sm90_stand_in():
     prepared weight. Yields the list of prepared weights handed to the launch."""
     from dataclasses import replace
 
-    from nvgemm.ops.linear import nvfp4_linear_emulated
-    from nvgemm.dispatch import registry as B
-    from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
+    # lazy: looked up at call time (tests patch operand.to_modelopt)
     from nvgemm.templates.sm90_w4a16.operand import to_modelopt
 
     B.load_builtin_backends()

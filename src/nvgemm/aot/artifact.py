@@ -41,6 +41,7 @@ from nvgemm.aot.abi import (
 )
 
 from nvgemm.aot.trusted_fs import write_all
+from nvgemm.aot.compile_spec import capture_codegen_env
 
 AOT_ABI_VERSION = 1
 ENTRY_SYMBOLS = ("nvgemm_aot_abi_version", "nvgemm_aot_load", "nvgemm_aot_launch")
@@ -270,8 +271,6 @@ def build_artifacts(spec: CompileSpec, out_dir: Path, key: str) -> dict[str, Any
 
     Returns the metadata the loader needs (ABI, symbol names) plus timings. Needs cutlass; no GPU.
     """
-    from nvgemm.aot.compile_spec import capture_codegen_env
-
     # cutlass-dsl reads its CUTE_DSL_* switches from this process's environment, not from the spec:
     # refuse to build an entry whose key claims switches the compiler will not see (or vice versa).
     here = {k: v for k, v in capture_codegen_env() if not k.startswith("NVGEMM_")}

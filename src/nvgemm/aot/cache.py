@@ -63,6 +63,7 @@ from nvgemm.aot.trusted_fs import (
     read_file,
     restrict_tree,
 )
+from nvgemm.aot.artifact import AOT_ABI_VERSION
 
 log = logging.getLogger("nvgemm_cutedsl.cache")
 
@@ -216,7 +217,6 @@ class KernelCache:
             raise CorruptEntry("meta.json checksum mismatch")
         if payload.get("key_version") != KEY_VERSION or payload.get("fingerprint") != fid or payload.get("key") != key:
             raise CacheMiss(f"{key}: entry from another nvgemm/toolchain version")
-        from nvgemm.aot.artifact import AOT_ABI_VERSION
 
         if payload.get("abi_version") != AOT_ABI_VERSION:
             raise CacheMiss(f"{key}: AOT ABI version {payload.get('abi_version')} != {AOT_ABI_VERSION}")
@@ -330,6 +330,7 @@ class KernelCache:
         return CacheResult(key, "compiled", d, meta, seconds=time.perf_counter() - t0)
 
     def _build_locked(self, spec: CompileSpec, key: str, d: Path) -> dict:
+        # lazy: looked up at call time (tests patch artifact.build_artifacts)
         from nvgemm.aot.artifact import build_artifacts
 
         self._write_fingerprint()
@@ -364,6 +365,7 @@ class KernelCache:
 
     def get(self, spec: CompileSpec, *, build: bool = True):
         """The loaded :class:`~nvgemm.aot.artifact.AotKernel` for ``spec`` (compiling on a miss if allowed)."""
+        # lazy: looked up at call time (tests patch artifact.AotKernel)
         from nvgemm.aot.artifact import AotKernel
 
         k = self._by_spec.get(spec)  # warm calls: one dict lookup, no hashing of the spec

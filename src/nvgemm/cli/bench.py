@@ -45,6 +45,18 @@ import textwrap
 import time
 from pathlib import Path
 from nvgemm.cli import int_list
+from nvgemm.aot.abi import CompileSpec, HardwareSpec, template_id_for_config
+from nvgemm.aot.cache import KernelCache
+from nvgemm.aot.compile_spec import capture_codegen_env, make_spec
+from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
+from nvgemm.cli.precompile import ARCH_DEFAULT_GPU
+from nvgemm.core.formats import quantize_activation, quantize_weight, to_blocked
+from nvgemm.core.validation import alpha_of, check_linear_args, problem_of
+from nvgemm.dispatch.registry import select_backend
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.heuristics import GemmProblem, Target, candidates
+from nvgemm.heuristics.presets import get_preset
+import nvgemm.ops.linear  # noqa: F401  (registers torch.ops.nvgemm)
 
 
 
@@ -77,13 +89,6 @@ def _best_specs(model: str, ms: list[int], arches: list[str]) -> list[tuple[str,
     """(label, CompileSpec) of the policy's top candidate per (arch, layer, M), deduplicated."""
     import torch
 
-    from nvgemm.epilogues.spec import EpilogueSpec
-    from nvgemm.heuristics import GemmProblem, Target, candidates
-    from nvgemm.heuristics.presets import get_preset
-    from nvgemm.aot.compile_spec import capture_codegen_env
-    from nvgemm.cli.precompile import ARCH_DEFAULT_GPU
-    from nvgemm.aot.abi import CompileSpec, HardwareSpec, template_id_for_config
-
     preset = get_preset(model)
     env = capture_codegen_env()
     epi = EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16)
@@ -105,9 +110,6 @@ def _best_specs(model: str, ms: list[int], arches: list[str]) -> list[tuple[str,
 
 
 def _selftest_specs(arches: list[str]) -> list[tuple[str, object]]:
-    from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
-    from nvgemm.aot.compile_spec import make_spec
-
     return [("selftest", make_spec(SELFTEST_TEMPLATE_ID, SelftestConfig(threads=t), a, a_format="bf16", b_format="bf16"))
             for a in arches for t in (128, 256)]
 
@@ -144,8 +146,6 @@ _LOAD_PROBE = textwrap.dedent(
 
 def cache_timings(model: str, ms: list[int], arches: list[str], cache_dir: Path | None = None) -> dict:
     """Cold compile per kernel, warm re-run compile count, warm load per kernel (cutlass blocked)."""
-    from nvgemm.aot.cache import KernelCache
-
     specs = _selftest_specs(arches) + _best_specs(model, ms, arches)
     tmp = None
     if cache_dir is None:
@@ -350,11 +350,6 @@ def graph_time_us(calls: list, iters: int, reps: int) -> tuple[float, str]:
 def _bench_gemm(n: int, k: int, m: int, cap: tuple[int, int], bw_gbs: float, l2_bytes: int, iters: int, reps: int) -> dict:
     import torch
 
-    import nvgemm.ops.linear  # noqa: F401  (registers torch.ops.nvgemm)
-    from nvgemm.core.formats import quantize_activation, quantize_weight, to_blocked
-    from nvgemm.core.validation import alpha_of, check_linear_args, problem_of
-    from nvgemm.dispatch.registry import select_backend
-
     dev = "cuda"
     g = torch.Generator(device="cpu").manual_seed(n * 131 + k * 7 + m)
     w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16).to(dev)
@@ -479,8 +474,6 @@ def plot_roofline(res: dict, path: Path) -> str:
 def gpu_bench(args) -> dict:
     import torch
 
-    from nvgemm.heuristics.presets import get_preset
-
     preset = get_preset(args.model)
     props = torch.cuda.get_device_properties(0)
     cap = (props.major, props.minor)
@@ -507,8 +500,6 @@ def run(args) -> int:
         return 2
     command = "nvgemm " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("nvgemm") else "nvgemm bench"
     try:
-        from nvgemm.heuristics.presets import get_preset
-
         get_preset(args.model)
     except KeyError as e:
         print(f"nvgemm bench: {e.args[0]}", file=sys.stderr)

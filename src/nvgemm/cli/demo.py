@@ -24,6 +24,12 @@ from collections import Counter
 from pathlib import Path
 
 from nvgemm import settings
+from nvgemm.integrations.inductor import enable
+from nvgemm.integrations.modelopt import CheckpointError, load_modelopt_checkpoint
+from nvgemm.integrations.modelopt.reference import DequantExperts, build_reference_model, dequant_linear_of
+from nvgemm.nn.experts import NVFP4Experts
+from nvgemm.nn.linear import NVFP4Linear
+from nvgemm.testing import build_tiny_model, quantize_and_export
 
 MOE_DEMO_KINDS = ("qwen3_moe", "mixtral", "deepseek_v3", "llama4", "nemotron_h")  # nvgemm.testing.TINY_CONFIGS
 DEMO_CONFIG = dict(
@@ -125,10 +131,6 @@ def _greedy(model, ids, n_tokens, step_fn=None):
         pkv, nxt = _cache_of(res, kv), res.logits[:, -1].argmax(-1, keepdim=True)
         logits = [res.logits[:, -1].float()]
         if step_fn is not None:  # decode steps run compiled: eager paths recorded by the prefill are stale
-            from nvgemm.nn.linear import NVFP4Linear
-
-            from nvgemm.nn.experts import NVFP4Experts
-
             for mod in model.modules():
                 if isinstance(mod, (NVFP4Linear, NVFP4Experts)):
                     mod.last_path = None
@@ -170,8 +172,6 @@ def device_arg(s: str) -> str:
 
 
 def run(args) -> int:
-    from nvgemm.integrations.modelopt import CheckpointError
-
     with quiet_third_party(), _emulated_kernels(getattr(args, "emulate_kernels", None)):
         if args.device and args.device.startswith("cuda"):
             import torch
@@ -203,17 +203,10 @@ def _emulated_kernels(arch):
 def _run(args) -> int:
     import torch
 
-    from nvgemm.nn.linear import NVFP4Linear
-    from nvgemm.integrations.modelopt import load_modelopt_checkpoint
-    from nvgemm.integrations.modelopt.reference import DequantExperts, build_reference_model, dequant_linear_of
-    from nvgemm.nn.experts import NVFP4Experts
-
     emulate = getattr(args, "emulate_kernels", None)
     device = "cpu" if emulate else (args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tmp = None
     if args.checkpoint is None:
-        from nvgemm.testing import build_tiny_model, quantize_and_export
-
         cfg = dict(DEMO_CONFIG) if args.model == "llama" else {}
         kind = cfg.pop("kind", "qwen3_moe" if args.model == "moe" else args.model)
         built = build_tiny_model(kind, args.seed, **cfg)
@@ -240,8 +233,6 @@ def _run(args) -> int:
 
     step_fn = None
     if args.compile:
-        from nvgemm.integrations.inductor import enable
-
         enable()
         step_fn = torch.compile(model, mode="max-autotune", dynamic=True)
 

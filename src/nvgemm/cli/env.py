@@ -89,6 +89,7 @@ def run(args) -> int:
               "ahead of time with `nvgemm precompile --arch ...`)")
     lines, settings_ok = settings_report()
     print("\n".join(lines))
+    # lazy: nvgemm env reports on installs where the Inductor integration does not import
     from nvgemm.integrations.inductor import compat
 
     print("TorchInductor integration (nvgemm.enable()):")

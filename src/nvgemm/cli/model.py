@@ -20,6 +20,14 @@ import json
 import sys
 
 from nvgemm.cli import int_list, int_pair
+from nvgemm.cli.sass_tool import regenerate_table
+from nvgemm.core.problem import GemmProblem, Target
+from nvgemm.heuristics import candidates
+from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, estimate_with, get_hardware, why_not
+from nvgemm.heuristics.perfmodel.facts import family_for
+from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH
+from nvgemm.heuristics.perfmodel.model import best as model_best
+from nvgemm.heuristics.perfmodel.table import parse_config_name
 
 _MODEL_NOTE = "MODEL (not a measurement; a GPU measurement overrides it)"
 
@@ -54,9 +62,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _gpu_for(config, gpu: str | None) -> str:
-    from nvgemm.heuristics.perfmodel.facts import family_for
-    from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH
-
     if gpu:
         return gpu
     fam = family_for(config)
@@ -64,9 +69,6 @@ def _gpu_for(config, gpu: str | None) -> str:
 
 
 def _policy_configs(n: int, k: int, m: int, gpu: str) -> list:
-    from nvgemm.heuristics import candidates
-    from nvgemm.core.problem import GemmProblem, Target
-
     target = Target.from_gpu(gpu)
     a_format = "bf16" if target.family == "sm90" else "nvfp4"
     return [c.config for c in candidates(GemmProblem(n=n, k=k, m=m, a_format=a_format, target=target), use_nvmmh=False)]
@@ -122,12 +124,7 @@ def format_estimate(e, base=None) -> list[str]:
 
 
 def run(args) -> int:
-    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, estimate_with, family_for, get_hardware, why_not
-    from nvgemm.heuristics.perfmodel.model import best as model_best
-
     if args.regen_table:
-        from nvgemm.cli.sass_tool import regenerate_table
-
         archs = tuple(args.arch or ("sm_90a", "sm_100a"))
         table = regenerate_table(archs=archs, log=lambda s: print(s, flush=True))
         n = sum(len(v) for v in table["entries"].values())
@@ -137,8 +134,6 @@ def run(args) -> int:
         print("nvgemm model: give at least one --shape N,K", file=sys.stderr)
         return 2
     try:
-        from nvgemm.heuristics.perfmodel.table import parse_config_name
-
         configs = [parse_config_name(c) for c in args.config] if args.config else []
     except ValueError as e:
         print(f"nvgemm model: {e}", file=sys.stderr)
@@ -185,6 +180,7 @@ def run(args) -> int:
                     text.append(f"{cfg.name()}  M={m} N={n} K={k}: no estimate: {why}")
                     continue
                 if args.sass:
+                    # lazy: looked up at call time (tests patch sass_tool.derive_facts)
                     from nvgemm.cli.sass_tool import derive_facts
 
                     if cfg not in sass_facts:

@@ -27,6 +27,14 @@ import argparse
 import json
 import sys
 from nvgemm.cli import int_list, int_pair
+from nvgemm.core.problem import GemmProblem, Target
+from nvgemm.heuristics import nvmmh
+from nvgemm.heuristics.perfmodel import estimate_us
+from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS
+from nvgemm.heuristics.policy import bucket_candidates, candidates, problem_status
+from nvgemm.heuristics.presets import get_moe_preset, get_preset
+from nvgemm.templates.sm100_moe.policy import format_plan as format_plan_sm100
+from nvgemm.templates.sm90_moe.policy import format_plan, shape_from_preset
 
 
 
@@ -62,9 +70,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _problems(args):
-    from nvgemm.heuristics.presets import get_moe_preset, get_preset
-    from nvgemm.core.problem import GemmProblem, Target
-
     target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
     fmt = args.format
     if fmt == "auto":
@@ -92,8 +97,6 @@ def _routing_rows(moe, ms, gpu) -> list[dict]:
     """Per M: uniform-routing statistics and the modelled weight-streaming floor of the MoE layer."""
     import math
 
-    from nvgemm.heuristics.perfmodel.hardware import GPUS
-
     bw = GPUS[gpu].achievable_bw if gpu in GPUS else None
     rows = []
     for m in ms:
@@ -108,8 +111,6 @@ def _routing_rows(moe, ms, gpu) -> list[dict]:
 
 def _model_gpu(target) -> str | None:
     """The performance model's hardware description for a plan target (None: none)."""
-    from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS
-
     if target.gpu and target.gpu.upper() in GPUS:
         return target.gpu.upper()
     return DEFAULT_GPU_OF_ARCH.get(target.arch)
@@ -117,8 +118,6 @@ def _model_gpu(target) -> str | None:
 
 def _model_us(config, pm, gpu, sm_count):
     """(low, high) modelled microseconds of ``config`` on ``pm`` (its largest M), or None."""
-    from nvgemm.heuristics.perfmodel import estimate_us
-
     if gpu is None:
         return None
     r = estimate_us(config, pm.m_hi, pm.n, pm.k, gpu, sm_count, getattr(pm, "epilogue", None))
@@ -141,9 +140,6 @@ def _time_column(c) -> str:
 
 
 def run(args) -> int:
-    from nvgemm.heuristics import nvmmh
-    from nvgemm.heuristics.policy import bucket_candidates, candidates, problem_status
-
     try:
         title, target, fmt, base, moe = _problems(args)
     except (KeyError, ValueError, RuntimeError) as e:
@@ -228,15 +224,10 @@ def run(args) -> int:
         for c in r["candidates"]:
             print(f"  {c['rank']:2d}. {c['config']:<62s} {_time_column(c)}  {c['reason']}")
     if moe is not None and target.family == "sm90":
-        from nvgemm.templates.sm90_moe.policy import format_plan, shape_from_preset
-
         print()
         print(format_plan(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
                           model_gpu or "H200", args.max_candidates))
     elif moe is not None and target.family == "sm100" and fmt == "w4a4":
-        from nvgemm.templates.sm100_moe.policy import format_plan as format_plan_sm100
-        from nvgemm.templates.sm90_moe.policy import shape_from_preset
-
         print()
         print(format_plan_sm100(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
                                 model_gpu or "B200", args.max_candidates))

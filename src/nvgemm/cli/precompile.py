@@ -35,6 +35,16 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from nvgemm import settings
 from nvgemm.cli import int_list, int_pair
+from nvgemm.aot.abi import CompileSpec, DEFAULT_HW, HardwareSpec, template_id_for_config
+from nvgemm.aot.cache import CacheResult, KernelCache, default_cache_dir
+from nvgemm.aot.compile_spec import capture_codegen_env
+from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
+from nvgemm.core.files import safetensors_files, safetensors_header
+from nvgemm.dispatch.registry import LinearProblem
+from nvgemm.dispatch.serving_plan import plan, vllm_gemms
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.heuristics import GemmProblem, Target, candidates, m_buckets, problem_status
+from nvgemm.heuristics.presets import get_preset
 
 ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
 
@@ -87,8 +97,6 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
     A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``.
     Identical (N, K) shapes are reported once, named after the first layer that has them.
     """
-    from nvgemm.core.files import safetensors_files, safetensors_header
-
     tensors: dict[str, dict] = {}
     for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
         header = safetensors_header(f)
@@ -111,8 +119,6 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
 
 def _layers(args) -> tuple[str, list[tuple[str, int, int]]]:
     if args.model:
-        from nvgemm.heuristics.presets import get_preset
-
         preset = get_preset(args.model)
         return preset.name, [(lg.name, lg.n, lg.k) for lg in preset.layers]
     if args.checkpoint:
@@ -121,8 +127,6 @@ def _layers(args) -> tuple[str, list[tuple[str, int, int]]]:
 
 
 def _buckets(args) -> list[tuple[int, int]]:
-    from nvgemm.heuristics import m_buckets
-
     if not args.m_buckets:
         return m_buckets(args.max_m)
     out, lo = [], 1
@@ -134,11 +138,6 @@ def _buckets(args) -> list[tuple[int, int]]:
 
 def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str]]]:
     """(title, [(label, CompileSpec)], [(label, reason) of problems without candidates])."""
-    from nvgemm.epilogues.spec import EpilogueSpec
-    from nvgemm.heuristics import GemmProblem, Target, candidates, problem_status
-    from nvgemm.aot.compile_spec import capture_codegen_env
-    from nvgemm.aot.abi import CompileSpec, HardwareSpec, template_id_for_config
-
     arches = [a.strip() for a in args.arch.split(",") if a.strip()]
     if not arches:
         raise ValueError(f"--arch {args.arch!r} names no arch; use one or more of {sorted(ARCH_CAPABILITY)}")
@@ -149,9 +148,6 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     specs: dict[object, str] = {}
     skipped: list[tuple[str, str]] = []
     if args.selftest:
-        from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
-        from nvgemm.aot.abi import DEFAULT_HW
-
         for arch in arches:
             if arch not in DEFAULT_HW:
                 raise ValueError(f"--arch {arch}: no selftest kernel for it; use one of {sorted(DEFAULT_HW)}")
@@ -201,8 +197,6 @@ ARCH_CAPABILITY = {"sm_100a": (10, 0), "sm_100f": (10, 0), "sm_103a": (10, 3), "
 
 def check_arch_gpu(arch: str, gpu: str | None) -> None:
     """ValueError unless ``arch`` is one nvgemm builds for and ``gpu`` (if named) is of its family."""
-    from nvgemm.heuristics import Target
-
     if arch not in ARCH_CAPABILITY:
         raise ValueError(f"--arch {arch}: not an arch nvgemm builds kernels for; use one of {sorted(ARCH_CAPABILITY)}")
     if gpu is not None:
@@ -215,10 +209,6 @@ def check_arch_gpu(arch: str, gpu: str | None) -> None:
 def _vllm_specs(args, arches):
     """The kernels nvgemm's vLLM plugin dispatches for a checkpoint (``--vllm``)."""
     import torch
-
-    from nvgemm.heuristics import Target
-    from nvgemm.dispatch.registry import LinearProblem
-    from nvgemm.dispatch.serving_plan import plan, vllm_gemms
 
     if not args.checkpoint:
         raise ValueError("--vllm needs --checkpoint")
@@ -258,7 +248,6 @@ def _init_worker(root: str, modules: list[str]) -> None:
 
     for m in modules:
         importlib.import_module(m)
-    from nvgemm.aot.cache import KernelCache
 
     _WORKER_CACHE = KernelCache(root)
 
@@ -268,8 +257,6 @@ def _build_one(spec):
 
 
 def run(args) -> int:
-    from nvgemm.aot.cache import KernelCache, default_cache_dir
-
     if args.max_candidates < 1 or (args.jobs is not None and args.jobs < 1) or args.max_m < 1:
         print("nvgemm precompile: --max-candidates, --jobs and --max-m must be >= 1", file=sys.stderr)
         return 2
@@ -363,7 +350,6 @@ def run(args) -> int:
                     try:
                         r = f.result()
                     except Exception as e:  # a crashed worker: report the kernel as failed
-                        from nvgemm.aot.cache import CacheResult
 
                         r = CacheResult("", "failed", error=f"worker crashed: {type(e).__name__}: {e}")
                     record(label, spec, r)

@@ -50,6 +50,11 @@ from nvgemm.heuristics.perfmodel import sass as S
 from nvgemm.heuristics.perfmodel.facts import FamilyFacts, KernelFacts, family_for, registered_families
 from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, get_hardware
 from nvgemm.heuristics.perfmodel.table import TABLE_PATH, clear_cache
+from nvgemm.aot.compile_spec import make_spec
+from nvgemm.core.problem import GemmProblem, Target
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.heuristics import candidates, policy
+from nvgemm.heuristics.presets import PRESETS
 
 #: (N, K) of the Llama-3.1-8B and Llama-3.3-70B decode GEMMs the model reports on.
 LLAMA_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
@@ -60,8 +65,6 @@ REGEN_COMMAND = "nvgemm model --regen-table"
 
 
 def reference_epilogue():
-    from nvgemm.epilogues.spec import EpilogueSpec
-
     return EpilogueSpec(alpha="scalar")
 
 
@@ -89,8 +92,6 @@ def spill_epilogues(activation: str = "none") -> dict:
     alpha, nothing else) and ``full`` (per-column alpha + bias + residual: the most registers an
     epilogue of that activation takes). Intermediate epilogues (scalar alpha + bias ...) are not
     compiled: assumed spill-free when both ends are (not proven; ptxas is not monotone)."""
-    from nvgemm.epilogues.spec import EpilogueSpec
-
     return {"ref": EpilogueSpec(alpha="scalar", activation=activation),
             "full": EpilogueSpec(alpha="vector", bias=True, residual=True, activation=activation)}
 
@@ -99,8 +100,8 @@ def compile_config(config, arch: str | None = None, epilogue=None):
     """Compile ``config`` with ``epilogue`` (default: the reference epilogue) for its family's
     arch (no GPU)."""
     os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="nvgemm_cute_dump_"))
+    # lazy: looked up at call time (tests patch abi.get_template)
     from nvgemm.aot.abi import check_spec, get_template
-    from nvgemm.aot.compile_spec import make_spec
 
     fam = _family(config)
     arch = arch or fam.arch
@@ -121,6 +122,7 @@ def _family(config) -> FamilyFacts:
 
 def dump_sass(compiled) -> tuple[str, str]:
     """(``cuobjdump --dump-sass`` text, ``--dump-resource-usage`` text) of a compiled kernel."""
+    # lazy: cutlass import cost
     from nvgemm.templates.sm90_w4a16.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
     exe = find_cuobjdump()
@@ -221,8 +223,6 @@ def spill_facts(config, epilogue, arch: str | None = None) -> dict:
 
 def preset_shapes() -> list[tuple[int, int]]:
     """(N, K) of every preset model's layer GEMMs (``nvgemm.heuristics.presets``)."""
-    from nvgemm.heuristics.presets import PRESETS
-
     return sorted({(lg.n, lg.k) for p in PRESETS.values() for lg in p.layers})
 
 
@@ -234,9 +234,6 @@ def policy_pairs(arch: str = "sm_90a", shapes=None, ms=SM90_M, activations=SWEEP
     """``{(config, activation): [problem labels]}``: every pair the candidate policy emits (all its
     candidates up to rank ``top``, nvMatmulHeuristics off) for ``shapes`` (default: the presets') x
     M x activation; a label is ``NxK.mM#rank``."""
-    from nvgemm.heuristics import candidates
-    from nvgemm.core.problem import GemmProblem, Target
-
     target = Target.from_gpu("H200" if arch.startswith("sm_90") else "B200")
     a_format = "bf16" if arch.startswith("sm_90") else "nvfp4"
     out: dict = {}
@@ -270,7 +267,6 @@ def sweep_spills(arch: str = "sm_90a", shapes=None, ms=SM90_M, path: Path | None
     import time
 
     rows = []
-    from nvgemm.heuristics import policy
 
     for rnd in range(max_rounds):
         policy._candidates_memo.cache_clear()  # its answers predate the records written so far
@@ -326,9 +322,6 @@ def write_spills(records: dict, arch: str = "sm_90a", path: Path | None = None) 
 
 def policy_configs(arch: str) -> list:
     """Every config the candidate policy emits for the Llama decode shapes on ``arch``."""
-    from nvgemm.heuristics import candidates
-    from nvgemm.core.problem import GemmProblem, Target
-
     if arch.startswith("sm_90"):
         target, a_format, ms = Target.from_gpu("H200"), "bf16", SM90_M
     else:

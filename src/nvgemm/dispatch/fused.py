@@ -42,6 +42,7 @@ from nvgemm.dispatch.registry import (
     choose_backend,
     registered,
 )
+from nvgemm.core.formats import NVFP4, dequantize, from_blocked, pack_e2m1, quantize_activation, to_blocked
 
 FUSED_KINDS = (REQUANT, PREQUANT)
 #: backends that run no kernel of their own (the fallbacks a forced dense-only backend keeps)
@@ -94,8 +95,6 @@ def requant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
     * ``out_input_scale`` puts the 75th percentile of the block amaxes of h at the top of the NVFP4 range:
       a quarter of the blocks saturate the e4m3 scale at 448, the others do not.
     """
-    from nvgemm.core.formats import dequantize, pack_e2m1, to_blocked
-
     g = torch.Generator(device="cpu").manual_seed(2515)
     i, k, m = p.n // 2, p.k, p.m
     kb = k // 16
@@ -147,8 +146,6 @@ def _flat_bytes(run):
 def prequant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
     """Prequant op arguments for ``p``: the dense check's adversarial data (every E2M1 code, zero and
     subnormal-scale blocks, outliers) with the activation quantized by the emulated quantizer."""
-    from nvgemm.core.formats import quantize_activation, to_blocked
-
     x, w, ws, ws2, ins, bias, res, _act, out_dtype = _selfcheck_inputs(dataclasses.replace(p, weight_only=False),
                                                                         device)
     packed, sx = quantize_activation(x, ins)
@@ -157,8 +154,6 @@ def prequant_selfcheck_inputs(p: LinearProblem, device: torch.device) -> tuple:
 
 def prequant_selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
     """Element-wise allowance: the fp32 summation-order bound of the dense check (same operands)."""
-    from nvgemm.core.formats import NVFP4, dequantize, from_blocked
-
     packed, scales, weight, weight_scale, ws2, ins, _b, _r, out_dtype = args
     m, k = packed.shape[0], packed.shape[1] * 2
     a = dequantize(packed, from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size))

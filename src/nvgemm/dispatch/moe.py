@@ -25,6 +25,7 @@ import torch
 from nvgemm import settings
 from nvgemm.core.backend import MOE, Backend, MoeProblem
 from nvgemm.dispatch.registry import backends, checked_verdict, choose_backend, registered, warn_once
+from nvgemm.core.formats import quantize_weight, to_blocked
 
 _LAST = threading.local()
 _CHECKED: dict[tuple, str | None] = {}
@@ -51,8 +52,6 @@ def last_moe_selected() -> str | None:
 
 def selfcheck_inputs(p: MoeProblem, device: torch.device) -> tuple:
     """Random op arguments (schema order) for problem ``p``: ids cover every slot kind."""
-    from nvgemm.core.formats import quantize_weight, to_blocked
-
     g = torch.Generator(device="cpu").manual_seed(4321)
     e, h, i = p.num_experts, p.hidden, p.intermediate
     r13 = 2 * i if p.gated else i

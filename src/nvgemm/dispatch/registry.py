@@ -33,6 +33,7 @@ from nvgemm import settings
 from nvgemm.core.backend import LINEAR, OP_KINDS, Backend, LinearProblem, warn_once
 from nvgemm.core.family import families, resolve
 from nvgemm.core.validation import alpha_of
+from nvgemm.core.formats import NVFP4, dequantize, from_blocked, quantize_activation, quantize_weight, to_blocked
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -152,8 +153,6 @@ def _adversarial(rows: int, k: int, gen: torch.Generator, amax: float) -> torch.
 
 
 def _selfcheck_inputs(problem: LinearProblem, device: torch.device):
-    from nvgemm.core.formats import quantize_weight, to_blocked
-
     gen = torch.Generator(device="cpu").manual_seed(1234)
     q = quantize_weight(_adversarial(problem.n, problem.k, gen, 1.0))
     x = _adversarial(problem.m, problem.k, gen, 8.0)
@@ -177,8 +176,6 @@ def accumulation_bound(a: torch.Tensor, weight: torch.Tensor, weight_scale: torc
                        alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dequantized weight, element-wise fp32 summation-order bound of ``(a @ w.T) * alpha``) for the
     activation values ``a`` [M, K] and a packed NVFP4 ``weight`` with its swizzled scales."""
-    from nvgemm.core.formats import NVFP4, dequantize, from_blocked
-
     n, k = weight.shape[0], weight.shape[1] * 2
     w = dequantize(weight, from_blocked(weight_scale.view(torch.float8_e4m3fn), n, k // NVFP4.block_size))
     return w, SELFCHECK_ACC_SLACK * k * 2.0**-24 * ((a.abs() @ w.abs().t()) * alpha.abs())
@@ -186,8 +183,6 @@ def accumulation_bound(a: torch.Tensor, weight: torch.Tensor, weight_scale: torc
 
 def selfcheck_bound(args, want: torch.Tensor) -> torch.Tensor:
     """Element-wise |kernel - emulated| allowed for the call ``args`` whose emulated output is ``want``."""
-    from nvgemm.core.formats import dequantize, quantize_activation
-
     x, weight, weight_scale, ws2, ins, _bias, _res, activation, out_dtype = args
     k = weight.shape[1] * 2
     x2 = x.reshape(-1, k)

@@ -21,6 +21,9 @@ import torch
 
 from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.dispatch.registry import LinearProblem, backends
+from nvgemm.core.files import read_json, safetensors_files
+from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
+from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
 #: Default SM counts per capability when planning for a named target without a device.
 SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132}
@@ -52,15 +55,12 @@ def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
     """(config, CompileSpec) the named CuTeDSL backend loads for ``p``; (None, None) for other backends."""
     sms = _sm_count(p, sm_count)
     if backend == "cutedsl_sm100":
-        from nvgemm.templates.sm100_w4a4 import backend as s
-
-        cfg = s._policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, s.arch_of(p.capability), sms)
-        return cfg, (None if cfg is None else s.compile_spec_for(cfg, epilogue_of(p), s.arch_of(p.capability), sms))
+        arch = sm100_backend.arch_of(p.capability)
+        cfg = sm100_backend._policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, arch, sms)
+        return cfg, (None if cfg is None else sm100_backend.compile_spec_for(cfg, epilogue_of(p), arch, sms))
     if backend == "cutedsl_sm90":
-        from nvgemm.templates.sm90_w4a16 import backend as s
-
-        cfg = s.pick_config(p.m, p.n, p.k, p.x_dtype, p.activation, sms)
-        return cfg, s.compile_spec_for(cfg, epilogue_of(p), p.x_dtype, sms)
+        cfg = sm90_backend.pick_config(p.m, p.n, p.k, p.x_dtype, p.activation, sms)
+        return cfg, sm90_backend.compile_spec_for(cfg, epilogue_of(p), p.x_dtype, sms)
     return None, None
 
 
@@ -133,8 +133,6 @@ def vllm_gemms(ckpt, tp: int = 1) -> list[ServedGemm]:
     from pathlib import Path
 
     from safetensors import safe_open
-
-    from nvgemm.core.files import read_json, safetensors_files
 
     ckpt = Path(ckpt)
     cfg = read_json(ckpt / "config.json")

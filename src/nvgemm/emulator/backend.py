@@ -27,6 +27,19 @@ import torch
 from nvgemm import settings
 from nvgemm.core.backend import MOE, PREQUANT, REQUANT, Backend
 from nvgemm.core.validation import LinearProblem, linear_spec
+from nvgemm.aot.abi import HardwareSpec
+from nvgemm.aot.compile_spec import make_spec
+from nvgemm.emulator.runner import prepare
+from nvgemm.templates.sm100_moe.launch import moe_forward
+from nvgemm.templates.sm100_moe.policy import pick_moe_configs
+from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
+from nvgemm.templates.sm100_w4a4.backend import requant_spec
+from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args, prepare_sm100_requant_args, requant_config
+from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
+from nvgemm.templates.sm90_w4a16.backend import compile_spec_for, pick_config
+from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
+from nvgemm.templates.sm90_w4a16.operand import kind_of
+from nvgemm.templates.sm100_moe import backend as sm100_moe_backend
 
 BACKEND_NAME = "emu_sm90"
 SM100_BACKEND_NAME = "emu_sm100"
@@ -45,8 +58,6 @@ def _tooling() -> Optional[str]:
 
 def supports(p: LinearProblem) -> Optional[str]:
     """The sm90 backend's own rules, for CPU tensors on the H200 profile."""
-    from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
-
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
     return sm90_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(9, 0))) or _tooling()
@@ -54,17 +65,10 @@ def supports(p: LinearProblem) -> Optional[str]:
 
 def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
     """The sm90 runtime's pick for the H200 profile (mma or wgmma family)."""
-    from nvgemm.templates.sm90_w4a16.backend import pick_config
-
     return pick_config(m, n, k, x_dtype, activation, _SM_COUNT)
 
 
 def run_emu_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
-    from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
-    from nvgemm.templates.sm90_w4a16.operand import kind_of
-    from nvgemm.emulator.runner import prepare
-
     spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     if residual is not None and residual.dtype != spec.out_dtype:  # supports() refuses such a call
         raise ValueError(f"emu_sm90: residual dtype {residual.dtype} != output dtype {spec.out_dtype}")
@@ -83,25 +87,19 @@ _SM100_SM_COUNT = 148  # the B200 profile
 
 def supports_sm100(p: LinearProblem) -> Optional[str]:
     """The sm100 backend's own rules, for CPU tensors on the B200 profile."""
-    from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
-
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
     return sm100_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
 
 
 def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    from nvgemm.templates.sm100_w4a4.backend import _policy_config, compile_spec_for
-    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_args
-    from nvgemm.emulator.runner import prepare
-
     spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
-    cfg = _policy_config(m, n, k, spec.out_dtype, spec.activation, "sm_100a", _SM100_SM_COUNT)
+    cfg = sm100_backend._policy_config(m, n, k, spec.out_dtype, spec.activation, "sm_100a", _SM100_SM_COUNT)
     if cfg is None:
         raise RuntimeError(f"nvgemm emulator sm100: no implementable config for M={m} N={n} K={k}")
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, cfg)
-    kernel = prepare(compile_spec_for(cfg, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
+    kernel = prepare(sm100_backend.compile_spec_for(cfg, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
     z = 0
     kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha if args.alpha is not None else z,
                   args.bias if args.bias is not None else z, args.residual if args.residual is not None else z,
@@ -115,10 +113,6 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
     """``nvgemm::nvfp4_linear_requant`` through the sm_100a kernel's fused requant epilogue on the emulator
     (CPU tensors; ``spec`` has ``out_quant=True``). Config: ``config`` or the smallest 1-CTA swap-AB tile
     that holds every token in one N tile. Returns (packed codes, swizzled e4m3 scales)."""
-    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
-    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args, requant_config
-    from nvgemm.emulator.runner import prepare
-
     why = _tooling()
     if why:
         raise RuntimeError(f"nvgemm emulator sm100 (fused requant): {why}")
@@ -129,7 +123,7 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
             raise ValueError(f"nvgemm emulator sm100 (fused requant): M={m} tokens > 128 (one swap-AB N tile)")
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
                                       spec, config)
-    kernel = prepare(compile_spec_for(config, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
+    kernel = prepare(sm100_backend.compile_spec_for(config, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
     z = lambda t: t if t is not None else 0  # noqa: E731
     kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias), args.residual,
                   z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
@@ -138,8 +132,6 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
 
 def supports_sm100_requant(p: LinearProblem) -> Optional[str]:
     """The sm100 fused requant launch's rules, for CPU tensors on the B200 profile."""
-    from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
-
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
     return (sm100_backend.supports_requant(dataclasses.replace(p, device_type="cuda", capability=(10, 0)))
@@ -149,8 +141,6 @@ def supports_sm100_requant(p: LinearProblem) -> Optional[str]:
 def run_emu_sm100_requant_op(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
                              out_dtype=None):
     """``nvgemm::nvfp4_linear_requant``'s arguments -> :func:`run_emu_sm100_requant`."""
-    from nvgemm.templates.sm100_w4a4.backend import requant_spec
-
     spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
     return run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, spec)
 
@@ -158,16 +148,13 @@ def run_emu_sm100_requant_op(x, weight, weight_scale, weight_scale_2, input_scal
 def run_emu_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
                            out_dtype):
     """``nvgemm::nvfp4_linear_prequant`` through the sm_100a W4A4 kernel on the emulator, fed the given
-    activation codes and scales (the GPU backend's host path: ``prequant_args``)."""
-    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for, prequant_args
-    from nvgemm.emulator.runner import prepare
-
+    activation codes and scales (the GPU backend's host path: ``sm100_backend.prequant_args``)."""
     why = _tooling()
     if why:
         raise RuntimeError(f"nvgemm emulator sm100 (prequant): {why}")
-    args, cfg = prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                              out_dtype, "sm_100a", _SM100_SM_COUNT)
-    kernel = prepare(compile_spec_for(cfg, args.spec, "sm_100a", _SM100_SM_COUNT), device="B200")
+    args, cfg = sm100_backend.prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                                            residual, out_dtype, "sm_100a", _SM100_SM_COUNT)
+    kernel = prepare(sm100_backend.compile_spec_for(cfg, args.spec, "sm_100a", _SM100_SM_COUNT), device="B200")
     z = lambda t: t if t is not None else 0  # noqa: E731
     kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, z(args.alpha), z(args.bias), z(args.residual),
                   z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
@@ -180,13 +167,11 @@ MOE_SM100_BACKEND_NAME = "emu_sm100_moe"
 def supports_moe_sm100(p) -> Optional[str]:
     """The sm100 grouped MoE backend's own rules, for CPU tensors on the B200 profile -- and only when
     forced (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): never an autotuning candidate (seconds per call)."""
-    from nvgemm.templates.sm100_moe import backend as sm100_backend
-
     if settings.NVGEMM_MOE_BACKEND != MOE_SM100_BACKEND_NAME:
         return f"runs only when forced (NVGEMM_MOE_BACKEND={MOE_SM100_BACKEND_NAME})"
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    return sm100_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
+    return sm100_moe_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
 
 
 def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,
@@ -195,12 +180,6 @@ def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w1
     """``nvgemm::nvfp4_moe`` through the sm_100a grouped kernels on the emulator
     (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): the production host path
     (:func:`nvgemm.templates.sm100_moe.launch.moe_forward`), the policy's pick for the B200 profile."""
-    from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.sm100_moe.policy import pick_moe_configs
-    from nvgemm.aot.abi import HardwareSpec
-    from nvgemm.templates.sm100_moe.launch import moe_forward
-    from nvgemm.emulator.runner import prepare
-
     m, h = x.shape
     if configs is None:
         configs = pick_moe_configs(m, w13.shape[0], topk_ids.shape[1], h, w2.shape[2] * 2, _SM100_SM_COUNT)

@@ -18,7 +18,12 @@ from typing import Any
 
 import torch
 
-from nvgemm.core.formats import pack_e2m1, to_blocked
+from nvgemm.core.formats import pack_e2m1, quantize_weight, to_blocked
+from nvgemm.emulator.runner import prepare
+from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
+from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, prepare_sm90_args
+from nvgemm.templates.sm90_w4a16.operand import kind_of, prepare_sm90_weight
 
 #: ||emulator - emulated|| / ||emulated|| allowed on random data: both use the same quantized
 #: operands, so they differ by fp32 summation order and one output rounding (<= 2**-8 relative per
@@ -67,8 +72,6 @@ def exact_operands(m: int, n: int, k: int, *, x_dtype=torch.bfloat16, alpha: str
 
 def random_operands(m: int, n: int, k: int, *, x_dtype=torch.bfloat16, alpha: str = "scalar", bias: bool = False,
                     residual: bool = False, activation: str = "none", out_dtype=None, seed: int = 0) -> Operands:
-    from nvgemm.core.formats import quantize_weight
-
     g = torch.Generator().manual_seed(seed)
     q = quantize_weight(torch.randn(n, k, generator=g))
     ws2 = q.global_scale.reshape(())
@@ -84,8 +87,6 @@ def random_operands(m: int, n: int, k: int, *, x_dtype=torch.bfloat16, alpha: st
 
 def reference(ops: Operands) -> torch.Tensor:
     """The emulated backend (``nvgemm.ops.linear.nvfp4_linear_emulated``)."""
-    from nvgemm.ops.linear import nvfp4_linear_emulated
-
     return nvfp4_linear_emulated(*ops.args())
 
 
@@ -104,11 +105,6 @@ class Sm90Run:
 def run_sm90(config, ops: Operands, *, order="forward", workspace=None, device: str = "H200",
              kernel=None) -> Sm90Run:
     """``ops`` through the sm90 kernel ``config`` (its real AOT artifact) on the emulator."""
-    from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
-    from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, prepare_sm90_args
-    from nvgemm.templates.sm90_w4a16.operand import kind_of, prepare_sm90_weight
-    from nvgemm.emulator.runner import prepare
-
     prepared = prepare_sm90_weight(ops.weight, ops.weight_scale, ops.weight_scale_2, kind_of(ops.x.dtype))
     ws = workspace if workspace is not None else Sm90Workspace(torch.device("cpu"))
     args = prepare_sm90_args(ops.x, prepared, ops.input_scale, ops.bias, ops.residual, ops.activation,

@@ -38,6 +38,8 @@ from nvgemm.emulator.cuda import _cache_root, _trusted_dir, fake_cuda, relink
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.machine import DEVICES, GlobalMemory, Launch
 from nvgemm.emulator.runner import execute_record
+from nvgemm.aot.abi import COMPILE_LOCK
+from nvgemm.aot.artifact import _prepare_export, load_image, parse_header, write_shim
 
 CHECKED_DSL_VERSIONS = ("4.8.1",)
 
@@ -115,7 +117,7 @@ class EmulatedHostFunction:
     launches: list[Launch] = field(default_factory=list)
 
     def __post_init__(self):
-        from nvgemm.aot.artifact import load_image
+        # lazy: cutlass import cost
         from nvgemm.templates.sm90_w4a16.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
         _check_dsl_version()
@@ -143,9 +145,6 @@ class EmulatedHostFunction:
         same kernel share its image and PTX but not their host code."""
         import shutil
         import tempfile
-
-        from nvgemm.aot.artifact import _prepare_export, parse_header, write_shim
-        from nvgemm.aot.abi import COMPILE_LOCK
 
         root = _trusted_dir(_cache_root() / "cute_host")
         d = Path(tempfile.mkdtemp(prefix="export-", dir=root))  # 0700, ours

@@ -27,6 +27,19 @@ from typing import Any
 
 import torch
 
+from nvgemm.aot.abi import TensorArg
+from nvgemm.aot.artifact import tensor_layout
+from nvgemm.core.formats import quantize_weight, to_blocked
+from nvgemm.emulator.ptx.machine import DEVICES
+from nvgemm.emulator.runner import prepare
+from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.templates.sm100_w4a4.launch import CTA_TILE_M, prepare_sm100_args
+from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
+from nvgemm.templates.sm90_w4a16.config import mma_smem_bytes, wgmma_smem_bytes, wgmma_tail_tiles
+from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, prepare_sm90_args
+from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
+from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
+
 
 @dataclass
 class Recorded:
@@ -41,14 +54,6 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def record_sm90(config, m: int, n: int, k: int, activation: str = "none", *, device: str = "H200") -> Recorded:
-    from nvgemm.core.formats import quantize_weight, to_blocked
-    from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
-    from nvgemm.templates.sm90_w4a16.config import mma_smem_bytes, wgmma_smem_bytes, wgmma_tail_tiles
-    from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, prepare_sm90_args
-    from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
-    from nvgemm.emulator.ptx.machine import DEVICES
-    from nvgemm.emulator.runner import prepare
-
     g = torch.Generator().manual_seed(m * 131 + n + k)
     q = quantize_weight(torch.randn(n, k, generator=g))
     prepared = prepare_sm90_weight(q.packed, to_blocked(q.scale), q.global_scale.reshape(()), "bf16")
@@ -76,8 +81,6 @@ def record_sm90(config, m: int, n: int, k: int, activation: str = "none", *, dev
 
 
 def _is_tensor(a) -> bool:
-    from nvgemm.aot.abi import TensorArg
-
     return isinstance(a, TensorArg)
 
 
@@ -85,8 +88,6 @@ def _descriptor(a, t: torch.Tensor) -> list:
     """The exported tensor descriptor of ``t`` for ABI argument ``a``, from the ABI's C layout
     (``void *data``; ``int32/int64 dynamic_shapes[n]``; ``int64 dynamic_strides[m]``, naturally
     aligned), as a list of byte values with None for padding (the host code leaves it unwritten)."""
-    from nvgemm.aot.artifact import tensor_layout
-
     shape, stride = tensor_layout(a, t)
     out: list = list(struct.pack("<Q", t.data_ptr()))
     sfmt = "<q" if a.shape_bits == 64 else "<i"
@@ -104,13 +105,8 @@ def descriptor_matches(raw: bytes, want: list) -> bool:
 
 
 def record_sm100(config, m: int, n: int, k: int, activation: str = "none", *, device: str = "B200") -> Recorded:
-    from nvgemm.epilogues.spec import EpilogueSpec
-    from nvgemm.core.formats import quantize_weight, to_blocked
-    from nvgemm.templates.sm100_w4a4.backend import compile_spec_for
+    # lazy: cuda/cutlass import cost
     from nvgemm.templates.sm100_w4a4.kernel import max_active_clusters_for
-    from nvgemm.templates.sm100_w4a4.launch import CTA_TILE_M, prepare_sm100_args
-    from nvgemm.emulator.ptx.machine import DEVICES
-    from nvgemm.emulator.runner import prepare
 
     g = torch.Generator().manual_seed(m * 131 + n + k)
     q = quantize_weight(torch.randn(n, k, generator=g))
@@ -119,7 +115,7 @@ def record_sm100(config, m: int, n: int, k: int, activation: str = "none", *, de
     args = prepare_sm100_args(x, q.packed, to_blocked(q.scale), q.global_scale.reshape(()), torch.tensor(0.01), None,
                               None, spec, config)
     sm = DEVICES[device].sm_count
-    cspec = compile_spec_for(config, args.spec, "sm_100a", sm)
+    cspec = sm100_backend.compile_spec_for(config, args.spec, "sm_100a", sm)
     kern = prepare(cspec, device=device)
     z = 0
     values = (args.a, args.b, args.sfa, args.sfb, args.out, args.alpha if args.alpha is not None else z,

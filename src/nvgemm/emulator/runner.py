@@ -25,6 +25,9 @@ from nvgemm.emulator.cuda import LaunchRecord, _cache_root, _trusted_dir, _trust
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.interp import run_launch
 from nvgemm.emulator.ptx.machine import DEVICES, GlobalMemory, Launch
+from nvgemm.aot.abi import PointerArg, TensorArg, abi_from_json
+from nvgemm.aot.cache import default_cache
+from nvgemm.emulator.ptx.program import compile_entry
 
 _LOCK = threading.Lock()
 _KERNELS: dict[Any, "EmuKernel"] = {}
@@ -50,7 +53,9 @@ def ptx_for(spec, key: str) -> tuple[str, str, str]:
         m = json.loads(meta.read_text())
         return (d / "kernel.ptx").read_text(), m["image_sha256"], m["entry"]
     _ensure_dump_dir()
+    # lazy: looked up at call time (tests patch abi.get_template)
     from nvgemm.aot.abi import get_template
+    # lazy: cutlass import cost
     from nvgemm.templates.sm90_w4a16.common import embedded_cubin  # generic: any compiled CuTeDSL module
 
     # compile_for_target gives every keep_ptx compile a private dump dir: no other process's PTX
@@ -90,8 +95,6 @@ class EmuKernel:
     def launch(self, *values, order="forward", record_only: bool = False) -> Launch | None:
         """Launch with ``values`` in ABI order (torch CPU tensors, scalars, a stream int); ``order``: the
         cluster order, or a :class:`~.ptx.schedule.Schedule` (order + clusters resident at once)."""
-        from nvgemm.aot.abi import PointerArg, TensorArg
-
         gmem = GlobalMemory()
         for a, v in zip(self.kernel.abi, values):
             if isinstance(a, TensorArg) or (isinstance(a, PointerArg) and hasattr(v, "data_ptr")):
@@ -135,9 +138,8 @@ def execute_record(rec: LaunchRecord, load_program, gmem: GlobalMemory, device: 
 
 def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
     """The emulated kernel of ``spec`` (built, PTX'd and relinked once per process)."""
+    # lazy: looked up at call time (tests patch artifact.AotKernel)
     from nvgemm.aot.artifact import AotKernel
-    from nvgemm.aot.cache import default_cache
-    from nvgemm.aot.abi import abi_from_json
 
     with _LOCK:
         k = _KERNELS.get((spec, device))
@@ -164,8 +166,6 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     packed at the parameter's size, torch tensors as their data pointer, bytes as is); ``tensors``
     (and tensor params) are the global allocations."""
     import struct
-
-    from nvgemm.emulator.ptx.program import compile_entry
 
     prog = compile_entry(ptx, entry)
     gmem = GlobalMemory()

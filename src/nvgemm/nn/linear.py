@@ -18,8 +18,10 @@ from nvgemm.core.formats import (
     to_blocked,
 )
 from nvgemm.ops import prepared as _prepared  # noqa: F401  (registers nvgemm::nvfp4_linear_sm90_prepared)
-from nvgemm.core.validation import aligned, check_linear_args, check_scale_values
+from nvgemm.core.validation import LinearProblem, aligned, check_linear_args, check_scale_values
 from nvgemm.dispatch.registry import last_selected
+from nvgemm.ops.prepared import DECISION_M, sm90_serve_reason, sm90_weight_of
+from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
 
 
 class NVFP4Linear(nn.Module):
@@ -180,8 +182,6 @@ class NVFP4Linear(nn.Module):
         activations (:mod:`nvgemm.ops.prepared`); returns the bytes the layer now holds for it.
         Activations of the other dtype, and devices other than an sm_90 GPU, still work (the
         checkpoint layout is rebuilt per call, with a warning)."""
-        from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
-
         if self.sm90_kind is not None:
             raise RuntimeError(f"NVFP4Linear: already prepared for sm90 ({self.sm90_kind})")
         if self.in_features % 32:
@@ -199,8 +199,6 @@ class NVFP4Linear(nn.Module):
         return p.nbytes()
 
     def _sm90_prepared(self):
-        from nvgemm.ops.prepared import sm90_weight_of
-
         return sm90_weight_of(self.sm90_weight, self.sm90_scale, self.weight_scale_2, self.out_features,
                               self.in_features, self.sm90_kind)
 
@@ -208,6 +206,7 @@ class NVFP4Linear(nn.Module):
         """(weight, weight_scale) in the checkpoint layout (re-encoded when prepared for sm90)."""
         if self.sm90_kind is None:
             return self.weight, self.weight_scale
+        # lazy: looked up at call time (tests patch operand.to_modelopt)
         from nvgemm.templates.sm90_w4a16.operand import to_modelopt
 
         return to_modelopt(self._sm90_prepared())
@@ -272,7 +271,6 @@ def _sm90_load_pre_hook(module: NVFP4Linear, state_dict, prefix, local_metadata,
     (CUDA graphs captured on them replay the new weight)."""
     if module.sm90_kind is None or prefix + "weight" not in state_dict:
         return
-    from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
 
     w = state_dict.pop(prefix + "weight")
     s = state_dict.pop(prefix + "weight_scale", None)
@@ -298,9 +296,6 @@ def prepare_for_sm90(model: nn.Module, kind: str = "bf16", *, log=None) -> dict[
     check, no ``NVGEMM_BACKEND`` naming another backend). Logs one line per prepared layer (bytes
     held, checkpoint bytes freed) and a total; returns {layer name: bytes held}."""
     import logging
-
-    from nvgemm.ops.prepared import DECISION_M, sm90_serve_reason
-    from nvgemm.core.validation import LinearProblem
 
     log = log or logging.getLogger("nvgemm_cutedsl")
     x_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[kind]

@@ -37,7 +37,7 @@ import torch
 
 from nvgemm.epilogues import epilogue_ref
 from nvgemm.epilogues.requant import fused_requant_reference
-from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked
+from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_activation
 from nvgemm.core.validation import (X_DTYPES, LinearProblem, alpha_of, check_linear_args, check_scale_values,
                                     linear_spec, misaligned_operands, problem_of)
 from nvgemm.core.backend import PREQUANT, REQUANT, Backend
@@ -98,7 +98,6 @@ def requant_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias,
     """The reference (of a call the op has validated): quantize x, dequantize, fp32 matmul, the epilogue and the
     lane model's requant."""
     spec = linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype)
-    from nvgemm.core.formats import quantize_activation
 
     qx, sx = quantize_activation(x, input_scale.to(x.device))
     acc = _acc(dequantize(qx, sx), weight, weight_scale)

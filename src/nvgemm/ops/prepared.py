@@ -119,6 +119,7 @@ def nvfp4_linear_sm90_prepared(
     backend = select_backend(problem_of(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, spec))
     if backend.name == SM90 and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
             and (residual is None or residual.dtype == spec.out_dtype):
+        # lazy: keeps templates.sm90_w4a16.backend out of `import nvgemm`
         from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
         return sm90_backend.run_prepared(x, p, input_scale, bias, residual, activation, out_dtype)

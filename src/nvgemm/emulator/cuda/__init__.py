@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Callable
 
 from nvgemm import settings
+from nvgemm.aot import trusted_fs
+from nvgemm.aot.artifact import dsl_runtime_dir
+from nvgemm.emulator.ptx.machine import DEVICES
+from nvgemm.emulator.ptx.program import compile_entry, parse_cached
 
 SOURCE = Path(__file__).with_name("fake_cudart.c")
 LIB_NAME = "libnvgemm_emucudart.so"
@@ -76,8 +80,6 @@ def _trusted_dir(d: Path) -> Path:
     """Create / check ``d`` under the emulator's cache root with the kernel cache's rules
     (:mod:`nvgemm.aot.trusted_fs`: every component owned by you or root, not writable by group or
     others, no symlinks; created 0700): the libraries built here are loaded into the process."""
-    from nvgemm.aot import trusted_fs
-
     root = _cache_root()
     parts = d.relative_to(root).parts if d.is_relative_to(root) else None
     if parts is None:  # an explicit out_dir: the directory itself must be trusted
@@ -98,8 +100,6 @@ def _trusted_dir(d: Path) -> Path:
 def _trusted_file(so: Path) -> bool:
     """True when ``so`` exists and may be used (regular file of yours or root's, not group/other
     writable, not a link); raises UntrustedCacheError naming it otherwise."""
-    from nvgemm.aot import trusted_fs
-
     try:
         st = os.lstat(so)
     except FileNotFoundError:
@@ -141,8 +141,6 @@ def build_fake_runtime(out_dir: Path | None = None) -> Path:
 def relink(entry_dir: Path, out_dir: Path | None = None) -> Path:
     """``kernel.so`` of an AOT cache entry relinked against the fake runtime (cached next to it in the
     emulator's cache, keyed by the entry's kernel.o sha256)."""
-    from nvgemm.aot.artifact import dsl_runtime_dir
-
     entry_dir = Path(entry_dir)
     fake = build_fake_runtime()
     obj = entry_dir / "kernel.o"
@@ -207,8 +205,6 @@ class FakeCuda:
         self.set_device("H200")
 
     def set_device(self, name: str) -> None:
-        from nvgemm.emulator.ptx.machine import DEVICES
-
         if name not in DEVICES:
             raise ValueError(f"unknown device profile {name!r}; have {sorted(DEVICES)}")
         p = DEVICES[name]
@@ -244,7 +240,6 @@ class FakeCuda:
             if ptx is None:
                 raise LookupError(f"nvgemm emulator: no PTX registered for kernel {name[:80]}... with image sha256 "
                                   f"{sha[:16]} (compile the same spec with keep_ptx and register it)")
-            from nvgemm.emulator.ptx.program import compile_entry, parse_cached
 
             entry = parse_cached(ptx).entries.get(name)
             if entry is None:

@@ -14,6 +14,7 @@ import numpy as np
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.machine import FULL, JUMPED, LANES, Cta, Launch, Wait, Warp
 from nvgemm.emulator.ptx.schedule import as_schedule, cluster_origins, run_clusters
+from nvgemm.emulator.ptx.ops.memory import finish_cta_async
 
 DEFAULT_MAX_INSTRUCTIONS = 50_000_000
 
@@ -161,7 +162,6 @@ def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
 
     def finish_cta(c: Cta) -> None:
         nonlocal total
-        from nvgemm.emulator.ptx.ops.memory import finish_cta_async
 
         finish_cta_async(c)
         for hook in launch.ext.get("cta_exit_hooks", ()):

@@ -51,6 +51,7 @@ class BaselineEstimate:
 
 def bf16_baseline(m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None) -> BaselineEstimate:
     """Modelled bf16 x bf16 cuBLAS GEMM [M, K] x [K, N] -> bf16 on ``gpu``."""
+    # lazy: breaks the cycle heuristics.perfmodel.baseline <-> heuristics.perfmodel.model (through a package __init__)
     from nvgemm.heuristics.perfmodel.model import colimit
 
     hw = get_hardware(gpu, sm_count)

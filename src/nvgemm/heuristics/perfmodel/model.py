@@ -564,6 +564,7 @@ def rank(configs, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | Non
     :func:`total_us_with`'s numbers -- and the others' full :class:`Estimate` is never built).
     ``report=False``: pairs ``(item, (low, high) us)`` instead of full estimates (the policy's
     path: no report at all). ``activation``: price the variants compiled for it (:func:`estimate`)."""
+    # lazy: breaks the cycle heuristics.perfmodel.model <-> heuristics.perfmodel.batch
     from nvgemm.heuristics.perfmodel.batch import totals  # the vectorised fast path (it imports this module)
 
     m, n, k = int(m), int(n), int(k)
@@ -591,6 +592,7 @@ def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int 
          activation: str | None = None):
     """The model's fastest config over the search spaces of the named families (None if none);
     ``activation`` as in :func:`estimate`."""
+    # lazy: breaks the cycle heuristics.perfmodel.model <-> heuristics.perfmodel.facts (through a package __init__)
     from nvgemm.heuristics.perfmodel.facts import registered_families
 
     cands = []

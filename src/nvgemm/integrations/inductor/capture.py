@@ -47,6 +47,12 @@ from nvgemm.integrations.inductor.choices import LINEAR_ARG_NAMES
 from nvgemm.integrations.inductor.compat import nvgemm_counters
 from nvgemm.integrations.inductor.fx_nodes import is_call as _is_call, node_val as _val
 from nvgemm.integrations.inductor.requant import fuse_requant_chains
+import nvgemm.ops.fused as fr
+import nvgemm.integrations.inductor.choices as ch
+import nvgemm.integrations.inductor.fx_nodes as fxn
+import nvgemm.integrations.inductor.lowering as low
+import nvgemm.integrations.inductor.requant as rq
+import nvgemm.dispatch.fused as fb
 
 log = logging.getLogger("nvgemm_cutedsl")
 aten = torch.ops.aten
@@ -344,13 +350,6 @@ def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True):
             capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
 
         def uuid(self) -> Any:
-            import nvgemm.ops.fused as fr
-            import nvgemm.integrations.inductor.choices as ch
-            import nvgemm.integrations.inductor.fx_nodes as fxn
-            import nvgemm.integrations.inductor.lowering as low
-            import nvgemm.integrations.inductor.requant as rq
-            import nvgemm.dispatch.fused as fb
-
             salt = f"nvgemm_cutedsl-capture-v2-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
             return get_hash_for_files((__file__, ch.__file__, fxn.__file__, low.__file__, rq.__file__, fr.__file__,
                                        fb.__file__), salt)

@@ -70,6 +70,7 @@ def _allowed_from_env() -> Optional[set[str]]:
 def _heuristic_configs(problem: LinearProblem, backend: str) -> list[str]:
     """Config names the heuristics module ranks for ``backend`` (empty when it has none)."""
     try:
+        # lazy: optional here (the except ImportError below falls back)
         from nvgemm import heuristics
     except ImportError:  # pragma: no cover - the package always has it
         return []

@@ -26,6 +26,7 @@ from torch import nn
 
 from nvgemm.core.formats import quantize_weight, to_blocked
 from nvgemm.core.validation import alpha_of
+from nvgemm.nn.linear import NVFP4Linear
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,6 @@ class ScaledMmNvfp4Linear(nn.Module):
 
 
 def _nvfp4_linear_cls():
-    from nvgemm.nn.linear import NVFP4Linear
-
     return NVFP4Linear
 
 

@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 
 from nvgemm.dispatch.registry import LinearProblem
-from nvgemm.integrations.inductor import choices as _choices
+from nvgemm.integrations.inductor import choices as _choices, compat
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -65,6 +65,7 @@ def split_points() -> list[int]:
     an unbounded last bucket (None / inf) is implied.
     """
     try:
+        # lazy: optional here (the except ImportError below falls back)
         from nvgemm import heuristics
     except ImportError:  # pragma: no cover
         heuristics = None
@@ -217,8 +218,6 @@ def register_range_autotuning(custom_op_def, op, config_generator, name: str, in
     own wrapper; ``op`` is ``custom_op_def``'s OpOverload). Static M: one autotune at that M; dynamic M: one per range of ``pts`` + ``torch.cond``."""
     from torch._inductor.kernel.custom_op import register_custom_op_autotuning
 
-    from nvgemm.integrations.inductor import compat
-
     user_lowerings = compat.lowering_table()
     previous = user_lowerings.get(op)
     inner = {}
@@ -250,8 +249,6 @@ def register_range_autotuning(custom_op_def, op, config_generator, name: str, in
 
 def build_lowering(allowed: Optional[set[str]] = None):
     """Return the lowering-table entry for ``nvgemm::nvfp4_linear`` (without installing it)."""
-    from nvgemm.integrations.inductor import compat
-
     # Autotuning is registered on nvfp4_linear_autotune (packed optionals, see
     # choices.pack_linear_args); nvfp4_linear's own lowering packs and calls it.
     pts = split_points()

@@ -30,6 +30,8 @@ import torch
 from nvgemm.ops import moe as _moe_ops  # noqa: F401  (registers nvgemm::nvfp4_moe)
 from nvgemm.core.backend import MOE, MoeProblem
 from nvgemm.dispatch.registry import backends
+from nvgemm.integrations.inductor import compat
+from nvgemm.integrations.inductor.lowering import _gen_like
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -164,8 +166,6 @@ def _gen(name: str):
     :func:`_range_gen_recorder` when x of a range is generated; inputs are generated in argument
     order, x first)."""
     def gen(fake: torch.Tensor) -> torch.Tensor:
-        from nvgemm.integrations.inductor.lowering import _gen_like
-
         cur = _CURRENT.get() or _LAST  # benchmark inputs may be generated after the lowering call returned
         p: MoeProblem = cur["problem"]
         shape, dev = list(fake.shape), fake.device
@@ -279,6 +279,7 @@ def normalise_call(args: tuple, kwargs: dict) -> list:
 
 def build_lowering(allowed: Optional[set[str]] = None):
     """The lowering-table entry for ``nvgemm::nvfp4_moe`` (not installed here)."""
+    # lazy: looked up at call time (tests patch lowering.split_points)
     from nvgemm.integrations.inductor.lowering import _has_unbacked, register_range_autotuning, split_points
 
     pts = split_points()
@@ -288,8 +289,6 @@ def build_lowering(allowed: Optional[set[str]] = None):
     def nvgemm_cutedsl_moe_lowering(*args, **kwargs):
         from torch._inductor import config as inductor_config, ir
         from torch._inductor.lowering import fallback_handler
-
-        from nvgemm.integrations.inductor import compat
 
         compat.nvgemm_counters()["moe_lowered"] += 1
         full = normalise_call(args, kwargs)

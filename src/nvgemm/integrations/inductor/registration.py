@@ -38,6 +38,7 @@ def check_torch_version() -> dict:
 
     Returns ``{piece: None if usable else reason}`` (see :mod:`nvgemm.integrations.inductor.compat`).
     """
+    # lazy: breaks the cycle integrations.inductor.registration <-> integrations.inductor.compat (through a package __init__)
     from nvgemm.integrations.inductor import compat
 
     return compat.check_required()
@@ -60,6 +61,7 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
     chain keeps its ATen meaning unless you ask. ``fuse_requant`` rewrites W4A4 gated MLPs
     ``down(silu_mul(gate_up(x)))`` into the fused requant chain (:mod:`nvgemm.integrations.inductor.requant`).
     """
+    # lazy: breaks the cycle integrations.inductor.registration <-> integrations.inductor.compat (through a package __init__)
     from nvgemm.integrations.inductor import compat
 
     state = check_torch_version()
@@ -83,6 +85,7 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
         if _STATE:
             disable()
         from torch._inductor import config
+        # lazy: breaks the cycle integrations.inductor.registration <-> integrations.inductor.capture (through a package __init__); breaks the cycle integrations.inductor.registration <-> integrations.inductor.choices (through a package __init__)
         from nvgemm.integrations.inductor import capture, lowering, moe as moe_lowering, pdl as pdl_mod
         from nvgemm.integrations.inductor.choices import EMULATED  # noqa: F401  (registers nvgemm::nvfp4_linear_choice)
 
@@ -129,6 +132,7 @@ def disable() -> None:
             return
         from torch._inductor import config
 
+        # lazy: breaks the cycle integrations.inductor.registration <-> integrations.inductor.compat (through a package __init__)
         from nvgemm.integrations.inductor import compat, pdl as pdl_mod
 
         user_lowerings = compat.lowering_table()

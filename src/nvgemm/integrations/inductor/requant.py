@@ -129,6 +129,7 @@ def _match_gated(src: Any) -> tuple[Optional[fx.Node], str]:
 
 
 def _check(gate_up: fx.Node, down: fx.Node, down_x: fx.Node) -> Optional[str]:
+    # lazy: looked up at call time (tests patch dispatch.fused.fused_chain_reason)
     from nvgemm.dispatch.fused import fused_chain_reason
 
     ga, da = gate_up.args, down.args

@@ -40,6 +40,7 @@ from nvgemm.nn.experts import NVFP4Experts
 from nvgemm.ops.prepared import one_copy_wanted
 from nvgemm.core.files import read_json, safetensors_files
 from nvgemm.integrations.modelopt.moe import ckpt_name, replace_moe_layers
+from nvgemm.nn.mlp import fuse_gated_mlps
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -382,8 +383,6 @@ def load_modelopt_checkpoint(
     model.eval()
     model.nvgemm_fused_mlps = []
     if fuse_gated_mlp:
-        from nvgemm.nn.mlp import fuse_gated_mlps
-
         model.nvgemm_fused_mlps = [n for n, why in fuse_gated_mlps(model).items() if why is None]
     kind = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
     if kind is not None and one_copy_wanted(sm90_one_copy):

@@ -13,8 +13,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nvgemm.core.formats import dequantize, quantize_activation
+from nvgemm.core.formats import NVFP4, dequantize, from_blocked, quantize_activation
 from nvgemm.core.validation import alpha_of
+from nvgemm.epilogues import apply_activation_ref
+from nvgemm.integrations.modelopt.checkpoint import load_modelopt_checkpoint
+from nvgemm.nn.experts import NVFP4Experts
+from nvgemm.nn.linear import NVFP4Linear
 
 
 class DequantLinear(nn.Module):
@@ -70,8 +74,6 @@ class DequantExperts(nn.Module):
         return x.float() if scale is None else dequantize(*quantize_activation(x, scale))
 
     def forward(self, x, topk_ids, topk_weights, shared_out=None, residual=None):
-        from nvgemm.epilogues import apply_activation_ref
-
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         k = topk_ids.shape[-1]
@@ -101,8 +103,6 @@ class DequantExperts(nn.Module):
 
 
 def dequant_linear_of(mod) -> DequantLinear:
-    from nvgemm.core.formats import NVFP4, from_blocked
-
     weight, blocked = mod.checkpoint_layout()  # re-encoded when the layer is held in the sm90 layout
     scale = from_blocked(blocked, mod.out_features, mod.in_features // NVFP4.block_size)
     return DequantLinear(weight, scale, mod.weight_scale_2, mod.input_scale, mod.bias)
@@ -111,9 +111,6 @@ def dequant_linear_of(mod) -> DequantLinear:
 def build_reference_model(model_with_nvfp4: nn.Module) -> nn.Module:
     """Copy of a loaded nvgemm model with every NVFP4Linear replaced by a DequantLinear."""
     import copy
-
-    from nvgemm.nn.linear import NVFP4Linear
-    from nvgemm.nn.experts import NVFP4Experts
 
     ref = copy.deepcopy(model_with_nvfp4)
     for name, mod in list(ref.named_modules()):
@@ -125,6 +122,4 @@ def build_reference_model(model_with_nvfp4: nn.Module) -> nn.Module:
 
 
 def load_reference_model(ckpt: str | Path, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
-    from nvgemm.integrations.modelopt.checkpoint import load_modelopt_checkpoint
-
     return build_reference_model(load_modelopt_checkpoint(ckpt, dtype=dtype))

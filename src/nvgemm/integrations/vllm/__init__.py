@@ -20,6 +20,7 @@ import logging
 import os
 
 from nvgemm import settings
+from nvgemm.integrations.vllm import _compat
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -58,9 +59,9 @@ def register() -> None:
     global _REGISTERED
     if _REGISTERED or not opted_in():
         return
-    from nvgemm.integrations.vllm import _compat
 
     version = _compat.check_version()
+    # lazy: vllm import cost
     from nvgemm.integrations.vllm.method import register_configs
 
     register_configs()

@@ -28,6 +28,11 @@ import torch
 
 from nvgemm.core.formats import NVFP4, check_block_scales, to_blocked
 from nvgemm.dispatch.serving_plan import shard_runs
+from nvgemm.dispatch.registry import LinearProblem, select_backend
+from nvgemm.ops.prepared import sm90_serve_reason as serve_reason
+from nvgemm.templates.common.derived import derived_nbytes
+from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
+from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -210,8 +215,6 @@ class Sm90Held:
 def sm90_serve_reason(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
                       m_values: Iterable[int]) -> str | None:
     """None when the sm90 kernels serve every (GEMM, M) of the layer (:mod:`nvgemm.ops.prepared`)."""
-    from nvgemm.ops.prepared import sm90_serve_reason as serve_reason
-
     return serve_reason(p for _, _, p in problems_of(gemms, k, device, x_dtype, bias, m_values))
 
 
@@ -219,9 +222,6 @@ def hold_sm90(weight: torch.Tensor, gemms: Sequence[Gemm], kind: str) -> tuple[t
     """The layer's weight in the sm90 layout (one tensor, GEMM by GEMM; each GEMM's rows padded to
     whole tiles). Sets each GEMM's ``tiles`` and drops its checkpoint-layout ``weight_scale``; the
     caller drops ``weight``, so the layer holds one copy."""
-    from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
-    from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
-
     k = weight.shape[1] * 2
     chunks = -(-k // K_ALIGN) * K_ALIGN // CHUNK
     bounds = [0]
@@ -249,8 +249,6 @@ def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: st
     (the copies are what the launchers derived from it: the sm90 prepared layout, sm100's
     interleaved gate_up; :func:`nvgemm.templates.common.derived.derived_nbytes`). ``held`` names the
     layout of ``weight`` (``"sm90 layout only"`` when :func:`hold_sm90` replaced the checkpoint's)."""
-    from nvgemm.templates.common.derived import derived_nbytes
-
     ckpt = weight.numel() * weight.element_size() + sum(s.numel() * s.element_size() for s in scales)
     return f"weight memory: {held} {ckpt / 2**20:.2f} MiB + nvgemm copies {derived_nbytes(weight) / 2**20:.2f} MiB"
 
@@ -261,8 +259,6 @@ def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: st
 def problems_of(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
                 m_values: Iterable[int]):
     """``(gemm index, gemm, LinearProblem)`` of every (GEMM, M) the layer will run."""
-    from nvgemm.dispatch.registry import LinearProblem
-
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     for gi, g in enumerate(gemms):
         for m in m_values:
@@ -286,8 +282,6 @@ def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch
     only re-run once per layer for the per-weight caches. The emulated op (e.g. on a CPU device) has
     nothing to resolve, so only the selection is made. Returns ``(gemm index, LinearProblem, backend name)``.
     """
-    from nvgemm.dispatch.registry import select_backend
-
     device = weight.device
     k = weight.shape[1] * 2 if sm90 is None else sm90.k
     chosen = []

@@ -47,6 +47,8 @@ from nvgemm.integrations.vllm.layer import (
     warm_up,
     weight_memory,
 )
+from nvgemm.dispatch.registry import _CHECKED, backends
+from nvgemm.dispatch.serving_plan import kernel_config
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -57,8 +59,6 @@ _DUMP_COUNTER = itertools.count()
 
 def _passed_over(problem, chosen: str) -> list[str]:
     """Why each higher-priority backend does not serve ``problem``."""
-    from nvgemm.dispatch.registry import _CHECKED, backends
-
     out = []
     for b in backends():
         if b.name == chosen:
@@ -201,8 +201,6 @@ def _hopper(device: torch.device) -> bool:
 
 def _configs(first: dict) -> str:
     """Kernel config names the CuTeDSL backends pick (at the first M each backend serves)."""
-    from nvgemm.dispatch.serving_plan import kernel_config
-
     names = []
     for name, p in first.items():
         cfg = kernel_config(name, p)

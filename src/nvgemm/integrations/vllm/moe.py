@@ -31,6 +31,9 @@ import torch
 from nvgemm import settings
 from nvgemm.integrations.vllm import _compat
 from nvgemm.integrations.vllm.engine import model_dtype as _model_dtype, warmup_token_counts
+from nvgemm.core.formats import check_block_scales, to_blocked
+from nvgemm.dispatch.moe import select_moe_backend
+from nvgemm.ops.moe import check_moe_args
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -119,8 +122,6 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
         reg("w2_input_scale", V.PerTensorScaleParameter(data=_nan(e), weight_loader=wl))
 
     def process_weights_after_loading(self, layer) -> None:
-        from nvgemm.core.formats import check_block_scales, to_blocked
-
         name = self.prefix
         self.activation = ACTIVATIONS[layer.activation.value]
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
@@ -177,9 +178,6 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
 
     def _resolve(self, layer) -> None:
         """Select (and on a GPU warm up) the backend for every token count; log the choice once."""
-        from nvgemm.dispatch.moe import select_moe_backend
-        from nvgemm.ops.moe import check_moe_args
-
         dev = layer.w13_weight.device
         x_dtype = _model_dtype()
         top_k = int(layer.top_k)

@@ -21,6 +21,11 @@ import functools
 import torch
 
 from nvgemm.core.backend import Backend, MoeProblem
+from nvgemm.aot.abi import HardwareSpec
+from nvgemm.aot.cache import default_cache
+from nvgemm.aot.compile_spec import make_spec
+from nvgemm.templates.sm100_moe.launch import moe_forward
+from nvgemm.templates.sm100_moe.policy import pick_moe_configs
 
 BACKEND_NAME = "cutedsl_sm100_moe"
 PRIORITY = 90
@@ -47,10 +52,6 @@ def supports(p: MoeProblem):
 
 @functools.lru_cache(maxsize=1024)
 def _kernel_for(config, spec, sm_count: int):
-    from nvgemm.aot.cache import default_cache
-    from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.aot.abi import HardwareSpec
-
     cs = make_spec("sm100_moe_nvfp4", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count))
     return default_cache().get(cs)
 
@@ -59,9 +60,6 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
         w2_input_scale, activation="silu_mul", router_weight_on_input=False, expert_map=None, shared_out=None,
         residual=None, out_dtype=None, configs=None):
     """Eager implementation (CUDA sm_100 only); ``configs`` = (GEMM1, GEMM2) overrides the policy."""
-    from nvgemm.templates.sm100_moe.policy import pick_moe_configs
-    from nvgemm.templates.sm100_moe.launch import moe_forward
-
     sm = torch.cuda.get_device_properties(x.device).multi_processor_count
     m, h = x.shape
     if configs is None:

@@ -31,7 +31,7 @@ import cutlass.cute as cute
 
 from nvgemm.epilogues.spec import EpilogueSpec
 
-from nvgemm.aot.abi import compile_for_target, fake_args, register_template
+from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg, compile_for_target, fake_args, register_template
 from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel, _dtype_name, max_active_clusters_for
 from nvgemm.core.status import Status
 from nvgemm.templates.sm100_moe.config import MOE_ARCHS, MOE_FAMILY, Sm100MoeConfig, validate_moe_config
@@ -168,8 +168,6 @@ class Sm100MoeTemplate:
         return Status.success()
 
     def abi(self, spec):
-        from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg
-
         out = _dtype_name(spec.epilogue.out_dtype)
         q = spec.epilogue.out_quant
         return (

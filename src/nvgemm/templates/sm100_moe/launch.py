@@ -276,6 +276,7 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     s2 = cached_moe_stack(w2, w2_scale, False)
     kind13, alpha13, alpha2 = cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13, s2)
     if xin.device.type == "cuda":  # one Triton launch (the same bytes)
+        # lazy: triton import cost
         from nvgemm.templates.sm100_moe.prep_triton import slot_activations_triton
 
         b1, sfb1, rop = slot_activations_triton(xin, wl, w13_input_scale, tn)

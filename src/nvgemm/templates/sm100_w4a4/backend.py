@@ -19,10 +19,18 @@ import torch
 from nvgemm.core.validation import LinearProblem, alignment_reason, linear_spec
 from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
-from nvgemm.templates.sm100_w4a4.launch import launch_sm100, prepare_sm100_args
+from nvgemm.templates.sm100_w4a4.launch import (
+    launch_sm100, prepare_sm100_args, prepare_sm100_requant_args, requant_config,
+)
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
 from nvgemm.core.backend import Backend
 from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
+from nvgemm.aot import cache as cache_mod
+from nvgemm.aot.abi import HardwareSpec
+from nvgemm.aot.compile_spec import make_spec
+from nvgemm.core.problem import GemmProblem, Target
+from nvgemm.heuristics import candidates
+from nvgemm.templates.sm100_w4a4.occupancy import resolve_max_active_clusters
 
 
 def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str, sm_count: int,
@@ -33,10 +41,6 @@ def compile_spec_for(config: Sm100Nvfp4GemmConfig, spec: EpilogueSpec, arch: str
     time) decides ``hw.max_active_clusters``: the device's count, or 0 -- the template's per-arch
     AOT value, i.e. the key a precompiled kernel has -- when they agree
     (:func:`nvgemm.templates.sm100_w4a4.occupancy.resolve_max_active_clusters`)."""
-    from nvgemm.aot.abi import HardwareSpec
-    from nvgemm.aot.compile_spec import make_spec
-    from nvgemm.templates.sm100_w4a4.occupancy import resolve_max_active_clusters
-
     mac = resolve_max_active_clusters(arch, sm_count, config.cluster_m * config.cluster_n, occupancy_query)
     return make_spec(TEMPLATE_ID, config, arch, epilogue=spec,
                      hw=HardwareSpec(sm_count=sm_count, max_active_clusters=mac))
@@ -51,8 +55,6 @@ def kernel_for(cspec, cache=None):
     instead, with one warning per spec (correct either way; the grid is then sized by the
     guaranteed count)."""
     import dataclasses
-
-    from nvgemm.aot import cache as cache_mod
 
     cache = cache or cache_mod.default_cache()
     if not cspec.hw.max_active_clusters:
@@ -118,9 +120,6 @@ _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp3
 @functools.lru_cache(maxsize=4096)
 def _policy_config(m, n, k, out_dtype, activation, arch, sm_count) -> Optional[Sm100Nvfp4GemmConfig]:
     """The policy's first candidate (deterministic; nvMatmulHeuristics off on the eager path)."""
-    from nvgemm.heuristics import candidates
-    from nvgemm.core.problem import GemmProblem, Target
-
     prob = GemmProblem(n=n, k=k, m=m, out_dtype=_OUT_NAMES[out_dtype], epilogue=activation,
                        target=Target(arch=arch, sm_count=sm_count))
     cands = candidates(prob, use_nvmmh=False)
@@ -143,6 +142,7 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
 
     ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
     """
+    # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
     from nvgemm.templates.common.occupancy import query_max_active_clusters
 
     spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
@@ -173,8 +173,6 @@ BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run
 
 def supports_requant(p: LinearProblem) -> Optional[str]:
     """The fused requant launch (``EpilogueSpec(out_quant=True)``, 1-CTA swap-AB, every token in one N tile)."""
-    from nvgemm.templates.sm100_w4a4.launch import requant_config
-
     why = _device_rule(p)
     if why is not None:
         return why
@@ -195,7 +193,7 @@ def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out
 
 def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
     """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales)."""
-    from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args, requant_config
+    # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
     from nvgemm.templates.common.occupancy import query_max_active_clusters
 
     spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
@@ -232,6 +230,7 @@ def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_sc
 
 def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
     """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization."""
+    # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
     from nvgemm.templates.common.occupancy import query_max_active_clusters
 
     dev = packed.device

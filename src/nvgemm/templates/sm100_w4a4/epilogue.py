@@ -46,6 +46,9 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
+from nvgemm.aot.abi import COMPILE_LOCK
+from nvgemm.templates.sm100_w4a4.requant import div_rn, e4m3_to_f32, to_e2m1x2, to_e4m3
+
 # 16-byte vectors in flight per thread in one split-K reduction round (S x chunk <= this).
 SPLITK_VECTORS_IN_FLIGHT = 16
 
@@ -470,8 +473,6 @@ class Sm100EpilogueMixin:
         :mod:`nvgemm.epilogues.requant`): per register the warp's 32 lanes hold rows 32w..32w+31 of one
         token = gate/up of 16 gated features = one NVFP4 block of the next layer's input. Shuffles run
         on every lane; only the stores are predicated (M tail: tokens >= n_size)."""
-        from nvgemm.templates.sm100_w4a4.requant import div_rn, e4m3_to_f32, to_e2m1x2, to_e4m3
-
         # the next layer's input_scale sits right after the alpha values (none: 0, scalar: 1, vector: m)
         gs_at = {"none": 0, "scalar": 1}.get(self.spec.alpha, None)
         gs = mAlpha[m_size if gs_at is None else gs_at].to(cutlass.Float32)
@@ -591,8 +592,6 @@ def thread_ownership(kernel) -> dict:
                     for i in (0, len(outc) - 1):
                         assert tuple(int(x) for x in tTR_cO[i]) == outc[i], (t, i)
                 out[(v, t)] = (_split(acc, kernel.subtile_cnt), _split(outc, kernel.subtile_cnt))
-
-    from nvgemm.aot.abi import COMPILE_LOCK
 
     with COMPILE_LOCK:
         cute.compile(probe)

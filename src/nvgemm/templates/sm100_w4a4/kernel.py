@@ -98,8 +98,11 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from nvgemm.epilogues.cute_apply import CuteEpilogue, _cute_dtype
 from nvgemm.epilogues.spec import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, validate_config
-from nvgemm.templates.sm100_w4a4.validity import MIN_TMA_STORE_COLS
+from nvgemm.templates.sm100_w4a4.validity import MIN_TMA_STORE_COLS, can_implement_problem
 from nvgemm.templates.sm100_w4a4.epilogue import Sm100EpilogueMixin
+from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg, compile_for_target, fake_args, register_template
+from nvgemm.core.status import Status
+from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
 
 SF_VEC_SIZE = 16
 SM100_SMEM_BYTES = 232448  # 227 KiB usable dynamic smem per CTA on sm_100
@@ -854,8 +857,6 @@ def max_active_clusters_for(spec) -> int:
     """The persistent grid's cluster count baked into a kernel: ``spec.hw.max_active_clusters``
     when the caller measured it (the runtime's driver query), else the arch's guaranteed value
     (:func:`nvgemm.templates.sm100_w4a4.occupancy.aot_max_active_clusters`)."""
-    from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
-
     if spec.hw.max_active_clusters:
         return spec.hw.max_active_clusters
     return aot_max_active_clusters(spec.arch, spec.hw.sm_count, spec.config.cluster_m * spec.config.cluster_n)
@@ -876,8 +877,6 @@ class Sm100Nvfp4GemmTemplate:
 
     def can_implement(self, spec) -> "Status":
         """Problem-independent checks of a compile spec (config, operand formats, arch)."""
-        from nvgemm.core.status import Status
-
         st = validate_config(spec.config)
         if not st:
             return st
@@ -894,13 +893,9 @@ class Sm100Nvfp4GemmTemplate:
                               arch: str | None = None) -> "Status":
         """The problem-level rule (:func:`nvgemm.templates.sm100_w4a4.validity.can_implement_problem`):
         shapes, alignment, narrow tiles, split_k <= K tiles."""
-        from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
-
         return can_implement_problem(config, m=m, n=n, k=k, out_bytes=out_bytes, activation=activation, arch=arch)
 
     def abi(self, spec):
-        from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg
-
         out = _dtype_name(spec.epilogue.out_dtype)
         return (
             PointerArg("a_ptr", "Float4E2M1FN", assumed_align=16),
@@ -925,8 +920,6 @@ class Sm100Nvfp4GemmTemplate:
         return Sm100Nvfp4GemmKernel(spec.config, spec.epilogue, max_active_clusters_for(spec))
 
     def compile(self, spec, *, keep_ptx: bool = False):
-        from nvgemm.aot.abi import compile_for_target, fake_args
-
         return compile_for_target(self.make_kernel(spec), fake_args(self.abi(spec)), spec,
                                   "--keep-ptx" if keep_ptx else "")
 
@@ -938,8 +931,6 @@ def compile_sm100_nvfp4_gemm(spec, *, keep_ptx: bool = False):
 
 
 def _register():
-    from nvgemm.aot.abi import register_template
-
     return register_template(Sm100Nvfp4GemmTemplate(), replace=True)
 
 

@@ -36,8 +36,8 @@ from typing import Callable, Optional
 
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec
-from nvgemm.core.formats import NVFP4, blocked_numel
+from nvgemm.epilogues.spec import EpilogueSpec, apply_activation_ref
+from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked, to_blocked
 from nvgemm.core.validation import alpha_of
 from nvgemm.templates.common.derived import DerivedCache
 from nvgemm.templates.common.workspace import WORKSPACES, SplitKWorkspaces, is_capturing as _is_capturing  # noqa: F401
@@ -114,8 +114,6 @@ def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
     version (:mod:`nvgemm.templates.common.derived`: a per-call view such as ``weight_scale.view(e4m3)``
     of a uint8 scale hits; an in-place update re-derives into the same buffers); per-N vectors
     (weight_scale_2, bias) are permuted per call (they are small)."""
-    from nvgemm.core.formats import from_blocked, to_blocked
-
     n, kb = weight.shape[0], weight.shape[1] * 2 // NVFP4.block_size
     perm = gate_up_permutation(n, weight.device)
 
@@ -267,9 +265,6 @@ def kernel_view_ref(args: Sm100Args) -> torch.Tensor:
     """The kernel's math on the prepared arguments, in torch fp32 (CPU-testable): decode A/B
     with their own scales, C = A @ B^T in the MMA's (m, n) frame, the epilogue with per-feature
     vectors indexed along the MMA row when swap-AB, written through ``kernel_c_view()``."""
-    from nvgemm.epilogues.spec import apply_activation_ref
-    from nvgemm.core.formats import dequantize, from_blocked
-
     kb = args.k // NVFP4.block_size
     A = dequantize(args.a, from_blocked(args.sfa, args.m, kb))
     B = dequantize(args.b, from_blocked(args.sfb, args.n, kb))

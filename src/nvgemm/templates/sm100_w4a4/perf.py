@@ -57,6 +57,7 @@ from nvgemm.heuristics.perfmodel.facts import (
     ceil_div,
 )
 from nvgemm.heuristics.perfmodel.hardware import Hardware
+from nvgemm.heuristics.perfmodel import sass as S
 
 SMEM_CAPACITY = 232448
 SMEM_RESERVED = 2048
@@ -201,8 +202,6 @@ class Sm100Facts(FamilyFacts):
         )
 
     def extra_facts(self, c, compiled, funcs) -> dict:
-        from nvgemm.heuristics.perfmodel import sass as S
-
         fn = S.find_function(funcs, self.stream_load)
         loops = S.find_loops(fn)
         rolled = False

@@ -21,6 +21,12 @@ from typing import Optional
 import torch
 
 from nvgemm.core.backend import Backend, MoeProblem
+from nvgemm.aot.abi import HardwareSpec
+from nvgemm.aot.cache import default_cache
+from nvgemm.aot.compile_spec import make_spec
+from nvgemm.templates.sm90_moe.launch import moe_forward
+from nvgemm.templates.sm90_moe.policy import pick_moe_configs
+from nvgemm.templates.sm90_w4a16.operand import kind_of
 
 BACKEND_NAME = "cutedsl_sm90_moe"
 PRIORITY = 90
@@ -48,11 +54,6 @@ def supports(p: MoeProblem) -> Optional[str]:
 
 @functools.lru_cache(maxsize=1024)
 def _kernel_for(config, spec, x_dtype: torch.dtype, sm_count: int):
-    from nvgemm.aot.abi import HardwareSpec
-    from nvgemm.templates.sm90_w4a16.operand import kind_of
-    from nvgemm.aot.cache import default_cache
-    from nvgemm.aot.compile_spec import make_spec
-
     cs = make_spec("sm90_moe_mma", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
                    a_format=kind_of(x_dtype), b_format="nvfp4")
     return default_cache().get(cs)
@@ -62,9 +63,6 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
         w2_input_scale, activation="silu_mul", router_weight_on_input=False, expert_map=None, shared_out=None,
         residual=None, out_dtype=None, configs=None):
     """Eager implementation (CUDA sm_90 only); ``configs`` = (GEMM1, GEMM2) overrides the policy."""
-    from nvgemm.templates.sm90_moe.policy import pick_moe_configs
-    from nvgemm.templates.sm90_moe.launch import moe_forward
-
     if w13_input_scale is not None or w2_input_scale is not None:
         raise ValueError("nvgemm cutedsl_sm90_moe: W4A16 only (input scales given)")
     sm = torch.cuda.get_device_properties(x.device).multi_processor_count

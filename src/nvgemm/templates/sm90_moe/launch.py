@@ -93,6 +93,7 @@ def work_list(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_ex
               tile_m: int) -> MoeWorkList:
     """The work list: one Triton launch on CUDA when it fits (:mod:`.prep_triton`), else torch ops."""
     if topk_ids.device.type == "cuda":
+        # lazy: triton import cost
         from nvgemm.templates.sm90_moe.prep_triton import build_work_list_triton, prep_supported
 
         if prep_supported(topk_ids.numel(), num_experts):
@@ -230,6 +231,7 @@ def finalize_ref(y: torch.Tensor, wl: MoeWorkList, weights: torch.Tensor, shared
 def finalize(y, wl, weights, shared_out, residual, out_dtype):
     """The finalize step: one Triton kernel on CUDA (:mod:`.finalize_triton`), torch ops elsewhere."""
     if y.device.type == "cuda":
+        # lazy: triton import cost
         from nvgemm.templates.sm90_moe.finalize_triton import finalize_triton
 
         return finalize_triton(y, wl.pos, wl.valid, weights, shared_out, residual, out_dtype)

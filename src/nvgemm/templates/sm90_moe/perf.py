@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from nvgemm.heuristics.perfmodel.hardware import get_hardware
+from nvgemm.heuristics.perfmodel.batch import gemm_totals
 
 #: Launches of the work-list prep per layer on CUDA (the one Triton kernel; the torch fallback
 #: beyond 4096 pairs launches ~24).
@@ -134,8 +135,6 @@ def grouped_gemm_times(jobs, m: int, top_k: int, num_experts: int, gpu: str, sm_
     :func:`nvgemm.heuristics.perfmodel.batch.gemm_totals` (the report's ``gemm_us``, bit for bit). What the
     policies call; ``tests/cpu/test_moe_policy_speed.py`` checks them against the per-config
     :func:`~nvgemm.heuristics.perfmodel.model.estimate` path."""
-    from nvgemm.heuristics.perfmodel.batch import gemm_totals
-
     pairs = sum(histogram) if histogram is not None else m * top_k
     plans, requests = [], []
     for configs, denses, token_tile, rows, k in jobs:

@@ -22,10 +22,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from nvgemm.templates.sm90_w4a16.perf import SM90_SPLITS
-from nvgemm.templates.sm90_moe.perf import byte_floor_us, expected_active_experts, grouped_gemm_times, host_us
+from nvgemm.templates.sm90_moe.perf import (
+    PREP_KERNELS, byte_floor_us, expected_active_experts, grouped_gemm_times, host_us,
+)
 from nvgemm.templates.sm90_w4a16.config import MMA_ROW_TILES, ROW_TILE
 from nvgemm.templates.sm90_moe.config import MOE_TILE_M, Sm90MoeConfig, moe_shape_problem, validate_moe_config
 from nvgemm.heuristics.policy import m_buckets
+from nvgemm.heuristics.perfmodel.model import best
+from nvgemm.heuristics.presets import MOE_PRESETS as P
 
 MAX_CANDIDATES = 8
 PER_GEMM = 3
@@ -55,8 +59,6 @@ def shape_from_preset(preset, tp: int = 1) -> MoeShape:
 
 
 def _layers() -> dict:
-    from nvgemm.heuristics.presets import MOE_PRESETS as P
-
     return {s.name: s for s in (shape_from_preset(P["DeepSeek-V3"], 8), shape_from_preset(P["Qwen3-30B-A3B"]),
                                 shape_from_preset(P["Llama-4-Scout"]), shape_from_preset(P["Mixtral-8x7B"]))}
 
@@ -168,8 +170,6 @@ def pick_moe_configs(m: int, num_experts: int, top_k: int, hidden: int, inter: i
 
 def layer_model(shape: MoeShape, m: int, gpu: str = "H200", histogram=None, prep_kernels: Optional[int] = None) -> dict:
     """Modelled per-layer time of the grouped path with the policy's first candidate (a MODEL)."""
-    from nvgemm.templates.sm90_moe.perf import PREP_KERNELS
-
     cands = moe_candidates(shape, m, gpu, histogram=histogram, max_candidates=1)
     if not cands:
         return {}
@@ -189,8 +189,6 @@ def layer_model(shape: MoeShape, m: int, gpu: str = "H200", histogram=None, prep
 def _shared_us(shape: MoeShape, m: int, gpu: str, families=("sm90.mma", "sm90.wgmma")) -> tuple[float, float]:
     """The shared expert as two dense GEMMs of ``families`` (gate_up with silu_mul, down; default the
     W4A16 sm90 families), the model's best."""
-    from nvgemm.heuristics.perfmodel.model import best
-
     tot = [0.0, 0.0]
     for n, k in ((2 * shape.shared_inter, shape.hidden), (shape.hidden, shape.shared_inter)):
         b = best(families, m, n, k, gpu)

@@ -32,6 +32,9 @@ from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, launch_sm90, 
 from nvgemm.templates.sm90_w4a16.operand import kind_of
 from nvgemm.core.backend import Backend
 from nvgemm.core.validation import LinearProblem, linear_spec
+from nvgemm.aot.abi import HardwareSpec
+from nvgemm.aot.cache import default_cache
+from nvgemm.aot.compile_spec import make_spec
 
 log = logging.getLogger("nvgemm_cutedsl.sm90")
 
@@ -58,6 +61,7 @@ def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, s
     performance model); without the policy: :func:`default_config`."""
     gated = activation == "silu_mul"
     try:
+        # lazy: optional here (the except ImportError below falls back)
         from nvgemm.heuristics import candidates
         from nvgemm.core.problem import GemmProblem, Target
 
@@ -77,9 +81,6 @@ def pick_config(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str, s
 
 
 def compile_spec_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int = 132):
-    from nvgemm.aot.abi import HardwareSpec
-    from nvgemm.aot.compile_spec import make_spec
-
     return make_spec(template_id_of(config), config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
                      a_format=_X_FORMAT[x_dtype], b_format="nvfp4")
 
@@ -108,8 +109,6 @@ def supports(p: LinearProblem) -> Optional[str]:
 @functools.lru_cache(maxsize=1024)
 def _kernel_for(config: Sm90W4A16Config, spec: EpilogueSpec, x_dtype: torch.dtype, sm_count: int):
     """The loaded kernel for one (config, epilogue, dtype): spec hashing and cache lookup once."""
-    from nvgemm.aot.cache import default_cache
-
     return default_cache().get(compile_spec_for(config, spec, x_dtype, sm_count))
 
 

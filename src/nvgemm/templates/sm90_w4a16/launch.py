@@ -35,12 +35,13 @@ from typing import Optional
 import torch
 
 from nvgemm.core.validation import alpha_of
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.epilogues.spec import EpilogueSpec, epilogue_ref
 
 from nvgemm.templates.common.derived import DerivedCache, refill_tensors
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_w4a16.config import DECODE_UNSCALE, Sm90W4A16Config, shape_problem, validate_config
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, decode_ref, kind_of, prepare_sm90_weight
+from nvgemm.core.formats import dequantize, quantize_activation
 
 # --------------------------------------------------------------------------- caches of derived tensors
 
@@ -148,10 +149,10 @@ def qdq_activation(x2: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
     """``E2M1[q_x] * s_x`` in x's dtype (exact), quantized with ``nvgemm.core.formats``' convention: one
     Triton kernel on CUDA, the torch reference elsewhere."""
     if x2.device.type == "cuda":
+        # lazy: triton import cost
         from nvgemm.templates.triton.quantize import qdq_nvfp4_triton
 
         return qdq_nvfp4_triton(x2, input_scale.to(device=x2.device, dtype=torch.float32))
-    from nvgemm.core.formats import dequantize, quantize_activation
 
     q, s = quantize_activation(x2, input_scale.to(x2.device))
     return dequantize(q, s).to(x2.dtype)
@@ -275,8 +276,6 @@ def kernel_view_ref(args: Sm90Args, config: Sm90W4A16Config) -> torch.Tensor:
     re-encoded scales, the packed multiply -> ``E2M1 * s * 2**-7``), multiplies with the
     activations, restores 2**7 and runs the epilogue -- what the kernel computes up to fp32
     summation order (``config`` is validated; every family computes the same function)."""
-    from nvgemm.epilogues.spec import epilogue_ref
-
     validate_config(config).raise_if_failed("sm90 config")
     p = args.prepared
     w = decode_ref(p)[: p.n, : p.k].double()  # E2M1 * s * 2**-7

@@ -58,7 +58,7 @@ from typing import Optional
 
 import torch
 
-from nvgemm.core.formats import E2M1_VALUES, NVFP4, from_blocked
+from nvgemm.core.formats import E2M1_VALUES, NVFP4, from_blocked, to_blocked
 
 from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
 
@@ -411,8 +411,6 @@ def to_modelopt(p: Sm90Weight) -> tuple[torch.Tensor, torch.Tensor]:
     the 128x4-swizzled e4m3 block scales (1-D), value-exact: ``E2M1 * s`` of every element equals
     the original's (a negative scale comes back positive with its sign in the codes, a zero-scale
     block as zero codes with scale 1.0: the forms :func:`prepare_sm90_weight` stored)."""
-    from nvgemm.core.formats import to_blocked
-
     codes = restore_codes(p)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     nt, nc = p.n_tiles, p.n_chunks

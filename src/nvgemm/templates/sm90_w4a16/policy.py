@@ -134,6 +134,7 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
     report is built)."""
     cands = rule_candidates(problem)
     try:
+        # lazy: breaks the cycle templates.sm90_w4a16.policy <-> heuristics.perfmodel (through a package __init__); breaks the cycle templates.sm90_w4a16.policy <-> heuristics.perfmodel.table (through a package __init__)
         from nvgemm.heuristics.perfmodel import MODEL_TIE, bf16_baseline, estimate_us, rank
         from nvgemm.heuristics.perfmodel.table import load_table, spill_status
     except ImportError:  # pragma: no cover - the model ships with nvgemm

@@ -43,6 +43,7 @@ from nvgemm.templates.triton._common import (
     use_gdc,
 )
 from nvgemm.templates.triton.reference import check_fused_args
+from nvgemm.templates.triton.quantize import quantize_config
 
 __all__ = [
     "rmsnorm_quantize_kernel",
@@ -233,8 +234,6 @@ def add_rmsnorm_quantize_nvfp4_triton(x, residual, weight, input_scale, eps: flo
 def silu_mul_quantize_nvfp4_triton(x, input_scale, swizzle: bool = True, *, pdl=None, config=None, kernel=None,
                                    return_y: bool = False):
     """x = [gate | up] [M, 2I] -> NVFP4 of silu(gate) * up: (packed [M, I/2], scales[, y])."""
-    from nvgemm.templates.triton.quantize import quantize_config
-
     kernel = kernel or silu_mul_quantize_kernel
     check_fused_args("silu_mul_quantize_nvfp4", x, input_scale, gated=True)
     dev = check_device(kernel, x, op="nvgemm.silu_mul_quantize_nvfp4")

@@ -83,6 +83,7 @@ def rmsnorm_quantize_nvfp4(x: torch.Tensor, weight: torch.Tensor, input_scale: t
     check_fused_args("rmsnorm_quantize_nvfp4", x, input_scale, weight=weight)
     check_input_scale_value(input_scale, "nvgemm.rmsnorm_quantize_nvfp4")
     if triton_unusable(x.device) is None:
+        # lazy: triton import cost
         from nvgemm.templates.triton.fused import rmsnorm_quantize_nvfp4_triton
 
         return rmsnorm_quantize_nvfp4_triton(x, weight, input_scale, eps, swizzle)
@@ -104,6 +105,7 @@ def add_rmsnorm_quantize_nvfp4(x: torch.Tensor, residual: torch.Tensor, weight: 
     check_fused_args("add_rmsnorm_quantize_nvfp4", x, input_scale, weight=weight, residual=residual)
     check_input_scale_value(input_scale, "nvgemm.add_rmsnorm_quantize_nvfp4")
     if triton_unusable(x.device) is None:
+        # lazy: triton import cost
         from nvgemm.templates.triton.fused import add_rmsnorm_quantize_nvfp4_triton
 
         return add_rmsnorm_quantize_nvfp4_triton(x, residual, weight, input_scale, eps, swizzle)
@@ -124,6 +126,7 @@ def silu_mul_quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor,
     check_fused_args("silu_mul_quantize_nvfp4", x, input_scale, gated=True)
     check_input_scale_value(input_scale, "nvgemm.silu_mul_quantize_nvfp4")
     if triton_unusable(x.device) is None:
+        # lazy: triton import cost
         from nvgemm.templates.triton.fused import silu_mul_quantize_nvfp4_triton
 
         return silu_mul_quantize_nvfp4_triton(x, input_scale, swizzle)

@@ -15,6 +15,7 @@ import numpy as np
 from nvgemm.emulator.ptx.machine import LANES
 from nvgemm.emulator.ptx.program import TYPE_DTYPE
 from nvgemm.emulator.ptx.ops import opcode
+from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
 
 _INT = {"s16", "u16", "s32", "u32", "s64", "u64", "b16", "b32", "b64", "s8", "u8", "b8"}
 _WIDER = {np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.uint32, np.dtype(np.int32): np.int64,
@@ -79,7 +80,6 @@ def _hi(v: np.ndarray, dt) -> np.ndarray:
 def _add(ins, ctx):
     t = ins.parts[-1]
     if t not in _INT:
-        from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
         return compile_fp_arith(ins, ctx)
     _mods(ins, {"s16", "u16", "s32", "u32", "s64", "u64"}, ctx)
     op = np.add if ins.parts[0] == "add" else np.subtract
@@ -90,7 +90,6 @@ def _add(ins, ctx):
 def _mul(ins, ctx):
     t = ins.parts[-1]
     if t not in _INT:
-        from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
         return compile_fp_arith(ins, ctx)
     mods = _mods(ins, {"lo", "hi", "wide", "s16", "u16", "s32", "u32", "s64", "u64"}, ctx)
     dt = TYPE_DTYPE[t]
@@ -112,7 +111,6 @@ def _mul(ins, ctx):
 def _mad(ins, ctx):
     t = ins.parts[-1]
     if t not in _INT:
-        from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
         return compile_fp_arith(ins, ctx)
     mods = _mods(ins, {"lo", "hi", "wide", "s16", "u16", "s32", "u32", "s64", "u64"}, ctx)
     dt = TYPE_DTYPE[t]
@@ -132,7 +130,6 @@ def _mad(ins, ctx):
 def _minmax(ins, ctx):
     t = ins.parts[-1]
     if t not in _INT:
-        from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
         return compile_fp_arith(ins, ctx)
     _mods(ins, {"s16", "u16", "s32", "u32", "s64", "u64"}, ctx)
     return _binary(ins, ctx, np.minimum if ins.parts[0] == "min" else np.maximum, t)
@@ -142,7 +139,6 @@ def _minmax(ins, ctx):
 def _neg(ins, ctx):
     t = ins.parts[-1]
     if t not in _INT:
-        from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
         return compile_fp_arith(ins, ctx)
     _mods(ins, {"s16", "s32", "s64"}, ctx)
     dt = TYPE_DTYPE[t]
@@ -156,7 +152,6 @@ def _neg(ins, ctx):
 def _div(ins, ctx):
     t = ins.parts[-1]
     if t not in _INT:
-        from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
         return compile_fp_arith(ins, ctx)
     _mods(ins, {"s32", "u32", "s64", "u64"}, ctx)
     dt = TYPE_DTYPE[t]

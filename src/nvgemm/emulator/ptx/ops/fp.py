@@ -492,6 +492,7 @@ def _cvt(ins, ctx):
     if bad:
         raise ctx.unsupported(ins, f"modifier(s) {bad}")
     if dtype_t in _INT_T and atype_t in _INT_T:
+        # lazy: breaks the cycle emulator.ptx.ops.fp <-> emulator.ptx.ops.alu
         from nvgemm.emulator.ptx.ops.alu import compile_int_cvt
         return compile_int_cvt(ins, ctx, dtype_t, atype_t, mods)
     ftz = "ftz" in mods

@@ -19,9 +19,11 @@ The test fails on
     :data:`EMULATOR_OPT_IN`; the emulator itself may import any unit below ``cli``;
 (d) a function-level import of an nvgemm module without a one-line reason: a ``# lazy: <reason>``
     comment on the import's own line(s) or on the line above it; one comment above a run of adjacent
-    import lines covers the run. Typical reasons: ``# lazy: cutlass import cost``, ``# lazy: torch
-    import cost`` (modules that ``import nvgemm.heuristics`` must stay torch-free), ``# lazy:
-    breaks the cycle X <-> Y`` (name it, so the lead can find what is left to untangle).
+    import lines covers the run. An import with no such reason belongs at module level. The reasons in
+    use: ``# lazy: triton import cost`` (or cutlass, vllm: the imported module imports it at module level
+    and the importer does not), ``# lazy: keeps X out of `import nvgemm``` (the importer is on the
+    ``import nvgemm`` path), ``# lazy: breaks the cycle X <-> Y`` (name both modules), ``# lazy: looked up
+    at call time (tests patch X)``, ``# lazy: optional here (the except ImportError below falls back)``.
 Third-party imports inside functions need no comment: for cutlass, triton, torch._inductor, vllm,
 transformers, modelopt, nvMatmulHeuristics and the like the module name is the reason (start-up cost or
 an optional dependency; ``import nvgemm`` imports none of them, see ``test_import_nvgemm_stays_light``).

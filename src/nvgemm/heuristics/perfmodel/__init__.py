@@ -13,8 +13,8 @@ Two halves:
   (:mod:`.hardware`). :func:`bf16_baseline` models bf16 cuBLAS with the same bandwidth, fill and
   launch (one efficiency assumption for both sides of every ratio). Spills are per compiled
   variant (:func:`.table.spill_status`).
-* **compiling** (:mod:`.sass_tool`; not imported by this package, it imports the compile path --
-  templates, :mod:`nvgemm.aot`, the candidate policy -- lazily): compiles a config for its arch
+* **compiling** (:mod:`nvgemm.cli.sass_tool`; in the CLI, above the compile path it imports --
+  templates, :mod:`nvgemm.aot`, the candidate policy -- and not imported by this package): compiles a config for its arch
   without a GPU, reads its SASS (:mod:`.sass`) and derives the static facts; it also regenerates
   the table (``nvgemm model --regen-table``).
 

@@ -24,7 +24,7 @@ from nvgemm.cli.sass_tool import regenerate_table
 from nvgemm.core.problem import GemmProblem, Target
 from nvgemm.heuristics import candidates
 from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, estimate_with, get_hardware, why_not
-from nvgemm.heuristics.perfmodel.facts import family_for
+from nvgemm.heuristics.perfmodel.facts import family_for, registered_families
 from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH
 from nvgemm.heuristics.perfmodel.model import best as model_best
 from nvgemm.heuristics.perfmodel.table import parse_config_name
@@ -139,8 +139,6 @@ def run(args) -> int:
         print(f"nvgemm model: {e}", file=sys.stderr)
         return 2
     if args.best is not None:
-        from nvgemm.heuristics.perfmodel.facts import registered_families
-
         known = sorted(f.name for f in registered_families())
         names = [f.strip() for f in args.best.split(",") if f.strip()]
         unknown = [f for f in names if f not in known] if names else [args.best]

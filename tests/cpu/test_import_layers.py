@@ -68,8 +68,8 @@ EMULATOR_CEILING = "cli"
 
 #: module -> reason. The one module outside emulator/ and cli/ that may import the emulator.
 EMULATOR_OPT_IN: dict[str, str] = {
-    "nvgemm.dispatch.registry": "registers the emu_* backends when the emulator is asked for "
-    "(NVGEMM_BACKEND=emu_*, --emulate-kernels, tests)",
+    "nvgemm.dispatch.registry": "_emulator_requested: enables the emulator when NVGEMM_BACKEND, NVGEMM_MOE_BACKEND "
+    "or NVGEMM_FUSED_BACKEND names an emu_* backend",
 }
 
 #: (importer module, imported module) -> reason. Upward edges that stay; keep this list short.

@@ -47,8 +47,7 @@ def supports(p: LinearProblem) -> str | None:
 
 def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
     """The op's call (validated there) on the Triton kernel."""
-    # the kernel module imports triton: loaded on first use
-    # lazy: triton import cost
+    # lazy: triton import cost (the kernel module is loaded on first use)
     from nvgemm.templates.triton.gemm_w4a16 import nvfp4_linear_triton
 
     return nvfp4_linear_triton(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,

@@ -63,7 +63,7 @@ def quantize_nvfp4_cuda(x: torch.Tensor, input_scale: torch.Tensor, swizzle: boo
     W4A4 kernel backends are given): the Triton kernel where it can run, else the torch reference
     (same bytes). Arguments as the op's, already checked."""
     if triton_unusable(x.device) is None:
-        # the Triton kernel module imports triton: loaded on first use
+        # lazy: triton import cost (the Triton kernel module is loaded on first use)
         from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
 
         return quantize_nvfp4_triton(x, input_scale, swizzle)

@@ -51,7 +51,7 @@ def case_config(case, suite):
 
 
 def case_epilogue(case):
-    from nvgemm.epilogues.spec import EpilogueSpec
+    from nvgemm.core.epilogue import EpilogueSpec
 
     return EpilogueSpec(
         alpha="vector" if case.vector_alpha else "scalar",

@@ -186,7 +186,7 @@ def _shape_case(n, k, w4a4, act="none"):
     got = torch.ops.nvgemm.nvfp4_linear(*args)
     # independent reference: fp64 dequantize-and-matmul from the linear scales
     from nvgemm.core.formats import dequantize, quantize_activation
-    from nvgemm.epilogues.spec import apply_activation_ref
+    from nvgemm.core.epilogue import apply_activation_ref
 
     w = dequantize(q.packed, q.scale).double()
     a = dequantize(*quantize_activation(x, INS)).double() if w4a4 else x.double()
@@ -674,7 +674,7 @@ def _():
 
 
 def _spec():
-    from nvgemm.epilogues.spec import EpilogueSpec
+    from nvgemm.core.epilogue import EpilogueSpec
     from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
     from nvgemm.aot.compile_spec import capture_codegen_env
     from nvgemm.aot.abi import DEFAULT_HW, CompileSpec

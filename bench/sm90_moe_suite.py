@@ -65,7 +65,7 @@ def case_specs(case: MoeCase, environ=None):
     as the runtime builds them."""
     import torch
 
-    from nvgemm.epilogues.spec import EpilogueSpec
+    from nvgemm.core.epilogue import EpilogueSpec
     from nvgemm.aot.compile_spec import make_spec
     from nvgemm.aot.abi import HardwareSpec
 

@@ -20,7 +20,7 @@ import pytest
 pytestmark = pytest.mark.compile_only
 pytest.importorskip("cutlass")
 
-from nvgemm.epilogues.spec import EpilogueSpec  # noqa: E402
+from nvgemm.core.epilogue import EpilogueSpec  # noqa: E402
 from nvgemm.aot import artifact as aot  # noqa: E402
 from nvgemm.aot import selftest as st  # noqa: E402
 from nvgemm.aot.cache import KernelCache  # noqa: E402

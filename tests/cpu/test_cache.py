@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.aot import artifact as aot, cache as cache_mod
 from nvgemm.aot.compile_spec import (
     capture_codegen_env,
@@ -145,9 +145,10 @@ def test_spec_rejects_bad_fields():
 
 def test_kernel_source_hash_walks_the_tree(tmp_path):
     pkg = tmp_path / "nvgemm"
-    for d in ("templates", "epilogues", "aot", "runtime"):
+    for d in ("templates", "epilogues", "aot", "core", "dispatch"):
         (pkg / d).mkdir(parents=True)
     (pkg / "templates" / "a.py").write_text("x = 1\n")
+    (pkg / "core" / "epilogue.py").write_text("spec = 1\n")
     (pkg / "epilogues" / "b.py").write_text("y = 2\n")
     (pkg / "aot" / "artifact.py").write_text("# shim\n")
     (pkg / "aot" / "selftest.py").write_text("# toy\n")
@@ -156,9 +157,11 @@ def test_kernel_source_hash_walks_the_tree(tmp_path):
     h1 = kernel_source_hash.__wrapped__(pkg)
     (pkg / "epilogues" / "b.py").write_text("y = 3\n")
     h2 = kernel_source_hash.__wrapped__(pkg)
-    (pkg / "runtime" / "unrelated.py").write_text("w = 0\n")  # not a kernel source
+    (pkg / "dispatch" / "unrelated.py").write_text("w = 0\n")  # not a kernel source
     h3 = kernel_source_hash.__wrapped__(pkg)
-    assert len({h0, h1, h2}) == 3 and h3 == h2
+    (pkg / "core" / "epilogue.py").write_text("spec = 2\n")  # the epilogue spec the kernels read
+    h4 = kernel_source_hash.__wrapped__(pkg)
+    assert len({h0, h1, h2, h4}) == 4 and h3 == h2
 
 
 # ---- ABI declarations, header check, argument packing ----------------------------------------

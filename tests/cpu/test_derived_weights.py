@@ -172,7 +172,7 @@ def test_layer_weight_memory_reports_the_derived_copies():
 
 def test_inference_tensors_on_the_sm100_launcher_and_the_module():
     """The whole sm100 host path (gated: the interleave cache) and NVFP4Linear under inference_mode."""
-    from nvgemm.epilogues.spec import EpilogueSpec
+    from nvgemm.core.epilogue import EpilogueSpec
     from nvgemm.nn.linear import NVFP4Linear
     from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
 

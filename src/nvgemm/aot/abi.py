@@ -116,7 +116,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Union, runtime_checkable
 
 from nvgemm.core.family import families, family_of_config
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.core.status import Status
 

@@ -37,7 +37,7 @@ import torch
 
 from nvgemm import settings
 from nvgemm.aot.abi import CompileSpec, HardwareSpec, DEFAULT_HW
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 KEY_VERSION = 2  # bump when the key derivation or the entry layout changes (2: config classes moved modules)
 
@@ -76,7 +76,7 @@ DSL_NON_CODEGEN_ENV = frozenset(
 
 _PKG_ROOT = Path(__file__).resolve().parent.parent  # src/nvgemm
 KERNEL_SOURCE_DIRS = ("templates", "epilogues")
-KERNEL_SOURCE_FILES = ("aot/artifact.py", "aot/selftest.py")  # shim generator + link recipe; selftest kernel
+KERNEL_SOURCE_FILES = ("aot/artifact.py", "aot/selftest.py", "core/epilogue.py")  # shim + link recipe; selftest kernel; the epilogue spec the kernels read
 _SOURCE_SUFFIXES = (".py", ".h", ".cu", ".c", ".cuh", ".json", ".txt")
 
 

@@ -53,7 +53,7 @@ from nvgemm.cli.precompile import ARCH_DEFAULT_GPU
 from nvgemm.core.formats import quantize_activation, quantize_weight, to_blocked
 from nvgemm.core.validation import alpha_of, check_linear_args, problem_of
 from nvgemm.dispatch.registry import select_backend
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.heuristics import GemmProblem, Target, candidates
 from nvgemm.heuristics.presets import get_preset
 import nvgemm.ops.linear  # noqa: F401  (registers torch.ops.nvgemm)

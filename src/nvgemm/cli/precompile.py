@@ -42,7 +42,7 @@ from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
 from nvgemm.core.files import safetensors_files, safetensors_header
 from nvgemm.dispatch.registry import LinearProblem
 from nvgemm.dispatch.serving_plan import plan, vllm_gemms
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.heuristics import GemmProblem, Target, candidates, m_buckets, problem_status
 from nvgemm.heuristics.presets import get_preset
 

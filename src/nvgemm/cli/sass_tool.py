@@ -52,7 +52,7 @@ from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, get_hardwa
 from nvgemm.heuristics.perfmodel.table import TABLE_PATH, clear_cache
 from nvgemm.aot.compile_spec import make_spec
 from nvgemm.core.problem import GemmProblem, Target
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.heuristics import candidates, policy
 from nvgemm.heuristics.presets import PRESETS
 

@@ -2,7 +2,7 @@
 dispatcher decides on, operand alignment, and the definition of ``alpha``.
 
 * :func:`check_linear_args` validates shapes, dtypes and devices and returns the call's
-  :class:`~nvgemm.epilogues.spec.EpilogueSpec`; the op runs it once per call and hands the spec
+  :class:`~nvgemm.core.epilogue.EpilogueSpec`; the op runs it once per call and hands the spec
   and the :class:`LinearProblem` (:func:`problem_of`) down, so nothing below validates again.
 * :func:`check_scale_values` refuses non-finite / negative scales (host tensors per call).
 * :func:`misaligned_operands` names the operands whose bytes a kernel cannot read in place
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from nvgemm.core.formats import NVFP4, blocked_numel, blocked_shape, check_input_scale_value
-from nvgemm.epilogues.spec import ACTIVATIONS, EpilogueSpec
+from nvgemm.core.epilogue import ACTIVATIONS, EpilogueSpec
 
 X_DTYPES = (torch.bfloat16, torch.float16)
 EPILOGUE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # bias / residual

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.dispatch.registry import LinearProblem, backends
 from nvgemm.core.files import read_json, safetensors_files
 from nvgemm.templates.sm100_w4a4 import backend as sm100_backend

@@ -32,7 +32,7 @@ from nvgemm.aot.artifact import tensor_layout
 from nvgemm.core.formats import quantize_weight, to_blocked
 from nvgemm.emulator.ptx.machine import DEVICES
 from nvgemm.emulator.runner import prepare
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.launch import CTA_TILE_M, prepare_sm100_args
 from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
 from nvgemm.templates.sm90_w4a16.config import mma_smem_bytes, wgmma_smem_bytes, wgmma_tail_tiles

@@ -1,9 +1,8 @@
-"""Epilogues: alpha -> bias -> activation -> residual -> cast, each with a torch reference.
-
-The CuTeDSL ``apply`` functors live next to the kernels that use them and import cutlass
-lazily; this package's top level imports torch only.
+"""Epilogues: alpha -> bias -> activation -> residual -> cast. The host spec and its torch reference are
+:mod:`nvgemm.core.epilogue` (re-exported here); this package adds the CuTeDSL ``apply`` functors
+(:mod:`.cute_apply`, cutlass imported lazily) and the requant PTX helpers (:mod:`.requant`).
 """
 
-from nvgemm.epilogues.spec import ACTIVATIONS, ALPHA_KINDS, OUT_DTYPES, EpilogueSpec, apply_activation_ref, epilogue_ref
+from nvgemm.core.epilogue import ACTIVATIONS, ALPHA_KINDS, OUT_DTYPES, EpilogueSpec, apply_activation_ref, epilogue_ref
 
 __all__ = ["ACTIVATIONS", "ALPHA_KINDS", "OUT_DTYPES", "EpilogueSpec", "apply_activation_ref", "epilogue_ref"]

@@ -29,7 +29,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec, apply_activation_ref
+from nvgemm.core.epilogue import EpilogueSpec, apply_activation_ref
 
 _SQRT_2_OVER_PI = 0.7978845608028654
 _GELU_C = 0.044715

@@ -8,7 +8,7 @@ epilogue warp ``w`` of a 128-row tile holds GEMM rows ``32w .. 32w+31`` (lane = 
 gated features of one token -- exactly one NVFP4 block of the down projection's input:
 
 1. lane ``2j+1`` sends ``up`` to lane ``2j`` (``shfl.bfly 1``); even lanes form
-   ``h = round_out_dtype(silu(g)*u)`` (the epilogue order of :mod:`nvgemm.epilogues.spec`);
+   ``h = round_out_dtype(silu(g)*u)`` (the epilogue order of :mod:`nvgemm.core.epilogue`);
 2. block amax over the 16 even lanes: ``shfl.bfly`` 2, 4, 8, 16 (odd lanes carry 0);
 3. ``sf = e4m3(min(amax / (6*gs), 448))``, ``S = float(sf)*gs``, ``q = e2m1(h / S)`` (true division,
    0 for an all-zero block and for ``h == -0`` too: every zero is code 0, while the hardware cvt keeps a

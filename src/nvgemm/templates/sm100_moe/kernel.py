@@ -29,7 +29,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg, compile_for_target, fake_args, register_template
 from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel, _dtype_name, max_active_clusters_for

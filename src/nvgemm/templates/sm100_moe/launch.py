@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.formats import NVFP4, blocked_numel, from_blocked, quantize_activation, to_blocked
 from nvgemm.core.validation import alpha_of
 from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation, splitk_buffers

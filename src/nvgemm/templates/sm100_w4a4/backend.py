@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from nvgemm.core.validation import LinearProblem, alignment_reason, linear_spec
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
 from nvgemm.templates.sm100_w4a4.launch import (
     launch_sm100, prepare_sm100_args, prepare_sm100_requant_args, requant_config,

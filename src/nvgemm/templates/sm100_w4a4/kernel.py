@@ -96,7 +96,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from nvgemm.epilogues.cute_apply import CuteEpilogue, _cute_dtype
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, validate_config
 from nvgemm.templates.sm100_w4a4.validity import MIN_TMA_STORE_COLS, can_implement_problem
 from nvgemm.templates.sm100_w4a4.epilogue import Sm100EpilogueMixin

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec, apply_activation_ref
+from nvgemm.core.epilogue import EpilogueSpec, apply_activation_ref
 from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked, to_blocked
 from nvgemm.core.validation import alpha_of
 from nvgemm.templates.common.derived import DerivedCache

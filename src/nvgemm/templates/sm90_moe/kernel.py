@@ -30,7 +30,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.aot.abi import CompileSpec, StreamArg, TensorArg, SymDim, compile_for_target, fake_args, register_template
 from nvgemm.templates.sm90_w4a16.common import X_FORMATS, cp_async_wait, operand_args, splitk_arrive, st_global_f32

@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, _int32_dummy, _memo, capturing
 from nvgemm.templates.common.workspace import WORKSPACES

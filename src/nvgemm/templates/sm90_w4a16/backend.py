@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm90_w4a16.config import (
     Sm90W4A16Config,
     config_from_name,

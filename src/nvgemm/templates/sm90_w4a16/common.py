@@ -32,7 +32,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from nvgemm.epilogues.cute_apply import Activation
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.aot.abi import CompileSpec, StreamArg, SymDim, TensorArg, compile_for_target, fake_args
 from nvgemm.core.status import Status

@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 
 from nvgemm.core.validation import alpha_of
-from nvgemm.epilogues.spec import EpilogueSpec, epilogue_ref
+from nvgemm.core.epilogue import EpilogueSpec, epilogue_ref
 
 from nvgemm.templates.common.derived import DerivedCache, refill_tensors
 from nvgemm.templates.common.workspace import WORKSPACES

@@ -51,7 +51,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.aot.abi import register_template
 from nvgemm.templates.sm90_w4a16.common import (

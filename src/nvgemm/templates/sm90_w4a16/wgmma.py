@@ -62,7 +62,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import warpgroup
 
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.aot.abi import register_template
 from nvgemm.templates.sm90_w4a16.common import (

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from nvgemm.core.validation import alpha_of, check_linear_args
-from nvgemm.epilogues.spec import EpilogueSpec
+from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.triton._common import (
     cast_to_kind,
     ceil_div,

@@ -117,7 +117,7 @@ def load() -> type[NV]:
     NV.moe90 = _mod("nvgemm.templates.sm90_moe.policy", "nvgemm.heuristics.moe_sm90")
     NV.moe100 = _mod("nvgemm.templates.sm100_moe.policy", "nvgemm.heuristics.moe_sm100")
     NV.sm100_launch = _mod("nvgemm.templates.sm100_w4a4.launch", "nvgemm.templates.sm100.launch")
-    NV.epi = _mod("nvgemm.core.epilogue")
+    NV.epi = _mod("nvgemm.core.epilogue", "nvgemm.epilogues.spec")
     return NV
 
 

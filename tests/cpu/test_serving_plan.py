@@ -120,3 +120,10 @@ def test_precompile_vllm_lists_exactly_the_dispatched_kernels(tmp_path, capsys):
     listed = {line.split()[2] for line in capsys.readouterr().out.splitlines() if line.startswith("  missing")}
     assert listed == want and len(want) > 2
     assert any("_sm_90a" in s for s in want) and any("_sm_100a" in s for s in want)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"llama"', "null"])
+def test_a_config_that_is_not_an_object_is_refused_by_name(tmp_path, text):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=r"config\.json: holds a .*expected a JSON object"):
+        vllm_gemms(tmp_path)

@@ -136,6 +136,9 @@ def vllm_gemms(ckpt, tp: int = 1) -> list[ServedGemm]:
 
     ckpt = Path(ckpt)
     cfg = read_json(ckpt / "config.json")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{ckpt / 'config.json'}: holds a {type(cfg).__name__}, expected a JSON object "
+                         "(a Hugging Face model config)")
     heads = int(cfg.get("num_attention_heads", 1))
     kv_heads = int(cfg.get("num_key_value_heads", heads))
     head_dim = int(cfg.get("head_dim") or cfg.get("hidden_size", heads) // heads)

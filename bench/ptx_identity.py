@@ -481,7 +481,8 @@ def cmd_dump(a) -> int:
             rec = {"key": key, "template_id": spec.template_id, "name": spec.name(), "arch": spec.arch,
                    "tier": tier_of(d), "config": _canon(spec.config),
                    "config_type": f"{type(spec.config).__module__}.{type(spec.config).__qualname__}",
-                   "template_module": NV.abi.BUILTIN_TEMPLATE_MODULES.get(spec.template_id),
+                   "template_module": (NV.abi.builtin_template_modules() if hasattr(NV.abi, "builtin_template_modules")
+                                       else NV.abi.BUILTIN_TEMPLATE_MODULES).get(spec.template_id),
                    "epilogue": _canon(spec.epilogue), "a_format": spec.a_format, "b_format": spec.b_format,
                    "groups": d["groups"], "label": d["label"]}
             st = NV.abi.check_spec(spec)

@@ -1,0 +1,156 @@
+"""tests/sglang_engine: SGLang 0.5.23's Python engine on CPU serving tiny ModelOpt exports through nvgemm's plugin.
+
+Every test module here starts with ``pytest.importorskip("sglang")``: the main suite (no SGLang) skips
+them; ``.ci/sglang_e2e`` runs them in their own environment and fails if any was skipped.
+
+The engine runs as SGLang documents for CPU (``SGLANG_USE_CPU_ENGINE=1``, ``device="cpu"``), with
+torch_native attention, one OpenMP thread per rank, and the two test-only import stubs of
+``stubs/sitecustomize.py`` (SGLang's CPU kernel library and torchvision; see that file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+
+# the same stubs in this (pytest) process, which imports SGLang for the in-process tests
+sys.path.insert(0, str(HERE / "stubs"))
+import _sglang_test_stubs  # noqa: E402,F401
+
+#: The CPU engine's environment (checked on a 2-core machine).
+ENGINE_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "SGLANG_CPU_OMP_THREADS_BIND": "0|1",  # one core per tensor-parallel rank (else: ranks > NUMA nodes)
+    "PYTHONPATH": os.pathsep.join([str(HERE / "stubs")] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+}
+
+#: Tiny exports: Llama-style, hidden 128, 4 heads (2 KV), 2 layers. intermediate_size 256 keeps down_proj's
+#: per-rank K a multiple of 32 at TP=2 (SGLang's CPU engine pads intermediate_size up to a multiple of
+#: 32 * tp, which would change the checkpoint's slicing).
+TINY = dict(intermediate_size=256)
+
+
+def make_checkpoints(root: Path) -> dict[str, Path]:
+    from nvgemm.testing import build_tiny_model, quantize_and_export
+
+    out = {}
+    for algo in ("NVFP4", "W4A16_NVFP4"):
+        out[algo] = quantize_and_export(build_tiny_model("llama", 0, **TINY), root / algo, algo, 0)
+    out["MIXED_PRECISION"] = make_mixed(out["NVFP4"], out["W4A16_NVFP4"], root / "MIXED_PRECISION")
+    out["UNEQUAL"] = make_unequal(out["NVFP4"], root / "UNEQUAL")
+    return out
+
+
+def make_mixed(w4a4: Path, w4a16: Path, dst: Path) -> Path:
+    """A ModelOpt MIXED_PRECISION export: layer 0 NVFP4 (W4A4), layer 1 W4A16_NVFP4, built from the
+    two ModelOpt exports of the same model (ModelOpt's own tensors, per-layer quantized_layers map)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(w4a4, dst, dirs_exist_ok=True)
+    a, b = load_file(str(w4a4 / "model.safetensors")), load_file(str(w4a16 / "model.safetensors"))
+    merged = {k: v for k, v in a.items() if not k.startswith("model.layers.1.")}
+    merged.update({k: v for k, v in b.items() if k.startswith("model.layers.1.")})
+    save_file(merged, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    layers = {}
+    for key in merged:
+        if key.endswith(".weight_scale"):
+            name = key[: -len(".weight_scale")]
+            layers[name] = {"quant_algo": "W4A16_NVFP4" if name.startswith("model.layers.1.") else "NVFP4",
+                            "group_size": 16}
+    hfq = json.loads((dst / "hf_quant_config.json").read_text())
+    hfq["quantization"].update(quant_algo="MIXED_PRECISION", quantized_layers=layers)
+    (dst / "hf_quant_config.json").write_text(json.dumps(hfq, indent=1))
+    cfg = json.loads((dst / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    qc.pop("config_groups", None)
+    qc.update(quant_algo="MIXED_PRECISION", quantized_layers=layers)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    return dst
+
+
+#: The NVFP4 export with its fused shards' scales made unequal (as in independently quantized shards;
+#: ModelOpt's own exports equalize them): (tensor, factor). k_proj's and up_proj's weights and v_proj's
+#: activation quantization change; the checkpoint stays a valid NVFP4 checkpoint. nvgemm's plan then is:
+#: layer 0 qkv 2 GEMMs ([q, k] per-column alpha, [v] its own input_scale), layer 0 gate_up 1 GEMM with
+#: per-column alpha, layer 1 gate_up 2 GEMMs (unequal input_scale), layer 1 qkv unchanged (1 GEMM, scalar).
+UNEQUAL_SCALES = {
+    "model.layers.0.self_attn.k_proj.weight_scale_2": 2.0,
+    "model.layers.0.self_attn.v_proj.input_scale": 1.5,
+    "model.layers.0.mlp.up_proj.weight_scale_2": 0.5,
+    "model.layers.1.mlp.up_proj.input_scale": 1.25,
+}
+
+
+def make_unequal(w4a4: Path, dst: Path) -> Path:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(w4a4, dst, dirs_exist_ok=True)
+    t = load_file(str(w4a4 / "model.safetensors"))
+    for key, factor in UNEQUAL_SCALES.items():
+        t[key] = (t[key].float() * factor).to(t[key].dtype)
+    save_file(t, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def serve(ckpt: Path, tp: int, work: Path, tag: str | None = None, env: dict | None = None,
+          expect_failure: bool = False) -> tuple[list | None, Path, str]:
+    """Run tests/sglang_engine/_serve.py; returns (results, dump folder, engine log)."""
+    tag = tag or f"{ckpt.name}_tp{tp}"
+    dump, out = work / f"dump_{tag}", work / f"{tag}.json"
+    full = dict(os.environ, **ENGINE_ENV, NVGEMM_SGLANG="1", NVGEMM_SGLANG_DUMP=str(dump))
+    full.update(env or {})
+    full = {k: v for k, v in full.items() if v is not None}
+    proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out)], env=full,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    (work / f"{tag}.log").write_text(proc.stdout)
+    if expect_failure:
+        return None, dump, f"exit code {proc.returncode}\n{proc.stdout}"
+    if proc.returncode != 0:
+        raise AssertionError(f"SGLang ({tag}) failed with exit code {proc.returncode}:\n{proc.stdout[-6000:]}")
+    return json.loads(out.read_text()), dump, proc.stdout
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    return make_checkpoints(tmp_path_factory.mktemp("ckpts"))
+
+
+@pytest.fixture(scope="session")
+def served(checkpoints, tmp_path_factory):
+    """``served(name, tp)``: the engine's results, run once per (name, tp) in this session."""
+    work = tmp_path_factory.mktemp("sglang")
+    cache: dict = {}
+
+    def get(name: str, tp: int):
+        if (name, tp) not in cache:
+            cache[(name, tp)] = serve(checkpoints[name], tp, work)
+        return cache[(name, tp)]
+
+    get.work = work
+    return get
+
+
+def nvgemm_logprobs(ckpt: Path, results: list) -> list[torch.Tensor]:
+    """nvgemm's own model (its ModelOpt loader + transformers), teacher-forced on the engine's tokens."""
+    from nvgemm.modelopt import load_modelopt_checkpoint
+
+    model = load_modelopt_checkpoint(ckpt)
+    out = []
+    with torch.no_grad():
+        for r in results:
+            ids = torch.tensor([r["prompt"] + r["token_ids"]])
+            out.append(torch.log_softmax(model(input_ids=ids).logits[0].float(), -1))
+    return out

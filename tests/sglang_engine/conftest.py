@@ -10,6 +10,7 @@ torch_native attention, one OpenMP thread per rank, and the two test-only import
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,9 +22,11 @@ import torch
 
 HERE = Path(__file__).parent
 
-# the same stubs in this (pytest) process, which imports SGLang for the in-process tests
-sys.path.insert(0, str(HERE / "stubs"))
-import _sglang_test_stubs  # noqa: E402,F401
+# the same stubs in this (pytest) process, which imports SGLang for the in-process tests -- only where SGLang
+# is installed: the main suite (no SGLang) must not see a stubbed torchvision
+if importlib.util.find_spec("sglang") is not None:
+    sys.path.insert(0, str(HERE / "stubs"))
+    import _sglang_test_stubs  # noqa: F401
 
 #: The CPU engine's environment (checked on a 2-core machine).
 ENGINE_ENV = {

@@ -2,10 +2,11 @@
 
 Prints the versions nvgemm depends on, whether each is inside the supported range, the CUDA
 device (if any) and which nvgemm kernel family serves it, every ``NVGEMM_*`` setting with its value,
-source (default / environment) and tag (codegen / runtime; :mod:`nvgemm.settings`), and the table of
-TorchInductor pieces the ``nvgemm.enable()`` integration uses on the running torch
-(:mod:`nvgemm.integrations.inductor.compat`). Exit status 0 when every dependency is inside the supported
-range and every setting parses, 1 otherwise. ``--markdown`` prints docs/env.md instead.
+source (default / environment) and tag (codegen / runtime; :mod:`nvgemm.settings`), whether the SGLang plugin
+is installed with a tested SGLang and opted in, and the table of TorchInductor pieces the ``nvgemm.enable()``
+integration uses on the running torch (:mod:`nvgemm.integrations.inductor.compat`). Exit status 0 when every
+dependency is inside the supported range and every setting parses, 1 otherwise. ``--markdown`` prints
+docs/env.md instead.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def run(args) -> int:
               "ahead of time with `nvgemm precompile --arch ...`)")
     lines, settings_ok = settings_report()
     print("\n".join(lines))
+    from nvgemm.integrations.sglang import status as sglang_status  # lazy, like the Inductor report below
+
+    print(f"SGLang plugin (nvgemm.integrations.sglang): {sglang_status()}")
     # lazy: nvgemm env reports on installs where the Inductor integration does not import
     from nvgemm.integrations.inductor import compat
 

@@ -8,11 +8,15 @@ Examples::
     nvgemm precompile --selftest --arch sm_90a,sm_100a      # toolchain check with a tiny kernel
     nvgemm precompile --model Mistral-7B --dry-run           # list the kernels, compile nothing
     nvgemm precompile --checkpoint ./Llama-NVFP4 --vllm --tp 2 --arch sm_100a --max-m 8192
+    nvgemm precompile --checkpoint ./Llama-NVFP4 --sglang --tp 2 --arch sm_100a --max-m 8192
 
 With ``--vllm`` (needs ``--checkpoint``) the list is exactly what ``vllm serve`` with nvgemm's plugin
 runs: vLLM's fused q/k/v and gate/up layers, per-rank shapes for ``--tp``, each layer's epilogue
 (scalar or per-column alpha, bias), and for every token count 1..``--max-m`` (set it to vLLM's
 ``--max-num-batched-tokens``) the one kernel the runtime dispatch picks (no autotuning candidates).
+``--sglang`` is the same for SGLang with nvgemm's plugin, which builds the same fused layers and per-rank
+shapes: set ``--max-m`` to SGLang's ``--chunked-prefill-size``; every CUDA-graph size SGLang captures (decode
+batch sizes, prefill token buckets) is at most that, so the set covers the plugin's warm-up.
 
 For each arch, layer GEMM (N, K) and M bucket, the candidate policy (``nvgemm.heuristics``) names
 up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.aot.abi.CompileSpec`
@@ -74,7 +78,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="output (with --vllm also activation) dtype (default bf16)")
     p.add_argument("--vllm", action="store_true",
                    help="with --checkpoint: exactly the kernels `vllm serve` with nvgemm's plugin runs (see above)")
-    p.add_argument("--tp", type=int, default=1, help="with --vllm: vLLM's --tensor-parallel-size (default 1)")
+    p.add_argument("--sglang", action="store_true",
+                   help="with --checkpoint: exactly the kernels SGLang with nvgemm's plugin runs (see above)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="with --vllm / --sglang: the engine's tensor-parallel size (default 1)")
     p.add_argument("--max-candidates", type=int, default=8)
     p.add_argument("--no-nvmmh", action="store_true", help="decode rules only (skip nvMatmulHeuristics)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(4, CPUs))")
@@ -156,7 +163,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                                 arch, DEFAULT_HW[arch], a_format="bf16", b_format="bf16", codegen_env=env)
                 specs.setdefault(s, f"selftest t{threads} {arch}")
         return "selftest", list((lbl, s) for s, lbl in specs.items()), skipped
-    if getattr(args, "vllm", False):
+    if getattr(args, "vllm", False) or getattr(args, "sglang", False):
         return _vllm_specs(args, arches)
     title, layers = _layers(args)
     buckets = _buckets(args)
@@ -207,11 +214,15 @@ def check_arch_gpu(arch: str, gpu: str | None) -> None:
 
 
 def _vllm_specs(args, arches):
-    """The kernels nvgemm's vLLM plugin dispatches for a checkpoint (``--vllm``)."""
+    """The kernels nvgemm's vLLM or SGLang plugin dispatches for a checkpoint (``--vllm`` / ``--sglang``:
+    both engines build the same fused layers and tensor-parallel shapes)."""
     import torch
 
+    engine = "SGLang" if getattr(args, "sglang", False) else "vLLM"
+    if getattr(args, "sglang", False) and getattr(args, "vllm", False):
+        raise ValueError("--vllm and --sglang: name one engine")
     if not args.checkpoint:
-        raise ValueError("--vllm needs --checkpoint")
+        raise ValueError(f"--{engine.lower()} needs --checkpoint")
     if args.tp < 1:
         raise ValueError("--tp must be >= 1")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.out_dtype]
@@ -234,7 +245,7 @@ def _vllm_specs(args, arches):
                     specs.setdefault(choice.spec, f"{label} M={m}")
             if backends_used <= {"emulated", "triton_w4a16"}:
                 skipped.append((label, f"served by {', '.join(sorted(backends_used))} (no CuTeDSL kernel to build)"))
-    return f"{args.checkpoint} (vLLM, tp={args.tp})", list((lbl, s) for s, lbl in specs.items()), skipped
+    return f"{args.checkpoint} ({engine}, tp={args.tp})", list((lbl, s) for s, lbl in specs.items()), skipped
 
 
 # ---- workers -------------------------------------------------------------------------------

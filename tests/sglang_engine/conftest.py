@@ -157,3 +157,23 @@ def nvgemm_logprobs(ckpt: Path, results: list) -> list[torch.Tensor]:
             ids = torch.tensor([r["prompt"] + r["token_ids"]])
             out.append(torch.log_softmax(model(input_ids=ids).logits[0].float(), -1))
     return out
+
+
+#: A tiny Qwen3-MoE (hidden 128, 8 routed experts top-2, expert I = 64), for the MoE warning: SGLang's own
+#: ModelOptNvFp4FusedMoEMethod keeps its layers.
+QWEN3_MOE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
+                 num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=256, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def moe_checkpoint(tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from nvgemm.testing import quantize_and_export
+
+    config = AutoConfig.for_model("qwen3_moe", **QWEN3_MOE)
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, experts_implementation="eager").eval()
+    return quantize_and_export(model, tmp_path_factory.mktemp("moe") / "qwen3_moe-NVFP4", "NVFP4", 0)

@@ -148,7 +148,7 @@ def served(checkpoints, tmp_path_factory):
 
 def nvgemm_logprobs(ckpt: Path, results: list) -> list[torch.Tensor]:
     """nvgemm's own model (its ModelOpt loader + transformers), teacher-forced on the engine's tokens."""
-    from nvgemm.modelopt import load_modelopt_checkpoint
+    from nvgemm.integrations.modelopt import load_modelopt_checkpoint
 
     model = load_modelopt_checkpoint(ckpt)
     out = []

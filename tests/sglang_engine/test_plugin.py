@@ -122,7 +122,7 @@ def test_per_rank_k_not_multiple_of_16_names_the_layer():
 
 def _loaded(widths, k, ins, ws2_factor=(1.0, 1.0, 1.0), skip=()):
     """A layer filled through each parameter's weight_loader as SGLang's loader calls it (shard by shard)."""
-    from nvgemm.formats import quantize_weight
+    from nvgemm.core.formats import quantize_weight
 
     gen = torch.Generator().manual_seed(34)
     qs = [quantize_weight(torch.randn(n, k, generator=gen)) for n in widths]
@@ -160,8 +160,8 @@ def test_apply_equals_the_shardwise_math_without_host_sync(ins, gemms):
     ``aten._local_scalar_dense`` (a host sync), no other allocation."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from nvgemm.formats import to_blocked
-    from nvgemm.ops import nvfp4_linear_emulated
+    from nvgemm.core.formats import to_blocked
+    from nvgemm.ops.linear import nvfp4_linear_emulated
 
     widths, k = [64, 32, 32], 128
     ins = torch.tensor(ins)

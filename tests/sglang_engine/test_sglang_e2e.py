@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("sglang")
 from safetensors.torch import load_file  # noqa: E402
 
-from nvgemm.formats import dequantize, quantize_activation  # noqa: E402
+from nvgemm.core.formats import dequantize, quantize_activation  # noqa: E402
 
 from conftest import nvgemm_logprobs  # noqa: E402
 

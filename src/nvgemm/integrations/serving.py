@@ -19,7 +19,7 @@ shard scales differ (they keep ``max(weight_scale_2)`` and ``max(input_scale)``)
 
 :class:`ServedLinear` is one served layer, engine-agnostic: the parameters it registers (through the
 engine's own parameter classes and loaders), the plan, the sm90 one-copy layout, the warm-up, the
-one load log line and ``apply``. An adapter (``nvgemm.vllm.method``, ``nvgemm.integrations.sglang.method``)
+one load log line and ``apply``. An adapter (``nvgemm.integrations.vllm.method``, ``nvgemm.integrations.sglang.method``)
 only supplies what its engine decides: the parameter classes, the activation dtype, the token counts
 to warm up, the tensor-parallel rank for dumps. :func:`prepare_moe` / :func:`resolve_moe` are the same
 for routed experts (``nvgemm::nvfp4_moe``).
@@ -35,8 +35,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..formats import NVFP4, check_block_scales, to_blocked
-from ..runtime.serving_plan import shard_runs
+from nvgemm.core.formats import NVFP4, check_block_scales, to_blocked
+from nvgemm.dispatch.serving_plan import shard_runs
 
 log = logging.getLogger("nvgemm_cutedsl.serving")
 
@@ -220,7 +220,7 @@ class Sm90Held:
 def sm90_serve_reason(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
                       m_values: Iterable[int]) -> str | None:
     """None when the sm90 kernels serve every (GEMM, M) of the layer (:mod:`nvgemm.prepared`)."""
-    from ..prepared import sm90_serve_reason as serve_reason
+    from nvgemm.ops.prepared import sm90_serve_reason as serve_reason
 
     return serve_reason(p for _, _, p in problems_of(gemms, k, device, x_dtype, bias, m_values))
 
@@ -229,8 +229,8 @@ def hold_sm90(weight: torch.Tensor, gemms: Sequence[Gemm], kind: str) -> tuple[t
     """The layer's weight in the sm90 layout (one tensor, GEMM by GEMM; each GEMM's rows padded to
     whole tiles). Sets each GEMM's ``tiles`` and drops its checkpoint-layout ``weight_scale``; the
     caller drops ``weight``, so the layer holds one copy."""
-    from ..templates.sm90.config import CHUNK, K_ALIGN, ROW_TILE
-    from ..templates.sm90.operand import prepare_sm90_weight
+    from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
+    from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
 
     k = weight.shape[1] * 2
     chunks = -(-k // K_ALIGN) * K_ALIGN // CHUNK
@@ -259,7 +259,7 @@ def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: st
     (the copies are what the launchers derived from it: the sm90 prepared layout, sm100's
     interleaved gate_up; :func:`nvgemm.templates.derived.derived_nbytes`). ``held`` names the
     layout of ``weight`` (``"sm90 layout only"`` when :func:`hold_sm90` replaced the checkpoint's)."""
-    from ..templates.derived import derived_nbytes
+    from nvgemm.templates.common.derived import derived_nbytes
 
     ckpt = weight.numel() * weight.element_size() + sum(s.numel() * s.element_size() for s in scales)
     return f"weight memory: {held} {ckpt / 2**20:.2f} MiB + nvgemm copies {derived_nbytes(weight) / 2**20:.2f} MiB"
@@ -271,7 +271,7 @@ def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: st
 def problems_of(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
                 m_values: Iterable[int]):
     """``(gemm index, gemm, LinearProblem)`` of every (GEMM, M) the layer will run."""
-    from ..runtime.backends import LinearProblem
+    from nvgemm.dispatch.registry import LinearProblem
 
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     for gi, g in enumerate(gemms):
@@ -296,7 +296,7 @@ def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch
     only re-run once per layer for the per-weight caches. The emulated op (e.g. on a CPU device) has
     nothing to resolve, so only the selection is made. Returns ``(gemm index, LinearProblem, backend name)``.
     """
-    from ..runtime.backends import select_backend
+    from nvgemm.dispatch.registry import select_backend
 
     device = weight.device
     k = weight.shape[1] * 2 if sm90 is None else sm90.k
@@ -343,7 +343,7 @@ def warmup_sizes(graph_sizes: Iterable[int], token_budget: int, device: torch.de
     On a non-CUDA device nothing is compiled, so one count (1) only selects the backend for the log."""
     if device.type != "cuda":
         return [1]
-    from ..heuristics import m_buckets
+    from nvgemm.heuristics import m_buckets
 
     sizes = {int(s) for s in graph_sizes}
     sizes.update(hi for _, hi in m_buckets(int(token_budget)))
@@ -352,7 +352,7 @@ def warmup_sizes(graph_sizes: Iterable[int], token_budget: int, device: torch.de
 
 def passed_over(problem, chosen: str) -> list[str]:
     """Why each higher-priority backend does not serve ``problem``."""
-    from ..runtime.backends import _CHECKED, backends
+    from nvgemm.dispatch.registry import _CHECKED, backends
 
     out = []
     for b in backends():
@@ -375,7 +375,7 @@ def _hopper(device: torch.device) -> bool:
 
 def kernel_configs(first: dict) -> str:
     """Kernel config names the CuTeDSL backends pick (at the first M each backend serves)."""
-    from ..runtime.serving_plan import kernel_config
+    from nvgemm.dispatch.serving_plan import kernel_config
 
     names = []
     for name, p in first.items():
@@ -458,8 +458,8 @@ class ServedLinear:
 
     def finish(self, layer: torch.nn.Module, x_dtype: torch.dtype, m_values: Sequence[int]) -> str:
         """Plan, lay out, warm up and log the loaded layer (see the class docstring); returns the log line."""
-        from ..prepared import one_copy_wanted
-        from ..templates.sm90.operand import kind_of
+        from nvgemm.ops.prepared import one_copy_wanted
+        from nvgemm.templates.sm90_w4a16.operand import kind_of
 
         required = ("weight", "weight_scale", "weight_scale_2") + (() if self.weight_only else ("input_scale",))
         self.tracker.check(required)

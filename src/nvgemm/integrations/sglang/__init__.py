@@ -55,7 +55,7 @@ def opted_in(environ=None) -> bool:
 
 def status(environ=None) -> str:
     """One line for ``nvgemm env``: the installed SGLang, whether it is tested, whether the plugin is opted in."""
-    from . import _compat
+    from nvgemm.integrations.sglang import _compat
 
     version = _compat.installed_version()
     if version == "not installed":
@@ -86,10 +86,10 @@ def _show_logs() -> None:
 
 
 def _install() -> str:
-    from . import _compat
+    from nvgemm.integrations.sglang import _compat
 
     version = _compat.check_version()
-    from .method import register_configs
+    from nvgemm.integrations.sglang.method import register_configs
 
     register_configs()
     return version

@@ -26,8 +26,8 @@ import os
 
 import torch
 
-from ..serving import ServedLinear, note_unserved_checkpoint, warmup_sizes
-from . import _compat
+from nvgemm.integrations.serving import ServedLinear, note_unserved_checkpoint, warmup_sizes
+from nvgemm.integrations.sglang import _compat
 
 log = logging.getLogger("nvgemm_cutedsl.sglang")
 

@@ -541,7 +541,7 @@ def _():
 
 @case("vllm layer", "plan_gemms: negative block scale")
 def _():
-    from nvgemm.integrations.vllm.layer import plan_gemms
+    from nvgemm.integrations.serving import plan_gemms
 
     s = Q.scale.view(torch.uint8).clone()
     s[1, 1] |= 0x80
@@ -550,7 +550,7 @@ def _():
 
 @case("vllm layer", "plan_gemms: NaN (never loaded) block scale")
 def _():
-    from nvgemm.integrations.vllm.layer import plan_gemms
+    from nvgemm.integrations.serving import plan_gemms
 
     s = Q.scale.view(torch.uint8).clone()
     s[1, 1] = 0x7F
@@ -559,14 +559,14 @@ def _():
 
 @case("vllm layer", "plan_gemms: zero weight_scale_2")
 def _():
-    from nvgemm.integrations.vllm.layer import plan_gemms
+    from nvgemm.integrations.serving import plan_gemms
 
     return expect_error(plan_gemms, Q.packed, Q.scale, torch.zeros(1), None, [N])
 
 
 @case("vllm layer", "LoadTracker: a shard never loaded")
 def _():
-    from nvgemm.integrations.vllm.layer import LoadTracker
+    from nvgemm.integrations.serving import LoadTracker
 
     t = LoadTracker("qkv", 3)
     load_ = t.wrap("weight", lambda p, w, *a: None)

@@ -154,7 +154,7 @@ def test_layer_weight_memory_reports_the_derived_copies():
     """The vLLM load log line states a layer's checkpoint bytes and the copies the launchers made
     (issue 22 item 14: on Hopper the prepared layout is a second copy of every weight)."""
     from nvgemm.templates.common.derived import derived_nbytes
-    from nvgemm.integrations.vllm.layer import weight_memory
+    from nvgemm.integrations.serving import weight_memory
 
     pa, sa, g = _layer(64, 256, 8)
     pb, sb, _ = _layer(64, 256, 9)

@@ -23,7 +23,7 @@ from nvgemm.ops.linear import nvfp4_linear_emulated
 from nvgemm.ops.prepared import one_copy_wanted
 from nvgemm.templates.common.derived import derived_nbytes
 from nvgemm.testing import sm90_stand_in
-from nvgemm.integrations.vllm.layer import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
+from nvgemm.integrations.serving import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
 
 CPU = torch.device("cpu")
 

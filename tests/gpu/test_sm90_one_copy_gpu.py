@@ -55,7 +55,7 @@ def test_vllm_fused_layer_held_once_is_bit_identical():
     """A fused q/k/v of two GEMMs (unequal input scales), held in one stacked tensor, vs the
     checkpoint layout the kernels derive their copy from."""
     from nvgemm.core.formats import quantize_weight
-    from nvgemm.integrations.vllm.layer import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
+    from nvgemm.integrations.serving import hold_sm90, plan_gemms, run_gemms, sm90_serve_reason
 
     g = torch.Generator().manual_seed(22)
     k, widths = 4096, [4096, 1024, 1000]  # v's 1000 rows: not a whole tile

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nvgemm.heuristics import m_buckets
+from nvgemm.integrations.serving import warmup_sizes
 from nvgemm.integrations.vllm import _compat
 
 V = _compat.load()
@@ -22,18 +22,14 @@ def warmup_token_counts(device: torch.device) -> list[int]:
     """Token counts to resolve before serving: every CUDA-graph capture size vLLM will use, plus the
     upper bound of each of the policy's M buckets up to the scheduler's token budget (eager batches).
     On a CPU device nothing is compiled, so one count (1) only selects the backend for the log."""
-    if device.type != "cuda":
-        return [1]
     cfg = V.get_current_vllm_config_or_none()
-    sizes: set[int] = set()
+    sizes: list[int] = []
     budget = 256
     if cfg is not None:
-        cc = cfg.compilation_config
         if not cfg.model_config.enforce_eager:
-            sizes.update(int(s) for s in (cc.cudagraph_capture_sizes or []))
+            sizes = [int(s) for s in (cfg.compilation_config.cudagraph_capture_sizes or [])]
         budget = int(cfg.scheduler_config.max_num_batched_tokens)
-    sizes.update(hi for _, hi in m_buckets(budget))
-    return sorted(sizes)
+    return warmup_sizes(sizes, budget, device)
 
 
 __all__ = ["model_dtype", "warmup_token_counts"]

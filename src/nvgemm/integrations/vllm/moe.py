@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from pathlib import Path
 
 import torch
 
@@ -225,13 +224,13 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
         return out
 
     def _dump(self, layer, x, ids, wts, em, out) -> None:
-        d = Path(self.dump_dir)
-        d.mkdir(parents=True, exist_ok=True)
+        from nvgemm.integrations.serving import dump_call
+
         mc = layer.moe_config
         rank = int(mc.tp_rank) if not mc.use_ep else int(mc.ep_rank)
-        torch.save({"layer": self.prefix, "kind": "moe", "rank": rank, "tp_size": int(mc.tp_size),
-                    "ep_size": int(mc.ep_size) if mc.use_ep else 1,
-                    "x": x.detach().cpu(), "topk_ids": ids.detach().cpu(), "topk_weights": wts.detach().cpu(),
-                    "expert_map": None if em is None else em.detach().cpu(), "activation": self.activation,
-                    "router_weight_on_input": bool(layer.apply_router_weight_on_input), "out": out.detach().cpu()},
-                   d / f"{self.prefix}.rank{rank}.pid{os.getpid()}.moe{next(_DUMP_COUNTER)}.pt")
+        dump_call(self.dump_dir, f"{self.prefix}.rank{rank}.pid{os.getpid()}.moe{next(_DUMP_COUNTER)}",
+                  {"layer": self.prefix, "kind": "moe", "rank": rank, "tp_size": int(mc.tp_size),
+                   "ep_size": int(mc.ep_size) if mc.use_ep else 1,
+                   "x": x.detach().cpu(), "topk_ids": ids.detach().cpu(), "topk_weights": wts.detach().cpu(),
+                   "expert_map": None if em is None else em.detach().cpu(), "activation": self.activation,
+                   "router_weight_on_input": bool(layer.apply_router_weight_on_input), "out": out.detach().cpu()})

@@ -1,4 +1,4 @@
-"""nvgemm.integrations.vllm.layer (pure torch, no vLLM): fused shards stay exact, tensor-parallel shards are correct,
+"""nvgemm.integrations.serving (pure torch, no engine; shared by the vLLM and SGLang plugins): fused shards stay exact, tensor-parallel shards are correct,
 and warm-up resolves every (GEMM, M) before serving."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from _reference import ref_linear_fp64
 from nvgemm.core.formats import quantize_weight
 from nvgemm.ops.linear import nvfp4_linear_emulated
 from nvgemm.dispatch.registry import Backend, LinearProblem, register_backend, unregister_backend
-from nvgemm.integrations.vllm.layer import describe_choices, plan_gemms, run_gemms, warm_up
+from nvgemm.integrations.serving import describe_choices, plan_gemms, run_gemms, warm_up
 
 # Tolerance: the emulated op and the fp64 reference decode identical codes and scales; they differ by
 # the fp32 summation order (<= K * 2^-24 of sum |a*b|) and the op's single bf16 rounding (<= 2^-9
@@ -190,7 +190,7 @@ def test_describe_choices():
 def _fake_vllm_layer(widths, k, tracker):
     """What NvgemmNvFp4LinearMethod.create_weights registers (weight is torch.empty, as in vLLM), with
     vLLM's fused-layer loader semantics: one call per checkpoint tensor, a shard id per fused shard."""
-    from nvgemm.integrations.vllm.layer import LoadTracker  # noqa: F401  (documented type of tracker)
+    from nvgemm.integrations.serving import LoadTracker  # noqa: F401  (documented type of tracker)
 
     n, shards = sum(widths), len(widths)
     offsets = dict(zip("qkv", [0, widths[0], widths[0] + widths[1]]))
@@ -219,7 +219,7 @@ def _fake_vllm_layer(widths, k, tracker):
 def test_unloaded_shard_is_detected_before_serving(seed, skip):
     """A shard missing from the checkpoint leaves torch.empty memory in ``weight`` (any byte is a valid
     FP4 code pair, so nothing downstream can tell); the tracker names it before the layer serves."""
-    from nvgemm.integrations.vllm.layer import LoadTracker
+    from nvgemm.integrations.serving import LoadTracker
 
     gen = torch.Generator().manual_seed(seed)
     widths, k = [32, 16, 16], 64
@@ -243,7 +243,7 @@ def test_unloaded_shard_is_detected_before_serving(seed, skip):
 
 
 def test_prefused_checkpoint_tensor_counts_as_every_shard():
-    from nvgemm.integrations.vllm.layer import LoadTracker
+    from nvgemm.integrations.serving import LoadTracker
 
     tracker = LoadTracker("x", 2)
     load = tracker.wrap("weight", lambda p, w, *a: p.copy_(w))
@@ -261,7 +261,7 @@ def test_prefused_checkpoint_tensor_counts_as_every_shard():
     (None, False),
 ])
 def test_compressed_tensors_nvfp4_fallback_is_logged(caplog, cfg, logged):
-    from nvgemm.integrations.vllm.layer import note_unserved_checkpoint
+    from nvgemm.integrations.serving import note_unserved_checkpoint
 
     with caplog.at_level("WARNING", logger="nvgemm_cutedsl.vllm"):
         msg = note_unserved_checkpoint(cfg)

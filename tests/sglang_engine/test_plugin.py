@@ -209,3 +209,45 @@ def test_warmup_covers_every_graph_size_and_bucket(monkeypatch):
     cg.prefill.backend = "disabled"
     assert method.warmup_token_counts(torch.device("cuda")) == sorted(buckets | {1, 2, 4, 8, 24})
     assert method.warmup_token_counts(torch.device("cpu")) == [1]
+
+
+def test_moe_layers_stay_sglangs_with_one_named_warning(monkeypatch, moe_checkpoint):
+    """NVFP4 MoE layers keep SGLang's ModelOptNvFp4FusedMoEMethod, with one warning naming the first such
+    layer (not one per layer). SGLang's method refuses to be constructed on a CPU ("Current platform does not
+    support NVFP4 quantization with the selected MoE backend"), so here its constructor is reduced to storing
+    the config, as it ends on a Blackwell GPU; the dense layers of the same checkpoint get nvgemm's method."""
+    import json
+    import logging
+
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+    from sglang.srt.layers.quantization.modelopt_quant import ModelOptNvFp4FusedMoEMethod
+
+    from nvgemm.integrations.sglang import method
+
+    monkeypatch.setenv("NVGEMM_SGLANG", "1")
+    plugin.register()
+    monkeypatch.setattr(ModelOptNvFp4FusedMoEMethod, "__init__", lambda self, qc: setattr(self, "quant_config", qc))
+    monkeypatch.setattr(method, "_MOE_WARNED", [])
+    cfg = method.NvgemmSglModelOptFp4Config.from_config(json.loads((moe_checkpoint / "hf_quant_config.json").read_text()))
+    # what SGLang's model constructor sets from Qwen3MoeForCausalLM.packed_modules_mapping
+    cfg.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    lines = []
+    catch = logging.Handler(logging.INFO)
+    catch.emit = lambda r: lines.append((r.levelno, r.getMessage()))
+    method.log.addHandler(catch)
+    try:
+        for i in range(2):
+            moe = FusedMoE.__new__(FusedMoE)
+            torch.nn.Module.__init__(moe)
+            assert type(cfg.get_quant_method(moe, f"model.layers.{i}.mlp.experts")) is ModelOptNvFp4FusedMoEMethod
+        dense = LinearBase.__new__(LinearBase)
+        torch.nn.Module.__init__(dense)
+        assert isinstance(cfg.get_quant_method(dense, "model.layers.0.self_attn.qkv_proj"),
+                          method.NvgemmSglNvFp4LinearMethod)
+    finally:
+        method.log.removeHandler(catch)
+    warnings = [m for level, m in lines if level == logging.WARNING]
+    assert warnings == ["nvgemm_cutedsl: SGLang MoE layers (first: model.layers.0.mlp.experts) stay with SGLang's "
+                        "ModelOptNvFp4FusedMoEMethod: nvgemm's SGLang plugin does not take over fused-MoE layers "
+                        "(its vLLM plugin does)"]

@@ -18,6 +18,8 @@ Names used (module -> name: why; public = documented extension point):
   FP8 layers and MoE stay SGLang's), ``ModelOptFp4LinearMethod`` / ``ModelOptNvFp4A16LinearMethod``
   (the stock methods whose layers nvgemm takes over), ``ModelOptNvFp4FusedMoEMethod`` (named in the
   MoE warning).
+* ``sglang.srt.layers.quantization.utils`` -> ``_FALLBACK_FUSED_SHARDS`` (private; SGLang's standard fused-layer
+  -> shard names, which MIXED_PRECISION resolution needs for models without ``packed_modules_mapping``).
 * ``sglang.srt.layers.linear`` -> ``LinearBase``, ``WEIGHT_LOADER_V2_SUPPORTED`` (a list of method
   class names: listing nvgemm's method gives its fused shards the per-shard scale loader).
 * ``sglang.srt.layers.quantization.base_config`` -> ``LinearMethodBase`` (public base of quant methods).
@@ -79,6 +81,7 @@ def load():
     from sglang.srt.layers.parameter import ModelWeightParameter, PerTensorScaleParameter
     from sglang.srt.layers.quantization import CPU_QUANTIZATION_METHODS, QUANTIZATION_METHODS
     from sglang.srt.layers.quantization.base_config import LinearMethodBase
+    from sglang.srt.layers.quantization.utils import _FALLBACK_FUSED_SHARDS as FALLBACK_FUSED_SHARDS
     from sglang.srt.layers.quantization.modelopt_quant import (
         ModelOptFp4Config,
         ModelOptFp4LinearMethod,
@@ -89,7 +92,7 @@ def load():
     from sglang.srt.runtime_context import get_exec, get_schedule
     from sglang.srt.utils import cpu_has_amx_support, is_cpu
 
-    return SimpleNamespace(**{k: v for k, v in locals().items() if k != "SimpleNamespace"})
+    return SimpleNamespace(**{k: v for k, v in locals().items() if k != "SimpleNamespace"})  # noqa: the names above
 
 
 def graph_sizes_and_budget() -> tuple[list[int], int]:

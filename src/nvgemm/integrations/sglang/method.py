@@ -142,9 +142,20 @@ class NvgemmSglModelOptFp4Config(S.ModelOptFp4Config):
 
 
 class NvgemmSglModelOptMixedPrecisionConfig(S.ModelOptMixedPrecisionConfig):
-    """``modelopt_mixed`` (MIXED_PRECISION) with its NVFP4 / W4A16_NVFP4 linear layers served by nvgemm."""
+    """``modelopt_mixed`` (MIXED_PRECISION) with its NVFP4 / W4A16_NVFP4 linear layers served by nvgemm.
+
+    The checkpoint's ``quantized_layers`` name the unfused projections (``q_proj``, ``gate_proj``, ...); SGLang
+    resolves a fused layer (``qkv_proj``, ``gate_up_proj``) through the model class's
+    ``packed_modules_mapping``, which some model classes (Llama) do not define: SGLang then builds those layers
+    unquantized and fails loading their NVFP4 tensors. nvgemm adds SGLang's own standard fused-shard names
+    for the fused layers the model does not map, so they resolve like the rest (all shards must agree, as
+    SGLang requires)."""
 
     def get_quant_method(self, layer, prefix: str):
+        mapping = dict(self.packed_modules_mapping or {})
+        for fused, shards in S.FALLBACK_FUSED_SHARDS.items():
+            mapping.setdefault(fused, list(shards))
+        self.packed_modules_mapping = mapping
         return _swap(super().get_quant_method(layer, prefix), self, layer, prefix)
 
 

@@ -196,6 +196,16 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("NVGEMM_VLLM_DUMP", PATH, None, RUNTIME,
             "Save every linear and MoE call the vLLM plugin makes (inputs and output) under this directory "
             "(tests, debugging; slow)."),
+    # -- SGLang plugin
+    Setting("NVGEMM_SGLANG", BOOL, None, RUNTIME,
+            "Enable (1) or disable (0) nvgemm's SGLang plugin. Unset: enabled only when `SGLANG_PLUGINS` names "
+            "`nvgemm`. Enabled on an SGLang it cannot serve, it stops SGLang's startup with the reason."),
+    Setting("NVGEMM_SGLANG_LOG_LEVEL", LOG_LEVEL, "INFO", RUNTIME,
+            "Level of the nvgemm log lines the SGLang plugin prints (unless the application configured the "
+            "`nvgemm_cutedsl` logger)."),
+    Setting("NVGEMM_SGLANG_DUMP", PATH, None, RUNTIME,
+            "Save every linear call the SGLang plugin makes (inputs and output) under this directory "
+            "(tests, debugging; slow)."),
 )
 
 

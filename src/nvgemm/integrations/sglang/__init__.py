@@ -40,15 +40,17 @@ class PluginStartupError(SystemExit):
 
 
 def opted_in(environ=None) -> bool:
-    """True when the user asked for the plugin (see the module docstring)."""
+    """True when the user asked for the plugin (see the module docstring). A value of ``NVGEMM_SGLANG`` that
+    does not parse stops startup (:class:`PluginStartupError`): the user meant something."""
+    from nvgemm import settings
+
     env = os.environ if environ is None else environ
-    flag = env.get(ENV, "").strip().lower()
-    if flag in ("0", "false", "no", "off"):
-        return False
-    if flag in ("1", "true", "yes", "on"):
-        return True
-    if flag:
-        raise PluginStartupError(f"nvgemm: {ENV}={env.get(ENV)!r}: expected 1 (enable) or 0 (disable)")
+    try:
+        flag = settings.get(ENV, env)
+    except settings.SettingError as e:
+        raise PluginStartupError(f"nvgemm: {e}") from None
+    if flag is not None:
+        return flag
     allowed = env.get("SGLANG_PLUGINS")
     return allowed is not None and PLUGIN_NAME in [p.strip() for p in allowed.split(",")]
 
@@ -81,7 +83,9 @@ def _show_logs() -> None:
     h.setFormatter(logging.Formatter("(pid=%(process)d) %(levelname)s %(asctime)s [nvgemm] %(message)s",
                                      "%m-%d %H:%M:%S"))
     root.addHandler(h)
-    root.setLevel(os.environ.get("NVGEMM_SGLANG_LOG_LEVEL", "INFO").upper())
+    from nvgemm import settings
+
+    root.setLevel(settings.NVGEMM_SGLANG_LOG_LEVEL)
     root.propagate = False
 
 

@@ -22,19 +22,16 @@ down_proj) whose tensors nvgemm does not take; with another class those fusions 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from nvgemm import settings
 from nvgemm.integrations.serving import ServedLinear, note_unserved_checkpoint, warmup_sizes
 from nvgemm.integrations.sglang import _compat
 
 log = logging.getLogger("nvgemm_cutedsl.sglang")
 
 S = _compat.load()
-
-#: Write every linear call's inputs and output to this folder (debugging and tests; slow).
-DUMP_ENV = "NVGEMM_SGLANG_DUMP"
 
 
 def warmup_token_counts(device: torch.device) -> list[int]:
@@ -50,7 +47,7 @@ class NvgemmSglNvFp4LinearMethod(S.LinearMethodBase):
     def __init__(self, weight_only: bool, prefix: str, group_size: int = 16):
         if group_size != 16:
             raise ValueError(f"nvgemm: SGLang layer {prefix} has NVFP4 group_size {group_size}; NVFP4 uses 16")
-        self.served = ServedLinear("SGLang", prefix, weight_only, log, os.environ.get(DUMP_ENV))
+        self.served = ServedLinear("SGLang", prefix, weight_only, log, settings.NVGEMM_SGLANG_DUMP)
         self.params_dtype = torch.bfloat16
 
     @property

@@ -19,10 +19,10 @@ shard scales differ (they keep ``max(weight_scale_2)`` and ``max(input_scale)``)
 
 :class:`ServedLinear` is one served layer, engine-agnostic: the parameters it registers (through the
 engine's own parameter classes and loaders), the plan, the sm90 one-copy layout, the warm-up, the
-one load log line and ``apply``. An adapter (``nvgemm.integrations.vllm.method``, ``nvgemm.integrations.sglang.method``)
-only supplies what its engine decides: the parameter classes, the activation dtype, the token counts
-to warm up, the tensor-parallel rank for dumps. :func:`prepare_moe` / :func:`resolve_moe` are the same
-for routed experts (``nvgemm::nvfp4_moe``).
+one load log line and ``apply``. An adapter (``nvgemm.integrations.vllm.method``,
+``nvgemm.integrations.sglang.method``) only supplies what its engine decides: the parameter classes,
+the activation dtype, the token counts to warm up (:func:`warmup_sizes` of the engine's graph sizes and
+token budget), the tensor-parallel rank for dumps (:func:`dump_call`).
 """
 
 from __future__ import annotations

@@ -166,6 +166,10 @@ def test_each_layer_logs_its_backend_once(served, name, tp):
             assert "fallback: emulated because" in line and "needs a CUDA device" in line
             kind = "W4A16" if name == "W4A16_NVFP4" or (name == "MIXED_PRECISION" and ".layers.1." in layer) else "W4A4"
             assert re.search(rf"\({kind}, K=\d+", line), line
+    if tp == 1:  # warm-up and the load log happen while the weights load, before SGLang sizes its KV cache
+        at = log.splitlines()
+        last = max(i for i, line in enumerate(at) if "[nvgemm] nvgemm_cutedsl: SGLang layer" in line)
+        assert last < min(i for i, line in enumerate(at) if "KV Cache is allocated" in line)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

@@ -44,9 +44,13 @@ BF16_REL = 2.0**-8
 # such a difference now and then moves an activation across an E2M1 rounding boundary (one code step is
 # up to a third of that element), which moves the log-probabilities of this random 2-layer model by up to
 # ~0.1 (the same mechanism and size as measured for vLLM's CPU engine, tests/vllm_engine). W4A16 has no
-# activation rounding, so only the bf16 ulps remain. Measured here (SGLang 0.5.23 CPU, this machine):
-# see MEASURED; bounds are ~2.5-5x those. The per-call check above is the exact one.
-LOGPROB_TOL = {"NVFP4": 0.2, "W4A16_NVFP4": 0.02, "MIXED_PRECISION": 0.1, "UNEQUAL": 0.2}
+# activation rounding, so only the bf16 ulps remain. Measured (SGLang 0.5.23 CPU engine, this machine),
+# max |delta logprob| over the top-5 of 4 steps x 2 prompts vs nvgemm's model, TP=1 / TP=2: NVFP4
+# 0.052 / 0.062, W4A16_NVFP4 0.0040 / 0.0040, MIXED_PRECISION 0.0083 / 0.0084, UNEQUAL 0.027 / 0.027;
+# TP=2 vs TP=1: 0.054, 0.0041, 0.0083, 0.027. Bounds are ~3-6x those. What they can detect: the W4A16
+# bound sees one layer's weight_scale_2 doubled (0.08-0.21, measured on the same models through vLLM);
+# the W4A4 bounds are coarse end-to-end checks. The per-call check above is the exact one.
+LOGPROB_TOL = {"NVFP4": 0.2, "W4A16_NVFP4": 0.02, "MIXED_PRECISION": 0.05, "UNEQUAL": 0.1}
 
 
 def shard_tensors(ckpt_tensors: dict, layer: str, rank: int, tp: int):

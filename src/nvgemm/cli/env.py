@@ -17,6 +17,7 @@ import sys
 from typing import Mapping, Optional
 
 from nvgemm import settings
+from nvgemm.integrations.sglang import status as sglang_status
 
 #: (distribution, lowest supported version, why the floor is there)
 SUPPORTED = (
@@ -90,8 +91,6 @@ def run(args) -> int:
               "ahead of time with `nvgemm precompile --arch ...`)")
     lines, settings_ok = settings_report()
     print("\n".join(lines))
-    from nvgemm.integrations.sglang import status as sglang_status  # lazy, like the Inductor report below
-
     print(f"SGLang plugin (nvgemm.integrations.sglang): {sglang_status()}")
     # lazy: nvgemm env reports on installs where the Inductor integration does not import
     from nvgemm.integrations.inductor import compat

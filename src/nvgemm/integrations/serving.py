@@ -36,7 +36,14 @@ from typing import Iterable, Sequence
 import torch
 
 from nvgemm.core.formats import NVFP4, check_block_scales, to_blocked
-from nvgemm.dispatch.serving_plan import shard_runs
+from nvgemm.dispatch.registry import _CHECKED, LinearProblem, backends, select_backend
+from nvgemm.dispatch.serving_plan import kernel_config, shard_runs
+from nvgemm.heuristics import m_buckets
+from nvgemm.ops.prepared import one_copy_wanted
+from nvgemm.ops.prepared import sm90_serve_reason as serve_reason
+from nvgemm.templates.common.derived import derived_nbytes
+from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
+from nvgemm.templates.sm90_w4a16.operand import kind_of, prepare_sm90_weight
 
 log = logging.getLogger("nvgemm_cutedsl.serving")
 
@@ -220,8 +227,6 @@ class Sm90Held:
 def sm90_serve_reason(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
                       m_values: Iterable[int]) -> str | None:
     """None when the sm90 kernels serve every (GEMM, M) of the layer (:mod:`nvgemm.prepared`)."""
-    from nvgemm.ops.prepared import sm90_serve_reason as serve_reason
-
     return serve_reason(p for _, _, p in problems_of(gemms, k, device, x_dtype, bias, m_values))
 
 
@@ -229,9 +234,6 @@ def hold_sm90(weight: torch.Tensor, gemms: Sequence[Gemm], kind: str) -> tuple[t
     """The layer's weight in the sm90 layout (one tensor, GEMM by GEMM; each GEMM's rows padded to
     whole tiles). Sets each GEMM's ``tiles`` and drops its checkpoint-layout ``weight_scale``; the
     caller drops ``weight``, so the layer holds one copy."""
-    from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
-    from nvgemm.templates.sm90_w4a16.operand import prepare_sm90_weight
-
     k = weight.shape[1] * 2
     chunks = -(-k // K_ALIGN) * K_ALIGN // CHUNK
     bounds = [0]
@@ -259,8 +261,6 @@ def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: st
     (the copies are what the launchers derived from it: the sm90 prepared layout, sm100's
     interleaved gate_up; :func:`nvgemm.templates.derived.derived_nbytes`). ``held`` names the
     layout of ``weight`` (``"sm90 layout only"`` when :func:`hold_sm90` replaced the checkpoint's)."""
-    from nvgemm.templates.common.derived import derived_nbytes
-
     ckpt = weight.numel() * weight.element_size() + sum(s.numel() * s.element_size() for s in scales)
     return f"weight memory: {held} {ckpt / 2**20:.2f} MiB + nvgemm copies {derived_nbytes(weight) / 2**20:.2f} MiB"
 
@@ -271,8 +271,6 @@ def weight_memory(weight: torch.Tensor, scales: Sequence[torch.Tensor], held: st
 def problems_of(gemms: Sequence[Gemm], k: int, device: torch.device, x_dtype: torch.dtype, bias: bool,
                 m_values: Iterable[int]):
     """``(gemm index, gemm, LinearProblem)`` of every (GEMM, M) the layer will run."""
-    from nvgemm.dispatch.registry import LinearProblem
-
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     for gi, g in enumerate(gemms):
         for m in m_values:
@@ -296,8 +294,6 @@ def warm_up(layer: str, weight: torch.Tensor, gemms: Sequence[Gemm], bias: torch
     only re-run once per layer for the per-weight caches. The emulated op (e.g. on a CPU device) has
     nothing to resolve, so only the selection is made. Returns ``(gemm index, LinearProblem, backend name)``.
     """
-    from nvgemm.dispatch.registry import select_backend
-
     device = weight.device
     k = weight.shape[1] * 2 if sm90 is None else sm90.k
     chosen = []
@@ -343,8 +339,6 @@ def warmup_sizes(graph_sizes: Iterable[int], token_budget: int, device: torch.de
     On a non-CUDA device nothing is compiled, so one count (1) only selects the backend for the log."""
     if device.type != "cuda":
         return [1]
-    from nvgemm.heuristics import m_buckets
-
     sizes = {int(s) for s in graph_sizes}
     sizes.update(hi for _, hi in m_buckets(int(token_budget)))
     return sorted(sizes)
@@ -352,8 +346,6 @@ def warmup_sizes(graph_sizes: Iterable[int], token_budget: int, device: torch.de
 
 def passed_over(problem, chosen: str) -> list[str]:
     """Why each higher-priority backend does not serve ``problem``."""
-    from nvgemm.dispatch.registry import _CHECKED, backends
-
     out = []
     for b in backends():
         if b.name == chosen:
@@ -375,8 +367,6 @@ def _hopper(device: torch.device) -> bool:
 
 def kernel_configs(first: dict) -> str:
     """Kernel config names the CuTeDSL backends pick (at the first M each backend serves)."""
-    from nvgemm.dispatch.serving_plan import kernel_config
-
     names = []
     for name, p in first.items():
         cfg = kernel_config(name, p)
@@ -458,9 +448,6 @@ class ServedLinear:
 
     def finish(self, layer: torch.nn.Module, x_dtype: torch.dtype, m_values: Sequence[int]) -> str:
         """Plan, lay out, warm up and log the loaded layer (see the class docstring); returns the log line."""
-        from nvgemm.ops.prepared import one_copy_wanted
-        from nvgemm.templates.sm90_w4a16.operand import kind_of
-
         required = ("weight", "weight_scale", "weight_scale_2") + (() if self.weight_only else ("input_scale",))
         self.tracker.check(required)
         weight = layer.weight.data

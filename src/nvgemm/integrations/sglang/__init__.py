@@ -24,6 +24,9 @@ from __future__ import annotations
 import logging
 import os
 
+from nvgemm import settings
+from nvgemm.integrations.sglang import _compat
+
 log = logging.getLogger("nvgemm_cutedsl.sglang")
 
 PLUGIN_NAME = "nvgemm"
@@ -42,8 +45,6 @@ class PluginStartupError(SystemExit):
 def opted_in(environ=None) -> bool:
     """True when the user asked for the plugin (see the module docstring). A value of ``NVGEMM_SGLANG`` that
     does not parse stops startup (:class:`PluginStartupError`): the user meant something."""
-    from nvgemm import settings
-
     env = os.environ if environ is None else environ
     try:
         flag = settings.get(ENV, env)
@@ -57,8 +58,6 @@ def opted_in(environ=None) -> bool:
 
 def status(environ=None) -> str:
     """One line for ``nvgemm env``: the installed SGLang, whether it is tested, whether the plugin is opted in."""
-    from nvgemm.integrations.sglang import _compat
-
     version = _compat.installed_version()
     if version == "not installed":
         return "SGLang not installed (plugin inactive)"
@@ -83,16 +82,13 @@ def _show_logs() -> None:
     h.setFormatter(logging.Formatter("(pid=%(process)d) %(levelname)s %(asctime)s [nvgemm] %(message)s",
                                      "%m-%d %H:%M:%S"))
     root.addHandler(h)
-    from nvgemm import settings
-
     root.setLevel(settings.NVGEMM_SGLANG_LOG_LEVEL)
     root.propagate = False
 
 
 def _install() -> str:
-    from nvgemm.integrations.sglang import _compat
-
     version = _compat.check_version()
+    # lazy: sglang import cost (the method module imports SGLang; the entry point stays light when not opted in)
     from nvgemm.integrations.sglang.method import register_configs
 
     register_configs()

@@ -33,6 +33,7 @@ from nvgemm.integrations.vllm.engine import model_dtype as _model_dtype, warmup_
 from nvgemm.core.formats import check_block_scales, to_blocked
 from nvgemm.dispatch.moe import select_moe_backend
 from nvgemm.ops.moe import check_moe_args
+from nvgemm.integrations.serving import dump_call
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -224,8 +225,6 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
         return out
 
     def _dump(self, layer, x, ids, wts, em, out) -> None:
-        from nvgemm.integrations.serving import dump_call
-
         mc = layer.moe_config
         rank = int(mc.tp_rank) if not mc.use_ep else int(mc.ep_rank)
         dump_call(self.dump_dir, f"{self.prefix}.rank{rank}.pid{os.getpid()}.moe{next(_DUMP_COUNTER)}",

@@ -43,6 +43,7 @@ TINY = dict(intermediate_size=256)
 
 
 def make_checkpoints(root: Path) -> dict[str, Path]:
+    from _engine_reference import make_mixed
     from nvgemm.testing import build_tiny_model, quantize_and_export
 
     out = {}
@@ -51,35 +52,6 @@ def make_checkpoints(root: Path) -> dict[str, Path]:
     out["MIXED_PRECISION"] = make_mixed(out["NVFP4"], out["W4A16_NVFP4"], root / "MIXED_PRECISION")
     out["UNEQUAL"] = make_unequal(out["NVFP4"], root / "UNEQUAL")
     return out
-
-
-def make_mixed(w4a4: Path, w4a16: Path, dst: Path) -> Path:
-    """A ModelOpt MIXED_PRECISION export: layer 0 NVFP4 (W4A4), layer 1 W4A16_NVFP4, built from the
-    two ModelOpt exports of the same model (ModelOpt's own tensors, per-layer quantized_layers map)."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(w4a4, dst, dirs_exist_ok=True)
-    a, b = load_file(str(w4a4 / "model.safetensors")), load_file(str(w4a16 / "model.safetensors"))
-    merged = {k: v for k, v in a.items() if not k.startswith("model.layers.1.")}
-    merged.update({k: v for k, v in b.items() if k.startswith("model.layers.1.")})
-    save_file(merged, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    layers = {}
-    for key in merged:
-        if key.endswith(".weight_scale"):
-            name = key[: -len(".weight_scale")]
-            layers[name] = {"quant_algo": "W4A16_NVFP4" if name.startswith("model.layers.1.") else "NVFP4",
-                            "group_size": 16}
-    hfq = json.loads((dst / "hf_quant_config.json").read_text())
-    hfq["quantization"].update(quant_algo="MIXED_PRECISION", quantized_layers=layers)
-    (dst / "hf_quant_config.json").write_text(json.dumps(hfq, indent=1))
-    cfg = json.loads((dst / "config.json").read_text())
-    qc = cfg["quantization_config"]
-    qc.pop("config_groups", None)
-    qc.update(quant_algo="MIXED_PRECISION", quantized_layers=layers)
-    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
-    return dst
 
 
 #: The NVFP4 export with its fused shards' scales made unequal (as in independently quantized shards;
@@ -144,19 +116,6 @@ def served(checkpoints, tmp_path_factory):
 
     get.work = work
     return get
-
-
-def nvgemm_logprobs(ckpt: Path, results: list) -> list[torch.Tensor]:
-    """nvgemm's own model (its ModelOpt loader + transformers), teacher-forced on the engine's tokens."""
-    from nvgemm.integrations.modelopt import load_modelopt_checkpoint
-
-    model = load_modelopt_checkpoint(ckpt)
-    out = []
-    with torch.no_grad():
-        for r in results:
-            ids = torch.tensor([r["prompt"] + r["token_ids"]])
-            out.append(torch.log_softmax(model(input_ids=ids).logits[0].float(), -1))
-    return out
 
 
 #: A tiny Qwen3-MoE (hidden 128, 8 routed experts top-2, expert I = 64), for the MoE warning: SGLang's own

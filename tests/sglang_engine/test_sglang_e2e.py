@@ -22,22 +22,19 @@ import torch
 pytest.importorskip("sglang")
 from safetensors.torch import load_file  # noqa: E402
 
-from nvgemm.core.formats import dequantize, quantize_activation  # noqa: E402
-
-from conftest import nvgemm_logprobs  # noqa: E402
+from _engine_reference import (  # noqa: E402  (tests/: the checks both engine stages share; per call, SGLang's
+    BF16_REL,                    # max-collapse of unequal shard scales is off by the scale ratio:
+    LAYERS,                      # test_max_collapse_would_fail_the_per_call_check)
+    common_steps_diff,
+    max_logprob_diff,
+    nvgemm_logprobs,
+    reference_call,
+    shard_tensors,
+)
 
 pytestmark = pytest.mark.sglang
 
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-ROW_PARALLEL = ("o_proj", "down_proj")
-LAYERS = [f"model.layers.{i}.{m}" for i in range(2)
-          for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
 
-# Per call: the plugin's GEMM and this reference decode the same codes and scales and differ by the
-# fp32 summation order (<= K * 2^-24 of sum |a*b|) and one bf16 rounding of the output (<= 2^-9
-# relative; 2^-8 allowed). A wrongly sliced shard, scale or layout is off by O(1); SGLang's max-collapse
-# of unequal shard scales is off by the scale ratio (test_max_collapse_would_fail_the_per_call_check).
-BF16_REL = 2.0**-8
 
 # End to end: SGLang's RMSNorm, rotary embedding, torch_native attention and residual adds round to bf16
 # in a different order than transformers', so hidden states differ by a few bf16 ulps; in W4A4 layers
@@ -51,36 +48,6 @@ BF16_REL = 2.0**-8
 # bound sees one layer's weight_scale_2 doubled (0.08-0.21, measured on the same models through vLLM);
 # the W4A4 bounds are coarse end-to-end checks. The per-call check above is the exact one.
 LOGPROB_TOL = {"NVFP4": 0.2, "W4A16_NVFP4": 0.02, "MIXED_PRECISION": 0.05, "UNEQUAL": 0.1}
-
-
-def shard_tensors(ckpt_tensors: dict, layer: str, rank: int, tp: int):
-    """[(packed, linear scale, weight_scale_2, input_scale|None)] of each shard of ``layer`` on ``rank``."""
-    base, proj = layer.rsplit(".", 1)
-    out = []
-    for name in FUSED.get(proj, (proj,)):
-        p = f"{base}.{name}"
-        w, s = ckpt_tensors[f"{p}.weight"], ckpt_tensors[f"{p}.weight_scale"]
-        if proj in ROW_PARALLEL:  # K split across ranks
-            kr = w.shape[1] * 2 // tp
-            w, s = w[:, rank * kr // 2:(rank + 1) * kr // 2], s[:, rank * kr // 16:(rank + 1) * kr // 16]
-        else:  # N split across ranks, shard by shard (2 KV heads over 2 ranks: no replication)
-            w, s = w.chunk(tp)[rank], s.chunk(tp)[rank]
-        ins = ckpt_tensors.get(f"{p}.input_scale")
-        out.append((w, s, ckpt_tensors[f"{p}.weight_scale_2"].float(), None if ins is None else ins.float()))
-    return out
-
-
-def reference_call(x: torch.Tensor, shards) -> tuple[torch.Tensor, torch.Tensor]:
-    """The checkpoint's math, fp64: per shard deq(q(x, input_scale)) @ deq(W).T * input_scale * weight_scale_2."""
-    x2 = x.reshape(-1, x.shape[-1])
-    ys, mags = [], []
-    for w, s, ws2, ins in shards:
-        a = x2.double() if ins is None else dequantize(*quantize_activation(x2, ins.reshape(()))).double()
-        wd = dequantize(w, s).double()
-        alpha = ws2.double() * (1.0 if ins is None else ins.double())
-        ys.append((a @ wd.t()) * alpha)
-        mags.append((a.abs() @ wd.abs().t()) * alpha.abs())
-    return torch.cat(ys, -1), torch.cat(mags, -1)
 
 
 def excess_over_bound(d: dict, shards) -> float:
@@ -104,29 +71,6 @@ def check_calls(ckpt: Path, dump: Path, tp: int) -> int:
         seen.add((d["layer"], d["rank"]))
     assert seen == {(layer, r) for layer in LAYERS for r in range(tp)}, "some layer/rank never ran through nvgemm"
     return len(files)
-
-
-def max_logprob_diff(results: list, lps: list[torch.Tensor]) -> float:
-    worst = 0.0
-    for r, lp in zip(results, lps):
-        p = len(r["prompt"])
-        for t, step in enumerate(r["logprobs"]):
-            for tok, v in step.items():
-                worst = max(worst, abs(v - float(lp[p - 1 + t, int(tok)])))
-    return worst
-
-
-def common_steps_diff(a: list, b: list) -> tuple[float, int]:
-    """Max |logprob difference| over the steps where both runs had generated the same prefix."""
-    worst, steps = 0.0, 0
-    for ra, rb in zip(a, b):
-        for t, (sa, sb) in enumerate(zip(ra["logprobs"], rb["logprobs"])):
-            if ra["token_ids"][:t] != rb["token_ids"][:t]:
-                break
-            for tok in set(sa) & set(sb):
-                worst = max(worst, abs(sa[tok] - sb[tok]))
-            steps += 1
-    return worst, steps
 
 
 NAMES = ("NVFP4", "W4A16_NVFP4", "MIXED_PRECISION", "UNEQUAL")

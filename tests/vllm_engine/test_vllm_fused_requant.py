@@ -28,7 +28,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from conftest import compiled_facts, serve  # noqa: E402
-from test_vllm_e2e import LOGPROB_TOL, common_steps_diff  # noqa: E402
+from _engine_reference import common_steps_diff  # noqa: E402
+from test_vllm_e2e import LOGPROB_TOL  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -29,7 +29,7 @@ from safetensors.torch import load_file  # noqa: E402
 from nvgemm.core.formats import to_blocked  # noqa: E402
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
 
-from test_vllm_e2e import common_steps_diff, max_logprob_diff, nvgemm_logprobs  # noqa: E402
+from _engine_reference import common_steps_diff, max_logprob_diff, nvgemm_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

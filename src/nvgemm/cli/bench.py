@@ -5,6 +5,7 @@ Examples::
     nvgemm bench --model Llama-3.1-8B --m 1,8,32,128             # on a B200 / H100 / H200
     nvgemm bench --model Qwen3-32B --m 1,16 --out bench/results/decode_qwen3_32b
     nvgemm bench --model Llama-3.1-8B --arch sm_100a,sm_90a       # CPU-only box: compile + load timings
+    nvgemm bench decode-step --model Llama-3.1-8B --gpu B200      # a whole decode step (nvgemm.cli.decode_step)
 
 **On a GPU**, for every layer GEMM (N, K) of the preset and every M it times, with CUDA graphs
 (``--iters`` calls per graph, best of ``--reps`` replays) cycling through enough rotated weight
@@ -44,7 +45,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from nvgemm.cli import int_list
+from nvgemm.cli import decode_step, int_list
 from nvgemm.aot.abi import CompileSpec, HardwareSpec, template_id_for_config
 from nvgemm.aot.cache import KernelCache
 from nvgemm.aot.compile_spec import capture_codegen_env, make_spec
@@ -77,6 +78,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "(default bench/results/decode_<model> on GPU, bench/results/cache_<date> on CPU)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(func=run)
+    sub = p.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    ds = sub.add_parser(
+        "decode-step",
+        help="a whole batch-1 decode step: its kernels counted from Inductor's generated code, modelled ms/token",
+        description=decode_step.__doc__.split("\n\n")[0],
+    )
+    decode_step.add_arguments(ds)
+    ds.set_defaults(func=decode_step.run)
     return p
 
 

@@ -1,0 +1,128 @@
+"""Inductor's CUDA code for a function, generated on a machine without a GPU (a *fake device*).
+
+Inductor's CUDA *code generation* needs no GPU: the graph is traced with FakeTensors on ``cuda``,
+run through the passes ``torch.compile`` runs (the joint-graph passes, then the post-grad passes
+with ``config.post_grad_custom_pre_pass`` -- nvgemm's capture pass when :func:`nvgemm.enable` is
+active), lowered, scheduled and printed by ``GraphLowering.codegen()``. Nothing is compiled or
+launched. The few device queries codegen makes are answered for the named GPU
+(:func:`fake_cuda_device`): capability, SM count, L2 size.
+
+What differs from ``torch.compile`` on that GPU: Dynamo is skipped (the function is traced with
+``make_fx`` and Inductor's decomposition table, as AOTAutograd does for inference, with
+functionalization so in-place updates of inputs -- a KV cache write -- become the mutations Inductor
+re-inplaces); autotuning cannot time anything, so every ``select_algorithm`` with more than one
+choice would fail -- callers pass ``max_autotune_gemm_backends="ATEN"`` for Inductor's own GEMMs and
+nvgemm's lowering is given the policy's first pick (:func:`policy_pick_only`). The kernels, their
+fusion and their order are what the scheduler produces for that device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import unittest.mock as um
+from typing import Callable, Sequence
+
+import torch
+
+#: (capability, SM count, L2 bytes, memory bytes) of the GPUs a fake device can stand for.
+FAKE_GPUS: dict[str, tuple[tuple[int, int], int, int, int]] = {
+    "H100": ((9, 0), 132, 50 << 20, 80 << 30),
+    "H200": ((9, 0), 132, 50 << 20, 141 << 30),
+    "B200": ((10, 0), 148, 126 << 20, 180 << 30),
+    "GB200": ((10, 0), 152, 126 << 20, 186 << 30),
+    "B300": ((10, 3), 148, 126 << 20, 270 << 30),
+}
+
+
+@contextlib.contextmanager
+def fake_cuda_device(gpu: str = "B200"):
+    """Answer Inductor's (and nvgemm's) device queries as GPU ``gpu`` of :data:`FAKE_GPUS`, no GPU needed."""
+    if gpu not in FAKE_GPUS:
+        raise KeyError(f"fake_cuda_device: unknown GPU {gpu!r}; known: {', '.join(FAKE_GPUS)}")
+    (major, minor), sms, l2, mem = FAKE_GPUS[gpu]
+    props = types.SimpleNamespace(
+        name=f"NVIDIA {gpu} (codegen only)", total_memory=mem, major=major, minor=minor, multi_processor_count=sms,
+        L2_cache_size=l2, warp_size=32, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+        gcnArchName="", shared_memory_per_block_optin=232448,
+    )
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    dev_props = DeviceProperties(
+        type="cuda", index=0, multi_processor_count=sms, cc=major * 10 + minor, major=major,
+        regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, warp_size=32,
+    )
+    with contextlib.ExitStack() as st:
+        st.enter_context(um.patch.object(DeviceProperties, "create", staticmethod(lambda device: dev_props)))
+        for target, value in (
+            ("torch.cuda.get_device_capability", lambda *a, **k: (major, minor)),
+            ("torch.cuda.is_available", lambda: True),
+            ("torch.cuda.current_device", lambda: 0),
+            ("torch.cuda.device_count", lambda: 1),
+            ("torch.cuda.get_device_properties", lambda *a, **k: props),
+            ("torch.cuda.get_device_name", lambda *a, **k: props.name),
+            ("torch.utils._triton.triton_hash_with_backend", lambda: "codegen-only"),
+            ("torch._dynamo.device_interface.CudaInterface.Worker.get_device_properties", lambda *a, **k: props),
+        ):
+            st.enter_context(um.patch(target, value))
+        # has_triton() is cached process-wide (False without a GPU); answer it for this context only
+        # (the scheduler imported the name).
+        st.enter_context(um.patch("torch._inductor.scheduler.has_triton", lambda *a, **k: True))
+        yield props
+
+
+@contextlib.contextmanager
+def policy_pick_only():
+    """nvgemm's lowering sees only the policy's first kernel candidate (plus nothing else): what a tuned
+    graph inlines when that candidate wins, with no benchmark (there is no GPU to time on)."""
+    from nvgemm.integrations.inductor import choices as _choices
+
+    orig = _choices.candidates
+
+    def first_only(problem, allowed=None):
+        return orig(problem, allowed)[:1]
+
+    with um.patch.object(_choices, "candidates", first_only):
+        yield
+
+
+def generate_cuda_code(fn: Callable, example_inputs: Sequence[torch.Tensor], gpu: str = "B200",
+                       config_patches: dict | None = None) -> str:
+    """The wrapper + kernel source Inductor generates for ``fn(*example_inputs)`` on fake GPU ``gpu``.
+
+    ``example_inputs`` are FakeTensors on ``cuda`` made under one ``FakeTensorMode`` (their
+    ``fake_mode``); ``fn`` may update inputs in place (functionalized, then re-inplaced by Inductor)."""
+    from torch._functorch.aot_autograd import aot_export_module  # noqa: F401  (import order: functorch first)
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import _recursive_joint_graph_passes, _recursive_post_grad_passes
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+    from torch.func import functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fm = next((t.fake_mode for t in example_inputs if hasattr(t, "fake_mode")), None)
+    if fm is None:
+        raise ValueError("generate_cuda_code: example_inputs must be FakeTensors (made under a FakeTensorMode)")
+    patches = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN", "triton.cudagraphs": False,
+               "joint_graph_constant_folding": False}
+    patches.update(config_patches or {})
+    with fake_cuda_device(gpu), inductor_config.patch(patches), V.set_fake_mode(fm):
+        with fm:
+            gm = make_fx(functionalize(fn, remove="mutations"), decomposition_table=select_decomp_table())(
+                *example_inputs)
+        # the pattern tables are traced once on real tensors: on the CPU (they match any device)
+        with fm:
+            gm = _recursive_joint_graph_passes(gm, input_device=torch.device("cpu"))
+            _recursive_post_grad_passes(gm, is_inference=True)
+        with DebugContext():
+            g = GraphLowering(gm, example_inputs=list(example_inputs), is_inference=True)
+            with V.set_graph_handler(g):
+                g.run(*example_inputs)
+                code = g.codegen()
+    code = code[0] if isinstance(code, tuple) else code
+    return code.value if hasattr(code, "value") else str(code)
+
+
+__all__ = ["FAKE_GPUS", "fake_cuda_device", "generate_cuda_code", "policy_pick_only"]

@@ -53,9 +53,15 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from nvgemm.aot import cache as cache_mod
+from nvgemm.dispatch import registry
 from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, get_hardware
-from nvgemm.nn.linear import NVFP4Linear
+from nvgemm.integrations.inductor.codegen import fake_cuda_device, generate_cuda_code, policy_pick_only
+from nvgemm.integrations.inductor.registration import disable as nvgemm_disable, enable as nvgemm_enable, \
+    enabled as nvgemm_enabled
+from nvgemm.nn.linear import NVFP4Linear, prepare_for_sm90
 from nvgemm.nn.mlp import fuse_gated_mlps
+from nvgemm.ops.prepared import sm90_weight_of
 
 
 # =============================================================================================
@@ -78,7 +84,6 @@ class DecodePreset:
     source: str
     context: int = 1024  # KV tokens attended per step (a static cache of this length)
     eps: float = 1e-5
-    qk_norm: bool = False  # Qwen3: RMSNorm on each q / k head
 
 
 #: Model presets (batch 1, bf16 activations, NVFP4 linears, bf16 embedding / lm_head).
@@ -87,11 +92,9 @@ DECODE_PRESETS: dict[str, DecodePreset] = {p.name: p for p in (
                  "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"),
     DecodePreset("Llama-3.1-70B", 8192, 28672, 64, 8, 128, 128256, 80,
                  "https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json"),
-    DecodePreset("Qwen3-8B", 4096, 12288, 32, 8, 128, 151936, 36,
-                 "https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json", eps=1e-6, qk_norm=True),
 )}
 
-#: Where each preset runs by default (GPU, tensor-parallel sizes worth reporting).
+#: Modelled-step goals (ms per token, batch 1) by (preset, GPU).
 GOALS_MS = {("Llama-3.1-8B", "H200"): 1.35, ("Llama-3.1-8B", "B200"): 1.0}
 
 #: One decode all-reduce of a hidden-sized bf16 vector over NVLink (one-shot custom all-reduce), us:
@@ -137,8 +140,6 @@ class Attention(nn.Module):
         else:
             self.q_proj, self.k_proj, self.v_proj = q, k, v
         self.o_proj = lin(self.nh * self.d, p.hidden)
-        if p.qk_norm:
-            self.q_norm, self.k_norm = RMSNorm(self.d, p.eps, "meta"), RMSNorm(self.d, p.eps, "meta")
 
     def forward(self, h, k_cache, v_cache, pos, cos, sin):
         nh, kvh, d = self.nh, self.kvh, self.d
@@ -148,8 +149,6 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
         # GQA at decode: each KV head's query group is its query rows (no repeat of K/V)
         q, k, v = q.view(1, kvh, nh // kvh, d), k.view(1, kvh, 1, d), v.view(1, kvh, 1, d)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k_cache.index_copy_(2, pos, k)  # the static cache: this token's slot
         v_cache.index_copy_(2, pos, v)
@@ -172,7 +171,7 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer at batch 1 (transformers' Llama / Qwen3 layer, KV cache static)."""
+    """One pre-norm decoder layer at batch 1 (transformers' Llama layer, KV cache static)."""
 
     def __init__(self, p: DecodePreset, tp: int = 1, weight_only: bool = False, layout: str = "checkpoint",
                  device="meta"):
@@ -217,7 +216,6 @@ def prepare_like_loader(layer: nn.Module, gpu: str) -> None:
     prepared shapes (those ``nvgemm::nvfp4_linear_sm90_prepared`` checks), ``sm90_kind``."""
     if get_hardware(gpu).arch != "sm_90a":
         return
-    from nvgemm.ops.prepared import sm90_weight_of
 
     for mod in layer.modules():
         if isinstance(mod, NVFP4Linear) and mod.sm90_kind is None and mod.in_features % 32 == 0:
@@ -262,8 +260,6 @@ def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoin
     """The generated code of one decoder layer of ``p`` on fake ``gpu`` under ``nvgemm.enable()``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import nvgemm
-    from nvgemm.integrations.inductor.codegen import fake_cuda_device, generate_cuda_code, policy_pick_only
 
     fm = fm or FakeTensorMode()
     # fusing shards reads their scales (NVFP4Linear.fuse checks input_scale equality): built on the CPU with
@@ -276,7 +272,7 @@ def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoin
     fn, inputs = _fake_inputs(layer, fm, [((1, p.hidden), bf), ((1, kvh, p.context, d), bf),
                                           ((1, kvh, p.context, d), bf), ((1,), torch.long),
                                           ((1, 1, 1, d), bf), ((1, 1, 1, d), bf)])
-    with warnings.catch_warnings(), nvgemm.enabled(), policy_pick_only():
+    with warnings.catch_warnings(), nvgemm_enabled(), policy_pick_only():
         warnings.simplefilter("ignore")
         code = generate_cuda_code(fn, inputs, gpu=gpu)
     return Graph("layer", code, inputs, fm)
@@ -285,13 +281,11 @@ def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoin
 def head_graph(p: DecodePreset, gpu: str, tp: int = 1, fm=None) -> Graph:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import nvgemm
-    from nvgemm.integrations.inductor.codegen import generate_cuda_code, policy_pick_only
 
     fm = fm or FakeTensorMode()
     head = Head(p, tp)
     fn, inputs = _fake_inputs(head, fm, [((1,), torch.long), ((1, p.hidden), torch.bfloat16)])
-    with warnings.catch_warnings(), nvgemm.enabled(), policy_pick_only():
+    with warnings.catch_warnings(), nvgemm_enabled(), policy_pick_only():
         warnings.simplefilter("ignore")
         code = generate_cuda_code(fn, inputs, gpu=gpu)
     return Graph("head", code, inputs, fm)
@@ -416,9 +410,7 @@ def record_launches(gpu: str, rec: _Recorder):
     """Run nvgemm ops' host launchers on FakeTensors of fake ``gpu``, recording every device launch."""
     import triton.runtime.jit as tjit
 
-    from nvgemm.aot import cache as cache_mod
-    from nvgemm.dispatch import registry
-    from nvgemm.integrations.inductor.codegen import fake_cuda_device
+    # lazy: triton import cost
     from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
     from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
     from nvgemm.templates.triton import _common as tcommon
@@ -839,8 +831,6 @@ def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed
 def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout: str, tp: int,
                    iters: int = 20) -> dict:
     """Time ``n_layers`` layers + the head, compiled with nvgemm (max-autotune), replayed as one CUDA graph."""
-    import nvgemm
-    from nvgemm.nn.linear import prepare_for_sm90
 
     weight_only = gpu_model.format == "W4A16"
     layers = nn.ModuleList([_random_layer(p, tp, weight_only, layout, seed=i) for i in range(n_layers)])
@@ -862,7 +852,7 @@ def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout
             x = layer(x, kc, vc, pos, cos, sin)
         return head(ids, x)
 
-    nvgemm.enable()
+    nvgemm_enable()
     try:
         fn = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=True)
         with torch.no_grad():
@@ -881,7 +871,7 @@ def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout
             e1.record()
             e1.synchronize()
     finally:
-        nvgemm.disable()
+        nvgemm_disable()
     ms = e0.elapsed_time(e1) / iters
     model_ms = (n_layers * sum(k.mid_us for k in gpu_model.layer_kernels)
                 + sum(k.mid_us for k in gpu_model.head_kernels)) / 1e3

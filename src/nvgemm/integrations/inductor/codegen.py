@@ -25,6 +25,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from nvgemm.integrations.inductor import choices as _choices
+
 #: (capability, SM count, L2 bytes, memory bytes) of the GPUs a fake device can stand for.
 FAKE_GPUS: dict[str, tuple[tuple[int, int], int, int, int]] = {
     "H100": ((9, 0), 132, 50 << 20, 80 << 30),
@@ -75,8 +77,6 @@ def fake_cuda_device(gpu: str = "B200"):
 def policy_pick_only():
     """nvgemm's lowering sees only the policy's first kernel candidate (plus nothing else): what a tuned
     graph inlines when that candidate wins, with no benchmark (there is no GPU to time on)."""
-    from nvgemm.integrations.inductor import choices as _choices
-
     orig = _choices.candidates
 
     def first_only(problem, allowed=None):

@@ -1,4 +1,4 @@
-"""A tiny NVFP4 Llama decode step (pure torch) for the Inductor tests and ``bench/bench_decode_step.py``.
+"""A tiny NVFP4 Llama decode step (pure torch) for the Inductor tests.
 
 ``TinyNvfp4Llama(cfg).decode_step(ids[B], k_cache, v_cache)`` runs one decode token per
 sequence against a KV cache of ``T`` past tokens: RMSNorm -> q/k/v (NVFP4) -> RoPE -> GQA

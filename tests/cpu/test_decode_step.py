@@ -103,14 +103,12 @@ def test_helper_launch_in_a_launcher_is_counted(graphs, monkeypatch):
 def test_removing_an_inductor_fusion_changes_the_count(monkeypatch):
     """Mutation: with Inductor's kernel fusion off, the same layer needs more kernels than pinned (the count is
     read from the scheduler's output, not from a hand list)."""
-    from nvgemm.integrations.inductor import codegen
-
-    orig = codegen.generate_cuda_code
+    orig = ds.generate_cuda_code
 
     def no_fusion(fn, inputs, gpu="B200", config_patches=None):
         return orig(fn, inputs, gpu=gpu, config_patches={**(config_patches or {}), "max_fusion_size": 1})
 
-    monkeypatch.setattr(codegen, "generate_cuda_code", no_fusion)
+    monkeypatch.setattr(ds, "generate_cuda_code", no_fusion)
     launches, _ = ds.replay(ds.layer_graph(P, "H200"), "H200")
     assert len(launches) > len(H200_W4A16_CHECKPOINT), _listing(launches)
 

@@ -16,6 +16,7 @@ Every case also checks the PDL prologue from the emulator's record of global acc
 
 import pytest
 import torch
+from _pdl import check_pdl_prologue
 from isa_env import kernel_test_env
 
 kernel_test_env("sm_100a")
@@ -85,16 +86,3 @@ def test_sm100_kernel_on_emulator_matches_reference(m, n, k, cfg, tmp_path, monk
     torch.testing.assert_close(args.out, kernel_view_ref(args), rtol=0, atol=0)
     check_pdl_prologue(launch, weights={"a_ptr", "sfa_ptr"} if config.swap_ab else {"b_ptr", "sfb_ptr"})
 
-
-def check_pdl_prologue(launch, weights, prefetch=True):
-    """The PDL design (kernel.py): before ``griddepcontrol.wait`` a grid reads or prefetches only the weights
-    and their scales (never written by a predecessor) and writes nothing; the emulator records every global
-    access a warp makes before its wait, bulk tensor (TMA) loads, stores and L2 prefetches included
-    (``prefetch``: the dense kernel warms L2 with its first weight tiles there)."""
-    ext = launch.ext
-    assert launch.stats.get("griddepcontrol.wait", 0) > 0, "no griddepcontrol.wait executed"
-    early = ext.get("pdl_pre_wait_reads", set()) | ext.get("pdl_pre_wait_prefetches", set())
-    assert early <= weights, f"read before griddepcontrol.wait: {sorted(early - weights)}"
-    assert not ext.get("pdl_pre_wait_writes"), f"written before the wait: {sorted(ext['pdl_pre_wait_writes'])}"
-    if prefetch:
-        assert ext.get("pdl_pre_wait_prefetches"), "no weight prefetch before the wait: the PDL prologue is gone"

@@ -6,10 +6,11 @@ the emulated ``nvfp4_moe`` (the numerics contract) on exactness-preserving data
 (``_sm100_moe_emu``), and for batch invariance on random data (a token's output at M = 1 equals its
 row inside a larger batch with the same configs).
 
-Default run: five calls (odd M with an expert without tokens, ``-1`` ids and empty work slots,
+Default run: six calls (odd M with an expert without tokens, ``-1`` ids and empty work slots,
 K/N tails; one expert with every token, split-K, per-row alpha, shared_out + residual; GEMM1 with
-2I = 128 and 256 over three routed experts; batch invariance at M = 12) -- 4 kernels to build, about
-14 emulated launches. Every exact call also checks each launch's PDL record (only the weights touched
+2I = 128 and 256 over three routed experts; 36 tokens in one 64-token slot, so the fused requant
+writes scale rows past 32; batch invariance at M = 12) -- 6 kernels to build, about 16 emulated
+launches. Every exact call also checks each launch's PDL record (only the weights touched
 before ``griddepcontrol.wait``). ``-m emulator_full`` adds
 tile_n 16/32/64, expert_map with router-weight-on-input in fp16, and batch invariance inside M = 64.
 """
@@ -86,6 +87,15 @@ def test_exact_gemm1_several_experts_whole_row_tiles(i):
     ids = torch.tensor([[0, 1], [2, 1], [1, 2], [0, 2], [2, 0], [1, 0]], dtype=torch.int32)
     keep = _check_exact(exact_moe_operands(6, 2, 3, 64, i, ids=ids, seed=10 + i), T8, T8)
     assert keep["work_list"].counts.tolist() == [4, 4, 4]
+
+
+def test_exact_requant_past_32_tokens_in_a_slot():
+    """M=40 top-1 over 2 experts, 36 tokens on expert 1: one 64-token slot holds 36 rows, so GEMM1's fused
+    requant writes the scale bytes of slot rows 32-35 (the 32-row group term of the per-slot 128x4 swizzle)."""
+    ids = torch.zeros((40, 1), dtype=torch.int32)
+    ids[:36] = 1
+    keep = _check_exact(exact_moe_operands(40, 1, 2, 64, 32, ids=ids, seed=12), C(tile_n=64), C(tile_n=64))
+    assert keep["work_list"].tiles.view(-1, 4)[:2, 2].tolist() == [4, 36]
 
 
 def _batch_invariance(m_big, c1, c2, seed):

@@ -140,3 +140,22 @@ def test_tile_store_skips_out_of_bounds(seed):
     want = np.full((20, 40), np.nan, dtype=np.float32)
     want[8:20, 32:40] = box[:12, :8]
     np.testing.assert_array_equal(g, want)
+
+
+@pytest.mark.parametrize("coords", [(0, 0), (-16, 120), (200, -3)])
+def test_box_addresses_are_the_in_bounds_reads_of_a_load(coords, seed):
+    """The PDL record of a bulk tensor load or prefetch (``box_addresses``) names exactly the global bytes the
+    load reads: in-bounds element units only."""
+    from nvgemm.emulator.isa.tma import box_addresses
+
+    rng = np.random.default_rng(seed)
+    rows, cols = 136, 256
+    glob = _Global(rng.integers(1, 1 << 16, size=(rows, cols)).astype(np.uint16))
+    tm = make_map(glob.base, 10, (cols, rows), (cols * 2,), (64, 64), 3)
+    read = []
+    tile_load(tm, coords, 2048, lambda a, width: read.append(a.copy()) or glob.read(a, width))
+    got = box_addresses(tm, coords)
+    np.testing.assert_array_equal(np.sort(got), np.sort(np.concatenate(read) if read else np.zeros(0, np.uint64)))
+    c0, c1 = coords
+    inb = (min(c0 + 64, cols) - max(c0, 0)) * (min(c1 + 64, rows) - max(c1, 0))
+    assert got.size == inb and got.dtype == np.uint64

@@ -10,10 +10,13 @@ The run also exercises what the unit tests could only derive: the tensor-map dec
 encoder, the TMA box swizzle, the UMMA descriptors, and the scale-factor placement in tensor memory after
 ``tcgen05.cp .32x128b.warpx4`` -- CuTe's NVIDIA-written atoms and partitioners build all of them in this kernel.
 Mutation check (by hand, see the commit message): reversing the scale bytes of a TMEM cell fails every case.
+Every case also checks the PDL prologue from the emulator's record of global accesses before
+``griddepcontrol.wait`` (:func:`check_pdl_prologue`).
 """
 
 import pytest
 import torch
+from _pdl import check_pdl_prologue
 from isa_env import kernel_test_env
 
 kernel_test_env("sm_100a")
@@ -40,6 +43,12 @@ CASES = [
                  id="m256-n512-k512-t256x128-2cta-c2x2-multicast", marks=pytest.mark.emulator),
     pytest.param(37, 512, 1024, dict(tile_m=256, tile_n=64, cluster_m=2, swap_ab=True, split_k=2),
                  id="m37-n512-k1024-t256x64-2cta-swap-sk2", marks=pytest.mark.emulator),
+    # a K tail (K = 640: three K tiles, the last 128 wide) split unevenly (3 tiles over 2 splits: 1 + 2); a
+    # split range that drops the leftover tile or a K-tile count rounded down fails it
+    pytest.param(7, 256, 640, dict(tile_n=16, swap_ab=True, split_k=2), id="m7-n256-k640-swap16-sk2-ktail",
+                 marks=pytest.mark.emulator),
+    # the native orientation with a K tail (K = 352: one whole K tile and 96 of the next)
+    pytest.param(9, 128, 352, dict(tile_n=64), id="m9-n128-k352-t64-ktail", marks=pytest.mark.emulator),
     pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.emulator,
                                                                                   pytest.mark.slow]),
     pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",
@@ -75,3 +84,5 @@ def test_sm100_kernel_on_emulator_matches_reference(m, n, k, cfg, tmp_path, monk
                                   z(args.residual), z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
     assert launch is not None and launch.stats["warp_instructions"] > 0
     torch.testing.assert_close(args.out, kernel_view_ref(args), rtol=0, atol=0)
+    check_pdl_prologue(launch, weights={"a_ptr", "sfa_ptr"} if config.swap_ab else {"b_ptr", "sfb_ptr"})
+

@@ -8,7 +8,8 @@ accumulator is exact, see test_isa_sm100_kernel.py); the gate rows get a bias of
 [2048, 6144] where ``g / (1 + exp(-g)) == g * sigmoid(g) == g`` exactly in fp32 (kernel and torch agree
 without depending on exp's accuracy); ``h = g * up`` is one fp32 product in both, then one rounding to bf16.
 The quantization steps (amax, e4m3 scale, true division, E2M1 RNE) are what is under test.
-Token tails (M = 7 in a 16-token tile), I = 80 (a ragged second 128-row tile, K blocks padded 5 -> 8).
+Token tails (M = 7 in a 16-token tile), I = 80 (a ragged second 128-row tile, K blocks padded 5 -> 8), and
+M = 40 / 128 tokens, whose scale bytes sit in the 32-row groups 1..3 of the 128x4 swizzle.
 """
 
 import pytest
@@ -23,7 +24,7 @@ from nvgemm.epilogues.requant import fused_requant_reference  # noqa: E402
 from nvgemm.core.formats import dequantize, from_blocked, to_blocked  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
-from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args  # noqa: E402
+from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args, requant_config  # noqa: E402
 
 POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
 
@@ -35,13 +36,19 @@ def _exact_codes(g, rows, k):
 
 
 @pytest.mark.emulator
-@pytest.mark.parametrize("m,i,k,sk", [(7, 64, 512, 1), (7, 80, 256, 1), (7, 64, 512, 2)],
-                         ids=["m7-i64-k512", "m7-i80-k256", "m7-i64-k512-sk2"])
-def test_fused_requant_kernel_on_emulator(m, i, k, sk, tmp_path, monkeypatch, seed):
+@pytest.mark.parametrize("m,i,k,sk,tile_n", [(7, 64, 512, 1, 16), (7, 80, 256, 1, 16), (7, 64, 512, 2, 16),
+                                             (40, 32, 256, 1, 64), (128, 32, 256, 1, 128)],
+                         ids=["m7-i64-k512", "m7-i80-k256", "m7-i64-k512-sk2", "m40-i32-k256-t64",
+                              "m128-i32-k256-t128"])
+def test_fused_requant_kernel_on_emulator(m, i, k, sk, tile_n, tmp_path, monkeypatch, seed):
+    """Tokens past 32 (M = 40, and M = 128: every 32-row group of a 128-row scale atom) reach the
+    row-group term of the scale-factor swizzle, on the token tiles the launcher picks for them."""
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     from nvgemm.emulator.runner import prepare
 
-    config = C(tile_n=16, swap_ab=True, split_k=sk)  # split-K: the last split reduces, then requantizes
+    if m > 16:
+        assert requant_config(m).tile_n == tile_n  # the production launch's tile for m tokens
+    config = C(tile_n=tile_n, swap_ab=True, split_k=sk)  # split-K: the last split reduces, then requantizes
     g = torch.Generator().manual_seed(seed)
     w_packed, w_scale = _exact_codes(g, 2 * i, k)  # checkpoint order [gate; up]
     # gate bias +4096, and -4096 on every 3rd feature: silu(g) = -0 there in kernel and torch alike, so h

@@ -4,7 +4,8 @@ the bits of the emulated backend's arithmetic (``kernel_view_ref``; activations 
 exact, so the summation order cannot matter).
 
 Mutation check (by hand, see the commit message): swapping the register-A fragment's row and column halves in
-``wgmma.a_fragment_coords`` makes the first case differ by up to 107.
+``wgmma.a_fragment_coords`` makes the first case differ by up to 107; swapping the descriptor's leading and
+stride byte offsets, or a split range that drops the leftover K stage, fails the M = 13 case.
 """
 
 import pytest
@@ -20,6 +21,9 @@ from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, kernel_view_r
 
 CASES = [
     pytest.param(5, 256, 512, 32, 1, id="m5-n256-k512-t32", marks=pytest.mark.emulator),
+    # tokens across two 8-row core matrices of the activation operand (the descriptor's stride fields), a K
+    # tail (704 of 3 x 256) and an uneven split of the 3 K stages over 2 CTAs (the one tile is the last wave)
+    pytest.param(13, 128, 704, 16, 2, id="m13-n128-k704-t16-sk2-ktail", marks=pytest.mark.emulator),
     pytest.param(37, 384, 1024, 64, 2, id="m37-n384-k1024-t64-splitk2", marks=[pytest.mark.emulator,
                                                                              pytest.mark.slow]),
 ]

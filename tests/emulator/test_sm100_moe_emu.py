@@ -6,9 +6,12 @@ the emulated ``nvfp4_moe`` (the numerics contract) on exactness-preserving data
 (``_sm100_moe_emu``), and for batch invariance on random data (a token's output at M = 1 equals its
 row inside a larger batch with the same configs).
 
-Default run: three calls (odd M with an expert without tokens, ``-1`` ids and empty work slots,
-K/N tails; one expert with every token, split-K, per-row alpha, shared_out + residual; batch
-invariance at M = 12) -- 4 kernels to build, about 10 emulated launches. ``-m emulator_full`` adds
+Default run: six calls (odd M with an expert without tokens, ``-1`` ids and empty work slots,
+K/N tails; one expert with every token, split-K, per-row alpha, shared_out + residual; GEMM1 with
+2I = 128 and 256 over three routed experts; 36 tokens in one 64-token slot, so the fused requant
+writes scale rows past 32; batch invariance at M = 12) -- 6 kernels to build, about 16 emulated
+launches. Every exact call also checks each launch's PDL record (only the weights touched
+before ``griddepcontrol.wait``). ``-m emulator_full`` adds
 tile_n 16/32/64, expert_map with router-weight-on-input in fp16, and batch invariance inside M = 64.
 """
 
@@ -27,6 +30,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
+from _pdl import check_pdl_prologue  # noqa: E402
 from _sm100_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
 
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
@@ -39,14 +43,19 @@ T8_SK2 = C(tile_n=8, split_k=2)
 
 
 def _check_exact(ops, c1, c2):
-    keep = {}
-    got = run_moe_emu(ops, c1, c2, keep)
+    keep, launches = {}, []
+    got = run_moe_emu(ops, c1, c2, keep, launches=launches)
     want = nvfp4_moe_emulated(*ops)
     assert got.dtype == want.dtype and got.shape == want.shape
     bad = (got.float() != want.float()).nonzero()
     assert bad.numel() == 0, f"{bad.shape[0]} elements differ, first {bad[:4].tolist()}: {got[tuple(bad[0])]} vs " \
                              f"{want[tuple(bad[0])]}"
     assert want.float().abs().amax() > 0
+    # PDL: before its griddepcontrol.wait a grouped GEMM touches at most its stacked weights and their scales
+    # (it prefetches nothing: the expert of a tile comes from the work list the predecessor writes)
+    assert len(launches) == 2
+    for launch in launches:
+        check_pdl_prologue(launch, weights={"a_ptr", "sfa_ptr"}, prefetch=False)
     return keep
 
 
@@ -68,6 +77,25 @@ def test_exact_one_expert_all_tokens_split_k():
     ops = exact_moe_operands(19, 1, 3, 512, 32, ids=ids, alpha13="row", shared=True, residual=True, seed=2)
     keep = _check_exact(ops, T8_SK2, T8)
     assert keep["work_list"].tiles.view(-1, 4)[:3, 2].tolist() == [8, 8, 3]
+
+
+@pytest.mark.parametrize("i", [64, 128], ids=["2i128", "2i256"])
+def test_exact_gemm1_several_experts_whole_row_tiles(i):
+    """GEMM1 with 2I = 128 (one whole 128-row A tile per expert, no padding) and 2I = 256 (two per expert):
+    M=6 top-2 over 3 experts, every expert routed, so each work slot's A tile is ``e * tiles_per_expert + i``
+    for e = 0, 1, 2; H=64 (one ragged K tile in GEMM1, GEMM2's 64 rows padded to 128)."""
+    ids = torch.tensor([[0, 1], [2, 1], [1, 2], [0, 2], [2, 0], [1, 0]], dtype=torch.int32)
+    keep = _check_exact(exact_moe_operands(6, 2, 3, 64, i, ids=ids, seed=10 + i), T8, T8)
+    assert keep["work_list"].counts.tolist() == [4, 4, 4]
+
+
+def test_exact_requant_past_32_tokens_in_a_slot():
+    """M=40 top-1 over 2 experts, 36 tokens on expert 1: one 64-token slot holds 36 rows, so GEMM1's fused
+    requant writes the scale bytes of slot rows 32-35 (the 32-row group term of the per-slot 128x4 swizzle)."""
+    ids = torch.zeros((40, 1), dtype=torch.int32)
+    ids[:36] = 1
+    keep = _check_exact(exact_moe_operands(40, 1, 2, 64, 32, ids=ids, seed=12), C(tile_n=64), C(tile_n=64))
+    assert keep["work_list"].tiles.view(-1, 4)[:2, 2].tolist() == [4, 36]
 
 
 def _batch_invariance(m_big, c1, c2, seed):

@@ -5,9 +5,10 @@ prepared weights, both grouped GEMMs, finalize), compared **bit for bit** with t
 kernel sum is exact or one rounding of the same fp32 value), and for batch invariance on random
 data (a token's output at M = 1 equals its row inside a larger batch with the same configs).
 
-Default run: four routings (odd M with an expert without tokens and empty slots; the same with
-per-row alpha; one expert with every token, split-K, per-row alpha, shared_out + residual; random
-data batch invariance) -- about 5 kernels to build and 12 emulated launches. The sweep (``pytest -m emulator_full``; results in
+Default run: six routings (odd M with an expert without tokens and empty slots; the same with
+per-row alpha; one expert with every token, split-K, per-row alpha, shared_out + residual; GEMM1
+with 2I = 128 and 256 over three routed experts; random data batch invariance) -- about 5 kernels
+to build and 16 emulated launches. The sweep (``pytest -m emulator_full``; results in
 ``bench/results/sm90_moe_emu_sweep.txt``) adds tile_m 16/32, expert_map with router-weight-on-input,
 fp16, and batch invariance inside M = 64.
 """
@@ -76,6 +77,16 @@ def test_exact_row_alpha_without_split_k():
     ("mWork: expected a 1-D tensor"); found by ``bench/emulator_sweep.py --only moe``."""
     ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)
     _check_exact(exact_moe_operands(5, 2, 4, 96, 32, ids=ids, alpha13="row", seed=6), G1, G2)
+
+
+@pytest.mark.parametrize("i", [64, 128], ids=["2i128", "2i256"])
+def test_exact_gemm1_several_experts_whole_row_blocks(i):
+    """GEMM1 with 2I = 128 (one CTA of 64 gated features per expert) and 2I = 256 (two): M=6 top-2 over 3
+    experts, every expert routed, so each CTA's weight row tiles start at ``e * tiles_per_expert`` for
+    e = 0, 1, 2; H=64 (a K tail of GEMM1's 128-deep stage)."""
+    ids = torch.tensor([[0, 1], [2, 1], [1, 2], [0, 2], [2, 0], [1, 0]], dtype=torch.int32)
+    keep = _check_exact(exact_moe_operands(6, 2, 3, 64, i, ids=ids, seed=10 + i), G1, G2)
+    assert keep["work_list"].counts.tolist() == [4, 4, 4]
 
 
 def _batch_invariance(m_big, c1, c2, seed):

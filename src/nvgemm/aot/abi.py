@@ -484,14 +484,33 @@ def fake_args(abi: tuple[AbiArg, ...]) -> list[Any]:
     return out
 
 
-def compile_for_target(fn: Any, args: list[Any], spec: CompileSpec, options: str = "") -> Any:
-    """``cute.compile(fn, *args)`` for ``spec.arch`` under :data:`COMPILE_LOCK` (no GPU needed)."""
-    import cutlass.cute as cute
+def cute_compile(fn: Any, *args: Any, arch: str, options: str = "") -> Any:
+    """``cute.compile(fn, *args)`` for ``arch`` under :data:`COMPILE_LOCK` (no GPU needed): every
+    nvgemm compile and trace goes through here.
 
-    opts = f"--gpu-arch {spec.arch} {options}".strip()
+    The target is set for this compile only: ``--gpu-arch`` selects the code generation, and the
+    DSL's own arch (what CuTe's atoms check while tracing, e.g. a tcgen05 MMA refusing sm_90a) is
+    pinned to ``arch`` for the call and reset afterwards. CuTeDSL otherwise reads that arch once,
+    from ``CUTE_DSL_ARCH`` when its first module is imported, so in one process the first importer
+    (an sm_90a test, say) would fix it for every later sm_100a trace."""
+    import cutlass.cute as cute
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    if arch not in TARGET_ARCHS:
+        raise ValueError(f"cute_compile: arch must be one of {TARGET_ARCHS}, got {arch!r}")
+    envar = CuTeDSL._get_dsl().envar
+    with COMPILE_LOCK:
+        envar.arch = arch
+        try:
+            return cute.compile(fn, *args, options=f"--gpu-arch {arch} {options}".strip())
+        finally:
+            del envar.arch  # back to the construction-time state (CUTE_DSL_ARCH, or detection)
+
+
+def compile_for_target(fn: Any, args: list[Any], spec: CompileSpec, options: str = "") -> Any:
+    """:func:`cute_compile` of ``fn(*args)`` for ``spec.arch`` (no GPU needed)."""
     if "--keep-ptx" not in options.split():
-        with COMPILE_LOCK:
-            return cute.compile(fn, *args, options=opts)
+        return cute_compile(fn, *args, arch=spec.arch, options=options)
     # keep_ptx writes <dump dir>/<kernel name>.<arch>.ptx and reads it back; kernel names do not
     # depend on the config, so two processes sharing CUTE_DSL_DUMP_DIR could read each other's PTX
     # (seen: another config's PTX registered for an emulator launch). Each such compile gets a private
@@ -502,8 +521,7 @@ def compile_for_target(fn: Any, args: list[Any], spec: CompileSpec, options: str
         os.makedirs(parent, exist_ok=True)
     private = tempfile.mkdtemp(prefix="nvgemm_keep_ptx_", dir=parent)
     try:
-        with COMPILE_LOCK:
-            return cute.compile(fn, *args, options=f"{opts} --dump-dir {private}")
+        return cute_compile(fn, *args, arch=spec.arch, options=f"{options} --dump-dir {private}")
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
@@ -527,6 +545,7 @@ __all__ = [
     "abi_to_json",
     "check_spec",
     "compile_for_target",
+    "cute_compile",
     "fake_args",
     "get_template",
     "register_template",

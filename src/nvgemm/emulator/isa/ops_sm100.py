@@ -44,7 +44,7 @@ import numpy as np
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.machine import PARAM_WINDOW, SHARED_WINDOW, Wait
 from nvgemm.emulator.ptx.ops import opcode
-from nvgemm.emulator.ptx.ops.memory import cluster_target
+from nvgemm.emulator.ptx.ops.memory import cluster_target, note_pdl
 from nvgemm.emulator.ptx.parser import Operand
 from nvgemm.emulator.isa.errors import IsaError
 from nvgemm.emulator.isa.mbarrier import Mbarrier
@@ -59,7 +59,7 @@ from nvgemm.emulator.isa.tcgen05 import (
     mma_mxf4nvf4,
     mma_mxf4nvf4_pair,
 )
-from nvgemm.emulator.isa.tma import decode_tensor_map, tile_load, tile_store
+from nvgemm.emulator.isa.tma import box_addresses, decode_tensor_map, tile_load, tile_store
 
 
 def _err(e: Exception, w, ins, lane=None) -> EmulationError:
@@ -259,6 +259,7 @@ def _read_map(w, addr: int, ins, lane):
         if len(raw) != 128:
             raise EmulationError(f"tensor map at param offset {off} runs past the parameters, {w.where(ins, lane)}")
     else:
+        note_pdl(w, "reads", np.array([a], np.uint64))
         raw = bytes(w.cta.launch.gmem.read(np.array([a], np.uint64), 128, lambda j: w.where(ins, lane))[0])
     try:
         return decode_tensor_map(bytes(raw))
@@ -290,7 +291,24 @@ def _bulk(ins, ctx):
                     run()
         return wait
     if p[3] == "prefetch":
-        return lambda w, m: None  # cp.async.bulk.prefetch.tensor: an L2 hint with no functional effect
+        # cp.async.bulk.prefetch{.tensor}: an L2 hint with no functional effect; the tensor form is recorded for
+        # the PDL record
+        if len(p) < 5 or p[4] != "tensor":
+            return lambda w, m: None
+        pmap, pcoords = _tensor_operand(ctx, ins.operands[0], ins)
+
+        def prefetch(w, m):
+            if w.ext.get("griddepcontrol.wait"):
+                return
+            mp, cs = pmap(w), [g(w) for g in pcoords]
+            for ln in np.nonzero(m)[0]:
+                tm = _read_map(w, mp[ln], ins, ln)
+                try:
+                    addrs = box_addresses(tm, [int(c[ln]) for c in cs])
+                except IsaError as e:
+                    raise _err(e, w, ins, ln) from None
+                note_pdl(w, "prefetches", addrs)
+        return prefetch
     if p[3] != "tensor":
         raise ctx.unsupported(ins)
     mods = p[4:]
@@ -333,9 +351,12 @@ def _bulk(ins, ctx):
                                          f"of rank {w.cta.rank}, {where(0)}")
                 if cta0 is not w.cta:
                     raise EmulationError(f"TMA load into a peer CTA's shared memory is not modelled, {where(0)}")
+                def read_global(a, width, where=where):
+                    note_pdl(w, "reads", a.astype(np.uint64))
+                    return w.cta.launch.gmem.read(a.astype(np.uint64), width, where)
+
                 try:
-                    addrs, data = tile_load(tm, [int(c[ln]) for c in cs], doff,
-                                            lambda a, width: w.cta.launch.gmem.read(a.astype(np.uint64), width, where))
+                    addrs, data = tile_load(tm, [int(c[ln]) for c in cs], doff, read_global)
                 except IsaError as e:
                     raise _err(e, w, ins, ln) from None
                 ctas = [w.cta]
@@ -361,12 +382,14 @@ def _bulk(ins, ctx):
                 where = lambda j, ln=ln: w.where(ins, ln)  # noqa: E731
                 _, soff = _target(w, "shared", src[ln], ins, ln)
                 coords = [int(c[ln]) for c in cs]
+                before_wait = not w.ext.get("griddepcontrol.wait")  # the PDL record: at issue
 
-                def run(tm=tm, coords=coords, soff=soff, where=where, ln=ln):
+                def run(tm=tm, coords=coords, soff=soff, where=where, ln=ln, before_wait=before_wait):
                     try:
                         ga, data = tile_store(tm, coords, soff, lambda a, width: w.cta.shared.read(a, width, where))
                     except IsaError as e:
                         raise _err(e, w, ins, ln) from None
+                    note_pdl(w, "writes", ga.astype(np.uint64), before_wait)
                     w.cta.launch.gmem.write(ga.astype(np.uint64), data, where)
                 g["open"].append(run)
         return store

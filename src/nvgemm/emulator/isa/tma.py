@@ -141,6 +141,13 @@ def _box_geometry(tm: TensorMap, coords) -> tuple[np.ndarray, np.ndarray, np.nda
     return gaddr, inb, soff, unit
 
 
+def box_addresses(tm: TensorMap, coords) -> np.ndarray:
+    """Global byte addresses (uint64) of the in-bounds element units of the box at ``coords`` (what a
+    load or an L2 prefetch of that box reads)."""
+    gaddr, inb, _soff, _unit = _box_geometry(tm, coords)
+    return gaddr[inb].astype(np.uint64)
+
+
 def tile_load(tm: TensorMap, coords, smem_addr: int, read_global: Callable[[np.ndarray, int], np.ndarray]):
     """The bytes one box load writes to shared memory: returns (shared byte addresses (n,), bytes (n, unit)).
 

@@ -46,7 +46,7 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
-from nvgemm.aot.abi import COMPILE_LOCK
+from nvgemm.aot.abi import cute_compile
 from nvgemm.templates.sm100_w4a4.requant import div_rn, e4m3_to_f32, to_e2m1x2, to_e4m3
 
 # 16-byte vectors in flight per thread in one split-K reduction round (S x chunk <= this).
@@ -552,7 +552,7 @@ def _split(coords, parts):
     return [[c[:2] for c in coords[i * step:(i + 1) * step]] for i in range(parts)]
 
 
-def thread_ownership(kernel) -> dict:
+def thread_ownership(kernel, arch: str = "sm_100a") -> dict:
     """Which GEMM-tile (row, col) every epilogue thread holds in every register after the TMEM
     load, and which OUTPUT (row, col) its output-partition register j addresses (residual loads,
     r2s/TMA stores), computed from the kernel's own ``_t2r_copy`` / ``_acc_coords`` / ``_out_copy``
@@ -562,7 +562,8 @@ def thread_ownership(kernel) -> dict:
     Returns ``{(v, tidx): (acc, out)}``: ``acc`` = [[(row, col) per register] per sub-tile] relative
     to the MMA tile at tile coordinate (0, 0) (``v`` = CTA of a 2-CTA pair, 0 for 1-CTA tiles);
     ``out`` = the same for the output partition of the CTA's (128, out_cta_n) output tile.
-    A sample of elements is also read through CuTe's own tensor indexing and must agree.
+    A sample of elements is also read through CuTe's own tensor indexing and must agree. Traced
+    for ``arch`` whatever target an earlier trace in the process used.
     """
     v_count = 2 if kernel.use_2cta else 1
     out: dict = {}
@@ -593,6 +594,5 @@ def thread_ownership(kernel) -> dict:
                         assert tuple(int(x) for x in tTR_cO[i]) == outc[i], (t, i)
                 out[(v, t)] = (_split(acc, kernel.subtile_cnt), _split(outc, kernel.subtile_cnt))
 
-    with COMPILE_LOCK:
-        cute.compile(probe)
+    cute_compile(probe, arch=arch)
     return out

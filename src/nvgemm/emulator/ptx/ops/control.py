@@ -16,7 +16,9 @@ Communication Instructions").
 * ``griddepcontrol.wait`` / ``launch_dependents`` (PDL): launches are executed in order, so both only
   record that they ran (``Launch.stats``); global accesses a warp makes before its ``wait`` are
   collected per allocation in ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes"]`` (what a
-  PDL kernel may touch while its predecessor still runs).
+  PDL kernel may touch while its predecessor still runs), bulk tensor (TMA) loads and stores included,
+  and its TMA L2 prefetches in ``Launch.ext["pdl_pre_wait_prefetches"]``
+  (:func:`nvgemm.emulator.ptx.ops.memory.note_pdl`).
 * ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` changes the warp's per-thread register budget (a resource
   hint): the emulator's register file is unbounded, so it checks what the ISA requires of the operand (an
   immediate in 24..256, a multiple of 8) and that the whole warp executes it, and counts it in

@@ -122,10 +122,15 @@ def _route(w, space, addrs):
     return "mixed"
 
 
-def note_pdl(w, kind: str, addrs: np.ndarray) -> None:
+def note_pdl(w, kind: str, addrs: np.ndarray, before_wait: bool | None = None) -> None:
     """Global accesses before this warp's ``griddepcontrol.wait`` (PDL: the previous kernel may still
-    be running): ``Launch.ext["pdl_pre_wait_reads" / "..._writes"]`` collect the allocations touched."""
-    if not w.ext.get("griddepcontrol.wait"):
+    be running): ``Launch.ext["pdl_pre_wait_reads" / "..._writes" / "..._prefetches"]`` collect the
+    allocations touched. Every global access records here: plain loads and stores, ``cp.async``, and the
+    bulk tensor (TMA) loads, stores and L2 prefetches with the addresses their tensor map and box give.
+    ``before_wait``: the warp's state when the access was issued (an asynchronous store performs later)."""
+    if before_wait is None:
+        before_wait = not w.ext.get("griddepcontrol.wait")
+    if before_wait:
         launch = w.cta.launch
         launch.ext.setdefault(f"pdl_pre_wait_{kind}", set()).update(launch.gmem.names_of(addrs))
 

@@ -187,10 +187,13 @@ class HostLaunches:
         self.events: list[str] = []
         #: every torch op (``aten::<name>``) the backends' ``run`` executed, in order
         self.torch_ops: list[str] = []
+        #: per launch, its arguments with each tensor replaced by its data pointer
+        self.pointers: list[tuple] = []
 
     def clear(self) -> None:
         self.events.clear()
         self.torch_ops.clear()
+        self.pointers.clear()
 
     def device_work(self) -> list[str]:
         """The launches (:attr:`events`) plus every recorded torch op that would run a kernel or a copy on a
@@ -250,6 +253,7 @@ def host_path_stand_in(family: str):
         def launch(self, *values):
             self.packer.pack(*values, check_device=False)
             rec.events.append(f"gemm:{self.name}")
+            rec.pointers.append(tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values))
 
     def quantize(x2, input_scale, swizzle=True):
         rec.events.append("quantize")

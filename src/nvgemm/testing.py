@@ -221,7 +221,7 @@ class _FakeProps:
 
 
 @contextlib.contextmanager
-def host_path_stand_in(family: str):
+def host_path_stand_in(family: str, *, record_ops: bool = True):
     """The production host path of the ``cutedsl_sm100`` (``family="sm100"``: ``nvfp4_linear`` and the fused
     requant / prequant ops) or ``cutedsl_sm90`` (``"sm90"``) backend on CPU tensors, on a stand-in device
     (B200: sm_100a, 148 SMs; H200: sm_90a, 132 SMs). Inside the block the backend takes CPU problems and
@@ -230,7 +230,8 @@ def host_path_stand_in(family: str):
     the kernel's real ABI and records ``"gemm:<name>"``) and, for sm100, the activation quantizer (returns
     uninitialised buffers of the right shapes and records ``"quantize"``, as the Triton kernel writes every
     byte). Any other device work the host path does shows up as torch ops (count them with a
-    ``TorchDispatchMode``). Yields a :class:`HostLaunches`. Outputs hold no values: for counting launches,
+    ``TorchDispatchMode``; recorded into :attr:`HostLaunches.torch_ops` unless ``record_ops=False``, as a
+    timing wants). Yields a :class:`HostLaunches`. Outputs hold no values: for counting launches,
     host work and host time (``bench/bench_host_overhead.py``), not for results."""
     from dataclasses import replace
 
@@ -310,7 +311,7 @@ def host_path_stand_in(family: str):
         def run(*args):
             with Ops():
                 return backend.run(*args)
-        return replace(backend, supports=supports, run=run)
+        return replace(backend, supports=supports, run=run if record_ops else backend.run)
 
     for kind, backend in kinds:
         B.register_backend(on_device(backend), kind)

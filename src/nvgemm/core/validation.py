@@ -180,12 +180,13 @@ def check_scale_values(weight_scale_2: torch.Tensor, input_scale: Optional[torch
 def _meta(t: Optional[torch.Tensor]):
     if t is None:
         return None
-    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % OPERAND_ALIGN
+    # get_device(): -1 on the host, the index on a GPU (an eager call never sees meta or fake tensors)
+    return t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % OPERAND_ALIGN
 
 
 def call_key(*tensors: Optional[torch.Tensor]) -> tuple:
     """Everything :func:`check_linear_args`, :func:`problem_of` and :func:`misaligned_operands` read from
-    the call's tensors: shape, strides, dtype, device and the data pointer's offset from a
+    the call's tensors: shape, strides, dtype, device (host or GPU index) and the data pointer's offset from a
     :data:`OPERAND_ALIGN` boundary of each (None for an absent operand). Two calls with equal keys get
     the same validation verdict, epilogue spec and problem, so an op validates completely on the first
     call of a key and re-checks only the key (plus the host scale values) afterwards."""

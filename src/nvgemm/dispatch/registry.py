@@ -338,18 +338,22 @@ def capturing_cuda(problem) -> bool:
             and torch.cuda.is_current_stream_capturing())
 
 
-def call_plan(key, decide):
+def call_plan(key, decide, selected=None):
     """The per-call plan of an op: ``decide() -> (spec, problem, backend)`` runs the complete validation and
     the selection for the first call with ``key`` (the op's :func:`~nvgemm.core.validation.call_key` plus
     the forcing settings); later calls with the same key take the stored plan, which the validation
     would return unchanged (it reads only what the key holds). Plans made during CUDA-graph capture are
-    not kept (their selection skipped the first-use check)."""
+    not kept (their selection skipped the first-use check). ``selected(backend)`` records the backend a
+    hit serves (default: :func:`last_selected`'s)."""
     plan = _PLANS.get(key)
     if plan is None:
         plan = decide()
         if not capturing_cuda(plan[1]):
             _PLANS[key] = plan
-    _LAST.name = plan[2].name
+    if selected is None:
+        _LAST.name = plan[2].name
+    else:
+        selected(plan[2])
     return plan
 
 

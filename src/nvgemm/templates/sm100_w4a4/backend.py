@@ -20,7 +20,7 @@ from nvgemm.core.validation import LinearProblem, alignment_reason, linear_spec
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
 from nvgemm.templates.sm100_w4a4.launch import (
-    launch_sm100, prepare_sm100_args, prepare_sm100_requant_args, requant_config,
+    without_quant, check_problem, launch_sm100, prepare_sm100_args, prepare_sm100_requant_args, requant_config,
 )
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
 from nvgemm.core.backend import Backend
@@ -141,7 +141,7 @@ def _device_index(dev: torch.device) -> int:
 def launch_plan(m: int, n: int, k: int, spec: EpilogueSpec, index: int,
                 config: Optional[Sm100Nvfp4GemmConfig] = None) -> tuple[Sm100Nvfp4GemmConfig, object]:
     """(config, loaded kernel) of one problem on device ``index``, decided once: the policy's pick (or the
-    given ``config``), its compile spec for the device (cluster occupancy from the driver) and the kernel
+    given ``config``), the template's problem rule for it (ValueError naming the reason), its compile spec for the device (cluster occupancy from the driver) and the kernel
     cache lookup. Bounded (least recently used problems drop out)."""
     # lazy: looked up when a plan is made (tests patch occupancy.query_max_active_clusters)
     from nvgemm.templates.common.occupancy import query_max_active_clusters
@@ -151,6 +151,7 @@ def launch_plan(m: int, n: int, k: int, spec: EpilogueSpec, index: int,
         config = _policy_config(m, n, k, spec.out_dtype, spec.activation, arch, sm_count)
         if config is None:
             raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={n} K={k}")
+    check_problem(config, m, n, k, without_quant(spec) if spec.out_quant else spec)
     cspec = compile_spec_for(config, spec, arch, sm_count, functools.partial(query_max_active_clusters, index))
     return config, kernel_for(cspec)
 
@@ -172,7 +173,7 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
                                  _device_index(dev), config)
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
-                              stream_id=stream.cuda_stream, quantize=quantize_nvfp4_cuda)
+                              stream_id=stream.cuda_stream, quantize=quantize_nvfp4_cuda, checked=True)
     launch_sm100(args, kernel, stream)
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
@@ -200,9 +201,14 @@ def supports_requant(p: LinearProblem) -> Optional[str]:
 
 def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype) -> EpilogueSpec:
     """The fused requant launch's epilogue for a call the op has validated."""
+    return _requant_spec(linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _requant_spec(gated: EpilogueSpec) -> EpilogueSpec:
     import dataclasses
 
-    return dataclasses.replace(linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype), out_quant=True)
+    return dataclasses.replace(gated, out_quant=True)
 
 
 def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
@@ -215,7 +221,7 @@ def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias
     _config, kernel = launch_plan(x.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                      spec, config, quantize=quantize_nvfp4_cuda)
+                                      spec, config, quantize=quantize_nvfp4_cuda, checked=True)
     launch_sm100(args, kernel, stream)
     return args.out, args.residual.view(torch.float8_e4m3fn)
 
@@ -241,12 +247,12 @@ def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_sc
 def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
     """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization."""
     dev = packed.device
-    index = _device_index(dev)
-    arch, sm_count = device_target(index)
+    spec = prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    config, kernel = launch_plan(packed.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev))
     stream = torch.cuda.current_stream(dev)
-    args, config = prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                 out_dtype, arch, sm_count, stream.cuda_stream)
-    _config, kernel = launch_plan(packed.shape[0], weight.shape[0], weight.shape[1] * 2, args.spec, index, config)
+    args = prepare_sm100_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream.cuda_stream, quantized=(packed, scales.view(torch.float8_e4m3fn)),
+                              checked=True)
     launch_sm100(args, kernel, stream)
     return args.out
 

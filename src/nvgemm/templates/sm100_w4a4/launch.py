@@ -31,6 +31,8 @@ in :mod:`nvgemm.templates.sm100_w4a4.backend`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -179,6 +181,14 @@ def alpha_vector(weight_scale_2: torch.Tensor, input_scale: torch.Tensor, dev: t
     return _derive(tag, weight_scale_2, inputs, make)
 
 
+def check_problem(config: Sm100Nvfp4GemmConfig, tokens: int, n: int, k: int, spec: EpilogueSpec) -> None:
+    """The template's problem rule for one call (ValueError with the reason when ``config`` cannot run it)."""
+    st = can_implement_problem(config, m=tokens, n=n, k=k, out_bytes=spec.out_dtype.itemsize,
+                               activation=spec.activation)
+    if not st:
+        raise ValueError(f"nvgemm_cutedsl sm100: {config.name()} cannot run this call: {st.reason}")
+
+
 def _aligned16(t: torch.Tensor) -> torch.Tensor:
     """``t`` contiguous with a 16-byte aligned base (the kernel reads it with 16-byte vectors)."""
     t = t.contiguous()
@@ -200,6 +210,7 @@ def prepare_sm100_args(
     quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     quantize: Optional[Callable] = None,
     next_input_scale: Optional[torch.Tensor] = None,
+    checked: bool = False,
 ) -> Sm100Args:
     """The kernel's arguments for one call; ``spec`` is the call's validated epilogue
     (``nvgemm.core.validation.check_linear_args``). Raises ValueError naming the problem when the template
@@ -209,6 +220,8 @@ def prepare_sm100_args(
     flat swizzled e4m3 scales): the activation arrives quantized (``nvgemm::nvfp4_linear_prequant``);
     ``x`` is then unused (None) and nothing is re-quantized. ``next_input_scale``: the fused requant
     launch's alpha operand (alpha values, then that scale; :func:`prepare_sm100_requant_args`).
+    ``checked``: the caller's per-problem plan has already run :func:`check_problem` for this
+    (config, M, N, K, epilogue).
 
     Per call this allocates the output (``torch.empty``: the kernel writes every element) and runs no
     device work but the activation quantizer: alpha, a host input_scale's device copy and the gate/up
@@ -224,10 +237,8 @@ def prepare_sm100_args(
     else:
         dev = quantized[0].device
         tokens = quantized[0].shape[0]
-    ob = torch.empty((), dtype=spec.out_dtype).element_size()
-    st = can_implement_problem(config, m=tokens, n=n, k=k, out_bytes=ob, activation=spec.activation)
-    if not st:
-        raise ValueError(f"nvgemm_cutedsl sm100: {config.name()} cannot run this call: {st.reason}")
+    if not checked:
+        check_problem(config, tokens, n, k, spec)
     n_out = spec.out_features(n)
 
     if quantized is None:
@@ -282,14 +293,13 @@ def prepare_sm100_requant_args(
     spec: EpilogueSpec,
     config: Sm100Nvfp4GemmConfig,
     quantize: Optional[Callable] = None,
+    checked: bool = False,
 ) -> Sm100Args:
     """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``): those of the gated
     GEMM, with ``out`` = packed codes [tokens, I/2] (uint8), ``residual`` = the 128x4-swizzled scale bytes
     of the [tokens, I/16] matrix (both ``torch.empty``: the kernel writes every byte, the layout's padding
     rows and K blocks as zeros) and ``alpha`` = the alpha values followed by the next layer's input_scale
     (the kernel's ABI; derived once, see :func:`alpha_vector`)."""
-    import dataclasses
-
     if not spec.out_quant:
         raise ValueError("prepare_sm100_requant_args: the epilogue spec must have out_quant=True")
     if not (config.swap_ab and config.tile_m == 128):
@@ -301,15 +311,22 @@ def prepare_sm100_requant_args(
     if out_input_scale.dtype != torch.float32 or out_input_scale.numel() != 1:
         raise ValueError(f"nvgemm_cutedsl sm100: out_input_scale must be a float32 scalar, got "
                          f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
-    gated = dataclasses.replace(spec, out_quant=False)
-    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, gated, config,
-                              quantize=quantize, next_input_scale=out_input_scale)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, without_quant(spec),
+                              config, quantize=quantize, next_input_scale=out_input_scale, checked=checked)
     tokens, dev = args.n, x.device
     # every byte is written by the kernel: the codes of every (token, feature pair), and the whole
     # 128x4-swizzled scale tile of each 64-feature column group, padding rows / K blocks as zeros
     codes = torch.empty((tokens, i // 2), dtype=torch.uint8, device=dev)
     scales = torch.empty(blocked_numel(tokens, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
-    return dataclasses.replace(args, out=codes, residual=scales, spec=spec)
+    args.out, args.residual, args.spec = codes, scales, spec
+    return args
+
+
+@functools.lru_cache(maxsize=256)
+def without_quant(spec: EpilogueSpec) -> EpilogueSpec:
+    """The gated GEMM's spec under a fused requant spec."""
+    return dataclasses.replace(spec, out_quant=False)
+
 
 
 #: swap-AB token tiles of the fused requant launch (smallest holding every token; the kernel needs 1-CTA swap-AB)

@@ -254,7 +254,8 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
         def launch(self, *values):
             self.packer.pack(*values, check_device=False)
             rec.events.append(f"gemm:{self.name}")
-            rec.pointers.append(tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values))
+            if record_ops:
+                rec.pointers.append(tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values))
 
     def quantize(x2, input_scale, swizzle=True):
         rec.events.append("quantize")

@@ -122,7 +122,7 @@ DERIVED = DerivedCache()
 
 
 def _derive(tag: str, anchor: torch.Tensor, inputs: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    return DERIVED.get(tag, anchor, inputs, make, capturing=_is_capturing())
+    return DERIVED.get(tag, anchor, inputs, make, capturing=_is_capturing)
 
 
 def device_scalar(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
@@ -146,7 +146,7 @@ def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
         perm = gate_up_permutation(n, dev)
         return weight[perm].contiguous(), to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
 
-    w_i, s_i = GATED.get("gate_up", weight, (weight, weight_scale), make, capturing=_is_capturing())
+    w_i, s_i = GATED.get("gate_up", weight, (weight, weight_scale), make, capturing=_is_capturing)
     w2 = weight_scale_2
     if weight_scale_2.dim() == 1:
         w2 = _derive("gate_up:ws2", weight_scale_2, (weight_scale_2,),

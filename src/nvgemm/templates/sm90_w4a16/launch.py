@@ -52,7 +52,7 @@ DERIVED = DerivedCache()
 def _memo(tag: str, anchor: torch.Tensor, inputs: tuple, make):
     """``make()`` memoized per (tag, anchor tensor's storage/offset/shape), re-derived into the same
     buffers when an input changes in place (:mod:`nvgemm.templates.common.derived`)."""
-    return DERIVED.get(tag, anchor, inputs, make, capturing=capturing(anchor.device))
+    return DERIVED.get(tag, anchor, inputs, make, capturing=lambda: capturing(anchor.device))
 
 
 def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
@@ -80,7 +80,7 @@ def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_
         return done
 
     return DERIVED.get(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind), make,
-                       capturing=capturing(weight.device), refill=refill)
+                       capturing=lambda: capturing(weight.device), refill=refill)
 
 
 def _fp32_on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:

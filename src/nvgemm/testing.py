@@ -15,6 +15,7 @@ prepared or held in its layout) with the launch replaced by the emulated op.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 from pathlib import Path
 
@@ -291,8 +292,9 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
         cap = (9, 0)
         props = _FakeProps(9, 0, 132)
         patch(torch.cuda, "get_device_properties", lambda device=None: props)
-        patch(sm90_backend, "_kernel_for", lambda config, spec, x_dtype, sms: NullKernel(
-            sm90_backend.compile_spec_for(config, spec, x_dtype, sms)))
+        # memoised like the production lookup it replaces
+        patch(sm90_backend, "_kernel_for", functools.lru_cache(maxsize=None)(lambda config, spec, x_dtype, sms: NullKernel(
+            sm90_backend.compile_spec_for(config, spec, x_dtype, sms))))
         kinds = [("linear", sm90_backend.BACKEND)]
         caches = []
     else:

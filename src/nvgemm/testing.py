@@ -21,8 +21,16 @@ from pathlib import Path
 
 import torch
 
+from nvgemm import settings
+from nvgemm.aot.abi import get_template
+from nvgemm.aot.artifact import AotKernel
+from nvgemm.core.backend import PREQUANT, REQUANT
+from nvgemm.core.formats import NVFP4, blocked_numel
 from nvgemm.dispatch import registry as B
 from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.templates.common import occupancy
+from nvgemm.templates.sm100_w4a4 import backend as sb
+from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
 from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
 TINY_CONFIGS = {
@@ -236,11 +244,6 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
     host work and host time (``bench/bench_host_overhead.py``), not for results."""
     from dataclasses import replace
 
-    from nvgemm import settings
-    from nvgemm.aot.abi import get_template
-    from nvgemm.aot.artifact import AotKernel
-    from nvgemm.core.backend import PREQUANT, REQUANT
-    from nvgemm.core.formats import NVFP4, blocked_numel
 
     rec = HostLaunches()
     packers: dict = {}
@@ -275,9 +278,6 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
     checked = dict(B._CHECKED)
     patch(torch.cuda, "current_stream", lambda device=None: _FakeStream())
     if family == "sm100":
-        from nvgemm.templates.common import occupancy
-        from nvgemm.templates.sm100_w4a4 import backend as sb
-        from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
 
         cap = (10, 0)
         patch(sb, "device_target", lambda index: ("sm_100a", 148))

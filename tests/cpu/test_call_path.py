@@ -261,15 +261,18 @@ def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_o
 
 
 def test_fused_requant_call_validates_once(counters, monkeypatch):
-    """``nvgemm::nvfp4_linear_requant`` validates at the op; its reference backend does not validate again
-    (before: twice per call)."""
+    """``nvgemm::nvfp4_linear_requant`` validates at the op, completely on the first call of a call key and
+    not again on repeats; its reference backend does not validate."""
     import nvgemm.ops.fused as OF
 
     _count(monkeypatch, counters, OF, "check_linear_args")
     monkeypatch.delenv("NVGEMM_BACKEND", raising=False)
     x, w, s, ws2, ins, *_ = _args(m=3, n=64, k=128, seed=5)
-    for _ in range(2):
+    out_scale = torch.tensor(0.05)
+    for want in (1, 0, 0):
         counters.clear()
-        packed, scales = torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, torch.tensor(0.05), None)
-        assert counters["check_linear_args"] == 1
+        packed, scales = torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, out_scale, None)
+        assert counters["check_linear_args"] == want
     assert packed.shape == (3, 16)
+    with pytest.raises(ValueError, match="out_input_scale"):  # a new key is validated completely
+        torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, torch.ones(2), None)

@@ -9,7 +9,8 @@ kernel's math expressed on the prepared arguments):
   Triton quantizer on CUDA; default: the torch reference) -> packed E2M1 [M, K/2] + 128x4-swizzled
   e4m3 scales;
 * alpha (:func:`nvgemm.core.validation.alpha_of`) as a device fp32 scalar (shape (1,)) or a per-N
-  vector (fused shards with unequal ``weight_scale_2``);
+  vector (fused shards with unequal ``weight_scale_2``), derived once per layer (:func:`alpha_vector`)
+  and device-resident from then on: a warm call launches the quantizer and the GEMM, nothing else;
 * swap-AB: A = weight / weight scales, B = activations / activation scales, MMA problem
   (m, n) = (N, M); the output buffer [M, N] row-major is the kernel's column-major C;
 * alpha, bias and the residual are passed 16-byte aligned (copied when a caller's view is not:
@@ -20,8 +21,11 @@ kernel's math expressed on the prepared arguments):
   graph capture (see there);
 * silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
   interleaved copy of a weight is made once and cached (keyed by the weight's storage, offset and
-  version: :mod:`nvgemm.templates.common.derived`), which costs one extra copy of each gate_up weight in device memory. A loader
-  that stores gate_up pre-interleaved would avoid that copy (not done).
+  version: :mod:`nvgemm.templates.common.derived`), which costs one extra copy of each gate_up weight in device
+  memory (a loader that stores gate_up pre-interleaved would avoid that copy; not done); the permuted
+  per-N vectors (weight_scale_2, bias) are derived once the same way;
+* the fused requant launch writes every byte of its outputs (codes, and the swizzled scales with
+  their zero padding), so both are ``torch.empty``.
 
 The problem-level limits are the template's own rule
 (:func:`nvgemm.templates.sm100_w4a4.validity.can_implement_problem`); a refused call raises

@@ -175,7 +175,7 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
                               stream_id=stream.cuda_stream, quantize=quantize_nvfp4_cuda, checked=True)
     launch_sm100(args, kernel, stream)
-    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+    return args.out if x.dim() == 2 else args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
 BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)

@@ -236,7 +236,7 @@ def prepare_sm100_args(
     n, k = weight.shape[0], weight.shape[1] * 2
     if quantized is None:
         dev = x.device
-        x2 = x.reshape(-1, k)
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)
         tokens = x2.shape[0]
     else:
         dev = quantized[0].device

@@ -218,7 +218,7 @@ def prepare_sm90_args(
     if x.shape[-1] != k:
         raise ValueError(f"nvgemm_cutedsl sm90: x has K={x.shape[-1]}, the weight has K={k}")
     gated = activation == "silu_mul"
-    x2 = x.reshape(-1, k)
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
     m = x2.shape[0]
     if why := _shape_reason(config, m, n, k, gated):
         raise ValueError(f"nvgemm_cutedsl sm90: {config.name()}: {why}")

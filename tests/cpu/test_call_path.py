@@ -276,3 +276,17 @@ def test_fused_requant_call_validates_once(counters, monkeypatch):
     assert packed.shape == (3, 16)
     with pytest.raises(ValueError, match="out_input_scale"):  # a new key is validated completely
         torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, torch.ones(2), None)
+
+
+def test_decision_and_plan_caches_are_bounded():
+    """The per-problem decision cache and the per-call plan cache keep at most their size (the oldest entry
+    goes first): a server that sees many shapes does not grow them without limit."""
+    c = B.BoundedCache(3)
+    for i in range(5):
+        c[i] = i
+    assert len(c) == 3 and 0 not in c and 1 not in c and c.get(4) == 4
+    c[4] = 40  # an update keeps the size
+    assert len(c) == 3 and c.get(4) == 40
+    assert B._DECISIONS.maxsize == B._PLANS.maxsize == B.DECISION_CACHE_SIZE
+    keys = [(V.call_key(torch.zeros(m, 16)), m) for m in range(1, 4)]
+    assert len(set(keys)) == 3  # the call key tells shapes apart

@@ -53,15 +53,17 @@ class BoundedCache:
     def __init__(self, maxsize: int):
         self.maxsize = maxsize
         self._d: dict = {}
+        self._lock = threading.Lock()  # stores only (a lookup is one dict read)
 
     def get(self, key, default=None):
         return self._d.get(key, default)
 
     def __setitem__(self, key, value) -> None:
-        d = self._d
-        if key not in d and len(d) >= self.maxsize:
-            d.pop(next(iter(d)))  # dicts keep insertion order: the oldest entry
-        d[key] = value
+        with self._lock:
+            d = self._d
+            if key not in d and len(d) >= self.maxsize:
+                d.pop(next(iter(d)))  # dicts keep insertion order: the oldest entry
+            d[key] = value
 
     def __contains__(self, key) -> bool:
         return key in self._d
@@ -70,7 +72,8 @@ class BoundedCache:
         return len(self._d)
 
     def clear(self) -> None:
-        self._d.clear()
+        with self._lock:
+            self._d.clear()
 
 
 #: entries each decision cache holds at most (problems: shapes x epilogues x devices)

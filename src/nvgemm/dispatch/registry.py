@@ -46,34 +46,21 @@ _LAST = threading.local()  # the backend select_backend chose most recently, per
 #: alignment included (``LinearProblem.misaligned``, computed per call from the tensors), so a new or
 #: re-pointed weight of the same shape takes the decision of its own alignment; the weight's values
 #: never enter a decision (the first-use check runs on its own data).
-class BoundedCache:
-    """A dict of at most ``maxsize`` entries that drops the least recently stored one when full (a
-    decision cache must not grow with every shape a long-running server ever sees)."""
+class BoundedCache(dict):
+    """A dict that holds at most ``maxsize`` entries: storing a new key into a full one drops the least
+    recently stored entry first (a decision cache must not grow with every shape a long-running server
+    ever sees). Reads are plain dict reads."""
 
     def __init__(self, maxsize: int):
+        super().__init__()
         self.maxsize = maxsize
-        self._d: dict = {}
-        self._lock = threading.Lock()  # stores only (a lookup is one dict read)
-
-    def get(self, key, default=None):
-        return self._d.get(key, default)
+        self._lock = threading.Lock()  # stores only (eviction iterates the dict)
 
     def __setitem__(self, key, value) -> None:
         with self._lock:
-            d = self._d
-            if key not in d and len(d) >= self.maxsize:
-                d.pop(next(iter(d)))  # dicts keep insertion order: the oldest entry
-            d[key] = value
-
-    def __contains__(self, key) -> bool:
-        return key in self._d
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
+            if key not in self and len(self) >= self.maxsize:
+                self.pop(next(iter(self)))  # dicts keep insertion order: the oldest entry
+            super().__setitem__(key, value)
 
 
 #: entries each decision cache holds at most (problems: shapes x epilogues x devices)

@@ -238,6 +238,30 @@ def get(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
     return value
 
 
+#: settings that change which backend an op call selects (part of the ops' per-call plan keys)
+FORCING = ("NVGEMM_BACKEND", "NVGEMM_FUSED_BACKEND", "NVGEMM_MOE_BACKEND", "NVGEMM_SELFCHECK")
+
+
+def forcing_token() -> tuple[Optional[str], ...]:
+    """The raw environment text of the :data:`FORCING` settings, read now (a cheap per-call key: a
+    changed value, parsed or not, makes a new key)."""
+    env = os.environ
+    data = getattr(env, "_data", None)  # CPython's encoded-key dict behind os.environ: one dict lookup each
+    if data is not None and hasattr(env, "encodekey"):
+        return tuple(map(data.get, _forcing_keys(env)))
+    return tuple(map(env.get, FORCING))
+
+
+_FORCING_KEYS: dict[int, tuple] = {}
+
+
+def _forcing_keys(env) -> tuple:
+    keys = _FORCING_KEYS.get(id(env))
+    if keys is None:
+        keys = _FORCING_KEYS[id(env)] = tuple(map(env.encodekey, FORCING))
+    return keys
+
+
 def source(name: str, environ: Optional[Mapping[str, str]] = None) -> str:
     """``environment`` when the variable is set to a non-empty value, else ``default``."""
     env = os.environ if environ is None else environ

@@ -15,13 +15,22 @@ prepared or held in its layout) with the launch replaced by the emulated op.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 from pathlib import Path
 
 import torch
 
+from nvgemm import settings
+from nvgemm.aot.abi import get_template
+from nvgemm.aot.artifact import AotKernel
+from nvgemm.core.backend import PREQUANT, REQUANT
+from nvgemm.core.formats import NVFP4, blocked_numel
 from nvgemm.dispatch import registry as B
 from nvgemm.ops.linear import nvfp4_linear_emulated
+from nvgemm.templates.common import occupancy
+from nvgemm.templates.sm100_w4a4 import backend as sb
+from nvgemm.templates.sm100_w4a4.occupancy import aot_max_active_clusters
 from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
 TINY_CONFIGS = {
@@ -173,3 +182,155 @@ def sm90_stand_in():
         sm90_backend.run_prepared = run_prepared
         B._CHECKED.clear()
         B._CHECKED.update(checked)
+
+
+# --------------------------------------------------------------------------- host launchers on a fake device
+
+
+class HostLaunches:
+    """What one :func:`host_path_stand_in` block launched: ``events`` lists ``"quantize"`` (the activation
+    quantizer a backend is given) and ``"gemm:<kernel>"`` (a kernel launch, its arguments packed by the
+    real :class:`~nvgemm.aot.artifact.AotKernel` packer), in order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        #: every torch op (``aten::<name>``) the backends' ``run`` executed, in order
+        self.torch_ops: list[str] = []
+        #: per launch, its arguments with each tensor replaced by its data pointer
+        self.pointers: list[tuple] = []
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.torch_ops.clear()
+        self.pointers.clear()
+
+    def device_work(self) -> list[str]:
+        """The launches (:attr:`events`) plus every recorded torch op that would run a kernel or a copy on a
+        GPU: everything except allocations without a fill, views and metadata queries."""
+        return self.events + [op for op in self.torch_ops if op not in NO_DEVICE_WORK]
+
+
+#: aten ops that launch nothing on a GPU: uninitialised allocations, views, metadata
+NO_DEVICE_WORK = frozenset({
+    "empty", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view", "reshape", "t",
+    "transpose", "permute", "expand", "as_strided", "slice", "select", "alias", "detach", "unsqueeze",
+    "squeeze", "view_as", "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+    "_local_scalar_dense_meta",
+})
+
+
+class _FakeStream:
+    cuda_stream = 0
+
+
+class _FakeProps:
+    def __init__(self, major: int, minor: int, sms: int):
+        self.major, self.minor, self.multi_processor_count = major, minor, sms
+        self.name = f"nvgemm stand-in sm_{major}{minor}"
+
+
+@contextlib.contextmanager
+def host_path_stand_in(family: str, *, record_ops: bool = True):
+    """The production host path of the ``cutedsl_sm100`` (``family="sm100"``: ``nvfp4_linear`` and the fused
+    requant / prequant ops) or ``cutedsl_sm90`` (``"sm90"``) backend on CPU tensors, on a stand-in device
+    (B200: sm_100a, 148 SMs; H200: sm_90a, 132 SMs). Inside the block the backend takes CPU problems and
+    runs its real ``run`` -- per-problem plan, argument preparation, derived operands, workspaces,
+    argument packing -- with only two things replaced: the kernel (its ``launch`` packs the arguments with
+    the kernel's real ABI and records ``"gemm:<name>"``) and, for sm100, the activation quantizer (returns
+    uninitialised buffers of the right shapes and records ``"quantize"``, as the Triton kernel writes every
+    byte). Any other device work the host path does shows up as torch ops (count them with a
+    ``TorchDispatchMode``; recorded into :attr:`HostLaunches.torch_ops` unless ``record_ops=False``, as a
+    timing wants). Yields a :class:`HostLaunches`. Outputs hold no values: for counting launches,
+    host work and host time (``bench/bench_host_overhead.py``), not for results."""
+    from dataclasses import replace
+
+
+    rec = HostLaunches()
+    packers: dict = {}
+
+    class NullKernel:
+        def __init__(self, cspec):
+            key = (cspec.template_id, cspec)
+            if key not in packers:
+                packers[key] = AotKernel.packer(tuple(get_template(cspec.template_id).abi(cspec)), cspec.name())
+            self.packer, self.name = packers[key], cspec.template_id
+
+        def launch(self, *values):
+            self.packer.pack(*values, check_device=False)
+            rec.events.append(f"gemm:{self.name}")
+            if record_ops:
+                rec.pointers.append(tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values))
+
+    def quantize(x2, input_scale, swizzle=True):
+        rec.events.append("quantize")
+        m, k = x2.shape
+        scales = (torch.empty(blocked_numel(m, k // NVFP4.block_size), dtype=torch.float8_e4m3fn) if swizzle else
+                  torch.empty(m, k // NVFP4.block_size, dtype=torch.float8_e4m3fn))
+        return torch.empty(m, k // 2, dtype=torch.uint8), scales
+
+    saved: list = []
+
+    def patch(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    B.load_builtin_backends()
+    checked = dict(B._CHECKED)
+    patch(torch.cuda, "current_stream", lambda device=None: _FakeStream())
+    if family == "sm100":
+
+        cap = (10, 0)
+        patch(sb, "device_target", lambda index: ("sm_100a", 148))
+        patch(sb, "_device_index", lambda dev: 0)
+        patch(sb, "kernel_for", lambda cspec, cache=None: NullKernel(cspec))
+        patch(sb, "quantize_nvfp4_cuda", quantize)
+        patch(occupancy, "query_max_active_clusters",
+              lambda index, cluster_size, *a: aot_max_active_clusters("sm_100a", 148, cluster_size))
+        kinds = [("linear", sb.BACKEND), (REQUANT, sb.REQUANT_BACKEND), (PREQUANT, sb.PREQUANT_BACKEND)]
+        caches = [sb.launch_plan]
+    elif family == "sm90":
+        cap = (9, 0)
+        props = _FakeProps(9, 0, 132)
+        patch(torch.cuda, "get_device_properties", lambda device=None: props)
+        # memoised like the production lookup it replaces
+        patch(sm90_backend, "_kernel_for", functools.lru_cache(maxsize=None)(lambda config, spec, x_dtype, sms: NullKernel(
+            sm90_backend.compile_spec_for(config, spec, x_dtype, sms))))
+        kinds = [("linear", sm90_backend.BACKEND)]
+        caches = []
+    else:
+        raise ValueError(f"host_path_stand_in: family must be 'sm100' or 'sm90', got {family!r}")
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            rec.torch_ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def on_device(backend):
+        def supports(p):
+            return backend.supports(replace(p, device_type="cuda", capability=cap) if p.device_type == "cpu" else p)
+
+        def run(*args):
+            with Ops():
+                return backend.run(*args)
+        return replace(backend, supports=supports, run=run if record_ops else backend.run)
+
+    for kind, backend in kinds:
+        B.register_backend(on_device(backend), kind)
+    for c in caches:
+        c.cache_clear()
+    B._CHECKED.clear()
+    try:
+        with settings.override(NVGEMM_SELFCHECK=False):  # the stand-in kernels compute nothing to check
+            yield rec
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+        for kind, backend in kinds:
+            B.register_backend(backend, kind)
+        for c in caches:
+            c.cache_clear()
+        B._CHECKED.clear()
+        B._CHECKED.update(checked)
+

@@ -276,6 +276,27 @@ def test_pack_fills_slots_per_calling_convention():
         k.pack(a, out, check_device=False)
 
 
+def test_pack_rebinds_a_descriptor_only_when_its_tensor_changed():
+    """The same tensor object at the same pointer / shape / strides keeps its descriptor (no refill); the same
+    object re-pointed or reshaped in place, or another tensor, is bound anew and checked again."""
+    k = aot.AotKernel.packer(ABI, "t")
+    a = torch.zeros(3, 64, dtype=torch.uint8)
+    out = torch.zeros(16, 4096, dtype=torch.bfloat16)
+    slots, _ = k.pack(a, out, 0.5, 7, None, 0, check_device=False)
+    mA = ctypes.cast(slots[0], ctypes.POINTER(k._structs["mA"])).contents
+    mA.dynamic_shapes[0] = 999  # a refill would overwrite this
+    k.pack(a, out, 0.5, 7, None, 0, check_device=False)
+    assert mA.dynamic_shapes[0] == 999  # same tensor, unchanged: not refilled
+    a.set_(torch.zeros(5, 64, dtype=torch.uint8).untyped_storage(), 0, (5, 64), (64, 1))  # re-pointed in place
+    k.pack(a, out, 0.5, 7, None, 0, check_device=False)
+    assert (mA.data, mA.dynamic_shapes[0]) == (a.data_ptr(), 5)
+    b = torch.zeros(2, 64, dtype=torch.uint8)
+    k.pack(b, out, 0.5, 7, None, 0, check_device=False)
+    assert (mA.data, mA.dynamic_shapes[0]) == (b.data_ptr(), 2)
+    with pytest.raises(ValueError, match="CUDA tensor"):  # the check is not skipped for a bound tensor
+        k.pack(b, out, 0.5, 7, None, 0)
+
+
 # ---- cache entries with a stand-in builder -----------------------------------------------------
 
 

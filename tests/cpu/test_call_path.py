@@ -76,10 +76,10 @@ class _NoLaunch:
 
 
 def test_eager_call_validates_once_and_repeats_skip_selection(counters, monkeypatch):
-    """The op validates once and hands the problem down; a repeated call takes the cached decision (no
-    backend walk) and the sm100 host path (``emu_sm100``: the production launcher on CPU, launch
-    replaced) checks the template's problem rule once, in the launcher. The code before this change
-    ran ``check_linear_args`` twice and ``can_implement_problem`` twice per warm call."""
+    """The first call of a call key (shapes, strides, dtypes, devices, alignment) validates completely and
+    decides; a repeated call takes the stored plan (no validation walk, no backend walk) and the sm100 host
+    path (``emu_sm100``: the production launcher on CPU, launch replaced) checks the template's problem
+    rule once, in the launcher."""
     import nvgemm.emulator.backend as EB
     import nvgemm.emulator.runner as R
 
@@ -89,11 +89,13 @@ def test_eager_call_validates_once_and_repeats_skip_selection(counters, monkeypa
     args = _args()
     for forced, rule in (("", 0), ("emu_sm100", 1)):
         monkeypatch.setenv("NVGEMM_BACKEND", forced)
-        torch.ops.nvgemm.nvfp4_linear(*args)  # first call of this problem: decides
+        counters.clear()
+        torch.ops.nvgemm.nvfp4_linear(*args)  # first call of this problem: validates and decides
+        assert counters["check_linear_args"] == 1 and counters["_select_backend"] == 1, forced
         for _ in range(3):
             counters.clear()
             torch.ops.nvgemm.nvfp4_linear(*args)
-            assert dict(counters) == {"check_linear_args": 1, **({"can_implement_problem": rule} if rule else {})}, forced
+            assert dict(counters) == ({"can_implement_problem": rule} if rule else {}), forced
         assert B.last_selected() == (forced or "emulated")
 
 
@@ -259,15 +261,32 @@ def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_o
 
 
 def test_fused_requant_call_validates_once(counters, monkeypatch):
-    """``nvgemm::nvfp4_linear_requant`` validates at the op; its reference backend does not validate again
-    (before: twice per call)."""
+    """``nvgemm::nvfp4_linear_requant`` validates at the op, completely on the first call of a call key and
+    not again on repeats; its reference backend does not validate."""
     import nvgemm.ops.fused as OF
 
     _count(monkeypatch, counters, OF, "check_linear_args")
     monkeypatch.delenv("NVGEMM_BACKEND", raising=False)
     x, w, s, ws2, ins, *_ = _args(m=3, n=64, k=128, seed=5)
-    for _ in range(2):
+    out_scale = torch.tensor(0.05)
+    for want in (1, 0, 0):
         counters.clear()
-        packed, scales = torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, torch.tensor(0.05), None)
-        assert counters["check_linear_args"] == 1
+        packed, scales = torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, out_scale, None)
+        assert counters["check_linear_args"] == want
     assert packed.shape == (3, 16)
+    with pytest.raises(ValueError, match="out_input_scale"):  # a new key is validated completely
+        torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, torch.ones(2), None)
+
+
+def test_decision_and_plan_caches_are_bounded():
+    """The per-problem decision cache and the per-call plan cache keep at most their size (the oldest entry
+    goes first): a server that sees many shapes does not grow them without limit."""
+    c = B.BoundedCache(3)
+    for i in range(5):
+        c[i] = i
+    assert len(c) == 3 and 0 not in c and 1 not in c and c.get(4) == 4
+    c[4] = 40  # an update keeps the size
+    assert len(c) == 3 and c.get(4) == 40
+    assert B._DECISIONS.maxsize == B._PLANS.maxsize == B.DECISION_CACHE_SIZE
+    keys = [(V.call_key(torch.zeros(m, 16)), m) for m in range(1, 4)]
+    assert len(set(keys)) == 3  # the call key tells shapes apart

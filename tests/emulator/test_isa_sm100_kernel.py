@@ -80,9 +80,16 @@ def test_sm100_kernel_on_emulator_matches_reference(m, n, k, cfg, tmp_path, monk
     xs.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8).reshape(xs.shape))
     spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
     z = lambda t: t if t is not None else 0  # noqa: E731
-    launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias),
-                                  z(args.residual), z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
-    assert launch is not None and launch.stats["warp_instructions"] > 0
-    torch.testing.assert_close(args.out, kernel_view_ref(args), rtol=0, atol=0)
-    check_pdl_prologue(launch, weights={"a_ptr", "sfa_ptr"} if config.swap_ab else {"b_ptr", "sfb_ptr"})
-
+    kernel = prepare(spec)
+    want = kernel_view_ref(args)
+    # split-K: the second launch reuses the workspace and counters the first left behind (the last split of
+    # each tile resets its counter; nothing zeroes them between calls); the output is uninitialised each time
+    for launch_no in range(2 if config.split_k > 1 else 1):
+        args.out.fill_(float("nan"))
+        launch = kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias),
+                               z(args.residual), z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
+        assert launch is not None and launch.stats["warp_instructions"] > 0
+        torch.testing.assert_close(args.out, want, rtol=0, atol=0, msg=f"launch {launch_no}")
+        check_pdl_prologue(launch, weights={"a_ptr", "sfa_ptr"} if config.swap_ab else {"b_ptr", "sfb_ptr"})
+        if args.counters is not None:
+            assert not args.counters.any(), "split-K counters left non-zero: the next launch would misreduce"

@@ -78,11 +78,20 @@ def test_fused_requant_kernel_on_emulator(m, i, k, sk, tile_n, tmp_path, monkeyp
     args.alpha[-1] = gs
     spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
     z = lambda t: t if t is not None else 0  # noqa: E731
-    launch = prepare(spec).launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, args.bias,
-                                  args.residual, z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
-    assert launch is not None and launch.stats["warp_instructions"] > 0
-    assert torch.equal(args.out, ref_p)
-    assert torch.equal(args.residual, ref_s.view(torch.uint8))  # incl. the zero padding rows / K blocks
+    kernel = prepare(spec)
+    # the launcher allocates codes and scales uninitialised (torch.empty): the kernel must write every byte,
+    # the layout's padding rows / K blocks included. Two launches on the same split-K workspace and
+    # counters, each onto outputs filled with garbage (0xff: an e4m3 NaN scale), give the same bytes.
+    for launch_no in range(2):
+        args.out.fill_(0xA5)
+        args.residual.fill_(0xFF)
+        launch = kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, args.bias,
+                               args.residual, z(args.workspace), z(args.counters), args.m, args.n, args.k, 0)
+        assert launch is not None and launch.stats["warp_instructions"] > 0
+        assert torch.equal(args.out, ref_p), launch_no
+        assert torch.equal(args.residual, ref_s.view(torch.uint8)), launch_no  # incl. the zero padding
+        if args.counters is not None:
+            assert not args.counters.any(), "split-K counters left non-zero: the next launch would misreduce"
 
 
 def test_emulator_narrow_conversions_match_torch():

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -529,23 +530,33 @@ class AotKernel:
                 objs.append(ctypes.c_void_p())
         objs.append(ctypes.c_int32(0))
         slots = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
-        return slots, objs
+        return slots, objs, [None] * len(self.abi)
 
     def pack(self, *values: Any, check_device: bool = True) -> tuple[Any, list[Any]]:
         """The ``void *args[]`` array for ``values`` (one per ABI argument) plus the objects it points to.
 
         The array and its targets are preallocated per thread and refilled on each call (a launch
-        copies the arguments before returning), so packing allocates nothing.
+        copies the arguments before returning), so packing allocates nothing. A tensor descriptor is
+        rebuilt only when its tensor changed: the same tensor object as in the previous call, at the
+        same data pointer, shape and strides (a layer's weight, scales, alpha) keeps the checked
+        descriptor it was given then; only the per-call tensors (activations, output) are bound anew.
         """
         if len(values) != len(self.abi):
             raise TypeError(f"{self.name} takes {len(self.abi)} arguments {[a.name for a in self.abi]}, got {len(values)}")
         state = getattr(self._tls, "state", None)
         if state is None:
             state = self._tls.state = self._new_pack_state()
-        slots, objs = state
-        for a, v, obj, fill in zip(self.abi, values, objs, self._fillers):
+        slots, objs, bound = state
+        for i, (a, v, obj, fill) in enumerate(zip(self.abi, values, objs, self._fillers)):
             if fill is not None:
+                last = bound[i]
+                if (last is not None and last[0]() is v and last[4] == check_device and last[1] == v.data_ptr()
+                        and last[2] == v.shape and last[3] == v.stride()):
+                    continue
+                bound[i] = None
                 fill(obj, v, check_device)
+                # a weak reference: the descriptor never keeps a call's activations alive
+                bound[i] = (weakref.ref(v), v.data_ptr(), v.shape, v.stride(), check_device)
             elif isinstance(a, ScalarArg):
                 obj.value = v
             elif isinstance(a, PointerArg):

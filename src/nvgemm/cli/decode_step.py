@@ -434,16 +434,23 @@ def record_launches(gpu: str, rec: _Recorder):
         st.enter_context(um.patch.object(sm100_backend, "resolve_max_active_clusters", lambda *a, **k: 0))
         st.enter_context(um.patch("torch.cuda.current_stream", lambda *a, **k: stream))
         st.enter_context(um.patch("torch.cuda.is_current_stream_capturing", lambda *a, **k: False))
-        tcommon._capability.cache_clear()
-        sm90_backend._kernel_for.cache_clear()
-        registry._DECISIONS.clear()
+        plans = dict(registry._PLANS)
+
+        def clear():  # per-problem memos that hold a kernel (here: a recorder's stand-in) or a decision
+            tcommon._capability.cache_clear()
+            sm90_backend._kernel_for.cache_clear()
+            sm100_backend.launch_plan.cache_clear()
+            sm100_backend.device_target.cache_clear()
+            registry._DECISIONS.clear()
+            registry._PLANS.clear()
+
+        clear()
         try:
             yield
         finally:
-            tcommon._capability.cache_clear()
-            sm90_backend._kernel_for.cache_clear()
-            registry._DECISIONS.clear()
+            clear()
             registry._DECISIONS.update(decisions)
+            registry._PLANS.update(plans)
 
 
 class _TorchProxy:

@@ -152,7 +152,7 @@ def check_input_scale_value(input_scale: torch.Tensor, where: str) -> None:
     call: it is checked where it is built (``NVFP4Linear``, the checkpoint and vLLM loaders)."""
     if input_scale.device.type != "cpu":
         return
-    v = input_scale.reshape(-1)[0].item()
+    v = input_scale.item() if input_scale.numel() == 1 else input_scale.reshape(-1)[0].item()
     if not (v > 0 and v != float("inf")):
         raise ValueError(f"{where}: input_scale is {v}; it must be finite and > 0")
 

@@ -161,13 +161,36 @@ def check_scale_values(weight_scale_2: torch.Tensor, input_scale: Optional[torch
     ``weight_scale_2 == 0`` is allowed: it is the global scale of an all-zero weight
     (``formats.quantize_weight``); ``NVFP4Linear`` checks that such rows hold only zero codes.
     """
-    if weight_scale_2.device.type == "cpu":
+    if weight_scale_2.device.type == "cpu" and weight_scale_2.numel() == 1:
+        v = weight_scale_2.item()  # a host scalar: one read, no tensor ops
+        if not (0 <= v < float("inf")):
+            raise ValueError(f"{where}: weight_scale_2 holds {v}; it must be finite and >= 0")
+    elif weight_scale_2.device.type == "cpu":
         bad = ~torch.isfinite(weight_scale_2) | (weight_scale_2 < 0)
         if bool(bad.any()):
             v = weight_scale_2.reshape(-1)[bad.reshape(-1)][0].item()
             raise ValueError(f"{where}: weight_scale_2 holds {v}; it must be finite and >= 0")
     if input_scale is not None:
         check_input_scale_value(input_scale, where)
+
+
+# --------------------------------------------------------------------------- per-call key
+
+
+def _meta(t: Optional[torch.Tensor]):
+    if t is None:
+        return None
+    # get_device(): -1 on the host, the index on a GPU (an eager call never sees meta or fake tensors)
+    return t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % OPERAND_ALIGN
+
+
+def call_key(*tensors: Optional[torch.Tensor]) -> tuple:
+    """Everything :func:`check_linear_args`, :func:`problem_of` and :func:`misaligned_operands` read from
+    the call's tensors: shape, strides, dtype, device (host or GPU index) and the data pointer's offset from a
+    :data:`OPERAND_ALIGN` boundary of each (None for an absent operand). Two calls with equal keys get
+    the same validation verdict, epilogue spec and problem, so an op validates completely on the first
+    call of a key and re-checks only the key (plus the host scale values) afterwards."""
+    return tuple(map(_meta, tensors))
 
 
 # --------------------------------------------------------------------------- alignment
@@ -252,5 +275,5 @@ def alpha_of(weight_scale_2: torch.Tensor, input_scale: Optional[torch.Tensor],
 
 
 __all__ = ["EPILOGUE_DTYPES", "OPERAND_ALIGN", "X_DTYPES", "LinearProblem", "aligned", "alignment_reason",
-           "alpha_of", "check_linear_args", "check_scale_values", "linear_spec", "misaligned_operands",
+           "alpha_of", "call_key", "check_linear_args", "check_scale_values", "linear_spec", "misaligned_operands",
            "misalignment", "problem_of"]

@@ -59,6 +59,11 @@ def _fused(kind: str) -> str:
     return kind
 
 
+def remember_fused(kind: str, backend: Backend) -> None:
+    """Record ``backend`` as the last one the ``kind`` op ran (a call served from its stored plan)."""
+    setattr(_LAST, kind, backend.name)
+
+
 def last_fused_selected(kind: str) -> str | None:
     """Name of the backend the most recent eager call of the ``kind`` op ran on in this thread."""
     return getattr(_LAST, kind, None)

@@ -46,7 +46,29 @@ _LAST = threading.local()  # the backend select_backend chose most recently, per
 #: alignment included (``LinearProblem.misaligned``, computed per call from the tensors), so a new or
 #: re-pointed weight of the same shape takes the decision of its own alignment; the weight's values
 #: never enter a decision (the first-use check runs on its own data).
-_DECISIONS: dict[tuple, Backend] = {}
+class BoundedCache(dict):
+    """A dict that holds at most ``maxsize`` entries: storing a new key into a full one drops the least
+    recently stored entry first (a decision cache must not grow with every shape a long-running server
+    ever sees). Reads are plain dict reads."""
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        self.maxsize = maxsize
+        self._lock = threading.Lock()  # stores only (eviction iterates the dict)
+
+    def __setitem__(self, key, value) -> None:
+        with self._lock:
+            if key not in self and len(self) >= self.maxsize:
+                self.pop(next(iter(self)))  # dicts keep insertion order: the oldest entry
+            super().__setitem__(key, value)
+
+
+#: entries each decision cache holds at most (problems: shapes x epilogues x devices)
+DECISION_CACHE_SIZE = 4096
+_DECISIONS = BoundedCache(DECISION_CACHE_SIZE)
+#: an op's per-call plans (:func:`call_plan`): the call's metadata (shapes, strides, dtypes, devices,
+#: operand alignment, forcing settings) -> (epilogue spec, problem, backend), cleared with the decisions
+_PLANS = BoundedCache(DECISION_CACHE_SIZE)
 
 #: backends whose name starts with this are the PTX emulator's: forcing one enables the emulator
 EMULATOR_PREFIX = "emu_"
@@ -64,12 +86,14 @@ def register_backend(backend: Backend, kind: str = LINEAR) -> None:
     with _LOCK:
         _kind(kind)[backend.name] = backend
         _DECISIONS.clear()
+        _PLANS.clear()
 
 
 def unregister_backend(name: str, kind: str = LINEAR) -> None:
     with _LOCK:
         _kind(kind).pop(name, None)
         _DECISIONS.clear()
+        _PLANS.clear()
 
 
 def load_builtin_backends() -> None:
@@ -292,11 +316,35 @@ def select_backend(problem: LinearProblem, check: bool = True) -> Backend:
         if problem.misaligned:
             _warn_misaligned(problem, b)
         # a decision made while a CUDA graph is captured skipped the first-use check: not kept
-        if not (problem.device_type == "cuda" and torch.cuda.is_available()
-                and torch.cuda.is_current_stream_capturing()):
+        if not capturing_cuda(problem):
             _DECISIONS[key] = b
     _LAST.name = b.name
     return b
+
+
+def capturing_cuda(problem) -> bool:
+    """Whether ``problem`` is a CUDA call made while a CUDA graph is being captured."""
+    return (problem.device_type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.is_current_stream_capturing())
+
+
+def call_plan(key, decide, selected=None):
+    """The per-call plan of an op: ``decide() -> (spec, problem, backend)`` runs the complete validation and
+    the selection for the first call with ``key`` (the op's :func:`~nvgemm.core.validation.call_key` plus
+    the forcing settings); later calls with the same key take the stored plan, which the validation
+    would return unchanged (it reads only what the key holds). Plans made during CUDA-graph capture are
+    not kept (their selection skipped the first-use check). ``selected(backend)`` records the backend a
+    hit serves (default: :func:`last_selected`'s)."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = decide()
+        if not capturing_cuda(plan[1]):
+            _PLANS[key] = plan
+    if selected is None:
+        _LAST.name = plan[2].name
+    else:
+        selected(plan[2])
+    return plan
 
 
 def _warn_misaligned(problem: LinearProblem, chosen: Backend) -> None:

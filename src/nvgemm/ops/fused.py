@@ -31,18 +31,21 @@ than sm_100: :func:`nvgemm.dispatch.fused.fused_chain_reason`).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
+from nvgemm import settings
+
 from nvgemm.epilogues import epilogue_ref
 from nvgemm.epilogues.requant import fused_requant_reference
 from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_activation
-from nvgemm.core.validation import (X_DTYPES, LinearProblem, alpha_of, check_linear_args, check_scale_values,
-                                    linear_spec, misaligned_operands, problem_of)
+from nvgemm.core.validation import (X_DTYPES, LinearProblem, alpha_of, call_key, check_linear_args,
+                                    check_scale_values, linear_spec, misaligned_operands, problem_of)
 from nvgemm.core.backend import PREQUANT, REQUANT, Backend
-from nvgemm.dispatch.fused import fused_chain_reason, select_fused_backend
-from nvgemm.dispatch.registry import register_backend
+from nvgemm.dispatch.fused import fused_chain_reason, remember_fused, select_fused_backend
+from nvgemm.dispatch.registry import call_plan, register_backend
 
 __all__ = ["nvfp4_linear_requant", "nvfp4_linear_prequant", "gated_mlp", "fused_mlp_reason"]
 
@@ -86,11 +89,18 @@ def nvfp4_linear_requant(
     out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused gate_up GEMM + SwiGLU + NVFP4 requant (see the module docstring)."""
-    spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    key = (REQUANT, call_key(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale), out_dtype,
+           settings.forcing_token())
+
+    def decide():
+        spec, _i = _check_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                  out_dtype)
+        p = problem_of(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul", spec)
+        return spec, p, select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(spec.out_dtype, bias=bias))
+
+    backend = call_plan(key, decide, functools.partial(remember_fused, REQUANT))[2]
     check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_requant")
     check_scale_values(weight_scale_2, out_input_scale, "nvgemm.nvfp4_linear_requant (out_input_scale)")
-    p = problem_of(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, "silu_mul", spec)
-    backend = select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(spec.out_dtype, bias=bias))
     return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
 
 
@@ -152,16 +162,24 @@ def nvfp4_linear_prequant(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """W4A4 linear whose activation arrives quantized (packed codes + swizzled scales)."""
-    spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    key = (PREQUANT, call_key(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual),
+           out_dtype, settings.forcing_token())
+
+    def decide():
+        spec = _prequant_spec(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                              out_dtype)
+        dev = packed.device
+        p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
+                          capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+                          weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
+                          bias=bias is not None, activation="none", residual=residual is not None,
+                          misaligned=misaligned_operands(packed=packed, scales=scales, weight=weight,
+                                                         weight_scale=weight_scale, bias=bias, residual=residual))
+        return spec, p, select_fused_backend(PREQUANT, p,
+                                             no_kernel=_vector_dtype_reason(out_dtype, bias=bias, residual=residual))
+
+    backend = call_plan(key, decide, functools.partial(remember_fused, PREQUANT))[2]
     check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_prequant")
-    dev = packed.device
-    p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
-                      capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
-                      weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
-                      bias=bias is not None, activation="none", residual=residual is not None,
-                      misaligned=misaligned_operands(packed=packed, scales=scales, weight=weight,
-                                                     weight_scale=weight_scale, bias=bias, residual=residual))
-    backend = select_fused_backend(PREQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias, residual=residual))
     return backend.run(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
 
 

@@ -35,12 +35,15 @@ from nvgemm.core.formats import (
 )
 from nvgemm.core.validation import (
     alpha_of,
+    call_key,
     check_linear_args,
     check_scale_values,
     linear_spec,
     problem_of,
 )
-from nvgemm.dispatch.registry import Backend, register_backend, select_backend
+from nvgemm import settings
+from nvgemm.core.backend import LINEAR
+from nvgemm.dispatch.registry import Backend, call_plan, register_backend, select_backend
 from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
 from nvgemm.templates.triton.reference import quantize_ref
 
@@ -99,10 +102,17 @@ def nvfp4_linear(
     ``to_blocked(scale.view(N, K // 16))``. Viewing linear bytes as swizzled is not detectable and
     gives wrong results.
     """
-    spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    key = (LINEAR, call_key(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual), activation,
+           out_dtype, settings.forcing_token())
+
+    def decide():
+        spec = check_linear_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation,
+                                 out_dtype)
+        problem = problem_of(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, spec)
+        return spec, problem, select_backend(problem)
+
+    _spec, _problem, backend = call_plan(key, decide)
     check_scale_values(weight_scale_2, input_scale)
-    backend = select_backend(problem_of(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                        activation, spec))
     return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
 
 

@@ -28,10 +28,11 @@ import torch
 
 from nvgemm import settings
 from nvgemm.core.formats import NVFP4, blocked_shape
-from nvgemm.core.validation import LinearProblem, check_linear_args, problem_of
+from nvgemm.core.validation import LinearProblem, call_key, check_linear_args, problem_of
 from nvgemm.ops.linear import nvfp4_linear
-from nvgemm.dispatch.registry import backends, select_backend, warn_once
-from nvgemm.templates.sm90_w4a16.config import K_ALIGN, ROW_TILE
+from nvgemm.dispatch.registry import backends, call_plan, select_backend, warn_once
+from nvgemm.templates.common.derived import DerivedCache
+from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, to_modelopt
 
 #: Token counts whose backend decides whether an ``NVFP4Linear`` is held in the sm90 layout: decode
@@ -83,11 +84,21 @@ def _standins(n: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch
     return hit
 
 
+_SCALES = DerivedCache()
+
+
 def sm90_weight_of(pweight: torch.Tensor, pscale: torch.Tensor, weight_scale_2: torch.Tensor, n: int, k: int,
                    kind: str) -> Sm90Weight:
-    """The :class:`Sm90Weight` view of a prepared layer's tensors (no copy)."""
+    """The :class:`Sm90Weight` view of a prepared layer's tensors (no copy of the weight; a ``weight_scale_2``
+    held elsewhere than the weight, or not in fp32, is copied once per layer, not per call)."""
     n_pad, k_pad = -(-n // ROW_TILE) * ROW_TILE, -(-k // K_ALIGN) * K_ALIGN
-    ws2 = weight_scale_2.to(device=pweight.device, dtype=torch.float32).reshape(-1)
+    dev = pweight.device
+    if weight_scale_2.device == dev and weight_scale_2.dtype == torch.float32:
+        ws2 = weight_scale_2.reshape(-1)
+    else:
+        ws2 = _SCALES.get(f"fp32:{dev}", weight_scale_2, (weight_scale_2,),
+                          lambda: weight_scale_2.to(device=dev, dtype=torch.float32).reshape(-1).clone(),
+                          capturing=lambda: dev.type == "cuda" and torch.cuda.is_current_stream_capturing())
     return Sm90Weight(pweight, pscale, ws2, n, k, n_pad, k_pad, kind)
 
 
@@ -107,16 +118,24 @@ def nvfp4_linear_sm90_prepared(
     kind: str,
 ) -> torch.Tensor:
     """``nvfp4_linear`` of a weight held only in the sm90 layout (see the module docstring)."""
-    w0, s0 = _standins(n, k, x.device)
-    spec = check_linear_args(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+    key = ("sm90_prepared", call_key(x, pweight, pscale, weight_scale_2, input_scale, bias, residual), activation,
+           out_dtype, n, k, kind, settings.forcing_token())
+
+    def decide():
+        w0, s0 = _standins(n, k, x.device)
+        spec = check_linear_args(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
+        n_pad, k_pad = -(-n // ROW_TILE) * ROW_TILE, -(-k // K_ALIGN) * K_ALIGN
+        expect = (n_pad // ROW_TILE, k_pad // CHUNK * 512), (n_pad // ROW_TILE, k_pad // CHUNK * 64)
+        if (tuple(pweight.shape), tuple(pscale.shape)) != expect or pweight.dtype != torch.uint8 or \
+                pscale.dtype != torch.uint8:
+            raise ValueError(f"nvgemm.nvfp4_linear_sm90_prepared: prepared weight/scale must be uint8 {expect[0]} "
+                             f"/ {expect[1]} for N={n} K={k}, got {pweight.dtype} {tuple(pweight.shape)} / "
+                             f"{pscale.dtype} {tuple(pscale.shape)}")
+        problem = problem_of(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, spec)
+        return spec, problem, select_backend(problem)
+
+    spec, _problem, backend = call_plan(key, decide)
     p = sm90_weight_of(pweight, pscale, weight_scale_2, n, k, kind)
-    expect = (p.n_tiles, p.n_chunks * 512), (p.n_tiles, p.n_chunks * 64)
-    if (tuple(pweight.shape), tuple(pscale.shape)) != expect or pweight.dtype != torch.uint8 or \
-            pscale.dtype != torch.uint8:
-        raise ValueError(f"nvgemm.nvfp4_linear_sm90_prepared: prepared weight/scale must be uint8 {expect[0]} / "
-                         f"{expect[1]} for N={n} K={k}, got {pweight.dtype} {tuple(pweight.shape)} / "
-                         f"{pscale.dtype} {tuple(pscale.shape)}")
-    backend = select_backend(problem_of(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, spec))
     if backend.name == SM90 and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
             and (residual is None or residual.dtype == spec.out_dtype):
         # lazy: keeps templates.sm90_w4a16.backend out of `import nvgemm`

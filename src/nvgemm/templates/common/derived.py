@@ -17,6 +17,10 @@ tensors (made under ``torch.inference_mode()``) have no version counter: their e
 expire by version; updating such a weight in place is not detected (update weights outside
 inference mode, or call :meth:`DerivedCache.clear`).
 
+Repeated calls with the very same tensor objects (a layer's own parameters) take a fast path: the
+entry remembers weak references to its inputs and their (version, data pointer, shape); it is dropped
+with the anchor object, and any difference falls through to the storage-keyed lookup above.
+
 A miss *during* CUDA-graph capture derives the value inside the capture (the work is recorded and
 replayed with the graph, which stays correct) but does not store it: the buffers would hold
 nothing until the graph first replays, and an eager call must never read them. A warning says so
@@ -42,6 +46,12 @@ def source_key(t: torch.Tensor) -> tuple:
     """What ``t`` is, independent of the Python object: storage, offset, shape, strides, dtype, device."""
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
             str(t.device))
+
+
+def _identity(t: torch.Tensor) -> tuple:
+    """What the fast path re-checks of an input it holds a reference to: version, data pointer, shape (an
+    inference tensor has no version; re-pointing it with ``set_`` changes the pointer)."""
+    return version_of(t), t.data_ptr(), t.shape
 
 
 def state_of(inputs: tuple) -> tuple:
@@ -101,6 +111,9 @@ class DerivedCache:
 
     def __init__(self) -> None:
         self._d: dict[tuple, tuple[Any, tuple, Any]] = {}
+        #: (tag, id(anchor)) -> (weakrefs of the tensor inputs, their versions, the other inputs, value): a hit
+        #: for the very same tensor objects at the same versions skips the storage-keyed lookup
+        self._fast: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         self._warned: set = set()
         self.made = 0  # derivations run (tests count them)
@@ -119,9 +132,45 @@ class DerivedCache:
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
+            self._fast.clear()
 
     def get(self, tag: str, anchor: torch.Tensor, inputs: tuple, make: Callable[[], Any], *,
-            capturing: bool = False, refill: Callable[[Any, Any], bool] = refill_tensors) -> Any:
+            capturing: "bool | Callable[[], bool]" = False,
+            refill: Callable[[Any, Any], bool] = refill_tensors) -> Any:
+        """The value derived by ``make()`` from ``inputs`` (``anchor``: the tensor whose storage owns the entry).
+        ``capturing`` (a bool, or a callable asked only when the value must be derived): whether a CUDA graph
+        is being captured."""
+        fk = (tag, id(anchor))
+        fast = self._fast.get(fk)
+        if fast is not None and fast[0][0]() is anchor:
+            refs, versions, others, value = fast
+            i = 0
+            for t in inputs:
+                if isinstance(t, torch.Tensor):
+                    if i >= len(refs) or refs[i]() is not t or versions[i] != _identity(t):
+                        break
+                    i += 1
+            else:
+                if i == len(refs) and others == tuple(t for t in inputs if not isinstance(t, torch.Tensor)):
+                    return value
+        if callable(capturing):
+            capturing = capturing()
+        value = self._get(tag, anchor, inputs, make, capturing, refill)
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        if not capturing and tensors and tensors[0] is anchor:
+            fast_d = self._fast
+
+            def drop(ref, fk=fk):  # the anchor object died: its fast entry goes (the storage-keyed one stays)
+                hit = fast_d.get(fk)
+                if hit is not None and hit[0][0] is ref:
+                    fast_d.pop(fk, None)
+
+            refs = (weakref.ref(anchor, drop), *(weakref.ref(t) for t in tensors[1:]))
+            self._fast[fk] = (refs, tuple(map(_identity, tensors)),
+                              tuple(t for t in inputs if not isinstance(t, torch.Tensor)), value)
+        return value
+
+    def _get(self, tag, anchor, inputs, make, capturing, refill):
         slot = (tag, source_key(anchor))
         storage = anchor.untyped_storage()
         state = state_of(inputs)

@@ -20,7 +20,7 @@ from nvgemm.core.validation import LinearProblem, alignment_reason, linear_spec
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
 from nvgemm.templates.sm100_w4a4.launch import (
-    launch_sm100, prepare_sm100_args, prepare_sm100_requant_args, requant_config,
+    without_quant, check_problem, launch_sm100, prepare_sm100_args, prepare_sm100_requant_args, requant_config,
 )
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
 from nvgemm.core.backend import Backend
@@ -126,13 +126,34 @@ def _policy_config(m, n, k, out_dtype, activation, arch, sm_count) -> Optional[S
     return cands[0].config if cands else None
 
 
-def _pick_config(x, weight, spec: EpilogueSpec, sm_count: int, capability) -> Sm100Nvfp4GemmConfig:
-    m = x.numel() // x.shape[-1]
-    cfg = _policy_config(m, weight.shape[0], weight.shape[1] * 2, spec.out_dtype, spec.activation,
-                         arch_of(capability), sm_count)
-    if cfg is None:
-        raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={weight.shape[0]}")
-    return cfg
+@functools.lru_cache(maxsize=64)
+def device_target(index: int) -> tuple[str, int]:
+    """(arch, SM count) of CUDA device ``index``, read from the driver once."""
+    props = torch.cuda.get_device_properties(index)
+    return arch_of((props.major, props.minor)), props.multi_processor_count
+
+
+def _device_index(dev: torch.device) -> int:
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=1024)
+def launch_plan(m: int, n: int, k: int, spec: EpilogueSpec, index: int,
+                config: Optional[Sm100Nvfp4GemmConfig] = None) -> tuple[Sm100Nvfp4GemmConfig, object]:
+    """(config, loaded kernel) of one problem on device ``index``, decided once: the policy's pick (or the
+    given ``config``), the template's problem rule for it (ValueError naming the reason), its compile spec for the device (cluster occupancy from the driver) and the kernel
+    cache lookup. Bounded (least recently used problems drop out)."""
+    # lazy: looked up when a plan is made (tests patch occupancy.query_max_active_clusters)
+    from nvgemm.templates.common.occupancy import query_max_active_clusters
+
+    arch, sm_count = device_target(index)
+    if config is None:
+        config = _policy_config(m, n, k, spec.out_dtype, spec.activation, arch, sm_count)
+        if config is None:
+            raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={n} K={k}")
+    check_problem(config, m, n, k, without_quant(spec) if spec.out_quant else spec)
+    cspec = compile_spec_for(config, spec, arch, sm_count, functools.partial(query_max_active_clusters, index))
+    return config, kernel_for(cspec)
 
 
 def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
@@ -140,27 +161,21 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
     """Eager implementation for the ``cutedsl_sm100`` backend (CUDA, sm_100 family only), of a call the
     op has validated.
 
-    ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick.
+    ``config`` (a config or its name; autotuned code passes one) overrides the policy's first pick. The
+    config and kernel come from the per-problem :func:`launch_plan`; per call the host prepares the
+    arguments (:func:`~nvgemm.templates.sm100_w4a4.launch.prepare_sm100_args`) and launches.
     """
-    # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
-    from nvgemm.templates.common.occupancy import query_max_active_clusters
-
     spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     dev = x.device
-    props = torch.cuda.get_device_properties(dev)
-    cap = (props.major, props.minor)
-    if config is None:
-        config = _pick_config(x, weight, spec, props.multi_processor_count, cap)
-    elif isinstance(config, str):
+    if isinstance(config, str):
         config = config_from_name(config)
+    config, kernel = launch_plan(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2, spec,
+                                 _device_index(dev), config)
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
-                              stream_id=stream.cuda_stream, quantize=quantize_nvfp4_cuda)
-    cspec = compile_spec_for(config, spec, arch_of(cap), props.multi_processor_count,
-                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
-    kernel = kernel_for(cspec)
+                              stream_id=stream.cuda_stream, quantize=quantize_nvfp4_cuda, checked=True)
     launch_sm100(args, kernel, stream)
-    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+    return args.out if x.dim() == 2 else args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
 BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)
@@ -186,27 +201,28 @@ def supports_requant(p: LinearProblem) -> Optional[str]:
 
 def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype) -> EpilogueSpec:
     """The fused requant launch's epilogue for a call the op has validated."""
+    return _requant_spec(linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _requant_spec(gated: EpilogueSpec) -> EpilogueSpec:
     import dataclasses
 
-    return dataclasses.replace(linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype), out_quant=True)
+    return dataclasses.replace(gated, out_quant=True)
 
 
 def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
     """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales)."""
-    # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
-    from nvgemm.templates.common.occupancy import query_max_active_clusters
-
     spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
     config = requant_config(x.shape[0])
     if config is None:
         raise ValueError(f"nvgemm_cutedsl sm100: fused requant takes at most 128 tokens, got M={x.shape[0]}")
     dev = x.device
-    props = torch.cuda.get_device_properties(dev)
+    _config, kernel = launch_plan(x.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
+    stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                      spec, config, quantize=quantize_nvfp4_cuda)
-    cspec = compile_spec_for(config, spec, arch_of((props.major, props.minor)), props.multi_processor_count,
-                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
-    launch_sm100(args, kernel_for(cspec), torch.cuda.current_stream(dev))
+                                      spec, config, quantize=quantize_nvfp4_cuda, checked=True)
+    launch_sm100(args, kernel, stream)
     return args.out, args.residual.view(torch.float8_e4m3fn)
 
 
@@ -230,18 +246,14 @@ def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_sc
 
 def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
     """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization."""
-    # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
-    from nvgemm.templates.common.occupancy import query_max_active_clusters
-
     dev = packed.device
-    props = torch.cuda.get_device_properties(dev)
-    arch = arch_of((props.major, props.minor))
+    spec = prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
+    config, kernel = launch_plan(packed.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev))
     stream = torch.cuda.current_stream(dev)
-    args, config = prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                 out_dtype, arch, props.multi_processor_count, stream.cuda_stream)
-    cspec = compile_spec_for(config, args.spec, arch, props.multi_processor_count,
-                             functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
-    launch_sm100(args, kernel_for(cspec), stream)
+    args = prepare_sm100_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream.cuda_stream, quantized=(packed, scales.view(torch.float8_e4m3fn)),
+                              checked=True)
+    launch_sm100(args, kernel, stream)
     return args.out
 
 

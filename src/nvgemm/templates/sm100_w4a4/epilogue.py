@@ -503,6 +503,25 @@ class Sm100EpilogueMixin:
                 mQ[r // 4, c, 0] = byte.to(cutlass.Uint8)
             if inb & (r % 32 == 0):
                 mS[self._sf_byte(c, r // 32, kb4), 0, 0] = sf.to(cutlass.Uint8)
+        self._zero_sf_padding(cs, mS, m_size, n_size, kb4)
+
+    @cute.jit
+    def _zero_sf_padding(self, cs, mS, m_size, n_size, kb4):
+        """Zero the scale bytes of the 128x4-swizzled layout's padding that fall in this tile's column group
+        (the host allocates the scales uninitialised): token rows ``n_size .. 128 * ceil(n_size / 128)`` of a
+        real K block, and every token row of a padded K block (GEMM rows >= ``m_size`` of a ragged last tile;
+        a tile's 128 rows are exactly one 4-block column group). Each warp owns one K block (its 32 rows); its
+        32 lanes split the token rows. Once per tile: in the sub-tile holding token 0. Disjoint from the bytes
+        :meth:`_store_requant` writes, so no ordering is needed."""
+        r, c0, _l = cs[0]
+        if c0 == 0:
+            lane = r % 32
+            hi = (n_size + 127) // 128 * 128
+            lo = n_size + lane
+            if r >= m_size:
+                lo = lane
+            for c in cutlass.range(lo, hi, 32):
+                mS[self._sf_byte(c, r // 32, kb4), 0, 0] = cutlass.Uint8(0)
 
 
     def _sf_byte(self, c, b, kb4):

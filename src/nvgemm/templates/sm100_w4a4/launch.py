@@ -9,7 +9,8 @@ kernel's math expressed on the prepared arguments):
   Triton quantizer on CUDA; default: the torch reference) -> packed E2M1 [M, K/2] + 128x4-swizzled
   e4m3 scales;
 * alpha (:func:`nvgemm.core.validation.alpha_of`) as a device fp32 scalar (shape (1,)) or a per-N
-  vector (fused shards with unequal ``weight_scale_2``);
+  vector (fused shards with unequal ``weight_scale_2``), derived once per layer (:func:`alpha_vector`)
+  and device-resident from then on: a warm call launches the quantizer and the GEMM, nothing else;
 * swap-AB: A = weight / weight scales, B = activations / activation scales, MMA problem
   (m, n) = (N, M); the output buffer [M, N] row-major is the kernel's column-major C;
 * alpha, bias and the residual are passed 16-byte aligned (copied when a caller's view is not:
@@ -20,8 +21,11 @@ kernel's math expressed on the prepared arguments):
   graph capture (see there);
 * silu_mul: the kernel needs gate/up rows interleaved (:func:`interleave_gate_up`); the
   interleaved copy of a weight is made once and cached (keyed by the weight's storage, offset and
-  version: :mod:`nvgemm.templates.common.derived`), which costs one extra copy of each gate_up weight in device memory. A loader
-  that stores gate_up pre-interleaved would avoid that copy (not done).
+  version: :mod:`nvgemm.templates.common.derived`), which costs one extra copy of each gate_up weight in device
+  memory (a loader that stores gate_up pre-interleaved would avoid that copy; not done); the permuted
+  per-N vectors (weight_scale_2, bias) are derived once the same way;
+* the fused requant launch writes every byte of its outputs (codes, and the swizzled scales with
+  their zero padding), so both are ``torch.empty``.
 
 The problem-level limits are the template's own rule
 (:func:`nvgemm.templates.sm100_w4a4.validity.can_implement_problem`); a refused call raises
@@ -31,6 +35,8 @@ in :mod:`nvgemm.templates.sm100_w4a4.backend`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -95,35 +101,96 @@ def splitk_buffers(device: torch.device, m: int, n: int, config: Sm100Nvfp4GemmC
     return WORKSPACES.get(device, ws_numel, n_cnt, stream_id)
 
 
+_PERMS: dict[tuple[int, str], torch.Tensor] = {}
+
+
 def gate_up_permutation(n: int, device=None) -> torch.Tensor:
-    """GEMM row order of an interleaved gate_up weight: row 2j = gate j, row 2j+1 = up j."""
+    """GEMM row order of an interleaved gate_up weight: row 2j = gate j, row 2j+1 = up j (built once per
+    (N, device) and kept: only the one-time derivations below index with it)."""
     if n % 2:
         raise ValueError(f"silu_mul needs an even number of GEMM rows, got N={n}")
-    h = n // 2
-    idx = torch.arange(h, device=device)
-    return torch.stack([idx, idx + h], dim=1).reshape(-1)
+    key = (n, str(torch.device(device) if device is not None else torch.device("cpu")))
+    perm = _PERMS.get(key)
+    if perm is None:
+        h = n // 2
+        idx = torch.arange(h, device=device)
+        perm = _PERMS.setdefault(key, torch.stack([idx, idx + h], dim=1).reshape(-1))
+    return perm
 
 
 GATED = DerivedCache()
+#: per-call operands derived from the layer's own tensors (alpha, the device copy of a host input_scale,
+#: a gate_up bias in GEMM row order, the requant's alpha + next input_scale buffer): derived on the first
+#: call, then device-resident (re-derived into the same buffers after an in-place update)
+DERIVED = DerivedCache()
+
+
+def _derive(tag: str, anchor: torch.Tensor, inputs: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    return DERIVED.get(tag, anchor, inputs, make, capturing=_is_capturing)
+
+
+def device_scalar(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``t`` as an fp32 0-d tensor on ``dev``: ``t`` itself when it already is one, else a copy made once
+    (a host ``input_scale`` is not copied to the GPU per call)."""
+    if t.device == dev and t.dtype == torch.float32 and t.dim() == 0:
+        return t
+    return _derive(f"scalar:{dev}", t, (t,), lambda: t.to(device=dev, dtype=torch.float32).reshape(()).clone())
 
 
 def interleave_gate_up(weight, weight_scale, weight_scale_2, bias):
     """(weight, swizzled weight_scale, weight_scale_2, bias) with gate/up rows interleaved.
 
-    The packed weight and its (re-swizzled) scales are derived once per weight storage and
-    version (:mod:`nvgemm.templates.common.derived`: a per-call view such as ``weight_scale.view(e4m3)``
-    of a uint8 scale hits; an in-place update re-derives into the same buffers); per-N vectors
-    (weight_scale_2, bias) are permuted per call (they are small)."""
+    Each is derived once per source storage and version (:mod:`nvgemm.templates.common.derived`: a
+    per-call view such as ``weight_scale.view(e4m3)`` of a uint8 scale hits; an in-place update
+    re-derives into the same buffers); a scalar weight_scale_2 is returned as is."""
     n, kb = weight.shape[0], weight.shape[1] * 2 // NVFP4.block_size
-    perm = gate_up_permutation(n, weight.device)
+    dev = weight.device
 
     def make():
+        perm = gate_up_permutation(n, dev)
         return weight[perm].contiguous(), to_blocked(from_blocked(weight_scale, n, kb)[perm].contiguous())
 
-    w_i, s_i = GATED.get("gate_up", weight, (weight, weight_scale), make, capturing=_is_capturing())
-    w2 = weight_scale_2[perm] if weight_scale_2.dim() == 1 else weight_scale_2
-    b = bias[perm] if bias is not None else None
+    w_i, s_i = GATED.get("gate_up", weight, (weight, weight_scale), make, capturing=_is_capturing)
+    w2 = weight_scale_2
+    if weight_scale_2.dim() == 1:
+        w2 = _derive("gate_up:ws2", weight_scale_2, (weight_scale_2,),
+                     lambda: weight_scale_2[gate_up_permutation(n, weight_scale_2.device)].contiguous())
+    b = None
+    if bias is not None:
+        b = _derive("gate_up:bias", bias, (bias,), lambda: bias[gate_up_permutation(n, bias.device)].contiguous())
     return w_i, s_i, w2, b
+
+
+def alpha_vector(weight_scale_2: torch.Tensor, input_scale: torch.Tensor, dev: torch.device, *,
+                 gated: bool = False, next_input_scale: Optional[torch.Tensor] = None,
+                 with_alpha: bool = True) -> torch.Tensor:
+    """The kernel's 16-byte aligned fp32 alpha operand (:func:`~nvgemm.core.validation.alpha_of`: shape (1,)
+    or (N,); gate/up interleaved when ``gated``; followed by ``next_input_scale`` for the fused requant
+    ABI), derived once per (weight_scale_2, input_scale[, next_input_scale]) and kept on ``dev``."""
+    n = weight_scale_2.numel()
+
+    def make():
+        w2 = weight_scale_2
+        if gated and w2.dim() == 1:
+            w2 = w2[gate_up_permutation(n, w2.device)]
+        a = alpha_of(w2, input_scale, dev).reshape(-1) if with_alpha else torch.zeros(0, device=dev)
+        if next_input_scale is not None:
+            a = torch.cat([a, next_input_scale.to(device=dev, dtype=torch.float32).reshape(1)])
+        return _aligned16(a)
+
+    inputs = (weight_scale_2, input_scale) if next_input_scale is None else (weight_scale_2, input_scale,
+                                                                            next_input_scale)
+    tag = (f"alpha:{dev}:{'gated' if gated else 'plain'}:{'requant' if next_input_scale is not None else 'gemm'}"
+           f"{'' if with_alpha else ':no-alpha'}")
+    return _derive(tag, weight_scale_2, inputs, make)
+
+
+def check_problem(config: Sm100Nvfp4GemmConfig, tokens: int, n: int, k: int, spec: EpilogueSpec) -> None:
+    """The template's problem rule for one call (ValueError with the reason when ``config`` cannot run it)."""
+    st = can_implement_problem(config, m=tokens, n=n, k=k, out_bytes=spec.out_dtype.itemsize,
+                               activation=spec.activation)
+    if not st:
+        raise ValueError(f"nvgemm_cutedsl sm100: {config.name()} cannot run this call: {st.reason}")
 
 
 def _aligned16(t: torch.Tensor) -> torch.Tensor:
@@ -146,6 +213,8 @@ def prepare_sm100_args(
     stream_id: int = 0,
     quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     quantize: Optional[Callable] = None,
+    next_input_scale: Optional[torch.Tensor] = None,
+    checked: bool = False,
 ) -> Sm100Args:
     """The kernel's arguments for one call; ``spec`` is the call's validated epilogue
     (``nvgemm.core.validation.check_linear_args``). Raises ValueError naming the problem when the template
@@ -153,25 +222,31 @@ def prepare_sm100_args(
     scales)`` quantizes the activation (default: the torch reference,
     :func:`nvgemm.templates.triton.reference.quantize_ref`). ``quantized`` = (packed codes [M, K/2],
     flat swizzled e4m3 scales): the activation arrives quantized (``nvgemm::nvfp4_linear_prequant``);
-    ``x`` is then unused (None) and nothing is re-quantized."""
+    ``x`` is then unused (None) and nothing is re-quantized. ``next_input_scale``: the fused requant
+    launch's alpha operand (alpha values, then that scale; :func:`prepare_sm100_requant_args`).
+    ``checked``: the caller's per-problem plan has already run :func:`check_problem` for this
+    (config, M, N, K, epilogue).
+
+    Per call this allocates the output (``torch.empty``: the kernel writes every element) and runs no
+    device work but the activation quantizer: alpha, a host input_scale's device copy and the gate/up
+    interleaved operands are derived once (:data:`DERIVED`, :data:`GATED`); split-K buffers come from
+    the shared pool with counters the kernel leaves at zero."""
     if input_scale is None:
         raise ValueError("nvgemm_cutedsl sm100: the W4A4 kernel needs input_scale (W4A16 is not this kernel)")
     n, k = weight.shape[0], weight.shape[1] * 2
     if quantized is None:
         dev = x.device
-        x2 = x.reshape(-1, k)
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)
         tokens = x2.shape[0]
     else:
         dev = quantized[0].device
         tokens = quantized[0].shape[0]
-    ob = torch.empty((), dtype=spec.out_dtype).element_size()
-    st = can_implement_problem(config, m=tokens, n=n, k=k, out_bytes=ob, activation=spec.activation)
-    if not st:
-        raise ValueError(f"nvgemm_cutedsl sm100: {config.name()} cannot run this call: {st.reason}")
+    if not checked:
+        check_problem(config, tokens, n, k, spec)
     n_out = spec.out_features(n)
 
     if quantized is None:
-        xq, xs = (quantize or quantize_ref)(x2.contiguous(), input_scale.to(dev).reshape(()), True)
+        xq, xs = (quantize or quantize_ref)(x2.contiguous(), device_scalar(input_scale, dev), True)
     else:
         xq, xs = quantized[0].contiguous(), quantized[1].contiguous()
     wq = weight.contiguous()
@@ -180,10 +255,12 @@ def prepare_sm100_args(
     if xs.numel() != blocked_numel(tokens, k // NVFP4.block_size):
         raise ValueError("nvgemm_cutedsl sm100: activation quantizer returned unswizzled/misshapen scales")
 
-    w2 = weight_scale_2
     if spec.gated:
-        wq, ws_, w2, bias = interleave_gate_up(wq, ws_, weight_scale_2, bias)
-    alpha = _aligned16(alpha_of(w2, input_scale, dev).reshape(-1))
+        wq, ws_, _w2, bias = interleave_gate_up(wq, ws_, weight_scale_2, bias)
+    alpha = None
+    if spec.alpha != "none" or next_input_scale is not None:
+        alpha = alpha_vector(weight_scale_2, input_scale, dev, gated=spec.gated, next_input_scale=next_input_scale,
+                             with_alpha=spec.alpha != "none")
     out = torch.empty((tokens, n_out), dtype=spec.out_dtype, device=dev)
     bias_k = None
     if bias is not None:
@@ -206,8 +283,7 @@ def prepare_sm100_args(
     ws = cnt = None
     if config.split_k > 1:
         ws, cnt = splitk_buffers(dev, m_k, n_k, config, stream_id)
-    return Sm100Args(a, b, sfa, sfb, out, alpha if spec.alpha != "none" else None, bias_k, res_k, ws, cnt,
-                     m_k, n_k, k, spec, config)
+    return Sm100Args(a, b, sfa, sfb, out, alpha, bias_k, res_k, ws, cnt, m_k, n_k, k, spec, config)
 
 
 def prepare_sm100_requant_args(
@@ -221,13 +297,13 @@ def prepare_sm100_requant_args(
     spec: EpilogueSpec,
     config: Sm100Nvfp4GemmConfig,
     quantize: Optional[Callable] = None,
+    checked: bool = False,
 ) -> Sm100Args:
     """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``): those of the gated
-    GEMM, with ``out`` = zeroed packed codes [tokens, I/2] (uint8), ``residual`` = zeroed 128x4-swizzled
-    scale bytes of the [tokens, I/16] matrix (padding stays zero: the kernel writes real blocks only)
-    and ``alpha`` = the alpha values followed by the next layer's input_scale (the kernel's ABI)."""
-    import dataclasses
-
+    GEMM, with ``out`` = packed codes [tokens, I/2] (uint8), ``residual`` = the 128x4-swizzled scale bytes
+    of the [tokens, I/16] matrix (both ``torch.empty``: the kernel writes every byte, the layout's padding
+    rows and K blocks as zeros) and ``alpha`` = the alpha values followed by the next layer's input_scale
+    (the kernel's ABI; derived once, see :func:`alpha_vector`)."""
     if not spec.out_quant:
         raise ValueError("prepare_sm100_requant_args: the epilogue spec must have out_quant=True")
     if not (config.swap_ab and config.tile_m == 128):
@@ -239,15 +315,22 @@ def prepare_sm100_requant_args(
     if out_input_scale.dtype != torch.float32 or out_input_scale.numel() != 1:
         raise ValueError(f"nvgemm_cutedsl sm100: out_input_scale must be a float32 scalar, got "
                          f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
-    gated = dataclasses.replace(spec, out_quant=False)
-    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, gated, config,
-                              quantize=quantize)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, without_quant(spec),
+                              config, quantize=quantize, next_input_scale=out_input_scale, checked=checked)
     tokens, dev = args.n, x.device
-    alpha = args.alpha.reshape(-1) if spec.alpha != "none" else torch.zeros(0, device=dev)
-    alpha_gs = _aligned16(torch.cat([alpha.float(), out_input_scale.float().reshape(1).to(dev)]))
-    codes = torch.zeros((tokens, i // 2), dtype=torch.uint8, device=dev)
-    scales = torch.zeros(blocked_numel(tokens, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
-    return dataclasses.replace(args, out=codes, residual=scales, alpha=alpha_gs, spec=spec)
+    # every byte is written by the kernel: the codes of every (token, feature pair), and the whole
+    # 128x4-swizzled scale tile of each 64-feature column group, padding rows / K blocks as zeros
+    codes = torch.empty((tokens, i // 2), dtype=torch.uint8, device=dev)
+    scales = torch.empty(blocked_numel(tokens, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
+    args.out, args.residual, args.spec = codes, scales, spec
+    return args
+
+
+@functools.lru_cache(maxsize=256)
+def without_quant(spec: EpilogueSpec) -> EpilogueSpec:
+    """The gated GEMM's spec under a fused requant spec."""
+    return dataclasses.replace(spec, out_quant=False)
+
 
 
 #: swap-AB token tiles of the fused requant launch (smallest holding every token; the kernel needs 1-CTA swap-AB)

@@ -29,6 +29,7 @@ emulated op and the Blackwell kernels (:mod:`nvgemm.core.formats`), in one Trito
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -51,7 +52,7 @@ DERIVED = DerivedCache()
 def _memo(tag: str, anchor: torch.Tensor, inputs: tuple, make):
     """``make()`` memoized per (tag, anchor tensor's storage/offset/shape), re-derived into the same
     buffers when an input changes in place (:mod:`nvgemm.templates.common.derived`)."""
-    return DERIVED.get(tag, anchor, inputs, make, capturing=capturing(anchor.device))
+    return DERIVED.get(tag, anchor, inputs, make, capturing=lambda: capturing(anchor.device))
 
 
 def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
@@ -79,7 +80,7 @@ def cached_sm90_weight(weight: torch.Tensor, weight_scale: torch.Tensor, weight_
         return done
 
     return DERIVED.get(f"weight:{kind}", weight, (weight, weight_scale, weight_scale_2, kind), make,
-                       capturing=capturing(weight.device), refill=refill)
+                       capturing=lambda: capturing(weight.device), refill=refill)
 
 
 def _fp32_on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
@@ -206,8 +207,9 @@ def prepare_sm90_args(
 ) -> Sm90Args:
     """One ``nvfp4_linear`` call -> kernel arguments (pure torch; works on CPU for tests).
 
-    Raises ValueError / TypeError naming the problem (config, shape, dtype, layout)."""
-    validate_config(config).raise_if_failed("sm90 config")
+    Raises ValueError / TypeError naming the problem (config, shape, dtype, layout). The config and shape
+    rules are evaluated once per (config, M, N, K, gated) (:func:`_shape_reason`)."""
+    _config_status(config).raise_if_failed("sm90 config")
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"nvgemm_cutedsl sm90: x must be bfloat16 or float16, got {x.dtype}")
     if kind_of(x.dtype) != prepared.kind:
@@ -216,22 +218,17 @@ def prepare_sm90_args(
     if x.shape[-1] != k:
         raise ValueError(f"nvgemm_cutedsl sm90: x has K={x.shape[-1]}, the weight has K={k}")
     gated = activation == "silu_mul"
-    x2 = x.reshape(-1, k)
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
     m = x2.shape[0]
-    if why := shape_problem(config, m, n, k, gated):
+    if why := _shape_reason(config, m, n, k, gated):
         raise ValueError(f"nvgemm_cutedsl sm90: {config.name()}: {why}")
     dev = x.device
     if input_scale is not None:
         x2 = qdq_activation(x2, input_scale)
     x2 = _aligned_rows(x2)
     alpha = _alpha(prepared, input_scale, dev)
-    spec = EpilogueSpec(
-        alpha="vector" if alpha.numel() > 1 else "scalar",
-        bias=bias is not None,
-        activation=activation,
-        residual=residual is not None,
-        out_dtype=out_dtype or x.dtype,
-    )
+    spec = _spec("vector" if alpha.numel() > 1 else "scalar", bias is not None, activation, residual is not None,
+                 out_dtype or x.dtype)
     n_out = spec.out_features(n)
     if out is None:
         out = torch.empty((m, n_out), device=dev, dtype=spec.out_dtype)
@@ -256,6 +253,21 @@ def prepare_sm90_args(
     if count is None:
         count = workspace.count if workspace is not None else _int32_dummy(dev)
     return Sm90Args(x2, prepared.weight, prepared.scale, alpha, b, r, out, work, count, spec, prepared)
+
+
+@functools.lru_cache(maxsize=256)
+def _config_status(config: Sm90W4A16Config):
+    return validate_config(config)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_reason(config: Sm90W4A16Config, m: int, n: int, k: int, gated: bool) -> Optional[str]:
+    return shape_problem(config, m, n, k, gated)
+
+
+@functools.lru_cache(maxsize=256)
+def _spec(alpha: str, bias: bool, activation: str, residual: bool, out_dtype: torch.dtype) -> EpilogueSpec:
+    return EpilogueSpec(alpha=alpha, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype)
 
 
 _DUMMY_I32: dict[str, torch.Tensor] = {}

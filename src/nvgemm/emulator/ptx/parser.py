@@ -113,6 +113,7 @@ _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+"
                     r"(?:\.ptr\s+(?:\.(?:global|shared|const|local)\s+)?(?:\.align\s+\d+\s+)?)?([\w$]+)(?:\[(\d+)\])?")
 _REG_DECL = re.compile(r"^\.reg\s+(?:\.v\d\s+)?\.(\w+)\s+(.*)$", re.S)
 _SHARED = re.compile(r"(\.extern\s+)?\.shared\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+([\w$]+)\[(\d*)\]$")
+_LOCAL_DEPOT = re.compile(r"\.local\s+(?:\.align\s+\d+\s+)?\.b8\s+__local_depot\d+\[\d+\]")
 _LINE_DIRECTIVE = re.compile(r"^[ \t]*\.(?:loc|file)\b[^\n]*", re.M)
 _NUM = re.compile(r"^-?(0[xX][0-9a-fA-F]+|\d+)[uU]?$")
 _LABEL = re.compile(r"^([\w$]+):")
@@ -341,6 +342,10 @@ def _parse_body(name: str, params: list[Param], body: str, line0: int, dirs: dic
                 regs[uniq] = bank
             continue
         if st.startswith("."):
+            if st.startswith(".local") and _LOCAL_DEPOT.fullmatch(st):
+                # a per-thread stack frame LLVM declares even when nothing uses it (Triton 3.8, sm_100a). It is not
+                # given an address: an instruction naming it, or any .local access, is an error at compile time
+                continue
             if st.startswith((".local", ".shared", ".global", ".const", ".extern")):
                 raise EmulationError(f"PTX line {line}: unsupported declaration inside {name}: {st!r}")
             continue  # .pragma, .loc, ...

@@ -223,4 +223,34 @@ def emulated(kernel, arch: str = "sm_100a", order="forward") -> EmuTritonKernel:
     return EmuTritonKernel(kernel, arch, order)
 
 
-__all__ = ["ARCHS", "EmuTritonKernel", "LAUNCHES", "TritonLaunchRecord", "emulated"]
+def stand_in_factory(arch: str):
+    """The factory :func:`nvgemm.emulator.enable` installs in
+    :mod:`nvgemm.templates.common.triton_stand_in`: one :class:`EmuTritonKernel` per kernel for ``arch``."""
+    if arch not in ARCHS:
+        raise ValueError(f"nvgemm emulator (triton): arch must be one of {sorted(ARCHS)}, got {arch!r}")
+    made: dict[int, EmuTritonKernel] = {}
+
+    def factory(kernel) -> EmuTritonKernel:
+        k = made.get(id(kernel))
+        if k is None:
+            k = made.setdefault(id(kernel), EmuTritonKernel(kernel, arch))
+        return k
+
+    return factory
+
+
+def summary(records: list[TritonLaunchRecord] | None = None) -> str:
+    """One line: which Triton kernels ran from PTX on the emulator (launches, arch, seconds)."""
+    recs = LAUNCHES if records is None else records
+    if not recs:
+        return "Triton kernels run from PTX on the emulator: none launched"
+    per: dict[tuple[str, str], list] = {}
+    for r in recs:
+        a = per.setdefault((r.kernel, r.arch), [0, 0.0])
+        a[0] += 1
+        a[1] += r.seconds
+    parts = [f"{k} x{n} ({arch}, {s:.1f} s)" for (k, arch), (n, s) in per.items()]
+    return "Triton kernels run from PTX on the emulator: " + ", ".join(parts)
+
+
+__all__ = ["ARCHS", "EmuTritonKernel", "LAUNCHES", "TritonLaunchRecord", "emulated", "stand_in_factory", "summary"]

@@ -37,14 +37,16 @@ def enable(triton_arch: str | None = None) -> None:
     from nvgemm.templates.common import triton_stand_in
 
     if importlib.util.find_spec("triton") is not None:
+        # lazy: only with Triton installed (the stand-in compiles Triton kernels)
         from nvgemm.emulator.triton_ptx import stand_in_factory
 
         arch = triton_arch or triton_arch_from_settings()
         triton_stand_in.install(stand_in_factory(arch), arch)
     if _ENABLED:
         return
+    # lazy: importing the emulator package registers nothing; its backends load only when enabled
     from nvgemm.dispatch.registry import register_backend
-    from nvgemm.emulator.backend import BACKENDS
+    from nvgemm.emulator.backend import BACKENDS  # lazy: as above
 
     for kind, backend in BACKENDS:
         register_backend(backend, kind)

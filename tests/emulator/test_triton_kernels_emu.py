@@ -75,35 +75,48 @@ def test_silu_tolerance_rests_on_ex2_approx(arch):
 
 
 def test_enable_installs_the_stand_in_on_the_op_path():
-    """With the emulator enabled, ``nvgemm::quantize_nvfp4`` and ``nvgemm::add_rmsnorm_quantize_nvfp4`` on CPU
-    tensors run the Triton kernels' PTX (launch records appear) and return the reference's bytes; without it
-    the torch reference serves them (no launch)."""
+    """``nvgemm.emulator.enable(triton_arch=...)``: ``nvgemm::quantize_nvfp4`` and
+    ``nvgemm::add_rmsnorm_quantize_nvfp4`` on CPU tensors run the Triton kernels' PTX (launch records appear)
+    and return the reference's bytes. A plain ``enable()`` changes nothing until an ``emu_*`` backend is forced,
+    and then follows it (sm_90a for ``emu_sm90``) only while it is forced."""
     import nvgemm.ops  # noqa: F401  (registers the ops)
-    from nvgemm import emulator
+    from nvgemm import emulator, settings
     from nvgemm.templates.common import triton_stand_in
     from nvgemm.templates.triton import fused_ops  # noqa: F401  (registers the fused ops)
     from nvgemm.templates.triton.reference import add_rmsnorm_quantize_ref, quantize_ref
 
     x = (torch.randn(3, 64, generator=torch.Generator().manual_seed(1)) * 2).bfloat16()
     gs = torch.tensor(0.02)
-    emulator.disable_triton()
-    n0 = len(triton_ptx.LAUNCHES)
-    torch.ops.nvgemm.quantize_nvfp4(x, gs)
-    assert len(triton_ptx.LAUNCHES) == n0
-    try:
-        emulator.enable(triton_arch="sm_90a")
-        assert triton_stand_in.installed_arch() == "sm_90a"
-        q, s = torch.ops.nvgemm.quantize_nvfp4(x, gs)
-        rq, rs = quantize_ref(x, gs)
+    rq, rs = quantize_ref(x, gs)
+
+    def launches_of(fn):
+        n0 = len(triton_ptx.LAUNCHES)
+        q, s = fn()
         assert torch.equal(q, rq) and torch.equal(s.view(torch.uint8), rs.view(torch.uint8))
+        return [(r.kernel, r.arch) for r in triton_ptx.LAUNCHES[n0:]]
+
+    def quant():
+        return torch.ops.nvgemm.quantize_nvfp4(x, gs)
+
+    try:
+        emulator.disable_triton()
+        emulator.enable()
+        assert triton_stand_in.installed_arch() is None and launches_of(quant) == []  # nothing forced
+        with settings.override(NVGEMM_BACKEND="emu_sm90"):
+            assert launches_of(quant) == [("quantize_nvfp4_kernel", "sm_90a")]
+        assert launches_of(quant) == []  # the override ended: the reference again
+        emulator.enable(triton_arch="sm_100a")
+        assert launches_of(quant) == [("quantize_nvfp4_kernel", "sm_100a")]
+        n0 = len(triton_ptx.LAUNCHES)
         res = (torch.randint(-4, 5, (3, 64)) * 0.25).bfloat16()
         w = torch.ones(64).bfloat16()
         out = torch.ops.nvgemm.add_rmsnorm_quantize_nvfp4(x, res, w, gs)
         ref = add_rmsnorm_quantize_ref(x, res, w, gs)
         assert torch.equal(out[2], ref[2])  # the new residual: exact
-        names = [(r.kernel, r.arch) for r in triton_ptx.LAUNCHES[n0:]]
-        assert names == [("quantize_nvfp4_kernel", "sm_90a"), ("rmsnorm_quantize_kernel", "sm_90a")], names
-        assert "quantize_nvfp4_kernel x1 (sm_90a" in triton_ptx.summary(triton_ptx.LAUNCHES[n0:])
+        assert [(r.kernel, r.arch) for r in triton_ptx.LAUNCHES[n0:]] == [("rmsnorm_quantize_kernel", "sm_100a")]
+        assert "quantize_nvfp4_kernel x1 (sm_100a" in triton_ptx.summary(triton_ptx.LAUNCHES[-2:-1])
+        with pytest.raises(ValueError, match="triton_arch must be one of"):
+            emulator.enable(triton_arch="sm_80")
     finally:
         emulator.disable_triton()
     assert triton_stand_in.installed_arch() is None

@@ -223,17 +223,15 @@ def emulated(kernel, arch: str = "sm_100a", order="forward") -> EmuTritonKernel:
     return EmuTritonKernel(kernel, arch, order)
 
 
-def stand_in_factory(arch: str):
+def stand_in_factory():
     """The factory :func:`nvgemm.emulator.enable` installs in
-    :mod:`nvgemm.templates.common.triton_stand_in`: one :class:`EmuTritonKernel` per kernel for ``arch``."""
-    if arch not in ARCHS:
-        raise ValueError(f"nvgemm emulator (triton): arch must be one of {sorted(ARCHS)}, got {arch!r}")
-    made: dict[int, EmuTritonKernel] = {}
+    :mod:`nvgemm.templates.common.triton_stand_in`: one :class:`EmuTritonKernel` per (kernel, arch)."""
+    made: dict[tuple[int, str], EmuTritonKernel] = {}
 
-    def factory(kernel) -> EmuTritonKernel:
-        k = made.get(id(kernel))
+    def factory(kernel, arch: str) -> EmuTritonKernel:
+        k = made.get((id(kernel), arch))
         if k is None:
-            k = made.setdefault(id(kernel), EmuTritonKernel(kernel, arch))
+            k = made.setdefault((id(kernel), arch), EmuTritonKernel(kernel, arch))
         return k
 
     return factory

@@ -92,35 +92,56 @@ def _emu(kernel, arch):
     return EmuTritonKernel(kernel, arch)
 
 
-def quantize_case(m=5, k=128, dtype=torch.bfloat16, swizzle=True, config=None, seed=0):
+def _adversarial(dtype):
+    """The interpreter tests' 16-blocks that hit every e2m1 / e4m3 rounding rule (exact ties at each e2m1
+    boundary, one ulp either side, saturation, e4m3-subnormal scales): [12, 64] and gs = 2**-4."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu" / "triton_interp"))
+    from nvfp4_cases import adversarial  # noqa: E402  (tests' NVFP4 rounding cases)
+
+    x, gs = adversarial(dtype)
+    return x, gs.float()
+
+
+def quantize_case(m=5, k=128, dtype=torch.bfloat16, swizzle=True, config=None, seed=0, adversarial=False):
     from nvgemm.templates.triton.quantize import quantize_nvfp4_kernel, quantize_nvfp4_triton
 
     def run(arch):
         g = torch.Generator().manual_seed(seed)
-        x = (torch.randn(m, k, generator=g) * 3).to(dtype)
-        x[0, :16] = 0  # an all-zero block -> sf 0, codes 0
-        gs = torch.tensor(0.02)
+        if adversarial:
+            x, gs = _adversarial(dtype)
+        else:
+            x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+            x[0, :16] = 0  # an all-zero block -> sf 0, codes 0
+            gs = torch.tensor(0.02)
         q, s = quantize_nvfp4_triton(x, gs, swizzle, config=config, kernel=_emu(quantize_nvfp4_kernel, arch))
         rq, rs = ref.quantize_ref(x, gs, swizzle)
         _eq(q, rq, "codes")
         _eq(s, rs, "scales")
 
+    shape = "adversarial-m12-k64" if adversarial else f"m{m}-k{k}"
     return Case("quantize_nvfp4_kernel", "triton/quantize.py", (quantize_nvfp4_kernel,), run,
-                f"m{m}-k{k}-{str(dtype)[6:]}{'' if swizzle else '-linear'}{'-cfg' + '.'.join(map(str, config)) if config else ''}")
+                f"{shape}-{str(dtype)[6:]}{'' if swizzle else '-linear'}{'-cfg' + '.'.join(map(str, config)) if config else ''}")
 
 
-def qdq_case(m=5, k=128, dtype=torch.bfloat16, seed=1):
+def qdq_case(m=5, k=128, dtype=torch.bfloat16, seed=1, adversarial=False):
     from nvgemm.templates.triton.quantize import qdq_nvfp4_kernel, qdq_nvfp4_triton
 
     def run(arch):
         g = torch.Generator().manual_seed(seed)
-        x = (torch.randn(m, k, generator=g) * 3).to(dtype)
-        gs = torch.tensor(0.013)
+        if adversarial:
+            x, gs = _adversarial(dtype)
+        else:
+            x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+            gs = torch.tensor(0.013)
         y = qdq_nvfp4_triton(x, gs, kernel=_emu(qdq_nvfp4_kernel, arch))
         q, s = quantize_activation(x, gs)
         _eq(y, dequantize(q, s).to(dtype), "qdq values")
 
-    return Case("qdq_nvfp4_kernel", "triton/quantize.py", (qdq_nvfp4_kernel,), run, f"m{m}-k{k}-{str(dtype)[6:]}")
+    return Case("qdq_nvfp4_kernel", "triton/quantize.py", (qdq_nvfp4_kernel,), run,
+                f"{'adversarial-m12-k64' if adversarial else f'm{m}-k{k}'}-{str(dtype)[6:]}")
 
 
 def _exact_rows(g, m, k, dtype):
@@ -365,7 +386,7 @@ def sm90_finalize_case(m=3, topk=2, h=40, extras=True, odt=torch.bfloat16, seed=
 
 def default_cases() -> list[Case]:
     """One shape per kernel: the default CI subset (each run on both archs)."""
-    return [quantize_case(), qdq_case(), rmsnorm_case(), silu_mul_case(), gemm_case(), moe_case(),
+    return [quantize_case(adversarial=True), qdq_case(adversarial=True), rmsnorm_case(), silu_mul_case(), gemm_case(), moe_case(),
             sm100_slot_prep_case(), sm90_prep_case(), sm90_finalize_case()]
 
 
@@ -381,6 +402,9 @@ def sweep_cases() -> list[Case]:
     for m, k in ((1, 64), (5, 128), (33, 512), (130, 2048)):
         cases.append(quantize_case(m, k, config=quantize_config(m, k, True, False)))
     cases.append(quantize_case(7, 256, torch.float16, swizzle=False))
+    cases.append(quantize_case(adversarial=True))
+    cases.append(quantize_case(dtype=torch.float16, adversarial=True))
+    cases.append(qdq_case(adversarial=True))
     cases.append(qdq_case(5, 128))
     cases.append(qdq_case(9, 512, torch.float16))
     # RMSNorm: one-tile and two-pass (BLOCK_K < padded K), with and without the residual add

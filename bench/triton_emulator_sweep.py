@@ -106,7 +106,8 @@ def _write(out: str, rows, triton_version: str, torch_version: str, total: float
         a[0] += 1
         a[1] += dt
         a[2] += emu_s
-    lines += ["", "## Run time per kernel", "", "| kernel | arch | cases | total s | emulate s |", "|---|---|---|---|---|"]
+    lines += ["", "## Run time per kernel", "", "| kernel | arch | cases | total s | emulate s |",
+              "|---|---|---|---|---|"]
     for (name, arch), (n, dt, emu_s) in per.items():
         lines.append(f"| {name} | {arch} | {n} | {dt:.1f} | {emu_s:.1f} |")
     Path(out).write_text("\n".join(lines) + "\n")

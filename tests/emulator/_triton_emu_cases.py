@@ -88,6 +88,10 @@ class Case:
     shape: str
 
 
+def _cfg(config) -> str:
+    return "-cfg" + ".".join(map(str, config)) if config else ""
+
+
 def _emu(kernel, arch):
     return EmuTritonKernel(kernel, arch)
 
@@ -123,7 +127,7 @@ def quantize_case(m=5, k=128, dtype=torch.bfloat16, swizzle=True, config=None, s
 
     shape = "adversarial-m12-k64" if adversarial else f"m{m}-k{k}"
     return Case("quantize_nvfp4_kernel", "triton/quantize.py", (quantize_nvfp4_kernel,), run,
-                f"{shape}-{str(dtype)[6:]}{'' if swizzle else '-linear'}{'-cfg' + '.'.join(map(str, config)) if config else ''}")
+                f"{shape}-{str(dtype)[6:]}{'' if swizzle else '-linear'}{_cfg(config)}")
 
 
 def qdq_case(m=5, k=128, dtype=torch.bfloat16, seed=1, adversarial=False):
@@ -386,7 +390,8 @@ def sm90_finalize_case(m=3, topk=2, h=40, extras=True, odt=torch.bfloat16, seed=
 
 def default_cases() -> list[Case]:
     """One shape per kernel: the default CI subset (each run on both archs)."""
-    return [quantize_case(adversarial=True), qdq_case(adversarial=True), rmsnorm_case(), silu_mul_case(), gemm_case(), moe_case(),
+    return [quantize_case(adversarial=True), qdq_case(adversarial=True), rmsnorm_case(), silu_mul_case(), gemm_case(),
+            moe_case(),
             sm100_slot_prep_case(), sm90_prep_case(), sm90_finalize_case()]
 
 

@@ -206,7 +206,8 @@ def compile_fp_arith(ins, ctx):
         nin = 3  # the three-input form (PTX ISA 8.8, sm_100+): min / max of a, b and c
     if len(ins.operands) != 1 + nin:
         raise ctx.unsupported(ins, f"{len(ins.operands) - 1} source operands")
-    extra = {"ftz", "sat"} | ({"full", "approx"} if op == "div" else set()) | ({"NaN"} if op in ("min", "max") else set())
+    extra = ({"ftz", "sat"} | ({"full", "approx"} if op == "div" else set())
+             | ({"NaN"} if op in ("min", "max") else set()))
     t, mods, mode = _split(ins, ctx, extra)
     ftz = "ftz" in mods and t == "f32"
     sat = "sat" in mods

@@ -58,7 +58,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--emulate-kernels", choices=["sm90", "sm100"], default=None,
                    help="run every linear on the real sm_90a / sm_100a kernel executed by the CPU PTX emulator "
                         "(NVGEMM_BACKEND=emu_sm90 / emu_sm100; slow: use few --tokens) and print each linear's "
-                        "agreement (sm100 runs the W4A4 kernel: the default --algo NVFP4)")
+                        "agreement (sm100 runs the W4A4 kernel: the default --algo NVFP4); the Triton kernels on "
+                        "that path (activation quantizer, W4A4 qdq, MoE prep / finalize) run from their PTX on the "
+                        "emulator too, and a last line names them")
     p.set_defaults(func=run)
     return p
 
@@ -194,10 +196,25 @@ def _emulated_kernels(arch):
         return
     from nvgemm import emulator  # lazy: the emulator is imported only when asked for
 
-    emulator.enable()
-    print(f"nvgemm demo: every linear runs the real {arch} kernel on the CPU PTX emulator (NVGEMM_BACKEND=emu_{arch})")
-    with settings.override(NVGEMM_BACKEND=f"emu_{arch}"):
-        yield
+    triton_arch = "sm_90a" if arch == "sm90" else "sm_100a"
+    emulator.enable(triton_arch=triton_arch)
+    print(f"nvgemm demo: every linear runs the real {arch} kernel on the CPU PTX emulator (NVGEMM_BACKEND=emu_{arch}); "
+          f"the Triton kernels on its path run from their {triton_arch} PTX on the emulator too")
+    n0 = _triton_launches()
+    try:
+        with settings.override(NVGEMM_BACKEND=f"emu_{arch}"):
+            yield
+    finally:
+        emulator.disable_triton()
+        from nvgemm.emulator.triton_ptx import LAUNCHES, summary  # lazy: as above
+
+        print(summary(LAUNCHES[n0:]))
+
+
+def _triton_launches() -> int:
+    from nvgemm.emulator.triton_ptx import LAUNCHES  # lazy: the emulator is imported only when asked for
+
+    return len(LAUNCHES)
 
 
 def _run(args) -> int:

@@ -10,7 +10,9 @@ runtime's own pick (``pick_config`` of the sm90 backend, the sm100 policy's firs
 device profile (H200: 132 SMs, B200: 148). Slow (about 0.5-30 s per call on one core): a
 correctness tool, not a compute path. ``emu_sm100_moe`` (``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the
 same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4 kernels, and ``emu_sm100`` also serves the
-fused requant / prequant ops.
+fused requant / prequant ops. The activation quantizer the GPU backend is given (the Triton kernel) is given
+here too: on CPU tensors it runs from its PTX on the emulator once :func:`nvgemm.emulator.enable` installed
+the Triton stand-in (else the torch reference, the same bytes).
 
 Importing this module registers nothing: :func:`nvgemm.emulator.enable` registers :data:`BACKENDS`.
 """
@@ -40,6 +42,7 @@ from nvgemm.templates.sm90_w4a16.backend import compile_spec_for, pick_config
 from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
 from nvgemm.templates.sm90_w4a16.operand import kind_of
 from nvgemm.templates.sm100_moe import backend as sm100_moe_backend
+from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
 
 BACKEND_NAME = "emu_sm90"
 SM100_BACKEND_NAME = "emu_sm100"
@@ -98,7 +101,8 @@ def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, re
     cfg = sm100_backend._policy_config(m, n, k, spec.out_dtype, spec.activation, "sm_100a", _SM100_SM_COUNT)
     if cfg is None:
         raise RuntimeError(f"nvgemm emulator sm100: no implementable config for M={m} N={n} K={k}")
-    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, cfg)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, cfg,
+                              quantize=quantize_nvfp4_cuda)
     kernel = prepare(sm100_backend.compile_spec_for(cfg, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
     z = 0
     kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha if args.alpha is not None else z,
@@ -122,7 +126,7 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
         if config is None:
             raise ValueError(f"nvgemm emulator sm100 (fused requant): M={m} tokens > 128 (one swap-AB N tile)")
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                      spec, config)
+                                      spec, config, quantize=quantize_nvfp4_cuda)
     kernel = prepare(sm100_backend.compile_spec_for(config, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
     z = lambda t: t if t is not None else 0  # noqa: E731
     kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias), args.residual,

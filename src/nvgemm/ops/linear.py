@@ -44,6 +44,7 @@ from nvgemm.core.validation import (
 from nvgemm import settings
 from nvgemm.core.backend import LINEAR
 from nvgemm.dispatch.registry import Backend, call_plan, register_backend, select_backend
+from nvgemm.templates.common.triton_stand_in import stand_in
 from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
 from nvgemm.templates.triton.reference import quantize_ref
 
@@ -155,6 +156,11 @@ def quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = T
     check_input_scale_value(input_scale, "nvgemm.quantize_nvfp4")
     if x.device.type == "cuda":
         return quantize_nvfp4_cuda(x, input_scale, swizzle)
+    kernel = stand_in("nvgemm.templates.triton.quantize", "quantize_nvfp4_kernel", x.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in): the Triton kernel's PTX on the CPU
+        from nvgemm.templates.triton.quantize import quantize_nvfp4_triton  # lazy: triton import cost
+
+        return quantize_nvfp4_triton(x, input_scale, swizzle, kernel=kernel)
     return quantize_nvfp4_emulated(x, input_scale, swizzle)
 
 

@@ -107,9 +107,14 @@ class Module:
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(", re.S)
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+([\w$]+)(?:\[(\d+)\])?")
+# ``.ptr{.space}{.align N}`` on a pointer parameter (PTX ISA "Kernel Function Parameter Attributes") describes
+# the memory it points to, not the parameter's own layout: skipped
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+"
+                    r"(?:\.ptr\s+(?:\.(?:global|shared|const|local)\s+)?(?:\.align\s+\d+\s+)?)?([\w$]+)(?:\[(\d+)\])?")
 _REG_DECL = re.compile(r"^\.reg\s+(?:\.v\d\s+)?\.(\w+)\s+(.*)$", re.S)
 _SHARED = re.compile(r"(\.extern\s+)?\.shared\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+([\w$]+)\[(\d*)\]$")
+_LOCAL_DEPOT = re.compile(r"\.local\s+(?:\.align\s+\d+\s+)?\.b8\s+__local_depot\d+\[\d+\]")
+_LINE_DIRECTIVE = re.compile(r"^[ \t]*\.(?:loc|file)\b[^\n]*", re.M)
 _NUM = re.compile(r"^-?(0[xX][0-9a-fA-F]+|\d+)[uU]?$")
 _LABEL = re.compile(r"^([\w$]+):")
 
@@ -248,6 +253,9 @@ def _matching_brace(text: str, i: int) -> int:
 def parse_module(text: str) -> Module:
     """Parse a PTX module (every ``.entry``)."""
     src = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    # debugging directives end at the end of their line, not at a ';' (PTX ISA ".loc", ".file"): left in, the
+    # next statement would be read as part of the directive and dropped
+    src = _LINE_DIRECTIVE.sub("", src)
     version = (re.search(r"\.version\s+([\d.]+)", src) or [None, ""])[1]
     target = (re.search(r"\.target\s+([\w,\s]+?)\n", src) or [None, ""])[1].strip()
     shared: list[SharedVar] = []
@@ -334,6 +342,10 @@ def _parse_body(name: str, params: list[Param], body: str, line0: int, dirs: dic
                 regs[uniq] = bank
             continue
         if st.startswith("."):
+            if st.startswith(".local") and _LOCAL_DEPOT.fullmatch(st):
+                # a per-thread stack frame LLVM declares even when nothing uses it (Triton 3.8, sm_100a). It is not
+                # given an address: an instruction naming it, or any .local access, is an error at compile time
+                continue
             if st.startswith((".local", ".shared", ".global", ".const", ".extern")):
                 raise EmulationError(f"PTX line {line}: unsupported declaration inside {name}: {st!r}")
             continue  # .pragma, .loc, ...

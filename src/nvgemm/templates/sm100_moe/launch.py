@@ -41,6 +41,7 @@ from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation, splitk_buffe
 from nvgemm.templates.sm90_w4a16.launch import _memo, capturing
 from nvgemm.templates.sm90_moe.launch import MoeWorkList, finalize, work_list
 from nvgemm.templates.sm100_moe.config import Sm100MoeConfig, moe_shape_problem, padded_rows, validate_moe_config
+from nvgemm.templates.common.triton_stand_in import stand_in
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -275,11 +276,12 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     s13 = cached_moe_stack(w13, w13_scale, True)
     s2 = cached_moe_stack(w2, w2_scale, False)
     kind13, alpha13, alpha2 = cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13, s2)
-    if xin.device.type == "cuda":  # one Triton launch (the same bytes)
+    kernel = stand_in("nvgemm.templates.sm100_moe.prep_triton", "_slot_quant_kernel", xin.device)
+    if xin.device.type == "cuda" or kernel is not None:  # one Triton launch (the same bytes; CPU: the emulator's)
         # lazy: triton import cost
         from nvgemm.templates.sm100_moe.prep_triton import slot_activations_triton
 
-        b1, sfb1, rop = slot_activations_triton(xin, wl, w13_input_scale, tn)
+        b1, sfb1, rop = slot_activations_triton(xin, wl, w13_input_scale, tn, kernel=kernel)
         yrow = rop[wl.pos]
     else:
         b1, sfb1 = slot_activations(xin, wl, w13_input_scale, tn)

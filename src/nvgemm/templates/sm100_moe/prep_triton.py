@@ -49,9 +49,11 @@ def _slot_quant_kernel(x_ptr, rows_ptr, tiles_ptr, ins_ptr, q_ptr, sf_ptr, rop_p
     tl.store(sf_ptr + off, sf.to(tl.uint8), mask=kb < kb_tiles * 4)
 
 
-def slot_activations_triton(x: torch.Tensor, wl, input_scale: torch.Tensor, tile_n: int):
+def slot_activations_triton(x: torch.Tensor, wl, input_scale: torch.Tensor, tile_n: int, *, kernel=None):
     """:func:`~.launch.slot_activations` in one launch (plus the atoms' zero fill); also returns the
-    int64 [P] map permuted pair -> slot row (:func:`~.launch.slot_rows_of_pairs` is ``map[pos]``)."""
+    int64 [P] map permuted pair -> slot row (:func:`~.launch.slot_rows_of_pairs` is ``map[pos]``).
+    ``kernel``: the jitted kernel to launch instead of ``_slot_quant_kernel`` (the PTX emulator's stand-in)."""
+    kernel = kernel or _slot_quant_kernel
     k = x.shape[1]
     slots = wl.slots
     codes = torch.empty((slots * tile_n, k // 2), dtype=torch.uint8, device=x.device)
@@ -61,7 +63,7 @@ def slot_activations_triton(x: torch.Tensor, wl, input_scale: torch.Tensor, tile
     ins = input_scale if input_scale.dtype == torch.float32 and input_scale.is_contiguous() else \
         input_scale.float().contiguous()
     rop = torch.empty(max(wl.rows.numel(), 1), dtype=torch.int64, device=x.device)
-    _slot_quant_kernel[(slots, triton.cdiv(k, _BLOCK_K))](xs, wl.rows, wl.tiles, ins, codes, atoms, rop, k,
-                                                          xs.stride(0), max(wl.rows.numel(), 1), TN=tile_n,
-                                                          BLOCK_K=_BLOCK_K, enable_fp_fusion=False)
+    kernel[(slots, triton.cdiv(k, _BLOCK_K))](xs, wl.rows, wl.tiles, ins, codes, atoms, rop, k,
+                                              xs.stride(0), max(wl.rows.numel(), 1), TN=tile_n,
+                                              BLOCK_K=_BLOCK_K, enable_fp_fusion=False)
     return codes, atoms.view(torch.float8_e4m3fn), rop

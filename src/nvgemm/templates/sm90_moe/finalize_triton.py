@@ -38,7 +38,10 @@ def _finalize_kernel(y_ptr, pos_ptr, valid_ptr, w_ptr, sh_ptr, res_ptr, out_ptr,
         tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def finalize_triton(y, pos, valid, weights, shared_out, residual, out_dtype):
+def finalize_triton(y, pos, valid, weights, shared_out, residual, out_dtype, *, kernel=None):
+    """:func:`~.launch.finalize_ref` in one launch; ``kernel``: the jitted kernel to launch instead of
+    ``_finalize_kernel`` (the PTX emulator's stand-in)."""
+    kernel = kernel or _finalize_kernel
     m, k = pos.shape
     h = y.shape[1]
     out = torch.empty((m, h), dtype=out_dtype, device=y.device)
@@ -47,8 +50,9 @@ def finalize_triton(y, pos, valid, weights, shared_out, residual, out_dtype):
     sh = shared_out.contiguous() if shared_out is not None else out
     res = residual.contiguous() if residual is not None else out
     grid = (m, triton.cdiv(h, _BLOCK))
-    _finalize_kernel[grid](y, pos.contiguous(), valid.view(torch.int8) if valid.dtype == torch.bool else valid.to(torch.int8), weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous(), sh,
-                           res, out, h, K=k, HAS_SH=shared_out is not None, HAS_RES=residual is not None,
-                           OUT_BF16=out_dtype == torch.bfloat16,
-                           BLOCK=_BLOCK, enable_fp_fusion=False)
+    valid8 = valid.view(torch.int8) if valid.dtype == torch.bool else valid.to(torch.int8)
+    w = weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous()
+    kernel[grid](y, pos.contiguous(), valid8, w, sh, res, out, h, K=k, HAS_SH=shared_out is not None,
+                 HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16, BLOCK=_BLOCK,
+                 enable_fp_fusion=False)
     return out

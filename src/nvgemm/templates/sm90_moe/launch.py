@@ -44,6 +44,7 @@ from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, prepare_sm90_weight
 from nvgemm.templates.sm90_moe.config import (MoeWorkList, Sm90MoeConfig, moe_shape_problem, validate_moe_config,
                                               work_tiles_bound)
+from nvgemm.templates.common.triton_stand_in import stand_in
 
 # --------------------------------------------------------------------------- work list
 
@@ -98,6 +99,12 @@ def work_list(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_ex
 
         if prep_supported(topk_ids.numel(), num_experts):
             return build_work_list_triton(topk_ids, expert_map, num_experts, tile_m)
+    kernel = stand_in("nvgemm.templates.sm90_moe.prep_triton", "_prep_kernel", topk_ids.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in)
+        from nvgemm.templates.sm90_moe.prep_triton import build_work_list_triton, prep_supported  # lazy: triton
+
+        if prep_supported(topk_ids.numel(), num_experts):
+            return build_work_list_triton(topk_ids, expert_map, num_experts, tile_m, kernel=kernel)
     return build_work_list(local_expert_ids(topk_ids, expert_map), num_experts, tile_m)
 
 
@@ -235,6 +242,11 @@ def finalize(y, wl, weights, shared_out, residual, out_dtype):
         from nvgemm.templates.sm90_moe.finalize_triton import finalize_triton
 
         return finalize_triton(y, wl.pos, wl.valid, weights, shared_out, residual, out_dtype)
+    kernel = stand_in("nvgemm.templates.sm90_moe.finalize_triton", "_finalize_kernel", y.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in)
+        from nvgemm.templates.sm90_moe.finalize_triton import finalize_triton  # lazy: triton import cost
+
+        return finalize_triton(y, wl.pos, wl.valid, weights, shared_out, residual, out_dtype, kernel=kernel)
     return finalize_ref(y, wl, weights, shared_out, residual, out_dtype)
 
 

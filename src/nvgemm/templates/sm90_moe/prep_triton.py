@@ -70,9 +70,11 @@ def prep_supported(pairs: int, num_experts: int) -> bool:
     return 0 < pairs <= MAX_PAIRS and num_experts + 2 <= MAX_EXPERTS
 
 
-def build_work_list_triton(topk_ids: torch.Tensor, expert_map, num_experts: int, tile_m: int):
+def build_work_list_triton(topk_ids: torch.Tensor, expert_map, num_experts: int, tile_m: int, *, kernel=None):
     """:func:`~.launch.build_work_list` of ``topk_ids`` (int32 [M, K]) mapped through ``expert_map``
-    (int32 [E_global] or None) in one launch (``prep_supported`` must hold)."""
+    (int32 [E_global] or None) in one launch (``prep_supported`` must hold). ``kernel``: the jitted kernel
+    to launch instead of ``_prep_kernel`` (the PTX emulator's stand-in)."""
+    kernel = kernel or _prep_kernel
     m, k = topk_ids.shape
     p = m * k
     dev = topk_ids.device
@@ -87,7 +89,7 @@ def build_work_list_triton(topk_ids: torch.Tensor, expert_map, num_experts: int,
     block = max(16, triton.next_power_of_2(p))
     eb = max(16, triton.next_power_of_2(num_experts + 2))
     sb = max(16, triton.next_power_of_2(slots))
-    _prep_kernel[(1,)](ids, expert_map if expert_map is not None else ids, rows, tiles, pos, counts, valid, p,
-                       num_experts, slots, K=k, TM=tile_m, BLOCK=block, EB=eb, SB=sb, MAXT=-(-p // tile_m),
-                       HAS_MAP=expert_map is not None)
+    kernel[(1,)](ids, expert_map if expert_map is not None else ids, rows, tiles, pos, counts, valid, p,
+                 num_experts, slots, K=k, TM=tile_m, BLOCK=block, EB=eb, SB=sb, MAXT=-(-p // tile_m),
+                 HAS_MAP=expert_map is not None)
     return MoeWorkList(rows, tiles, pos.reshape(m, k), valid.view(torch.bool), counts, tile_m)

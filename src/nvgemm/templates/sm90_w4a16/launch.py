@@ -43,6 +43,7 @@ from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_w4a16.config import DECODE_UNSCALE, Sm90W4A16Config, shape_problem, validate_config
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, decode_ref, kind_of, prepare_sm90_weight
 from nvgemm.core.formats import dequantize, quantize_activation
+from nvgemm.templates.common.triton_stand_in import stand_in
 
 # --------------------------------------------------------------------------- caches of derived tensors
 
@@ -148,13 +149,17 @@ def split_k_needs(config: Sm90W4A16Config, m: int, prepared: Sm90Weight, n_out: 
 
 def qdq_activation(x2: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
     """``E2M1[q_x] * s_x`` in x's dtype (exact), quantized with ``nvgemm.core.formats``' convention: one
-    Triton kernel on CUDA, the torch reference elsewhere."""
+    Triton kernel on CUDA (or the PTX emulator's stand-in on CPU when installed), the torch reference elsewhere."""
     if x2.device.type == "cuda":
         # lazy: triton import cost
         from nvgemm.templates.triton.quantize import qdq_nvfp4_triton
 
         return qdq_nvfp4_triton(x2, input_scale.to(device=x2.device, dtype=torch.float32))
+    kernel = stand_in("nvgemm.templates.triton.quantize", "qdq_nvfp4_kernel", x2.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in): the same kernel, its PTX run on the CPU
+        from nvgemm.templates.triton.quantize import qdq_nvfp4_triton  # lazy: triton import cost
 
+        return qdq_nvfp4_triton(x2, input_scale.to(dtype=torch.float32), kernel=kernel)
     q, s = quantize_activation(x2, input_scale.to(x2.device))
     return dequantize(q, s).to(x2.dtype)
 

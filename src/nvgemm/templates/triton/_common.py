@@ -36,6 +36,7 @@ __all__ = [
     "KIND_FP16",
     "dtype_kind",
     "is_interpreted",
+    "runs_on_cpu",
     "launch_options",
     "use_gdc",
 ]
@@ -253,15 +254,25 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def runs_on_cpu(kernel) -> bool:
+    """True when ``kernel`` takes CPU tensors: the Triton interpreter, or a stand-in that runs the kernel's
+    compiled PTX elsewhere (the PTX emulator's ``EmuTritonKernel``, which has ``runs_on_cpu`` and the
+    ``capability`` of the GPU it compiles for)."""
+    return is_interpreted(kernel) or bool(getattr(kernel, "runs_on_cpu", False))
+
+
 def use_gdc(kernel, device: torch.device, pdl: bool | None) -> bool:
     """Whether to launch with PDL (``launch_pdl``) and compile the ``gdc_*`` calls in.
 
     ``pdl=None`` means: on when the GPU is sm_90+ and ``NVGEMM_PDL`` is not ``0``. Never in the
-    interpreter (it has no grid dependency control) or below sm_90 (no ``griddepcontrol``).
+    interpreter (it has no grid dependency control) or below sm_90 (no ``griddepcontrol``). A kernel
+    stand-in with a ``capability`` (the emulator's) is treated as a GPU of that capability.
     """
-    if is_interpreted(kernel) or device.type != "cuda":
-        return False  # a plain launch computes the same bytes
-    cap = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    cap = getattr(kernel, "capability", None)
+    if cap is None:
+        if is_interpreted(kernel) or device.type != "cuda":
+            return False  # a plain launch computes the same bytes
+        cap = _capability(device.index if device.index is not None else torch.cuda.current_device())
     if cap < (9, 0):
         if pdl:
             raise RuntimeError(f"nvgemm: PDL (griddepcontrol) needs sm_90+, this GPU is sm_{cap[0]}{cap[1]}")
@@ -282,7 +293,7 @@ def check_device(kernel, *tensors: torch.Tensor, op: str) -> torch.device:
     for t in tensors:
         if t is not None and t.device != dev:
             raise ValueError(f"{op}: all tensors must be on {dev}, got one on {t.device}")
-    if dev.type != "cuda" and not is_interpreted(kernel):
+    if dev.type != "cuda" and not runs_on_cpu(kernel):
         raise ValueError(
             f"{op}: the Triton kernel needs CUDA tensors, got {dev} (set TRITON_INTERPRET=1 before "
             "importing triton to run it on CPU, or use the torch reference)"

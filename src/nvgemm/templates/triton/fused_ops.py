@@ -8,7 +8,8 @@
   [M, 2I] -> (packed uint8 [M, I/2], scales)
 
 Scales are the 1-D 128x4 swizzled layout when ``swizzle`` (what ``nvfp4_linear``'s W4A4 kernels
-read), else linear [M, K/16]. Eager: the Triton kernel on CUDA (sm_80+, Triton importable), the
+read), else linear [M, K/16]. Eager: the Triton kernel on CUDA (sm_80+, Triton importable), on CPU the PTX
+emulator's stand-in of it when the emulator is enabled (:mod:`nvgemm.templates.common.triton_stand_in`), the
 pure-torch reference (:mod:`nvgemm.templates.triton.reference`) otherwise. Fake impls allocate the
 same shapes. None of these ops mutates its inputs. ``input_scale`` must be finite and > 0 (checked
 when it is a host tensor, as for ``quantize_nvfp4``).
@@ -22,6 +23,7 @@ import logging
 import torch
 
 from nvgemm.core.formats import blocked_numel, check_input_scale_value
+from nvgemm.templates.common.triton_stand_in import stand_in
 
 from nvgemm.templates.triton.reference import (
     add_rmsnorm_quantize_ref,
@@ -60,13 +62,18 @@ def triton_unusable(device: torch.device) -> str | None:
 
 def quantize_nvfp4_cuda(x: torch.Tensor, input_scale: torch.Tensor, swizzle: bool = True):
     """The activation quantizer of a CUDA tensor (``nvgemm::quantize_nvfp4``'s CUDA path, and the one the
-    W4A4 kernel backends are given): the Triton kernel where it can run, else the torch reference
-    (same bytes). Arguments as the op's, already checked."""
+    W4A4 kernel backends are given): the Triton kernel where it can run (on CPU tensors: the PTX emulator's
+    stand-in, when enabled), else the torch reference (same bytes). Arguments as the op's, already checked."""
     if triton_unusable(x.device) is None:
         # lazy: triton import cost (the Triton kernel module is loaded on first use)
         from nvgemm.templates.triton.quantize import quantize_nvfp4_triton
 
         return quantize_nvfp4_triton(x, input_scale, swizzle)
+    kernel = stand_in("nvgemm.templates.triton.quantize", "quantize_nvfp4_kernel", x.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in)
+        from nvgemm.templates.triton.quantize import quantize_nvfp4_triton  # lazy: triton import cost
+
+        return quantize_nvfp4_triton(x, input_scale, swizzle, kernel=kernel)
     return quantize_ref(x, input_scale, swizzle)
 
 
@@ -87,6 +94,11 @@ def rmsnorm_quantize_nvfp4(x: torch.Tensor, weight: torch.Tensor, input_scale: t
         from nvgemm.templates.triton.fused import rmsnorm_quantize_nvfp4_triton
 
         return rmsnorm_quantize_nvfp4_triton(x, weight, input_scale, eps, swizzle)
+    kernel = stand_in("nvgemm.templates.triton.fused", "rmsnorm_quantize_kernel", x.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in)
+        from nvgemm.templates.triton.fused import rmsnorm_quantize_nvfp4_triton  # lazy: triton import cost
+
+        return rmsnorm_quantize_nvfp4_triton(x, weight, input_scale, eps, swizzle, kernel=kernel)
     return rmsnorm_quantize_ref(x, weight, input_scale, eps, swizzle)
 
 
@@ -109,6 +121,11 @@ def add_rmsnorm_quantize_nvfp4(x: torch.Tensor, residual: torch.Tensor, weight: 
         from nvgemm.templates.triton.fused import add_rmsnorm_quantize_nvfp4_triton
 
         return add_rmsnorm_quantize_nvfp4_triton(x, residual, weight, input_scale, eps, swizzle)
+    kernel = stand_in("nvgemm.templates.triton.fused", "rmsnorm_quantize_kernel", x.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in)
+        from nvgemm.templates.triton.fused import add_rmsnorm_quantize_nvfp4_triton  # lazy: triton import cost
+
+        return add_rmsnorm_quantize_nvfp4_triton(x, residual, weight, input_scale, eps, swizzle, kernel=kernel)
     return add_rmsnorm_quantize_ref(x, residual, weight, input_scale, eps, swizzle)
 
 
@@ -130,6 +147,11 @@ def silu_mul_quantize_nvfp4(x: torch.Tensor, input_scale: torch.Tensor,
         from nvgemm.templates.triton.fused import silu_mul_quantize_nvfp4_triton
 
         return silu_mul_quantize_nvfp4_triton(x, input_scale, swizzle)
+    kernel = stand_in("nvgemm.templates.triton.fused", "silu_mul_quantize_kernel", x.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in)
+        from nvgemm.templates.triton.fused import silu_mul_quantize_nvfp4_triton  # lazy: triton import cost
+
+        return silu_mul_quantize_nvfp4_triton(x, input_scale, swizzle, kernel=kernel)
     return silu_mul_quantize_ref(x, input_scale, swizzle)
 
 

@@ -21,6 +21,7 @@ from typing import Callable
 _REGISTRY: dict[str, Callable] = {}
 BUILTIN_FAMILIES = [
     "nvgemm.emulator.ptx.ops.alu",
+    "nvgemm.emulator.ptx.ops.bits",
     "nvgemm.emulator.ptx.ops.fp",
     "nvgemm.emulator.ptx.ops.memory",
     "nvgemm.emulator.ptx.ops.control",

@@ -15,6 +15,7 @@ import numpy as np
 from nvgemm.emulator.ptx.machine import LANES
 from nvgemm.emulator.ptx.program import TYPE_DTYPE
 from nvgemm.emulator.ptx.ops import opcode
+from nvgemm.emulator.ptx.ops.bits import PACKED_TYPES, packed16x2
 from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
 
 _INT = {"s16", "u16", "s32", "u32", "s64", "u64", "b16", "b32", "b64", "s8", "u8", "b8"}
@@ -79,6 +80,8 @@ def _hi(v: np.ndarray, dt) -> np.ndarray:
 @opcode("add", "sub")
 def _add(ins, ctx):
     t = ins.parts[-1]
+    if t in PACKED_TYPES:
+        return packed16x2(ins, ctx)
     if t not in _INT:
         return compile_fp_arith(ins, ctx)
     _mods(ins, {"s16", "u16", "s32", "u32", "s64", "u64"}, ctx)
@@ -129,6 +132,8 @@ def _mad(ins, ctx):
 @opcode("min", "max")
 def _minmax(ins, ctx):
     t = ins.parts[-1]
+    if t in PACKED_TYPES:
+        return packed16x2(ins, ctx)
     if t not in _INT:
         return compile_fp_arith(ins, ctx)
     _mods(ins, {"s16", "u16", "s32", "u32", "s64", "u64"}, ctx)

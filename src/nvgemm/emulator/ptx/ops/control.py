@@ -226,6 +226,56 @@ def _vote(ins, ctx):
     return ex
 
 
+@opcode("redux")
+def _redux(ins, ctx):
+    """``redux.sync.op.type d, a, membermask`` (PTX ISA "redux.sync"): the reduction of ``a`` over the member
+    lanes, given to each of them. Integer: ``.add`` (wrapping) / ``.min`` / ``.max`` on ``.u32`` / ``.s32``,
+    ``.and`` / ``.or`` / ``.xor`` on ``.b32``. ``.f32`` (sm_100a): ``.min`` / ``.max`` with optional ``.abs``
+    (of every input) and ``.NaN`` (a NaN input makes the result the canonical NaN; without it NaN inputs are
+    ignored, and the result is NaN only when every input is), ``-0.0`` below ``+0.0``."""
+    from nvgemm.emulator.ptx.ops.fp import fminmax, to_bits  # lazy: fp imports this module's registry peers
+
+    parts = ins.parts[1:]
+    if parts[:1] != ["sync"] or len(parts) < 3:
+        raise ctx.unsupported(ins)
+    op, t, mods = parts[1], parts[-1], parts[2:-1]
+    if t == "f32":
+        if op not in ("min", "max") or any(x not in ("abs", "NaN") for x in mods):
+            raise ctx.unsupported(ins)
+    elif mods or not ((op in ("add", "min", "max") and t in ("u32", "s32")) or
+                      (op in ("and", "or", "xor") and t == "b32")):
+        raise ctx.unsupported(ins)
+    dt = {"u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32}[t]
+    d, a, mm = ins.operands
+    ga, gm, sd = ctx.src(a, dt), ctx.src(mm, np.uint32), ctx.dst(d, dt)
+
+    def ex(w, m):
+        mask = gm(w)[m]
+        if (mask != mask[0]).any():
+            raise EmulationError(f"redux.sync: lanes disagree on membermask, {w.where(ins)}")
+        mem = _member_lanes(int(mask[0]))
+        _check_members(w, ins, m, mem)
+        v = ga(w)[mem]
+        if t == "f32":
+            x = v.astype(np.float64)
+            if "abs" in mods:
+                x = np.abs(x)
+            r = x[0]
+            for y in x[1:]:
+                r = fminmax(op, np.array([r]), np.array([y]), "NaN" in mods)[0]
+            out = to_bits(np.array([r]), "f32").view(np.float32)[0]
+        elif op == "add":
+            out = np.array(int(v.astype(np.int64).sum()) & 0xFFFFFFFF, np.uint32).view(dt)
+        elif op in ("min", "max"):
+            out = v.min() if op == "min" else v.max()
+        else:
+            f = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[op]
+            out = f.reduce(v)
+        sd(w, m, np.full(LANES, out, dt))
+
+    return ex
+
+
 @opcode("elect")
 def _elect(ins, ctx):
     if ins.parts[1:] != ["sync"]:

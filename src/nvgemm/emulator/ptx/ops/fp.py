@@ -31,6 +31,20 @@ FORMATS = {
 }
 
 
+def fminmax(op: str, a: np.ndarray, b: np.ndarray, propagate_nan: bool = False) -> np.ndarray:
+    """PTX ``min`` / ``max`` on floats: a NaN operand is ignored (the other is the result; NaN only if both are),
+    or with ``.NaN`` makes the result NaN; ``-0.0`` orders below ``+0.0``."""
+    f = np.fmin if op == "min" else np.fmax
+    r = f(a, b)
+    zeros = (a == 0) & (b == 0)
+    if zeros.any():
+        neg = np.signbit(a) | np.signbit(b) if op == "min" else np.signbit(a) & np.signbit(b)
+        r = np.where(zeros, np.where(neg, -0.0, 0.0), r)
+    if propagate_nan:
+        r = np.where(np.isnan(a) | np.isnan(b), np.nan, r)
+    return r
+
+
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     s = a + b
     bb = s - a
@@ -188,7 +202,12 @@ def compile_fp_arith(ins, ctx):
         raise ctx.unsupported(ins, f"type .{t}")
     dt = TYPE_DTYPE[t]
     nin = {"add": 2, "sub": 2, "mul": 2, "fma": 3, "mad": 3, "div": 2, "min": 2, "max": 2, "neg": 1, "abs": 1}[op]
-    extra = {"ftz", "sat"} | ({"full", "approx"} if op == "div" else set()) | ({"NaN", "xorsign"} if op in ("min", "max") else set())
+    if op in ("min", "max") and t == "f32" and len(ins.operands) == 4:
+        nin = 3  # the three-input form (PTX ISA 8.8, sm_100+): min / max of a, b and c
+    if len(ins.operands) != 1 + nin:
+        raise ctx.unsupported(ins, f"{len(ins.operands) - 1} source operands")
+    extra = ({"ftz", "sat"} | ({"full", "approx"} if op == "div" else set())
+             | ({"NaN"} if op in ("min", "max") else set()))
     t, mods, mode = _split(ins, ctx, extra)
     ftz = "ftz" in mods and t == "f32"
     sat = "sat" in mods
@@ -231,8 +250,15 @@ def compile_fp_arith(ins, ctx):
 
         return exd
     if op in ("min", "max"):
-        f = np.fmin if op == "min" else np.fmax
-        return lambda w, m: fin(w, m, f(*args(w)))
+        propagate = "NaN" in mods
+        def exm(w, m):
+            xs = args(w)
+            r = fminmax(op, xs[0], xs[1], propagate)
+            for x in xs[2:]:
+                r = fminmax(op, r, x, propagate)
+            fin(w, m, r)
+
+        return exm
     if op == "neg":
         return lambda w, m: sd(w, m, (gets[0](w).view(np.uint32 if t == "f32" else np.uint64)
                                       ^ (np.uint32(0x80000000) if t == "f32" else np.uint64(1 << 63))).view(dt))

@@ -42,14 +42,28 @@ _PENDING = "_nvgemm_cutedsl_pending_producer"
 _PREV = "_nvgemm_cutedsl_previous_node"
 
 
-def _choice_op():
-    return torch.ops.nvgemm.nvfp4_linear_choice.default
+def _choice_ops() -> dict:
+    """nvgemm's choice ops (one GEMM candidate each: ``nvfp4_linear``, the sm90-prepared linear, requant,
+    prequant), by OpOverload."""
+    from nvgemm.integrations.inductor.choices import CHOICE_DEFS
+
+    return {d.choice_overload(): d for d in CHOICE_DEFS.values()}
+
+
+def _is_pdl_kernel(key: str) -> bool:
+    # Kernel backends launch with PDL; the emulated reference (a chain of torch ops), the unfused fallback
+    # and cuBLASLt gain nothing from it, so their consumers are left alone.
+    return key.startswith("backend:") and key not in ("backend:emulated", "backend:unfused")
 
 
 def producer_choice(node) -> str | None:
-    """The choice key when scheduler ``node`` is (the output of) an nvgemm GEMM that uses PDL."""
+    """The choice key when scheduler ``node`` is (an output of) an nvgemm GEMM choice op that uses PDL
+    (a range-table choice: when one of its ranges' candidates does)."""
     from torch._inductor import ir
     from torch._inductor.scheduler import ExternKernelSchedulerNode
+
+    # lazy: breaks the cycle integrations.inductor.pdl <-> integrations.inductor.choices (through a package __init__)
+    from nvgemm.integrations.inductor.choices import choice_keys
 
     if not isinstance(node, ExternKernelSchedulerNode):
         return None
@@ -58,16 +72,14 @@ def producer_choice(node) -> str | None:
         k = k.inputs[0]
     if not isinstance(k, ir.FallbackKernel):
         return None
-    if getattr(k, "op_overload", None) is not _choice_op():
+    if getattr(k, "op_overload", None) not in _choice_ops():
         return None
     choice = k.constant_args[-1] if k.constant_args and isinstance(k.constant_args[-1], str) else None
     if choice is None:
         choice = (getattr(k, "kwargs", None) or {}).get("choice")
     if not isinstance(choice, str):
         return None
-    # Kernel backends launch with PDL; the emulated reference (a chain of torch ops) and
-    # cuBLASLt gain nothing from it, so their consumers are left alone.
-    if not choice.startswith("backend:") or choice == "backend:emulated":
+    if not any(_is_pdl_kernel(key) for key in choice_keys(choice)):
         return None
     return choice
 

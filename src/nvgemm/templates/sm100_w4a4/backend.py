@@ -216,11 +216,15 @@ def prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bia
 
 
 def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,
-                  arch: str, sm_count: int, stream_id: int = 0):
-    """(the W4A4 launch's arguments fed the given activation codes + scales, the config: the policy's pick)."""
+                  arch: str, sm_count: int, stream_id: int = 0, config=None):
+    """(the W4A4 launch's arguments fed the given activation codes + scales, the config: ``config`` (a config or
+    its name; autotuned code passes one) or the policy's pick)."""
     spec = prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
     m, n, k = packed.shape[0], weight.shape[0], weight.shape[1] * 2
-    config = _policy_config(m, n, k, spec.out_dtype, "none", arch, sm_count)
+    if isinstance(config, str):
+        config = config_from_name(config)
+    elif config is None:
+        config = _policy_config(m, n, k, spec.out_dtype, "none", arch, sm_count)
     if config is None:
         raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={n} K={k}")
     args = prepare_sm100_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
@@ -228,8 +232,10 @@ def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_sc
     return args, config
 
 
-def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
-    """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization."""
+def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,
+                       config=None):
+    """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization
+    (``config``: as :func:`prequant_args`)."""
     # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
     from nvgemm.templates.common.occupancy import query_max_active_clusters
 
@@ -238,7 +244,7 @@ def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, inp
     arch = arch_of((props.major, props.minor))
     stream = torch.cuda.current_stream(dev)
     args, config = prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
-                                 out_dtype, arch, props.multi_processor_count, stream.cuda_stream)
+                                 out_dtype, arch, props.multi_processor_count, stream.cuda_stream, config)
     cspec = compile_spec_for(config, args.spec, arch, props.multi_processor_count,
                              functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
     launch_sm100(args, kernel_for(cspec), stream)

@@ -60,6 +60,12 @@ def _fake_cuda_device(cc: tuple[int, int] = (10, 0)):
         # has_triton() is cached process-wide (False on this machine); answer it for this
         # context only (the scheduler imported the name).
         st.enter_context(um.patch("torch._inductor.scheduler.has_triton", lambda *a, **k: True))
+        # Inductor memoises the device it runs on (its on-disk caches' system key): forget the fake one on both
+        # sides, or later compiles in this process would key their autotune caches on it
+        from torch._inductor.codecache import CacheBase
+
+        CacheBase.get_system.cache_clear()
+        st.callback(CacheBase.get_system.cache_clear)
         yield
 
 

@@ -1,4 +1,8 @@
-"""Autotuned lowering of ``nvgemm::nvfp4_linear`` with M-range dispatch.
+"""Autotuned lowerings of nvgemm's GEMM ops with M-range dispatch: ``nvgemm::nvfp4_linear``,
+``nvgemm::nvfp4_linear_sm90_prepared`` (Hopper weights held in the sm90 layout), ``nvgemm::nvfp4_linear_requant``
+and ``nvgemm::nvfp4_linear_prequant`` (:data:`LOWERINGS`; each op's choice / autotune ops and candidates in
+:mod:`nvgemm.integrations.inductor.choices`). Described below for ``nvfp4_linear``; the others differ only where
+:func:`build_op_lowering` says so (requant / prequant are timed per range by :func:`_autotune_to_key`).
 
 Built on ``torch._inductor.kernel.custom_op.register_custom_op_autotuning`` (torch >= 2.13; the
 pieces used are probed in :mod:`nvgemm.integrations.inductor.compat`):

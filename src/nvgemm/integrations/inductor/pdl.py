@@ -1,5 +1,8 @@
 """Programmatic dependent launch from an nvgemm GEMM into the Inductor Triton kernel consuming it.
 
+The GEMMs are the compiled calls of nvgemm's choice ops (:data:`nvgemm.integrations.inductor.choices.CHOICE_DEFS`:
+``nvfp4_linear``, the sm90-prepared linear, the fused requant and prequant) whose candidate is a kernel backend.
+
 PyTorch 2.15's selective PDL (``TritonKernel._enable_pdl_codegen``, ``codegen/triton.py``) gives a
 Triton kernel ``tl.extra.cuda.gdc_wait()`` before its first dependent access and
 ``launch_pdl=True`` when ``scheduler.previous_node`` -- the node generated just before it on the

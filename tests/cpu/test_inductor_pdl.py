@@ -289,7 +289,6 @@ def _launches(code: str) -> list[dict]:
     """The wrapper's launches in stream order: nvgemm choice calls, Triton kernels, other extern kernels."""
     kernels = _kernels(code)
     body = code[code.index("def call("):]
-    alias: dict[str, str] = {}
     out = []
     for line in body.splitlines():
         m = _GEMM_CALL.match(line)

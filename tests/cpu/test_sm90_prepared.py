@@ -187,6 +187,7 @@ def test_compiled_prepared_layer_is_lowered_by_nvgemm_and_equals_eager():
 def test_prepared_choice_runs_the_named_sm90_config_on_the_prepared_weight(monkeypatch):
     """The choice compiled code calls for a ``cutedsl_sm90:<config>`` candidate hands the prepared tensors and
     that config to ``run_prepared`` (here: the host path + kernel_view_ref on CPU); no re-encoding."""
+    from nvgemm.integrations.inductor import choices as choices_mod
     from nvgemm.integrations.inductor.choices import prepared_candidates
     from nvgemm.ops.linear import nvfp4_linear_emulated
     from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
@@ -218,7 +219,8 @@ def test_prepared_choice_runs_the_named_sm90_config_on_the_prepared_weight(monke
     B.register_backend(fake)
     try:
         monkeypatch.setattr(sm90_backend, "run_prepared", run_prepared)
-        monkeypatch.setattr(operand, "to_modelopt", lambda p: pytest.fail("re-encoded on the kernel path"))
+        for where in (operand, choices_mod):
+            monkeypatch.setattr(where, "to_modelopt", lambda p: pytest.fail("re-encoded on the kernel path"))
         got = torch.ops.nvgemm.nvfp4_linear_sm90_prepared_choice(
             x, mod.sm90_weight, mod.sm90_scale, mod.weight_scale_2, None, None, None, "none", None, 128, 512, "bf16",
             key)

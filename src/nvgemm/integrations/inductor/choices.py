@@ -26,10 +26,12 @@ import torch
 
 from nvgemm import settings
 from nvgemm.epilogues import EpilogueSpec, epilogue_ref
-from nvgemm.core.formats import NVFP4, blocked_numel, blocked_shape
+from nvgemm.core.formats import NVFP4, blocked_shape
 from nvgemm.core.validation import alpha_of, check_linear_args, linear_spec, misaligned_operands, problem_of
 from nvgemm.core.backend import LINEAR, PREQUANT, REQUANT
 from nvgemm.dispatch.registry import LinearProblem, backends as registered_backends
+from nvgemm.ops.prepared import sm90_weight_of
+from nvgemm.templates.sm90_w4a16.operand import kind_of, to_modelopt
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -486,10 +488,6 @@ def nvfp4_linear_sm90_prepared_choice(
     """``nvgemm::nvfp4_linear_sm90_prepared`` computed by one named candidate. ``cutedsl_sm90`` runs the kernel
     config on the prepared weight; another backend gets the checkpoint layout rebuilt (value-exact) and runs
     through ``nvfp4_linear_choice``; a call the sm90 kernel cannot take runs the op itself."""
-    # lazy: the ops / templates the choice runs (integrations sit above them; kept off `import nvgemm.enable`)
-    from nvgemm.ops.prepared import sm90_weight_of
-    from nvgemm.templates.sm90_w4a16.operand import kind_of, to_modelopt
-
     cand = Candidate(choice)
     args = (x, pweight, pscale, weight_scale_2, input_scale, bias, residual, activation, out_dtype, n, k, kind)
     if cand.kind != "backend" or not cand.backend:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 
-import torch
+from nvgemm.integrations.inductor.choices import CHOICE_DEFS, choice_keys
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -48,8 +48,6 @@ _PREV = "_nvgemm_cutedsl_previous_node"
 def _choice_ops() -> dict:
     """nvgemm's choice ops (one GEMM candidate each: ``nvfp4_linear``, the sm90-prepared linear, requant,
     prequant), by OpOverload."""
-    from nvgemm.integrations.inductor.choices import CHOICE_DEFS
-
     return {d.choice_overload(): d for d in CHOICE_DEFS.values()}
 
 
@@ -64,9 +62,6 @@ def producer_choice(node) -> str | None:
     (a range-table choice: when one of its ranges' candidates does)."""
     from torch._inductor import ir
     from torch._inductor.scheduler import ExternKernelSchedulerNode
-
-    # lazy: breaks the cycle integrations.inductor.pdl <-> integrations.inductor.choices (through a package __init__)
-    from nvgemm.integrations.inductor.choices import choice_keys
 
     if not isinstance(node, ExternKernelSchedulerNode):
         return None

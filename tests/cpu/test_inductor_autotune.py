@@ -173,3 +173,61 @@ def test_kernel_backends_offer_one_choice_per_policy_config():
             assert c.config is not None
             parse(c.config)  # the backend can rebuild the exact config it is asked to run
         assert choice_candidates(p)[-1].key == "backend:emulated"
+
+
+def test_prepared_weight_linear_is_autotuned_per_m_range(monkeypatch):
+    """A layer held in the sm90 layout (what a loaded checkpoint calls on Hopper) is autotuned like
+    nvfp4_linear: each M range benchmarked over its candidates (here the slow backend, named in ``choices``,
+    against the emulated reference), one graph with the M dispatch, the winner in the compiled code, and every
+    M equal to eager bit for bit (both the emulated op on the same re-encoded checkpoint layout)."""
+    import warnings
+
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    from nvgemm.dispatch.registry import unregister_backend
+    from nvgemm.integrations.inductor import lowering
+    from nvgemm.nn.linear import NVFP4Linear
+
+    ns: dict = {}
+    exec(SLOW_BACKEND, ns)
+    monkeypatch.setattr(lowering, "split_points", lambda: [8])
+    monkeypatch.setattr(lowering, "RANGE_UPPER_BOUND", 64)
+    x3, w, ws, ws2, _ins = _operands(3)
+    mod = NVFP4Linear.from_tensors(w, ws, ws2, None, None)
+    mod.prepare_for_sm90("bf16")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the checkpoint layout rebuilt per call off Hopper (warned once)
+            torch._dynamo.reset()
+            counters.clear()
+            patch = dict(max_autotune_gemm_backends="ATEN")
+            with fresh_cache(), torch._inductor.config.patch(patch), nvgemm.enabled(choices=["test_slow"]):
+                cf = torch.compile(mod, mode="max-autotune", fullgraph=True)
+                torch._dynamo.mark_dynamic(x3, 0, min=2, max=256)
+                out3, codes = run_and_get_code(cf, x3)
+                stats_after_first = dict(counters["stats"])  # includes torch.cond's own branch tracing
+                outs = {3: out3}
+                for m in (17, 40, 8):
+                    xm = _operands(m)[0]
+                    torch._dynamo.mark_dynamic(xm, 0, min=2, max=256)
+                    outs[m] = cf(xm)
+            wants = {m: mod(x3 if m == 3 else _operands(m)[0]) for m in outs}
+        assert ns["CALLS"]["n"] > 0  # the slow candidate was benchmarked
+        c = counters["nvgemm_cutedsl"]
+        assert c["autotuned_nvfp4_linear_sm90_prepared"] == 1 and c["lowered"] == 1, dict(c)
+        assert dict(counters["stats"]) == stats_after_first  # no recompile for M = 17, 40, 8
+        for rng in ("range_1_8", "range_9_inf"):
+            assert any(f"nvgemm_cutedsl_nvfp4_linear_sm90_prepared_{rng}" in code for code in codes), rng
+        finals = [code for code in codes if ("nvfp4_linear_sm90_prepared_choice" in code
+                                             or "nvfp4_linear_sm90_prepared_autotune" in code)
+                  and "benchmark_nvgemm_cutedsl" not in code and "nvgemm_cutedsl_nvfp4_linear_sm90_prepared_range"
+                  not in code]
+        assert len(finals) == 1, [code[:3000] for code in codes]
+        code = finals[0]
+        assert "backend:test_slow" not in code
+        # the winner: the emulated candidate, or on torch < 2.15 the autotuned op's eager body (the same)
+        assert "backend:emulated" in code or "nvfp4_linear_sm90_prepared_autotune.default(" in code
+        for m, out in outs.items():
+            assert torch.equal(out, wants[m]), m
+    finally:
+        unregister_backend("test_slow")

@@ -30,22 +30,25 @@ N, K = 256, 128
 
 
 @contextlib.contextmanager
-def _fake_cuda_device():
+def _fake_cuda_device(cc: tuple[int, int] = (10, 0)):
+    """Answer the device queries of codegen as an sm_100 (B200) or sm_90 (H200) part."""
+    major, minor = cc
+    sms = 148 if major == 10 else 132
     props = types.SimpleNamespace(
-        name="NVIDIA B200 (codegen only)", total_memory=1 << 37, major=10, minor=0, multi_processor_count=148,
-        L2_cache_size=1 << 26, warp_size=32, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
-        gcnArchName="",
+        name=f"NVIDIA {'B200' if major == 10 else 'H200'} (codegen only)", total_memory=1 << 37, major=major,
+        minor=minor, multi_processor_count=sms, L2_cache_size=1 << 26, warp_size=32,
+        max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536, gcnArchName="",
     )
     from torch._inductor.runtime.hints import DeviceProperties
 
     dev_props = DeviceProperties(
-        type="cuda", index=0, multi_processor_count=148, cc=100, major=10, regs_per_multiprocessor=65536,
-        max_threads_per_multi_processor=2048, warp_size=32,
+        type="cuda", index=0, multi_processor_count=sms, cc=major * 10 + minor, major=major,
+        regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, warp_size=32,
     )
     with contextlib.ExitStack() as st:
         st.enter_context(um.patch.object(DeviceProperties, "create", staticmethod(lambda device: dev_props)))
         for target, value in (
-            ("torch.cuda.get_device_capability", lambda *a, **k: (10, 0)),
+            ("torch.cuda.get_device_capability", lambda *a, **k: (major, minor)),
             ("torch.cuda.is_available", lambda: True),
             ("torch.cuda.current_device", lambda: 0),
             ("torch.cuda.device_count", lambda: 1),
@@ -57,23 +60,36 @@ def _fake_cuda_device():
         # has_triton() is cached process-wide (False on this machine); answer it for this
         # context only (the scheduler imported the name).
         st.enter_context(um.patch("torch._inductor.scheduler.has_triton", lambda *a, **k: True))
+        # Inductor memoises the device it runs on (its on-disk caches' system key): forget the fake one on both
+        # sides, or later compiles in this process would key their autotune caches on it
+        from torch._inductor.codecache import CacheBase
+
+        CacheBase.get_system.cache_clear()
+        st.callback(CacheBase.get_system.cache_clear)
         yield
 
 
-def _codegen_cuda(fn, example_shapes) -> str:
-    """Generated wrapper+kernel source for ``fn`` traced on fake CUDA tensors (no GPU needed)."""
+def _codegen_cuda(fn, example_shapes, cc: tuple[int, int] = (10, 0), graph_pass=None) -> str:
+    """Generated wrapper+kernel source for ``fn`` traced on fake CUDA tensors (no GPU needed); ``graph_pass``
+    (e.g. nvgemm's capture pass) runs on the traced graph first, as Inductor's post-grad pre-pass would."""
     from torch._inductor.debug import DebugContext
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    fm = FakeTensorMode()
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fm = FakeTensorMode(shape_env=ShapeEnv())  # autotuned lowerings trace their candidates symbolically
     with fm:
         args = [torch.empty(s, dtype=d, device="cuda") for s, d in example_shapes]
-    from torch._inductor.decomposition import select_decomp_table
 
-    gm = make_fx(fn, decomposition_table=select_decomp_table())(*args)
-    with _fake_cuda_device(), V.set_fake_mode(fm), DebugContext():
+    with _fake_cuda_device(cc):
+        gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+        if graph_pass is not None:
+            graph_pass(gm.graph)
+            gm.recompile()
+    with _fake_cuda_device(cc), V.set_fake_mode(fm), DebugContext():
         g = GraphLowering(gm, example_inputs=args)
         with V.set_graph_handler(g):
             g.run(*args)
@@ -159,3 +175,204 @@ def test_no_pdl_when_disabled_or_pdl_off():
     from torch._inductor.scheduler import Scheduler
 
     assert "previous_node" not in Scheduler.__dict__  # the property is gone again
+
+
+# --------------------------------------------------------------------------- a whole decode layer
+# Every GEMM <-> Triton edge of a Llama decode layer, in the code Inductor generates for a fake H200 (W4A16,
+# layers held in the sm90 layout as the ModelOpt loader leaves them on Hopper: nvfp4_linear_sm90_prepared) and
+# a fake B200 (W4A4, the gated MLP rewritten to nvfp4_linear_requant -> nvfp4_linear_prequant). An edge is two
+# kernels launched back to back on the stream where the second reads what the first wrote:
+#
+# * GEMM -> Triton: the Triton kernel launches with PDL ('launch_pdl': True) and its gdc_wait comes before its
+#   first load of the GEMM's output;
+# * Triton -> GEMM: the GEMM's kernel config launches with PDL (its griddepcontrol.wait precedes the activation
+#   reads: tests/compile/test_inductor_pdl_ptx.py checks the PTX of the very configs chosen here).
+#
+# The code is generated under max-autotune with Inductor's benchmark replaced by a stand-in that picks each
+# op's second-ranked candidate, so the test also shows every nvgemm op of the layer went through the
+# autotuner and that the autotuner's pick (not the policy's first) is what the code launches.
+
+from nvgemm.integrations.inductor import capture as _capture  # noqa: E402
+from nvgemm.integrations.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama, _rms, _rope, make_linear  # noqa: E402
+
+_GEMM_CALL = re.compile(r"^\s*(\w+) = torch\.ops\.nvgemm\.(\w+_choice)\.default\((.*)\)\s*$")
+_TRITON_RUN = re.compile(r"^\s*(\w+)\.run\((.*)\)\s*$")
+_OTHER = re.compile(r"^\s*(?:\w+ = )?(extern_kernels\.\w+|torch\.ops\.(?!nvgemm)\w+\.\w+(?:\.\w+)?)\(")
+_ALIAS = re.compile(r"^\s*(\w+) = (\w+)\[\d+\]\s*$")
+_BUF = re.compile(r"\b(buf\d+|arg\d+_\d+)\b")
+
+
+class _B200Layer(TinyNvfp4Llama):
+    """TinyNvfp4Llama's layer with the MLP's gate and up held as one gate_up linear with ``silu_mul`` in its
+    epilogue (nvgemm's gated layers; what the capture pass rewrites into requant -> prequant on sm_100)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        g = torch.Generator().manual_seed(11)
+        for layer in self.layers:
+            w = (torch.randn(2 * cfg.intermediate, cfg.hidden, generator=g) * 0.08).to(torch.bfloat16)
+            layer.gate_up = make_linear(w, None, 0.002, "op")
+            layer.gate_up.activation = "silu_mul"
+            del layer.gate, layer.up
+
+    def forward(self, ids, k_cache, v_cache):
+        c = self.cfg
+        B = ids.shape[0]
+        x = self.embed[ids].unsqueeze(1)
+        pos = torch.full((1,), c.cache_len, device=ids.device, dtype=torch.long)
+        for li, layer in enumerate(self.layers):
+            h = _rms(x, layer.ln1)
+            q = layer.q(h).view(B, 1, c.heads, c.head_dim).transpose(1, 2)
+            k = layer.k(h).view(B, 1, c.kv_heads, c.head_dim).transpose(1, 2)
+            v = layer.v(h).view(B, 1, c.kv_heads, c.head_dim).transpose(1, 2)
+            q, k = _rope(q, pos), _rope(k, pos)
+            keys = torch.cat((k_cache[li], k), dim=2)
+            vals = torch.cat((v_cache[li], v), dim=2)
+            attn = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
+            x = x + layer.o(attn.transpose(1, 2).reshape(B, 1, c.heads * c.head_dim))
+            x = x + layer.down(layer.gate_up(_rms(x, layer.ln2)))
+        return _rms(x, self.norm)[:, 0].float() @ self.lm_head.float().t()
+
+
+def _hopper_checkpoint_model():
+    """A tiny W4A16 Llama whose NVFP4 layers are held in the sm90 layout, as ``load_modelopt_checkpoint`` leaves
+    them on an H200 (its ``prepare_for_sm90(model, kind)`` call; the H200 check -- an sm_90 GPU whose kernels
+    pass their first-use check -- answered yes)."""
+    import nvgemm.nn.linear as nl
+
+    model = TinyNvfp4Llama(TinyLlamaConfig(layers=1, weight_only=True))
+    with um.patch.object(nl, "sm90_serve_reason", lambda problems: None):
+        held = nl.prepare_for_sm90(model, "bf16")
+    assert len(held) == 7
+    return model
+
+
+class _StandInBenchmark:
+    """Replaces Inductor's benchmark of custom-op choices: picks the second of an op's CuTeDSL kernel candidates
+    (the config the policy ranked second; the only one where there is one) and records what it was offered."""
+
+    def __init__(self):
+        self.offered: list[list[str]] = []
+        self.picked: list[str] = []
+
+    def __call__(self, *, name, choices, **kwargs):
+        keys = [getattr(getattr(c, "decomposition", None), "nvgemm_choice", None) for c in choices]
+        assert all(keys), f"a choice of {name} is not an nvgemm candidate: {[c.name for c in choices]}"
+        self.offered.append(keys)
+        kernels = [i for i, k in enumerate(keys) if k.startswith("backend:cutedsl_")]
+        pick = kernels[1] if len(kernels) > 1 else kernels[0]
+        self.picked.append(keys[pick])
+        return None, choices[pick]  # the winner's graph is inlined; the selected node is only used for the eager fallback
+
+
+def _decode_layer_code(cc):
+    model = _hopper_checkpoint_model() if cc == (9, 0) else _B200Layer(TinyLlamaConfig(layers=1))
+    cfg = model.cfg
+    names, tensors = zip(*(list(model.named_parameters()) + list(model.named_buffers())))
+    cache = (1, 1, cfg.kv_heads, cfg.cache_len, cfg.head_dim)
+    shapes = [((1,), torch.long), (cache, torch.bfloat16), (cache, torch.bfloat16)]
+    shapes += [(tuple(t.shape), t.dtype) for t in tensors]
+
+    def step(ids, k, v, *state):
+        return torch.func.functional_call(model, dict(zip(names, state)), (ids, k, v))
+
+    bench = _StandInBenchmark()
+    patch = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN"}
+    with torch._inductor.config.patch(patch), \
+            um.patch("torch._inductor.kernel.custom_op.autotune_select_algorithm", bench):
+        code = _codegen_cuda(step, shapes, cc, graph_pass=_capture.make_pass(claim_scaled_mm=False,
+                                                                              fuse_requant=True))
+    return code, bench
+
+
+def _launches(code: str) -> list[dict]:
+    """The wrapper's launches in stream order: nvgemm choice calls, Triton kernels, other extern kernels."""
+    kernels = _kernels(code)
+    body = code[code.index("def call("):]
+    out = []
+    for line in body.splitlines():
+        m = _GEMM_CALL.match(line)
+        if m:
+            out.append({"kind": "gemm", "op": m.group(2), "writes": {m.group(1)},
+                        "reads": set(_BUF.findall(m.group(3))), "choice": re.findall(r"'([^']*)'", m.group(3))[-1],
+                        "m": 1})
+            continue
+        m = _ALIAS.match(line)
+        if m and out and m.group(2) in out[-1]["writes"]:
+            out[-1]["writes"].add(m.group(1))  # a multi-output op's outputs
+            continue
+        m = _TRITON_RUN.match(line)
+        if m and m.group(1) in kernels:
+            src = kernels[m.group(1)]
+            params = re.search(r"def triton_\w*\(([^)]*)\)", src).group(1).split(",")
+            params = [p.split(":")[0].strip() for p in params]
+            args = [a.strip() for a in m.group(2).split(",")]
+            by_param = dict(zip(params, args))
+            written = {a for p, a in by_param.items() if p.startswith(("out_ptr", "in_out_ptr"))}
+            out.append({"kind": "triton", "name": m.group(1), "src": src, "params": by_param,
+                        "writes": {b for a in written for b in _BUF.findall(a)},
+                        "reads": {b for a in args for b in _BUF.findall(a)}})
+            continue
+        if _OTHER.match(line):
+            out.append({"kind": "other", "line": line.strip(), "writes": set(_BUF.findall(line)), "reads": set()})
+    return out
+
+
+def _launch_config(op: str, choice: str, m: int):
+    """The kernel config a GEMM choice launches for ``m`` tokens (None: no nvgemm kernel)."""
+    from nvgemm.integrations.inductor.choices import Candidate, choice_for_m
+    from nvgemm.templates.sm90_w4a16.config import config_from_name as sm90_config
+    from nvgemm.templates.sm100_w4a4.config import config_from_name as sm100_config
+    from nvgemm.templates.sm100_w4a4.launch import requant_config
+
+    cand = Candidate(choice_for_m(choice, m))
+    if cand.backend == "cutedsl_sm90" and cand.config:
+        return sm90_config(cand.config)
+    if cand.backend == "cutedsl_sm100" and cand.config:
+        return sm100_config(cand.config)
+    if cand.backend == "cutedsl_sm100" and op == "nvfp4_linear_requant_choice":
+        return requant_config(m)
+    return None
+
+
+def _check_edges(code: str) -> dict:
+    launches = _launches(code)
+    edges = {"gemm->triton": 0, "triton->gemm": 0}
+    for a, b in zip(launches, launches[1:]):
+        if a["kind"] == "gemm" and b["kind"] == "triton" and a["writes"] & b["reads"]:
+            edges["gemm->triton"] += 1
+            src = b["src"]
+            assert "'launch_pdl': True" in src, (a["op"], b["name"])
+            body = src[src.index("def triton_"):]
+            consumed = [p for p, arg in b["params"].items() if set(_BUF.findall(arg)) & a["writes"]]
+            first_read = min(body.index(f"tl.load({p}") for p in consumed)
+            assert "tl.extra.cuda.gdc_wait()" in body[:first_read], (b["name"], consumed)
+        elif a["kind"] == "triton" and b["kind"] == "gemm" and a["writes"] & b["reads"]:
+            edges["triton->gemm"] += 1
+            cfg = _launch_config(b["op"], b["choice"], b["m"])
+            assert cfg is not None and cfg.pdl, (a["name"], b["op"], b["choice"])
+    return edges
+
+
+@needs_pdl_hook
+@pytest.mark.parametrize("cc", [(9, 0), (10, 0)], ids=["h200-w4a16-prepared", "b200-w4a4-requant"])
+def test_every_gemm_triton_edge_of_a_decode_layer_uses_pdl(nvgemm_on, cc):
+    code, bench = _decode_layer_code(cc)
+    calls = [la for la in _launches(code) if la["kind"] == "gemm"]
+    ops = sorted(la["op"] for la in calls)
+    if cc == (9, 0):
+        # the default H200 path: every layer a prepared-weight GEMM (nothing left as an opaque fallback)
+        assert ops == ["nvfp4_linear_sm90_prepared_choice"] * 7, ops
+        assert "nvfp4_linear_sm90_prepared.default(" not in code
+    else:
+        assert ops == ["nvfp4_linear_choice"] * 4 + ["nvfp4_linear_prequant_choice", "nvfp4_linear_requant_choice"]
+        assert "nvfp4_linear_requant.default(" not in code and "nvfp4_linear_prequant.default(" not in code
+    # every GEMM was autotuned over a bounded list of candidates and runs the autotuner's pick
+    assert len(bench.offered) == len(calls)
+    assert all(2 <= len(keys) <= 10 for keys in bench.offered), bench.offered
+    assert sorted(la["choice"] for la in calls) == sorted(bench.picked)
+    edges = _check_edges(code)
+    # o_proj, up / gate_up, down feed Triton kernels; the input norm, the attention output, the post-attention
+    # norm and the SwiGLU feed GEMMs (B200: the SwiGLU is inside requant, so one edge fewer each way)
+    want = {"gemm->triton": 3, "triton->gemm": 4} if cc == (9, 0) else {"gemm->triton": 2, "triton->gemm": 3}
+    assert edges == want, edges

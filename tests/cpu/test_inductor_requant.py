@@ -187,3 +187,125 @@ def test_named_pass_rewrites_the_graph():
     gu = nvgemm.NVFP4Linear.from_tensors(model.gu.weight, model.gu.weight_scale, model.gu.weight_scale_2,
                                          model.gu.input_scale, activation="silu_mul")
     assert torch.equal(gm(x, bufs), gated_mlp(gu, model.down, x))
+
+
+# --------------------------------------------------------------------------- autotuned choices
+
+
+def _slow_fused_backends(name: str, delay: float):
+    """A correct but slow backend of each fused op kind (the emulated op + a sleep: it loses by far more than
+    timing noise on a loaded box, and a sleep costs no CPU), and its call counts."""
+    import time
+
+    from nvgemm.core.backend import PREQUANT, REQUANT, Backend
+    from nvgemm.dispatch.registry import register_backend
+    from nvgemm.ops.fused import prequant_emulated, requant_emulated
+
+    calls = {REQUANT: 0, PREQUANT: 0}
+
+    def slow(kind, fn):
+        def run(*args):
+            calls[kind] += 1
+            time.sleep(delay)
+            return fn(*args)
+        return run
+
+    register_backend(Backend(name=name, priority=-2000, supports=lambda p: None,
+                             run=slow(REQUANT, requant_emulated)), REQUANT)
+    register_backend(Backend(name=name, priority=-2000, supports=lambda p: None,
+                             run=slow(PREQUANT, prequant_emulated)), PREQUANT)
+    return calls
+
+
+def _drop_fused_backends(name: str):
+    from nvgemm.core.backend import PREQUANT, REQUANT
+    from nvgemm.dispatch.registry import unregister_backend
+
+    unregister_backend(name, REQUANT)
+    unregister_backend(name, PREQUANT)
+
+
+def test_requant_and_prequant_are_autotuned_per_m_range(monkeypatch):
+    """Under max-autotune, each fused op is benchmarked over its candidates per M range (dynamic M); the compiled
+    code calls each op's choice op once with the winner (the emulated reference against a slow backend), the
+    timing proxy's graph leaves no trace, and every M gives the eager result bit for bit."""
+    from nvgemm.core.backend import PREQUANT, REQUANT
+    from nvgemm.integrations.inductor import lowering
+
+    monkeypatch.setattr(lowering, "split_points", lambda: [8])  # two ranges: [1, 8], [9, inf)
+    monkeypatch.setattr(lowering, "RANGE_UPPER_BOUND", 16)  # benchmark [9, inf) at M = 16
+    # 0.5 s: the emulated candidates take ~0.1 s here, and the box is shared; the slow one must lose every time
+    calls = _slow_fused_backends("test_slow_fused", 0.5)
+    try:
+        model = FusedEpilogueMLP(bias=True)
+        torch._dynamo.reset()
+        counters.clear()
+        x3 = _x((3, H))
+        torch._dynamo.mark_dynamic(x3, 0, min=2, max=256)
+        patch = dict(CPU_PATCH, max_autotune_gemm_backends="ATEN")
+        with fresh_cache(), torch._inductor.config.patch(patch), nvgemm.enabled(choices=["test_slow_fused"]):
+            f = torch.compile(model, mode="max-autotune", fullgraph=True)
+            out, codes = run_and_get_code(f, x3)
+            stats_after_first = dict(counters["stats"])
+            outs = {3: out}
+            for m in (17, 40, 8):
+                xm = _x((m, H), seed=m)
+                torch._dynamo.mark_dynamic(xm, 0, min=2, max=256)
+                outs[m] = f(xm)
+        assert calls[REQUANT] > 0 and calls[PREQUANT] > 0  # the slow candidates were benchmarked
+        c = counters["nvgemm_cutedsl"]
+        assert c["autotuned_nvfp4_linear_requant"] == 1 and c["autotuned_nvfp4_linear_prequant"] == 1, dict(c)
+        assert dict(counters["stats"]) == stats_after_first  # no recompile for the other M
+        # run_and_get_code also returns each candidate's benchmark module; the graph calls both ops
+        final = [code for code in codes if "nvfp4_linear_requant_choice.default(" in code
+                 and "nvfp4_linear_prequant_choice.default(" in code]
+        assert len(final) == 1, len(codes)
+        code = final[0]
+        assert code.count("torch.ops.nvgemm.nvfp4_linear_requant_choice.default(") == 1
+        assert code.count("torch.ops.nvgemm.nvfp4_linear_prequant_choice.default(") == 1
+        assert "test_slow_fused" not in code, [l for l in code.splitlines() if "test_slow_fused" in l]
+        assert code.count("'backend:emulated'") == 2
+        for m, o in outs.items():
+            xm = x3 if m == 3 else _x((m, H), seed=m)
+            assert torch.equal(o, model(xm)), m
+    finally:
+        _drop_fused_backends("test_slow_fused")
+
+
+def test_range_table_choice_runs_each_ranges_candidate():
+    """A range-table choice (per-range winners that differ) runs, for each M, the candidate of M's range."""
+    from nvgemm.core.backend import PREQUANT, REQUANT, Backend
+    from nvgemm.dispatch.registry import register_backend
+    from nvgemm.integrations.inductor.choices import choice_keys, range_choice
+    from nvgemm.integrations.inductor.pdl import _is_pdl_kernel
+    from nvgemm.ops.fused import prequant_emulated, requant_emulated
+
+    seen = []
+    for name in ("test_a", "test_b"):
+        register_backend(Backend(name=name, priority=-2000, supports=lambda p: None,
+                                 run=lambda *a, _n=name: (seen.append(_n), requant_emulated(*a))[1]), REQUANT)
+        register_backend(Backend(name=name, priority=-2000, supports=lambda p: None,
+                                 run=lambda *a, _n=name: (seen.append(_n), prequant_emulated(*a))[1]), PREQUANT)
+    try:
+        key = range_choice([(8, "backend:test_a"), (None, "backend:test_b")])
+        assert choice_keys(key) == ["backend:test_a", "backend:test_b"]
+        assert not _is_pdl_kernel("backend:emulated") and _is_pdl_kernel("backend:cutedsl_sm100")
+        mlp = FusedEpilogueMLP(bias=True)
+        gu, down = mlp.gu, mlp.down
+        for m, want in ((4, "test_a"), (8, "test_a"), (9, "test_b"), (130, "test_b")):
+            x = _x((m, H), seed=m)
+            args = (x, gu.weight, gu.weight_scale, gu.weight_scale_2, gu.input_scale, gu.bias, down.input_scale,
+                    torch.bfloat16)
+            seen.clear()
+            packed, scales = torch.ops.nvgemm.nvfp4_linear_requant_choice(*args, key)
+            ref = requant_emulated(*args)
+            assert seen == [want] and torch.equal(packed, ref[0]) and torch.equal(scales.view(torch.uint8),
+                                                                                  ref[1].view(torch.uint8))
+            pargs = (packed, scales, down.weight, down.weight_scale, down.weight_scale_2, down.input_scale, down.bias,
+                     None, torch.bfloat16)
+            seen.clear()
+            y = torch.ops.nvgemm.nvfp4_linear_prequant_choice(*pargs, key)
+            assert seen == [want] and torch.equal(y, prequant_emulated(*pargs))
+    finally:
+        for name in ("test_a", "test_b"):
+            _drop_fused_backends(name)

@@ -154,3 +154,79 @@ def test_prepared_op_passes_opcheck():
             (x, mod.sm90_weight, mod.sm90_scale, mod.weight_scale_2, mod.input_scale, mod.bias, None, "none", None,
              64, 256, "bf16"))
     assert set(res.values()) == {"SUCCESS"}, res
+
+
+# --------------------------------------------------------------------------- under torch.compile
+
+
+def test_compiled_prepared_layer_is_lowered_by_nvgemm_and_equals_eager():
+    """With nvgemm enabled, Inductor lowers the prepared-weight op itself (not an opaque fallback): the compiled
+    code calls its choice op (on CPU the emulated reference, the only candidate) and equals eager bit for bit
+    (both run the emulated op on the same re-encoded checkpoint layout)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    mod = _layer(128, 256, 8, w4a4=False, bias=True)
+    mod.bias = mod.bias.bfloat16()
+    mod.prepare_for_sm90("bf16")
+    x, res = torch.randn(3, 256).bfloat16(), torch.randn(3, 128).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = mod(x, residual=res)
+        torch._dynamo.reset()
+        counters.clear()
+        with fresh_cache(), nvgemm.enabled():
+            out, codes = run_and_get_code(torch.compile(lambda x, r: mod(x, residual=r), fullgraph=True), x, res)
+    code = "\n".join(codes)
+    assert counters["nvgemm_cutedsl"]["lowered_nvfp4_linear_sm90_prepared"] == 1, dict(counters["nvgemm_cutedsl"])
+    assert "torch.ops.nvgemm.nvfp4_linear_sm90_prepared_choice.default(" in code and "'backend:emulated'" in code
+    assert "torch.ops.nvgemm.nvfp4_linear_sm90_prepared.default(" not in code
+    assert torch.equal(out, want)
+
+
+def test_prepared_choice_runs_the_named_sm90_config_on_the_prepared_weight(monkeypatch):
+    """The choice compiled code calls for a ``cutedsl_sm90:<config>`` candidate hands the prepared tensors and
+    that config to ``run_prepared`` (here: the host path + kernel_view_ref on CPU); no re-encoding."""
+    from nvgemm.integrations.inductor import choices as choices_mod
+    from nvgemm.integrations.inductor.choices import prepared_candidates
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+    from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
+    from nvgemm.templates.sm90_w4a16 import operand
+    from nvgemm.templates.sm90_w4a16.config import config_from_name
+
+    mod = _layer(128, 512, 9, w4a4=False)
+    x = torch.randn(5, 512).bfloat16()
+    want = nvfp4_linear_emulated(x, mod.weight, mod.weight_scale, mod.weight_scale_2, None, None, None, "none", None)
+    mod.prepare_for_sm90("bf16")
+    problem = B.LinearProblem(m=5, n=128, k=512, device_type="cuda", capability=(9, 0), weight_only=True,
+                              x_dtype=torch.bfloat16, out_dtype=torch.bfloat16, alpha="scalar", bias=False,
+                              activation="none", residual=False)
+    cands = prepared_candidates(problem)
+    # the sm90 kernel's policy configs (bounded, ranked), then the reference; no backend that re-encodes
+    assert 2 <= len(cands) <= 9 and cands[-1].key == "backend:emulated", cands
+    assert all(c.backend == "cutedsl_sm90" and c.config for c in cands[:-1]), cands
+    key = cands[1].key  # the second-ranked config: what the autotuner may pick
+    calls = []
+
+    def run_prepared(x, p, input_scale, bias, residual, activation, out_dtype, config=None):
+        calls.append((p, config))
+        cfg = config_from_name(config)
+        args = L90.prepare_sm90_args(x, p, input_scale, bias, residual, activation, out_dtype, cfg)
+        return L90.kernel_view_ref(args, cfg).reshape(*x.shape[:-1], -1)
+
+    real = next(b for b in B.backends() if b.name == "cutedsl_sm90")
+    fake = B.Backend(name="cutedsl_sm90", priority=real.priority, supports=lambda p: None, run=real.run)
+    B.register_backend(fake)
+    try:
+        monkeypatch.setattr(sm90_backend, "run_prepared", run_prepared)
+        for where in (operand, choices_mod):
+            monkeypatch.setattr(where, "to_modelopt", lambda p: pytest.fail("re-encoded on the kernel path"))
+        got = torch.ops.nvgemm.nvfp4_linear_sm90_prepared_choice(
+            x, mod.sm90_weight, mod.sm90_scale, mod.weight_scale_2, None, None, None, "none", None, 128, 512, "bf16",
+            key)
+    finally:
+        B.register_backend(real)
+    assert len(calls) == 1 and calls[0][0].weight is mod.sm90_weight and calls[0][1] == key.split(":", 2)[2]
+    # summation order (fp64 vs fp32) and one output rounding, as test_kernel_branch_runs_on_the_prepared_weight
+    atol = 512 * 2.0**-24 * float(want.float().abs().max()) * 4 + 1e-6
+    torch.testing.assert_close(got.float(), want.float(), rtol=2.0**-7, atol=atol)

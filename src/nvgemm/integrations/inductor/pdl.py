@@ -1,5 +1,8 @@
 """Programmatic dependent launch from an nvgemm GEMM into the Inductor Triton kernel consuming it.
 
+The GEMMs are the compiled calls of nvgemm's choice ops (:data:`nvgemm.integrations.inductor.choices.CHOICE_DEFS`:
+``nvfp4_linear``, the sm90-prepared linear, the fused requant and prequant) whose candidate is a kernel backend.
+
 PyTorch 2.15's selective PDL (``TritonKernel._enable_pdl_codegen``, ``codegen/triton.py``) gives a
 Triton kernel ``tl.extra.cuda.gdc_wait()`` before its first dependent access and
 ``launch_pdl=True`` when ``scheduler.previous_node`` -- the node generated just before it on the
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import logging
 
-import torch
+from nvgemm.integrations.inductor.choices import CHOICE_DEFS, choice_keys
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -42,12 +45,21 @@ _PENDING = "_nvgemm_cutedsl_pending_producer"
 _PREV = "_nvgemm_cutedsl_previous_node"
 
 
-def _choice_op():
-    return torch.ops.nvgemm.nvfp4_linear_choice.default
+def _choice_ops() -> dict:
+    """nvgemm's choice ops (one GEMM candidate each: ``nvfp4_linear``, the sm90-prepared linear, requant,
+    prequant), by OpOverload."""
+    return {d.choice_overload(): d for d in CHOICE_DEFS.values()}
+
+
+def _is_pdl_kernel(key: str) -> bool:
+    # Kernel backends launch with PDL; the emulated reference (a chain of torch ops), the unfused fallback
+    # and cuBLASLt gain nothing from it, so their consumers are left alone.
+    return key.startswith("backend:") and key not in ("backend:emulated", "backend:unfused")
 
 
 def producer_choice(node) -> str | None:
-    """The choice key when scheduler ``node`` is (the output of) an nvgemm GEMM that uses PDL."""
+    """The choice key when scheduler ``node`` is (an output of) an nvgemm GEMM choice op that uses PDL
+    (a range-table choice: when one of its ranges' candidates does)."""
     from torch._inductor import ir
     from torch._inductor.scheduler import ExternKernelSchedulerNode
 
@@ -58,16 +70,14 @@ def producer_choice(node) -> str | None:
         k = k.inputs[0]
     if not isinstance(k, ir.FallbackKernel):
         return None
-    if getattr(k, "op_overload", None) is not _choice_op():
+    if getattr(k, "op_overload", None) not in _choice_ops():
         return None
     choice = k.constant_args[-1] if k.constant_args and isinstance(k.constant_args[-1], str) else None
     if choice is None:
         choice = (getattr(k, "kwargs", None) or {}).get("choice")
     if not isinstance(choice, str):
         return None
-    # Kernel backends launch with PDL; the emulated reference (a chain of torch ops) and
-    # cuBLASLt gain nothing from it, so their consumers are left alone.
-    if not choice.startswith("backend:") or choice == "backend:emulated":
+    if not any(_is_pdl_kernel(key) for key in choice_keys(choice)):
         return None
     return choice
 

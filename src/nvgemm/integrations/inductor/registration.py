@@ -5,9 +5,11 @@ Nothing happens at import. :func:`enable` installs, and :func:`disable` removes 
 * the capture pass (:mod:`nvgemm.integrations.inductor.capture`) at the front of
   ``torch._inductor.config.post_grad_custom_pre_pass`` (kept as a list with any user passes);
 * the autotuned lowering (:mod:`nvgemm.integrations.inductor.lowering`) in
-  ``torch._inductor.lowering.user_lowerings[nvgemm::nvfp4_linear]`` (the ``lowerings`` table on 2.11);
+  ``torch._inductor.lowering.user_lowerings[nvgemm::nvfp4_linear]`` (the ``lowerings`` table on 2.11), and
+  the same for ``nvgemm::nvfp4_linear_sm90_prepared`` (Hopper layers held in the sm90 layout, what a loaded
+  checkpoint calls there), ``nvgemm::nvfp4_linear_requant`` and ``nvgemm::nvfp4_linear_prequant``;
 * the autotuned lowering of ``nvgemm::nvfp4_moe`` (:mod:`nvgemm.integrations.inductor.moe`, same M ranges);
-* the PDL chain into Triton consumers (:mod:`nvgemm.integrations.inductor.pdl`).
+* the PDL chain from each of those GEMMs into its Triton consumer (:mod:`nvgemm.integrations.inductor.pdl`).
 
 With nvgemm disabled, Inductor compiles ``nvgemm::nvfp4_linear`` as an opaque fallback kernel
 (the eager op) and ``_scaled_mm * alpha`` is PyTorch's own business.
@@ -28,6 +30,10 @@ from typing import Iterable, Optional
 import torch
 
 log = logging.getLogger("nvgemm_cutedsl")
+
+#: nvgemm's other GEMM ops lowered like ``nvfp4_linear`` (autotuned choice ops, PDL producers): the
+#: Hopper linear on weights held in the sm90 layout, and the fused gated-MLP chain's two ops
+GEMM_OPS = ("nvfp4_linear_sm90_prepared", "nvfp4_linear_requant", "nvfp4_linear_prequant")
 
 _LOCK = threading.RLock()
 _STATE: dict = {}
@@ -100,12 +106,18 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
         existing = [] if prev_pass is None else list(prev_pass) if isinstance(prev_pass, (list, tuple)) else [prev_pass]
         config.post_grad_custom_pre_pass = [the_pass, *existing] if existing else the_pass
         user_lowerings[op] = lowering.build_lowering(allowed)
+        prev_gemm_lowerings = {}
+        for name in GEMM_OPS:
+            gemm_op = getattr(torch.ops.nvgemm, name).default
+            prev_gemm_lowerings[name] = user_lowerings.get(gemm_op)
+            user_lowerings[gemm_op] = lowering.build_op_lowering(name, allowed)
         moe_op = torch.ops.nvgemm.nvfp4_moe.default
         prev_moe_lowering = user_lowerings.get(moe_op)
         user_lowerings[moe_op] = moe_lowering.build_lowering(allowed)
         if pdl:
             pdl_mod.install()
         _STATE.update(prev_pass=prev_pass, prev_lowering=prev_lowering, prev_moe_lowering=prev_moe_lowering,
+                      prev_gemm_lowerings=prev_gemm_lowerings,
                       the_pass=the_pass, pdl=pdl,
                       claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
         log.info("nvgemm_cutedsl: enabled (M split points %s, pdl=%s, claim _scaled_mm*alpha=%s)",
@@ -148,6 +160,12 @@ def disable() -> None:
             user_lowerings.pop(op, None)
         else:
             user_lowerings[op] = _STATE["prev_lowering"]
+        for name, prev in _STATE["prev_gemm_lowerings"].items():
+            gemm_op = getattr(torch.ops.nvgemm, name).default
+            if prev is None:
+                user_lowerings.pop(gemm_op, None)
+            else:
+                user_lowerings[gemm_op] = prev
         moe_op = torch.ops.nvgemm.nvfp4_moe.default
         if _STATE["prev_moe_lowering"] is None:
             user_lowerings.pop(moe_op, None)

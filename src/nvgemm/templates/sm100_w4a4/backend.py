@@ -232,11 +232,15 @@ def prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bia
 
 
 def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,
-                  arch: str, sm_count: int, stream_id: int = 0):
-    """(the W4A4 launch's arguments fed the given activation codes + scales, the config: the policy's pick)."""
+                  arch: str, sm_count: int, stream_id: int = 0, config=None):
+    """(the W4A4 launch's arguments fed the given activation codes + scales, the config: ``config`` (a config or
+    its name; autotuned code passes one) or the policy's pick)."""
     spec = prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
     m, n, k = packed.shape[0], weight.shape[0], weight.shape[1] * 2
-    config = _policy_config(m, n, k, spec.out_dtype, "none", arch, sm_count)
+    if isinstance(config, str):
+        config = config_from_name(config)
+    elif config is None:
+        config = _policy_config(m, n, k, spec.out_dtype, "none", arch, sm_count)
     if config is None:
         raise RuntimeError(f"nvgemm_cutedsl sm100: no implementable config for M={m} N={n} K={k}")
     args = prepare_sm100_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
@@ -244,11 +248,16 @@ def prequant_args(packed, scales, weight, weight_scale, weight_scale_2, input_sc
     return args, config
 
 
-def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
-    """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization."""
+def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,
+                       config=None):
+    """``nvgemm::nvfp4_linear_prequant`` on an sm_100 GPU: the W4A4 kernel, no activation quantization
+    (``config``: a config or its name, as autotuned code passes; default the policy's pick)."""
     dev = packed.device
     spec = prequant_spec(packed, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype)
-    config, kernel = launch_plan(packed.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev))
+    if isinstance(config, str):
+        config = config_from_name(config)
+    config, kernel = launch_plan(packed.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev),
+                                 config)
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
                               stream_id=stream.cuda_stream, quantized=(packed, scales.view(torch.float8_e4m3fn)),

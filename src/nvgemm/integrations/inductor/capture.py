@@ -29,8 +29,14 @@ reach PyTorch's NVGEMM. Three rewrites:
 3. **Gated MLPs** ``down(silu_mul(gate_up(x)))`` of W4A4 linears become the fused requant chain
    (:mod:`nvgemm.integrations.inductor.requant`; ``fuse_requant=False`` keeps them).
 
+4. **The layer's glue** (:mod:`nvgemm.integrations.inductor.layer_fusion`; ``fuse_layer=False`` keeps it): a
+   separate ``silu(h[..., :I]) * h[..., I:]`` goes into the gate_up epilogue, ``r + linear(...)`` into the
+   linear's ``residual`` argument, and an RMSNorm feeding W4A4 linears becomes one fused norm + NVFP4
+   quantizer feeding ``nvfp4_linear_prequant`` (no activation quantizer inside the GEMM op).
+
 Counters (``torch._dynamo.utils.counters["nvgemm_cutedsl"]``): ``scaled_mm_claimed``,
-``nvfp4_linear_captured``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``.
+``nvfp4_linear_captured``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``, and the layer rewrites'
+``silu_mul_folded``, ``residual_folded``, ``norm_quant_fused``, ``norm_quant_consumers``.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from nvgemm.integrations.inductor.requant import fuse_requant_chains
 import nvgemm.ops.fused as fr
 import nvgemm.integrations.inductor.choices as ch
 import nvgemm.integrations.inductor.fx_nodes as fxn
+import nvgemm.integrations.inductor.layer_fusion as lf
 import nvgemm.integrations.inductor.lowering as low
 import nvgemm.integrations.inductor.requant as rq
 import nvgemm.dispatch.fused as fb
@@ -308,9 +315,11 @@ def _normalise_linear(graph: fx.Graph, node: fx.Node) -> bool:
 # --------------------------------------------------------------------------- the pass
 
 
-def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_requant: bool = True) -> None:
+def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_requant: bool = True,
+                          fuse_layer: bool = True) -> None:
     """Run both rewrites on ``graph`` in place (the first only when ``claim_scaled_mm``), then (when
-    ``fuse_requant``) the gated-MLP rewrite of :mod:`nvgemm.integrations.inductor.requant`."""
+    ``fuse_requant``) the gated-MLP rewrite of :mod:`nvgemm.integrations.inductor.requant`, then (when
+    ``fuse_layer``) the layer rewrites of :mod:`nvgemm.integrations.inductor.layer_fusion`."""
     claimed = False
     for node in list(graph.nodes):
         if claim_scaled_mm and _is_call(node, aten._scaled_mm.default):
@@ -326,6 +335,10 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_re
             nvgemm_counters()["nvfp4_linear_captured"] += 1
     if fuse_requant:
         fuse_requant_chains(graph, _set_val)
+    if fuse_layer:
+        lf.fold_silu_mul(graph, _set_val)
+        lf.fold_residual_adds(graph, _set_val)
+        lf.fuse_norm_quant(graph, _set_val)
     graph.lint()
 
 
@@ -350,8 +363,8 @@ def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True):
             capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
 
         def uuid(self) -> Any:
-            salt = f"nvgemm_cutedsl-capture-v2-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+            salt = f"nvgemm_cutedsl-capture-v3-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
             return get_hash_for_files((__file__, ch.__file__, fxn.__file__, low.__file__, rq.__file__, fr.__file__,
-                                       fb.__file__), salt)
+                                       fb.__file__, lf.__file__), salt)
 
     return NvgemmCapturePass()

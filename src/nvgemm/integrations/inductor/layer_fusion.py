@@ -16,9 +16,10 @@ Run by the capture pass (:mod:`nvgemm.integrations.inductor.capture`) after its 
    rounds the GEMM output and then the sum (at most one output ulp apart, per element).
 3. **RMSNorm + NVFP4 quantization as the producer of W4A4 GEMMs** (:func:`fuse_norm_quant`): a Hugging Face
    RMSNorm ``w * (xf * rsqrt(mean(xf**2, -1) + eps)).to(dtype)`` (``xf = x.float()``, ``w`` in x's dtype)
-   whose output is read only by W4A4 ``nvfp4_linear`` calls without an activation becomes
-   ``nvgemm::rmsnorm_quantize_nvfp4`` (one Triton kernel: norm and quantization) feeding
-   ``nvgemm::nvfp4_linear_prequant`` (the GEMM with no activation quantizer of its own); when ``x`` is a
+   whose output is read only by W4A4 ``nvfp4_linear`` calls without an activation and by fused gate_up
+   ``nvfp4_linear_requant`` calls becomes ``nvgemm::rmsnorm_quantize_nvfp4`` (one Triton kernel: norm and
+   quantization) feeding ``nvgemm::nvfp4_linear_prequant`` / ``nvfp4_linear_prequant_requant`` (GEMMs with no
+   activation quantizer of their own); when ``x`` is a
    residual add ``a + b`` that rewrite 2 did not take, ``nvgemm::add_rmsnorm_quantize_nvfp4`` also computes
    the add and hands the new residual stream to the add's other readers. One fused quantizer per distinct
    ``input_scale`` among the consumers. Numerics: the fused quantizer computes the value the graph
@@ -187,6 +188,17 @@ def fold_residual_adds(graph: fx.Graph, set_val: SetVal) -> int:
 # --------------------------------------------------------------------------- 3. norm + quant producer
 
 
+def _cast_of(n: Any, dtype: torch.dtype) -> Optional[fx.Node]:
+    """``s`` when ``n`` casts ``s`` to ``dtype`` (``prims.convert_element_type`` as Inductor decomposes it, or
+    ``aten._to_copy`` with only a dtype), else None."""
+    if _is(n, prims.convert_element_type.default) and n.args[1] == dtype:
+        return n.args[0]
+    if _is(n, aten._to_copy.default) and len(n.args) == 1 and n.kwargs.get("dtype") == dtype \
+            and set(n.kwargs) <= {"dtype"}:
+        return n.args[0]
+    return None
+
+
 def _mean_last(n: Any, src: fx.Node) -> bool:
     """``n`` is ``mean(src, [-1], keepdim=True)``."""
     if not _is(n, aten.mean.dim) or n.args[0] is not src:
@@ -216,9 +228,9 @@ def match_rmsnorm(y: Any) -> Optional[tuple[fx.Node, fx.Node, fx.Node, float]]:
         vw = _val(w)
         if not (isinstance(vw, torch.Tensor) and vw.dim() == 1 and vw.dtype == vy.dtype):
             continue
-        if not (_is(hc, prims.convert_element_type.default) and hc.args[1] == vy.dtype and len(hc.users) == 1):
+        m = _cast_of(hc, vy.dtype)
+        if m is None or len(hc.users) != 1:
             continue
-        m = hc.args[0]
         if not _is(m, aten.mul.Tensor) or len(m.users) != 1:
             continue
         for xf, rs in ((m.args[0], m.args[1]), (m.args[1], m.args[0])):
@@ -233,9 +245,9 @@ def match_rmsnorm(y: Any) -> Optional[tuple[fx.Node, fx.Node, fx.Node, float]]:
             sq = mean.args[0] if _is(mean, aten.mean.dim) else None
             if sq is None or _square_of(sq) is not xf or not _mean_last(mean, sq) or len(sq.users) != 1:
                 continue
-            if not (_is(xf, prims.convert_element_type.default) and xf.args[1] == torch.float32):
+            x = _cast_of(xf, torch.float32)
+            if x is None:
                 continue
-            x = xf.args[0]
             vx = _val(x)
             if not (isinstance(vx, torch.Tensor) and vx.dtype == vy.dtype and vx.shape[-1] == vw.shape[0]
                     and tuple(vx.shape) == tuple(vy.shape)):
@@ -246,16 +258,20 @@ def match_rmsnorm(y: Any) -> Optional[tuple[fx.Node, fx.Node, fx.Node, float]]:
     return None
 
 
+def _requant():
+    return torch.ops.nvgemm.nvfp4_linear_requant.default
+
+
 def _linear_readers(y: fx.Node) -> Optional[list[fx.Node]]:
-    """The ``nvfp4_linear`` nodes reading ``y`` as their ``x`` (through row views), or None when anything
-    else reads it."""
+    """The ``nvfp4_linear`` / ``nvfp4_linear_requant`` nodes reading ``y`` as their ``x`` (through row views), or
+    None when anything else reads it."""
     out, todo = [], [y]
     while todo:
         n = todo.pop()
         for u in n.users:
             if _row_view_of(u) and u.args[0] is n:
                 todo.append(u)
-            elif _is(u, _lin()) and u.args[0] is n and all(a is not n for a in u.args[1:]):
+            elif _is(u, _lin(), _requant()) and u.args[0] is n and all(a is not n for a in u.args[1:]):
                 out.append(u)
             else:
                 return None
@@ -263,6 +279,8 @@ def _linear_readers(y: fx.Node) -> Optional[list[fx.Node]]:
 
 
 def _consumer_reason(lin: fx.Node) -> Optional[str]:
+    if _is(lin, _requant()):
+        return None  # W4A4 by contract; its SwiGLU + requant epilogue is kept
     if lin.args[4] is None:
         return "a W4A16 linear (no activation quantizer to remove)"
     if lin.args[7] != "none":
@@ -331,10 +349,16 @@ def fuse_norm_quant(graph: fx.Graph, set_val: SetVal) -> int:
                 x.replace_all_uses_with(r, delete_user_cb=lambda u: u is not xf)
             packed, scales = parts[0], parts[1]
             for lin in lins:
-                args = (packed, scales, *lin.args[1:7], _val(lin).dtype)
+                if _is(lin, _requant()):
+                    op = torch.ops.nvgemm.nvfp4_linear_prequant_requant.default
+                    rdtype = lin.args[7] if len(lin.args) > 7 and lin.args[7] is not None else _val(lin.args[0]).dtype
+                    args = (packed, scales, *lin.args[1:7], rdtype)
+                else:
+                    op = _prequant()
+                    args = (packed, scales, *lin.args[1:7], _val(lin).dtype)
                 with graph.inserting_before(lin):
-                    pq = graph.call_function(_prequant(), args)
-                    set_val(graph, pq, _prequant(), *args)
+                    pq = graph.call_function(op, args)
+                    set_val(graph, pq, op, *args)
                 pq.meta.update({k_: v for k_, v in lin.meta.items()
                                 if k_ not in ("val", "tensor_meta", "eager_input_vals")})
                 pq.meta["val"] = _val(pq)

@@ -184,26 +184,31 @@ def supports_requant(p: LinearProblem) -> Optional[str]:
     return None if st else st.reason
 
 
-def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype) -> EpilogueSpec:
-    """The fused requant launch's epilogue for a call the op has validated."""
+def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype, quantized=None) -> EpilogueSpec:
+    """The fused requant launch's epilogue for a call the op has validated (``quantized``: x is None and the
+    rounding dtype is ``out_dtype``)."""
     import dataclasses
 
-    return dataclasses.replace(linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype), out_quant=True)
+    x_dtype = out_dtype if quantized is not None else x.dtype
+    return dataclasses.replace(linear_spec(x_dtype, weight_scale_2, bias, None, "silu_mul", out_dtype), out_quant=True)
 
 
-def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
-    """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales)."""
+def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None,
+                      quantized=None):
+    """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales).
+    ``quantized`` = (packed, scales) with ``x`` None: ``nvgemm::nvfp4_linear_prequant_requant`` (no quantizer)."""
     # lazy: looked up at call time (tests patch occupancy.query_max_active_clusters)
     from nvgemm.templates.common.occupancy import query_max_active_clusters
 
-    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
-    config = requant_config(x.shape[0])
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype, quantized)
+    m = x.shape[0] if quantized is None else quantized[0].shape[0]
+    config = requant_config(m)
     if config is None:
-        raise ValueError(f"nvgemm_cutedsl sm100: fused requant takes at most 128 tokens, got M={x.shape[0]}")
-    dev = x.device
+        raise ValueError(f"nvgemm_cutedsl sm100: fused requant takes at most 128 tokens, got M={m}")
+    dev = weight.device
     props = torch.cuda.get_device_properties(dev)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                      spec, config, quantize=quantize_nvfp4_cuda)
+                                      spec, config, quantize=quantize_nvfp4_cuda, quantized=quantized)
     cspec = compile_spec_for(config, spec, arch_of((props.major, props.minor)), props.multi_processor_count,
                              functools.partial(query_max_active_clusters, dev.index if dev.index is not None else torch.cuda.current_device()))
     launch_sm100(args, kernel_for(cspec), torch.cuda.current_stream(dev))

@@ -221,9 +221,10 @@ def prepare_sm100_requant_args(
     spec: EpilogueSpec,
     config: Sm100Nvfp4GemmConfig,
     quantize: Optional[Callable] = None,
+    quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Sm100Args:
     """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``): those of the gated
-    GEMM, with ``out`` = zeroed packed codes [tokens, I/2] (uint8), ``residual`` = zeroed 128x4-swizzled
+    GEMM (``quantized``: the activation arrives quantized, ``x`` is None, as in :func:`prepare_sm100_args`), with ``out`` = zeroed packed codes [tokens, I/2] (uint8), ``residual`` = zeroed 128x4-swizzled
     scale bytes of the [tokens, I/16] matrix (padding stays zero: the kernel writes real blocks only)
     and ``alpha`` = the alpha values followed by the next layer's input_scale (the kernel's ABI)."""
     import dataclasses
@@ -241,8 +242,8 @@ def prepare_sm100_requant_args(
                          f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
     gated = dataclasses.replace(spec, out_quant=False)
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, gated, config,
-                              quantize=quantize)
-    tokens, dev = args.n, x.device
+                              quantize=quantize, quantized=quantized)
+    tokens, dev = args.n, weight.device
     alpha = args.alpha.reshape(-1) if spec.alpha != "none" else torch.zeros(0, device=dev)
     alpha_gs = _aligned16(torch.cat([alpha.float(), out_input_scale.float().reshape(1).to(dev)]))
     codes = torch.zeros((tokens, i // 2), dtype=torch.uint8, device=dev)

@@ -22,7 +22,8 @@ reach PyTorch's NVGEMM. Three rewrites:
    activation not produced by ``nvgemm::quantize_nvfp4`` (swizzled), or non-bf16/fp16 inputs
    are left to PyTorch.
 
-2. **Existing ``nvgemm::nvfp4_linear`` calls** are normalised: all nine arguments positional
+2. **Existing ``nvgemm::nvfp4_linear`` calls** are merged where two calls take the same arguments (the ops are
+   pure: one GEMM serves both; :class:`nvgemm.nn.shards.NVFP4LinearShard` relies on it) and normalised: all nine arguments positional
    (the autotuner passes tensors positionally) and ``x`` flattened to 2-D ``[M, K]`` so the
    lowering can dispatch on M (dim 0) for any ``[..., K]`` input.
 
@@ -35,7 +36,7 @@ reach PyTorch's NVGEMM. Three rewrites:
    quantizer feeding ``nvfp4_linear_prequant`` (no activation quantizer inside the GEMM op).
 
 Counters (``torch._dynamo.utils.counters["nvgemm_cutedsl"]``): ``scaled_mm_claimed``,
-``nvfp4_linear_captured``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``, and the layer rewrites'
+``nvfp4_linear_captured``, ``nvfp4_linear_merged``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``, and the layer rewrites'
 ``silu_mul_folded``, ``residual_folded``, ``norm_quant_fused``, ``norm_quant_consumers``.
 """
 
@@ -312,6 +313,37 @@ def _normalise_linear(graph: fx.Graph, node: fx.Node) -> bool:
     return changed
 
 
+# --------------------------------------------------------------------------- identical calls
+
+
+def _hashable(a: Any) -> Any:
+    if isinstance(a, (list, tuple)):
+        return tuple(_hashable(x) for x in a)
+    if isinstance(a, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in a.items()))
+    return a
+
+
+def merge_identical_linears(graph: fx.Graph) -> int:
+    """Replace every ``nvfp4_linear`` / ``nvfp4_linear_sm90_prepared`` call whose arguments equal an earlier
+    call's by that call (the ops have no side effects); returns how many were merged."""
+    targets = (_linear_op(), torch.ops.nvgemm.nvfp4_linear_sm90_prepared.default)
+    seen: dict = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if not _is_call(node, *targets):
+            continue
+        key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+            merged += 1
+    if merged:
+        nvgemm_counters()["nvfp4_linear_merged"] += merged
+    return merged
+
+
 # --------------------------------------------------------------------------- the pass
 
 
@@ -329,6 +361,7 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_re
                 log.warning("nvgemm_cutedsl: left %s to PyTorch: %s", node, e)
     if claimed:  # the quantize -> view chains that fed _scaled_mm are now dead
         graph.eliminate_dead_code()
+    merge_identical_linears(graph)
     for node in list(graph.nodes):
         if _is_call(node, _linear_op()):
             _normalise_linear(graph, node)

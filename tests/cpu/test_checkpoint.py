@@ -370,10 +370,10 @@ def test_sm90_layers_held_once_at_load(ckpts, caplog):
     ckpt = ckpts[("qwen2", "NVFP4")]  # q/k/v carry a bias
     ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(3))
     with sm90_stand_in() as launched:
-        two = load_modelopt_checkpoint(ckpt, sm90_one_copy=False)
+        two = load_modelopt_checkpoint(ckpt, sm90_one_copy=False, fuse_shards=False)  # the checkpoint's 14 layers
         ckpt_bytes = _held_bytes(two)
         with caplog.at_level(logging.INFO, logger="nvgemm_cutedsl"):
-            one = load_modelopt_checkpoint(ckpt)
+            one = load_modelopt_checkpoint(ckpt, fuse_shards=False)
         with torch.no_grad():
             want = two(ids).logits
             n = len(launched)

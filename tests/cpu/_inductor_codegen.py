@@ -90,6 +90,24 @@ def codegen_module(model, example_inputs, major: int) -> str:
     return code.value if hasattr(code, "value") else str(code)
 
 
+def split_args(text: str) -> list[str]:
+    """The top-level comma-separated arguments of a call's argument text (nested calls kept whole)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
 def launches(code: str) -> list[str]:
     """The device launches of the generated ``call`` in order: ``triton:<kernel>``, ``extern:<aten kernel>``,
     ``nvgemm:<op>`` (with ``@<backend>`` for the autotuned choice op) and the nvgemm op's call text after ``|``."""

@@ -9,16 +9,15 @@ arithmetic is the same, and (b) the eager model, within the rounding changes the
 from __future__ import annotations
 
 import re
-import unittest.mock as um
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor.utils import fresh_cache
+from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import nvgemm
 import nvgemm.integrations.inductor.capture as capture
-from _inductor_codegen import codegen_module, launches
+from _inductor_codegen import codegen_module, launches, split_args
 from nvgemm.integrations.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama, _rms, _rope
 
 CPU_PATCH = {"max_autotune_gemm_backends": "ATEN", "emulate_precision_casts": True, "cpp.vec_isa_ok": False}
@@ -31,9 +30,7 @@ def _step_inputs(model, batch=1, seed=1):
 
 def _code(major: int, layers: int, fused: bool, fuse_layer: bool = True) -> str:
     model = TinyNvfp4Llama(TinyLlamaConfig(layers=layers, weight_only=major == 9, fused=fused))
-    orig = capture.capture_nvfp4_linears
-    with nvgemm.enabled(), um.patch.object(capture, "capture_nvfp4_linears",
-                                           lambda g, **kw: orig(g, **{**kw, "fuse_layer": fuse_layer})):
+    with nvgemm.enabled(fuse_layer=fuse_layer):
         return codegen_module(model, _step_inputs(model), major)
 
 
@@ -51,7 +48,7 @@ def _quantizers_inside(code: str) -> int:
     for k in launches(code):
         if not k.startswith("nvgemm:"):
             continue
-        op, args = k.split("|")[0].split(":", 1)[1].split("@")[0], k.split("|")[1].split(", ")
+        op, args = k.split("|")[0].split(":", 1)[1].split("@")[0], split_args(k.split("|", 1)[1])
         n += op in _SELF_QUANTIZING and (op == "nvfp4_linear_requant" or args[4] != "None")
     return n
 
@@ -80,11 +77,11 @@ def test_sm100_w4a4_layer_quantizers_come_from_the_norm_and_residuals_ride_the_e
     # ln2 -> (norm + quantize) -> gate_up GEMM with SwiGLU + requant epilogue -> down GEMM with the residual
     assert ops == ["rmsnorm_quantize_nvfp4", "nvfp4_linear_prequant", "nvfp4_linear_choice@cutedsl_sm100",
                    "rmsnorm_quantize_nvfp4", "nvfp4_linear_prequant_requant", "nvfp4_linear_prequant"], ops
-    calls = {k.split("|")[0]: k.split("|")[1] for k in launches(code) if k.startswith("nvgemm:")}
-    o_args = calls["nvgemm:nvfp4_linear_choice@cutedsl_sm100"].split(", ")
-    assert o_args[6] != "None", o_args  # residual of o_proj
+    calls = {k.split("|")[0]: split_args(k.split("|", 1)[1]) for k in launches(code) if k.startswith("nvgemm:")}
+    o_args = calls["nvgemm:nvfp4_linear_choice@cutedsl_sm100"]
+    assert o_args[4] != "None" and o_args[6] != "None", o_args  # W4A4 o_proj with its residual
     down = [k for k in launches(code) if k.startswith("nvgemm:nvfp4_linear_prequant|")][-1]
-    assert down.split("|")[1].split(", ")[7] != "None"  # residual of down_proj
+    assert split_args(down.split("|", 1)[1])[7] != "None"  # residual of down_proj
     # the only activation quantizer inside a GEMM op is o_proj's (attention cannot emit NVFP4)
     assert sum(op.startswith("nvfp4_linear_choice") or op == "nvfp4_linear_requant" for op in ops) == 1
     assert "quantize_nvfp4.default(" not in code.replace("rmsnorm_quantize_nvfp4", "")
@@ -104,9 +101,9 @@ def test_sm100_w4a4_kernel_counts_before_and_after():
 
 def test_sm90_w4a16_layer_swiglu_and_residuals_in_the_epilogues():
     code = _code(9, 1, fused=True)
-    gemms = [k.split("|")[1] for k in launches(code) if k.startswith("nvgemm:")]
+    gemms = [k.split("|", 1)[1] for k in launches(code) if k.startswith("nvgemm:")]
     assert len(gemms) == 4  # qkv, o, gate_up, down
-    qkv, o, gate_up, down = (g.split(", ") for g in gemms)
+    qkv, o, gate_up, down = (split_args(g) for g in gemms)
     assert gate_up[7] == "'silu_mul'" and qkv[7] == "'none'"
     assert o[6] != "None" and down[6] != "None" and qkv[6] == "None" and gate_up[6] == "None"
     got = {"split, no layer rewrites": _per_layer(9, fused=False, fuse_layer=False),
@@ -247,7 +244,9 @@ def test_prequant_requant_rejects_bad_input():
 
 
 def _fused_chain_step(model, ids, k_cache, v_cache):
-    """The fused decode step written by hand with the nvgemm ops the rewrites emit (no FX involved)."""
+    """The fused decode step written by hand with the nvgemm ops the rewrites emit (no FX involved). W4A4: the
+    RMSNorm quantizer feeds qkv and gate_up (requant -> prequant down); W4A16: the GEMMs read the normed
+    activation, SwiGLU in the gate_up epilogue. Residuals in the o_proj / down_proj epilogues."""
     c = model.cfg
     ops = torch.ops.nvgemm
     bsz = ids.shape[0]
@@ -256,9 +255,13 @@ def _fused_chain_step(model, ids, k_cache, v_cache):
     new_k, new_v = [], []
     for li, layer in enumerate(model.layers):
         qkv_l, o_l, gu_l, dn_l = layer.qkv, layer.o, layer.gate_up, layer.down
-        p, s = ops.rmsnorm_quantize_nvfp4(x, layer.ln1, qkv_l.input_scale, 1e-6, True)
-        qkv = ops.nvfp4_linear_prequant(p, s, qkv_l.weight, qkv_l.weight_scale, qkv_l.weight_scale_2,
-                                        qkv_l.input_scale, None, None, torch.bfloat16)
+        if c.weight_only:
+            qkv = ops.nvfp4_linear(_rms(x, layer.ln1), qkv_l.weight, qkv_l.weight_scale, qkv_l.weight_scale_2,
+                                   None, None, None, "none", None)
+        else:
+            p, s = ops.rmsnorm_quantize_nvfp4(x, layer.ln1, qkv_l.input_scale, 1e-6, True)
+            qkv = ops.nvfp4_linear_prequant(p, s, qkv_l.weight, qkv_l.weight_scale, qkv_l.weight_scale_2,
+                                            qkv_l.input_scale, None, None, torch.bfloat16)
         q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim], -1)
         q = q.reshape(bsz, 1, c.heads, c.head_dim).transpose(1, 2)
         k = k.reshape(bsz, 1, c.kv_heads, c.head_dim).transpose(1, 2)
@@ -270,11 +273,17 @@ def _fused_chain_step(model, ids, k_cache, v_cache):
         attn = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
         x = ops.nvfp4_linear(attn.transpose(1, 2).reshape(bsz, c.heads * c.head_dim), o_l.weight, o_l.weight_scale,
                              o_l.weight_scale_2, o_l.input_scale, None, x, "none", None)
-        p, s = ops.rmsnorm_quantize_nvfp4(x, layer.ln2, gu_l.input_scale, 1e-6, True)
-        p, s = ops.nvfp4_linear_prequant_requant(p, s, gu_l.weight, gu_l.weight_scale, gu_l.weight_scale_2,
-                                                 gu_l.input_scale, None, dn_l.input_scale, torch.bfloat16)
-        x = ops.nvfp4_linear_prequant(p, s, dn_l.weight, dn_l.weight_scale, dn_l.weight_scale_2, dn_l.input_scale,
-                                      None, x, torch.bfloat16)
+        if c.weight_only:
+            act = ops.nvfp4_linear(_rms(x, layer.ln2), gu_l.weight, gu_l.weight_scale, gu_l.weight_scale_2, None,
+                                   None, None, "silu_mul", None)
+            x = ops.nvfp4_linear(act, dn_l.weight, dn_l.weight_scale, dn_l.weight_scale_2, None, None, x, "none",
+                                 None)
+        else:
+            p, s = ops.rmsnorm_quantize_nvfp4(x, layer.ln2, gu_l.input_scale, 1e-6, True)
+            p, s = ops.nvfp4_linear_prequant_requant(p, s, gu_l.weight, gu_l.weight_scale, gu_l.weight_scale_2,
+                                                     gu_l.input_scale, None, dn_l.input_scale, torch.bfloat16)
+            x = ops.nvfp4_linear_prequant(p, s, dn_l.weight, dn_l.weight_scale, dn_l.weight_scale_2,
+                                          dn_l.input_scale, None, x, torch.bfloat16)
     logits = _rms(x, model.norm).float() @ model.lm_head.float().t()
     return logits, torch.stack(new_k), torch.stack(new_v)
 
@@ -283,14 +292,14 @@ def _compiled(model, inputs):
     torch._dynamo.reset()
     counters.clear()
     with fresh_cache(), torch._inductor.config.patch(CPU_PATCH), nvgemm.enabled():
-        out = torch.compile(model, mode="max-autotune", fullgraph=True)(*inputs)
-    return out, dict(counters["nvgemm_cutedsl"])
+        out, codes = run_and_get_code(torch.compile(model, mode="max-autotune", fullgraph=True), *inputs)
+    return out, dict(counters["nvgemm_cutedsl"]), "\n".join(codes)
 
 
 def test_compiled_fused_step_equals_the_eager_op_chain_and_bounds_the_model():
     model = TinyNvfp4Llama(TinyLlamaConfig(layers=2, fused=True))
     inputs = _step_inputs(model, batch=3, seed=3)
-    out, c = _compiled(model, inputs)
+    out, c, _code_ = _compiled(model, inputs)
     assert c.get("residual_folded") == 4 and c.get("norm_quant_fused") == 4 and c.get("requant_fused") == 2, c
     chain = _fused_chain_step(model, *inputs)
     # (a) same ops, same arithmetic: k/v bit for bit; logits up to the fp32 summation order of the compiled

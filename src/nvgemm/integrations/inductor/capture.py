@@ -387,16 +387,18 @@ def post_grad_pass(graph: fx.Graph) -> None:
              "nvfp4_linear_prequant in this graph", fused, "" if fused == 1 else "s")
 
 
-def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True):
+def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True, fuse_layer: bool = True):
     """The ``CustomGraphPass`` object Inductor calls (its ``uuid`` enters the FX-graph cache key)."""
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
     class NvgemmCapturePass(CustomGraphPass):
         def __call__(self, graph: fx.Graph) -> None:
-            capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
+            capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant,
+                                  fuse_layer=fuse_layer)
 
         def uuid(self) -> Any:
-            salt = f"nvgemm_cutedsl-capture-v3-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+            salt = (f"nvgemm_cutedsl-capture-v3-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+                    f"-layer{int(fuse_layer)}")
             return get_hash_for_files((__file__, ch.__file__, fxn.__file__, low.__file__, rq.__file__, fr.__file__,
                                        fb.__file__, lf.__file__), salt)
 

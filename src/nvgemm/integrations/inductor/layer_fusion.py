@@ -75,7 +75,8 @@ def _row_view_of(n: Any) -> bool:
 
 
 def _shape_args(graph: fx.Graph, like: fx.Node) -> list:
-    """The sizes of ``like`` as FX args (ints, or ``sym_size`` nodes for symbolic sizes)."""
+    """The sizes of ``like`` as FX args (ints, or ``sym_size`` nodes of ``like`` for symbolic sizes: ``like``
+    must be defined before the insertion point)."""
     v = _val(like)
     out = []
     for d, s in enumerate(v.shape):
@@ -100,7 +101,9 @@ def fold_silu_mul(graph: fx.Graph, set_val: SetVal) -> int:
         gate_up, why = _match_gated(mul)
         if gate_up is None or gate_up.args[7] != "none":
             continue
-        vg, vm = _val(gate_up), _val(mul)
+        vg, vm, vu = _val(gate_up), _val(mul), _val(mul.args[1])
+        if not (isinstance(vu, torch.Tensor) and isinstance(vm, torch.Tensor) and vu.shape == vm.shape):
+            continue
         if not (isinstance(vg, torch.Tensor) and isinstance(vm, torch.Tensor)) or vg.dtype not in _X_DTYPES \
                 or vm.dtype != vg.dtype or gate_up.args[6] is not None:
             continue  # the epilogue rounds once to gate_up's dtype; a residual would be added before silu_mul
@@ -112,7 +115,8 @@ def fold_silu_mul(graph: fx.Graph, set_val: SetVal) -> int:
             set_val(graph, new, _lin(), *args)
             back = new
             if tuple(_val(new).shape) != tuple(vm.shape):
-                back = graph.call_function(aten.view.default, (new, _shape_args(graph, mul)))
+                # sizes from an operand of the product (same shape, defined before it)
+                back = graph.call_function(aten.view.default, (new, _shape_args(graph, mul.args[1])))
                 back.meta["val"] = vm
         del x
         mul.replace_all_uses_with(back)
@@ -173,7 +177,7 @@ def fold_residual_adds(graph: fx.Graph, set_val: SetVal) -> int:
                 new.meta.update({k: v for k, v in gemm.meta.items()
                                  if k not in ("val", "tensor_meta", "eager_input_vals")})
                 new.meta["val"] = _val(new)
-                back = graph.call_function(aten.view.default, (new, _shape_args(graph, add)))
+                back = graph.call_function(aten.view.default, (new, _shape_args(graph, other)))  # add's shape
                 back.meta["val"] = va
             add.replace_all_uses_with(back)
             graph.erase_node(add)

@@ -22,7 +22,9 @@ Run by the capture pass (:mod:`nvgemm.integrations.inductor.capture`) after its 
    activation quantizer of their own); when ``x`` is a
    residual add ``a + b`` that rewrite 2 did not take, ``nvgemm::add_rmsnorm_quantize_nvfp4`` also computes
    the add and hands the new residual stream to the add's other readers. One fused quantizer per distinct
-   ``input_scale`` among the consumers. Numerics: the fused quantizer computes the value the graph
+   ``input_scale`` among the consumers. The norm's ``eps`` must be a constant in the graph: under
+   ``torch.compile(dynamic=True)`` torch lifts a module's float attribute (``variance_epsilon``) to a graph input,
+   and the norm then stays Inductor's kernel (the GEMMs quantize their own input). Numerics: the fused quantizer computes the value the graph
    materialises (:mod:`nvgemm.templates.triton.reference`: the add rounded to the dtype, the normalised value
    rounded before the weight multiply, the product rounded), so the codes are the graph's codes; a GPU kernel
    may differ only in the fp32 order of ``sum(x**2)`` and the last ulp of ``rsqrt``.

@@ -76,10 +76,10 @@ def test_logits_match_independent_reference(ckpts, kind, algo):
     ckpt = ckpts[(kind, algo)]
     model = load_modelopt_checkpoint(ckpt)
     n_q = sum(isinstance(m, NVFP4Linear) for m in model.modules())
-    assert n_q == 14  # 2 layers x (q, k, v, o, gate, up, down)
+    assert n_q == 8  # 2 layers x (qkv, o, gate_up, down): the default decode layout fuses the shards
     assert all(m.weight_only == (algo == "W4A16_NVFP4") for m in model.modules() if isinstance(m, NVFP4Linear))
     if kind == "qwen2":
-        assert model.model.layers[0].self_attn.q_proj.bias is not None
+        assert model.model.layers[0].self_attn.qkv_proj.fused.bias is not None
     ref = reference_model(ckpt)
     ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -115,13 +115,13 @@ def test_loader_holds_16_byte_aligned_tensors(ckpts, tmp_path):
         unalign_tensor(ck / "model.safetensors", name, off)
         with safe_open(str(ck / "model.safetensors"), framework="pt", device="cpu") as f:
             assert f.get_tensor(name).data_ptr() % 16 == off  # the file buffer is unaligned
-    model = load_modelopt_checkpoint(ck)
+    model = load_modelopt_checkpoint(ck, fuse_shards=False)  # the checkpoint's own layers
     layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
     assert len(layers) == 14
     for m in layers:
         for t in (m.weight, m.weight_scale, m.bias):
             assert t is None or t.data_ptr() % 16 == 0
-    ref = load_modelopt_checkpoint(src)
+    ref = load_modelopt_checkpoint(src, fuse_shards=False)
     ids = torch.randint(0, 512, (1, 5), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref(ids).logits)
@@ -218,7 +218,7 @@ def test_mixed_precision_map(ckpts, tmp_path):
     qmap = {l: {"quant_algo": "W4A16_NVFP4" if l in wo else "NVFP4", "group_size": 16} for l in layers if l != plain}
     _edit_json(ck / "hf_quant_config.json", lambda d: d["quantization"].update(
         quant_algo="MIXED_PRECISION", quantized_layers=qmap))
-    model = load_modelopt_checkpoint(ck)
+    model = load_modelopt_checkpoint(ck, fuse_shards=False)  # the checkpoint's layers, by name
     mods = dict(model.named_modules())
     assert type(mods[plain]) is torch.nn.Linear
     assert all(mods[l].weight_only for l in wo)
@@ -247,8 +247,8 @@ def test_compressed_tensors_converted(ckpts, tmp_path):
     _edit_json(ck / "config.json", lambda d: d.update(quantization_config={
         "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
         "config_groups": {"group_0": group}, "ignore": ["lm_head"]}))
-    model = load_modelopt_checkpoint(ck)
-    orig = load_modelopt_checkpoint(src)
+    model = load_modelopt_checkpoint(ck, fuse_shards=False)
+    orig = load_modelopt_checkpoint(src, fuse_shards=False)
     a, b = model.model.layers[0].self_attn.q_proj, orig.model.layers[0].self_attn.q_proj
     assert torch.equal(a.weight, b.weight)
     # 1/(1/x) in fp32 is within 1 ulp of x
@@ -266,8 +266,8 @@ def test_preswizzled_scales_unswizzled_exactly(ckpts, tmp_path):
         {f"{P}.weight_scale": to_blocked(sd[f"{P}.weight_scale"]).view(torch.uint8).reshape(-1)}))
     with pytest.raises(CheckpointError, match="swizzled_scales=True"):
         load_modelopt_checkpoint(ck)  # 1-D scales are only taken as swizzled when the caller says so
-    a = load_modelopt_checkpoint(ck, swizzled_scales=True).model.layers[0].self_attn.q_proj
-    b = load_modelopt_checkpoint(src).model.layers[0].self_attn.q_proj
+    a = load_modelopt_checkpoint(ck, swizzled_scales=True, fuse_shards=False).model.layers[0].self_attn.q_proj
+    b = load_modelopt_checkpoint(src, fuse_shards=False).model.layers[0].self_attn.q_proj
     assert torch.equal(a.weight_scale.view(torch.uint8), b.weight_scale.view(torch.uint8))
 
 
@@ -370,10 +370,10 @@ def test_sm90_layers_held_once_at_load(ckpts, caplog):
     ckpt = ckpts[("qwen2", "NVFP4")]  # q/k/v carry a bias
     ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(3))
     with sm90_stand_in() as launched:
-        two = load_modelopt_checkpoint(ckpt, sm90_one_copy=False)
+        two = load_modelopt_checkpoint(ckpt, sm90_one_copy=False, fuse_shards=False)  # the checkpoint's 14 layers
         ckpt_bytes = _held_bytes(two)
         with caplog.at_level(logging.INFO, logger="nvgemm_cutedsl"):
-            one = load_modelopt_checkpoint(ckpt)
+            one = load_modelopt_checkpoint(ckpt, fuse_shards=False)
         with torch.no_grad():
             want = two(ids).logits
             n = len(launched)

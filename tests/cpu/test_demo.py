@@ -30,7 +30,7 @@ def test_demo_builtin_model():
     assert not noisy, err
     assert "quantized and exported with ModelOpt" in out
     assert re.search(r"per-token latency median [0-9.]+ ms", out)
-    for layer in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+    for layer in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):  # the default (fused) decode layout
         assert re.search(rf"{layer}\s+emulated x4", out), out
     worst = float(re.search(r"worst max\|diff\|/max\|ref\| = ([0-9.e+-]+)", out).group(1))
     assert worst <= 2.0**-7

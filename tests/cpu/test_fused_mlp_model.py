@@ -42,7 +42,7 @@ def _logits(model, ids):
 
 def test_patched_model_runs_the_fused_chain_bit_exact(llama_ckpt, monkeypatch):
     ids = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(5))
-    fused = load_modelopt_checkpoint(llama_ckpt, fuse_gated_mlp=True)
+    fused = load_modelopt_checkpoint(llama_ckpt, fuse_gated_mlp=True, fuse_shards=False)
     assert fused.nvgemm_fused_mlps == ["model.layers.0.mlp", "model.layers.1.mlp"]
     mlp = fused.model.layers[0].mlp
     assert isinstance(mlp, NVFP4GatedMLP) and mlp.gate_up_proj.activation == "silu_mul"
@@ -62,14 +62,14 @@ def test_patched_model_runs_the_fused_chain_bit_exact(llama_ckpt, monkeypatch):
     # range and 9% of the logit range after two layers. Bound 15%; swapping gate and up, a wrong scale or
     # a wrong layout is O(100%).
     monkeypatch.undo()
-    ref, calls = _logits(load_modelopt_checkpoint(llama_ckpt), ids)
+    ref, calls = _logits(load_modelopt_checkpoint(llama_ckpt, fuse_shards=False), ids)
     assert calls["nvfp4_linear_requant"] == 0
     assert (got.float() - ref.float()).abs().max() <= 0.15 * ref.float().abs().max()
     assert not torch.equal(got, ref)  # the patch changed the computation
 
 
 def test_not_patched_with_reasons(llama_ckpt):
-    model = load_modelopt_checkpoint(llama_ckpt)
+    model = load_modelopt_checkpoint(llama_ckpt, fuse_shards=False)
     mlp = model.model.layers[1].mlp
     with torch.no_grad():
         mlp.up_proj.input_scale.mul_(2)  # one activation quantization cannot serve gate and up

@@ -155,6 +155,14 @@ def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
     # both fused ops ran the sm_100a kernels (requant: the out_quant epilogue; prequant: the W4A4 kernel fed
     # the codes + scales the first one wrote), through the backend registry
     assert last_fused_selected(REQUANT) == "emu_sm100" and last_fused_selected(PREQUANT) == "emu_sm100"
+    # the requant op on an activation that arrives quantized (what the fused RMSNorm quantizer feeds it under
+    # torch.compile): the same out_quant launch fed the codes, the same bytes as quantizing x inside
+    xq, xs = torch.ops.nvgemm.quantize_nvfp4(x, gu.input_scale, True)
+    rq = (gu.weight, gu.weight_scale, gu.weight_scale_2, gu.input_scale, gu.bias, down.input_scale)
+    got = torch.ops.nvgemm.nvfp4_linear_prequant_requant(xq, xs, *rq, torch.bfloat16)
+    assert last_fused_selected(REQUANT) == "emu_sm100"
+    want = torch.ops.nvgemm.nvfp4_linear_requant(x, *rq, torch.bfloat16)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
 
 
 @pytest.mark.emulator
@@ -191,7 +199,10 @@ def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
     packed, scales = sm100_backend.run_sm100_requant(*rq)
     want_p, want_s = requant_emulated(*rq)
     assert torch.equal(packed, want_p) and torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+    xq, xs = torch.ops.nvgemm.quantize_nvfp4(x, gu.input_scale, True)  # the activation arrives quantized
+    p2, s2 = sm100_backend.run_sm100_requant(None, *rq[1:], quantized=(xq, xs))
+    assert torch.equal(p2, want_p) and torch.equal(s2.view(torch.uint8), want_s.view(torch.uint8))
     pq = (packed, scales, down.weight, down.weight_scale, down.weight_scale_2, down.input_scale, down.bias, None,
           torch.bfloat16)
     assert torch.equal(sm100_backend.run_sm100_prequant(*pq), prequant_emulated(*pq))
-    assert [c.epilogue.out_quant for c in loaded] == [True, False] and all(c.arch == "sm_100a" for c in loaded)
+    assert [c.epilogue.out_quant for c in loaded] == [True, True, False] and all(c.arch == "sm_100a" for c in loaded)

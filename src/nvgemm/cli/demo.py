@@ -272,7 +272,9 @@ def _run(args) -> int:
     per_linear: list[tuple[str, float]] = []
     for name, mod in model.named_modules():
         if isinstance(mod, (NVFP4Linear, NVFP4Experts)):
-            kinds.setdefault(name.rsplit(".", 1)[-1], Counter())[mod.last_path or "torch.compile (nvgemm)"] += 1
+            parts = name.rsplit(".", 2)
+            label = parts[-2] if parts[-1] == "fused" and len(parts) > 1 else parts[-1]  # qkv_proj.fused -> qkv_proj
+            kinds.setdefault(label, Counter())[mod.last_path or "torch.compile (nvgemm)"] += 1
             if name in captured:
                 inp, kw, y = captured[name]
                 want = (dequant_linear_of(mod) if isinstance(mod, NVFP4Linear) else DequantExperts(mod))(*inp, **kw).float()

@@ -113,20 +113,20 @@ def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, re
 
 
 def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, spec,
-                          config=None):
+                          config=None, quantized=None):
     """``nvgemm::nvfp4_linear_requant`` through the sm_100a kernel's fused requant epilogue on the emulator
     (CPU tensors; ``spec`` has ``out_quant=True``). Config: ``config`` or the smallest 1-CTA swap-AB tile
     that holds every token in one N tile. Returns (packed codes, swizzled e4m3 scales)."""
     why = _tooling()
     if why:
         raise RuntimeError(f"nvgemm emulator sm100 (fused requant): {why}")
-    m = x.shape[0]
+    m = x.shape[0] if quantized is None else quantized[0].shape[0]
     if config is None:
         config = requant_config(m)
         if config is None:
             raise ValueError(f"nvgemm emulator sm100 (fused requant): M={m} tokens > 128 (one swap-AB N tile)")
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                      spec, config, quantize=quantize_nvfp4_cuda)
+                                      spec, config, quantize=quantize_nvfp4_cuda, quantized=quantized)
     kernel = prepare(sm100_backend.compile_spec_for(config, spec, "sm_100a", _SM100_SM_COUNT), device="B200")
     z = lambda t: t if t is not None else 0  # noqa: E731
     kernel.launch(args.a, args.b, args.sfa, args.sfb, args.out, args.alpha, z(args.bias), args.residual,
@@ -143,10 +143,12 @@ def supports_sm100_requant(p: LinearProblem) -> Optional[str]:
 
 
 def run_emu_sm100_requant_op(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                             out_dtype=None):
-    """``nvgemm::nvfp4_linear_requant``'s arguments -> :func:`run_emu_sm100_requant`."""
-    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
-    return run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, spec)
+                             out_dtype=None, quantized=None):
+    """``nvgemm::nvfp4_linear_requant``'s arguments (``quantized`` with ``x`` None:
+    ``nvfp4_linear_prequant_requant``'s) -> :func:`run_emu_sm100_requant`."""
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype, quantized)
+    return run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, spec,
+                                 quantized=quantized)
 
 
 def run_emu_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,

@@ -11,6 +11,10 @@
 * ``torch.ops.nvgemm.nvfp4_linear_prequant(packed, scales, weight, weight_scale, weight_scale_2,
   input_scale, bias, residual, out_dtype)``: a W4A4 linear on an already-quantized activation (the
   down projection fed by the op above); same result as ``nvfp4_linear`` on the dequantized input.
+* ``torch.ops.nvgemm.nvfp4_linear_prequant_requant(packed, scales, weight, weight_scale, weight_scale_2,
+  input_scale, bias, out_input_scale, out_dtype)``: the requant op on an already-quantized activation (a
+  gate_up GEMM fed by the fused RMSNorm quantizer); the ``requant`` backends run it with
+  ``quantized=(packed, scales)`` and ``x=None``.
 * :func:`gated_mlp`: ``down(silu_mul(gate_up(x)))`` for two :class:`~nvgemm.NVFP4Linear` layers, through
   the two ops above when both are W4A4 (one activation round trip less), else the plain chain.
 
@@ -43,11 +47,12 @@ from nvgemm.epilogues.requant import fused_requant_reference
 from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked, quantize_activation
 from nvgemm.core.validation import (X_DTYPES, LinearProblem, alpha_of, call_key, check_linear_args,
                                     check_scale_values, linear_spec, misaligned_operands, problem_of)
-from nvgemm.core.backend import PREQUANT, REQUANT, Backend
+from nvgemm.core.backend import PREQUANT, REQUANT, Backend, warn_once
 from nvgemm.dispatch.fused import fused_chain_reason, remember_fused, select_fused_backend
 from nvgemm.dispatch.registry import call_plan, register_backend
 
-__all__ = ["nvfp4_linear_requant", "nvfp4_linear_prequant", "gated_mlp", "fused_mlp_reason"]
+__all__ = ["nvfp4_linear_requant", "nvfp4_linear_prequant", "nvfp4_linear_prequant_requant", "gated_mlp",
+           "fused_mlp_reason"]
 
 
 def _acc(a: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
@@ -104,17 +109,27 @@ def nvfp4_linear_requant(
     return backend.run(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
 
 
-def requant_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+def requant_emulated(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None,
+                     quantized=None):
     """The reference (of a call the op has validated): quantize x, dequantize, fp32 matmul, the epilogue and the
-    lane model's requant."""
-    spec = linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype)
-
-    qx, sx = quantize_activation(x, input_scale.to(x.device))
-    acc = _acc(dequantize(qx, sx), weight, weight_scale)
+    lane model's requant. ``quantized`` = (packed codes, flat swizzled scales): the activation arrives quantized
+    (``x`` is None; :func:`nvfp4_linear_prequant_requant`)."""
+    if quantized is not None:
+        packed, scales = quantized
+        m, k = packed.shape[0], packed.shape[1] * 2
+        dev = packed.device
+        spec = linear_spec(out_dtype, weight_scale_2, bias, None, "silu_mul", out_dtype)
+        a = dequantize(packed, from_blocked(scales.view(torch.float8_e4m3fn), m, k // NVFP4.block_size))
+    else:
+        dev = x.device
+        spec = linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype)
+        qx, sx = quantize_activation(x, input_scale.to(dev))
+        a = dequantize(qx, sx)
+    acc = _acc(a, weight, weight_scale)
     # alpha and bias (the "pre" part of the epilogue), fp32; activation + rounding + quantize follow
     pre = epilogue_ref(acc, type(spec)(alpha=spec.alpha, bias=spec.bias, out_dtype=torch.float32),
-                       alpha_of(weight_scale_2, input_scale, x.device), bias)
-    return fused_requant_reference(pre, out_input_scale.to(x.device), spec.out_dtype)
+                       alpha_of(weight_scale_2, input_scale, dev), bias)
+    return fused_requant_reference(pre, out_input_scale.to(dev), spec.out_dtype)
 
 
 @nvfp4_linear_requant.register_fake
@@ -211,6 +226,67 @@ def prequant_emulated(packed, scales, weight, weight_scale, weight_scale_2, inpu
 def _(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype):
     _check_prequant(packed, scales, weight, out_dtype)
     return packed.new_empty((packed.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("nvgemm::nvfp4_linear_prequant_requant", mutates_args=())
+def nvfp4_linear_prequant_requant(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_input_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`nvfp4_linear_requant` whose activation arrives quantized (packed codes + swizzled scales, e.g. from
+    ``nvgemm::rmsnorm_quantize_nvfp4``): the gate_up GEMM with SwiGLU + NVFP4 requant in its epilogue and no
+    activation quantizer. Same result as ``nvfp4_linear_requant`` on an ``x`` that quantizes to these bytes;
+    ``out_dtype`` (bf16 / fp16) is the rounding before the requant."""
+    spec = _prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                                   out_input_scale, out_dtype)
+    check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_prequant_requant")
+    check_scale_values(weight_scale_2, out_input_scale, "nvgemm.nvfp4_linear_prequant_requant (out_input_scale)")
+    dev = packed.device
+    p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
+                      capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+                      weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
+                      bias=bias is not None, activation="silu_mul", residual=False,
+                      misaligned=misaligned_operands(packed=packed, scales=scales, weight=weight,
+                                                     weight_scale=weight_scale, bias=bias))
+    backend = select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias))
+    run = backend.run
+    if backend.name == "unfused":  # its dense gate_up GEMM would re-quantize a bf16 input: not this contract
+        warn_once(f"prequant-requant-unfused-{p.capability}",
+                  "nvgemm: nvfp4_linear_prequant_requant has no kernel on this device; it runs the emulated op")
+        run = requant_emulated
+    return run(None, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype,
+               quantized=(packed, scales))
+
+
+def _prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                            out_input_scale, out_dtype):
+    _check_prequant(packed, scales, weight, out_dtype)
+    m, k = packed.shape[0], packed.shape[1] * 2
+    x_meta = torch.empty((m, k), dtype=out_dtype, device="meta")
+    spec, _i = _check_requant(x_meta, weight.to("meta"), weight_scale.to("meta"), weight_scale_2.to("meta"),
+                              input_scale.to("meta"), None if bias is None else bias.to("meta"),
+                              out_input_scale, out_dtype)
+    for name, t in (("weight", weight), ("weight_scale", weight_scale), ("bias", bias), ("scales", scales)):
+        if t is not None and t.device != packed.device:
+            raise ValueError(f"nvgemm.nvfp4_linear_prequant_requant: {name} is on {t.device} but packed is on "
+                             f"{packed.device}")
+    return spec
+
+
+@nvfp4_linear_prequant_requant.register_fake
+def _(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype):
+    _prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                            out_dtype)
+    m, i = packed.shape[0], weight.shape[0] // 2
+    return (packed.new_empty((m, i // 2), dtype=torch.uint8),
+            packed.new_empty((blocked_numel(m, i // NVFP4.block_size),), dtype=torch.float8_e4m3fn))
 
 
 def requant_unfused(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):

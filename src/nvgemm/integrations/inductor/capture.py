@@ -22,15 +22,22 @@ reach PyTorch's NVGEMM. Three rewrites:
    activation not produced by ``nvgemm::quantize_nvfp4`` (swizzled), or non-bf16/fp16 inputs
    are left to PyTorch.
 
-2. **Existing ``nvgemm::nvfp4_linear`` calls** are normalised: all nine arguments positional
+2. **Existing ``nvgemm::nvfp4_linear`` calls** are merged where two calls take the same arguments (the ops are
+   pure: one GEMM serves both; :class:`nvgemm.nn.shards.NVFP4LinearShard` relies on it) and normalised: all nine arguments positional
    (the autotuner passes tensors positionally) and ``x`` flattened to 2-D ``[M, K]`` so the
    lowering can dispatch on M (dim 0) for any ``[..., K]`` input.
 
 3. **Gated MLPs** ``down(silu_mul(gate_up(x)))`` of W4A4 linears become the fused requant chain
    (:mod:`nvgemm.integrations.inductor.requant`; ``fuse_requant=False`` keeps them).
 
+4. **The layer's glue** (:mod:`nvgemm.integrations.inductor.layer_fusion`; ``fuse_layer=False`` keeps it): a
+   separate ``silu(h[..., :I]) * h[..., I:]`` goes into the gate_up epilogue, ``r + linear(...)`` into the
+   linear's ``residual`` argument, and an RMSNorm feeding W4A4 linears becomes one fused norm + NVFP4
+   quantizer feeding ``nvfp4_linear_prequant`` (no activation quantizer inside the GEMM op).
+
 Counters (``torch._dynamo.utils.counters["nvgemm_cutedsl"]``): ``scaled_mm_claimed``,
-``nvfp4_linear_captured``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``.
+``nvfp4_linear_captured``, ``nvfp4_linear_merged``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``, and the layer rewrites'
+``silu_mul_folded``, ``residual_folded``, ``norm_quant_fused``, ``norm_quant_consumers``.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from nvgemm.integrations.inductor.requant import fuse_requant_chains
 import nvgemm.ops.fused as fr
 import nvgemm.integrations.inductor.choices as ch
 import nvgemm.integrations.inductor.fx_nodes as fxn
+import nvgemm.integrations.inductor.layer_fusion as lf
 import nvgemm.integrations.inductor.lowering as low
 import nvgemm.integrations.inductor.requant as rq
 import nvgemm.dispatch.fused as fb
@@ -305,12 +313,45 @@ def _normalise_linear(graph: fx.Graph, node: fx.Node) -> bool:
     return changed
 
 
+# --------------------------------------------------------------------------- identical calls
+
+
+def _hashable(a: Any) -> Any:
+    if isinstance(a, (list, tuple)):
+        return tuple(_hashable(x) for x in a)
+    if isinstance(a, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in a.items()))
+    return a
+
+
+def merge_identical_linears(graph: fx.Graph) -> int:
+    """Replace every ``nvfp4_linear`` / ``nvfp4_linear_sm90_prepared`` call whose arguments equal an earlier
+    call's by that call (the ops have no side effects); returns how many were merged."""
+    targets = (_linear_op(), torch.ops.nvgemm.nvfp4_linear_sm90_prepared.default)
+    seen: dict = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if not _is_call(node, *targets):
+            continue
+        key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+            merged += 1
+    if merged:
+        nvgemm_counters()["nvfp4_linear_merged"] += merged
+    return merged
+
+
 # --------------------------------------------------------------------------- the pass
 
 
-def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_requant: bool = True) -> None:
+def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_requant: bool = True,
+                          fuse_layer: bool = True) -> None:
     """Run both rewrites on ``graph`` in place (the first only when ``claim_scaled_mm``), then (when
-    ``fuse_requant``) the gated-MLP rewrite of :mod:`nvgemm.integrations.inductor.requant`."""
+    ``fuse_requant``) the gated-MLP rewrite of :mod:`nvgemm.integrations.inductor.requant`, then (when
+    ``fuse_layer``) the layer rewrites of :mod:`nvgemm.integrations.inductor.layer_fusion`."""
     claimed = False
     for node in list(graph.nodes):
         if claim_scaled_mm and _is_call(node, aten._scaled_mm.default):
@@ -320,12 +361,17 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_re
                 log.warning("nvgemm_cutedsl: left %s to PyTorch: %s", node, e)
     if claimed:  # the quantize -> view chains that fed _scaled_mm are now dead
         graph.eliminate_dead_code()
+    merge_identical_linears(graph)
     for node in list(graph.nodes):
         if _is_call(node, _linear_op()):
             _normalise_linear(graph, node)
             nvgemm_counters()["nvfp4_linear_captured"] += 1
     if fuse_requant:
         fuse_requant_chains(graph, _set_val)
+    if fuse_layer:
+        lf.fold_silu_mul(graph, _set_val)
+        lf.fold_residual_adds(graph, _set_val)
+        lf.fuse_norm_quant(graph, _set_val)
     graph.lint()
 
 
@@ -341,17 +387,19 @@ def post_grad_pass(graph: fx.Graph) -> None:
              "nvfp4_linear_prequant in this graph", fused, "" if fused == 1 else "s")
 
 
-def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True):
+def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True, fuse_layer: bool = True):
     """The ``CustomGraphPass`` object Inductor calls (its ``uuid`` enters the FX-graph cache key)."""
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
     class NvgemmCapturePass(CustomGraphPass):
         def __call__(self, graph: fx.Graph) -> None:
-            capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
+            capture_nvfp4_linears(graph, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant,
+                                  fuse_layer=fuse_layer)
 
         def uuid(self) -> Any:
-            salt = f"nvgemm_cutedsl-capture-v2-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+            salt = (f"nvgemm_cutedsl-capture-v3-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+                    f"-layer{int(fuse_layer)}")
             return get_hash_for_files((__file__, ch.__file__, fxn.__file__, low.__file__, rq.__file__, fr.__file__,
-                                       fb.__file__), salt)
+                                       fb.__file__, lf.__file__), salt)
 
     return NvgemmCapturePass()

@@ -3,7 +3,8 @@
 ``TinyNvfp4Llama(cfg).decode_step(ids[B], k_cache, v_cache)`` runs one decode token per
 sequence against a KV cache of ``T`` past tokens: RMSNorm -> q/k/v (NVFP4) -> RoPE -> GQA
 attention over cache + new token -> o (NVFP4) -> residual -> RMSNorm -> SwiGLU MLP (NVFP4
-gate/up/down) -> residual; final norm and a bf16 ``lm_head``. All batch-dependent shapes come
+gate/up/down) -> residual; final norm and a bf16 ``lm_head``. ``TinyLlamaConfig(fused=True)`` holds q/k/v and
+gate/up as one NVFP4 GEMM each (``NVFP4Linear.fuse``: per-column alpha, one shared ``input_scale``). All batch-dependent shapes come
 from ``ids``, so ``torch.compile(dynamic=True)`` serves any batch size with one graph.
 
 Two spellings of each NVFP4 linear (``linear="op"`` / ``"scaled_mm"``):
@@ -40,6 +41,8 @@ class TinyLlamaConfig:
     cache_len: int = 8
     qkv_bias: bool = False  # Qwen2-style biases on q/k/v
     weight_only: bool = False  # W4A16 instead of W4A4
+    share_input_scales: bool = False  # q/k/v share one input_scale, gate/up another (ModelOpt's fused-export rule)
+    fused: bool = False  # hold q/k/v and gate/up as one NVFP4Linear each (NVFP4Linear.fuse; shares the scales)
 
     @property
     def head_dim(self) -> int:
@@ -93,8 +96,9 @@ def make_linear(w: torch.Tensor, bias: torch.Tensor | None, input_scale: float |
 
 
 def _rms(x, w, eps=1e-6):
+    """Hugging Face ``LlamaRMSNorm``: normalise in fp32, round to x's dtype, multiply by the weight (x's dtype)."""
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _rope(x, pos, theta=10000.0):
@@ -105,6 +109,16 @@ def _rope(x, pos, theta=10000.0):
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.to(x.dtype)
+
+
+def _share_input_scale(first: nn.Module, *rest: nn.Module) -> None:
+    """Give ``rest`` the ``input_scale`` of ``first`` (W4A4 only; weight-only layers have none)."""
+    if getattr(first, "input_scale", None) is None:
+        return
+    for mod in rest:
+        if isinstance(mod, ScaledMmNvfp4Linear):
+            raise ValueError("shared input scales are built for linear='op' only")
+        mod.input_scale = first.input_scale.clone()
 
 
 class TinyNvfp4Llama(nn.Module):
@@ -133,6 +147,16 @@ class TinyNvfp4Llama(nn.Module):
             layer.gate = make_linear(w(I, H), None, ins(), linear, alpha_form)
             layer.up = make_linear(w(I, H), None, ins(), linear, alpha_form)
             layer.down = make_linear(w(H, I), None, ins(), linear, alpha_form)
+            if cfg.share_input_scales or cfg.fused:
+                _share_input_scale(layer.q, layer.k, layer.v)
+                _share_input_scale(layer.gate, layer.up)
+            if cfg.fused:
+                if linear != "op":
+                    raise ValueError("TinyLlamaConfig(fused=True) needs linear='op' (NVFP4Linear.fuse)")
+                layer.qkv = NVFP4Linear.fuse([layer.q, layer.k, layer.v])
+                layer.gate_up = NVFP4Linear.fuse([layer.gate, layer.up])
+                for name in ("q", "k", "v", "gate", "up"):
+                    delattr(layer, name)
             layer.register_buffer("ln1", (1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16))
             layer.register_buffer("ln2", (1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16))
             self.layers.append(layer)
@@ -156,9 +180,14 @@ class TinyNvfp4Llama(nn.Module):
         new_k, new_v = [], []
         for li, layer in enumerate(self.layers):
             h = _rms(x, layer.ln1)
-            q = layer.q(h).view(B, 1, c.heads, c.head_dim).transpose(1, 2)
-            k = layer.k(h).view(B, 1, c.kv_heads, c.head_dim).transpose(1, 2)
-            v = layer.v(h).view(B, 1, c.kv_heads, c.head_dim).transpose(1, 2)
+            if c.fused:
+                q, k, v = layer.qkv(h).split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
+                                              c.kv_heads * c.head_dim], dim=-1)
+            else:
+                q, k, v = layer.q(h), layer.k(h), layer.v(h)
+            q = q.reshape(B, 1, c.heads, c.head_dim).transpose(1, 2)
+            k = k.reshape(B, 1, c.kv_heads, c.head_dim).transpose(1, 2)
+            v = v.reshape(B, 1, c.kv_heads, c.head_dim).transpose(1, 2)
             q, k = _rope(q, pos), _rope(k, pos)
             new_k.append(k)
             new_v.append(v)
@@ -167,6 +196,11 @@ class TinyNvfp4Llama(nn.Module):
             attn = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
             x = x + layer.o(attn.transpose(1, 2).reshape(B, 1, c.heads * c.head_dim))
             h = _rms(x, layer.ln2)
-            x = x + layer.down(torch.nn.functional.silu(layer.gate(h)) * layer.up(h))
+            if c.fused:
+                gu = layer.gate_up(h)
+                act = torch.nn.functional.silu(gu[..., :c.intermediate]) * gu[..., c.intermediate:]
+            else:
+                act = torch.nn.functional.silu(layer.gate(h)) * layer.up(h)
+            x = x + layer.down(act)
         logits = _rms(x, self.norm)[:, 0].float() @ self.lm_head.float().t()
         return logits, torch.stack(new_k), torch.stack(new_v)

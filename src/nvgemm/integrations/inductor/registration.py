@@ -55,7 +55,7 @@ def is_enabled() -> bool:
 
 
 def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
-           claim_scaled_mm: Optional[bool] = None, fuse_requant: bool = True) -> None:
+           claim_scaled_mm: Optional[bool] = None, fuse_requant: bool = True, fuse_layer: bool = True) -> None:
     """Route NVFP4 linears in ``torch.compile`` graphs through nvgemm (idempotent).
 
     ``choices`` restricts the autotuning candidates by kind (backend names such as
@@ -66,6 +66,8 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
     does so only where PyTorch itself folds that chain (torch >= 2.15), so on older torch such a
     chain keeps its ATen meaning unless you ask. ``fuse_requant`` rewrites W4A4 gated MLPs
     ``down(silu_mul(gate_up(x)))`` into the fused requant chain (:mod:`nvgemm.integrations.inductor.requant`).
+    ``fuse_layer`` folds the layer's glue into nvgemm's ops: SwiGLU and residual adds into the GEMM epilogues,
+    RMSNorm + NVFP4 quantization as the producer of W4A4 GEMMs (:mod:`nvgemm.integrations.inductor.layer_fusion`).
     """
     # lazy: breaks the cycle integrations.inductor.registration <-> integrations.inductor.compat (through a package __init__)
     from nvgemm.integrations.inductor import compat
@@ -102,7 +104,8 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
             allowed.add("emulated")
         prev_pass = config.post_grad_custom_pre_pass
         prev_lowering = user_lowerings.get(op)
-        the_pass = capture.make_pass(claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
+        the_pass = capture.make_pass(claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant,
+                                     fuse_layer=fuse_layer)
         existing = [] if prev_pass is None else list(prev_pass) if isinstance(prev_pass, (list, tuple)) else [prev_pass]
         config.post_grad_custom_pre_pass = [the_pass, *existing] if existing else the_pass
         user_lowerings[op] = lowering.build_lowering(allowed)
@@ -119,7 +122,7 @@ def enable(choices: Optional[Iterable[str]] = None, pdl: bool = True,
         _STATE.update(prev_pass=prev_pass, prev_lowering=prev_lowering, prev_moe_lowering=prev_moe_lowering,
                       prev_gemm_lowerings=prev_gemm_lowerings,
                       the_pass=the_pass, pdl=pdl,
-                      claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
+                      claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant, fuse_layer=fuse_layer)
         log.info("nvgemm_cutedsl: enabled (M split points %s, pdl=%s, claim _scaled_mm*alpha=%s)",
                  user_lowerings[op].split_points, pdl, claim_scaled_mm)
 
@@ -178,13 +181,14 @@ def disable() -> None:
 
 @contextlib.contextmanager
 def enabled(choices: Optional[Iterable[str]] = None, pdl: bool = True, claim_scaled_mm: Optional[bool] = None,
-            fuse_requant: bool = True):
+            fuse_requant: bool = True, fuse_layer: bool = True):
     """``with nvgemm.enabled(): torch.compile(...)(...)`` -- enable for the block, then restore."""
     was = dict(_STATE)
-    enable(choices=choices, pdl=pdl, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant)
+    enable(choices=choices, pdl=pdl, claim_scaled_mm=claim_scaled_mm, fuse_requant=fuse_requant, fuse_layer=fuse_layer)
     try:
         yield
     finally:
         disable()
         if was:
-            enable(pdl=was["pdl"], claim_scaled_mm=was["claim_scaled_mm"], fuse_requant=was["fuse_requant"])
+            enable(pdl=was["pdl"], claim_scaled_mm=was["claim_scaled_mm"], fuse_requant=was["fuse_requant"],
+                   fuse_layer=was.get("fuse_layer", True))

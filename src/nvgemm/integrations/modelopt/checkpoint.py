@@ -41,6 +41,7 @@ from nvgemm.ops.prepared import one_copy_wanted
 from nvgemm.core.files import read_json, safetensors_files
 from nvgemm.integrations.modelopt.moe import ckpt_name, replace_moe_layers
 from nvgemm.nn.mlp import fuse_gated_mlps
+from nvgemm.nn.shards import fuse_linear_shards
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -298,6 +299,7 @@ def load_modelopt_checkpoint(
     ckpt: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, *,
     sm90_one_copy: bool | None = None,
     swizzled_scales: bool = False, trust_remote_code: bool = False, fuse_gated_mlp: bool = False,
+    fuse_shards: bool = True,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
@@ -311,10 +313,20 @@ def load_modelopt_checkpoint(
     ``sm90_one_copy=False`` (or ``NVGEMM_SM90_ONE_COPY=0`` when not given) keeps the checkpoint
     layout, and the kernels' prepared copy beside it at the first call.
 
-    ``fuse_gated_mlp=True`` replaces each gated MLP with NVFP4 gate/up/down by
-    :class:`nvgemm.nn.mlp.NVFP4GatedMLP`: one gate_up GEMM with SwiGLU in its epilogue, and where
-    gate_up and down are W4A4 the fused requant chain (gate_up emits down's NVFP4 input); see that module
-    for the numerics (one rounding instead of four) and the state_dict keys (``gate_up_proj``).
+    The decode layout is the default where it is exact: ``fuse_shards=True`` makes each attention block's
+    ``q_proj`` / ``k_proj`` / ``v_proj`` one GEMM and each MLP's ``gate_proj`` / ``up_proj`` another
+    (:func:`nvgemm.nn.shards.fuse_linear_shards`: per-column alpha for unequal ``weight_scale_2``) when the
+    shards share ``input_scale`` (one activation quantization; ModelOpt's export equalizes it); otherwise they
+    stay split. The model computes the split layers' numbers bit for bit; under ``torch.compile`` with
+    ``nvgemm.enable()`` the SwiGLU then goes into the gate_up epilogue. The state_dict holds
+    ``qkv_proj.fused.*`` / ``gate_up_proj.fused.*`` for the fused groups.
+
+    ``fuse_gated_mlp=True`` (before the shards) replaces each gated MLP with NVFP4 gate/up/down by
+    :class:`nvgemm.nn.mlp.NVFP4GatedMLP`: one gate_up GEMM with SwiGLU in its epilogue also in eager mode, and
+    where gate_up and down are W4A4 the fused requant chain (gate_up emits down's NVFP4 input); see that
+    module for the numerics (one rounding instead of four) and the state_dict keys (``gate_up_proj``).
+
+    ``model.nvgemm_fused_mlps`` / ``model.nvgemm_fused_shards`` list the modules fused.
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -384,6 +396,9 @@ def load_modelopt_checkpoint(
     model.nvgemm_fused_mlps = []
     if fuse_gated_mlp:
         model.nvgemm_fused_mlps = [n for n, why in fuse_gated_mlps(model).items() if why is None]
+    model.nvgemm_fused_shards = []
+    if fuse_shards:
+        model.nvgemm_fused_shards = [n for n, why in fuse_linear_shards(model).items() if why is None]
     kind = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
     if kind is not None and one_copy_wanted(sm90_one_copy):
         prepare_for_sm90(model, kind, log=log)  # layer by layer: one layer's two copies at a time

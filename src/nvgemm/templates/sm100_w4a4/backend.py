@@ -199,9 +199,11 @@ def supports_requant(p: LinearProblem) -> Optional[str]:
     return None if st else st.reason
 
 
-def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype) -> EpilogueSpec:
-    """The fused requant launch's epilogue for a call the op has validated."""
-    return _requant_spec(linear_spec(x.dtype, weight_scale_2, bias, None, "silu_mul", out_dtype))
+def requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype, quantized=None) -> EpilogueSpec:
+    """The fused requant launch's epilogue for a call the op has validated (``quantized``: x is None and the
+    rounding dtype is ``out_dtype``)."""
+    x_dtype = out_dtype if quantized is not None else x.dtype
+    return _requant_spec(linear_spec(x_dtype, weight_scale_2, bias, None, "silu_mul", out_dtype))
 
 
 @functools.lru_cache(maxsize=256)
@@ -211,17 +213,20 @@ def _requant_spec(gated: EpilogueSpec) -> EpilogueSpec:
     return dataclasses.replace(gated, out_quant=True)
 
 
-def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
-    """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales)."""
-    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
-    config = requant_config(x.shape[0])
+def run_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None,
+                      quantized=None):
+    """``nvgemm::nvfp4_linear_requant`` on an sm_100 GPU: (packed codes [M, I/2], swizzled e4m3 scales).
+    ``quantized`` = (packed, scales) with ``x`` None: ``nvgemm::nvfp4_linear_prequant_requant`` (no quantizer)."""
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype, quantized)
+    m = x.shape[0] if quantized is None else quantized[0].shape[0]
+    config = requant_config(m)
     if config is None:
-        raise ValueError(f"nvgemm_cutedsl sm100: fused requant takes at most 128 tokens, got M={x.shape[0]}")
-    dev = x.device
-    _config, kernel = launch_plan(x.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
+        raise ValueError(f"nvgemm_cutedsl sm100: fused requant takes at most 128 tokens, got M={m}")
+    dev = weight.device
+    _config, kernel = launch_plan(m, weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                                      spec, config, quantize=quantize_nvfp4_cuda, checked=True)
+                                      spec, config, quantize=quantize_nvfp4_cuda, checked=True, quantized=quantized)
     launch_sm100(args, kernel, stream)
     return args.out, args.residual.view(torch.float8_e4m3fn)
 

@@ -298,9 +298,11 @@ def prepare_sm100_requant_args(
     config: Sm100Nvfp4GemmConfig,
     quantize: Optional[Callable] = None,
     checked: bool = False,
+    quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Sm100Args:
     """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``): those of the gated
-    GEMM, with ``out`` = packed codes [tokens, I/2] (uint8), ``residual`` = the 128x4-swizzled scale bytes
+    GEMM (``quantized``: the activation arrives quantized, ``x`` is None, as in :func:`prepare_sm100_args`),
+    with ``out`` = packed codes [tokens, I/2] (uint8), ``residual`` = the 128x4-swizzled scale bytes
     of the [tokens, I/16] matrix (both ``torch.empty``: the kernel writes every byte, the layout's padding
     rows and K blocks as zeros) and ``alpha`` = the alpha values followed by the next layer's input_scale
     (the kernel's ABI; derived once, see :func:`alpha_vector`)."""
@@ -316,8 +318,9 @@ def prepare_sm100_requant_args(
         raise ValueError(f"nvgemm_cutedsl sm100: out_input_scale must be a float32 scalar, got "
                          f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, without_quant(spec),
-                              config, quantize=quantize, next_input_scale=out_input_scale, checked=checked)
-    tokens, dev = args.n, x.device
+                              config, quantize=quantize, next_input_scale=out_input_scale, checked=checked,
+                              quantized=quantized)
+    tokens, dev = args.n, weight.device
     # every byte is written by the kernel: the codes of every (token, feature pair), and the whole
     # 128x4-swizzled scale tile of each 64-feature column group, padding rows / K blocks as zeros
     codes = torch.empty((tokens, i // 2), dtype=torch.uint8, device=dev)

@@ -1,0 +1,141 @@
+"""SGLang 0.5.23's Python engine (CPU) serves tiny ModelOpt MoE exports (Qwen3-MoE NVFP4 and W4A16_NVFP4)
+through nvgemm's fused-MoE method, at tensor-parallel size 1 and 2, and with expert parallelism (2 ranks,
+4 of the 8 experts each, SGLang's ``ep_size``).
+
+SGLang keeps the router: on this CPU (no AMX) its top-k runs SGLang's own pure-torch path, so no test stub
+is involved in routing. Checked:
+
+* every ``nvfp4_moe`` call SGLang made (dumped by the plugin in every rank: x, SGLang's router output after
+  its dispatcher mapped the ids to this rank's local experts, and the output) equals the emulated op run
+  here on the checkpoint's own per-expert tensors, sliced the way tensor parallelism must slice them (gate/up
+  rows and down_proj K by rank) or, under expert parallelism, the rank's whole experts -- **bit for bit**
+  (on CPU the plugin runs the emulated backend, so anything but equality is a loading, slicing, scale or
+  layout bug);
+* end-to-end log-probabilities match nvgemm's own model (nvgemm's ModelOpt loader + transformers), and
+  TP=2 and EP match TP=1;
+* each MoE layer logs once per rank which backend serves it;
+* with the plugin off, SGLang instantiates its own ``ModelOptNvFp4FusedMoEMethod``, which on this CPU
+  refuses to be built (its constructor accepts Blackwell or a Marlin-capable GPU only), so startup stops
+  with SGLang's message -- SGLang's stock NVFP4 MoE cannot run here at all.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+from safetensors.torch import load_file  # noqa: E402
+
+from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
+
+from _engine_reference import common_steps_diff, expert_tensors, max_logprob_diff, nvgemm_logprobs  # noqa: E402
+from conftest import serve  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+LAYERS = ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+E = 8
+# The reasoning of test_sglang_e2e.LOGPROB_TOL (tiny random models; W4A4 layers amplify bf16-ulp differences
+# of SGLang's and transformers' non-GEMM ops -- here also the router's softmax and top-k -- through E2M1
+# rounding; W4A16 has no activation rounding). Measured (SGLang 0.5.23 CPU engine, this machine), max |delta
+# logprob| over the top-5 of 4 steps x 2 prompts vs nvgemm's model: NVFP4 0.11 (TP=1) / 0.072 (TP=2) /
+# 0.14 (EP), W4A16_NVFP4 0.0073; TP=2 vs TP=1 0.097, EP vs TP=1 0.12 -- the same size as vLLM's CPU engine
+# on the same models (tests/vllm_engine/test_vllm_moe.py: 0.073-0.13). Bounds ~1.5-3x those; the exact check
+# is the per-call one.
+LOGPROB_TOL = {"NVFP4": 0.25, "W4A16_NVFP4": 0.02}
+CASES = [("qwen3_moe-NVFP4", 1, False), ("qwen3_moe-NVFP4", 2, False), ("qwen3_moe-NVFP4", 2, True),
+         ("qwen3_moe-W4A16_NVFP4", 1, False)]
+IDS = [f"{n}-tp{t}{'-ep' if ep else ''}" for n, t, ep in CASES]
+
+
+def rank_expert_map(rank: int, ep: int) -> torch.Tensor:
+    """SGLang's placement under expert parallelism: rank r holds global experts [r*E/ep, (r+1)*E/ep)."""
+    em = torch.full((E,), -1, dtype=torch.int32)
+    em[rank * E // ep:(rank + 1) * E // ep] = torch.arange(E // ep, dtype=torch.int32)
+    return em
+
+
+def check_moe_calls(ckpt, dump, tp: int, ep: bool) -> int:
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    files = sorted(dump.glob("*.moe*.pt"))
+    seen, cache = set(), {}
+    for f in files:
+        d = torch.load(f)
+        assert d["activation"] == "silu_mul" and not d["router_weight_on_input"] and d["expert_map"] is None
+        ids = d["topk_ids"]
+        assert ids.dtype == torch.int32 and ids.shape[1] == 2
+        if ep:  # whole experts split over the ranks: tensor-parallel size 1 inside the MoE; SGLang's dispatcher
+            # handed local ids, -1 for another rank's experts
+            assert d["ep_size"] == tp and d["tp_size"] == 1
+            assert int(ids.min()) >= -1 and int(ids.max()) < E // tp
+        else:
+            assert d["tp_size"] == tp and d["ep_size"] == 1 and bool((ids >= 0).all()) and int(ids.max()) < E
+        key = (d["layer"], d["rank"])
+        if key not in cache:
+            cache[key] = expert_tensors(tensors, d["layer"], 0 if ep else d["rank"], 1 if ep else tp,
+                                        rank_expert_map(d["rank"], tp) if ep else None)
+        want = nvfp4_moe_emulated(d["x"], ids, d["topk_weights"], *cache[key], "silu_mul", False, None, None, None,
+                                  None)
+        assert torch.equal(d["out"], want), f"{f.name}: max |diff| {float((d['out'].float() - want.float()).abs().max())}"
+        seen.add(key)
+    assert seen == {(layer, r) for layer in LAYERS for r in range(tp)}, f"MoE layers never served by nvgemm: {seen}"
+    return len(files)
+
+
+@pytest.mark.parametrize("name,tp,ep", CASES, ids=IDS)
+def test_every_moe_call_matches_the_checkpoint(moe_served, moe_checkpoints, name, tp, ep):
+    _, dump, _ = moe_served(name, tp, ep)
+    n = check_moe_calls(moe_checkpoints[name], dump, tp, ep)
+    assert n >= len(LAYERS) * tp * 2  # prefill and decode steps
+    print(f"{name} tp={tp} ep={ep}: {n} dumped MoE calls equal the emulated op on the checkpoint's experts")
+
+
+def test_ep_ranks_skip_other_ranks_experts(moe_served):
+    """Under expert parallelism some routed slots belong to the other rank (-1 after SGLang's dispatcher):
+    the per-call check above covers calls where a rank computes only part of a token's experts."""
+    _, dump, _ = moe_served("qwen3_moe-NVFP4", 2, True)
+    ids = [torch.load(f)["topk_ids"] for f in dump.glob("*.moe*.pt")]
+    assert any(bool((i < 0).any()) for i in ids) and any(bool((i >= 0).any()) for i in ids)
+
+
+@pytest.mark.parametrize("name,tp,ep", CASES, ids=IDS)
+def test_moe_logprobs_match_nvgemm_model(moe_served, moe_checkpoints, name, tp, ep):
+    results, _, _ = moe_served(name, tp, ep)
+    assert all(len(r["token_ids"]) == 4 and len(r["logprobs"]) == 4 for r in results)
+    diff = max_logprob_diff(results, nvgemm_logprobs(moe_checkpoints[name], results))
+    print(f"{name} tp={tp} ep={ep}: max |logprob(SGLang) - logprob(nvgemm model)| = {diff:.4g}")
+    assert diff <= LOGPROB_TOL[name.split("-", 1)[1]]
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
+def test_moe_tp2_matches_tp1(moe_served, ep):
+    diff, steps = common_steps_diff(moe_served("qwen3_moe-NVFP4", 1)[0], moe_served("qwen3_moe-NVFP4", 2, ep)[0])
+    print(f"qwen3_moe-NVFP4: max |logprob(TP=2{' EP' if ep else ''}) - logprob(TP=1)| = {diff:.4g} over {steps} steps")
+    assert steps >= 2 and diff <= LOGPROB_TOL["NVFP4"]
+
+
+@pytest.mark.parametrize("name,tp,ep", CASES, ids=IDS)
+def test_each_moe_layer_logs_its_backend_once(moe_served, name, tp, ep):
+    _, _, log = moe_served(name, tp, ep)
+    kind = "W4A16" if "W4A16" in name else "W4A4"
+    local = E // tp if ep else E
+    for layer in LAYERS:
+        mine = [line for line in log.splitlines() if f"[nvgemm] nvgemm_cutedsl: SGLang MoE layer {layer} (" in line]
+        assert len(mine) == tp, f"{layer}: {len(mine)} log lines for {tp} rank(s)"
+        for line in mine:
+            assert f"({kind}, {local} local of {E} experts, top-2, H=128, I={64 // (1 if ep else tp)}, silu_mul" in line
+            assert "served by M=1: emulated" in line, line
+    assert "stays with SGLang's ModelOptNvFp4FusedMoEMethod" not in log
+
+
+def test_plugin_off_instantiates_sglangs_own_moe_method(moe_checkpoints, moe_served):
+    """Plugin off: SGLang builds its own ModelOptNvFp4FusedMoEMethod for the MoE layers. That class's
+    constructor refuses this CPU (it serves Blackwell, or Marlin on sm80-9x), so SGLang's stock NVFP4 MoE
+    cannot run here; the message below is raised by that constructor only."""
+    _, dump, log = serve(moe_checkpoints["qwen3_moe-NVFP4"], 1, moe_served.work, "moe_off",
+                         env={"NVGEMM_SGLANG": None, "SGLANG_PLUGINS": None}, expect_failure=True)
+    assert not log.startswith("exit code 0\n"), log[-3000:]
+    assert ("Current platform does not support NVFP4 quantization with the selected MoE backend") in log, log[-3000:]
+    assert "in __init__" in log and "ModelOptNvFp4FusedMoEMethod(" in log or "modelopt_quant.py" in log, log[-3000:]
+    assert "[nvgemm]" not in log and not dump.exists()

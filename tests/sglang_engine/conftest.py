@@ -120,10 +120,12 @@ def served(checkpoints, tmp_path_factory):
     return get
 
 
-#: Tiny ModelOpt MoE exports (tests/_engine_reference.MOE_CONFIGS: Qwen3-MoE, hidden 128, 8 routed experts
+#: Tiny ModelOpt MoE export (tests/_engine_reference.MOE_CONFIGS: Qwen3-MoE, hidden 128, 8 routed experts
 #: top-2, expert I = 64, i.e. 32 per rank at TP=2: a multiple of 16, and of 32 so SGLang's CPU engine pads
-#: nothing; routers with spread-out weights so routing is not a tie).
-MOE_ALGOS = ("NVFP4", "W4A16_NVFP4")
+#: nothing; routers with spread-out weights so routing is not a tie). NVFP4 only, to keep the stage short:
+#: W4A16_NVFP4 experts take the same code path with ``weight_only`` set and are checked in process, through
+#: SGLang's own expert loader (test_sglang_moe_method.py).
+MOE_ALGOS = ("NVFP4",)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""SGLang 0.5.23's Python engine (CPU) serves tiny ModelOpt MoE exports (Qwen3-MoE NVFP4 and W4A16_NVFP4)
-through nvgemm's fused-MoE method, at tensor-parallel size 1 and 2, and with expert parallelism (2 ranks,
-4 of the 8 experts each, SGLang's ``ep_size``).
+"""SGLang 0.5.23's Python engine (CPU) serves a tiny ModelOpt NVFP4 MoE export (Qwen3-MoE) through nvgemm's
+fused-MoE method, at tensor-parallel size 1 and 2, and with expert parallelism (2 ranks, 4 of the 8 experts
+each, SGLang's ``ep_size``). W4A16_NVFP4 experts (the same method with ``weight_only``) and the plugin-off
+path are checked in process (test_sglang_moe_method.py): each engine start costs about a minute here.
 
 SGLang keeps the router: on this CPU (no AMX) its top-k runs SGLang's own pure-torch path, so no test stub
 is involved in routing. Checked:
@@ -14,9 +15,6 @@ is involved in routing. Checked:
 * end-to-end log-probabilities match nvgemm's own model (nvgemm's ModelOpt loader + transformers), and
   TP=2 and EP match TP=1;
 * each MoE layer logs once per rank which backend serves it;
-* with the plugin off, SGLang instantiates its own ``ModelOptNvFp4FusedMoEMethod``, which on this CPU
-  refuses to be built (its constructor accepts Blackwell or a Marlin-capable GPU only), so startup stops
-  with SGLang's message -- SGLang's stock NVFP4 MoE cannot run here at all.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from safetensors.torch import load_file  # noqa: E402
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
 
 from _engine_reference import common_steps_diff, expert_tensors, max_logprob_diff, nvgemm_logprobs  # noqa: E402
-from conftest import serve  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -38,14 +35,13 @@ LAYERS = ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
 E = 8
 # The reasoning of test_sglang_e2e.LOGPROB_TOL (tiny random models; W4A4 layers amplify bf16-ulp differences
 # of SGLang's and transformers' non-GEMM ops -- here also the router's softmax and top-k -- through E2M1
-# rounding; W4A16 has no activation rounding). Measured (SGLang 0.5.23 CPU engine, this machine), max |delta
-# logprob| over the top-5 of 4 steps x 2 prompts vs nvgemm's model: NVFP4 0.11 (TP=1) / 0.072 (TP=2) /
-# 0.14 (EP), W4A16_NVFP4 0.0073; TP=2 vs TP=1 0.097, EP vs TP=1 0.12 -- the same size as vLLM's CPU engine
-# on the same models (tests/vllm_engine/test_vllm_moe.py: 0.073-0.13). Bounds ~1.5-3x those; the exact check
-# is the per-call one.
-LOGPROB_TOL = {"NVFP4": 0.25, "W4A16_NVFP4": 0.02}
-CASES = [("qwen3_moe-NVFP4", 1, False), ("qwen3_moe-NVFP4", 2, False), ("qwen3_moe-NVFP4", 2, True),
-         ("qwen3_moe-W4A16_NVFP4", 1, False)]
+# rounding: one code step is up to a third of an element). Measured (SGLang 0.5.23 CPU engine, this machine),
+# max |delta logprob| over the top-5 of 4 steps x 2 prompts vs nvgemm's model: 0.067 (TP=1) / 0.049 (TP=2) /
+# 0.043 (TP=2 EP); TP=2 vs TP=1 0.064, EP vs TP=1 0.064 (6 common steps) -- the size vLLM's CPU engine shows
+# on the same model (tests/vllm_engine/test_vllm_moe.py: 0.073 / 0.096 / 0.092). The bound, the one the
+# NVFP4 dense exports use, is ~3x those: a coarse end-to-end check; the exact check is the per-call one.
+LOGPROB_TOL = 0.2
+CASES = [("qwen3_moe-NVFP4", 1, False), ("qwen3_moe-NVFP4", 2, False), ("qwen3_moe-NVFP4", 2, True)]
 IDS = [f"{n}-tp{t}{'-ep' if ep else ''}" for n, t, ep in CASES]
 
 
@@ -105,20 +101,20 @@ def test_moe_logprobs_match_nvgemm_model(moe_served, moe_checkpoints, name, tp, 
     assert all(len(r["token_ids"]) == 4 and len(r["logprobs"]) == 4 for r in results)
     diff = max_logprob_diff(results, nvgemm_logprobs(moe_checkpoints[name], results))
     print(f"{name} tp={tp} ep={ep}: max |logprob(SGLang) - logprob(nvgemm model)| = {diff:.4g}")
-    assert diff <= LOGPROB_TOL[name.split("-", 1)[1]]
+    assert diff <= LOGPROB_TOL
 
 
 @pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
 def test_moe_tp2_matches_tp1(moe_served, ep):
     diff, steps = common_steps_diff(moe_served("qwen3_moe-NVFP4", 1)[0], moe_served("qwen3_moe-NVFP4", 2, ep)[0])
     print(f"qwen3_moe-NVFP4: max |logprob(TP=2{' EP' if ep else ''}) - logprob(TP=1)| = {diff:.4g} over {steps} steps")
-    assert steps >= 2 and diff <= LOGPROB_TOL["NVFP4"]
+    assert steps >= 2 and diff <= LOGPROB_TOL
 
 
 @pytest.mark.parametrize("name,tp,ep", CASES, ids=IDS)
 def test_each_moe_layer_logs_its_backend_once(moe_served, name, tp, ep):
     _, _, log = moe_served(name, tp, ep)
-    kind = "W4A16" if "W4A16" in name else "W4A4"
+    kind = "W4A4"
     local = E // tp if ep else E
     for layer in LAYERS:
         mine = [line for line in log.splitlines() if f"[nvgemm] nvgemm_cutedsl: SGLang MoE layer {layer} (" in line]
@@ -127,15 +123,3 @@ def test_each_moe_layer_logs_its_backend_once(moe_served, name, tp, ep):
             assert f"({kind}, {local} local of {E} experts, top-2, H=128, I={64 // (1 if ep else tp)}, silu_mul" in line
             assert "served by M=1: emulated" in line, line
     assert "stays with SGLang's ModelOptNvFp4FusedMoEMethod" not in log
-
-
-def test_plugin_off_instantiates_sglangs_own_moe_method(moe_checkpoints, moe_served):
-    """Plugin off: SGLang builds its own ModelOptNvFp4FusedMoEMethod for the MoE layers. That class's
-    constructor refuses this CPU (it serves Blackwell, or Marlin on sm80-9x), so SGLang's stock NVFP4 MoE
-    cannot run here; the message below is raised by that constructor only."""
-    _, dump, log = serve(moe_checkpoints["qwen3_moe-NVFP4"], 1, moe_served.work, "moe_off",
-                         env={"NVGEMM_SGLANG": None, "SGLANG_PLUGINS": None}, expect_failure=True)
-    assert not log.startswith("exit code 0\n"), log[-3000:]
-    assert ("Current platform does not support NVFP4 quantization with the selected MoE backend") in log, log[-3000:]
-    assert "in __init__" in log and "ModelOptNvFp4FusedMoEMethod(" in log or "modelopt_quant.py" in log, log[-3000:]
-    assert "[nvgemm]" not in log and not dump.exists()

@@ -8,7 +8,11 @@ scale exact:
   (and refused: they quantize the same input) instead of the later one silently winning;
 * SGLang's ``ModelOptNvFp4FusedMoEMethod`` uses the gate's ``weight_scale_2`` for both halves on its
   single-alpha backends -> nvgemm keeps unequal ones exact (per-row alpha);
-* per-expert input scales stay per expert, sliced to the rank's local experts under expert parallelism.
+* per-expert input scales stay per expert, sliced to the rank's local experts under expert parallelism;
+* W4A16_NVFP4 experts (no input scales) take the same path; the engine test serves the NVFP4 export only.
+
+With the plugin off SGLang instantiates its own ``ModelOptNvFp4FusedMoEMethod``, which cannot be built on a
+CPU (the last test).
 """
 
 from __future__ import annotations
@@ -92,23 +96,27 @@ def _load(layer, ck):
             param.weight_loader(param, t, f"model.layers.0.mlp.experts.{stem}_{suffix}", shard_id=shard, expert_id=x)
 
 
-@pytest.mark.parametrize("local_of_global", [[0, 1, 2, 3], [-1, -1, 0, 1]], ids=["all-local", "ep-rank1"])
-def test_sglang_loader_keeps_every_scale_exact(local_of_global):
+@pytest.mark.parametrize("local_of_global,weight_only", [([0, 1, 2, 3], False), ([-1, -1, 0, 1], False),
+                                                         ([0, 1, 2, 3], True), ([-1, -1, 0, 1], True)],
+                         ids=["all-local", "ep-rank1", "all-local-w4a16", "ep-rank1-w4a16"])
+def test_sglang_loader_keeps_every_scale_exact(local_of_global, weight_only):
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-    layer, method = _served(local_of_global)
-    ck = moe_checkpoint(0, E_GLOBAL, H, I)
+    layer, method = _served(local_of_global, weight_only)
+    ck = moe_checkpoint(0, E_GLOBAL, H, I, weight_only)
     _load(layer, ck)
     experts = [g for g, x in enumerate(local_of_global) if x >= 0]
     for l, g in enumerate(experts):  # both gate / up input-scale slots, per *local* expert
-        assert float(layer.w13_input_scale[l, 0]) == float(ck[g, "w1"]["input_scale"])
-        assert float(layer.w13_input_scale[l, 1]) == float(ck[g, "w3"]["input_scale"])
-        assert float(layer.w2_input_scale[l]) == float(ck[g, "w2"]["input_scale"])
+        if not weight_only:
+            assert float(layer.w13_input_scale[l, 0]) == float(ck[g, "w1"]["input_scale"])
+            assert float(layer.w13_input_scale[l, 1]) == float(ck[g, "w3"]["input_scale"])
+            assert float(layer.w2_input_scale[l]) == float(ck[g, "w2"]["input_scale"])
         assert float(layer.w13_weight_scale_2[l, 0]) != float(layer.w13_weight_scale_2[l, 1])
     method.process_weights_after_loading(layer)
     assert layer.nvgemm_w13_scale_2.shape == (len(experts), 2 * I)  # unequal gate/up: exact per-row alpha
-    for l, g in enumerate(experts):
+    assert (layer.nvgemm_w13_input_scale is None) is weight_only
+    for l, g in enumerate(experts if not weight_only else []):
         assert float(layer.nvgemm_w13_input_scale[l]) == float(ck[g, "w1"]["input_scale"])  # no max-collapse
     assert method.get_moe_runner_backend(layer) is None  # SGLang: "direct kernel, standard top-k, local ids"
     gen = torch.Generator().manual_seed(1)
@@ -194,3 +202,24 @@ def test_a_moe_layer_nvgemm_cannot_serve_stays_sglangs_with_one_warning(monkeypa
     assert [m for level, m in lines if level == logging.WARNING] == [
         "nvgemm_cutedsl: SGLang MoE layer model.layers.0.mlp.experts (and any like it) stays with SGLang's "
         "ModelOptNvFp4FusedMoEMethod: activation 'gelu' (gated)"]
+
+
+def test_plugin_off_sglang_instantiates_its_own_moe_method():
+    """Plugin off, SGLang's ``modelopt_fp4`` config (the registry entry then: test_plugin.py) hands a FusedMoE
+    layer its ``ModelOptNvFp4FusedMoEMethod``, whose constructor refuses this CPU (it serves Blackwell, or
+    Marlin on sm80-9x): SGLang's stock NVFP4 MoE cannot run here at all, so this -- which class SGLang
+    instantiates, and that it stops startup on a CPU -- is what the plugin-off path can show."""
+    import traceback
+
+    from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config, ModelOptNvFp4FusedMoEMethod
+
+    stock = ModelOptFp4Config.from_config({"producer": {"name": "modelopt"},
+                                           "quantization": {"quant_algo": "NVFP4", "group_size": 16}})
+    with pytest.raises(ValueError, match="Current platform does not support NVFP4 quantization with the selected "
+                                         "MoE backend") as info:
+        stock.get_quant_method(_fused_moe(), "model.layers.0.mlp.experts")
+    frames = traceback.extract_tb(info.tb)
+    assert frames[-1].name == "__init__" and frames[-1].filename.endswith("modelopt_quant.py")
+    assert ModelOptNvFp4FusedMoEMethod.__init__.__code__.co_filename == frames[-1].filename
+    assert frames[-1].lineno in range(ModelOptNvFp4FusedMoEMethod.__init__.__code__.co_firstlineno,
+                                      ModelOptNvFp4FusedMoEMethod.__init__.__code__.co_firstlineno + 40)

@@ -15,7 +15,7 @@ Names used (module -> name: why; public = documented extension point):
   registry consulted instead on an AMX CPU).
 * ``sglang.srt.layers.quantization.modelopt_quant`` -> ``ModelOptFp4Config`` and
   ``ModelOptMixedPrecisionConfig`` (subclassed: checkpoint parsing, exclusions, KV cache, embeddings,
-  FP8 layers and MoE stay SGLang's), ``ModelOptFp4LinearMethod`` / ``ModelOptNvFp4A16LinearMethod``
+  FP8 layers and the MoE layers nvgemm declines stay SGLang's), ``ModelOptFp4LinearMethod`` / ``ModelOptNvFp4A16LinearMethod``
   (the stock methods whose layers nvgemm takes over), ``ModelOptNvFp4FusedMoEMethod`` (what SGLang keeps for
   the MoE layers nvgemm declines).
 * ``sglang.srt.layers.quantization.utils`` -> ``_FALLBACK_FUSED_SHARDS`` (private; SGLang's standard fused-layer

@@ -123,3 +123,14 @@ def test_each_moe_layer_logs_its_backend_once(moe_served, name, tp, ep):
             assert f"({kind}, {local} local of {E} experts, top-2, H=128, I={64 // (1 if ep else tp)}, silu_mul" in line
             assert "served by M=1: emulated" in line, line
     assert "stays with SGLang's ModelOptNvFp4FusedMoEMethod" not in log
+
+
+def test_a_wrong_rank_slice_would_fail_the_per_call_check(moe_served, moe_checkpoints):
+    """The per-call check is sharp: rank 1's dumped TP=2 calls equal the math on rank 1's slice of every expert
+    (gate / up rows, down_proj K), not on rank 0's."""
+    _, dump, _ = moe_served("qwen3_moe-NVFP4", 2)
+    tensors = load_file(str(moe_checkpoints["qwen3_moe-NVFP4"] / "model.safetensors"))
+    d = torch.load(sorted(dump.glob(f"{LAYERS[0]}.rank1.*.moe*.pt"))[0])
+    run = [nvfp4_moe_emulated(d["x"], d["topk_ids"], d["topk_weights"], *expert_tensors(tensors, LAYERS[0], r, 2),
+                              "silu_mul", False, None, None, None, None) for r in (1, 0)]
+    assert torch.equal(d["out"], run[0]) and not torch.equal(d["out"], run[1])

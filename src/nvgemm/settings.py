@@ -204,7 +204,7 @@ SETTINGS: dict[str, Setting] = _declare(
             "Level of the nvgemm log lines the SGLang plugin prints (unless the application configured the "
             "`nvgemm_cutedsl` logger)."),
     Setting("NVGEMM_SGLANG_DUMP", PATH, None, RUNTIME,
-            "Save every linear call the SGLang plugin makes (inputs and output) under this directory "
+            "Save every linear and MoE call the SGLang plugin makes (inputs, routing, output) under this directory "
             "(tests, debugging; slow)."),
 )
 

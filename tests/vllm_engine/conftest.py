@@ -41,49 +41,8 @@ def make_checkpoints(root: Path) -> dict[str, Path]:
     return out
 
 
-#: Tiny MoE exports for the vLLM CPU engine: hidden 128, 8 routed experts top-2, expert I = 64 (32 per rank
-#: at TP=2, a multiple of 16). DeepSeek-V3: layer 0 dense, layer 1 MoE with one shared expert, grouped
-#: sigmoid routing with correction bias and routed_scaling_factor 2.5; vLLM's CPU MLA kernel only
-#: compiles kv_lora_rank + qk_rope_head_dim = 576, hence 512 + 64.
-MOE_CONFIGS = {
-    "qwen3_moe": dict(
-        model_type="qwen3_moe", arch="Qwen3MoeForCausalLM", vocab_size=512, hidden_size=128, intermediate_size=256,
-        moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=256,
-        tie_word_embeddings=False),
-    "deepseek_v3": dict(
-        model_type="deepseek_v3", arch="DeepseekV3ForCausalLM", vocab_size=512, hidden_size=128,
-        intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2, first_k_dense_replace=1,
-        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-        n_group=2, topk_group=1, routed_scaling_factor=2.5, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=32,
-        qk_rope_head_dim=64, v_head_dim=32, max_position_embeddings=256, tie_word_embeddings=False,
-        # the keys DeepSeek-V3's own config.json has (vLLM creates e_score_correction_bias only for noaux_tc)
-        topk_method="noaux_tc", scoring_func="sigmoid"),
-}
-
-
-def build_moe_model(kind: str, seed: int = 0):
-    """A random tiny MoE causal LM (bf16, eval, eager experts so ModelOpt can quantize them); routers and
-    the DeepSeek correction bias get spread-out values so routing is not a tie."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    spec = dict(MOE_CONFIGS[kind])
-    model_type, arch = spec.pop("model_type"), spec.pop("arch")
-    config = AutoConfig.for_model(model_type, **spec)
-    config.architectures = [arch]
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, experts_implementation="eager").eval()
-    with torch.no_grad():
-        for name, p in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith("e_score_correction_bias"):
-                p.normal_(0, 0.1)
-            elif name.endswith("mlp.gate.weight"):
-                p.normal_(0, 0.5)
-    return model
-
-
 def make_moe_checkpoints(root: Path) -> dict[str, Path]:
+    from _engine_reference import MOE_CONFIGS, build_moe_model
     from nvgemm.testing import quantize_and_export
 
     out = {}

@@ -24,8 +24,9 @@ os.environ.setdefault("NVGEMM_VLLM", "1")
 from vllm.model_executor.layers.fused_moe import RoutedExperts  # noqa: E402
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
 
-from nvgemm.core.formats import dequantize, quantize_activation, quantize_weight  # noqa: E402
 from nvgemm.integrations.vllm.moe import NvgemmModelOptNvFp4FusedMoE  # noqa: E402
+
+from _engine_reference import moe_checkpoint, moe_fp64_reference  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -68,17 +69,7 @@ def _layer(local_of_global: list[int], weight_only: bool = False):
 
 
 def _checkpoint(seed: int, weight_only: bool = False):
-    """Per-expert ModelOpt-style tensors with unequal gate/up weight_scale_2 and per-expert input scales."""
-    g = torch.Generator().manual_seed(seed)
-    ck = {}
-    for x in range(E_GLOBAL):
-        for name, rows, k in (("w1", I, H), ("w3", I, H), ("w2", H, I)):
-            q = quantize_weight(torch.randn(rows, k, generator=g) * (1.0 + 0.5 * (name == "w3")))
-            ck[x, name] = dict(weight=q.packed, weight_scale=q.scale, weight_scale_2=q.global_scale.reshape(()))
-            if not weight_only:
-                ins = torch.tensor((1.0 + 0.25 * x) / 448 if name != "w2" else (0.5 + 0.1 * x) / 448)
-                ck[x, name]["input_scale"] = ins
-    return ck
+    return moe_checkpoint(seed, E_GLOBAL, H, I, weight_only)
 
 
 def _load(layer, ck):
@@ -92,24 +83,7 @@ def _load(layer, ck):
 
 
 def _fp64_reference(ck, x_in, ids, wts, experts):
-    out = torch.zeros(x_in.shape, dtype=torch.float64)
-    for t in range(x_in.shape[0]):
-        for s in range(ids.shape[1]):
-            g = int(ids[t, s])
-            if g not in experts:
-                continue
-
-            def lin(a, name):
-                c = ck[g, name]
-                ins = c.get("input_scale")
-                aq = a.double() if ins is None else dequantize(*quantize_activation(a, ins)).double()
-                w = dequantize(c["weight"], c["weight_scale"]).double()
-                return (aq @ w.t()) * c["weight_scale_2"].double() * (1.0 if ins is None else ins.double())
-
-            xt = x_in[t:t + 1]
-            h = (torch.nn.functional.silu(lin(xt, "w1")) * lin(xt, "w3")).to(torch.bfloat16)
-            out[t] += float(wts[t, s]) * lin(h, "w2")[0]
-    return out
+    return moe_fp64_reference(ck, x_in, ids, wts, experts)
 
 
 @pytest.mark.parametrize("local_of_global", [[0, 1, 2, 3], [-1, 0, -1, 1]], ids=["all-local", "ep-rank1"])

@@ -26,10 +26,9 @@ import torch
 pytest.importorskip("vllm")
 from safetensors.torch import load_file  # noqa: E402
 
-from nvgemm.core.formats import to_blocked  # noqa: E402
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
 
-from _engine_reference import common_steps_diff, max_logprob_diff, nvgemm_logprobs  # noqa: E402
+from _engine_reference import common_steps_diff, expert_tensors, max_logprob_diff, nvgemm_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -45,42 +44,6 @@ LOGPROB_TOL = {"NVFP4": 0.2, "W4A16_NVFP4": 0.02}
 CASES = [("qwen3_moe-NVFP4", 1, False), ("qwen3_moe-NVFP4", 2, False), ("qwen3_moe-NVFP4", 2, True),
          ("qwen3_moe-W4A16_NVFP4", 1, False), ("deepseek_v3-NVFP4", 1, False), ("deepseek_v3-NVFP4", 2, False)]
 IDS = [f"{n}-tp{t}{'-ep' if ep else ''}" for n, t, ep in CASES]
-
-
-def expert_tensors(t: dict, layer: str, rank: int, tp: int, expert_map=None):
-    """The op's stacked tensors for ``layer`` on ``rank``, from the checkpoint's per-expert tensors: every
-    expert's gate/up rows and down_proj K sliced by tensor-parallel rank, or (expert parallelism) the
-    unsliced experts ``expert_map`` places on this rank, in local-slot order."""
-    e = 0
-    while f"{layer}.{e}.down_proj.weight" in t:
-        e += 1
-    experts = list(range(e))
-    if expert_map is not None:
-        local = {int(l): g for g, l in enumerate(expert_map.tolist()) if l >= 0}
-        experts = [local[j] for j in range(len(local))]
-    w13, s13, g13, i13, w2, s2, g2, i2 = ([] for _ in range(8))
-    for x in experts:
-        p = f"{layer}.{x}"
-        gw, uw = t[f"{p}.gate_proj.weight"].chunk(tp)[rank], t[f"{p}.up_proj.weight"].chunk(tp)[rank]
-        gs, us = t[f"{p}.gate_proj.weight_scale"].chunk(tp)[rank], t[f"{p}.up_proj.weight_scale"].chunk(tp)[rank]
-        w13.append(torch.cat([gw, uw]))
-        s13.append(to_blocked(torch.cat([gs, us])))
-        gg, ug = t[f"{p}.gate_proj.weight_scale_2"].float(), t[f"{p}.up_proj.weight_scale_2"].float()
-        g13.append(torch.cat([gg.expand(gw.shape[0]), ug.expand(uw.shape[0])]))
-        dw, ds = t[f"{p}.down_proj.weight"], t[f"{p}.down_proj.weight_scale"]
-        kr = dw.shape[1] * 2 // tp  # down_proj K split across ranks
-        w2.append(dw[:, rank * kr // 2:(rank + 1) * kr // 2].contiguous())
-        s2.append(to_blocked(ds[:, rank * kr // 16:(rank + 1) * kr // 16].contiguous()))
-        g2.append(t[f"{p}.down_proj.weight_scale_2"].float().reshape(()))
-        if f"{p}.gate_proj.input_scale" in t:
-            assert torch.equal(t[f"{p}.gate_proj.input_scale"], t[f"{p}.up_proj.input_scale"])
-            i13.append(t[f"{p}.gate_proj.input_scale"].float().reshape(()))
-            i2.append(t[f"{p}.down_proj.input_scale"].float().reshape(()))
-    g13 = torch.stack(g13)
-    if bool((g13 == g13[:, :1]).all()):
-        g13 = g13[:, 0].contiguous()  # equal gate/up scales: the per-expert scalar (same values)
-    return (torch.stack(w13), torch.stack(s13), g13, torch.stack(i13) if i13 else None, torch.stack(w2),
-            torch.stack(s2), torch.stack(g2), torch.stack(i2) if i2 else None)
 
 
 def check_moe_calls(ckpt: Path, dump: Path, tp: int, layers: list[str], ep: bool = False) -> int:

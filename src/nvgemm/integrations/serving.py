@@ -22,7 +22,8 @@ engine's own parameter classes and loaders), the plan, the sm90 one-copy layout,
 one load log line and ``apply``. An adapter (``nvgemm.integrations.vllm.method``,
 ``nvgemm.integrations.sglang.method``) only supplies what its engine decides: the parameter classes,
 the activation dtype, the token counts to warm up (:func:`warmup_sizes` of the engine's graph sizes and
-token budget), the tensor-parallel rank for dumps (:func:`dump_call`).
+token budget), the tensor-parallel rank for dumps (:func:`dump_call`). The routed experts of MoE layers
+have their shared part in :mod:`nvgemm.integrations.serving_moe`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ rank, the detokenizer). It does nothing unless the user opts in:
 When enabled it checks the SGLang version (:mod:`._compat`; an untested SGLang stops startup, never a
 guess) and replaces SGLang's ``modelopt_fp4`` / ``modelopt_mixed`` quantization configs in place: the
 linear layers of ModelOpt ``NVFP4`` (W4A4), ``W4A16_NVFP4`` and ``MIXED_PRECISION`` checkpoints then
-run through nvgemm (:mod:`.method`); everything else is SGLang's.
+run through nvgemm (:mod:`.method`), and their routed MoE experts through ``torch.ops.nvgemm.nvfp4_moe``
+(:mod:`.moe`); everything else (router, shared experts, attention, ...) is SGLang's.
 
 SGLang logs and swallows any ``Exception`` a plugin raises, which would leave an opted-in user on
 SGLang's own kernels without noticing. So when the user opted in and the plugin cannot install itself
@@ -110,5 +111,6 @@ def register() -> None:
     _show_logs()
     _REGISTERED = True
     log.info("nvgemm_cutedsl: SGLang %s plugin enabled in process %d: ModelOpt NVFP4 / W4A16_NVFP4 / "
-             "MIXED_PRECISION linear layers run on torch.ops.nvgemm.nvfp4_linear; MoE layers stay SGLang's",
+             "MIXED_PRECISION linear layers run on torch.ops.nvgemm.nvfp4_linear, their routed MoE experts on "
+             "torch.ops.nvgemm.nvfp4_moe",
              version, os.getpid())

@@ -10,8 +10,9 @@ and token budget to warm up for, and each layer's tensor-parallel rank.
 The configs subclass SGLang's ``ModelOptFp4Config`` (``modelopt_fp4``) and
 ``ModelOptMixedPrecisionConfig`` (``modelopt_mixed``) and override ``get_quant_method`` only: a
 ``LinearBase`` layer whose stock method is exactly ``ModelOptFp4LinearMethod`` (W4A4) or
-``ModelOptNvFp4A16LinearMethod`` (W4A16_NVFP4) gets nvgemm's method; everything else (excluded and
-FP8 layers, ``ParallelLMHead``, NVFP4 embeddings, KV-cache scales, MoE) keeps SGLang's, and every
+``ModelOptNvFp4A16LinearMethod`` (W4A16_NVFP4) gets nvgemm's method, and a ``FusedMoE`` layer with NVFP4 /
+W4A16_NVFP4 experts nvgemm's fused-MoE method (:mod:`.moe`); everything else (excluded and FP8 layers,
+``ParallelLMHead``, NVFP4 embeddings, KV-cache scales, MoE layers nvgemm declines) keeps SGLang's, and every
 NVFP4 layer nvgemm declines is logged with its reason.
 
 nvgemm's method deliberately does not subclass ``ModelOptFp4LinearMethod``: SGLang's model code keys
@@ -96,19 +97,9 @@ def _decline_reason(method, config) -> str | None:
     return None
 
 
-_MOE_WARNED: list = []
-
-
 def _swap(method, config, layer, prefix: str):
     """Swap SGLang's NVFP4 linear method for nvgemm's; anything else is returned unchanged (with a log
-    line when it is an NVFP4 layer nvgemm declines, and one warning for NVFP4 MoE layers)."""
-    if isinstance(layer, S.FusedMoE) and isinstance(method, S.ModelOptNvFp4FusedMoEMethod):
-        if not _MOE_WARNED:
-            _MOE_WARNED.append(True)
-            log.warning("nvgemm_cutedsl: SGLang MoE layers (first: %s) stay with SGLang's "
-                        "ModelOptNvFp4FusedMoEMethod: nvgemm's SGLang plugin does not take over fused-MoE layers "
-                        "(its vLLM plugin does)", prefix)
-        return method
+    line when it is an NVFP4 layer nvgemm declines)."""
     weight_only = _replaced().get(type(method))
     if weight_only is None:
         return method
@@ -126,6 +117,16 @@ def _swap(method, config, layer, prefix: str):
                                       group_size=int(getattr(cfg, "group_size", None) or 16))
 
 
+def _moe_method(config, layer, prefix: str, algo: str):
+    """nvgemm's fused-MoE method for an NVFP4 / W4A16_NVFP4 ``FusedMoE`` layer, or None (SGLang's), decided
+    before SGLang would construct its ``ModelOptNvFp4FusedMoEMethod``."""
+    # lazy: the MoE module imports SGLang's fused-MoE names only when a model has MoE layers
+    from nvgemm.integrations.sglang.moe import moe_method_for
+
+    return moe_method_for(config, layer, prefix, weight_only=algo == "W4A16_NVFP4",
+                          group_size=int(getattr(config, "group_size", None) or 16))
+
+
 class NvgemmSglModelOptFp4Config(S.ModelOptFp4Config):
     """``modelopt_fp4`` (NVFP4, W4A16_NVFP4) with its linear layers served by nvgemm."""
 
@@ -135,6 +136,10 @@ class NvgemmSglModelOptFp4Config(S.ModelOptFp4Config):
         return super().override_quantization_method(hf_quant_config, user_quant, *args, **kwargs)
 
     def get_quant_method(self, layer, prefix: str):
+        if isinstance(layer, S.FusedMoE) and self.is_checkpoint_nvfp4_serialized and not self.is_layer_excluded(prefix):
+            moe = _moe_method(self, layer, prefix, "W4A16_NVFP4" if getattr(self, "is_w4a16", False) else "NVFP4")
+            if moe is not None:
+                return moe
         return _swap(super().get_quant_method(layer, prefix), self, layer, prefix)
 
 
@@ -153,6 +158,13 @@ class NvgemmSglModelOptMixedPrecisionConfig(S.ModelOptMixedPrecisionConfig):
         for fused, shards in S.FALLBACK_FUSED_SHARDS.items():
             mapping.setdefault(fused, list(shards))
         self.packed_modules_mapping = mapping
+        if isinstance(layer, S.FusedMoE) and not self.is_layer_excluded(prefix):
+            algo = self._resolve_quant_algo(prefix)
+            if algo in ("NVFP4", "W4A16_NVFP4"):
+                sub = self.nvfp4_config if algo == "NVFP4" else self.nvfp4a16_config
+                moe = _moe_method(sub, layer, prefix, algo)
+                if moe is not None:
+                    return moe
         return _swap(super().get_quant_method(layer, prefix), self, layer, prefix)
 
 

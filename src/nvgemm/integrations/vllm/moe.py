@@ -17,23 +17,29 @@ all-reduces) and expert parallelism (``layer.expert_map``: global id -> local sl
   per expert. It then resolves (and on a GPU warms up) the backend for each token count and logs
   which backend serves the layer.
 * ``apply`` is one ``torch.ops.nvgemm.nvfp4_moe`` call (traceable: the op has a fake implementation).
+
+The parameters, the exact-scale conversion, the warm-up and log line, the call and the dump are
+engine-agnostic, shared with the SGLang plugin (:mod:`nvgemm.integrations.serving_moe`); this module
+supplies vLLM's parameter classes and loader, its layer attributes, graph sizes and expert map.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 
 import torch
 
 from nvgemm import settings
+from nvgemm.integrations.serving_moe import (
+    create_moe_weights,
+    dump_moe_call,
+    finish_moe_weights,
+    resolve_moe,
+    routing_operands,
+    run_moe,
+)
 from nvgemm.integrations.vllm import _compat
 from nvgemm.integrations.vllm.engine import model_dtype as _model_dtype, warmup_token_counts
-from nvgemm.core.formats import check_block_scales, to_blocked
-from nvgemm.dispatch.moe import select_moe_backend
-from nvgemm.ops.moe import check_moe_args
-from nvgemm.integrations.serving import dump_call
 
 log = logging.getLogger("nvgemm_cutedsl.vllm")
 
@@ -41,8 +47,6 @@ V = _compat.load()
 
 #: vLLM MoE activation -> nvfp4_moe activation (others stay with vLLM).
 ACTIVATIONS = {"silu": "silu_mul", "silu_no_mul": "silu", "relu2_no_mul": "relu2", "gelu_tanh_no_mul": "gelu_tanh"}
-
-_DUMP_COUNTER = itertools.count()
 
 
 def unsupported_reason(layer) -> str | None:
@@ -72,10 +76,6 @@ def moe_method_for(config, layer, prefix: str, weight_only: bool, group_size: in
     return NvgemmModelOptNvFp4FusedMoE(layer.moe_config, weight_only, prefix)
 
 
-def _nan(*shape, dtype=torch.float32):
-    return torch.full(shape, float("nan"), dtype=torch.float32).to(dtype)
-
-
 class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
     """Routed NVFP4 / W4A16_NVFP4 experts served by ``nvgemm::nvfp4_moe`` (see the module docstring).
 
@@ -96,81 +96,16 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
 
     def create_weights(self, layer, num_experts: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: torch.dtype, **extra_weight_attrs):
-        e, h, i = int(num_experts), int(hidden_size), int(intermediate_size_per_partition)
-        if h % 16 or i % 16:
-            raise ValueError(
-                f"nvgemm: MoE layer {self.prefix}: hidden {h} and per-rank intermediate {i} must be multiples of 16 "
-                "(one NVFP4 scale block must not straddle two tensor-parallel ranks); use a tensor-parallel size "
-                "that divides intermediate_size / 16")
-        shards = 2 if self.moe.is_act_and_mul else 1
-        wl = extra_weight_attrs.get("weight_loader")
-        layer.num_experts = e
+        layer.num_experts = int(num_experts)
         layer.params_dtype = params_dtype
-        reg = layer.register_parameter
-        reg("w13_weight", V.ModelWeightParameter(data=torch.empty(e, shards * i, h // 2, dtype=torch.uint8),
-                                                 input_dim=1, output_dim=2, weight_loader=wl))
-        reg("w2_weight", V.ModelWeightParameter(data=torch.empty(e, h, i // 2, dtype=torch.uint8),
-                                                input_dim=1, output_dim=2, weight_loader=wl))
-        reg("w13_weight_scale", V.ModelWeightParameter(data=_nan(e, shards * i, h // 16, dtype=torch.float8_e4m3fn),
-                                                       input_dim=1, output_dim=2, weight_loader=wl))
-        reg("w2_weight_scale", V.ModelWeightParameter(data=_nan(e, h, i // 16, dtype=torch.float8_e4m3fn),
-                                                      input_dim=1, output_dim=2, weight_loader=wl))
-        reg("w13_weight_scale_2", V.PerTensorScaleParameter(data=_nan(e, shards), weight_loader=wl))
-        reg("w2_weight_scale_2", V.PerTensorScaleParameter(data=_nan(e), weight_loader=wl))
-        # W4A16 layers accept a (legacy) input scale too, as vLLM does; it is dropped after loading
-        reg("w13_input_scale", V.PerTensorScaleParameter(data=_nan(e, shards), weight_loader=wl))
-        reg("w2_input_scale", V.PerTensorScaleParameter(data=_nan(e), weight_loader=wl))
+        create_moe_weights(layer, self.prefix, "vLLM", num_experts, hidden_size, intermediate_size_per_partition,
+                           self.moe.is_act_and_mul, extra_weight_attrs.get("weight_loader"), V.ModelWeightParameter,
+                           V.PerTensorScaleParameter)
 
     def process_weights_after_loading(self, layer) -> None:
-        name = self.prefix
         self.activation = ACTIVATIONS[layer.activation.value]
-        w13, w2 = layer.w13_weight.data, layer.w2_weight.data
-        e, r13 = w13.shape[0], w13.shape[1]
-        for pname in ("w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2", "w2_weight_scale_2"):
-            if bool(torch.isnan(getattr(layer, pname).data.float()).any()):
-                raise ValueError(f"nvgemm vLLM MoE layer {name}: {pname} was not (fully) loaded from the checkpoint "
-                                 "(NaN): are these experts stored unquantized? list them in exclude_modules")
-        g13 = layer.w13_weight_scale_2.data.float()
-        if g13.shape[1] == 2 and not torch.equal(g13[:, 0], g13[:, 1]):
-            half = r13 // 2  # unequal gate/up weight_scale_2: exact per-row alpha
-            g13 = torch.cat([g13[:, :1].expand(e, half), g13[:, 1:].expand(e, r13 - half)], 1).contiguous()
-            log.info("nvgemm_cutedsl: vLLM MoE layer %s: gate/up weight_scale_2 differ; kept exact as per-row alpha",
-                     name)
-        else:
-            g13 = g13[:, 0].contiguous()
-        g2 = layer.w2_weight_scale_2.data.float().reshape(e).contiguous()
-        ins13 = ins2 = None
-        if not self.weight_only:
-            i13, i2 = layer.w13_input_scale.data.float(), layer.w2_input_scale.data.float().reshape(e)
-            if bool(torch.isnan(i13).any()) or bool(torch.isnan(i2).any()):
-                raise ValueError(f"nvgemm vLLM MoE layer {name}: an NVFP4 (W4A4) expert has no input_scale in the "
-                                 "checkpoint")
-            if i13.shape[1] == 2 and not torch.equal(i13[:, 0], i13[:, 1]):
-                bad = int((i13[:, 0] != i13[:, 1]).nonzero()[0])
-                raise ValueError(f"nvgemm vLLM MoE layer {name}: expert {bad} has gate input_scale "
-                                 f"{float(i13[bad, 0])} != up input_scale {float(i13[bad, 1])}; both project the same "
-                                 "input, so the checkpoint is inconsistent")
-            ins13, ins2 = i13[:, 0].contiguous(), i2.contiguous()
-        elif not bool(torch.isnan(layer.w13_input_scale.data).all()):
-            log.warning("nvgemm_cutedsl: %s is W4A16_NVFP4 but its checkpoint has expert input scales; ignored", name)
-        for pname in ("w13_weight_scale", "w2_weight_scale"):  # the dense loaders' byte rule (NaN, negative)
-            check_block_scales(getattr(layer, pname).data, f"nvgemm vLLM MoE layer {name}: {pname}")
-        s13 = torch.stack([to_blocked(s) for s in layer.w13_weight_scale.data])
-        s2 = torch.stack([to_blocked(s) for s in layer.w2_weight_scale.data])
-        for pname in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2",
-                      "w2_weight_scale_2", "w13_input_scale", "w2_input_scale"):
-            delattr(layer, pname)
-        layer.w13_weight = torch.nn.Parameter(w13.contiguous(), requires_grad=False)
-        layer.w2_weight = torch.nn.Parameter(w2.contiguous(), requires_grad=False)
-        for bname, t in (("nvgemm_w13_scale", s13), ("nvgemm_w13_scale_2", g13), ("nvgemm_w2_scale", s2),
-                         ("nvgemm_w2_scale_2", g2), ("nvgemm_w13_input_scale", ins13),
-                         ("nvgemm_w2_input_scale", ins2)):
-            layer.register_buffer(bname, None if t is None else t.to(w13.device), persistent=False)
+        finish_moe_weights(layer, self.prefix, "vLLM", self.weight_only, log)
         self._resolve(layer)
-
-    def _tensors(self, layer):
-        return (layer.w13_weight, layer.nvgemm_w13_scale, layer.nvgemm_w13_scale_2, layer.nvgemm_w13_input_scale,
-                layer.w2_weight, layer.nvgemm_w2_scale, layer.nvgemm_w2_scale_2, layer.nvgemm_w2_input_scale)
 
     def _expert_map(self, layer):
         em = layer.expert_map
@@ -178,36 +113,10 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
 
     def _resolve(self, layer) -> None:
         """Select (and on a GPU warm up) the backend for every token count; log the choice once."""
-        dev = layer.w13_weight.device
-        x_dtype = _model_dtype()
-        top_k = int(layer.top_k)
-        em = self._expert_map(layer)
-        chosen = []
-        for m in warmup_token_counts(dev):
-            x = torch.zeros((m, layer.w2_weight.shape[1]), dtype=x_dtype, device=dev)
-            ids = (torch.arange(m * top_k, device=dev, dtype=torch.int32) % int(layer.global_num_experts)).reshape(m, top_k)
-            wts = torch.full((m, top_k), 1.0 / top_k, dtype=torch.float32, device=dev)
-            args = (x, ids, wts, *self._tensors(layer), self.activation, bool(layer.apply_router_weight_on_input)
-                    and top_k == 1, em, None, None, None)
-            backend = select_moe_backend(check_moe_args(*args))
-            chosen.append((m, backend.name))
-            if backend.name != "emulated":
-                torch.ops.nvgemm.nvfp4_moe(*args)  # compiles / loads the kernels before any graph capture
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        runs: list[list] = []
-        for m, n in chosen:
-            if runs and runs[-1][2] == n:
-                runs[-1][1] = m
-            else:
-                runs.append([m, m, n])
-        served = "; ".join(f"M={a}{'' if a == b else f'..{b}'}: {n}" for a, b, n in runs)
-        e, r13 = layer.w13_weight.shape[:2]
-        log.info("nvgemm_cutedsl: vLLM MoE layer %s (%s, %d local of %d experts, top-%d, H=%d, I=%d, %s, "
-                 "alpha13 %s, input scales %s) served by %s", self.prefix, "W4A16" if self.weight_only else "W4A4",
-                 e, int(layer.global_num_experts), top_k, layer.w2_weight.shape[1], layer.w2_weight.shape[2] * 2,
-                 self.activation, "per-row" if layer.nvgemm_w13_scale_2.dim() == 2 else "per-expert",
-                 "none" if self.weight_only else "per-expert", served)
+        resolve_moe(layer, self.prefix, "vLLM", self.weight_only, self.activation, _model_dtype(),
+                    warmup_token_counts(layer.w13_weight.device), int(layer.top_k), int(layer.global_num_experts),
+                    int(layer.global_num_experts), bool(layer.apply_router_weight_on_input), self._expert_map(layer),
+                    log)
 
     def get_fused_moe_quant_config(self, layer):
         return None  # no vLLM modular kernel: apply() runs nvgemm's op
@@ -215,21 +124,13 @@ class NvgemmModelOptNvFp4FusedMoE(V.FusedMoEMethodBase):
     def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, shared_experts,
               shared_experts_input):
         del shared_experts, shared_experts_input  # vLLM's runner runs and adds the shared experts
-        ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
-        wts = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+        ids, wts = routing_operands(topk_ids, topk_weights)
         em = self._expert_map(layer)
-        out = torch.ops.nvgemm.nvfp4_moe(x, ids, wts, *self._tensors(layer), self.activation,
-                                         bool(layer.apply_router_weight_on_input), em, None, None, None)
-        if self.dump_dir is not None and not torch.compiler.is_compiling():
-            self._dump(layer, x, ids, wts, em, out)
+        rwoi = bool(layer.apply_router_weight_on_input)
+        out = run_moe(layer, x, ids, wts, self.activation, rwoi, em)
+        if self.dump_dir is not None:
+            mc = layer.moe_config
+            dump_moe_call(self.dump_dir, self.prefix, int(mc.tp_rank) if not mc.use_ep else int(mc.ep_rank),
+                          int(mc.tp_size), int(mc.ep_size) if mc.use_ep else 1, x, ids, wts, em, self.activation,
+                          rwoi, out)
         return out
-
-    def _dump(self, layer, x, ids, wts, em, out) -> None:
-        mc = layer.moe_config
-        rank = int(mc.tp_rank) if not mc.use_ep else int(mc.ep_rank)
-        dump_call(self.dump_dir, f"{self.prefix}.rank{rank}.pid{os.getpid()}.moe{next(_DUMP_COUNTER)}",
-                  {"layer": self.prefix, "kind": "moe", "rank": rank, "tp_size": int(mc.tp_size),
-                   "ep_size": int(mc.ep_size) if mc.use_ep else 1,
-                   "x": x.detach().cpu(), "topk_ids": ids.detach().cpu(), "topk_weights": wts.detach().cpu(),
-                   "expert_map": None if em is None else em.detach().cpu(), "activation": self.activation,
-                   "router_weight_on_input": bool(layer.apply_router_weight_on_input), "out": out.detach().cpu()})

@@ -256,12 +256,18 @@ def _fake_inputs(module: nn.Module, fm, extra: list[tuple[tuple, torch.dtype]]):
     return fn, ex + ws
 
 
+def _fake_mode():
+    """A FakeTensorMode with a (static) shape environment, as ``make_fx`` makes one: lowerings that trace a
+    helper symbolically (the M-range dispatch of an autotuned choice) need the ambient mode's ShapeEnv."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+
+
 def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoint", fm=None) -> Graph:
     """The generated code of one decoder layer of ``p`` on fake ``gpu`` under ``nvgemm.enable()``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-
-    fm = fm or FakeTensorMode()
+    fm = fm or _fake_mode()
     # fusing shards reads their scales (NVFP4Linear.fuse checks input_scale equality): built on the CPU with
     # the default (zero code, unit scale) values, then only the shapes are kept
     layer = DecoderLayer(p, tp, weight_only=gpu_format(gpu) == "W4A16", layout=layout,
@@ -279,10 +285,7 @@ def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoin
 
 
 def head_graph(p: DecodePreset, gpu: str, tp: int = 1, fm=None) -> Graph:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-
-    fm = fm or FakeTensorMode()
+    fm = fm or _fake_mode()
     head = Head(p, tp)
     fn, inputs = _fake_inputs(head, fm, [((1,), torch.long), ((1, p.hidden), torch.bfloat16)])
     with warnings.catch_warnings(), nvgemm_enabled(), policy_pick_only():

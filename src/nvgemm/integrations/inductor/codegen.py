@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from nvgemm.core.backend import LINEAR
 from nvgemm.integrations.inductor import choices as _choices
 
 #: (capability, SM count, L2 bytes, memory bytes) of the GPUs a fake device can stand for.
@@ -79,8 +80,8 @@ def policy_pick_only():
     graph inlines when that candidate wins, with no benchmark (there is no GPU to time on)."""
     orig = _choices.candidates
 
-    def first_only(problem, allowed=None):
-        return orig(problem, allowed)[:1]
+    def first_only(problem, allowed=None, kind=LINEAR):
+        return orig(problem, allowed, kind)[:1]
 
     with um.patch.object(_choices, "candidates", first_only):
         yield

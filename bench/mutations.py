@@ -503,7 +503,8 @@ def run_subset(tree: Path, subset: dict[str, list[str]], python: str, timeout: f
         res = {"status": "failed", "folder": folder, "rc": proc.returncode, "summary": summary}
         if fails:
             res["test"] = fails[0][1]
-            res["message"] = (fails[0][2] or "").strip()[:300]
+            emsg = [ln[1:].strip() for ln in out.splitlines() if ln.startswith("E ")]
+            res["message"] = ((fails[0][2] or "").strip() or " / ".join(emsg[:2]))[:300]
             inner = _INNER.search(out)
             if res["test"].startswith(INTERP_TEST) and inner:
                 res["inner_test"] = inner.group(1)
@@ -534,9 +535,12 @@ def _merge_subsets(subsets) -> dict[str, list[str]]:
 def write_md(path: Path, data: dict) -> None:
     rows = data["mutations"]
     killed = [r for r in rows if r["status"] == "killed"]
+    done = len(rows)
     lines = [
         "# Mutation runner: realistic kernel bugs against the default CI subset",
         "",
+        *([f"**Incomplete run**: {done} of {len(data['selected'])} selected mutations finished.", ""]
+          if not data.get("complete") else []),
         f"Produced by `{data['command']}` on commit `{data['commit']}`{' (dirty tree)' if data['dirty'] else ''}"
         f" ({data['src_tree_note']}), {data['date']}. Machine: {data['machine']}.",
         "",
@@ -549,6 +553,8 @@ def write_md(path: Path, data: dict) -> None:
         " constant / layout text, `tests/compile`), see `kill_kind`. Value tests run first, so a kill of kind"
         " text means every value test of the subset passed.",
         "",
+        *([f"**Partial run**: only {', '.join(data['folders'])} of each subset.", ""]
+          if list(data["folders"]) != list(FOLDERS) else []),
         f"Baseline (unmutated, union of the subsets): **{data['baseline']['status']}**"
         f" in {data['baseline'].get('seconds', 0):.0f} s.",
         "",
@@ -567,7 +573,7 @@ def write_md(path: Path, data: dict) -> None:
         if r.get("inner_test"):
             test += f" ({r['inner_test']})"
         file = r["file"].replace("src/nvgemm/", "")
-        lines.append(f"| `{r['name']}` | `{file}` | {r['bug']} | {', '.join(r['families'])} | {r['status']} | "
+        lines.append(f"| `{r['name']}` | `{file}` | {r['bug']} | {', '.join(r['families']) or '- (tests importing the module)'} | {r['status']} | "
                      f"{('`' + test + '`') if test else '-'} | {r.get('kind', '-')} | {r['seconds']:.0f} |")
     lines += ["", "Failure messages of the killing tests:", ""]
     for r in rows:
@@ -590,6 +596,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per mutation (and for the baseline)")
     ap.add_argument("--json", type=Path, default=REPO / "bench/results/mutations.json", help="JSON results file")
     ap.add_argument("--md", type=Path, default=REPO / "bench/results/mutations.md", help="Markdown results file")
+    ap.add_argument("--folders", nargs="+", choices=FOLDERS, default=list(FOLDERS),
+                    help="run only these folders of each subset (default: all three; a partial run says so in "
+                         "its results)")
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs pytest (default: this one)")
     ap.add_argument("--scratch", type=Path, default=None, help="parent of the scratch copies (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copies (logs in .mutation-*.log)")
@@ -616,12 +625,13 @@ def main(argv=None) -> int:
         print("bench/mutations.py: the mutation list does not apply to " + str(tree) + ":\n  " + "\n  ".join(problems),
               file=sys.stderr)
         return 2
-    subsets = {m.name: subset_for(tree, m) for m in muts}
+    subsets = {m.name: {f: ids for f, ids in subset_for(tree, m).items() if f in args.folders} for m in muts}
 
     if args.list:
         for m in muts:
             s = subsets[m.name]
-            print(f"{m.name}\n    {m.file}\n    {m.bug}\n    families: {', '.join(affected_families(tree, m.file))}")
+            fams = ", ".join(affected_families(tree, m.file)) or "none (the tests that import the module itself)"
+            print(f"{m.name}\n    {m.file}\n    {m.bug}\n    families: {fams}")
             for folder, ids in s.items():
                 print(f"    {folder}: {' '.join(i.rsplit('/', 1)[-1] for i in ids)}")
         return 0
@@ -629,24 +639,52 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, flush=True)
 
-    root = Path(tempfile.mkdtemp(prefix="nvgemm-mutations-", dir=args.scratch))
+    cmd = "python " + " ".join(shlex.quote(a) for a in ([Path(sys.argv[0]).as_posix()] + sys.argv[1:]))
+    commit = _git(tree, "rev-parse", "HEAD") or "unknown"
+    branch = _git(tree, "rev-parse", "--abbrev-ref", "HEAD")
+    data = {
+        "command": cmd,
+        "commit": commit,
+        "dirty": bool(_git(tree, "status", "--porcelain", "--untracked-files=no")),
+        "src_tree_note": f"tree {tree.name}" + (f", branch {branch}" if branch else ""),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} CPU cores shared with other jobs, no GPU; sequential"
+        + (", under nice" if os.nice(0) > 0 else ""),
+        "python": args.python,
+        "folders": list(args.folders),
+        "selected": [m.name for m in muts],
+        "complete": False,
+        "baseline": {"status": "not run yet"},
+        "total_seconds": 0.0,
+        "mutations": [],
+    }
     t_all = time.monotonic()
+
+    def save():
+        data["total_seconds"] = round(time.monotonic() - t_all, 1)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        write_md(args.md, data)
+
+    root = Path(tempfile.mkdtemp(prefix="nvgemm-mutations-", dir=args.scratch))
     try:
-        baseline = {"status": "skipped"}
-        if not args.no_baseline:
+        if args.no_baseline:
+            data["baseline"] = {"status": "skipped (--no-baseline)"}
+        else:
             log(f"baseline (unmutated {tree}) ...")
             t0 = time.monotonic()
             work = scratch_copy(tree, root, "_baseline")
             res = run_subset(work, _merge_subsets(subsets.values()), args.python, args.timeout, log)
-            baseline = {**res, "seconds": time.monotonic() - t0}
-            log(f"  baseline: {res['status']} in {baseline['seconds']:.0f} s")
+            data["baseline"] = {**res, "seconds": round(time.monotonic() - t0, 1)}
+            log(f"  baseline: {res['status']} in {data['baseline']['seconds']:.0f} s")
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
+            save()
             if res["status"] != "passed":
                 log(f"bench/mutations.py: the unmutated baseline did not pass ({res.get('test')}: "
                     f"{res.get('message')}); the run is invalid")
                 return 3
-        rows = []
         for i, m in enumerate(muts, 1):
             log(f"[{i}/{len(muts)}] {m.name} ({m.file})")
             t0 = time.monotonic()
@@ -665,37 +703,20 @@ def main(argv=None) -> int:
                 row["status"] = "killed"
                 row.update({k: res[k] for k in ("test", "message", "inner_test", "summary") if k in res})
                 row["kind"] = kill_kind(res["test"]) if res.get("test") else "value"
-            rows.append(row)
+            data["mutations"].append(row)
+            save()
             log(f"  -> {row['status']}" + (f" by {row.get('test')} [{row.get('kind')}]" if row["status"] == "killed"
                                           else "") + f" in {dt:.0f} s")
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
+        data["complete"] = True
+        save()
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
-    total = time.monotonic() - t_all
-    cmd = "python " + " ".join(shlex.quote(a) for a in ([Path(sys.argv[0]).as_posix()] + sys.argv[1:]))
-    commit = _git(tree, "rev-parse", "HEAD") or "unknown"
-    dirty = bool(_git(tree, "status", "--porcelain", "--untracked-files=no"))
-    branch = _git(tree, "rev-parse", "--abbrev-ref", "HEAD")
-    data = {
-        "command": cmd,
-        "commit": commit,
-        "dirty": dirty,
-        "src_tree_note": f"tree {tree.name}" + (f", branch {branch}" if branch else ""),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} CPU cores, no GPU; sequential, under nice"
-        if os.nice(0) > 0 else f"{os.cpu_count()} CPU cores, no GPU; sequential",
-        "python": args.python,
-        "baseline": baseline,
-        "total_seconds": round(total, 1),
-        "mutations": rows,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(data, indent=1) + "\n")
-    args.md.parent.mkdir(parents=True, exist_ok=True)
-    write_md(args.md, data)
+    rows = data["mutations"]
+    total = data["total_seconds"]
     log(f"wrote {args.json} and {args.md}; {sum(r['status'] == 'killed' for r in rows)} of {len(rows)} killed, "
         f"{total / 60:.1f} min")
     return 0

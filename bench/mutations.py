@@ -27,9 +27,10 @@ or the mutated module itself, through its own imports or a helper module of ``te
 as the matching parameter of ``tests/cpu/test_triton_interpreter.py``. Opt-in tests (``slow``,
 ``emulator_full``, GPU markers) skip as they do under plain ``python -m pytest -q``.
 
-The three folders run as three pytest processes (emulator, cpu, compile, in that order: value tests first,
-so a kill reported as a text check means every value test of the subset passed); one process per folder
-because the CuTeDSL target arch is fixed by the first module that imports cutlass.
+The three folders run as three pytest processes (emulator, cpu, compile, in that order; cpu first for a
+Triton kernel, whose value tests are the interpreter runs): value tests first, so a kill reported as a text
+check means every value test of the subset passed. One process per folder: the folders have not always been
+safe to run in one process (the CuTeDSL target arch was fixed by the first module that imported cutlass).
 
     python bench/mutations.py --list
     nice -n 10 python bench/mutations.py [--only NAME ...] [--src-tree PATH] [--timeout S]
@@ -177,6 +178,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "self.off_x + g * self.x_row + q * 32",
         "self.off_x + g * self.x_row + q * 16",
         "a lane's B-fragment offset in the staged activation row is 16 bytes per quad lane instead of 32"),
+    Mutation(
+        "sm90-mma-scale-group-of-even-chunk", "src/nvgemm/templates/sm90_w4a16/mma.py",
+        "sp = scale_pair(sw[rt][u // 2], u % 2, self.s_shift, self.s_add)",
+        "sp = scale_pair(sw[rt][u // 2], 0, self.s_shift, self.s_add)",
+        "the odd 64-element chunk of a scale word is decoded with the even chunk's block scales (wrong scale "
+        "group)"),
     Mutation(
         "sm90-mma-k-tail-predicate-dropped", "src/nvgemm/templates/sm90_w4a16/mma.py",
         "cutlass.select_(ok, Int32(16), Int32(0))",
@@ -393,6 +400,8 @@ def subset_for(tree: Path, mutation: Mutation) -> dict[str, list[str]]:
             ids.sort(key=lambda i: (kill_kind(i) != "value", i))
         if ids:
             out[folder] = ids
+    if "import triton" in (tree / mutation.file).read_text():  # a Triton kernel: its interpreter tests first
+        out = {f: out[f] for f in ("tests/cpu", "tests/emulator", "tests/compile") if f in out}
     return out
 
 

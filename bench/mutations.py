@@ -29,7 +29,8 @@ as the matching parameter of ``tests/cpu/test_triton_interpreter.py``. Opt-in te
 
 The three folders run as three pytest processes (emulator, cpu, compile, in that order; cpu first for a
 Triton kernel, whose value tests are the interpreter runs): value tests first, so a kill reported as a text
-check means every value test of the subset passed. One process per folder: the folders have not always been
+check means every value test of the subset passed. Inside a folder the files run fastest first by their
+baseline time (a kill stops sooner). One process per folder: the folders have not always been
 safe to run in one process (the CuTeDSL target arch was fixed by the first module that imported cutlass).
 
     python bench/mutations.py --list
@@ -477,9 +478,32 @@ _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$", re.M)
 _INNER = re.compile(r"(?:FAILED|ERROR) (tests/cpu/triton_interp/\S+?)(?: - |\s|$)")
 
 
-def run_subset(tree: Path, subset: dict[str, list[str]], python: str, timeout: float, log) -> dict:
+_DURATION = re.compile(r"^\s*([0-9.]+)s (?:call|setup|teardown)\s+(\S+)\s*$", re.M)
+
+
+def file_seconds(log_text: str) -> dict[str, float]:
+    """Per test file (per parameter for the interpreter runs) seconds, from ``pytest --durations=0``."""
+    out: dict[str, float] = {}
+    for sec, nodeid in _DURATION.findall(log_text):
+        key = nodeid if nodeid.startswith(INTERP_TEST) else nodeid.split("::")[0]
+        out[key] = out.get(key, 0.0) + float(sec)
+    return out
+
+
+def fastest_first(subset: dict[str, list[str]], seconds: dict[str, float]) -> dict[str, list[str]]:
+    """Each folder's files ordered by their baseline time, fastest first (a kill then stops sooner); the
+    compile folder keeps its value checks first."""
+    return {folder: sorted(ids, key=lambda i: (kill_kind(i) != "value" if folder == "tests/compile" else False,
+                                               seconds.get(i, 0.0), i))
+            for folder, ids in subset.items()}
+
+
+def run_subset(tree: Path, subset: dict[str, list[str]], python: str, timeout: float, log,
+               durations: bool = False) -> dict:
     """Run the subset's folders in order, ``-x``; stop at the first failing folder. Returns status
-    (``passed`` | ``failed`` | ``timeout``), the first failing node id and its message."""
+    (``passed`` | ``failed`` | ``timeout``), the first failing node id and its message; with
+    ``durations``, also ``seconds`` per test file (:func:`file_seconds`)."""
+    seconds: dict[str, float] = {}
     env = dict(os.environ)
     caches = tree / ".mutation-caches"
     for var in CACHE_VARS:
@@ -494,7 +518,8 @@ def run_subset(tree: Path, subset: dict[str, list[str]], python: str, timeout: f
         left = timeout - (time.monotonic() - t0)
         if left <= 0:
             return {"status": "timeout", "folder": folder}
-        cmd = [python, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *ids]
+        cmd = [python, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider",
+               *(["--durations=0", "--durations-min=0"] if durations else []), *ids]
         log(f"    $ {' '.join(shlex.quote(c) for c in cmd[:7])} ... ({len(ids)} ids, {folder})")
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -505,6 +530,7 @@ def run_subset(tree: Path, subset: dict[str, list[str]], python: str, timeout: f
             proc.communicate()
             return {"status": "timeout", "folder": folder}
         (tree / f".mutation-{folder.replace('/', '_')}.log").write_text(out)
+        seconds.update(file_seconds(out))
         if proc.returncode == 0:
             continue
         fails = _FAILED.findall(out)
@@ -521,7 +547,7 @@ def run_subset(tree: Path, subset: dict[str, list[str]], python: str, timeout: f
             res["test"] = None
             res["message"] = "\n".join(out.strip().splitlines()[-5:])[-300:]
         return res
-    return {"status": "passed"}
+    return {"status": "passed", **({"seconds": seconds} if durations else {})}
 
 
 def _git(tree: Path, *args) -> str:
@@ -684,8 +710,11 @@ def main(argv=None) -> int:
             log(f"baseline (unmutated {tree}) ...")
             t0 = time.monotonic()
             work = scratch_copy(tree, root, "_baseline")
-            res = run_subset(work, _merge_subsets(subsets.values()), args.python, args.timeout, log)
-            data["baseline"] = {**res, "seconds": round(time.monotonic() - t0, 1)}
+            res = run_subset(work, _merge_subsets(subsets.values()), args.python, args.timeout, log, durations=True)
+            per_file = res.pop("seconds", {})
+            data["baseline"] = {**res, "seconds": round(time.monotonic() - t0, 1),
+                                "file_seconds": {k: round(v, 1) for k, v in sorted(per_file.items())}}
+            subsets = {name: fastest_first(sub, per_file) for name, sub in subsets.items()}
             log(f"  baseline: {res['status']} in {data['baseline']['seconds']:.0f} s")
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)

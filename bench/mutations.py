@@ -194,8 +194,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "sm90-wgmma-k-tail-off-by-one", "src/nvgemm/templates/sm90_w4a16/wgmma.py",
         "nbytes = cutlass.select_(kc <= k_last, Int32(4), Int32(0))",
         "nbytes = cutlass.select_(kc < k_last, Int32(4), Int32(0))",
-        "the wgmma activation copy's K-tail predicate is off by one: the last in-range pair of a K tail is "
-        "zero-filled"),
+        "the wgmma activation copy's K-end predicate is off by one: the last in-range activation pair before K "
+        "is zero-filled"),
     Mutation(
         "sm90-wgmma-desc-lbo-sbo-swapped", _C90,
         "WGMMA_DESC_SW128_KMAJOR = (1 << 62) | ((1024 >> 4) << 32) | (1 << 16)",
@@ -628,7 +628,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations (unknown names: exit 2)")
     ap.add_argument("--src-tree", type=Path, default=REPO,
                     help="the checkout to copy and mutate (default: the tree this script lives in)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per mutation (and for the baseline)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per mutation")
+    ap.add_argument("--baseline-timeout", type=float, default=5400.0, help="seconds for the unmutated baseline")
+    ap.add_argument("--baseline-only", action="store_true",
+                    help="run only the unmutated baseline of the selected mutations' subsets and write the results "
+                         "(a separate baseline for a run made with --no-baseline)")
     ap.add_argument("--json", type=Path, default=REPO / "bench/results/mutations.json", help="JSON results file")
     ap.add_argument("--md", type=Path, default=REPO / "bench/results/mutations.md", help="Markdown results file")
     ap.add_argument("--folders", nargs="+", choices=FOLDERS, default=list(FOLDERS),
@@ -642,6 +646,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     by_name = {m.name: m for m in MUTATIONS}
+    if args.baseline_only and args.no_baseline:
+        ap.error("--baseline-only and --no-baseline exclude each other")
     if args.only:
         unknown = [n for n in args.only if n not in by_name]
         if unknown:
@@ -710,7 +716,8 @@ def main(argv=None) -> int:
             log(f"baseline (unmutated {tree}) ...")
             t0 = time.monotonic()
             work = scratch_copy(tree, root, "_baseline")
-            res = run_subset(work, _merge_subsets(subsets.values()), args.python, args.timeout, log, durations=True)
+            res = run_subset(work, _merge_subsets(subsets.values()), args.python, args.baseline_timeout, log,
+                             durations=True)
             per_file = res.pop("seconds", {})
             data["baseline"] = {**res, "seconds": round(time.monotonic() - t0, 1),
                                 "file_seconds": {k: round(v, 1) for k, v in sorted(per_file.items())}}
@@ -723,6 +730,8 @@ def main(argv=None) -> int:
                 log(f"bench/mutations.py: the unmutated baseline did not pass ({res.get('test')}: "
                     f"{res.get('message')}); the run is invalid")
                 return 3
+        if args.baseline_only:
+            muts = []
         for i, m in enumerate(muts, 1):
             log(f"[{i}/{len(muts)}] {m.name} ({m.file})")
             t0 = time.monotonic()

@@ -9,7 +9,8 @@ for a preset on a GPU, without that GPU:
    builds them (``NVFP4Linear``; ``--layout fused``: q/k/v stacked with ``NVFP4Linear.fuse`` and the MLP
    patched by :func:`nvgemm.nn.mlp.fuse_gated_mlps`, as ``load_modelopt_checkpoint(fuse_gated_mlp=True)``;
    on Hopper every layer held in the sm90 layout, ``prepare_for_sm90``, as the loader does on an sm_90 GPU).
-   And the head: the next step's embedding gather, the final RMSNorm, the bf16 ``lm_head`` and a greedy
+   And the head: the next step's embedding gather, the final RMSNorm, the bf16 ``lm_head`` (with
+   ``--quantize-lm-head`` the NVFP4Linear ``load_modelopt_checkpoint(quantize_lm_head=True)`` builds) and a greedy
    argmax. Each graph's CUDA code is generated on a fake device of the GPU's arch
    (:func:`nvgemm.integrations.inductor.codegen.generate_cuda_code`); nvgemm's lowering takes the policy's
    first pick (nothing to time), Inductor's own GEMMs (``lm_head``) are ATen (cuBLAS).

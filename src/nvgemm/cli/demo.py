@@ -228,7 +228,8 @@ def _run(args) -> int:
     n_moe = len(getattr(model, "nvgemm_moe_layers", ()))
     print(f"  loaded with nvgemm on {device} in {time.perf_counter() - t0:.2f} s "
           f"({len(model.nvgemm_quantized_layers)} NVFP4 linears" + (f", {n_moe} NVFP4 MoE layers" if n_moe else "") +
-          f", quant_algo {model.nvgemm_quant_config.quant_algo})")
+          f", quant_algo {model.nvgemm_quant_config.quant_algo}" +
+          (f"; lm_head quantized at load: NVFP4 {model.nvgemm_lm_head}" if model.nvgemm_lm_head else "") + ")")
     ref = build_reference_model(model)
 
     gen = torch.Generator().manual_seed(args.seed)

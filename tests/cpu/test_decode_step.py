@@ -155,3 +155,14 @@ def test_bad_arguments_are_named():
         ds.decode_step("Llama-3.1-8B", "B200", tp=3)
     with pytest.raises(ValueError, match="--layers"):
         ds.decode_step("Llama-3.1-8B", "B200", layers=0)
+
+
+@pytest.mark.parametrize("gpu,fmt", [("H200", "sm90_w4a16"), ("B200", "sm100")])
+def test_quantized_lm_head_is_an_nvgemm_gemm(gpu, fmt):
+    """--quantize-lm-head: the head's GEMM in the generated code is nvgemm's NVFP4 kernel in the GPU's format
+    (held in the sm90 layout on Hopper), no cuBLAS mm is left, and the roofline counts NVFP4 head bytes."""
+    launches, _ = ds.replay(ds.head_graph(P, gpu, quantize_lm_head=True), gpu)
+    gemms = [k for k in launches if k.kind == "gemm"]
+    assert len(gemms) == 1 and gemms[0].origin.startswith("nvgemm::") and fmt in gemms[0].name, gemms
+    assert gemms[0].gemm["n"] == P.vocab and gemms[0].gemm["k"] == P.hidden
+    assert ds._weight_bytes(P, 1, True)[1] == P.vocab * P.hidden * (0.5 + 1 / 16)

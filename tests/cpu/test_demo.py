@@ -43,6 +43,14 @@ def test_demo_on_a_checkpoint_weight_only(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "quant_algo W4A16_NVFP4" in out and "quantized and exported" not in out
+    assert "lm_head" not in out  # the bf16 head unless asked for
+    # --quantize-lm-head: the head is one more NVFP4 linear, checked against its dequantize-and-matmul reference
+    # like the others (the OK line), and compared with the bf16 head
+    rc = main(["demo", "--checkpoint", str(ckpt), "--tokens", "2", "--batch", "2", "--prompt-len", "4",
+               "--quantize-lm-head"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "\nOK" in out, out
+    assert "NVFP4 lm_head (w4a16) vs the bf16 lm_head" in out, out
 
 
 def test_demo_moe(capsys):

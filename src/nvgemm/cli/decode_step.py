@@ -9,7 +9,8 @@ for a preset on a GPU, without that GPU:
    builds them (``NVFP4Linear``; ``--layout fused``: q/k/v stacked with ``NVFP4Linear.fuse`` and the MLP
    patched by :func:`nvgemm.nn.mlp.fuse_gated_mlps`, as ``load_modelopt_checkpoint(fuse_gated_mlp=True)``;
    on Hopper every layer held in the sm90 layout, ``prepare_for_sm90``, as the loader does on an sm_90 GPU).
-   And the head: the next step's embedding gather, the final RMSNorm, the bf16 ``lm_head`` and a greedy
+   And the head: the next step's embedding gather, the final RMSNorm, the bf16 ``lm_head`` (with
+   ``--quantize-lm-head`` the NVFP4Linear ``load_modelopt_checkpoint(quantize_lm_head=True)`` builds) and a greedy
    argmax. Each graph's CUDA code is generated on a fake device of the GPU's arch
    (:func:`nvgemm.integrations.inductor.codegen.generate_cuda_code`); nvgemm's lowering takes the policy's
    first pick (nothing to time), Inductor's own GEMMs (``lm_head``) are ATen (cuBLAS).
@@ -193,19 +194,29 @@ class DecoderLayer(nn.Module):
 
 
 class Head(nn.Module):
-    """The step's model-level kernels: the embedding gather of this token, the final norm, the bf16 lm_head, argmax."""
+    """The step's model-level kernels: the embedding gather of this token, the final norm, the lm_head, argmax.
 
-    def __init__(self, p: DecodePreset, tp: int = 1, device="meta"):
+    ``lm_head``: bf16 (the checkpoint's), or with ``quantize_lm_head`` an NVFP4Linear in the GPU's format, as
+    ``load_modelopt_checkpoint(quantize_lm_head=True)`` builds it (W4A16 on Hopper, W4A4 on Blackwell)."""
+
+    def __init__(self, p: DecodePreset, tp: int = 1, device="meta", quantize_lm_head: bool = False,
+                 weight_only: bool = False):
         super().__init__()
         self.embed = nn.Parameter(torch.empty(p.vocab, p.hidden, dtype=torch.bfloat16, device=device),
                                   requires_grad=False)
         self.norm = RMSNorm(p.hidden, p.eps, device)
-        self.lm_head = nn.Parameter(torch.empty(p.vocab // tp, p.hidden, dtype=torch.bfloat16, device=device),
-                                    requires_grad=False)
+        if quantize_lm_head:
+            self.lm_head = NVFP4Linear(p.hidden, p.vocab // tp, weight_only=weight_only, device=device)
+        else:
+            self.lm_head = nn.Parameter(torch.empty(p.vocab // tp, p.hidden, dtype=torch.bfloat16, device=device),
+                                        requires_grad=False)
 
     def forward(self, ids, x):
         h0 = self.embed[ids]
-        logits = torch.nn.functional.linear(self.norm(x), self.lm_head)
+        if isinstance(self.lm_head, NVFP4Linear):
+            logits = self.lm_head(self.norm(x))
+        else:
+            logits = torch.nn.functional.linear(self.norm(x), self.lm_head)
         return h0, logits.argmax(-1)
 
 
@@ -284,9 +295,10 @@ def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoin
     return Graph("layer", code, inputs, fm)
 
 
-def head_graph(p: DecodePreset, gpu: str, tp: int = 1, fm=None) -> Graph:
+def head_graph(p: DecodePreset, gpu: str, tp: int = 1, fm=None, quantize_lm_head: bool = False) -> Graph:
     fm = fm or _fake_mode()
-    head = Head(p, tp)
+    head = Head(p, tp, quantize_lm_head=quantize_lm_head, weight_only=gpu_format(gpu) == "W4A16")
+    prepare_like_loader(head, gpu)  # an NVFP4 head is held in the sm90 layout on Hopper, like the layers
     fn, inputs = _fake_inputs(head, fm, [((1,), torch.long), ((1, p.hidden), torch.bfloat16)])
     with warnings.catch_warnings(), nvgemm_enabled(), policy_pick_only():
         warnings.simplefilter("ignore")
@@ -655,12 +667,12 @@ def model_launch(launch: Launch, gpu: str, tp: int = 1) -> None:
     launch.us = (lu[0] + s[0], lu[1] + s[1])
 
 
-def _weight_bytes(p: DecodePreset, tp: int) -> tuple[float, float]:
-    """(NVFP4 decoder-linear bytes per step, bf16 lm_head bytes) per GPU."""
+def _weight_bytes(p: DecodePreset, tp: int, quantize_lm_head: bool = False) -> tuple[float, float]:
+    """(NVFP4 decoder-linear bytes per step, lm_head bytes: bf16, or NVFP4 codes + e4m3 scales) per GPU."""
     i, q, kv = p.intermediate // tp, p.heads // tp * p.head_dim, max(1, p.kv_heads // tp) * p.head_dim
     params = p.hidden * (q + 2 * kv) + q * p.hidden + 3 * p.hidden * i
     nvfp4 = params * (0.5 + 1 / 16) * p.layers
-    return nvfp4, 2.0 * (p.vocab // tp) * p.hidden
+    return nvfp4, (0.5 + 1 / 16 if quantize_lm_head else 2.0) * (p.vocab // tp) * p.hidden
 
 
 @dataclass
@@ -684,6 +696,7 @@ class StepReport:
     goal_ms: Optional[float]
     syncs: list = field(default_factory=list)
     measured: Optional[dict] = None
+    lm_head: str = "bf16"
     source: str = ""
 
 
@@ -702,7 +715,8 @@ def _classify(layer: list[Launch]) -> dict:
     return out
 
 
-def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None, layout: str = "checkpoint") -> StepReport:
+def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None, layout: str = "checkpoint",
+                quantize_lm_head: bool = False) -> StepReport:
     """Model one batch-1 decode step of preset ``model`` on ``gpu`` (see the module docstring)."""
     if model not in DECODE_PRESETS:
         raise KeyError(f"unknown decode-step preset {model!r}; known: {', '.join(DECODE_PRESETS)}")
@@ -717,7 +731,7 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
         raise ValueError(f"--layers must be >= 1, got {n_layers}")
     lg = layer_graph(p, gpu, tp, layout)
     layer, syncs = replay(lg, gpu)
-    hg = head_graph(p, gpu, tp)
+    hg = head_graph(p, gpu, tp, quantize_lm_head=quantize_lm_head)
     head, syncs2 = replay(hg, gpu)
     if tp > 1:
         for after in ("o_proj", "down_proj"):
@@ -732,7 +746,7 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
     lo = n_layers * sum(k.us[0] for k in layer) + sum(k.us[0] for k in head)
     hi = n_layers * sum(k.us[1] for k in layer) + sum(k.us[1] for k in head)
     mid_ms = 0.5 * (lo + hi) / 1e3
-    nvfp4, lm = _weight_bytes(p, tp)
+    nvfp4, lm = _weight_bytes(p, tp, quantize_lm_head)
     nvfp4 = nvfp4 / p.layers * n_layers
     roof_ms = (nvfp4 + lm) / (hw.peak_bw_tbs * 1e12) * 1e3
     bd = {k: v * n_layers for k, v in _classify(layer).items()}
@@ -746,7 +760,7 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
         ms_per_token_model_range=(lo / 1e3, hi / 1e3), roofline_ms=roof_ms, roofline_fraction=roof_ms / mid_ms,
         weight_bytes_per_step=nvfp4 + lm, breakdown_us=bd,
         goal_ms=GOALS_MS.get((model, hw.name)) if tp == 1 and n_layers == p.layers else None,
-        syncs=syncs + syncs2, source=p.source)
+        syncs=syncs + syncs2, source=p.source, lm_head=f"NVFP4 {gpu_format(gpu)}" if quantize_lm_head else "bf16")
 
 
 # =============================================================================================
@@ -765,6 +779,7 @@ def _kernel_row(k: Launch) -> dict:
 def report_json(r: StepReport) -> dict:
     return {
         "model": r.model, "gpu": r.gpu, "format": r.format, "layout": r.layout, "tp": r.tp, "layers": r.layers,
+        "lm_head": r.lm_head,
         "batch": 1, "context": DECODE_PRESETS[r.model].context, "source": r.source,
         "kernels_per_layer": r.kernels_per_layer, "kernels_per_step": r.kernels_per_step,
         "ms_per_token_model": round(r.ms_per_token_model, 4),
@@ -781,7 +796,7 @@ def report_json(r: StepReport) -> dict:
 
 
 def report_text(r: StepReport) -> str:
-    out = [f"{r.model} batch-1 decode step on {r.gpu} ({r.format}, {r.layout} layout"
+    out = [f"{r.model} batch-1 decode step on {r.gpu} ({r.format}, {r.layout} layout, {r.lm_head} lm_head"
            f"{f', TP {r.tp}' if r.tp > 1 else ''}), {r.layers} layers, KV context {DECODE_PRESETS[r.model].context}",
            "kernels from Inductor's generated code on a fake device; nvgemm ops expanded by their host launchers; "
            "times are MODELS (nvgemm perfmodel)", ""]
@@ -847,7 +862,12 @@ def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout
     head = Head(p, tp, device="cuda")
     torch.nn.init.normal_(head.embed, std=0.02)
     torch.nn.init.normal_(head.lm_head, std=0.02)
+    if gpu_model.lm_head != "bf16":  # the loader's quantize_lm_head: ModelOpt's recipe on the bf16 head
+        lin = nn.Linear(p.hidden, p.vocab // tp, bias=False, dtype=torch.bfloat16, device="cuda")
+        lin.weight.data.copy_(head.lm_head)
+        head.lm_head = NVFP4Linear.from_linear(lin, None if weight_only else 0.01)
     prepare_for_sm90(layers)  # the loader's Hopper step (no-op elsewhere)
+    prepare_for_sm90(head)
     kvh, d = max(1, p.kv_heads // tp), p.head_dim
     caches = [(torch.zeros(1, kvh, p.context, d, dtype=torch.bfloat16, device="cuda"),
                torch.zeros(1, kvh, p.context, d, dtype=torch.bfloat16, device="cuda")) for _ in range(n_layers)]
@@ -902,13 +922,17 @@ def add_arguments(p) -> None:
     p.add_argument("--layout", default="checkpoint", choices=("checkpoint", "fused"),
                    help="checkpoint: q/k/v, gate/up as the checkpoint stores them (the loader's default); "
                         "fused: stacked qkv and gate_up (load_modelopt_checkpoint(fuse_gated_mlp=True) + NVFP4Linear.fuse)")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="model an NVFP4 lm_head in the GPU's format (load_modelopt_checkpoint(quantize_lm_head=True)) "
+                        "instead of the checkpoint's bf16 one")
     p.add_argument("--json", type=Path, default=None, help="write the report as JSON to this path")
     p.add_argument("--no-measure", action="store_true", help="on a GPU: model only, do not time the step")
 
 
 def run(args) -> int:
     try:
-        r = decode_step(args.model, args.gpu, args.tp, args.layers, args.layout)
+        r = decode_step(args.model, args.gpu, args.tp, args.layers, args.layout,
+                        getattr(args, "quantize_lm_head", False))
     except (KeyError, ValueError) as e:
         print(f"nvgemm bench decode-step: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2

@@ -55,6 +55,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="run the decode step under torch.compile(mode='max-autotune') with nvgemm enabled")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="also quantize the bf16 lm_head to NVFP4 at load (load_modelopt_checkpoint("
+                        "quantize_lm_head=True): W4A4 on an sm_100-family GPU, W4A16 elsewhere; changes the logits) "
+                        "and print its logit and greedy-token agreement with the bf16 lm_head")
     p.add_argument("--emulate-kernels", choices=["sm90", "sm100"], default=None,
                    help="run every linear on the real sm_90a / sm_100a kernel executed by the CPU PTX emulator "
                         "(NVGEMM_BACKEND=emu_sm90 / emu_sm100; slow: use few --tokens) and print each linear's "
@@ -237,11 +241,12 @@ def _run(args) -> int:
     else:
         ckpt = args.checkpoint
     t0 = time.perf_counter()
-    model = load_modelopt_checkpoint(ckpt, device=device)
+    model = load_modelopt_checkpoint(ckpt, device=device, quantize_lm_head=getattr(args, "quantize_lm_head", False))
     n_moe = len(getattr(model, "nvgemm_moe_layers", ()))
     print(f"  loaded with nvgemm on {device} in {time.perf_counter() - t0:.2f} s "
           f"({len(model.nvgemm_quantized_layers)} NVFP4 linears" + (f", {n_moe} NVFP4 MoE layers" if n_moe else "") +
-          f", quant_algo {model.nvgemm_quant_config.quant_algo})")
+          f", quant_algo {model.nvgemm_quant_config.quant_algo}" +
+          (f"; lm_head quantized at load: NVFP4 {model.nvgemm_lm_head}" if model.nvgemm_lm_head else "") + ")")
     ref = build_reference_model(model)
 
     gen = torch.Generator().manual_seed(args.seed)
@@ -266,6 +271,15 @@ def _run(args) -> int:
     for h in handles:
         h.remove()
     ref_toks, ref_logits, _, _ = _greedy(ref, ids, args.tokens)
+    head_note = None
+    if model.nvgemm_lm_head is not None:  # the same checkpoint with its bf16 lm_head: what quantizing it changed
+        bf16_head = load_modelopt_checkpoint(ckpt, device=device)
+        b_toks, b_logits, _, _ = _greedy(bf16_head, ids, args.tokens)
+        b_rel = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(logits, b_logits))
+        prefix = (toks == b_toks).long().cumprod(1).sum(1).tolist()  # identical tokens before the first divergence
+        head_note = (f"  NVFP4 lm_head ({model.nvgemm_lm_head}) vs the bf16 lm_head: max|logit diff|/max|logit| "
+                     f"= {b_rel:.2e} over {len(logits)} steps; greedy tokens identical: "
+                     f"{int((toks == b_toks).sum())} of {toks.numel()} (identical prefix per sequence: {prefix})")
 
     kinds: dict[str, Counter] = {}
     worst, worst_name = 0.0, ""
@@ -301,6 +315,8 @@ def _run(args) -> int:
           f"{worst:.2e} ({worst_name})")
     print(f"  first-step logits: max|diff|/max|logit| = {rel:.2e}; greedy tokens identical: {same}")
     print(f"  generated: {toks[0].tolist()}")
+    if head_note is not None:
+        print(head_note)
     if tmp is not None:
         tmp.cleanup()
     # per linear / MoE layer: the same math, up to fp32 summation order and one bf16 rounding (2^-8 relative)

@@ -37,6 +37,7 @@ from torch import nn
 from nvgemm.core.formats import NVFP4, blocked_numel, check_block_scales, from_blocked
 from nvgemm.nn.linear import NVFP4Linear, prepare_for_sm90
 from nvgemm.nn.experts import NVFP4Experts
+from nvgemm.nn.lm_head import quantize_lm_head as _quantize_lm_head
 from nvgemm.ops.prepared import one_copy_wanted
 from nvgemm.core.files import read_json, safetensors_files
 from nvgemm.integrations.modelopt.moe import ckpt_name, replace_moe_layers
@@ -300,6 +301,7 @@ def load_modelopt_checkpoint(
     sm90_one_copy: bool | None = None,
     swizzled_scales: bool = False, trust_remote_code: bool = False, fuse_gated_mlp: bool = False,
     fuse_shards: bool = True,
+    quantize_lm_head: bool | str = False, lm_head_input_scale: float | None = None,
 ) -> nn.Module:
     """Load an exported NVFP4 checkpoint folder into a transformers causal LM with NVFP4Linear layers.
 
@@ -327,6 +329,14 @@ def load_modelopt_checkpoint(
     module for the numerics (one rounding instead of four) and the state_dict keys (``gate_up_proj``).
 
     ``model.nvgemm_fused_mlps`` / ``model.nvgemm_fused_shards`` list the modules fused.
+
+    ``quantize_lm_head`` (off by default: it changes the logits) quantizes the checkpoint's bf16
+    ``lm_head`` at load with ModelOpt's NVFP4 weight recipe (:mod:`nvgemm.nn.lm_head`): ``True`` /
+    ``"auto"`` picks W4A4 on an sm_100-family GPU and W4A16 elsewhere (the sm90 kernels on Hopper, the
+    emulated path on CPU); ``"w4a16"`` / ``"w4a4"`` choose explicitly. W4A4 quantizes the head's input
+    with a static scale: ``lm_head_input_scale`` (a calibrated ``amax(x) / 2688``) or, by default, the
+    bound of the final norm's output, which cannot saturate. ``model.nvgemm_lm_head`` names the mode
+    (None when off).
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -393,6 +403,16 @@ def load_modelopt_checkpoint(
                               "; nvgemm does not know what to do with it")
     model.to(device)
     model.eval()
+    model.nvgemm_lm_head = None
+    if quantize_lm_head:
+        try:
+            _quantize_lm_head(model, quantize_lm_head, input_scale=lm_head_input_scale, device=device)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+        log.info("nvgemm: lm_head quantized to NVFP4 at load (%s, quantize_lm_head=%r)", model.nvgemm_lm_head,
+                 quantize_lm_head)
+    elif lm_head_input_scale is not None:
+        raise CheckpointError("lm_head_input_scale is given but quantize_lm_head is off")
     model.nvgemm_fused_mlps = []
     if fuse_gated_mlp:
         model.nvgemm_fused_mlps = [n for n, why in fuse_gated_mlps(model).items() if why is None]

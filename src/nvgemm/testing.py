@@ -261,6 +261,19 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
             if record_ops:
                 rec.pointers.append(tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values))
 
+        def bind(self, values, per_call):
+            bound = []
+
+            def launch(slots, nargs):  # the packed array is complete here: record it, launch nothing
+                rec.events.append(f"gemm:{self.name}")
+                if record_ops:
+                    ptrs = bound[0].pointers()
+                    rec.pointers.append(tuple(p if isinstance(v, torch.Tensor) else v
+                                              for v, p in zip(values, ptrs)))
+                return 0
+            bound.append(self.packer.bind(values, per_call, check_device=False, launch=launch))
+            return bound[0]
+
     def quantize(x2, input_scale, swizzle=True):
         rec.events.append("quantize")
         m, k = x2.shape
@@ -314,7 +327,17 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
         def run(*args):
             with Ops():
                 return backend.run(*args)
-        return replace(backend, supports=supports, run=run if record_ops else backend.run)
+
+        def bind(*args):  # the bound call's torch ops are recorded as run's are
+            bound = backend.bind(*args) if backend.bind is not None else None
+            if bound is None or not record_ops:
+                return bound
+
+            def run_bound(*a):
+                with Ops():
+                    return bound(*a)
+            return run_bound
+        return replace(backend, supports=supports, run=run if record_ops else backend.run, bind=bind)
 
     for kind, backend in kinds:
         B.register_backend(on_device(backend), kind)

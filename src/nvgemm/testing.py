@@ -263,13 +263,14 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
 
         def bind(self, values, per_call):
             bound = []
+            # what launch() records for a value that is not a tensor (no reference to the layer's tensors)
+            others = [None if isinstance(v, torch.Tensor) else v for v in values]
 
             def launch(slots, nargs):  # the packed array is complete here: record it, launch nothing
                 rec.events.append(f"gemm:{self.name}")
                 if record_ops:
                     ptrs = bound[0].pointers()
-                    rec.pointers.append(tuple(p if isinstance(v, torch.Tensor) else v
-                                              for v, p in zip(values, ptrs)))
+                    rec.pointers.append(tuple(p if v is None else v for v, p in zip(others, ptrs)))
                 return 0
             bound.append(self.packer.bind(values, per_call, check_device=False, launch=launch))
             return bound[0]

@@ -161,6 +161,7 @@ def sm90_stand_in():
     B.load_builtin_backends()
     name = sm90_backend.BACKEND_NAME
     real, run_prepared, checked = B.registered("linear", name), sm90_backend.run_prepared, dict(B._CHECKED)
+    bind_prepared = sm90_backend.bind_prepared
     launched: list = []
 
     def supports(p):
@@ -172,14 +173,16 @@ def sm90_stand_in():
         ws2 = p.weight_scale_2 if p.weight_scale_2.numel() > 1 else p.weight_scale_2.reshape(())
         return nvfp4_linear_emulated(x, w, s, ws2, input_scale, bias, residual, activation, out_dtype)
 
-    B.register_backend(replace(real, supports=supports))
+    B.register_backend(replace(real, supports=supports, bind=None))  # every call through the stand-in launch
     sm90_backend.run_prepared = launch
+    sm90_backend.bind_prepared = lambda *a: None  # no bound launches: every call through the stand-in launch
     B._CHECKED.clear()
     try:
         yield launched
     finally:
         B.register_backend(real)
         sm90_backend.run_prepared = run_prepared
+        sm90_backend.bind_prepared = bind_prepared
         B._CHECKED.clear()
         B._CHECKED.update(checked)
 

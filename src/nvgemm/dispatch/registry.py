@@ -398,15 +398,16 @@ def bound_call(key, *statics):
     return None
 
 
-def bind_call(key, backend, problem, statics: tuple, args: tuple) -> None:
+def bind_call(key, backend, problem, statics: tuple, args: tuple, run=None) -> None:
     """After ``backend.run(*args)`` served a call whose complete path ran (validation, plan, host scale
     values), bind later calls under ``key`` (the op's cheap per-call key: everything of the call but the
     static operands' metadata, which :meth:`Binding.holds` checks) to ``statics``. Not during CUDA-graph
     capture (the call's selection skipped the first-use check). The entry goes when the first static operand
-    (the weight) is freed."""
+    (the weight) is freed. ``run``: the bound call, when the op made it (else ``backend.bind(*args)``)."""
     if capturing_cuda(problem):
         return
-    run = backend.bind(*args) if backend.bind is not None else None
+    if run is None and backend.bind is not None:
+        run = backend.bind(*args)
     b = Binding(backend, run or backend.run, statics)
     if b.holds(*statics):  # an operand changed while binding (a derived operand's refill): not kept
         new = key not in _BINDINGS

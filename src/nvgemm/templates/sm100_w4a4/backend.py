@@ -21,7 +21,7 @@ from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
 from nvgemm.core.formats import NVFP4, blocked_numel
 from nvgemm.templates.sm100_w4a4.launch import (
-    _aligned16, device_scalar, splitk_workspace_shape, without_quant, check_problem, launch_sm100,
+    WORKSPACES, _aligned16, device_scalar, splitk_workspace_shape, without_quant, check_problem, launch_sm100,
     prepare_sm100_args, prepare_sm100_requant_args, requant_config,
 )
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
@@ -196,8 +196,6 @@ def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_
     """The per-call remainder of a prepared sm100 launch (see :func:`bind_sm100`): quantize ``x``, allocate
     the outputs, write their pointers (and the stream's, the pooled split-K buffers') into the packed
     argument array, launch. Returns ``call(x, residual) -> out`` (requant: ``(codes, scale bytes)``)."""
-    from nvgemm.templates.sm100_w4a4.launch import WORKSPACES
-
     swap = config.swap_ab
     per_call = [_B, _SFB] if swap else [_A, _SFA]
     per_call.append(_OUT)

@@ -152,3 +152,27 @@ def test_a_binding_goes_with_its_weight():
         n = len(B._BINDINGS)
         del w
         assert len(B._BINDINGS) == n - 1
+
+
+def test_a_grown_split_k_pool_is_taken_by_the_bound_call():
+    """When the shared split-K pool replaces the stream's pair (a larger problem grew it), the bound call
+    launches with the new pair, never the retired one."""
+    from nvgemm.templates.common.workspace import WORKSPACES
+
+    g = torch.Generator().manual_seed(6)
+    q = quantize_weight(torch.randn(4096, 4096, generator=g) * 0.05)
+    w, s, ws2, ins = q.packed, to_blocked(q.scale), q.global_scale.reshape(()).float(), torch.tensor(0.01)
+    x = torch.randn(1, 4096).to(torch.bfloat16)
+    with host_path_stand_in("sm100") as rec:
+        _linear(x, w, s, ws2, ins)
+        rec.clear()
+        _linear(x, w, s, ws2, ins)
+        ws_ptr = rec.pointers[-1][8]
+        assert ws_ptr, "this problem must run split-K (a workspace pointer)"
+        old = WORKSPACES.current("cpu", 0)
+        assert old is not None and old[0].data_ptr() == ws_ptr
+        new = WORKSPACES.get(torch.device("cpu"), old[0].numel() * 4, old[1].numel() * 4, 0)
+        assert new is not old
+        rec.clear()
+        _linear(x, w, s, ws2, ins)
+        assert (rec.pointers[-1][8], rec.pointers[-1][9]) == (new[0].data_ptr(), new[1].data_ptr())

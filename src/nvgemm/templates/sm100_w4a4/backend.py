@@ -221,6 +221,7 @@ def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_
     res_numel = args.residual.numel() if args.residual is not None else 0
     reshape = len(x_shape) != 2
     current_stream, empty = torch.cuda.current_stream, torch.empty
+    current_pair, dev_key, checked = WORKSPACES.current, str(dev), [None]
 
     def call(x, res=None):
         x2 = x.reshape(-1, k) if reshape else x
@@ -232,19 +233,23 @@ def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_
         out = empty(out_shape, dtype=out_dtype, device=dev)
         stream = current_stream(dev)
         if split:
-            ws, cnt = WORKSPACES.get(dev, ws_numel, n_cnt, stream.cuda_stream)
+            sid = stream.cuda_stream
+            pair = current_pair(dev_key, sid)
+            if pair is None or pair is not checked[0]:  # the pool's pair changed: take (and check) it anew
+                pair = checked[0] = WORKSPACES.get(dev, ws_numel, n_cnt, sid)
+            ws, cnt = pair
             if requant:
-                scales = empty(res_numel, dtype=torch.uint8, device=dev)
+                scales = empty(res_numel, dtype=torch.float8_e4m3fn, device=dev)
                 launch(stream, xq, xs, out, scales, ws, cnt)
-                return out, scales.view(torch.float8_e4m3fn)
+                return out, scales
             if residual:
                 launch(stream, xq, xs, out, _aligned16(res.reshape(res_shape)), ws, cnt)
             else:
                 launch(stream, xq, xs, out, ws, cnt)
         elif requant:
-            scales = empty(res_numel, dtype=torch.uint8, device=dev)
+            scales = empty(res_numel, dtype=torch.float8_e4m3fn, device=dev)
             launch(stream, xq, xs, out, scales)
-            return out, scales.view(torch.float8_e4m3fn)
+            return out, scales
         elif residual:
             launch(stream, xq, xs, out, _aligned16(res.reshape(res_shape)))
         else:

@@ -171,6 +171,7 @@ def bind_prepared(x, prepared, input_scale, bias, residual, activation, out_dtyp
     reshape = x.dim() != 2
     r_contig = residual is None or residual.reshape(out_shape).stride(-1) == 1
     current_stream, empty = torch.cuda.current_stream, torch.empty
+    current_pair, dev_key, checked = WORKSPACES.current, str(dev), [None]
 
     def call(x, residual=None):
         x2 = x.reshape(-1, k) if reshape else x
@@ -183,8 +184,11 @@ def bind_prepared(x, prepared, input_scale, bias, residual, activation, out_dtyp
             r = residual.reshape(out_shape) if r_contig else residual.reshape(out_shape).contiguous()
         stream = current_stream(dev)
         if need_w:
-            work, count = WORKSPACES.get(dev, need_w, need_c, stream.cuda_stream)
-            launch(stream, x2, r, out, work, count)
+            sid = stream.cuda_stream
+            pair = current_pair(dev_key, sid)
+            if pair is None or pair is not checked[0]:  # the pool's pair changed: take (and check) it anew
+                pair = checked[0] = WORKSPACES.get(dev, need_w, need_c, sid)
+            launch(stream, x2, r, out, pair[0], pair[1])
         else:
             launch(stream, x2, r, out)
         return out if not reshape else out.reshape(*x.shape[:-1], out_shape[1])

@@ -195,7 +195,8 @@ def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_
                     requant: bool):
     """The per-call remainder of a prepared sm100 launch (see :func:`bind_sm100`): quantize ``x``, allocate
     the outputs, write their pointers (and the stream's, the pooled split-K buffers') into the packed
-    argument array, launch. Returns ``call(x, residual) -> out`` (requant: ``(codes, scale bytes)``)."""
+    argument array, launch. Returns ``call(*op_args) -> out`` (the op's arguments in schema order; requant:
+    ``(codes, scale bytes)``, its residual position holding the next input_scale, unused)."""
     swap = config.swap_ab
     per_call = [_B, _SFB] if swap else [_A, _SFA]
     per_call.append(_OUT)
@@ -223,7 +224,7 @@ def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_
     current_stream, empty = torch.cuda.current_stream, torch.empty
     current_pair, dev_key, checked = WORKSPACES.current, str(dev), [None]
 
-    def call(x, res=None):
+    def call(x, _weight, _weight_scale, _weight_scale_2, _input_scale, _bias, res=None, *_rest):
         x2 = x.reshape(-1, k) if reshape else x
         if not x_contiguous:
             x2 = x2.contiguous()
@@ -273,12 +274,8 @@ def bind_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, resid
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
                               stream_id=stream.cuda_stream, quantize=_stand_in_quantized, checked=True)
-    call = _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(), device_scalar(input_scale, dev),
-                           quantize_nvfp4_cuda, residual is not None, False)
-
-    def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-        return call(x, residual)
-    return run
+    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(),
+                           device_scalar(input_scale, dev), quantize_nvfp4_cuda, residual is not None, False)
 
 
 BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100, bind=bind_sm100)
@@ -368,12 +365,8 @@ def bind_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bia
     _config, kernel = launch_plan(x.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
                                       spec, config, quantize=_stand_in_quantized, checked=True)
-    call = _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(), device_scalar(input_scale, dev),
-                           quantize_nvfp4_cuda, False, True)
-
-    def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
-        return call(x)
-    return run
+    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(),
+                           device_scalar(input_scale, dev), quantize_nvfp4_cuda, False, True)
 
 
 REQUANT_BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports_requant, run=run_sm100_requant,

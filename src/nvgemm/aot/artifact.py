@@ -642,8 +642,7 @@ class BoundLaunch:
             if ptr % align:
                 raise ValueError(f"{name}: data pointer must be {align}-byte aligned")
             setattr(obj, field, ptr)
-        self._objs[-1].value = 0
-        rc = self._launch(self._slots, self._nargs)
+        rc = self._launch(self._slots, self._nargs)  # the entry point zeroes the status slot itself
         if rc:
             raise RuntimeError(f"nvgemm_cutedsl: launch of {self.name} failed: cudaError {rc}")
 

@@ -407,7 +407,13 @@ def bind_call(key, backend, problem, statics: tuple, args: tuple, run=None) -> N
     if capturing_cuda(problem):
         return
     if run is None and backend.bind is not None:
-        run = backend.bind(*args)
+        try:
+            run = backend.bind(*args)
+        except Exception as e:  # the call was served: a launcher that cannot bind costs speed, never the call
+            warn_once(f"bind-{backend.name}-{type(e).__name__}",
+                      f"nvgemm_cutedsl: {backend.name} could not bind its launch ({type(e).__name__}: {e}); "
+                      "its calls take the complete path")
+            return
     b = Binding(backend, run or backend.run, statics)
     if b.holds(*statics):  # an operand changed while binding (a derived operand's refill): not kept
         new = key not in _BINDINGS

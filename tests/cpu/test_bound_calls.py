@@ -176,3 +176,17 @@ def test_a_grown_split_k_pool_is_taken_by_the_bound_call():
         rec.clear()
         _linear(x, w, s, ws2, ins)
         assert (rec.pointers[-1][8], rec.pointers[-1][9]) == (new[0].data_ptr(), new[1].data_ptr())
+
+
+def test_inference_tensor_layers_are_not_bound():
+    """Inference tensors have no version counter (an in-place write inside inference mode could not be seen):
+    such a layer is never bound, it takes the complete path on every call."""
+    with torch.inference_mode():
+        w, s, ws2, ins = _layer(7)
+        x = torch.randn(1, K).to(torch.bfloat16)
+    with host_path_stand_in("sm100") as rec, torch.inference_mode():
+        n = len(B._BINDINGS)
+        for _ in range(2):
+            _linear(x, w, s, ws2, ins)
+        assert len(B._BINDINGS) == n
+        assert rec.events == ["quantize", "gemm:sm100_nvfp4_gemm"] * 2

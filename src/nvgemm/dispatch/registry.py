@@ -403,9 +403,11 @@ def bind_call(key, backend, problem, statics: tuple, args: tuple, run=None) -> N
     values), bind later calls under ``key`` (the op's cheap per-call key: everything of the call but the
     static operands' metadata, which :meth:`Binding.holds` checks) to ``statics``. Not during CUDA-graph
     capture (the call's selection skipped the first-use check). The entry goes when the first static operand
-    (the weight) is freed. ``run``: the bound call, when the op made it (else ``backend.bind(*args)``)."""
+    (the weight) is freed. Layers holding inference tensors (no version counter) are not bound. ``run``: the bound call, when the op made it (else ``backend.bind(*args)``)."""
     if capturing_cuda(problem):
         return
+    if any(t is not None and t.is_inference() for t in statics):
+        return  # an inference tensor has no version counter: an in-place write could not be seen
     if run is None and backend.bind is not None:
         try:
             run = backend.bind(*args)

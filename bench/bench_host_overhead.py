@@ -6,6 +6,8 @@ of them alike), the wall time per call of:
 * ``empty_custom_op``: a ``torch.library.custom_op`` with ``nvgemm::nvfp4_linear``'s schema whose body only
   allocates the output -- the dispatcher's own floor for an op of this signature;
 * ``empty_custom_op_1arg``: the same with one tensor argument (for reference);
+* ``empty_custom_op_requant``: an empty op with ``nvgemm::nvfp4_linear_requant``'s schema (two outputs,
+  both allocated): the dispatcher's floor for the fused requant op;
 * ``F.linear``: fp32 ``torch.nn.functional.linear`` of a [1, 64] x [64, 64] problem (reference: a computing
   op's floor);
 * ``nvfp4_linear[null]``: ``torch.ops.nvgemm.nvfp4_linear`` with a null backend (allocates the output,
@@ -51,6 +53,22 @@ def empty_linear(
     return torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype)
 
 
+@torch.library.custom_op("nvgemm_bench::empty_requant", mutates_args=())
+def empty_requant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    out_input_scale: torch.Tensor,
+    out_dtype: Optional[torch.dtype] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, i = x.shape[0], weight.shape[0] // 2
+    return (torch.empty((m, i // 2), dtype=torch.uint8),
+            torch.empty(((m + 127) // 128 * 128) * ((i // 16 + 3) // 4 * 4), dtype=torch.float8_e4m3fn))
+
+
 @torch.library.custom_op("nvgemm_bench::empty_1arg", mutates_args=())
 def empty_1arg(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
@@ -94,6 +112,8 @@ def main(argv=None) -> int:
     cases = {
         "empty_custom_op": lambda: torch.ops.nvgemm_bench.empty_linear(x, w, s, ws2, ins, None, None, "none", None),
         "empty_custom_op_1arg": lambda: torch.ops.nvgemm_bench.empty_1arg(x),
+        "empty_custom_op_requant": lambda: torch.ops.nvgemm_bench.empty_requant(x, w, s, ws2, ins, None, next_ins,
+                                                                                 None),
         "F.linear": lambda: F.linear(xb, wb),
         "nvfp4_linear[null]": lambda: torch.ops.nvgemm.nvfp4_linear(x, w, s, ws2, ins, None, None, "none", None),
     }
@@ -127,12 +147,16 @@ def main(argv=None) -> int:
         med = statistics.median(ts)
         rows.append(dict(case=name, us_per_call=round(med, 2), min_us=round(min(ts), 2), max_us=round(max(ts), 2),
                          ratio_to_empty_custom_op=round(med / floor, 2)))
+        if name.startswith("nvfp4_linear_requant"):
+            rows[-1]["ratio_to_empty_requant_op"] = round(med / statistics.median(times["empty_custom_op_requant"]), 2)
     print(f"host cost per call, CPU ({platform.processor() or platform.machine()}), M={m} N={n} K={k}, "
           f"median of {args.rounds} rounds x {args.iters} calls (measured on this CPU, not a GPU host)")
     print(f"{'case':36s} {'us/call':>9s} {'min':>8s} {'max':>8s} {'x empty op':>11s}")
     for r in rows:
+        other = (f"  ({r['ratio_to_empty_requant_op']:.2f}x the empty requant-schema op)"
+                 if "ratio_to_empty_requant_op" in r else "")
         print(f"{r['case']:36s} {r['us_per_call']:9.2f} {r['min_us']:8.2f} {r['max_us']:8.2f} "
-              f"{r['ratio_to_empty_custom_op']:11.2f}")
+              f"{r['ratio_to_empty_custom_op']:11.2f}{other}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(command="python bench/bench_host_overhead.py " + " ".join(sys.argv[1:] if argv is None

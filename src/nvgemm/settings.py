@@ -247,9 +247,17 @@ def forcing_token() -> tuple[Optional[str], ...]:
     changed value, parsed or not, makes a new key)."""
     env = os.environ
     data = getattr(env, "_data", None)  # CPython's encoded-key dict behind os.environ: one dict lookup each
+    last = _LAST_ENV
+    if data is not None and last[0] is env and last[1] is data:
+        return tuple(map(data.get, last[2]))
     if data is not None and hasattr(env, "encodekey"):
-        return tuple(map(data.get, _forcing_keys(env)))
+        _LAST_ENV[:] = [env, data, _forcing_keys(env)]
+        return tuple(map(data.get, _LAST_ENV[2]))
     return tuple(map(env.get, FORCING))
+
+
+#: the environ mapping, its encoded-key dict and the encoded FORCING keys of the last forcing_token read
+_LAST_ENV: list = [None, None, ()]
 
 
 _FORCING_KEYS: dict[int, tuple] = {}

@@ -161,6 +161,7 @@ def sm90_stand_in():
     B.load_builtin_backends()
     name = sm90_backend.BACKEND_NAME
     real, run_prepared, checked = B.registered("linear", name), sm90_backend.run_prepared, dict(B._CHECKED)
+    bind_prepared = sm90_backend.bind_prepared
     launched: list = []
 
     def supports(p):
@@ -172,14 +173,16 @@ def sm90_stand_in():
         ws2 = p.weight_scale_2 if p.weight_scale_2.numel() > 1 else p.weight_scale_2.reshape(())
         return nvfp4_linear_emulated(x, w, s, ws2, input_scale, bias, residual, activation, out_dtype)
 
-    B.register_backend(replace(real, supports=supports))
+    B.register_backend(replace(real, supports=supports, bind=None))  # every call through the stand-in launch
     sm90_backend.run_prepared = launch
+    sm90_backend.bind_prepared = lambda *a: None  # no bound launches: every call through the stand-in launch
     B._CHECKED.clear()
     try:
         yield launched
     finally:
         B.register_backend(real)
         sm90_backend.run_prepared = run_prepared
+        sm90_backend.bind_prepared = bind_prepared
         B._CHECKED.clear()
         B._CHECKED.update(checked)
 
@@ -261,6 +264,20 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
             if record_ops:
                 rec.pointers.append(tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values))
 
+        def bind(self, values, per_call):
+            bound = []
+            # what launch() records for a value that is not a tensor (no reference to the layer's tensors)
+            others = [None if isinstance(v, torch.Tensor) else v for v in values]
+
+            def launch(slots, nargs):  # the packed array is complete here: record it, launch nothing
+                rec.events.append(f"gemm:{self.name}")
+                if record_ops:
+                    ptrs = bound[0].pointers()
+                    rec.pointers.append(tuple(p if v is None else v for v, p in zip(others, ptrs)))
+                return 0
+            bound.append(self.packer.bind(values, per_call, check_device=False, launch=launch))
+            return bound[0]
+
     def quantize(x2, input_scale, swizzle=True):
         rec.events.append("quantize")
         m, k = x2.shape
@@ -314,7 +331,17 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
         def run(*args):
             with Ops():
                 return backend.run(*args)
-        return replace(backend, supports=supports, run=run if record_ops else backend.run)
+
+        def bind(*args):  # the bound call's torch ops are recorded as run's are
+            bound = backend.bind(*args) if backend.bind is not None else None
+            if bound is None or not record_ops:
+                return bound
+
+            def run_bound(*a):
+                with Ops():
+                    return bound(*a)
+            return run_bound
+        return replace(backend, supports=supports, run=run if record_ops else backend.run, bind=bind)
 
     for kind, backend in kinds:
         B.register_backend(on_device(backend), kind)

@@ -96,23 +96,20 @@ def test_sm90_linear_launches_the_gemm_only():
 
 
 def test_a_helper_kernel_is_counted():
-    """The harness sees device work the launcher does besides the launches (here: an alpha recomputed per
-    call, as the code before this change did)."""
-    import nvgemm.templates.sm100_w4a4.launch as SL
+    """The harness sees device work the launcher does besides the launches (here: the residual copied per
+    call by the bound launcher, which reads an aligned residual in place)."""
+    import nvgemm.templates.sm100_w4a4.backend as SB
 
     w, s, ws2, ins, _ = _layer(256, 512, seed=4)
     x = torch.randn(2, 512).to(torch.bfloat16)
-    real = SL.alpha_vector
-
-    def per_call_alpha(weight_scale_2, input_scale, dev, **kw):
-        return (weight_scale_2.float() * input_scale).reshape(-1).clone()
-
+    res = torch.randn(2, 256).to(torch.bfloat16)
+    real = SB._aligned16
     with host_path_stand_in("sm100") as rec:
-        SL.alpha_vector = per_call_alpha
+        SB._aligned16 = lambda t: t.clone()
         try:
-            work = _warm(rec, lambda: torch.ops.nvgemm.nvfp4_linear(x, w, s, ws2, ins, None, None, "none", None), 1)
+            work = _warm(rec, lambda: torch.ops.nvgemm.nvfp4_linear(x, w, s, ws2, ins, None, res, "none", None), 1)
         finally:
-            SL.alpha_vector = real
+            SB._aligned16 = real
     assert work[0][:2] == [QUANT, SM100] and len(work[0]) > 2, work
 
 

@@ -111,6 +111,7 @@ def test_kernel_branch_runs_on_the_prepared_weight(monkeypatch):
     fake = B.Backend(name="cutedsl_sm90", priority=10_000, supports=lambda p: None, run=None)
     monkeypatch.setattr("nvgemm.ops.prepared.select_backend", lambda problem: fake)
     monkeypatch.setattr(sm90_backend, "run_prepared", run_prepared)
+    monkeypatch.setattr(sm90_backend, "bind_prepared", lambda *a: None)  # no device to bind a launch on
     monkeypatch.setattr(operand, "to_modelopt", lambda p: pytest.fail("re-encoded on the kernel path"))
     mod = _layer(128, 512, 4, w4a4=True, bias=True)
     mod.bias = mod.bias.bfloat16()

@@ -546,6 +546,12 @@ class AotKernel:
         state = getattr(self._tls, "state", None)
         if state is None:
             state = self._tls.state = self._new_pack_state()
+        self._fill(state, values, check_device)
+        slots, objs, _bound = state
+        objs[-1].value = 0
+        return slots, objs
+
+    def _fill(self, state, values, check_device: bool) -> None:
         slots, objs, bound = state
         for i, (a, v, obj, fill) in enumerate(zip(self.abi, values, objs, self._fillers)):
             if fill is not None:
@@ -571,8 +577,16 @@ class AotKernel:
                 if handle is None:
                     raise TypeError(f"{a.name}: expected a torch.cuda.Stream or a raw cudaStream_t int, got {v!r}")
                 obj.value = handle
-        objs[-1].value = 0
-        return slots, objs
+
+    def bind(self, values: tuple, per_call: tuple[int, ...], *, check_device: bool = True,
+             launch=None) -> "BoundLaunch":
+        """A launcher with ``values`` packed once (every argument checked as :meth:`pack` checks it) whose
+        call rewrites only the arguments at positions ``per_call`` (see :class:`BoundLaunch`). ``launch(slots,
+        nargs) -> rc`` replaces the library's entry point (tools without a library)."""
+        if launch is None:
+            self.ensure_loaded()
+            launch = self._launch
+        return BoundLaunch(self, tuple(values), tuple(per_call), check_device, launch)
 
     def launch(self, *values: Any) -> None:
         """Enqueue the kernel on the stream given for its StreamArg (e.g. ``torch.cuda.current_stream()``)."""
@@ -583,6 +597,60 @@ class AotKernel:
             raise RuntimeError(f"nvgemm_cutedsl: launch of {self.name} failed: cudaError {rc}")
 
 
+class BoundLaunch:
+    """One kernel's argument array packed once, for a caller that launches it many times with the same static
+    operands (a layer's weight, scales, alpha, bias, workspaces).
+
+    Built by :meth:`AotKernel.bind` from a complete set of values, each checked as :meth:`AotKernel.pack`
+    checks it (shape, strides, dtype width, alignment, device). A call passes the values of the ``per_call``
+    positions only, in order: a tensor's descriptor keeps the shape and strides it was bound with and takes
+    the new data pointer (the caller guarantees the same shape, strides and device: its own fresh
+    allocations, or tensors whose metadata it keyed the binding on); a pointer slot takes the tensor's
+    address; the stream (always per call) a ``cudaStream_t``. Alignment is checked on every call. The buffers
+    belong to this object: one thread uses a binding (callers key bindings by thread)."""
+
+    __slots__ = ("name", "_slots", "_objs", "_nargs", "_launch", "_set", "_stream")
+
+    def __init__(self, kernel: AotKernel, values: tuple, per_call: tuple[int, ...], check_device: bool, launch):
+        if len(values) != len(kernel.abi):
+            raise TypeError(f"{kernel.name} takes {len(kernel.abi)} arguments, got {len(values)}")
+        state = kernel._new_pack_state()
+        kernel._fill(state, values, check_device)
+        self.name = kernel.name
+        self._slots, self._objs, _ = state
+        self._nargs = len(kernel.abi) + 1
+        self._launch = launch
+        setters, self._stream = [], None
+        for i in per_call:
+            a, obj = kernel.abi[i], self._objs[i]
+            if isinstance(a, StreamArg):
+                self._stream = obj
+            elif isinstance(a, (TensorArg, PointerArg)):
+                setters.append((obj, "data" if isinstance(a, TensorArg) else "value", a.assumed_align, a.name))
+            else:
+                raise TypeError(f"{kernel.name}: per-call argument {a.name} must be a tensor, pointer or stream")
+        if self._stream is None:
+            raise TypeError(f"{kernel.name}: the stream must be a per-call argument")
+        self._set = tuple(setters)
+
+    def __call__(self, stream: Any, *tensors: Any) -> None:
+        """Launch on ``stream`` (a ``torch.cuda.Stream`` or a raw handle) with ``tensors`` at the per-call
+        tensor / pointer positions, in order."""
+        self._stream.value = stream if isinstance(stream, int) else stream.cuda_stream
+        for (obj, field, align, name), t in zip(self._set, tensors):
+            ptr = t.data_ptr()
+            if ptr % align:
+                raise ValueError(f"{name}: data pointer must be {align}-byte aligned")
+            setattr(obj, field, ptr)
+        rc = self._launch(self._slots, self._nargs)  # the entry point zeroes the status slot itself
+        if rc:
+            raise RuntimeError(f"nvgemm_cutedsl: launch of {self.name} failed: cudaError {rc}")
+
+    def pointers(self) -> tuple:
+        """The packed argument values (tensor descriptors as their data pointer), for tests and tools."""
+        return tuple(o.data if hasattr(o, "data") else o.value for o in self._objs[:-1])
+
+
 def cutlass_imported() -> bool:
     return "cutlass" in sys.modules
 
@@ -591,6 +659,7 @@ __all__ = [
     "AOT_ABI_VERSION",
     "AotBuildError",
     "AotKernel",
+    "BoundLaunch",
     "build_artifacts",
     "check_header_abi",
     "find_cudart",

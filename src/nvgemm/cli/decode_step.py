@@ -412,6 +412,20 @@ class _FakeKernel:
                             pdl=bool(getattr(cfg, "pdl", False)),
                             gemm={"config": cfg, "m": m, "n": n, "k": k, "arch": self.spec.arch, "epilogue": act}))
 
+    def bind(self, values, per_call):
+        """A bound launch (``AotKernel.bind``): a call passes the stream (always the last argument), then the
+        tensors of the other ``per_call`` positions; each call is recorded as :meth:`launch` records it."""
+        last = len(values) - 1
+        positions = [i for i in per_call if i != last]
+
+        def launch(stream, *tensors):
+            v = list(values)
+            for i, t in zip(positions, tensors):
+                v[i] = t
+            v[last] = stream
+            self.launch(*v)
+        return launch
+
 
 def _opdef_impl(qualname: str):
     from torch._library.custom_ops import OPDEFS
@@ -449,7 +463,7 @@ def record_launches(gpu: str, rec: _Recorder):
         st.enter_context(um.patch.object(sm100_backend, "resolve_max_active_clusters", lambda *a, **k: 0))
         st.enter_context(um.patch("torch.cuda.current_stream", lambda *a, **k: stream))
         st.enter_context(um.patch("torch.cuda.is_current_stream_capturing", lambda *a, **k: False))
-        plans = dict(registry._PLANS)
+        plans, bindings = dict(registry._PLANS), dict(registry._BINDINGS)
 
         def clear():  # per-problem memos that hold a kernel (here: a recorder's stand-in) or a decision
             tcommon._capability.cache_clear()
@@ -458,6 +472,7 @@ def record_launches(gpu: str, rec: _Recorder):
             sm100_backend.device_target.cache_clear()
             registry._DECISIONS.clear()
             registry._PLANS.clear()
+            registry._BINDINGS.clear()
 
         clear()
         try:
@@ -466,6 +481,7 @@ def record_launches(gpu: str, rec: _Recorder):
             clear()
             registry._DECISIONS.update(decisions)
             registry._PLANS.update(plans)
+            registry._BINDINGS.update(bindings)
 
 
 class _TorchProxy:

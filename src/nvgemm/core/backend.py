@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -68,6 +68,11 @@ class Backend:
     #: offered to Inductor's autotuner as a choice; False for tools that only run when forced
     #: (the PTX emulator's backends: seconds per call on the CPU)
     autotune: bool = True
+    #: optional ``bind(*args) -> run | None`` (args in schema order, of a call ``run`` has just served): a
+    #: callable with ``run``'s signature for later calls with the same static operands and call metadata,
+    #: which may skip everything those determine (kernel arguments packed once); see
+    #: :func:`nvgemm.dispatch.registry.bind_call`
+    bind: Optional[Callable[..., object]] = field(default=None, repr=False)
 
 
 _WARNED: set[str] = set()

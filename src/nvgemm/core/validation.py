@@ -184,6 +184,10 @@ def _meta(t: Optional[torch.Tensor]):
     return t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % OPERAND_ALIGN
 
 
+#: one tensor's part of :func:`call_key` (None for an absent operand)
+call_meta = _meta
+
+
 def call_key(*tensors: Optional[torch.Tensor]) -> tuple:
     """Everything :func:`check_linear_args`, :func:`problem_of` and :func:`misaligned_operands` read from
     the call's tensors: shape, strides, dtype, device (host or GPU index) and the data pointer's offset from a

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import weakref
 from dataclasses import replace
 
 import torch
@@ -69,6 +70,9 @@ _DECISIONS = BoundedCache(DECISION_CACHE_SIZE)
 #: an op's per-call plans (:func:`call_plan`): the call's metadata (shapes, strides, dtypes, devices,
 #: operand alignment, forcing settings) -> (epilogue spec, problem, backend), cleared with the decisions
 _PLANS = BoundedCache(DECISION_CACHE_SIZE)
+#: an op's bound calls (:func:`bind_call`): (op kind, the weight's id, the per-call tensors' metadata, the
+#: other arguments, forcing settings, thread) -> :class:`Binding`, cleared with the plans
+_BINDINGS = BoundedCache(DECISION_CACHE_SIZE)
 
 #: backends whose name starts with this are the PTX emulator's: forcing one enables the emulator
 EMULATOR_PREFIX = "emu_"
@@ -87,6 +91,7 @@ def register_backend(backend: Backend, kind: str = LINEAR) -> None:
         _kind(kind)[backend.name] = backend
         _DECISIONS.clear()
         _PLANS.clear()
+        _BINDINGS.clear()
 
 
 def unregister_backend(name: str, kind: str = LINEAR) -> None:
@@ -94,6 +99,7 @@ def unregister_backend(name: str, kind: str = LINEAR) -> None:
         _kind(kind).pop(name, None)
         _DECISIONS.clear()
         _PLANS.clear()
+        _BINDINGS.clear()
 
 
 def load_builtin_backends() -> None:
@@ -301,6 +307,11 @@ def choose_backend(all_b: list, problem, forced: str, var: str, selfcheck, label
     raise RuntimeError(f"no nvgemm {label} supports {problem}: {reasons}")
 
 
+def set_selected(backend) -> None:
+    """Record ``backend`` as the one :func:`last_selected` names (an op's bound call)."""
+    _LAST.name = backend.name
+
+
 def last_selected() -> str | None:
     """Name of the backend the most recent eager ``nvfp4_linear`` in this thread ran on."""
     return getattr(_LAST, "name", None)
@@ -345,6 +356,72 @@ def call_plan(key, decide, selected=None):
     else:
         selected(plan[2])
     return plan
+
+
+# ---------------------------------------------------------------------------- bound calls
+
+
+class Binding:
+    """A call path bound to one layer's static operands (weight, scales, bias, ...): the backend that served
+    the call, and ``run`` (the backend's :attr:`~nvgemm.core.backend.Backend.bind` result, else its ``run``).
+
+    It serves a later call only when every static operand is the very tensor object it was bound to, at the
+    same data pointer and version counter (:meth:`holds`): a weight replaced by another tensor, re-pointed
+    (``set_``) or changed in place -- values (``copy_``) or metadata (``resize_``, ``t_``, ``as_strided_``):
+    every in-place op moves the version counter -- falls back to the complete path, which re-validates,
+    re-derives and binds anew. What bypasses the version counter (writes through ``tensor.data``, a ``.data =``
+    assignment keeping the data pointer) is not seen, as by every derived-operand cache
+    (:mod:`nvgemm.templates.common.derived`)."""
+
+    __slots__ = ("backend", "run", "_metas", "__weakref__")
+
+    def __init__(self, backend, run, statics: tuple):
+        self.backend, self.run = backend, run
+        self._metas = tuple(None if t is None else (weakref.ref(t), t._version, t.data_ptr()) for t in statics)
+
+    def holds(self, *statics) -> bool:
+        """Whether ``statics`` are the bound operands, unchanged (see the class docstring)."""
+        for t, m in zip(statics, self._metas):
+            if m is None:
+                if t is not None:
+                    return False
+            elif t is None or m[0]() is not t or t._version != m[1] or t.data_ptr() != m[2]:
+                return False
+        return True
+
+
+def bound_call(key, *statics):
+    """The :class:`Binding` stored under ``key`` if it :meth:`~Binding.holds` ``statics``, else None."""
+    b = _BINDINGS.get(key)
+    if b is not None and b.holds(*statics):
+        return b
+    return None
+
+
+def bind_call(key, backend, problem, statics: tuple, args: tuple, run=None) -> None:
+    """After ``backend.run(*args)`` served a call whose complete path ran (validation, plan, host scale
+    values), bind later calls under ``key`` (the op's cheap per-call key: everything of the call but the
+    static operands' metadata, which :meth:`Binding.holds` checks) to ``statics``. Not during CUDA-graph
+    capture (the call's selection skipped the first-use check). The entry goes when the first static operand
+    (the weight) is freed. Layers holding inference tensors (no version counter) are not bound. ``run``: the bound call, when the op made it (else ``backend.bind(*args)``)."""
+    if capturing_cuda(problem):
+        return
+    if any(t is not None and t.is_inference() for t in statics):
+        return  # an inference tensor has no version counter: an in-place write could not be seen
+    if run is None and backend.bind is not None:
+        try:
+            run = backend.bind(*args)
+        except Exception as e:  # the call was served: a launcher that cannot bind costs speed, never the call
+            warn_once(f"bind-{backend.name}-{type(e).__name__}",
+                      f"nvgemm_cutedsl: {backend.name} could not bind its launch ({type(e).__name__}: {e}); "
+                      "its calls take the complete path")
+            return
+    b = Binding(backend, run or backend.run, statics)
+    if b.holds(*statics):  # an operand changed while binding (a derived operand's refill): not kept
+        new = key not in _BINDINGS
+        _BINDINGS[key] = b
+        if new:
+            weakref.finalize(statics[0], _BINDINGS.pop, key, None)
 
 
 def _warn_misaligned(problem: LinearProblem, chosen: Backend) -> None:

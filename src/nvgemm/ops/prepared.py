@@ -22,15 +22,17 @@ included, for the token counts the layer will run); ``NVGEMM_SM90_ONE_COPY=0`` (
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import Iterable, Optional
 
 import torch
 
 from nvgemm import settings
 from nvgemm.core.formats import NVFP4, blocked_shape
-from nvgemm.core.validation import LinearProblem, call_key, check_linear_args, problem_of
+from nvgemm.core.validation import LinearProblem, call_key, call_meta, check_linear_args, problem_of
 from nvgemm.ops.linear import nvfp4_linear
-from nvgemm.dispatch.registry import backends, call_plan, select_backend, warn_once
+from nvgemm.dispatch.registry import (backends, bind_call, bound_call, call_plan, select_backend, set_selected,
+                                      warn_once)
 from nvgemm.templates.common.derived import DerivedCache
 from nvgemm.templates.sm90_w4a16.config import CHUNK, K_ALIGN, ROW_TILE
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, to_modelopt
@@ -118,8 +120,15 @@ def nvfp4_linear_sm90_prepared(
     kind: str,
 ) -> torch.Tensor:
     """``nvfp4_linear`` of a weight held only in the sm90 layout (see the module docstring)."""
+    token = settings.forcing_token()
+    bkey = ("sm90_prepared", id(pweight), call_meta(x), call_meta(residual), activation, out_dtype, n, k, kind, token,
+            get_ident())
+    bound = bound_call(bkey, pweight, pscale, weight_scale_2, input_scale, bias)
+    if bound is not None:  # the same layer tensors, unchanged, and a call of the same metadata: validated
+        set_selected(bound.backend)
+        return bound.run(x, residual)
     key = ("sm90_prepared", call_key(x, pweight, pscale, weight_scale_2, input_scale, bias, residual), activation,
-           out_dtype, n, k, kind, settings.forcing_token())
+           out_dtype, n, k, kind, token)
 
     def decide():
         w0, s0 = _standins(n, k, x.device)
@@ -134,14 +143,18 @@ def nvfp4_linear_sm90_prepared(
         problem = problem_of(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, spec)
         return spec, problem, select_backend(problem)
 
-    spec, _problem, backend = call_plan(key, decide)
+    spec, problem, backend = call_plan(key, decide)
     p = sm90_weight_of(pweight, pscale, weight_scale_2, n, k, kind)
     if backend.name == SM90 and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
             and (residual is None or residual.dtype == spec.out_dtype):
         # lazy: keeps templates.sm90_w4a16.backend out of `import nvgemm`
         from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
-        return sm90_backend.run_prepared(x, p, input_scale, bias, residual, activation, out_dtype)
+        out = sm90_backend.run_prepared(x, p, input_scale, bias, residual, activation, out_dtype)
+        call = sm90_backend.bind_prepared(x, p, input_scale, bias, residual, activation, out_dtype)
+        if call is not None:
+            bind_call(bkey, backend, problem, (pweight, pscale, weight_scale_2, input_scale, bias), (), call)
+        return out
     warn_once(f"sm90-prepared-fallback-{backend.name}-{x.dtype}",
               f"nvgemm: a layer held in the sm90 layout ({kind}) runs on {backend.name} for x {x.dtype} on "
               f"{x.device}: its checkpoint layout is rebuilt for every such call (correct, slow)")

@@ -87,6 +87,11 @@ class SplitKWorkspaces:
                 return self._grown(self._capture, self._captured, key, device, ws_numel, n_cnt)
             return self._grown(self._current, self._retired, key, device, ws_numel, n_cnt)
 
+    def current(self, device_key: str, stream_id: int = 0):
+        """The pair :meth:`get` hands out now for (``str(device)``, ``stream_id``) when it fits, read without
+        the lock (a launcher that checked a pair once compares it by identity; None when there is none)."""
+        return self._current.get((device_key, stream_id))
+
     def release_retired(self) -> int:
         """Free the retired and capture pairs (only when no graph that may have used them can
         replay any more); returns how many pairs were dropped."""

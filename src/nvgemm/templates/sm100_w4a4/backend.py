@@ -19,8 +19,10 @@ import torch
 from nvgemm.core.validation import LinearProblem, alignment_reason, linear_spec
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.templates.sm100_w4a4.config import TEMPLATE_ID, Sm100Nvfp4GemmConfig, config_from_name
+from nvgemm.core.formats import NVFP4, blocked_numel
 from nvgemm.templates.sm100_w4a4.launch import (
-    without_quant, check_problem, launch_sm100, prepare_sm100_args, prepare_sm100_requant_args, requant_config,
+    WORKSPACES, _aligned16, device_scalar, splitk_workspace_shape, without_quant, check_problem, launch_sm100,
+    prepare_sm100_args, prepare_sm100_requant_args, requant_config,
 )
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
 from nvgemm.core.backend import Backend
@@ -178,7 +180,104 @@ def run_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
     return args.out if x.dim() == 2 else args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
-BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100)
+def _stand_in_quantized(x2, input_scale, swizzle=True):
+    """Buffers of the quantizer's output shapes (a binding's dry preparation: nothing is computed)."""
+    m, k = x2.shape
+    return (torch.empty((m, k // 2), dtype=torch.uint8, device=x2.device),
+            torch.empty(blocked_numel(m, k // NVFP4.block_size), dtype=torch.float8_e4m3fn, device=x2.device))
+
+
+#: ABI positions of the launch's arguments (:func:`~nvgemm.templates.sm100_w4a4.launch.launch_sm100`)
+_A, _B, _SFA, _SFB, _OUT, _RES, _WS, _CNT, _STREAM = 0, 1, 2, 3, 4, 7, 8, 9, 13
+
+
+def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_dev, quantize, residual: bool,
+                    requant: bool):
+    """The per-call remainder of a prepared sm100 launch (see :func:`bind_sm100`): quantize ``x``, allocate
+    the outputs, write their pointers (and the stream's, the pooled split-K buffers') into the packed
+    argument array, launch. Returns ``call(*op_args) -> out`` (the op's arguments in schema order; requant:
+    ``(codes, scale bytes)``, its residual position holding the next input_scale, unused)."""
+    swap = config.swap_ab
+    per_call = [_B, _SFB] if swap else [_A, _SFA]
+    per_call.append(_OUT)
+    if requant:
+        per_call.append(_RES)
+    elif residual:
+        per_call.append(_RES)
+    split = config.split_k > 1
+    if split:
+        per_call += [_WS, _CNT]
+        ws_numel, n_cnt = splitk_workspace_shape(args.m, args.n, config)
+    per_call.append(_STREAM)
+    values = (args.a, args.b, args.sfa, args.sfb, args.out, args.alpha if args.alpha is not None else 0,
+              args.bias if args.bias is not None else 0, args.residual if args.residual is not None else 0,
+              args.workspace if args.workspace is not None else 0, args.counters if args.counters is not None else 0,
+              args.m, args.n, args.k, torch.cuda.current_stream(dev))
+    launch = kernel.bind(values, tuple(per_call))
+    k = args.k
+    xs_numel = (args.sfb if swap else args.sfa).numel()
+    out_shape, out_dtype = tuple(args.out.shape), args.out.dtype
+    res_shape = tuple(args.residual.shape) if args.residual is not None else None
+    res_numel = args.residual.numel() if args.residual is not None else 0
+    reshape = len(x_shape) != 2
+    current_stream, empty = torch.cuda.current_stream, torch.empty
+    current_pair, dev_key, checked = WORKSPACES.current, str(dev), [None]
+
+    def call(x, _weight, _weight_scale, _weight_scale_2, _input_scale, _bias, res=None, *_rest):
+        x2 = x.reshape(-1, k) if reshape else x
+        if not x_contiguous:
+            x2 = x2.contiguous()
+        xq, xs = quantize(x2, ins_dev, True)
+        if xs.numel() != xs_numel:  # as prepare_sm100_args checks (the codes follow x, whose shape is keyed)
+            raise ValueError("nvgemm_cutedsl sm100: activation quantizer returned misshapen codes/scales")
+        out = empty(out_shape, dtype=out_dtype, device=dev)
+        stream = current_stream(dev)
+        if split:
+            sid = stream.cuda_stream
+            pair = current_pair(dev_key, sid)
+            if pair is None or pair is not checked[0]:  # the pool's pair changed: take (and check) it anew
+                pair = checked[0] = WORKSPACES.get(dev, ws_numel, n_cnt, sid)
+            ws, cnt = pair
+            if requant:
+                scales = empty(res_numel, dtype=torch.float8_e4m3fn, device=dev)
+                launch(stream, xq, xs, out, scales, ws, cnt)
+                return out, scales
+            if residual:
+                launch(stream, xq, xs, out, _aligned16(res.reshape(res_shape)), ws, cnt)
+            else:
+                launch(stream, xq, xs, out, ws, cnt)
+        elif requant:
+            scales = empty(res_numel, dtype=torch.float8_e4m3fn, device=dev)
+            launch(stream, xq, xs, out, scales)
+            return out, scales
+        elif residual:
+            launch(stream, xq, xs, out, _aligned16(res.reshape(res_shape)))
+        else:
+            launch(stream, xq, xs, out)
+        return out if not reshape else out.reshape(*x.shape[:-1], out.shape[-1])
+
+    return call
+
+
+def bind_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
+               config=None):
+    """The bound launcher of an ``nvfp4_linear`` call :func:`run_sm100` has served (``Backend.bind``): the
+    layer's operands prepared (derived alpha, gate/up interleaved copies, aligned bias) and packed into the
+    kernel's argument array once; a call quantizes ``x``, allocates the output and launches."""
+    if config is not None:
+        return None
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
+    dev = x.device
+    config, kernel = launch_plan(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2, spec,
+                                 _device_index(dev))
+    stream = torch.cuda.current_stream(dev)
+    args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream.cuda_stream, quantize=_stand_in_quantized, checked=True)
+    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(),
+                           device_scalar(input_scale, dev), quantize_nvfp4_cuda, residual is not None, False)
+
+
+BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100, bind=bind_sm100)
 
 
 # --------------------------------------------------------------------------- fused gated-MLP ops
@@ -271,5 +370,18 @@ def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, inp
     return args.out
 
 
-REQUANT_BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports_requant, run=run_sm100_requant)
+def bind_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
+    """The bound launcher of an ``nvfp4_linear_requant`` call (``Backend.bind``; see :func:`bind_sm100`)."""
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
+    config = requant_config(x.shape[0])
+    dev = x.device
+    _config, kernel = launch_plan(x.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
+    args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                      spec, config, quantize=_stand_in_quantized, checked=True)
+    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(),
+                           device_scalar(input_scale, dev), quantize_nvfp4_cuda, False, True)
+
+
+REQUANT_BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports_requant, run=run_sm100_requant,
+                          bind=bind_sm100_requant)
 PREQUANT_BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100_prequant)

@@ -28,7 +28,9 @@ from nvgemm.templates.sm90_w4a16.config import (
     template_id_of,
     validate_config,
 )
-from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, launch_sm90, prepare_sm90_args
+from nvgemm.templates.sm90_w4a16.launch import (
+    WORKSPACES, _aligned_rows, cached_sm90_weight, launch_sm90, prepare_sm90_args, qdq_activation, split_k_needs,
+)
 from nvgemm.templates.sm90_w4a16.operand import kind_of
 from nvgemm.core.backend import Backend
 from nvgemm.core.validation import LinearProblem, linear_spec
@@ -142,7 +144,73 @@ def run_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype
     return args.out if x.dim() == 2 else args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
-BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm90)
+#: ABI positions of the launch's per-call arguments (:meth:`~nvgemm.templates.sm90_w4a16.launch.Sm90Args.abi_values`
+#: then the stream): x, residual (the output when there is none), out, split-K workspace and counters
+_X, _RES, _OUT, _WORK, _COUNT, _STREAM = 0, 5, 6, 7, 8, 9
+
+
+def bind_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype):
+    """The bound launcher of a :func:`run_prepared` call it has served: the prepared weight, alpha, bias and
+    (when the call needs no pooled split-K workspace) the workspace packed into the kernel's argument array
+    once; returns ``call(x, residual) -> out``, which prepares ``x`` (the W4A8 round trip when
+    ``input_scale``), allocates the output and launches. The caller keys the binding on ``x``'s and
+    ``residual``'s metadata and on the unchanged layer tensors."""
+    dev = x.device
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    n, k = prepared.n, prepared.k
+    m = x.numel() // k
+    config = pick_config(m, n, k, x.dtype, activation, sms)
+    stream = torch.cuda.current_stream(dev)
+    args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, config,
+                             stream_id=stream.cuda_stream)
+    kernel = _kernel_for(config, args.spec, x.dtype, sms)
+    need_w, need_c = split_k_needs(config, m, prepared, args.out.shape[1], args.spec.activation == "silu_mul")
+    per_call = [_X, _RES, _OUT] + ([_WORK, _COUNT] if need_w else []) + [_STREAM]
+    launch = kernel.bind((*args.abi_values(), stream), tuple(per_call))
+    out_shape, odt = tuple(args.out.shape), args.out.dtype
+    reshape = x.dim() != 2
+    r_contig = residual is None or residual.reshape(out_shape).stride(-1) == 1
+    current_stream, empty = torch.cuda.current_stream, torch.empty
+    current_pair, dev_key, checked = WORKSPACES.current, str(dev), [None]
+
+    def call(x, residual=None):
+        x2 = x.reshape(-1, k) if reshape else x
+        if input_scale is not None:
+            x2 = qdq_activation(x2, input_scale)
+        x2 = _aligned_rows(x2)
+        out = empty(out_shape, dtype=odt, device=dev)
+        r = out
+        if residual is not None:
+            r = residual.reshape(out_shape) if r_contig else residual.reshape(out_shape).contiguous()
+        stream = current_stream(dev)
+        if need_w:
+            sid = stream.cuda_stream
+            pair = current_pair(dev_key, sid)
+            if pair is None or pair is not checked[0]:  # the pool's pair changed: take (and check) it anew
+                pair = checked[0] = WORKSPACES.get(dev, need_w, need_c, sid)
+            launch(stream, x2, r, out, pair[0], pair[1])
+        else:
+            launch(stream, x2, r, out)
+        return out if not reshape else out.reshape(*x.shape[:-1], out_shape[1])
+
+    return call
+
+
+def bind_sm90(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
+              config=None):
+    """The bound launcher of an ``nvfp4_linear`` call :func:`run_sm90` has served (``Backend.bind``): the
+    prepared weight looked up once, the launch bound by :func:`bind_prepared`."""
+    if config is not None:
+        return None
+    prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
+    call = bind_prepared(x, prepared, input_scale, bias, residual, activation, out_dtype)
+
+    def run(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
+        return call(x, residual)
+    return run
+
+
+BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm90, bind=bind_sm90)
 
 __all__ = ["ARCH", "BACKEND", "compile_spec_for", "default_config", "pick_config", "run_prepared", "run_sm90",
            "supports", "template_id_of"]

@@ -165,6 +165,13 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     """Run PTX text directly (no artifact): ``params`` are the entry's parameters in order (ints are
     packed at the parameter's size, torch tensors as their data pointer, bytes as is); ``tensors``
     (and tensor params) are the global allocations."""
+    return run_launch(make_launch(ptx, grid, block, params, tensors, entry=entry, dyn_smem=dyn_smem, cluster=cluster,
+                                  device=device, preferred_cluster=preferred_cluster), order)
+
+
+def make_launch(ptx: str, grid, block, params: list, tensors: list = (), *, entry: str | None = None, dyn_smem: int = 0,
+                cluster=(1, 1, 1), device: str = "H200", preferred_cluster=None) -> Launch:
+    """The :class:`Launch` :func:`launch_ptx` runs, not run (e.g. for a PDL stream, :mod:`.ptx.pdl`)."""
     import struct
 
     prog = compile_entry(ptx, entry)
@@ -187,7 +194,7 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     launch = Launch(prog, tuple(grid), tuple(block), tuple(cluster), dyn_smem, bytes(buf), gmem, DEVICES[device])
     if preferred_cluster:
         launch.ext["preferred_cluster"] = tuple(preferred_cluster)
-    return run_launch(launch, order)
+    return launch
 
 
-__all__ = ["EmuKernel", "execute_record", "launch_ptx", "prepare", "ptx_for"]
+__all__ = ["EmuKernel", "execute_record", "launch_ptx", "make_launch", "prepare", "ptx_for"]

@@ -128,6 +128,7 @@ class GlobalMemory:
     def __init__(self):
         self.allocs: list[Allocation] = []
         self._bases = np.zeros(0, dtype=np.uint64)
+        self.current_warp: "Warp | None" = None  # the warp the scheduler resumed last (set by ptx/schedule.py)
 
     def register(self, base: int, size: int, name: str) -> None:
         if size <= 0:

@@ -20,8 +20,6 @@ sm_90a: gate/up GEMM with the SiLU-mul epilogue -> down GEMM + residual.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from isa_env import kernel_test_env
@@ -29,11 +27,11 @@ from isa_env import kernel_test_env
 kernel_test_env("sm_100a")
 
 from nvgemm.core.formats import quantize_weight, to_blocked  # noqa: E402
-from nvgemm.emulator.ptx.pdl import SCHEDULES, PdlRaceError  # noqa: E402
-from nvgemm.emulator.ptx.program import compile_entry  # noqa: E402
+from nvgemm.emulator.ptx.pdl import SCHEDULES  # noqa: E402
 from nvgemm.emulator.stream import capture, run_captured  # noqa: E402
+from _pdl_mutations import MUTATIONS, apply_and_expect_race, consumer_pairs  # noqa: E402
 
-pytestmark = pytest.mark.emulator
+pytestmark = pytest.mark.emulator_full  # opt-in: the generated layers (test_pdl_generated_layer.py) are the default
 
 HIDDEN, INTER, TOKENS = 256, 128, 3
 
@@ -101,47 +99,6 @@ def captured(step):
     return grids, out
 
 
-# ------------------------------------------------------------------------------------------------- mutations
-
-_WAIT = re.compile(r"^\s*griddepcontrol\.wait\s*;\s*$", re.M)
-_TRIGGER = re.compile(r"^\s*griddepcontrol\.launch_dependents\s*;\s*$", re.M)
-_GLOBAL_READ = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|cp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global)\b", re.M)
-_GLOBAL_STORE = re.compile(r"^\s*(@%p\d+\s+)?(st\.global|cp\.async\.bulk\.tensor\.\w+\.global\.shared)\b", re.M)
-
-
-def wait_after_first_read(ptx: str) -> str:
-    """Move the (first) ``griddepcontrol.wait`` after the first global read that follows it."""
-    m = _WAIT.search(ptx)
-    assert m, "no griddepcontrol.wait in the consumer's PTX"
-    rest = ptx[m.end():]
-    r = _GLOBAL_READ.search(rest)
-    assert r, "no global read after the wait"
-    eol = rest.index("\n", r.start())
-    return ptx[:m.start()] + rest[:eol + 1] + "\tgriddepcontrol.wait;\n" + rest[eol + 1:]
-
-
-def drop_wait(ptx: str) -> str:
-    out, n = _WAIT.subn("", ptx)
-    assert n, "no griddepcontrol.wait to drop"
-    return out
-
-
-def trigger_before_last_store(ptx: str) -> str:
-    """Every ``launch_dependents`` removed, one placed before the last global store of the program text."""
-    ptx, _ = _TRIGGER.subn("", ptx)
-    last = list(_GLOBAL_STORE.finditer(ptx))[-1]
-    return ptx[:last.start()] + "\tgriddepcontrol.launch_dependents;\n" + ptx[last.start():]
-
-
-def mutate(grid, edit) -> None:
-    grid.launch.program = compile_entry(edit(grid.launch.ext["ptx"]), grid.launch.program.entry.name)
-
-
-def consumer_pairs(grids):
-    """(producer index, consumer index) of each PDL-launched grid with a wait in its PTX."""
-    return [(j - 1, j) for j, gr in enumerate(grids) if j and gr.pdl and _WAIT.search(gr.launch.ext["ptx"])]
-
-
 # ------------------------------------------------------------------------------------------------- tests
 
 
@@ -158,10 +115,6 @@ def test_decode_chain_under_pdl_schedules_bit_exact(name):
         assert any(overlapped) == (schedule != "serial"), (schedule, overlapped)
 
 
-# the pair each mutation breaks: by chain, (producer index, consumer index) in launch order
-MUTATIONS = ["wait after first read", "wait dropped", "trigger before last store, no wait"]
-
-
 @pytest.mark.parametrize("name", list(CHAINS))
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_decode_chain_pdl_mutations_caught(name, mutation):
@@ -170,16 +123,4 @@ def test_decode_chain_pdl_mutations_caught(name, mutation):
     pairs = consumer_pairs(grids)
     assert pairs, "no PDL consumer in the chain"
     # a different pair for each mutation where the chain has several
-    prod, cons = pairs[(MUTATIONS.index(mutation) + 1) % len(pairs)]
-    if mutation == "wait after first read":
-        mutate(grids[cons], wait_after_first_read)
-    elif mutation == "wait dropped":
-        mutate(grids[cons], drop_wait)
-    else:
-        mutate(grids[prod], trigger_before_last_store)
-        mutate(grids[cons], drop_wait)
-    with pytest.raises(PdlRaceError) as e:
-        run_captured(grids, "early")
-    msg = str(e.value)
-    assert f"{grids[cons].name}:" in msg and "before griddepcontrol.wait" in msg, msg
-    assert re.search(r"at 0x[0-9a-f]+ \(", msg) and "PTX line" in msg, msg
+    apply_and_expect_race(lambda: captured(step)[0], mutation, pairs[(MUTATIONS.index(mutation) + 1) % len(pairs)])

@@ -17,7 +17,6 @@ launch order with their PDL attributes, for :func:`~nvgemm.emulator.stream.run_c
 
 from __future__ import annotations
 
-import contextlib
 import unittest.mock as um
 import warnings
 
@@ -158,22 +157,20 @@ def replay(code: str, inputs: list, arch: str):
     from nvgemm.cli.decode_step import _TorchProxy
 
     # torch for the wrapper: the real ops (CPU tensors), torch.cuda's device guard a no-op
-    ns.update(torch=_TorchProxy(torch.ops), empty_strided_cuda=lambda size, stride, dtype=torch.float32, *a, **k: torch.empty_strided(
-        size, stride, dtype=dtype), reinterpret_tensor=lambda t, size, stride, offset=0: t.as_strided(
-        size, stride, t.storage_offset() + offset), assert_size_stride=noop, assert_alignment=noop,
-        assert_tensor_metadata=noop, assert_size_stride_grouped=noop, get_raw_stream=lambda i: 0)
+    def empty_strided(size, stride, dtype=torch.float32, *a, **k):
+        return torch.empty_strided(size, stride, dtype=dtype)
+
+    def reinterpret(t, size, stride, offset=0):
+        return t.as_strided(size, stride, t.storage_offset() + offset)
+
+    # torch for the wrapper: the real ops (CPU tensors), torch.cuda's device guard a no-op
+    ns.update(torch=_TorchProxy(torch.ops), empty_strided_cuda=empty_strided, reinterpret_tensor=reinterpret,
+              assert_size_stride=noop, assert_alignment=noop, assert_tensor_metadata=noop,
+              assert_size_stride_grouped=noop, get_raw_stream=lambda i: 0)
     env = {"NVGEMM_BACKEND": backend, "NVGEMM_SELFCHECK": "0"}
     with um.patch.dict("os.environ", env), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return ns["call"](list(inputs))
 
 
-@contextlib.contextmanager
-def emulator_for(arch: str):
-    import nvgemm.emulator as emu
-
-    emu.enable(arch)
-    yield
-
-
-__all__ = ["MlpLayer", "build", "emulator_for", "replay"]
+__all__ = ["MlpLayer", "build", "replay"]

@@ -39,9 +39,12 @@ def first_read_of_producer_output(recapture, cons: int) -> int:
              for m in [re.search(r"PTX line (\d+)", r.where)] if m]
     assert lines, "the consumer reads nothing its producer writes"
     ptx_lines = grids[cons].launch.ext["ptx"].split("\n")
-    line = min(lines) - 1  # the emulator numbers PTX lines from 1
-    assert _GLOBAL_READ.match(ptx_lines[line]), ptx_lines[line]  # the reported line is that read
-    return line
+    # the reported line number is 1-based for the CuTeDSL PTX and equals the text index for Triton's: accept the
+    # read at either
+    n = min(lines)
+    at = [i for i in (n - 1, n) if i < len(ptx_lines) and _GLOBAL_READ.match(ptx_lines[i])]
+    assert at, ptx_lines[n - 1:n + 1]
+    return at[0]
 
 
 def drop_wait(ptx: str) -> str:

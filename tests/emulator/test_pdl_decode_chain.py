@@ -86,7 +86,19 @@ CHAINS = {"sm100-w4a4": sm100_chain, "sm90-w4a16": sm90_chain}
 _STEPS: dict = {}
 
 
+@pytest.fixture(autouse=True)
+def _stand_in_removed_after():
+    """The Triton stand-in these tests install is removed after each (other tests expect the torch references)."""
+    yield
+    import nvgemm.emulator as emu
+
+    emu.disable_triton()
+
+
 def chain(name):
+    import nvgemm.emulator as emu
+
+    emu.enable("sm_100a" if name.startswith("sm100") else "sm_90a")
     if name not in _STEPS:
         step = CHAINS[name]()
         _STEPS[name] = (step, step())  # the launch-by-launch run: the emulated backend's output

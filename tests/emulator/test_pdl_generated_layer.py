@@ -32,6 +32,15 @@ LAYERS = {"B200-w4a4": ("B200", "sm_100a"), "H200-w4a16": ("H200", "sm_90a")}
 _BUILT: dict = {}
 
 
+@pytest.fixture(autouse=True)
+def _stand_in_removed_after():
+    """The Triton stand-in these tests install is removed after each (other tests expect the torch references)."""
+    yield
+    import nvgemm.emulator as emu
+
+    emu.disable_triton()
+
+
 def layer(name):
     if name not in _BUILT:
         gpu, arch = LAYERS[name]

@@ -83,7 +83,8 @@ def test_sm100_w4a4_layer_quantizers_come_from_the_norm_and_residuals_ride_the_e
     # (every GEMM op lowered to its autotuned choice op, here the policy's sm100 kernel)
     assert ops == ["rmsnorm_quantize_nvfp4", "nvfp4_linear_prequant_choice@cutedsl_sm100",
                    "nvfp4_linear_choice@cutedsl_sm100", "rmsnorm_quantize_nvfp4",
-                   "nvfp4_linear_prequant_requant_choice@cutedsl_sm100", "nvfp4_linear_prequant_choice@cutedsl_sm100"], ops
+                   "nvfp4_linear_prequant_requant_choice@cutedsl_sm100",
+                   "nvfp4_linear_prequant_choice@cutedsl_sm100"], ops
     calls = {k.split("|")[0]: split_args(k.split("|", 1)[1]) for k in launches(code) if k.startswith("nvgemm:")}
     o_args = calls["nvgemm:nvfp4_linear_choice@cutedsl_sm100"]
     assert o_args[4] != "None" and o_args[6] != "None", o_args  # W4A4 o_proj with its residual

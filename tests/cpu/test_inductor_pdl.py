@@ -198,7 +198,8 @@ from nvgemm.integrations.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama, _
 _GEMM_CALL = re.compile(r"^\s*(\w+) = torch\.ops\.nvgemm\.(\w+_choice)\.default\((.*)\)\s*$")
 #: nvgemm ops that are one Triton kernel launched by nvgemm's own launcher (the fused norm quantizers the layer
 #: rewrites insert), and that kernel
-_NVGEMM_TRITON_CALL = re.compile(r"^\s*(\w+) = torch\.ops\.nvgemm\.((?:add_)?rmsnorm_quantize_nvfp4)\.default\((.*)\)\s*$")
+_NVGEMM_TRITON_CALL = re.compile(
+    r"^\s*(\w+) = torch\.ops\.nvgemm\.((?:add_)?rmsnorm_quantize_nvfp4)\.default\((.*)\)\s*$")
 _TRITON_RUN = re.compile(r"^\s*(\w+)\.run\((.*)\)\s*$")
 _OTHER = re.compile(r"^\s*(?:\w+ = )?(extern_kernels\.\w+|torch\.ops\.(?!nvgemm)\w+\.\w+(?:\.\w+)?)\(")
 _ALIAS = re.compile(r"^\s*(\w+) = (\w+)\[\d+\]\s*$")
@@ -338,7 +339,8 @@ def _launch_config(op: str, choice: str, m: int):
         return sm90_config(cand.config)
     if cand.backend == "cutedsl_sm100" and cand.config:
         return sm100_config(cand.config)
-    if cand.backend == "cutedsl_sm100" and op in ("nvfp4_linear_requant_choice", "nvfp4_linear_prequant_requant_choice"):
+    if cand.backend == "cutedsl_sm100" and op in ("nvfp4_linear_requant_choice",
+                                                  "nvfp4_linear_prequant_requant_choice"):
         return requant_config(m)
     return None
 

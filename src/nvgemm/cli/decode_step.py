@@ -936,8 +936,9 @@ def add_arguments(p) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     p.add_argument("--layers", type=int, default=None, help="layers per step (default: the preset's)")
     p.add_argument("--layout", default="checkpoint", choices=("checkpoint", "fused"),
-                   help="checkpoint: q/k/v, gate/up as the checkpoint stores them (the loader's default); "
-                        "fused: stacked qkv and gate_up (load_modelopt_checkpoint(fuse_gated_mlp=True) + NVFP4Linear.fuse)")
+                   help="checkpoint: q/k/v, gate/up as the checkpoint stores them "
+                        "(load_modelopt_checkpoint(fuse_shards=False)); fused: one qkv and one gate_up GEMM per layer, "
+                        "the loader's default where the shards share input_scale (stacked qkv + fuse_gated_mlps)")
     p.add_argument("--quantize-lm-head", action="store_true",
                    help="model an NVFP4 lm_head in the GPU's format (load_modelopt_checkpoint(quantize_lm_head=True)) "
                         "instead of the checkpoint's bf16 one")

@@ -118,7 +118,9 @@ def test_fused_requant_kernel_compiles_without_spills(alpha, tile_n):
     assert ptx.count("cvt.rn.f16x2.e4m3x2") == regs
     assert ptx.count("shfl.sync.bfly") == 6 * regs
     assert ptx.count("div.rn.f32") >= 2 * regs
-    assert ptx.count("st.global.b8") == 2 * regs  # one code byte, one scale byte per register (predicated)
+    # one code byte, one scale byte per register (predicated), plus the one store of the loop that zeroes the scale
+    # layout's padding rows (_zero_sf_padding: the host allocates the scales uninitialised)
+    assert ptx.count("st.global.b8") == 2 * regs + 1
     if sass_tool.find_cuobjdump() is None:
         pytest.skip("no cuobjdump for the SASS spill check")
     sass = sass_tool.dump_sass(f)[0]

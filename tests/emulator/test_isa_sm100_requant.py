@@ -166,7 +166,7 @@ def test_gated_mlp_chain_with_the_kernel_on_emulator(tmp_path, monkeypatch):
 
 
 @pytest.mark.emulator
-def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
+def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch, request):
     """The ``cutedsl_sm100`` fused backends' own GPU entry points (``run_sm100_requant`` /
     ``run_sm100_prequant``: device properties, config, occupancy-resolved compile spec, kernel cache,
     ``launch_sm100``) on CPU tensors, with only the CUDA queries faked (a B200: capability 10.0, 148 SMs, the
@@ -192,6 +192,10 @@ def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
     monkeypatch.setattr(occupancy, "query_max_active_clusters",
                         lambda dev, cs: aot_max_active_clusters("sm_100a", 148, cs))
     loaded = []
+    # the per-problem launch plans are process-wide: start empty (so this test's kernels are the emulator's) and
+    # leave none of these emulator kernels behind for later tests
+    sm100_backend.launch_plan.cache_clear()
+    request.addfinalizer(sm100_backend.launch_plan.cache_clear)
     monkeypatch.setattr(sm100_backend, "kernel_for",
                         lambda cspec, cache=None: loaded.append(cspec) or prepare(cspec, device="B200"))
     gu, down, x = _exact_chain()
@@ -205,4 +209,5 @@ def test_gpu_backend_runners_on_emulator(tmp_path, monkeypatch):
     pq = (packed, scales, down.weight, down.weight_scale, down.weight_scale_2, down.input_scale, down.bias, None,
           torch.bfloat16)
     assert torch.equal(sm100_backend.run_sm100_prequant(*pq), prequant_emulated(*pq))
-    assert [c.epilogue.out_quant for c in loaded] == [True, True, False] and all(c.arch == "sm_100a" for c in loaded)
+    # two plans: the requant launch (its quantized= call is the same problem, served by the same plan) and prequant
+    assert [c.epilogue.out_quant for c in loaded] == [True, False] and all(c.arch == "sm_100a" for c in loaded)

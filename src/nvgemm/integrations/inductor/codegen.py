@@ -71,7 +71,17 @@ def fake_cuda_device(gpu: str = "B200"):
         # has_triton() is cached process-wide (False without a GPU); answer it for this context only
         # (the scheduler imported the name).
         st.enter_context(um.patch("torch._inductor.scheduler.has_triton", lambda *a, **k: True))
+        # Inductor memoises the device it runs on (the system key of its on-disk caches): forget the fake one on
+        # entry and exit, or later compiles in this process would key their autotune caches on it
+        _forget_inductor_system()
+        st.callback(_forget_inductor_system)
         yield props
+
+
+def _forget_inductor_system() -> None:
+    from torch._inductor.codecache import CacheBase
+
+    CacheBase.get_system.cache_clear()
 
 
 @contextlib.contextmanager

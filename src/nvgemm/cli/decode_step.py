@@ -553,6 +553,18 @@ def record_launches(gpu: str, rec: _Recorder):
             registry._PLANS.update(plans)
 
 
+@contextlib.contextmanager
+def _own_device_memos():
+    """The launchers' per-device tensor memos (identity rows, dummy counters) empty for one replay: they
+    hold FakeTensors of this replay's mode, and a later replay (another mode) must not meet them. Kept
+    across the warm-up and the counted step, as a process keeps them across steps."""
+    from nvgemm.templates.sm90_moe import launch as sm90_moe_launch
+    from nvgemm.templates.sm90_w4a16 import launch as sm90_launch
+
+    with um.patch.dict(sm90_moe_launch._IDENT, clear=True), um.patch.dict(sm90_launch._DUMMY_I32, clear=True):
+        yield
+
+
 class _TorchProxy:
     """``torch`` for the replayed wrapper: ``torch.ops.<ns>.<op>.<overload>`` and ``torch.cuda`` are intercepted."""
 
@@ -683,7 +695,7 @@ def replay(graph: Graph, gpu: str) -> tuple[list[Launch], list[str]]:
               reinterpret_tensor=reinterpret, assert_size_stride=noop, assert_alignment=noop,
               assert_tensor_metadata=noop, get_raw_stream=lambda i: 0,
               extern_kernels=type("E", (), {"__getattr__": lambda self, n: extern(n)})())
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _own_device_memos():
         warnings.simplefilter("ignore")
         ns["call"](list(graph.inputs))  # the first step fills the launchers' memos and workspace pools
         rec.launches.clear()
@@ -691,6 +703,36 @@ def replay(graph: Graph, gpu: str) -> tuple[list[Launch], list[str]]:
         rec.capturing = True
         ns["call"](list(graph.inputs))  # steady state: what every later step (and a CUDA graph) launches
     return rec.launches, rec.syncs
+
+
+def moe_call_launches(gpu: str, m: int, top_k: int, experts: int, hidden: int, inter: int) -> list[Launch]:
+    """The device launches of one ``nvgemm::nvfp4_moe`` call (W4A16 on Hopper, W4A4 on Blackwell) in the
+    steady state, from its host launcher on fake ``gpu`` (as :func:`replay` expands the op: a warm-up call,
+    then the call a CUDA graph captures). Routing: token ``t`` slot ``s`` -> expert ``(t * top_k + s) %
+    experts`` (the ids' values do not change the launches: the grid is fixed per (M, top_k, E))."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    p = DecodePreset("moe-call", hidden, 0, 1, 1, 128, 16, 1, "", experts=experts, top_k=top_k,
+                     moe_intermediate=inter)
+    ex = meta_experts(p, 1, weight_only=gpu_format(gpu) == "W4A16")
+    fm = FakeTensorMode()
+    with fm:
+        ws = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in ex.tensors()]
+        x = torch.empty(m, hidden, dtype=torch.bfloat16, device="cuda")
+        ids = torch.empty(m, top_k, dtype=torch.int32, device="cuda")
+        wts = torch.empty(m, top_k, dtype=torch.float32, device="cuda")
+    rec = _Recorder()
+    rec.origin = "nvgemm::nvfp4_moe launcher"
+    rec.moe = {"m": m, "top_k": top_k, "experts": experts}
+    impl = _opdef_impl("nvgemm::nvfp4_moe")
+    with warnings.catch_warnings(), _own_device_memos():
+        warnings.simplefilter("ignore")
+        for capturing in (False, True):
+            rec.launches.clear()
+            rec.capturing = capturing
+            with fm, record_launches(gpu, rec), _aten_recorder(rec):
+                impl(x, ids, wts, *ws, "silu_mul", False, None, None, None, None)
+    return list(rec.launches)
 
 
 # =============================================================================================
@@ -1088,5 +1130,5 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["DECODE_PRESETS", "DecodePreset", "DecoderLayer", "Launch", "StepReport", "decode_step", "head_graph",
-           "layer_graph", "replay", "report_json", "report_text"]
+__all__ = ["DECODE_PRESETS", "DecodePreset", "DecoderLayer", "Launch", "SparseMoeBlock", "StepReport", "decode_step",
+           "head_graph", "layer_graph", "moe_call_launches", "replay", "report_json", "report_text"]

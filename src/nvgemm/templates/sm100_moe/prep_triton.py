@@ -37,13 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
+from nvgemm.templates.sm100_moe.config import FUSED_PREP_MAX_PAIRS as FUSED_MAX_PAIRS
 from nvgemm.templates.sm90_moe.config import MoeWorkList, work_tiles_bound
 from nvgemm.templates.triton._common import nvfp4_quantize_tile
 
 _BLOCK_K = 128
-#: Pairs (tokens x top_k) up to which the work list is recomputed inside the activation prep (one launch);
-#: more take the work-list kernel first (two launches). 128 = 16 tokens at top-8.
-FUSED_MAX_PAIRS = 128
 
 
 @triton.jit

@@ -72,6 +72,10 @@ from nvgemm.nn.experts import NVFP4Experts
 from nvgemm.nn.linear import NVFP4Linear, prepare_for_sm90
 from nvgemm.nn.mlp import fuse_gated_mlps
 from nvgemm.ops.prepared import sm90_weight_of
+from nvgemm.templates.sm100_moe import perf as sm100_moe_perf
+from nvgemm.templates.sm90_moe import launch as sm90_moe_launch, perf as sm90_moe_perf
+from nvgemm.templates.sm90_moe.perf import byte_floor_us
+from nvgemm.templates.sm90_w4a16 import launch as sm90_launch
 
 
 # =============================================================================================
@@ -558,9 +562,6 @@ def _own_device_memos():
     """The launchers' per-device tensor memos (identity rows, dummy counters) empty for one replay: they
     hold FakeTensors of this replay's mode, and a later replay (another mode) must not meet them. Kept
     across the warm-up and the counted step, as a process keeps them across steps."""
-    from nvgemm.templates.sm90_moe import launch as sm90_moe_launch
-    from nvgemm.templates.sm90_w4a16 import launch as sm90_launch
-
     with um.patch.dict(sm90_moe_launch._IDENT, clear=True), um.patch.dict(sm90_launch._DUMMY_I32, clear=True):
         yield
 
@@ -755,9 +756,6 @@ def _launch_us(hw, pdl: bool, aux: bool = False) -> tuple[float, float]:
 def _model_moe_gemm(launch: Launch, gpu: str) -> None:
     """A grouped MoE GEMM by its family's model (uniform routing: the expected active experts and work slots of
     ``m`` tokens x top-k over the layer's experts); its bytes become the routed experts' weight bytes."""
-    from nvgemm.templates.sm100_moe import perf as sm100_moe_perf
-    from nvgemm.templates.sm90_moe import perf as sm90_moe_perf
-
     g, mo = launch.gemm, launch.gemm["moe"]
     cfg = g["config"]
     g["config"] = cfg.name() if hasattr(cfg, "name") else str(cfg)
@@ -879,8 +877,6 @@ def _classify(layer: list[Launch]) -> dict:
 def _routed_experts(p: DecodePreset, tp: int, gpu: str, layer: list[Launch]) -> dict:
     """The routed experts of one MoE layer (the launches of the ``nvgemm::nvfp4_moe`` op's launcher) against
     the byte floor of the experts one token reads (top-k x 3 x H x I NVFP4 at the achievable bandwidth)."""
-    from nvgemm.templates.sm90_moe.perf import byte_floor_us
-
     ks = [k for k in layer if k.origin.startswith("nvgemm::nvfp4_moe")]
     us = sum(k.mid_us for k in ks)
     floor = byte_floor_us(1, p.top_k, p.experts, p.hidden, p.moe_intermediate // tp, 0, gpu)

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from nvgemm.core.backend import LINEAR
-from nvgemm.integrations.inductor import choices as _choices
+from nvgemm.integrations.inductor import choices as _choices, moe as _moe
 
 #: (capability, SM count, L2 bytes, memory bytes) of the GPUs a fake device can stand for.
 FAKE_GPUS: dict[str, tuple[tuple[int, int], int, int, int]] = {
@@ -79,8 +79,6 @@ def policy_pick_only():
     """nvgemm's lowerings (``nvfp4_linear`` and ``nvfp4_moe``) see only the policy's first kernel candidate
     (plus nothing else): what a tuned graph inlines when that candidate wins, with no benchmark (there is no
     GPU to time on)."""
-    from nvgemm.integrations.inductor import moe as _moe
-
     orig, orig_moe = _choices.candidates, _moe.moe_candidates
 
     def first_only(problem, allowed=None, kind=LINEAR):

@@ -188,7 +188,7 @@ def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_exp
     kernel[(slots, triton.cdiv(h, _BLOCK_K))](
         xs, ids, expert_map if expert_map is not None else ids, ins, wl.rows, wl.tiles, wl.pos,
         wl.valid, wl.counts, yrow, codes, atoms, sf2, h, xs.stride(0), max(p, 1), num_experts, kb2, -(-kb2 // 4),
-        TOPK=k, TN=tile_n, BLOCK=max(16, triton.next_power_of_2(p)), BLOCK_K=_BLOCK_K, FUSED=fused,
+        TOPK=k, TN=tile_n, BLOCK=max(16, triton.next_power_of_2(p)) if fused else 16, BLOCK_K=_BLOCK_K, FUSED=fused,
         HAS_MAP=expert_map is not None, ZERO_SF2=tile_n < 128 or kb2 % 4 != 0, enable_fp_fusion=False)
     if fused:
         wl.valid = wl.valid.view(torch.bool)

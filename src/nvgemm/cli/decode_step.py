@@ -711,12 +711,10 @@ def moe_call_launches(gpu: str, m: int, top_k: int, experts: int, hidden: int, i
     steady state, from its host launcher on fake ``gpu`` (as :func:`replay` expands the op: a warm-up call,
     then the call a CUDA graph captures). Routing: token ``t`` slot ``s`` -> expert ``(t * top_k + s) %
     experts`` (the ids' values do not change the launches: the grid is fixed per (M, top_k, E))."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     p = DecodePreset("moe-call", hidden, 0, 1, 1, 128, 16, 1, "", experts=experts, top_k=top_k,
                      moe_intermediate=inter)
     ex = meta_experts(p, 1, weight_only=gpu_format(gpu) == "W4A16")
-    fm = FakeTensorMode()
+    fm = _fake_mode()
     with fm:
         ws = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in ex.tensors()]
         x = torch.empty(m, hidden, dtype=torch.bfloat16, device="cuda")

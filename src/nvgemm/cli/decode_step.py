@@ -559,10 +559,13 @@ def record_launches(gpu: str, rec: _Recorder):
 
 @contextlib.contextmanager
 def _own_device_memos():
-    """The launchers' per-device tensor memos (identity rows, dummy counters) empty for one replay: they
+    """The launchers' per-device tensor memos (identity rows, dummy counters, the split-K workspace pool) empty for one replay: they
     hold FakeTensors of this replay's mode, and a later replay (another mode) must not meet them. Kept
     across the warm-up and the counted step, as a process keeps them across steps."""
-    with um.patch.dict(sm90_moe_launch._IDENT, clear=True), um.patch.dict(sm90_launch._DUMMY_I32, clear=True):
+    from nvgemm.templates.common.workspace import WORKSPACES  # lazy: only the pool object, patched per replay
+
+    with um.patch.dict(sm90_moe_launch._IDENT, clear=True), um.patch.dict(sm90_launch._DUMMY_I32, clear=True), \
+            um.patch.dict(WORKSPACES._current, clear=True), um.patch.dict(WORKSPACES._capture, clear=True):
         yield
 
 

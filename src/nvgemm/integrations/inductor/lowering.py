@@ -405,10 +405,13 @@ class _OpLowering:
     by_key: bool = False
 
 
+#: Each op's candidates are looked up in ``choices`` at lowering time (a patched ``choices.candidates``, e.g.
+#: ``codegen.policy_pick_only``, reaches every op).
 LOWERINGS = {
-    "nvfp4_linear": _OpLowering(_choices.LINEAR_DEF, NAME, problem_from_ir, _choices.candidates, COLD_INPUT_INDICES),
+    "nvfp4_linear": _OpLowering(_choices.LINEAR_DEF, NAME, problem_from_ir,
+                                lambda p, allowed: _choices.candidates(p, allowed), COLD_INPUT_INDICES),
     "nvfp4_linear_sm90_prepared": _OpLowering(_choices.PREPARED_DEF, NAME + "_sm90_prepared", prepared_problem_from_ir,
-                                              _choices.prepared_candidates, (1, 2)),
+                                              lambda p, allowed: _choices.prepared_candidates(p, allowed), (1, 2)),
     "nvfp4_linear_prequant": _OpLowering(_choices.PREQUANT_DEF, NAME + "_prequant", prequant_problem_from_ir,
                                          lambda p, allowed: _choices.candidates(p, allowed, PREQUANT), (2, 3),
                                          by_key=True),

@@ -189,16 +189,14 @@ MOE_CALL = (("triton", "prep: work list + per-slot activations (+ NVFP4 on B200,
             ("triton", "finalize: top-k weighted sum"))
 MOE_CALL_H200 = (("triton", "prep: work list"), ("gemm", "GEMM1"), ("gemm", "GEMM2"), ("triton", "finalize"))
 
-#: B200 W4A4, Qwen3-30B-A3B: 28 kernels per layer (the routed experts 4 of them).
+#: B200 W4A4, Qwen3-30B-A3B: 23 kernels per layer (the routed experts 4 of them). k/v/q each: the input RMSNorm
+#: fused with the activation quantize, the prequant GEMM, one Inductor kernel (q/k norm, RoPE, KV cache writes).
 QWEN_B200 = (
-    ("triton", "input RMSNorm"),
-    *[k for proj in ("k_proj", "v_proj") for k in (
-        ("triton", f"{proj}: activation quantize"), ("helper", f"{proj}: alpha"), ("gemm", f"{proj}: GEMM"))],
-    ("triton", "k norm + RoPE of k + KV cache write"), ("triton", "v cache write"),
-    ("triton", "q_proj: activation quantize"), ("helper", "q_proj: alpha"), ("gemm", "q_proj: GEMM"),
-    ("triton", "q norm + RoPE of q"),
+    *[k for proj in ("k_proj", "v_proj", "q_proj") for k in (
+        ("triton", f"{proj}: input RMSNorm + activation quantize"), ("gemm", f"{proj}: GEMM (prequant)"),
+        ("triton", f"after {proj}: q/k norm, RoPE, KV cache write (Inductor)"))],
     ("attention", "flash attention"),
-    ("triton", "o_proj: activation quantize"), ("helper", "o_proj: alpha"), ("gemm", "o_proj: GEMM"),
+    ("triton", "o_proj: activation quantize"), ("gemm", "o_proj: GEMM"),
     *_QWEN_ROUTER, *MOE_CALL,
     ("triton", "residual add"),
 )

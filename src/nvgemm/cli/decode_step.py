@@ -74,9 +74,8 @@ from nvgemm.nn.linear import NVFP4Linear, prepare_for_sm90
 from nvgemm.nn.mlp import fuse_gated_mlps
 from nvgemm.ops.prepared import sm90_weight_of
 from nvgemm.templates.sm100_moe import perf as sm100_moe_perf
-from nvgemm.templates.sm90_moe import launch as sm90_moe_launch, perf as sm90_moe_perf
+from nvgemm.templates.sm90_moe import perf as sm90_moe_perf
 from nvgemm.templates.sm90_moe.perf import byte_floor_us
-from nvgemm.templates.sm90_w4a16 import launch as sm90_launch
 
 
 # =============================================================================================
@@ -587,13 +586,13 @@ def record_launches(gpu: str, rec: _Recorder):
 
 @contextlib.contextmanager
 def _own_device_memos():
-    """The launchers' per-device tensor memos (identity rows, dummy counters, the split-K workspace pool) empty for one replay: they
-    hold FakeTensors of this replay's mode, and a later replay (another mode) must not meet them. Kept
-    across the warm-up and the counted step, as a process keeps them across steps."""
+    """The split-K workspace pool empty for one replay: its pairs are FakeTensors of this replay's mode, and a
+    later replay (another mode) must not meet them. Kept across the warm-up and the counted step, as a process
+    keeps it across steps. (The launchers' per-device index memos are per fake mode already:
+    ``templates.common.derived.device_memo``.)"""
     from nvgemm.templates.common.workspace import WORKSPACES  # lazy: only the pool object, patched per replay
 
-    with um.patch.dict(sm90_moe_launch._IDENT, clear=True), um.patch.dict(sm90_launch._DUMMY_I32, clear=True), \
-            um.patch.dict(WORKSPACES._current, clear=True), um.patch.dict(WORKSPACES._capture, clear=True):
+    with um.patch.dict(WORKSPACES._current, clear=True), um.patch.dict(WORKSPACES._capture, clear=True):
         yield
 
 

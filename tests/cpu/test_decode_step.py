@@ -19,43 +19,47 @@ from nvgemm.cli import decode_step as ds
 
 P = ds.DECODE_PRESETS["Llama-3.1-8B"]
 
-#: B200, W4A4, the checkpoint layout (the loader's default): 22 kernels per layer (alpha is derived once per
-#: layer, not launched per call).
+#: B200, W4A4, the checkpoint layout (the loader's default): 19 kernels per layer (alpha is derived once per
+#: layer, not launched per call). The layer rewrites of the capture pass: each W4A4 GEMM fed by an RMSNorm takes
+#: its activation from a fused norm + NVFP4 quantizer (nvgemm::rmsnorm_quantize_nvfp4, one Triton kernel), one
+#: per distinct input_scale -- q, k, v and gate, up each hold their own here, so the norm runs once per GEMM;
+#: the residual adds ride the o_proj and down_proj epilogues. o_proj (fed by attention) and down_proj (fed by
+#: Inductor's SiLU * up) quantize their own input inside their op.
 B200_W4A4_CHECKPOINT = (
-    ("triton", "input RMSNorm (one Inductor reduction; bf16 input of q/k/v)"),
-    *[k for proj in ("q_proj", "k_proj") for k in (
-        ("triton", f"{proj}: activation quantize (nvgemm Triton quantizer, in the launcher)"),
-        ("gemm", f"{proj}: CuTeDSL sm100 W4A4 GEMM"))],
-    ("triton", "RoPE of k + write of k into the KV cache slot (Inductor)"),
-    ("triton", "v_proj: activation quantize"), ("gemm", "v_proj: GEMM"),
+    ("triton", "v_proj: input RMSNorm + NVFP4 quantize (nvgemm fused quantizer)"),
+    ("gemm", "v_proj: CuTeDSL sm100 W4A4 GEMM (nvfp4_linear_prequant)"),
     ("triton", "write of v into the KV cache slot (Inductor)"),
+    ("triton", "k_proj: input RMSNorm + quantize"), ("gemm", "k_proj: GEMM (prequant)"),
+    ("triton", "RoPE of k + write of k into the KV cache slot (Inductor)"),
+    ("triton", "q_proj: input RMSNorm + quantize"), ("gemm", "q_proj: GEMM (prequant)"),
     ("triton", "RoPE of q (Inductor)"),
     ("attention", "flash attention over the 1k cache"),
-    ("triton", "o_proj: activation quantize"), ("gemm", "o_proj: GEMM"),
-    ("triton", "residual add + post-attention RMSNorm (Inductor)"),
+    ("triton", "o_proj: activation quantize (nvgemm Triton quantizer, in the launcher)"),
+    ("gemm", "o_proj: GEMM + residual in the epilogue"),
     *[k for proj in ("gate_proj", "up_proj") for k in (
-        ("triton", f"{proj}: activation quantize"), ("gemm", f"{proj}: GEMM"))],
+        ("triton", f"{proj}: post-attention RMSNorm + quantize (of o_proj's output, residual included)"),
+        ("gemm", f"{proj}: GEMM (prequant)"))],
     ("triton", "SiLU(gate) * up (Inductor)"),
-    ("triton", "down_proj: activation quantize"), ("gemm", "down_proj: GEMM"),
-    ("triton", "residual add (Inductor)"),
+    ("triton", "down_proj: activation quantize"), ("gemm", "down_proj: GEMM + residual in the epilogue"),
 )
 
-#: H200, W4A16, the checkpoint layout held in the sm90 layout (the loader on Hopper): 15 kernels per layer.
+#: H200, W4A16, the checkpoint layout held in the sm90 layout (the loader on Hopper): 14 kernels per layer. The
+#: residual adds ride the o_proj and down_proj epilogues (no add kernel; the post-attention RMSNorm reads o_proj's
+#: output); W4A16 GEMMs read bf16, so the norms stay Inductor's.
 H200_W4A16_CHECKPOINT = (
     ("triton", "input RMSNorm"),
-    ("gemm", "q_proj: CuTeDSL sm90 W4A16 GEMM (nvfp4_linear_sm90_prepared, opaque to Inductor)"),
+    ("gemm", "q_proj: CuTeDSL sm90 W4A16 GEMM (nvfp4_linear_sm90_prepared, an autotuned choice)"),
     ("gemm", "k_proj"),
     ("triton", "RoPE of k + KV cache write"),
     ("gemm", "v_proj"),
     ("triton", "v cache write"),
     ("triton", "RoPE of q"),
     ("attention", "flash attention"),
-    ("gemm", "o_proj"),
-    ("triton", "residual add + post-attention RMSNorm"),
+    ("gemm", "o_proj + residual in the epilogue"),
+    ("triton", "post-attention RMSNorm"),
     ("gemm", "gate_proj"), ("gemm", "up_proj"),
     ("triton", "SiLU(gate) * up"),
-    ("gemm", "down_proj"),
-    ("triton", "residual add"),
+    ("gemm", "down_proj + residual in the epilogue"),
 )
 
 EXPECTED = {"B200": B200_W4A4_CHECKPOINT, "H200": H200_W4A16_CHECKPOINT}

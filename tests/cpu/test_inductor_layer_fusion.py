@@ -39,8 +39,9 @@ def _nvgemm_ops(code: str) -> list[str]:
 
 
 #: nvgemm ops that quantize their own activation before the GEMM (one more launch each, inside the op): the
-#: W4A4 linear (``prepare_sm100_args`` without ``quantized``) and the requant op; ``*_prequant*`` ops take codes.
-_SELF_QUANTIZING = ("nvfp4_linear", "nvfp4_linear_choice", "nvfp4_linear_requant")
+#: W4A4 linear (``prepare_sm100_args`` without ``quantized``) and the requant op, as the ops or as the autotuned
+#: choice ops the lowerings emit; ``*_prequant*`` ops take codes.
+_SELF_QUANTIZING = ("nvfp4_linear", "nvfp4_linear_choice", "nvfp4_linear_requant", "nvfp4_linear_requant_choice")
 
 
 def _quantizers_inside(code: str) -> int:
@@ -49,7 +50,7 @@ def _quantizers_inside(code: str) -> int:
         if not k.startswith("nvgemm:"):
             continue
         op, args = k.split("|")[0].split(":", 1)[1].split("@")[0], split_args(k.split("|", 1)[1])
-        n += op in _SELF_QUANTIZING and (op == "nvfp4_linear_requant" or args[4] != "None")
+        n += op in _SELF_QUANTIZING and (op.startswith("nvfp4_linear_requant") or args[4] != "None")
     return n
 
 
@@ -63,7 +64,11 @@ def _per_layer(major: int, fused: bool, fuse_layer: bool = True) -> int:
 
 #: Launches per layer (2 layers minus 1): the generated code's plus the activation quantizers inside the nvgemm
 #: ops. Ten are attention as Inductor decomposes SDPA on this codegen-only device (RoPE, KV concat, two bmm,
-#: softmax, transposes), the same in every row. sm_100 W4A4: the generated code alone has 21 / 17 / 17 launches.
+#: softmax, transposes), the same in every row. sm_100 W4A4: the generated code alone has 21 / 17 / 17 launches,
+#: plus the quantizers inside the ops: 7 (q, k, v, o, gate, up, down each quantize x) / 3 (qkv, o, gate_up's
+#: requant) / 1 (o_proj; the rest read the fused norm quantizers' codes) = 28 / 20 / 18. Helper kernels inside
+#: the launchers (alpha, permutations, memsets) are not in these counts (tests/cpu/test_decode_step.py replays
+#: the launchers).
 SM100_PER_LAYER = {"split, no layer rewrites": 28, "fused layout, no layer rewrites": 20,
                    "fused layout + layer rewrites": 18}
 SM90_PER_LAYER = {"split, no layer rewrites": 21, "fused layout, no layer rewrites": 18,
@@ -75,15 +80,18 @@ def test_sm100_w4a4_layer_quantizers_come_from_the_norm_and_residuals_ride_the_e
     ops = _nvgemm_ops(code)
     # ln1 -> (norm + quantize) -> qkv GEMM; o_proj (input from attention: quantized inside its op) with the residual;
     # ln2 -> (norm + quantize) -> gate_up GEMM with SwiGLU + requant epilogue -> down GEMM with the residual
-    assert ops == ["rmsnorm_quantize_nvfp4", "nvfp4_linear_prequant", "nvfp4_linear_choice@cutedsl_sm100",
-                   "rmsnorm_quantize_nvfp4", "nvfp4_linear_prequant_requant", "nvfp4_linear_prequant"], ops
+    # (every GEMM op lowered to its autotuned choice op, here the policy's sm100 kernel)
+    assert ops == ["rmsnorm_quantize_nvfp4", "nvfp4_linear_prequant_choice@cutedsl_sm100",
+                   "nvfp4_linear_choice@cutedsl_sm100", "rmsnorm_quantize_nvfp4",
+                   "nvfp4_linear_prequant_requant_choice@cutedsl_sm100",
+                   "nvfp4_linear_prequant_choice@cutedsl_sm100"], ops
     calls = {k.split("|")[0]: split_args(k.split("|", 1)[1]) for k in launches(code) if k.startswith("nvgemm:")}
     o_args = calls["nvgemm:nvfp4_linear_choice@cutedsl_sm100"]
     assert o_args[4] != "None" and o_args[6] != "None", o_args  # W4A4 o_proj with its residual
-    down = [k for k in launches(code) if k.startswith("nvgemm:nvfp4_linear_prequant|")][-1]
+    down = [k for k in launches(code) if k.startswith("nvgemm:nvfp4_linear_prequant_choice@")][-1]
     assert split_args(down.split("|", 1)[1])[7] != "None"  # residual of down_proj
     # the only activation quantizer inside a GEMM op is o_proj's (attention cannot emit NVFP4)
-    assert sum(op.startswith("nvfp4_linear_choice") or op == "nvfp4_linear_requant" for op in ops) == 1
+    assert sum(op.startswith(("nvfp4_linear_choice", "nvfp4_linear_requant")) for op in ops) == 1
     assert "quantize_nvfp4.default(" not in code.replace("rmsnorm_quantize_nvfp4", "")
 
 
@@ -96,7 +104,7 @@ def test_sm100_w4a4_kernel_counts_before_and_after():
     # 7 quantizer launches per layer, split; 3 with the fused layout's requant chain); after, one (o_proj).
     before = _nvgemm_ops(_code(10, 1, fused=True, fuse_layer=False))
     assert before == ["nvfp4_linear_choice@cutedsl_sm100", "nvfp4_linear_choice@cutedsl_sm100",
-                      "nvfp4_linear_requant", "nvfp4_linear_prequant"], before
+                      "nvfp4_linear_requant_choice@cutedsl_sm100", "nvfp4_linear_prequant_choice@cutedsl_sm100"], before
 
 
 def test_sm90_w4a16_layer_swiglu_and_residuals_in_the_epilogues():
@@ -116,7 +124,7 @@ def test_norm_quant_needs_a_shared_input_scale_per_quantizer():
     """Split q/k/v (and gate/up) with one input scale each: one fused quantizer per scale feeding its GEMM."""
     ops = _nvgemm_ops(_code(10, 1, fused=False))
     assert ops.count("rmsnorm_quantize_nvfp4") == 3 + 2  # ln1 -> q, k, v; ln2 -> gate, up
-    assert ops.count("nvfp4_linear_prequant") == 3 + 2, ops
+    assert ops.count("nvfp4_linear_prequant_choice@cutedsl_sm100") == 3 + 2, ops
     assert ops.count("nvfp4_linear_choice@cutedsl_sm100") == 2, ops  # o and down quantize their own input
 
 

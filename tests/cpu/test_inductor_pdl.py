@@ -196,6 +196,10 @@ from nvgemm.integrations.inductor import capture as _capture  # noqa: E402
 from nvgemm.integrations.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama, _rms, _rope, make_linear  # noqa: E402
 
 _GEMM_CALL = re.compile(r"^\s*(\w+) = torch\.ops\.nvgemm\.(\w+_choice)\.default\((.*)\)\s*$")
+#: nvgemm ops that are one Triton kernel launched by nvgemm's own launcher (the fused norm quantizers the layer
+#: rewrites insert), and that kernel
+_NVGEMM_TRITON_CALL = re.compile(
+    r"^\s*(\w+) = torch\.ops\.nvgemm\.((?:add_)?rmsnorm_quantize_nvfp4)\.default\((.*)\)\s*$")
 _TRITON_RUN = re.compile(r"^\s*(\w+)\.run\((.*)\)\s*$")
 _OTHER = re.compile(r"^\s*(?:\w+ = )?(extern_kernels\.\w+|torch\.ops\.(?!nvgemm)\w+\.\w+(?:\.\w+)?)\(")
 _ALIAS = re.compile(r"^\s*(\w+) = (\w+)\[\d+\]\s*$")
@@ -297,6 +301,11 @@ def _launches(code: str) -> list[dict]:
                         "reads": set(_BUF.findall(m.group(3))), "choice": re.findall(r"'([^']*)'", m.group(3))[-1],
                         "m": 1})
             continue
+        m = _NVGEMM_TRITON_CALL.match(line)
+        if m:
+            out.append({"kind": "triton", "name": m.group(2), "src": None, "params": {}, "writes": {m.group(1)},
+                        "reads": set(_BUF.findall(m.group(3)))})
+            continue
         m = _ALIAS.match(line)
         if m and out and m.group(2) in out[-1]["writes"]:
             out[-1]["writes"].add(m.group(1))  # a multi-output op's outputs
@@ -330,9 +339,22 @@ def _launch_config(op: str, choice: str, m: int):
         return sm90_config(cand.config)
     if cand.backend == "cutedsl_sm100" and cand.config:
         return sm100_config(cand.config)
-    if cand.backend == "cutedsl_sm100" and op == "nvfp4_linear_requant_choice":
+    if cand.backend == "cutedsl_sm100" and op in ("nvfp4_linear_requant_choice",
+                                                  "nvfp4_linear_prequant_requant_choice"):
         return requant_config(m)
     return None
+
+
+def _check_fused_quantizer_pdl():
+    """nvgemm's fused RMSNorm quantizer launches with PDL on sm_100 (``use_gdc``) and waits on its predecessor
+    before it reads the activation or residual (``_load_h``); only the static input_scale is read before."""
+    import types
+
+    from nvgemm.templates.triton import _common, fused
+
+    assert _common.use_gdc(types.SimpleNamespace(capability=(10, 0)), torch.device("cuda"), None)
+    src = fused.rmsnorm_quantize_kernel.src
+    assert src.index("pdl_wait(USE_GDC)") < src.index("_load_h("), src
 
 
 def _check_edges(code: str) -> dict:
@@ -341,6 +363,9 @@ def _check_edges(code: str) -> dict:
     for a, b in zip(launches, launches[1:]):
         if a["kind"] == "gemm" and b["kind"] == "triton" and a["writes"] & b["reads"]:
             edges["gemm->triton"] += 1
+            if b["src"] is None:  # nvgemm's fused quantizer: launched with PDL, gdc_wait before its first x load
+                _check_fused_quantizer_pdl()
+                continue
             src = b["src"]
             assert "'launch_pdl': True" in src, (a["op"], b["name"])
             body = src[src.index("def triton_"):]
@@ -365,14 +390,25 @@ def test_every_gemm_triton_edge_of_a_decode_layer_uses_pdl(nvgemm_on, cc):
         assert ops == ["nvfp4_linear_sm90_prepared_choice"] * 7, ops
         assert "nvfp4_linear_sm90_prepared.default(" not in code
     else:
-        assert ops == ["nvfp4_linear_choice"] * 4 + ["nvfp4_linear_prequant_choice", "nvfp4_linear_requant_choice"]
-        assert "nvfp4_linear_requant.default(" not in code and "nvfp4_linear_prequant.default(" not in code
+        # the layer rewrites: the input norm quantizes for q / k / v (prequant), the post-attention norm for the
+        # fused gate_up (prequant_requant: SwiGLU + requant in its epilogue) feeding down (prequant); o_proj's
+        # input comes from attention, so it stays nvfp4_linear (quantizing inside its op)
+        assert ops == ["nvfp4_linear_choice"] + ["nvfp4_linear_prequant_choice"] * 4 + [
+            "nvfp4_linear_prequant_requant_choice"], ops
+        for op in ("nvfp4_linear", "nvfp4_linear_requant", "nvfp4_linear_prequant", "nvfp4_linear_prequant_requant"):
+            assert f"nvgemm.{op}.default(" not in code, op
     # every GEMM was autotuned over a bounded list of candidates and runs the autotuner's pick
     assert len(bench.offered) == len(calls)
     assert all(2 <= len(keys) <= 10 for keys in bench.offered), bench.offered
     assert sorted(la["choice"] for la in calls) == sorted(bench.picked)
     edges = _check_edges(code)
-    # o_proj, up / gate_up, down feed Triton kernels; the input norm, the attention output, the post-attention
-    # norm and the SwiGLU feed GEMMs (B200: the SwiGLU is inside requant, so one edge fewer each way)
-    want = {"gemm->triton": 3, "triton->gemm": 4} if cc == (9, 0) else {"gemm->triton": 2, "triton->gemm": 3}
+    # H200: o_proj, up, down feed Triton kernels; the input norm, the attention output, the post-attention norm
+    # and the SwiGLU feed GEMMs.
+    # B200 (launch order: embedding gather, three fused norm quantizers (q, k, v have their own input scales),
+    # q, k, v GEMMs, RoPE / cache / attention kernels, o_proj, the post-attention fused norm quantizer, gate_up
+    # prequant_requant, down prequant, the final norm): o_proj -> norm quantizer and down -> final norm are
+    # GEMM -> Triton; attention output -> o_proj and norm quantizer -> gate_up are Triton -> GEMM. The q GEMM
+    # follows v's quantizer, not its own (no data edge; its griddepcontrol.wait still covers every earlier grid),
+    # and the SwiGLU is inside gate_up's epilogue.
+    want = {"gemm->triton": 3, "triton->gemm": 4} if cc == (9, 0) else {"gemm->triton": 2, "triton->gemm": 2}
     assert edges == want, edges

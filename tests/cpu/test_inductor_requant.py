@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import nvgemm
 from nvgemm.ops.fused import gated_mlp
 from nvgemm.integrations.inductor.capture import capture_nvfp4_linears
+from nvgemm.integrations.inductor.demo import _rms
 
 H, I = 64, 48
 CPU_PATCH = {"emulate_precision_casts": True, "cpp.vec_isa_ok": False}
@@ -201,13 +202,14 @@ def _slow_fused_backends(name: str, delay: float):
     from nvgemm.dispatch.registry import register_backend
     from nvgemm.ops.fused import prequant_emulated, requant_emulated
 
-    calls = {REQUANT: 0, PREQUANT: 0}
+    calls = {REQUANT: 0, PREQUANT: 0, "quantized": 0}
 
     def slow(kind, fn):
-        def run(*args):
+        def run(*args, **kwargs):  # requant backends also take quantized= (nvfp4_linear_prequant_requant)
             calls[kind] += 1
+            calls["quantized"] += kwargs.get("quantized") is not None
             time.sleep(delay)
-            return fn(*args)
+            return fn(*args, **kwargs)
         return run
 
     register_backend(Backend(name=name, priority=-2000, supports=lambda p: None,
@@ -270,6 +272,101 @@ def test_requant_and_prequant_are_autotuned_per_m_range(monkeypatch):
             assert torch.equal(o, model(xm)), m
     finally:
         _drop_fused_backends("test_slow_fused")
+
+
+class NormFusedMLP(FusedEpilogueMLP):
+    """RMSNorm (Hugging Face form, constant eps) feeding the fused MLP: the layer rewrites turn it into the fused
+    norm quantizer -> ``nvfp4_linear_prequant_requant`` (gate_up, activation arriving quantized) -> prequant."""
+
+    def __init__(self):
+        super().__init__(bias=True)
+        self.ln = torch.nn.Parameter((1 + 0.1 * torch.randn(H, generator=torch.Generator().manual_seed(5)))
+                                     .to(torch.bfloat16), requires_grad=False)
+
+    def forward(self, x):
+        return super().forward(_rms(x, self.ln))
+
+
+def test_prequant_requant_is_an_autotuned_choice_per_m_range(monkeypatch):
+    """The gate_up GEMM fed by the fused norm quantizer is benchmarked over its candidates per M range like
+    requant (a slow requant backend, run with ``quantized=``, against the emulated reference); the compiled code
+    calls its choice op once with the winner and never the op itself, and every M gives the eager result bit for
+    bit (the norm quantizer's codes are the graph's, the requant contract is exact)."""
+    from nvgemm.integrations.inductor import lowering
+
+    monkeypatch.setattr(lowering, "split_points", lambda: [8])
+    monkeypatch.setattr(lowering, "RANGE_UPPER_BOUND", 16)
+    calls = _slow_fused_backends("test_slow_fused", 0.5)
+    try:
+        model = NormFusedMLP()
+        torch._dynamo.reset()
+        counters.clear()
+        x3 = _x((3, H))
+        torch._dynamo.mark_dynamic(x3, 0, min=2, max=256)
+        patch = dict(CPU_PATCH, max_autotune_gemm_backends="ATEN")
+        with fresh_cache(), torch._inductor.config.patch(patch), nvgemm.enabled(choices=["test_slow_fused"]):
+            f = torch.compile(model, mode="max-autotune", fullgraph=True)
+            out, codes = run_and_get_code(f, x3)
+            outs = {3: out}
+            for m in (17, 8):
+                xm = _x((m, H), seed=m)
+                torch._dynamo.mark_dynamic(xm, 0, min=2, max=256)
+                outs[m] = f(xm)
+        assert calls["quantized"] > 0  # the slow candidate was benchmarked on the quantized activation
+        c = counters["nvgemm_cutedsl"]
+        assert c["norm_quant_fused"] == 1 and c["autotuned_nvfp4_linear_prequant_requant"] == 1, dict(c)
+        # run_and_get_code also returns each candidate's benchmark module; the graph calls the quantizer and both ops
+        final = [code for code in codes if "nvfp4_linear_prequant_requant_choice.default(" in code
+                 and "nvfp4_linear_prequant_choice.default(" in code and "rmsnorm_quantize_nvfp4.default(" in code]
+        assert len(final) == 1, len(codes)
+        code = final[0]
+        assert code.count("torch.ops.nvgemm.nvfp4_linear_prequant_requant_choice.default(") == 1
+        assert "nvgemm.nvfp4_linear_prequant_requant.default(" not in code
+        assert "test_slow_fused" not in code
+        for m, o in outs.items():
+            xm = x3 if m == 3 else _x((m, H), seed=m)
+            assert torch.equal(o, model(xm)), m
+    finally:
+        _drop_fused_backends("test_slow_fused")
+
+
+def test_prequant_requant_choice_runs_the_named_candidate():
+    """``nvfp4_linear_prequant_requant_choice`` runs the named requant backend with ``quantized=(packed, scales)``
+    (per M range for a range table) and equals the op; the unfused chain (it re-quantizes a bf16 x) is no choice."""
+    from nvgemm.core.backend import REQUANT, Backend
+    from nvgemm.dispatch.registry import LinearProblem, register_backend, unregister_backend
+    from nvgemm.integrations.inductor.choices import prequant_requant_candidates, range_choice
+    from nvgemm.ops.fused import requant_emulated
+
+    seen = []
+    for name in ("test_a", "test_b"):
+        register_backend(Backend(name=name, priority=-2000, supports=lambda p: None,
+                                 run=lambda *a, _n=name, **k: (seen.append((_n, "quantized" in k)),
+                                                               requant_emulated(*a, **k))[1]), REQUANT)
+    try:
+        mlp = FusedEpilogueMLP(bias=True)
+        gu, down = mlp.gu, mlp.down
+        key = range_choice([(8, "backend:test_a"), (None, "backend:test_b")])
+        for m, want in ((5, "test_a"), (12, "test_b")):
+            x = _x((m, H), seed=m)
+            q, scales = torch.ops.nvgemm.quantize_nvfp4(x, gu.input_scale, True)
+            args = (q, scales, gu.weight, gu.weight_scale, gu.weight_scale_2, gu.input_scale, gu.bias,
+                    down.input_scale, torch.bfloat16)
+            seen.clear()
+            packed, s = torch.ops.nvgemm.nvfp4_linear_prequant_requant_choice(*args, key)
+            ref = torch.ops.nvgemm.nvfp4_linear_prequant_requant(*args)
+            assert seen == [(want, True)]
+            assert torch.equal(packed, ref[0]) and torch.equal(s.view(torch.uint8), ref[1].view(torch.uint8))
+        with pytest.raises(ValueError, match="unknown choice"):
+            torch.ops.nvgemm.nvfp4_linear_prequant_requant_choice(*args, "backend:unfused")
+        cuda = LinearProblem(m=1, n=2 * I, k=H, device_type="cuda", capability=(9, 0), weight_only=False,
+                             x_dtype=torch.bfloat16, out_dtype=torch.bfloat16, alpha="scalar", bias=False,
+                             activation="silu_mul", residual=False)
+        keys = [c.key for c in prequant_requant_candidates(cuda)]
+        assert "backend:unfused" not in keys and keys[-1] == "backend:emulated", keys
+    finally:
+        for name in ("test_a", "test_b"):
+            unregister_backend(name, REQUANT)
 
 
 def test_range_table_choice_runs_each_ranges_candidate():

@@ -18,9 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cpu"))
 
 from test_inductor_layer_fusion import _compiled, _fused_chain_step, _step_inputs  # noqa: E402
 
-import nvgemm.dispatch.fused as fused_dispatch  # noqa: E402
-from nvgemm.core.backend import REQUANT  # noqa: E402
-from nvgemm.dispatch.fused import last_fused_selected  # noqa: E402
 from nvgemm.dispatch.registry import last_selected  # noqa: E402
 from nvgemm.integrations.inductor.demo import TinyLlamaConfig, TinyNvfp4Llama  # noqa: E402
 
@@ -42,16 +39,14 @@ def test_fused_decode_step_on_the_kernels(arch, tmp_path, monkeypatch):
     scale = float(ref[0].abs().max())
     torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0.02 * scale)
     # compiled with the layer rewrites: the eager chain's values (logits up to the fp32 order of the compiled
-    # lm_head matmul and SDPA, < 1e-3 of the scale). The fused ops (norm quantizer, prequant, requant) dispatch at
-    # run time, so on sm100 they run the kernels again; an nvfp4_linear lowers to an autotuned choice, where the
-    # emulator's backends are never candidates (seconds per call): those run the emulated op, equal to the kernel
-    # as checked above.
-    setattr(fused_dispatch._LAST, REQUANT, None)
+    # lm_head matmul and SDPA, < 1e-3 of the scale). The fused norm quantizer dispatches at run time; every GEMM op
+    # (nvfp4_linear, prequant, prequant_requant) lowers to an autotuned choice op, where the emulator's backends are
+    # never candidates (seconds per call): those run the emulated op, equal to the kernels as checked above.
     out, counts, code = _compiled(model, inputs)
     assert counts.get("residual_folded") == 2, counts
     assert torch.equal(out[1], got[1]) and torch.equal(out[2], got[2])
     torch.testing.assert_close(out[0], got[0], rtol=0, atol=1e-3 * scale)
     if arch == "sm100":
-        assert "nvgemm.nvfp4_linear_prequant_requant.default(" in code
-        assert last_fused_selected(REQUANT) == "emu_sm100"
+        assert "nvgemm.nvfp4_linear_prequant_requant_choice.default(" in code
+        assert "nvgemm.nvfp4_linear_prequant_requant.default(" not in code
 

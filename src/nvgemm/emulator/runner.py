@@ -25,6 +25,8 @@ from nvgemm.emulator.cuda import LaunchRecord, _cache_root, _trusted_dir, _trust
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.interp import run_launch
 from nvgemm.emulator.ptx.machine import DEVICES, GlobalMemory, Launch
+from nvgemm.emulator.ptx.pdl import StreamGrid
+from nvgemm.emulator.stream import capturing
 from nvgemm.aot.abi import PointerArg, TensorArg, abi_from_json
 from nvgemm.aot.cache import default_cache
 from nvgemm.emulator.ptx.program import compile_entry
@@ -107,8 +109,16 @@ class EmuKernel:
 
         def handler(rec: LaunchRecord, load_program) -> None:
             self.records.append(rec)
-            if not record_only:
-                self.last = execute_record(rec, load_program, gmem, self.device, order)
+            if record_only:
+                return
+            stream = capturing()
+            if stream is not None:  # a PDL stream capture: build the launch, run it later with the others
+                launch = record_launch(rec, load_program, gmem, self.device)
+                launch.ext["keep_alive"] = values  # the tensors its addresses point into
+                launch.ext["ptx"] = self.ptx
+                stream.append(StreamGrid(launch, bool(rec.pdl), self.spec.name()))
+                return
+            self.last = execute_record(rec, load_program, gmem, self.device, order)
 
         with fake.handling(handler):
             self.kernel.ensure_loaded()
@@ -123,6 +133,11 @@ class EmuKernel:
 def execute_record(rec: LaunchRecord, load_program, gmem: GlobalMemory, device: str, order="forward") -> Launch:
     """Run one launch the fake runtime recorded: its PTX entry (``load_program()``), grid / block /
     cluster / dynamic smem and parameter bytes, over the global allocations in ``gmem``."""
+    return run_launch(record_launch(rec, load_program, gmem, device), order)
+
+
+def record_launch(rec: LaunchRecord, load_program, gmem: GlobalMemory, device: str) -> Launch:
+    """The :class:`Launch` of a recorded launch (see :func:`execute_record`), not run."""
     prog = load_program()
     if prog.static_size:
         raise EmulationError(f"{rec.kernel_name[:60]}: {prog.static_size} bytes of static shared memory; the fake "
@@ -133,7 +148,7 @@ def execute_record(rec: LaunchRecord, load_program, gmem: GlobalMemory, device: 
     launch = Launch(prog, rec.grid, rec.block, rec.cluster, rec.dyn_smem, bytes(params), gmem, DEVICES[device])
     if rec.preferred_cluster:
         launch.ext["preferred_cluster"] = rec.preferred_cluster  # see ptx/schedule.py
-    return run_launch(launch, order)
+    return launch
 
 
 def prepare(spec, cache=None, device: str = "H200") -> EmuKernel:
@@ -165,6 +180,13 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     """Run PTX text directly (no artifact): ``params`` are the entry's parameters in order (ints are
     packed at the parameter's size, torch tensors as their data pointer, bytes as is); ``tensors``
     (and tensor params) are the global allocations."""
+    return run_launch(make_launch(ptx, grid, block, params, tensors, entry=entry, dyn_smem=dyn_smem, cluster=cluster,
+                                  device=device, preferred_cluster=preferred_cluster), order)
+
+
+def make_launch(ptx: str, grid, block, params: list, tensors: list = (), *, entry: str | None = None, dyn_smem: int = 0,
+                cluster=(1, 1, 1), device: str = "H200", preferred_cluster=None) -> Launch:
+    """The :class:`Launch` :func:`launch_ptx` runs, not run (e.g. for a PDL stream, :mod:`.ptx.pdl`)."""
     import struct
 
     prog = compile_entry(ptx, entry)
@@ -187,7 +209,7 @@ def launch_ptx(ptx: str, grid, block, params: list, tensors: list = (), *, entry
     launch = Launch(prog, tuple(grid), tuple(block), tuple(cluster), dyn_smem, bytes(buf), gmem, DEVICES[device])
     if preferred_cluster:
         launch.ext["preferred_cluster"] = tuple(preferred_cluster)
-    return run_launch(launch, order)
+    return launch
 
 
-__all__ = ["EmuKernel", "execute_record", "launch_ptx", "prepare", "ptx_for"]
+__all__ = ["EmuKernel", "execute_record", "launch_ptx", "make_launch", "record_launch", "prepare", "ptx_for"]

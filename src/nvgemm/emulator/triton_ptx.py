@@ -36,7 +36,9 @@ import torch
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.interp import run_launch
 from nvgemm.emulator.ptx.machine import DEVICES, GlobalMemory, Launch
+from nvgemm.emulator.ptx.pdl import StreamGrid
 from nvgemm.emulator.ptx.program import compile_entry
+from nvgemm.emulator.stream import capturing
 
 #: arch -> (GPUTarget arch number, device profile)
 ARCHS = {"sm_90a": (90, "H200"), "sm_100a": (100, "B200")}
@@ -200,6 +202,13 @@ class EmuTritonKernel:
                                  "is not modelled")
         launch = Launch(prog, grid, block, (1, 1, 1) if len(cluster) != 3 else cluster, int(md.shared),
                         bytes(buf), gmem, DEVICES[ARCHS[self.arch][1]])
+        stream = capturing()
+        if stream is not None:  # a PDL stream capture: run later, with the launch's PDL attribute
+            launch.ext["keep_alive"] = (list(bound.values()), scratch)
+            launch.ext["ptx"] = ptx
+            stream.append(StreamGrid(launch, bool(kwargs.get("launch_pdl")), md.name))
+            self.last, self.last_compiled = launch, compiled
+            return launch
         t0 = time.perf_counter()
         run_launch(launch, self.order)
         dt = time.perf_counter() - t0

@@ -254,8 +254,8 @@ def nvfp4_linear_prequant_requant(
     ``nvgemm::rmsnorm_quantize_nvfp4``): the gate_up GEMM with SwiGLU + NVFP4 requant in its epilogue and no
     activation quantizer. Same result as ``nvfp4_linear_requant`` on an ``x`` that quantizes to these bytes;
     ``out_dtype`` (bf16 / fp16) is the rounding before the requant."""
-    spec = _prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
-                                   out_input_scale, out_dtype)
+    spec = prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                                  out_input_scale, out_dtype)
     check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_prequant_requant")
     check_scale_values(weight_scale_2, out_input_scale, "nvgemm.nvfp4_linear_prequant_requant (out_input_scale)")
     dev = packed.device
@@ -275,8 +275,9 @@ def nvfp4_linear_prequant_requant(
                quantized=(packed, scales))
 
 
-def _prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
-                            out_input_scale, out_dtype):
+def prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                           out_input_scale, out_dtype):
+    """Validate an ``nvfp4_linear_prequant_requant`` call (shapes, dtypes, devices); its epilogue spec."""
     _check_prequant(packed, scales, weight, out_dtype)
     m, k = packed.shape[0], packed.shape[1] * 2
     x_meta = torch.empty((m, k), dtype=out_dtype, device="meta")
@@ -292,8 +293,8 @@ def _prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2
 
 @nvfp4_linear_prequant_requant.register_fake
 def _(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype):
-    _prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
-                            out_dtype)
+    prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                           out_dtype)
     m, i = packed.shape[0], weight.shape[0] // 2
     return (packed.new_empty((m, i // 2), dtype=torch.uint8),
             packed.new_empty((blocked_numel(m, i // NVFP4.block_size),), dtype=torch.float8_e4m3fn))

@@ -390,7 +390,9 @@ def _bulk(ins, ctx):
                     except IsaError as e:
                         raise _err(e, w, ins, ln) from None
                     note_pdl(w, "writes", ga.astype(np.uint64), before_wait)
-                    w.cta.launch.gmem.write(ga.astype(np.uint64), data, where)
+                    gmem = w.cta.launch.gmem
+                    gmem.current_warp = w  # the issuing warp's (a PDL stream's race check), whenever it performs
+                    gmem.write(ga.astype(np.uint64), data, where)
                 g["open"].append(run)
         return store
     raise ctx.unsupported(ins)

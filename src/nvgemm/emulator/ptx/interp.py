@@ -148,29 +148,31 @@ def run_launch(launch: Launch, order="forward", max_instructions: int = DEFAULT_
         return _run_launch(launch, order, max_instructions)
 
 
-def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
-    prog = launch.program
+def check_launch(launch: Launch) -> None:
+    """The launch configuration against the kernel: grid a multiple of the cluster, block = ``.reqntid``."""
     grid, cl, block = launch.grid, launch.cluster, launch.block
     if any(g % c for g, c in zip(grid, cl)):
         raise EmulationError(f"grid {grid} is not a multiple of the cluster shape {cl}")
-    reqntid = prog.entry.directives.get("reqntid")
-    nthreads = block[0] * block[1] * block[2]
+    reqntid = launch.program.entry.directives.get("reqntid")
     if reqntid and tuple(reqntid) + (1,) * (3 - len(reqntid)) != tuple(block):
         raise EmulationError(f"launch block {block} does not match the kernel's .reqntid {reqntid}")
-    budget = [max_instructions]
-    total = 0
 
-    def finish_cta(c: Cta) -> None:
-        nonlocal total
 
-        finish_cta_async(c)
-        for hook in launch.ext.get("cta_exit_hooks", ()):
-            hook(c)
-        total += sum(w.executed for w in c.warps)
+def finish_cta(launch: Launch, c: Cta) -> None:
+    """After a CTA exited: complete its asynchronous copies, run the exit hooks, count its instructions."""
+    finish_cta_async(c)
+    for hook in launch.ext.get("cta_exit_hooks", ()):
+        hook(c)
+    launch.stats["warp_instructions"] = launch.stats.get("warp_instructions", 0) + sum(w.executed for w in c.warps)
 
-    run_clusters(launch, prog, budget, as_schedule(order), run_warp, _describe, finish_cta)
-    launch.stats["warp_instructions"] = total
+
+def _run_launch(launch: Launch, order, max_instructions: int) -> Launch:
+    check_launch(launch)
+    launch.stats["warp_instructions"] = 0
+    run_clusters(launch, launch.program, [max_instructions], as_schedule(order), run_warp, _describe,
+                 lambda c: finish_cta(launch, c))
     return launch
 
 
-__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "branch", "cta_order", "exit_lanes", "run_launch", "run_warp"]
+__all__ = ["DEFAULT_MAX_INSTRUCTIONS", "branch", "check_launch", "cta_order", "exit_lanes", "finish_cta", "run_launch",
+           "run_warp"]

@@ -57,7 +57,9 @@ Extension slots for opcode modules (wgmma, TMA, mbarrier, tcgen05 from ``nvgemm.
   warp's pending accumulator groups). Core keys: ``Warp.ext["cp.async"]`` (groups),
   ``Warp.ext["griddepcontrol.wait"]`` (the warp passed its PDL wait), ``Cta.ext["bar"]`` (named
   barriers), ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes" / "pdl_pre_wait_prefetches"]`` (allocation
-  names touched before the PDL wait, TMA included), ``Launch.ext["cta_exit_hooks"]`` (callables run on each CTA after it exits).
+  names touched before the PDL wait, TMA included), ``Launch.ext["pdl_wait_ready"]`` (in a PDL stream,
+  :mod:`.pdl`: whether the prerequisite grids completed; ``Cta.ext["pdl_triggered"]``: the CTA executed
+  ``launch_dependents``), ``Launch.ext["cta_exit_hooks"]`` (callables run on each CTA after it exits).
 * ``Cta.tmem``: the tensor-memory slot (None until ``tcgen05.alloc``; an opcode module puts its
   object there).
 * ``Cta.async_queues``: named async-proxy queues (list of pending operations) an opcode module
@@ -128,6 +130,7 @@ class GlobalMemory:
     def __init__(self):
         self.allocs: list[Allocation] = []
         self._bases = np.zeros(0, dtype=np.uint64)
+        self.current_warp: "Warp | None" = None  # the warp the scheduler resumed last (set by ptx/schedule.py)
 
     def register(self, base: int, size: int, name: str) -> None:
         if size <= 0:

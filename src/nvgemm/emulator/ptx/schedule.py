@@ -134,6 +134,7 @@ class _Resident:
         """Resume every runnable warp once; True if any moved."""
         progressed = False
         for w in list(self.active):
+            w.cta.launch.gmem.current_warp = w  # whose access it is (the PDL stream's race checks)
             if w.wait is not None:
                 if not w.wait.ready():
                     continue
@@ -161,28 +162,56 @@ def make_cluster(launch, prog, org: tuple[int, int, int], cl: tuple[int, int, in
     return cluster
 
 
-def run_clusters(launch, prog, budget: list[int], schedule: Schedule, run_warp, describe, finish_cta) -> None:
-    """Run every cluster of ``launch`` (see the module docstring); ``finish_cta(cta)`` after a cluster exits."""
-    queue = LaunchQueue(launch_units(launch.grid, launch.cluster, launch.ext.get("preferred_cluster"), schedule))
-    launch.ext["launch_queue"] = queue
-    resident: list[_Resident] = []
-    while queue.pending or resident:
-        while len(resident) < schedule.resident and queue.pending:
-            resident.append(_Resident(make_cluster(launch, prog, *queue.launch_next()), prog, budget, run_warp))
+class GridRun:
+    """The clusters of one launch, stepped from outside: :func:`run_clusters` runs one grid to its end; the PDL
+    stream scheduler (:mod:`.pdl`) steps several grids in turn. ``finish_cta(cta)`` runs after a cluster exits."""
+
+    def __init__(self, launch, prog, budget: list[int], schedule: Schedule, run_warp, describe, finish_cta):
+        self.launch, self.prog, self.budget, self.schedule = launch, prog, budget, schedule
+        self.run_warp, self.describe, self.finish_cta = run_warp, describe, finish_cta
+        self.queue = LaunchQueue(launch_units(launch.grid, launch.cluster, launch.ext.get("preferred_cluster"),
+                                              schedule))
+        launch.ext["launch_queue"] = self.queue
+        self.resident: list[_Resident] = []
+
+    @property
+    def done(self) -> bool:
+        return not self.queue.pending and not self.resident
+
+    def running_ctas(self) -> list[Cta]:
+        return [c for r in self.resident for c in r.cluster.ctas]
+
+    def step(self) -> bool:
+        """Launch clusters up to the residency, resume every runnable warp once; True if anything moved."""
+        while len(self.resident) < self.schedule.resident and self.queue.pending:
+            self.resident.append(_Resident(make_cluster(self.launch, self.prog, *self.queue.launch_next()), self.prog,
+                                           self.budget, self.run_warp))
         progressed = False
-        for r in list(resident):
+        for r in list(self.resident):
             progressed |= r.step()
             if not r.active:
-                resident.remove(r)
+                self.resident.remove(r)
                 for c in r.cluster.ctas:
-                    finish_cta(c)
+                    self.finish_cta(c)
                 progressed = True
-        if not progressed:
-            ctas = [c.ctaid for r in resident for c in r.cluster.ctas]
-            lines = "\n  ".join(describe(w, prog) for r in resident for w in r.warps)
-            raise DeadlockError(f"deadlock: no warp of CTA(s) {ctas} can proceed:\n  {lines}")
-    launch.stats["clusters_launched"] = len(queue.launched)
-    launch.stats["clusters_canceled"] = len(queue.canceled)
+        if self.done:
+            self.launch.stats["clusters_launched"] = len(self.queue.launched)
+            self.launch.stats["clusters_canceled"] = len(self.queue.canceled)
+        return progressed
+
+    def blocked(self) -> str:
+        """Each resident warp and what it waits on (a deadlock report)."""
+        return "\n  ".join(self.describe(w, self.prog) for r in self.resident for w in r.warps)
 
 
-__all__ = ["LaunchQueue", "Schedule", "as_schedule", "cluster_origins", "launch_units", "make_cluster", "run_clusters"]
+def run_clusters(launch, prog, budget: list[int], schedule: Schedule, run_warp, describe, finish_cta) -> None:
+    """Run every cluster of ``launch`` (see the module docstring); ``finish_cta(cta)`` after a cluster exits."""
+    run = GridRun(launch, prog, budget, schedule, run_warp, describe, finish_cta)
+    while not run.done:
+        if not run.step():
+            ctas = [c.ctaid for c in run.running_ctas()]
+            raise DeadlockError(f"deadlock: no warp of CTA(s) {ctas} can proceed:\n  {run.blocked()}")
+
+
+__all__ = ["GridRun", "LaunchQueue", "Schedule", "as_schedule", "cluster_origins", "launch_units", "make_cluster",
+           "run_clusters"]

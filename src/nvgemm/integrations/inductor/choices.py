@@ -30,6 +30,7 @@ from nvgemm.core.formats import NVFP4, blocked_shape
 from nvgemm.core.validation import alpha_of, check_linear_args, linear_spec, misaligned_operands, problem_of
 from nvgemm.core.backend import LINEAR, PREQUANT, REQUANT
 from nvgemm.dispatch.registry import LinearProblem, backends as registered_backends
+from nvgemm.ops.fused import prequant_requant_check
 from nvgemm.ops.prepared import sm90_weight_of
 from nvgemm.templates.sm90_w4a16.operand import kind_of, to_modelopt
 
@@ -398,8 +399,15 @@ REQUANT_DEF = ChoiceOpDef(
     6, ("bias",), "nvfp4_linear_requant_choice", "nvfp4_linear_requant_autotune", REQUANT,
     op_arg_names=("x", "weight", "weight_scale", "weight_scale_2", "input_scale", "bias", "out_input_scale",
                   "out_dtype"))
+PREQUANT_REQUANT_DEF = ChoiceOpDef(
+    "nvfp4_linear_prequant_requant",
+    ("packed", "scales", "weight", "weight_scale", "weight_scale_2", "input_scale", "out_input_scale", "bias",
+     "out_dtype"),
+    7, ("bias",), "nvfp4_linear_prequant_requant_choice", "nvfp4_linear_prequant_requant_autotune", REQUANT,
+    op_arg_names=("packed", "scales", "weight", "weight_scale", "weight_scale_2", "input_scale", "bias",
+                  "out_input_scale", "out_dtype"))
 #: every op whose compiled calls are choice ops, by the choice op's name
-CHOICE_DEFS = {d.choice_op: d for d in (LINEAR_DEF, PREPARED_DEF, PREQUANT_DEF, REQUANT_DEF)}
+CHOICE_DEFS = {d.choice_op: d for d in (LINEAR_DEF, PREPARED_DEF, PREQUANT_DEF, REQUANT_DEF, PREQUANT_REQUANT_DEF)}
 
 
 RANGES = "ranges"
@@ -692,3 +700,91 @@ def nvfp4_linear_requant_autotune(
 def _(x, weight, weight_scale, weight_scale_2, input_scale, out_input_scale, t0=None, slots="", out_dtype=None,
       choice=EMULATED):
     return x.new_empty((x.shape[0], weight.shape[0] // 4), dtype=torch.uint8)
+
+
+# ---- the gate_up GEMM fed by the fused RMSNorm quantizer (nvgemm::nvfp4_linear_prequant_requant)
+
+#: requant backends that cannot take an activation that arrives quantized (their dense GEMM re-quantizes x)
+_NEEDS_X = frozenset({"unfused"})
+
+
+def prequant_requant_candidates(problem: LinearProblem, allowed: Optional[set[str]] = None) -> list[Candidate]:
+    """The choices for a fused gate_up GEMM whose activation arrives quantized: the ``requant`` kernel backends
+    that take ``quantized=(packed, scales)`` (every one but the unfused chain), then the emulated reference."""
+    return [c for c in candidates(problem, allowed, REQUANT) if c.backend not in _NEEDS_X]
+
+
+def _prequant_requant_problem(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                              out_input_scale, out_dtype):
+    """Validate a prequant-requant call as the op does; (its LinearProblem, its epilogue spec)."""
+    spec = prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                                   out_input_scale, out_dtype)
+    dev = packed.device
+    return LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
+                         capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+                         weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
+                         bias=bias is not None, activation="silu_mul", residual=False,
+                         misaligned=misaligned_operands(packed=packed, scales=scales, weight=weight,
+                                                        weight_scale=weight_scale, bias=bias)), spec
+
+
+@torch.library.custom_op("nvgemm::nvfp4_linear_prequant_requant_choice", mutates_args=())
+def nvfp4_linear_prequant_requant_choice(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_input_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    choice: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nvgemm::nvfp4_linear_prequant_requant`` computed by one named candidate (a ``requant`` backend run with
+    ``quantized=(packed, scales)``); the op itself where that candidate's backend does not take the call."""
+    args = (packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    problem, _spec = _prequant_requant_problem(*args)
+    cand = Candidate(choice_for_m(choice, problem.m))
+    if cand.kind != "backend" or not cand.backend or cand.backend in _NEEDS_X:
+        raise ValueError(f"nvgemm_cutedsl: unknown choice {choice!r} for nvfp4_linear_prequant_requant")
+    b = _find_backend(cand.backend, REQUANT)
+    if (bias is not None and bias.dtype != out_dtype) or problem.misaligned or b.supports(problem) is not None:
+        return torch.ops.nvgemm.nvfp4_linear_prequant_requant(*args)
+    run_args = (None, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
+    if cand.config is not None:
+        return b.run(*run_args, quantized=(packed, scales), config=cand.config)
+    return b.run(*run_args, quantized=(packed, scales))
+
+
+@nvfp4_linear_prequant_requant_choice.register_fake
+def _(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype, choice):
+    return torch.ops.nvgemm.nvfp4_linear_prequant_requant(packed, scales, weight, weight_scale, weight_scale_2,
+                                                          input_scale, bias, out_input_scale, out_dtype)
+
+
+@torch.library.custom_op("nvgemm::nvfp4_linear_prequant_requant_autotune", mutates_args=())
+def nvfp4_linear_prequant_requant_autotune(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    out_input_scale: torch.Tensor,
+    t0: Optional[torch.Tensor] = None,
+    slots: str = "",
+    out_dtype: torch.dtype = torch.bfloat16,
+    choice: str = EMULATED,
+) -> torch.Tensor:
+    """What the lowering times for ``nvfp4_linear_prequant_requant``: one candidate's whole launch, returning the
+    packed codes only (as for requant); the compiled code calls the winner's choice op for both outputs."""
+    args = PREQUANT_REQUANT_DEF.op_order(PREQUANT_REQUANT_DEF.unpack(
+        [packed, scales, weight, weight_scale, weight_scale_2, input_scale, out_input_scale, t0, slots, out_dtype]))
+    return nvfp4_linear_prequant_requant_choice(*args, choice)[0]
+
+
+@nvfp4_linear_prequant_requant_autotune.register_fake
+def _(packed, scales, weight, weight_scale, weight_scale_2, input_scale, out_input_scale, t0=None, slots="",
+      out_dtype=torch.bfloat16, choice=EMULATED):
+    return packed.new_empty((packed.shape[0], weight.shape[0] // 4), dtype=torch.uint8)

@@ -1,8 +1,9 @@
 """Autotuned lowerings of nvgemm's GEMM ops with M-range dispatch: ``nvgemm::nvfp4_linear``,
-``nvgemm::nvfp4_linear_sm90_prepared`` (Hopper weights held in the sm90 layout), ``nvgemm::nvfp4_linear_requant``
-and ``nvgemm::nvfp4_linear_prequant`` (:data:`LOWERINGS`; each op's choice / autotune ops and candidates in
-:mod:`nvgemm.integrations.inductor.choices`). Described below for ``nvfp4_linear``; the others differ only where
-:func:`build_op_lowering` says so (requant / prequant are timed per range by :func:`_autotune_to_key`).
+``nvgemm::nvfp4_linear_sm90_prepared`` (Hopper weights held in the sm90 layout), ``nvgemm::nvfp4_linear_requant``,
+``nvgemm::nvfp4_linear_prequant`` and ``nvgemm::nvfp4_linear_prequant_requant`` (:data:`LOWERINGS`; each op's
+choice / autotune ops and candidates in :mod:`nvgemm.integrations.inductor.choices`). Described below for
+``nvfp4_linear``; the others differ only where :func:`build_op_lowering` says so (requant, prequant and
+prequant-requant are timed per range by :func:`_autotune_to_key`).
 
 Built on ``torch._inductor.kernel.custom_op.register_custom_op_autotuning`` (torch >= 2.13; the
 pieces used are probed in :mod:`nvgemm.integrations.inductor.compat`):
@@ -178,6 +179,15 @@ def requant_problem_from_ir(args: list) -> LinearProblem:
                     out_dtype)
 
 
+def prequant_requant_problem_from_ir(args: list) -> LinearProblem:
+    """The same for ``nvfp4_linear_prequant_requant`` (``ChoiceOpDef`` order: out_input_scale before bias): M and K
+    from the packed activation, the rounding dtype ``out_dtype``."""
+    packed, _scales, weight, _ws, ws2, input_scale, _ois, bias, out_dtype = args
+    psize = list(packed.get_size())
+    return _problem(packed, _guard_int(list(weight.get_size())[0]), _guard_int(psize[1]) * 2, ws2, input_scale, bias,
+                    None, "silu_mul", out_dtype, x_dtype=out_dtype, rows=psize[:1])
+
+
 def _has_unbacked(expr) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -337,7 +347,7 @@ def _range_input_gen_fns(spec, packed: list, problem: LinearProblem, target: Opt
             shape = list(fake.shape)
             if name in per_token:
                 shape[0] = target
-            elif opdef is _choices.PREQUANT_DEF and name == "scales":
+            elif opdef in (_choices.PREQUANT_DEF, _choices.PREQUANT_REQUANT_DEF) and name == "scales":
                 shape = [blocked_numel(target, problem.k // NVFP4.block_size)]
             return base(torch.empty(shape, dtype=fake.dtype, device="meta"), fake.device)
         return gen
@@ -405,9 +415,8 @@ class _OpLowering:
     by_key: bool = False
 
 
-#: Each op's candidates are looked up in ``choices`` at lowering time (a patched ``choices.candidates``, e.g.
-#: ``codegen.policy_pick_only``, reaches every op).
 LOWERINGS = {
+    # candidate functions are looked up at call time (codegen.policy_pick_only and tests patch the module's)
     "nvfp4_linear": _OpLowering(_choices.LINEAR_DEF, NAME, problem_from_ir,
                                 lambda p, allowed: _choices.candidates(p, allowed), COLD_INPUT_INDICES),
     "nvfp4_linear_sm90_prepared": _OpLowering(_choices.PREPARED_DEF, NAME + "_sm90_prepared", prepared_problem_from_ir,
@@ -418,6 +427,10 @@ LOWERINGS = {
     "nvfp4_linear_requant": _OpLowering(_choices.REQUANT_DEF, NAME + "_requant", requant_problem_from_ir,
                                         lambda p, allowed: _choices.candidates(p, allowed, REQUANT), (1, 2),
                                         by_key=True),
+    "nvfp4_linear_prequant_requant": _OpLowering(_choices.PREQUANT_REQUANT_DEF, NAME + "_prequant_requant",
+                                                 prequant_requant_problem_from_ir,
+                                                 lambda p, allowed: _choices.prequant_requant_candidates(p, allowed),
+                                                 (2, 3), by_key=True),
 }
 
 
@@ -459,7 +472,10 @@ def build_op_lowering(op_name: str, allowed: Optional[set[str]] = None):
         for i in range(1, n_tensors):
             if full[i] is not None:
                 full[i] = ir.ExternKernel.realize_input(full[i])
-                if isinstance(full[i], ir.StorageBox):  # torch 2.11 takes only TensorBox/Buffer as tensors
+                # Inductor's custom-op autotuning takes only TensorBox / Buffer (2.11: not StorageBox) as tensors;
+                # anything else -- a ReinterpretView of a buffer, e.g. a residual folded in as a row view -- would
+                # be passed as a non-tensor argument
+                if not isinstance(full[i], (ir.TensorBox, ir.Buffer)) or isinstance(full[i], ir.StorageBox):
                     full[i] = ir.TensorBox(full[i])
         problem = spec.problem(full)
         cands = spec.candidates(problem, allowed)

@@ -1,7 +1,8 @@
 """Programmatic dependent launch from an nvgemm GEMM into the Inductor Triton kernel consuming it.
 
 The GEMMs are the compiled calls of nvgemm's choice ops (:data:`nvgemm.integrations.inductor.choices.CHOICE_DEFS`:
-``nvfp4_linear``, the sm90-prepared linear, the fused requant and prequant) whose candidate is a kernel backend.
+``nvfp4_linear``, the sm90-prepared linear, the fused requant, prequant and prequant-requant) whose candidate is a
+kernel backend.
 
 PyTorch 2.15's selective PDL (``TritonKernel._enable_pdl_codegen``, ``codegen/triton.py``) gives a
 Triton kernel ``tl.extra.cuda.gdc_wait()`` before its first dependent access and
@@ -47,7 +48,7 @@ _PREV = "_nvgemm_cutedsl_previous_node"
 
 def _choice_ops() -> dict:
     """nvgemm's choice ops (one GEMM candidate each: ``nvfp4_linear``, the sm90-prepared linear, requant,
-    prequant), by OpOverload."""
+    prequant, prequant-requant), by OpOverload."""
     return {d.choice_overload(): d for d in CHOICE_DEFS.values()}
 
 

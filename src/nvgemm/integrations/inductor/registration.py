@@ -33,7 +33,8 @@ log = logging.getLogger("nvgemm_cutedsl")
 
 #: nvgemm's other GEMM ops lowered like ``nvfp4_linear`` (autotuned choice ops, PDL producers): the
 #: Hopper linear on weights held in the sm90 layout, and the fused gated-MLP chain's two ops
-GEMM_OPS = ("nvfp4_linear_sm90_prepared", "nvfp4_linear_requant", "nvfp4_linear_prequant")
+GEMM_OPS = ("nvfp4_linear_sm90_prepared", "nvfp4_linear_requant", "nvfp4_linear_prequant",
+            "nvfp4_linear_prequant_requant")
 
 _LOCK = threading.RLock()
 _STATE: dict = {}

@@ -13,9 +13,10 @@ Communication Instructions").
   b``, down ``j = lane + b``, bfly ``j = lane ^ b``; out-of-range ``j`` reads the lane's own value and
   clears ``p``. Every lane of ``membermask`` must execute it, and reading a lane that does not is an
   error (undefined on hardware).
-* ``griddepcontrol.wait`` / ``launch_dependents`` (PDL): launches are executed in order, so both only
-  record that they ran (``Launch.stats``); global accesses a warp makes before its ``wait`` are
-  collected per allocation in ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes"]`` (what a
+* ``griddepcontrol.wait`` / ``launch_dependents`` (PDL): a single launch runs alone, so both only record
+  that they ran (``Launch.stats``); in a PDL stream (:mod:`nvgemm.emulator.ptx.pdl`) ``launch_dependents``
+  marks the CTA as triggered and ``wait`` blocks until the prerequisite grids completed. Global accesses a
+  warp makes before its ``wait`` are collected per allocation in ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes"]`` (what a
   PDL kernel may touch while its predecessor still runs), bulk tensor (TMA) loads and stores included,
   and its TMA L2 prefetches in ``Launch.ext["pdl_pre_wait_prefetches"]``
   (:func:`nvgemm.emulator.ptx.ops.memory.note_pdl`).
@@ -317,11 +318,24 @@ def _gdc(ins, ctx):
     if ins.parts[1:] not in (["wait"], ["launch_dependents"]):
         raise ctx.unsupported(ins)
     key = "griddepcontrol." + ins.parts[1]
+    wait = ins.parts[1] == "wait"
 
     def ex(w, m):
-        st = w.cta.launch.stats
+        launch = w.cta.launch
+        st = launch.stats
         st[key] = st.get(key, 0) + 1
-        w.ext[key] = True
+        if not wait:
+            w.ext[key] = True
+            w.cta.ext["pdl_triggered"] = True  # the CTA's first launch_dependents counts; repeats have no effect
+            if "pdl_wait_ready" in launch.ext:  # in a PDL stream: a scheduling point (dependents may start)
+                return Wait(lambda: True, "griddepcontrol.launch_dependents")
+            return None
+        ready = launch.ext.get("pdl_wait_ready")  # set by a PDL stream (ptx/pdl.py): the prerequisite grids
+        if ready is None or ready():
+            w.ext[key] = True
+            return None
+        return Wait(ready, "griddepcontrol.wait: the prerequisite grid to complete",
+                    lambda ww: ww.ext.__setitem__(key, True))
 
     return ex
 

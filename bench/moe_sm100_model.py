@@ -4,8 +4,8 @@ measurement): ``python bench/moe_sm100_model.py [--gpu B200] [--out bench/result
 Per preset and M: expected active experts and work slots under uniform routing, the policy's first
 (GEMM1, GEMM2) pair (:mod:`nvgemm.templates.sm100_moe.policy`) and its modelled time
 (:mod:`nvgemm.templates.sm100_moe.perf`: the dense swap-AB sm100 kernel's model on the equivalent
-problem, with its fill, partial-round (idle SM) and tail terms), the host path's launches (work list
-+ the torch activation prep + finalize at the tiny-kernel cost), the shared expert's two dense W4A4
+problem, with its fill, partial-round (idle SM) and tail terms), the host path's launches (one Triton
+prep at decode, three above 128 routed pairs, + the finalize, at the tiny-kernel cost), the shared expert's two dense W4A4
 GEMMs, and the byte floor of the routed (+ shared) experts' NVFP4 weights at the achievable bandwidth.
 """
 
@@ -24,7 +24,8 @@ def main() -> int:
     from moe_sm90_model import render_tables
 
     from nvgemm.templates.sm100_moe.policy import layer_model
-    from nvgemm.templates.sm100_moe.perf import PREP_KERNELS
+    from nvgemm.templates.sm100_moe.config import FUSED_PREP_MAX_PAIRS
+    from nvgemm.templates.sm100_moe.perf import PREP_KERNELS, PREP_KERNELS_LARGE
     from nvgemm.heuristics.perfmodel.hardware import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,7 +41,8 @@ def main() -> int:
         "W4A4 NVFP4 experts, bf16 activations; GEMMs = the dense swap-AB sm100 kernel's model on the equivalent "
         "problem (N = rows padded to 128 x work slots, a second slot of one expert charged as a DRAM re-read; "
         "GEMM1's fused SwiGLU + NVFP4 requant epilogue charged as the plain epilogue); "
-        f"host = {PREP_KERNELS} prep launches (Triton work list, Triton activation prep, 2 zero fills, 1 gather) + 1 finalize at "
+        f"host = {PREP_KERNELS} prep launch (one Triton kernel: work list, activation prep, scale padding; "
+        f"{PREP_KERNELS_LARGE} above {FUSED_PREP_MAX_PAIRS} routed pairs: work-list kernel, prep, a gather) + 1 finalize at "
         f"{hw.aux_kernel_us[0]}-{hw.aux_kernel_us[1]} us each; shared expert = two dense W4A4 GEMMs (model's best). "
         "Floor = (active + shared) x 3 x H x I x 0.5625 B at "
         f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle; `tiles` = work slots.",

@@ -13,6 +13,7 @@ Kinds: ``triton`` Inductor's generated kernels and nvgemm's Triton quantizer, ``
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nvgemm.cli import decode_step as ds
 
@@ -170,3 +171,131 @@ def test_quantized_lm_head_is_an_nvgemm_gemm(gpu, fmt):
     assert len(gemms) == 1 and gemms[0].origin.startswith("nvgemm::") and fmt in gemms[0].name, gemms
     assert gemms[0].gemm["n"] == P.vocab and gemms[0].gemm["k"] == P.hidden
     assert ds._weight_bytes(P, 1, True)[1] == P.vocab * P.hidden * (0.5 + 1 / 16)
+
+
+# ---------------------------------------------------------------------------------------------- MoE
+
+Q = ds.DECODE_PRESETS["Qwen3-30B-A3B"]
+
+#: Qwen3-30B-A3B's attention half (q/k norm, GQA 32/4 x 128), checkpoint layout, then the routed-expert MLP.
+_QWEN_ROUTER = (
+    ("triton", "residual add + post-attention RMSNorm (Inductor)"),
+    ("gemm", "router: bf16 [128, 2048] gate (cuBLAS)"),
+    ("triton", "softmax in fp32 (Inductor)"),
+    ("helper", "top-8 (aten.topk fallback)"),
+    ("triton", "top-k ids -> int32 (Inductor)"),
+    ("triton", "top-k weights renormalised (Inductor)"),
+)
+#: The routed experts (nvgemm::nvfp4_moe's launcher): the one prep kernel, GEMM1 (+SwiGLU, +NVFP4 requant on
+#: B200), GEMM2, the finalize.
+MOE_CALL = (("triton", "prep: work list + per-slot activations (+ NVFP4 on B200, scale padding)"),
+            ("gemm", "GEMM1: grouped gate/up"), ("gemm", "GEMM2: grouped down"),
+            ("triton", "finalize: top-k weighted sum"))
+MOE_CALL_H200 = (("triton", "prep: work list"), ("gemm", "GEMM1"), ("gemm", "GEMM2"), ("triton", "finalize"))
+
+#: B200 W4A4, Qwen3-30B-A3B: 23 kernels per layer (the routed experts 4 of them). k/v/q each: the input RMSNorm
+#: fused with the activation quantize, the prequant GEMM, one Inductor kernel (q/k norm, RoPE, KV cache writes).
+QWEN_B200 = (
+    *[k for proj in ("k_proj", "v_proj", "q_proj") for k in (
+        ("triton", f"{proj}: input RMSNorm + activation quantize"), ("gemm", f"{proj}: GEMM (prequant)"),
+        ("triton", f"after {proj}: q/k norm, RoPE, KV cache write (Inductor)"))],
+    ("attention", "flash attention"),
+    ("triton", "o_proj: activation quantize"), ("gemm", "o_proj: GEMM"),
+    *_QWEN_ROUTER, *MOE_CALL,
+    ("triton", "residual add"),
+)
+#: H200 W4A16, Qwen3-30B-A3B (attention linears held in the sm90 layout): 20 kernels per layer.
+QWEN_H200 = (
+    ("triton", "input RMSNorm"), ("gemm", "k_proj"), ("gemm", "v_proj"),
+    ("triton", "k norm + RoPE of k + KV cache write"), ("triton", "v cache write"),
+    ("gemm", "q_proj"), ("triton", "q norm + RoPE of q"), ("attention", "flash attention"), ("gemm", "o_proj"),
+    *_QWEN_ROUTER, *MOE_CALL_H200,
+    ("triton", "residual add"),
+)
+QWEN_EXPECTED = {"B200": QWEN_B200, "H200": QWEN_H200}
+
+
+@pytest.fixture(scope="module")
+def qwen_graphs():
+    return {gpu: ds.layer_graph(Q, gpu) for gpu in QWEN_EXPECTED}
+
+
+@pytest.mark.parametrize("gpu", sorted(QWEN_EXPECTED))
+def test_moe_layer_kernels_pinned(qwen_graphs, gpu):
+    """Qwen3-30B-A3B: one layer's kernels from the generated code, the MoE block expanded by nvfp4_moe's launcher."""
+    launches, syncs = ds.replay(qwen_graphs[gpu], gpu)
+    kinds = [k.kind for k in launches]
+    want = [k for k, _ in QWEN_EXPECTED[gpu]]
+    assert kinds == want, f"{gpu}: {len(kinds)} kernels per layer (pinned {len(want)}); now:\n{_listing(launches)}"
+    assert not syncs  # nvfp4_moe's id range check (a host sync) is skipped under capture
+    moe = [k for k in launches if k.origin.startswith("nvgemm::nvfp4_moe")]
+    assert len(moe) == len(MOE_CALL)
+    grouped = [k for k in moe if k.kind == "gemm"]
+    fam = "sm100_moe_nvfp4" if gpu == "B200" else "sm90_moe_mma"
+    assert [(k.gemm["n"], k.gemm["k"]) for k in grouped] == [(2 * 768, 2048), (2048, 768)]
+    assert all(k.gemm["moe"] == {"family": fam, "top_k": 8, "experts": 128} and k.gemm["m"] == 1 for k in grouped)
+
+
+_QWEN_M1, _DSV3_TP8_M1, _QWEN_M16 = (1, 8, 128, 2048, 768), (1, 8, 256, 7168, 256), (16, 8, 128, 2048, 768)
+#: the H200 launcher's one-time weight preparation (per expert, on FakeTensors) takes minutes for 256 experts
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("gpu,shape", [
+    pytest.param("B200", _QWEN_M1, id="B200-qwen3-30b-a3b-m1"),
+    pytest.param("B200", _DSV3_TP8_M1, id="B200-deepseek-v3-tp8-m1"),
+    pytest.param("B200", _QWEN_M16, id="B200-qwen3-30b-a3b-m16"),
+    pytest.param("H200", _QWEN_M1, id="H200-qwen3-30b-a3b-m1"),
+    pytest.param("H200", _DSV3_TP8_M1, id="H200-deepseek-v3-tp8-m1", marks=_SLOW),
+    pytest.param("H200", _QWEN_M16, id="H200-qwen3-30b-a3b-m16", marks=_SLOW),
+])
+def test_moe_call_launches_at_decode(gpu, shape):
+    """One nvfp4_moe call at decode (up to 128 routed pairs) launches the prep, the two grouped GEMMs and the
+    finalize: 4, whatever the shape. A helper that comes back into the launcher (a zero fill, a gather, the
+    work list as its own kernel) fails this."""
+    launches = ds.moe_call_launches(gpu, *shape)
+    assert [k.kind for k in launches] == [k for k, _ in MOE_CALL], _listing(launches)
+    prep = "_moe_prep_kernel" if gpu == "B200" else "_prep_kernel"
+    assert [k.name for k in launches if k.kind == "triton"] == [prep, "_finalize_kernel"]
+
+
+def test_moe_call_launches_above_the_fused_prep():
+    """Above 128 routed pairs the sm100 prep takes the work-list kernel first and gathers the output rows: 6."""
+    launches = ds.moe_call_launches("B200", 17, 8, 128, 2048, 768)
+    assert [k.name for k in launches if k.kind != "gemm"] == ["_prep_kernel", "_moe_prep_kernel", "aten.index",
+                                                               "_finalize_kernel"], _listing(launches)
+
+
+def test_moe_zero_fill_back_in_the_launcher_is_counted(monkeypatch):
+    """Mutation: a zero fill re-added before the prep (GEMM1's input scale atoms zeroed, as the launcher once
+    did) is one more launch of the call."""
+    from nvgemm.templates.sm100_moe import prep_triton
+
+    orig = prep_triton.moe_prep_triton
+
+    def with_fill(x, *a, **k):
+        out = orig(x, *a, **k)
+        out.scales.view(torch.uint8).zero_()
+        return out
+
+    monkeypatch.setattr(prep_triton, "moe_prep_triton", with_fill)
+    launches = ds.moe_call_launches("B200", 1, 8, 128, 2048, 768)
+    assert len(launches) == len(MOE_CALL) + 1 and launches[1].name == "aten.zero_", _listing(launches)
+
+
+def test_moe_routed_experts_model_and_bytes():
+    """The MoE preset's weight bytes (attention NVFP4 + top-8 experts + bf16 router per layer) and the routed
+    experts' modelled share of their byte floor, recomputed from the per-kernel model."""
+    nvfp4, lm = ds._weight_bytes(Q, 1)
+    per_layer = (2048 * (4096 + 2 * 512) + 4096 * 2048 + 8 * 3 * 2048 * 768) * 0.5625 + 2 * 128 * 2048
+    assert nvfp4 == pytest.approx(48 * per_layer) and lm == 2 * 151936 * 2048
+    launches = ds.moe_call_launches("B200", 1, 8, 128, 2048, 768)
+    for k in launches:
+        ds.model_launch(k, "B200")
+        assert 0 < k.us[0] <= k.us[1], k
+    grouped = [k for k in launches if k.kind == "gemm"]
+    # the two grouped GEMMs read the 8 routed experts' NVFP4 weights (gate/up then down)
+    assert sum(k.bytes for k in grouped) == pytest.approx(8 * 3 * 2048 * 768 * 0.5625, rel=1e-6)
+    e = ds._routed_experts(Q, 1, "B200", launches)
+    assert e["launches"] == 4 and e["gemms"] == 2
+    assert e["floor_fraction_model"] == pytest.approx(e["floor_us"] / sum(k.mid_us for k in launches), rel=1e-3)

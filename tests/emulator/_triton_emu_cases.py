@@ -325,25 +325,30 @@ def moe_case(e=4, h=64, i=32, m=6, topk=2, activation="relu2", w4a4=True, config
                 f"{'-cfg' + '.'.join(map(str, config)) if config else ''}")
 
 
-def sm100_slot_prep_case(m=5, topk=2, e=4, h=96, tn=8, dtype=torch.bfloat16, seed=6):
-    from nvgemm.templates.sm100_moe.launch import slot_activations, slot_rows_of_pairs
-    from nvgemm.templates.sm100_moe.prep_triton import _slot_quant_kernel, slot_activations_triton
+def sm100_slot_prep_case(m=5, topk=2, e=4, h=96, tn=8, dtype=torch.bfloat16, seed=6, i=32):
+    from nvgemm.ops.moe import local_ids
+    from nvgemm.templates.sm100_moe.launch import b2_scale_atoms_ref, slot_activations, slot_rows_of_pairs
+    from nvgemm.templates.sm100_moe.prep_triton import _moe_prep_kernel, moe_prep_triton
     from nvgemm.templates.sm90_moe.launch import build_work_list
 
     def run(arch):
         g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(-1, e, (m, topk), generator=g)
-        wl = build_work_list(ids, e, tn)
+        ids = torch.randint(-1, e, (m, topk), generator=g, dtype=torch.int32)
         x = (torch.randn(m, h, generator=g) * 3).to(dtype)
         x[0, :16] = 0
         ins = torch.rand(e, generator=g) * 0.01 + 1e-3
-        q, s, rop = slot_activations_triton(x, wl, ins, tn, kernel=_emu(_slot_quant_kernel, arch))
+        got = moe_prep_triton(x, ids, None, e, ins, tn, i, kernel=_emu(_moe_prep_kernel, arch))
+        wl = build_work_list(local_ids(ids, None), e, tn)
+        for f in ("rows", "tiles", "pos", "valid", "counts"):
+            _eq(getattr(got.work_list, f), getattr(wl, f), f"work list {f}")
         wq, ws = slot_activations(x, wl, ins, tn)
-        _eq(rop[wl.pos][wl.valid], slot_rows_of_pairs(wl, tn)[wl.valid], "pair -> slot row")
-        _eq(q, wq, "slot codes")
-        _eq(s, ws, "slot scale atoms")
+        _eq(got.y_rows[wl.valid], slot_rows_of_pairs(wl, tn)[wl.valid], "pair -> slot row")
+        _eq(got.codes, wq, "slot codes")
+        _eq(got.scales, ws, "slot scale atoms")
+        pad = b2_scale_atoms_ref(wl.slots, tn, i, "cpu") == 0
+        _eq(got.b2_scales[pad], torch.zeros_like(got.b2_scales[pad]), "GEMM2 scale padding")
 
-    return Case("_slot_quant_kernel", "sm100_moe/prep_triton.py", (_slot_quant_kernel,), run,
+    return Case("_moe_prep_kernel", "sm100_moe/prep_triton.py", (_moe_prep_kernel,), run,
                 f"m{m}-top{topk}-e{e}-h{h}-tn{tn}-{str(dtype)[6:]}")
 
 

@@ -9,6 +9,9 @@ for a preset on a GPU, without that GPU:
    builds them (``NVFP4Linear``; ``--layout fused``: q/k/v stacked with ``NVFP4Linear.fuse`` and the MLP
    patched by :func:`nvgemm.nn.mlp.fuse_gated_mlps`, as ``load_modelopt_checkpoint(fuse_gated_mlp=True)``;
    on Hopper every layer held in the sm90 layout, ``prepare_for_sm90``, as the loader does on an sm_90 GPU).
+   A MoE preset (Qwen3-30B-A3B) replaces the MLP by :class:`SparseMoeBlock`: the bf16 router, softmax + top-k
+   (+ renormalisation) as a serving engine runs them, and nvgemm's ``NVFP4Experts`` (``nvgemm::nvfp4_moe``:
+   the sm90 grouped W4A16 kernels on Hopper, the sm100 grouped W4A4 kernels on Blackwell).
    And the head: the next step's embedding gather, the final RMSNorm, the bf16 ``lm_head`` (with
    ``--quantize-lm-head`` the NVFP4Linear ``load_modelopt_checkpoint(quantize_lm_head=True)`` builds) and a greedy
    argmax. Each graph's CUDA code is generated on a fake device of the GPU's arch
@@ -20,9 +23,14 @@ for a preset on a GPU, without that GPU:
    backend's ``prepare_*_args`` and ``launch``) with every device launch recorded: the AOT GEMM
    (``AotKernel.launch``), Triton kernels (``JITFunction.run``) and each ATen op that would run a CUDA
    kernel (a ``TorchDispatchMode``: everything but views and allocations). A helper kernel removed from
-   a launcher, or a fusion added to the capture pass, changes the count with no edit here.
+   a launcher, or a fusion added to the capture pass, changes the count with no edit here. The call runs
+   twice: a warm-up (eager: memos and workspaces filled, value checks run) and the counted step, replayed
+   as a CUDA graph capture sees it (``torch.cuda.is_current_stream_capturing()`` is true, so work the
+   launchers skip under capture -- ``nvfp4_moe``'s id range check, a host sync -- is not counted).
 3. **The model** (every figure a MODEL; ``nvgemm.heuristics.perfmodel``): nvgemm GEMMs at their config
-   (``estimate(...).gemm_us``: kernel + launch); cuBLAS GEMMs by ``bf16_baseline``; Triton and helper
+   (``estimate(...).gemm_us``: kernel + launch); grouped MoE GEMMs by their family's model
+   (``templates/sm100_moe/perf.py``, ``templates/sm90_moe/perf.py``: uniform routing of the step's token);
+   cuBLAS GEMMs by ``bf16_baseline``; Triton and helper
    kernels as a launch (``hardware.launch_us``; ``aux_kernel_us`` for the launchers' tiny ATen helpers)
    plus their bytes at the achievable bandwidth; flash attention as a launch plus the K/V bytes of the
    whole cache streamed by one CTA per (batch, KV head, 128 query rows) at the per-SM fabric rate
@@ -60,9 +68,14 @@ from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, get_hardware
 from nvgemm.integrations.inductor.codegen import fake_cuda_device, generate_cuda_code, policy_pick_only
 from nvgemm.integrations.inductor.registration import disable as nvgemm_disable, enable as nvgemm_enable, \
     enabled as nvgemm_enabled
+from nvgemm.core.formats import blocked_shape
+from nvgemm.nn.experts import NVFP4Experts
 from nvgemm.nn.linear import NVFP4Linear, prepare_for_sm90
 from nvgemm.nn.mlp import fuse_gated_mlps
 from nvgemm.ops.prepared import sm90_weight_of
+from nvgemm.templates.sm100_moe import perf as sm100_moe_perf
+from nvgemm.templates.sm90_moe import perf as sm90_moe_perf
+from nvgemm.templates.sm90_moe.perf import byte_floor_us
 
 
 # =============================================================================================
@@ -85,6 +98,16 @@ class DecodePreset:
     source: str
     context: int = 1024  # KV tokens attended per step (a static cache of this length)
     eps: float = 1e-5
+    # MoE (experts > 0): every layer's MLP is a routed-expert block (router + top-k softmax + experts)
+    experts: int = 0
+    top_k: int = 0
+    moe_intermediate: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k probabilities (Qwen3-MoE's ``norm_topk_prob``)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
 
 
 #: Model presets (batch 1, bf16 activations, NVFP4 linears, bf16 embedding / lm_head).
@@ -93,6 +116,13 @@ DECODE_PRESETS: dict[str, DecodePreset] = {p.name: p for p in (
                  "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"),
     DecodePreset("Llama-3.1-70B", 8192, 28672, 64, 8, 128, 128256, 80,
                  "https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json"),
+    # every layer sparse (decoder_sparse_step 1, mlp_only_layers []): the dense intermediate_size (6144) is unused
+    DecodePreset("Qwen3-30B-A3B", 2048, 0, 32, 4, 128, 151936, 48,
+                 "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (hidden_size 2048, "
+                 "num_hidden_layers 48, num_attention_heads 32, num_key_value_heads 4, head_dim 128, num_experts 128, "
+                 "num_experts_per_tok 8, moe_intermediate_size 768, norm_topk_prob true, rms_norm_eps 1e-6, "
+                 "vocab_size 151936, tie_word_embeddings false)",
+                 eps=1e-6, experts=128, top_k=8, moe_intermediate=768, norm_topk_prob=True, qk_norm=True),
 )}
 
 #: Modelled-step goals (ms per token, batch 1) by (preset, GPU).
@@ -141,6 +171,8 @@ class Attention(nn.Module):
         else:
             self.q_proj, self.k_proj, self.v_proj = q, k, v
         self.o_proj = lin(self.nh * self.d, p.hidden)
+        if p.qk_norm:  # Qwen3: RMSNorm over each head's q and k before RoPE
+            self.q_norm, self.k_norm = RMSNorm(self.d, p.eps, q.weight.device), RMSNorm(self.d, p.eps, q.weight.device)
 
     def forward(self, h, k_cache, v_cache, pos, cos, sin):
         nh, kvh, d = self.nh, self.kvh, self.d
@@ -150,6 +182,8 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
         # GQA at decode: each KV head's query group is its query rows (no repeat of K/V)
         q, k, v = q.view(1, kvh, nh // kvh, d), k.view(1, kvh, 1, d), v.view(1, kvh, 1, d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k_cache.index_copy_(2, pos, k)  # the static cache: this token's slot
         v_cache.index_copy_(2, pos, v)
@@ -171,8 +205,43 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
+def meta_experts(p: DecodePreset, tp: int, weight_only: bool) -> NVFP4Experts:
+    """The layer's routed experts as the loader holds them (``NVFP4Experts``: stacked checkpoint layout, gate/up
+    fused per expert; per-expert input scales for W4A4), with meta tensors of the real shapes (TP shards I)."""
+    e, h, i = p.experts, p.hidden, p.moe_intermediate // tp
+    u8, f32 = torch.uint8, torch.float32
+
+    def t(shape, dtype=u8):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    ins = None if weight_only else t((e,), f32)
+    return NVFP4Experts(t((e, 2 * i, h // 2)), t((e, *blocked_shape(2 * i, h // 16)), torch.float8_e4m3fn),
+                        t((e,), f32), ins, t((e, h, i // 2)), t((e, *blocked_shape(h, i // 16)), torch.float8_e4m3fn),
+                        t((e,), f32), None if ins is None else t((e,), f32), "silu_mul")
+
+
+class SparseMoeBlock(nn.Module):
+    """A routed-expert MLP as a serving engine runs it at decode: the bf16 router (ModelOpt leaves it
+    unquantized), softmax in fp32, top-k, renormalised (``norm_topk_prob``), then nvgemm's
+    ``NVFP4Experts`` (``nvgemm::nvfp4_moe``) on the routed ids / fp32 weights."""
+
+    def __init__(self, p: DecodePreset, tp: int, weight_only: bool, device="meta"):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = p.top_k, p.norm_topk_prob
+        self.gate = nn.Parameter(torch.empty(p.experts, p.hidden, dtype=torch.bfloat16, device=device),
+                                 requires_grad=False)
+        self.experts = meta_experts(p, tp, weight_only)
+
+    def forward(self, x):
+        probs = torch.softmax(torch.nn.functional.linear(x, self.gate), -1, dtype=torch.float32)
+        w, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        return self.experts(x, ids, w)
+
+
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer at batch 1 (transformers' Llama layer, KV cache static)."""
+    """One pre-norm decoder layer at batch 1 (transformers' Llama / Qwen3-MoE layer, KV cache static)."""
 
     def __init__(self, p: DecodePreset, tp: int = 1, weight_only: bool = False, layout: str = "checkpoint",
                  device="meta"):
@@ -184,8 +253,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(p.hidden, p.eps, device)
         self.self_attn = Attention(p, tp, lin, fused=layout == "fused")
         self.post_attention_layernorm = RMSNorm(p.hidden, p.eps, device)
-        self.mlp = GatedMLP(p, tp, lin)
-        if layout == "fused":
+        self.mlp = SparseMoeBlock(p, tp, weight_only, device) if p.moe else GatedMLP(p, tp, lin)
+        if layout == "fused" and not p.moe:
             fuse_gated_mlps(self)
 
     def forward(self, x, k_cache, v_cache, pos, cos, sin):
@@ -362,6 +431,8 @@ class _Recorder:
         self.launches: list[Launch] = []
         self.origin = "inductor"
         self.syncs: list[str] = []
+        self.moe: Optional[dict] = None  # (m, top_k, experts) of the nvfp4_moe call being expanded
+        self.capturing = False  # the steady step is replayed as a CUDA graph capture sees it
 
     def add(self, launch: Launch) -> None:
         self.launches.append(launch)
@@ -375,10 +446,11 @@ def _aten_recorder(rec: _Recorder):
             kwargs = kwargs or {}
             name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
             ns = getattr(func, "namespace", "")
-            out = func(*args, **kwargs)
-            if name == "_local_scalar_dense":
+            if name == "_local_scalar_dense":  # a FakeTensor has no value: 0 stands in (a value check passes)
                 rec.syncs.append(f"{rec.origin}: .item() (a device-to-host sync)")
-            elif ns == "aten" and name.rstrip("_") not in _NO_KERNEL and name not in _NO_KERNEL \
+                return 0
+            out = func(*args, **kwargs)
+            if ns == "aten" and name.rstrip("_") not in _NO_KERNEL and name not in _NO_KERNEL \
                     and not getattr(func, "is_view", False) \
                     and any(t.device.type == "cuda" for t in _tensors(out)):  # .to("meta") etc. launch nothing
                 nb = sum(_nbytes(t) for t in _tensors(args) + _tensors(kwargs)) + sum(_nbytes(t) for t in _tensors(out))
@@ -401,6 +473,9 @@ class _FakeKernel:
         ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
         cfg = self.spec.config
         act = getattr(self.spec.epilogue, "activation", "none")
+        if "moe" in self.spec.template_id:
+            self._launch_moe(values, ts, cfg, act)
+            return
         if len(ints) >= 3:  # sm100 ABI: ..., m, n, k (the MMA frame; swap-AB puts the tokens in n)
             m_k, n_k, k = ints[-3], ints[-2], ints[-1]
             m, n = (n_k, m_k) if getattr(cfg, "swap_ab", False) else (m_k, n_k)
@@ -427,6 +502,25 @@ class _FakeKernel:
         return launch
 
 
+    def _launch_moe(self, values, ts, cfg, act):
+        """A grouped MoE GEMM: (tokens, top_k, experts) of the op being expanded, weight rows per expert and K
+        from the ABI (sm100: ``Sm100MoeGemmArgs.abi_values``, m = rows; sm90: ``x, rows, tiles, weight, ..., out``)."""
+        ctx = self.rec.moe or {}
+        if self.spec.template_id.startswith("sm100"):  # a, b, sfa, sfb, c, alpha, tiles, res, ws, cnt, m, n, k, ...
+            rows, k = values[10], values[12]
+        else:
+            x, out = values[0], values[6]
+            k = x.shape[-1]
+            rows = out.shape[-1] * (2 if act == "silu_mul" else 1)
+        # bytes: what the grouped kernel can touch at most is every expert; the model charges the routed ones
+        self.rec.add(Launch(self.spec.name(), "gemm", self.rec.origin, sum(_nbytes(t) for t in ts),
+                            pdl=bool(getattr(cfg, "pdl", False)),
+                            gemm={"config": cfg, "m": ctx.get("m", 1), "n": rows, "k": k, "arch": self.spec.arch,
+                                  "epilogue": act, "moe": {"family": self.spec.template_id,
+                                                           "top_k": ctx.get("top_k", 1),
+                                                           "experts": ctx.get("experts", 1)}}))
+
+
 def _opdef_impl(qualname: str):
     from torch._library.custom_ops import OPDEFS
 
@@ -440,7 +534,9 @@ def record_launches(gpu: str, rec: _Recorder):
     import triton.runtime.jit as tjit
 
     # lazy: triton import cost
+    from nvgemm.templates.sm100_moe import backend as sm100_moe_backend
     from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
+    from nvgemm.templates.sm90_moe import backend as sm90_moe_backend
     from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
     from nvgemm.templates.triton import _common as tcommon
 
@@ -453,7 +549,7 @@ def record_launches(gpu: str, rec: _Recorder):
     def cache_get(self, spec, *a, **k):
         return _FakeKernel(rec, spec)
 
-    stream = type("S", (), {"cuda_stream": 0})()
+    stream = type("S", (), {"cuda_stream": 0, "synchronize": lambda self: None})()
     decisions = dict(registry._DECISIONS)
     with contextlib.ExitStack() as st:
         st.enter_context(fake_cuda_device(gpu))
@@ -462,12 +558,16 @@ def record_launches(gpu: str, rec: _Recorder):
         st.enter_context(um.patch.object(cache_mod.KernelCache, "get", cache_get))
         st.enter_context(um.patch.object(sm100_backend, "resolve_max_active_clusters", lambda *a, **k: 0))
         st.enter_context(um.patch("torch.cuda.current_stream", lambda *a, **k: stream))
-        st.enter_context(um.patch("torch.cuda.is_current_stream_capturing", lambda *a, **k: False))
+        # the warm-up step runs eagerly; the steady step is the one a CUDA graph captures (value checks and
+        # first-use work that the launchers skip under capture are not part of it)
+        st.enter_context(um.patch("torch.cuda.is_current_stream_capturing", lambda *a, **k: rec.capturing))
         plans, bindings = dict(registry._PLANS), dict(registry._BINDINGS)
 
         def clear():  # per-problem memos that hold a kernel (here: a recorder's stand-in) or a decision
             tcommon._capability.cache_clear()
             sm90_backend._kernel_for.cache_clear()
+            sm90_moe_backend._kernel_for.cache_clear()
+            sm100_moe_backend._kernel_for.cache_clear()
             sm100_backend.launch_plan.cache_clear()
             sm100_backend.device_target.cache_clear()
             registry._DECISIONS.clear()
@@ -482,6 +582,18 @@ def record_launches(gpu: str, rec: _Recorder):
             registry._DECISIONS.update(decisions)
             registry._PLANS.update(plans)
             registry._BINDINGS.update(bindings)
+
+
+@contextlib.contextmanager
+def _own_device_memos():
+    """The split-K workspace pool empty for one replay: its pairs are FakeTensors of this replay's mode, and a
+    later replay (another mode) must not meet them. Kept across the warm-up and the counted step, as a process
+    keeps it across steps. (The launchers' per-device index memos are per fake mode already:
+    ``templates.common.derived.device_memo``.)"""
+    from nvgemm.templates.common.workspace import WORKSPACES  # lazy: only the pool object, patched per replay
+
+    with um.patch.dict(WORKSPACES._current, clear=True), um.patch.dict(WORKSPACES._capture, clear=True):
+        yield
 
 
 class _TorchProxy:
@@ -571,11 +683,14 @@ def replay(graph: Graph, gpu: str) -> tuple[list[Launch], list[str]]:
         if ns == "nvgemm":
             impl = _opdef_impl(f"nvgemm::{op}")
             rec.origin = f"nvgemm::{op} launcher"
+            if "moe" in op:
+                rec.moe = {"m": args[0].shape[0], "top_k": args[1].shape[1], "experts": args[3].shape[0]}
             try:
                 with fm, record_launches(gpu, rec), aten_mode:
                     res = impl(*args, **kwargs)
             finally:
                 rec.origin = "inductor"
+                rec.moe = None
             return res
         with fm:
             res = fn(*args, **kwargs)
@@ -611,13 +726,42 @@ def replay(graph: Graph, gpu: str) -> tuple[list[Launch], list[str]]:
               reinterpret_tensor=reinterpret, assert_size_stride=noop, assert_alignment=noop,
               assert_tensor_metadata=noop, get_raw_stream=lambda i: 0,
               extern_kernels=type("E", (), {"__getattr__": lambda self, n: extern(n)})())
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _own_device_memos():
         warnings.simplefilter("ignore")
         ns["call"](list(graph.inputs))  # the first step fills the launchers' memos and workspace pools
         rec.launches.clear()
         rec.syncs.clear()
+        rec.capturing = True
         ns["call"](list(graph.inputs))  # steady state: what every later step (and a CUDA graph) launches
     return rec.launches, rec.syncs
+
+
+def moe_call_launches(gpu: str, m: int, top_k: int, experts: int, hidden: int, inter: int) -> list[Launch]:
+    """The device launches of one ``nvgemm::nvfp4_moe`` call (W4A16 on Hopper, W4A4 on Blackwell) in the
+    steady state, from its host launcher on fake ``gpu`` (as :func:`replay` expands the op: a warm-up call,
+    then the call a CUDA graph captures). Routing: token ``t`` slot ``s`` -> expert ``(t * top_k + s) %
+    experts`` (the ids' values do not change the launches: the grid is fixed per (M, top_k, E))."""
+    p = DecodePreset("moe-call", hidden, 0, 1, 1, 128, 16, 1, "", experts=experts, top_k=top_k,
+                     moe_intermediate=inter)
+    ex = meta_experts(p, 1, weight_only=gpu_format(gpu) == "W4A16")
+    fm = _fake_mode()
+    with fm:
+        ws = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in ex.tensors()]
+        x = torch.empty(m, hidden, dtype=torch.bfloat16, device="cuda")
+        ids = torch.empty(m, top_k, dtype=torch.int32, device="cuda")
+        wts = torch.empty(m, top_k, dtype=torch.float32, device="cuda")
+    rec = _Recorder()
+    rec.origin = "nvgemm::nvfp4_moe launcher"
+    rec.moe = {"m": m, "top_k": top_k, "experts": experts}
+    impl = _opdef_impl("nvgemm::nvfp4_moe")
+    with warnings.catch_warnings(), _own_device_memos():
+        warnings.simplefilter("ignore")
+        for capturing in (False, True):
+            rec.launches.clear()
+            rec.capturing = capturing
+            with fm, record_launches(gpu, rec), _aten_recorder(rec):
+                impl(x, ids, wts, *ws, "silu_mul", False, None, None, None, None)
+    return list(rec.launches)
 
 
 # =============================================================================================
@@ -637,6 +781,27 @@ def _launch_us(hw, pdl: bool, aux: bool = False) -> tuple[float, float]:
     return base
 
 
+def _model_moe_gemm(launch: Launch, gpu: str) -> None:
+    """A grouped MoE GEMM by its family's model (uniform routing: the expected active experts and work slots of
+    ``m`` tokens x top-k over the layer's experts); its bytes become the routed experts' weight bytes."""
+    g, mo = launch.gemm, launch.gemm["moe"]
+    cfg = g["config"]
+    g["config"] = cfg.name() if hasattr(cfg, "name") else str(cfg)
+    perf = sm100_moe_perf if mo["family"].startswith("sm100") else sm90_moe_perf
+    active = perf.expected_active_experts(g["m"], mo["top_k"], mo["experts"])
+    launch.bytes = int(active * g["n"] * g["k"] * (0.5 + 1 / 16))
+    est = perf.moe_gemm_estimate(cfg, g["m"], mo["top_k"], mo["experts"], g["n"], g["k"], gpu)
+    if est is not None:
+        launch.us = est.us
+        launch.note = (f"grouped: {g['m']} token(s) x top-{mo['top_k']} of {mo['experts']} experts ({active:.1f} "
+                       f"active), {g['n']} rows x K={g['k']} per expert, {g['config']}")
+    else:
+        s = _stream_us(launch.bytes, get_hardware(gpu))
+        lu = _launch_us(get_hardware(gpu), launch.pdl)
+        launch.us = (lu[0] + s[0], lu[1] + s[1])
+        launch.note = f"grouped {g['config']} (no perfmodel facts: routed weight bytes + launch)"
+
+
 def model_launch(launch: Launch, gpu: str, tp: int = 1) -> None:
     """Fill ``launch.us`` (the model's (low, high) microseconds) and the GEMM's (M, N, K)."""
     hw = get_hardware(gpu)
@@ -646,6 +811,9 @@ def model_launch(launch: Launch, gpu: str, tp: int = 1) -> None:
         pdl_back = (hw.pdl_saving_us[1], hw.pdl_saving_us[0])  # cuBLAS from Inductor: no PDL
         launch.us = (b.total_us[0] + pdl_back[0], b.total_us[1] + pdl_back[1])
         launch.note = f"bf16 M={g['m']} N={g['n']} K={g['k']} (bf16_baseline)"
+        return
+    if launch.kind == "gemm" and launch.gemm.get("moe"):
+        _model_moe_gemm(launch, gpu)
         return
     if launch.kind == "gemm":
         cfg = launch.gemm["config"]
@@ -684,11 +852,14 @@ def model_launch(launch: Launch, gpu: str, tp: int = 1) -> None:
 
 
 def _weight_bytes(p: DecodePreset, tp: int, quantize_lm_head: bool = False) -> tuple[float, float]:
-    """(NVFP4 decoder-linear bytes per step, lm_head bytes: bf16, or NVFP4 codes + e4m3 scales) per GPU."""
+    """(weight bytes a batch-1 step must read per GPU besides the lm_head, lm_head bytes: bf16, or NVFP4 codes +
+    e4m3 scales): the NVFP4 decoder linears; for MoE the top-k routed experts (one token reads top_k distinct
+    experts) and the bf16 router instead of the dense MLP."""
     i, q, kv = p.intermediate // tp, p.heads // tp * p.head_dim, max(1, p.kv_heads // tp) * p.head_dim
-    params = p.hidden * (q + 2 * kv) + q * p.hidden + 3 * p.hidden * i
-    nvfp4 = params * (0.5 + 1 / 16) * p.layers
-    return nvfp4, (0.5 + 1 / 16 if quantize_lm_head else 2.0) * (p.vocab // tp) * p.hidden
+    mlp = p.top_k * 3 * p.hidden * (p.moe_intermediate // tp) if p.moe else 3 * p.hidden * i
+    params = p.hidden * (q + 2 * kv) + q * p.hidden + mlp
+    per_layer = params * (0.5 + 1 / 16) + (2.0 * p.experts * p.hidden if p.moe else 0.0)
+    return per_layer * p.layers, (0.5 + 1 / 16 if quantize_lm_head else 2.0) * (p.vocab // tp) * p.hidden
 
 
 @dataclass
@@ -714,6 +885,7 @@ class StepReport:
     measured: Optional[dict] = None
     lm_head: str = "bf16"
     source: str = ""
+    routed_experts: Optional[dict] = None  # MoE: the nvfp4_moe op's launches per layer against its byte floor
 
 
 def _classify(layer: list[Launch]) -> dict:
@@ -731,6 +903,17 @@ def _classify(layer: list[Launch]) -> dict:
     return out
 
 
+def _routed_experts(p: DecodePreset, tp: int, gpu: str, layer: list[Launch]) -> dict:
+    """The routed experts of one MoE layer (the launches of the ``nvgemm::nvfp4_moe`` op's launcher) against
+    the byte floor of the experts one token reads (top-k x 3 x H x I NVFP4 at the achievable bandwidth)."""
+    ks = [k for k in layer if k.origin.startswith("nvgemm::nvfp4_moe")]
+    us = sum(k.mid_us for k in ks)
+    floor = byte_floor_us(1, p.top_k, p.experts, p.hidden, p.moe_intermediate // tp, 0, gpu)
+    return {"launches": len(ks), "gemms": sum(k.kind == "gemm" for k in ks), "us_model": round(us, 3),
+            "us_model_range": [round(sum(k.us[0] for k in ks), 3), round(sum(k.us[1] for k in ks), 3)],
+            "floor_us": round(floor, 3), "floor_fraction_model": round(floor / us, 4) if us else None}
+
+
 def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None, layout: str = "checkpoint",
                 quantize_lm_head: bool = False) -> StepReport:
     """Model one batch-1 decode step of preset ``model`` on ``gpu`` (see the module docstring)."""
@@ -738,7 +921,7 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
         raise KeyError(f"unknown decode-step preset {model!r}; known: {', '.join(DECODE_PRESETS)}")
     p = DECODE_PRESETS[model]
     hw = get_hardware(gpu)  # KeyError names the known GPUs
-    if tp < 1 or p.heads % tp or p.intermediate % tp or p.vocab % tp:
+    if tp < 1 or p.heads % tp or p.intermediate % tp or p.moe_intermediate % tp or p.vocab % tp:
         raise ValueError(f"--tp {tp} does not divide {model}'s heads ({p.heads}), intermediate and vocab")
     if layout not in ("checkpoint", "fused"):
         raise ValueError(f"--layout must be checkpoint or fused, got {layout!r}")
@@ -770,6 +953,7 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
         key = "lm_head" if k == "gemm" else f"head {k}"
         bd[key] = bd.get(key, 0.0) + v
     return StepReport(
+        routed_experts=_routed_experts(p, tp, gpu, layer) if p.moe else None,
         model=model, gpu=hw.name, format=gpu_format(gpu), layout=layout, tp=tp, layers=n_layers,
         layer_kernels=layer, head_kernels=head, kernels_per_layer=len(layer),
         kernels_per_step=n_layers * len(layer) + len(head), ms_per_token_model=mid_ms,
@@ -807,6 +991,7 @@ def report_json(r: StepReport) -> dict:
         "kernels": [dict(_kernel_row(k), where="layer") for k in r.layer_kernels]
         + [dict(_kernel_row(k), where="head") for k in r.head_kernels],
         "measured": r.measured,
+        "routed_experts": r.routed_experts,
         "label": "every *_model figure is nvgemm's CPU performance model, not a measurement",
     }
 
@@ -835,6 +1020,11 @@ def report_text(r: StepReport) -> str:
         out.append(f"goal <= {r.goal_ms} ms: {verdict} (model)")
     out.append("time by part, per step (model, us): " + ", ".join(f"{k} {v:.0f}" for k, v in
                                                                  sorted(r.breakdown_us.items(), key=lambda kv: -kv[1])))
+    if r.routed_experts:
+        e = r.routed_experts
+        out.append(f"routed experts per layer (nvgemm::nvfp4_moe): {e['launches']} launches ({e['gemms']} GEMMs), "
+                   f"{e['us_model']:.1f} us (model) against a {e['floor_us']:.1f} us byte floor: "
+                   f"{e['floor_fraction_model']:.0%} of the floor (model)")
     if r.syncs:
         out.append("host syncs inside the step: " + "; ".join(r.syncs))
     if r.measured:
@@ -861,11 +1051,21 @@ def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed
             new = NVFP4Linear.from_linear(lin, None if weight_only else 0.01)
             parent, _, child = name.rpartition(".")
             setattr(layer.get_submodule(parent), child, new)
+    if p.moe:  # random experts quantized on the GPU (ModelOpt recipe), a random bf16 router
+        e, h, i = p.experts, p.hidden, p.moe_intermediate // tp
+        gd = torch.Generator(device="cuda").manual_seed(seed)
+        w13 = torch.randn(e, 2 * i, h, generator=gd, device="cuda") * 0.02
+        w2 = torch.randn(e, h, i, generator=gd, device="cuda") * 0.02
+        scale = None if weight_only else 0.01
+        layer.mlp.experts = NVFP4Experts.from_float(w13, w2, scale, scale)
+        del w13, w2
+        layer.mlp.gate.data = (torch.randn(e, h, generator=g) * 0.02).to(torch.bfloat16)
     if layout == "fused":
         a = layer.self_attn
         a.qkv_proj = NVFP4Linear.fuse([a.q_proj, a.k_proj, a.v_proj])
         del a.q_proj, a.k_proj, a.v_proj
-        fuse_gated_mlps(layer)
+        if not p.moe:
+            fuse_gated_mlps(layer)
     return layer.cuda()
 
 
@@ -967,5 +1167,5 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["DECODE_PRESETS", "DecodePreset", "DecoderLayer", "Launch", "StepReport", "decode_step", "head_graph",
-           "layer_graph", "replay", "report_json", "report_text"]
+__all__ = ["DECODE_PRESETS", "DecodePreset", "DecoderLayer", "Launch", "SparseMoeBlock", "StepReport", "decode_step",
+           "head_graph", "layer_graph", "moe_call_launches", "replay", "report_json", "report_text"]

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from nvgemm.core.backend import LINEAR
-from nvgemm.integrations.inductor import choices as _choices
+from nvgemm.integrations.inductor import choices as _choices, moe as _moe
 
 #: (capability, SM count, L2 bytes, memory bytes) of the GPUs a fake device can stand for.
 FAKE_GPUS: dict[str, tuple[tuple[int, int], int, int, int]] = {
@@ -86,14 +86,23 @@ def _forget_inductor_system() -> None:
 
 @contextlib.contextmanager
 def policy_pick_only():
-    """nvgemm's lowering sees only the policy's first kernel candidate (plus nothing else): what a tuned
-    graph inlines when that candidate wins, with no benchmark (there is no GPU to time on)."""
-    orig = _choices.candidates
+    """nvgemm's lowerings (``nvfp4_linear`` and ``nvfp4_moe``) see only the policy's first kernel candidate
+    (plus nothing else): what a tuned graph inlines when that candidate wins, with no benchmark (there is no
+    GPU to time on)."""
+    orig, orig_prepared, orig_moe = _choices.candidates, _choices.prepared_candidates, _moe.moe_candidates
 
     def first_only(problem, allowed=None, kind=LINEAR):
         return orig(problem, allowed, kind)[:1]
 
-    with um.patch.object(_choices, "candidates", first_only):
+    def first_prepared_only(problem, allowed=None):
+        return orig_prepared(problem, allowed)[:1]
+
+    def first_moe_only(problem, allowed=None):
+        return orig_moe(problem, allowed)[:1]
+
+    with um.patch.object(_choices, "candidates", first_only), \
+            um.patch.object(_choices, "prepared_candidates", first_prepared_only), \
+            um.patch.object(_moe, "moe_candidates", first_moe_only):
         yield
 
 

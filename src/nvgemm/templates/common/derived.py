@@ -100,6 +100,18 @@ def value_nbytes(v: Any) -> int:
 _CACHES: "weakref.WeakSet[DerivedCache]" = weakref.WeakSet()
 
 
+def device_memo(table: dict) -> dict:
+    """The dict a per-device tensor memo (keyed by device, e.g. an index vector built once per device) reads
+    and fills: ``table`` itself, or while a FakeTensorMode is active (tracing, shape propagation on a fake
+    device) that mode's own dict. A FakeTensor is only valid in its mode: kept in ``table`` it would be served
+    to real calls on that device and to later modes. The mode's dict goes with the mode."""
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if mode is None:
+        return table
+    memos = mode.__dict__.setdefault("_nvgemm_device_memos", {})
+    return memos.setdefault(id(table), {})
+
+
 def derived_nbytes(t: torch.Tensor) -> int:
     """Bytes every launcher's cache holds derived from tensors sharing ``t``'s storage (the extra
     device memory a weight costs beyond its checkpoint copy; the load logs report it)."""
@@ -206,4 +218,4 @@ class DerivedCache:
         return value
 
 
-__all__ = ["DerivedCache", "derived_nbytes", "refill_tensors", "value_nbytes", "source_key", "state_of", "version_of"]
+__all__ = ["DerivedCache", "derived_nbytes", "device_memo", "refill_tensors", "value_nbytes", "source_key", "state_of", "version_of"]

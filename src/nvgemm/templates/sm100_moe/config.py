@@ -27,6 +27,10 @@ from nvgemm.templates.sm90_moe.config import work_tiles_bound
 from nvgemm.core.status import Status
 
 MOE_FAMILY = "moe_tcgen05"
+#: Routed pairs (tokens x top_k) up to which the host prep is one Triton launch (:mod:`.prep_triton`
+#: recomputes the work list in every program); above it the work-list kernel runs first and a gather
+#: follows. 128 = 16 tokens at top-8.
+FUSED_PREP_MAX_PAIRS = 128
 MOE_ARCHS = ("sm_100a",)
 MOE_TILE_N = (8, 16, 32, 64)
 MOE_SPLIT_K = (1, 2, 4, 8)

@@ -3,16 +3,19 @@ kernel arguments and the whole layer (:func:`moe_forward`). Pure torch (no cutla
 are launched through a caller-given function (the AOT kernel on a GPU, the PTX emulator on CPU),
 so the CPU tests run exactly this host path.
 
-One layer = work list + activation prep + GEMM1 (fused SwiGLU + NVFP4 requant) + GEMM2 + finalize:
+One layer = prep + GEMM1 (fused SwiGLU + NVFP4 requant) + GEMM2 + finalize: **4 launches** on CUDA at
+decode (up to :data:`~.prep_triton.FUSED_MAX_PAIRS` pairs; 6 above: work-list kernel, prep, a gather):
 
 1. **Work list**: :func:`nvgemm.templates.sm90_moe.launch.work_list` with tiles of ``tile_n``
-   pairs (one Triton launch on CUDA): slot ``j = (e, p0, cnt)``; a fixed number of slots per
-   (M, top_k, E), so the grid of a CUDA graph does not depend on the routing.
+   pairs: slot ``j = (e, p0, cnt)``; a fixed number of slots per (M, top_k, E), so the grid of a
+   CUDA graph does not depend on the routing.
 2. **Activation prep** (:func:`slot_activations`): slot ``j``'s row ``t < cnt`` is the token of
    permuted pair ``p0 + t``, quantized to NVFP4 with **its expert's** ``w13_input_scale[e]``
    (``nvgemm.core.formats.quantize_activation`` row by row: the contract's step 2 per pair); packed codes
    ``[slots * tile_n, H/2]``, scales as one 128-row swizzled atom per slot (rows >= cnt are zero).
-   One Triton launch on CUDA (:mod:`.prep_triton`), torch ops elsewhere (no host synchronisation).
+   On CUDA steps 1 and 2, the pair -> output row map and the zero padding of GEMM2's scale atoms
+   are one Triton launch (:mod:`.prep_triton`; nothing is zero-filled before it); torch ops
+   elsewhere (no host synchronisation).
 3. **GEMM1** (``m`` = 2I interleaved gate/up rows per expert): ``acc * alpha13[e]`` -> SiLU-mul
    -> round to the activation dtype -> NVFP4 with ``w2_input_scale[e]``, written as GEMM2's B
    operand directly (codes ``[slots * tile_n, I/2]`` + per-slot scale atoms): the fused requant
@@ -208,9 +211,29 @@ def _split_k(config, m, n, dev, stream_id):
     return splitk_buffers(dev, m, n, config.dense(), stream_id)
 
 
+def b2_scale_atoms_ref(slots: int, tile_n: int, inter: int, device) -> torch.Tensor:
+    """GEMM2's B scale atoms as the prep leaves them (torch; the CPU / emulator path): rows ``tile_n..127``
+    and the K blocks past ``I/16`` zero (GEMM2 reads them, GEMM1 never writes them), every byte GEMM1's
+    requant epilogue writes set to 0xFF first -- a NaN e4m3 scale, so a byte the kernel failed to write
+    shows in the emulator's result instead of reading as a lucky zero. On CUDA the prep kernel
+    (:mod:`.prep_triton`) zeroes the same bytes of an uninitialised buffer."""
+    kb = inter // NVFP4.block_size
+    kb_tiles = -(-kb // 4)
+    atoms = torch.full((slots, kb_tiles, 32, 4, 4), 0xFF, dtype=torch.uint8, device=device)
+    r = torch.arange(128, device=device)
+    c = torch.arange(kb_tiles * 4, device=device)
+    pad = (r[:, None] >= tile_n) | (c[None, :] >= kb)  # [128, kb_tiles * 4] in the linear (row, block) frame
+    lin = pad.reshape(4, 32, kb_tiles, 4).permute(2, 1, 0, 3)  # the 128x4 swizzle: (tile, r % 32, r // 32, kb % 4)
+    atoms[:, lin] = 0
+    return atoms.reshape(-1)
+
+
 def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: MoeWorkList, stack: Sm100MoeStack,
-               alpha_kind: str, alpha: torch.Tensor, x_dtype: torch.dtype, stream_id: int = 0) -> Sm100MoeGemmArgs:
-    """GEMM1 (gated, fused requant): output = GEMM2's B operand (codes + per-slot scale atoms)."""
+               alpha_kind: str, alpha: torch.Tensor, x_dtype: torch.dtype, stream_id: int = 0,
+               out_scales: Optional[torch.Tensor] = None) -> Sm100MoeGemmArgs:
+    """GEMM1 (gated, fused requant): output = GEMM2's B operand (codes + per-slot scale atoms).
+    ``out_scales``: the scale atoms with their padding already zeroed (the prep kernel's); default
+    :func:`b2_scale_atoms_ref`."""
     validate_moe_config(config).raise_if_failed("sm100 moe config")
     if why := moe_shape_problem(config, stack.rows, stack.k, True):
         raise ValueError(f"nvgemm sm100 moe: GEMM1 {config.name()}: {why}")
@@ -218,8 +241,11 @@ def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: M
     n = wl.slots * config.tile_n
     dev = b.device
     codes = torch.empty((n, i // 2), dtype=torch.uint8, device=dev)  # empty slots: never written, never read
-    # zeroed: the kernel writes rows < tile_n of real K blocks; GEMM2 reads the padding K blocks
-    scales = torch.zeros(wl.slots * blocked_numel(128, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
+    # the kernel writes rows < tile_n of the real K blocks; GEMM2 also reads the (zeroed) rest
+    scales = b2_scale_atoms_ref(wl.slots, config.tile_n, i, dev) if out_scales is None else out_scales
+    if scales.numel() != wl.slots * blocked_numel(128, i // NVFP4.block_size):
+        raise ValueError(f"nvgemm sm100 moe: GEMM2's scale atoms hold {scales.numel()} bytes, expected "
+                         f"{wl.slots * blocked_numel(128, i // NVFP4.block_size)}")
     spec = EpilogueSpec(alpha=alpha_kind, activation="silu_mul", out_dtype=x_dtype, out_quant=True)
     ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
     return Sm100MoeGemmArgs(stack.weight, b, stack.scale, sfb, codes, alpha, wl.tiles, scales, ws, cnt,
@@ -272,21 +298,23 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         xin = (x.float() * topk_weights[:, :1]).to(x.dtype)
         wts = torch.ones_like(topk_weights)
     tn = config13.tile_n
-    wl = work_list(topk_ids, expert_map, w13.shape[0], tn)
     s13 = cached_moe_stack(w13, w13_scale, True)
     s2 = cached_moe_stack(w2, w2_scale, False)
     kind13, alpha13, alpha2 = cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale, s13, s2)
-    kernel = stand_in("nvgemm.templates.sm100_moe.prep_triton", "_slot_quant_kernel", xin.device)
-    if xin.device.type == "cuda" or kernel is not None:  # one Triton launch (the same bytes; CPU: the emulator's)
+    kernel = stand_in("nvgemm.templates.sm100_moe.prep_triton", "_moe_prep_kernel", xin.device)
+    if xin.device.type == "cuda" or kernel is not None:  # one Triton launch at decode (CPU: the emulator's)
         # lazy: triton import cost
-        from nvgemm.templates.sm100_moe.prep_triton import slot_activations_triton
+        from nvgemm.templates.sm100_moe.prep_triton import moe_prep_triton
 
-        b1, sfb1, rop = slot_activations_triton(xin, wl, w13_input_scale, tn, kernel=kernel)
-        yrow = rop[wl.pos]
+        prep = moe_prep_triton(xin, topk_ids, expert_map, w13.shape[0], w13_input_scale, tn, s13.rows // 2,
+                               kernel=kernel)
+        wl, b1, sfb1, yrow, sf2 = prep.work_list, prep.codes, prep.scales, prep.y_rows, prep.b2_scales
     else:
+        wl = work_list(topk_ids, expert_map, w13.shape[0], tn)
         b1, sfb1 = slot_activations(xin, wl, w13_input_scale, tn)
         yrow = slot_rows_of_pairs(wl, tn)
-    a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id)
+        sf2 = None
+    a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id, out_scales=sf2)
     launch(a1)
     a2 = gemm2_args(config2, a1, wl, s2, alpha2, stream_id)
     launch(a2)
@@ -296,5 +324,6 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     return out
 
 
-__all__ = ["Sm100MoeGemmArgs", "Sm100MoeStack", "alpha_table", "cached_moe_stack", "gemm1_args", "gemm2_args",
+__all__ = ["Sm100MoeGemmArgs", "Sm100MoeStack", "alpha_table", "b2_scale_atoms_ref", "cached_moe_stack", "gemm1_args",
+           "gemm2_args",
            "moe_forward", "prepare_moe_stack", "slot_activations", "slot_rows_of_pairs", "slot_sf_atoms"]

@@ -20,8 +20,9 @@ and the launch. The grid's work slots past the routing's tiles (the grid is fixe
 nothing and issue no MMA; each of their units is charged its scheduler step and accumulator
 handshake (:func:`empty_slot_us`).
 
-**Host path**: :data:`PREP_KERNELS` tiny launches (the work list and the activation prep are one
-Triton launch each on CUDA) and the finalize, each at the hardware's tiny-kernel cost. **Byte floor**: :func:`~.sm90_moe.byte_floor_us` (active + shared experts' NVFP4
+**Host path**: :func:`prep_kernels` tiny launches (one Triton launch up to
+:data:`~.config.FUSED_PREP_MAX_PAIRS` routed pairs: work list, activations and the scale padding
+together; three above) and the finalize, each at the hardware's tiny-kernel cost. **Byte floor**: :func:`~.sm90_moe.byte_floor_us` (active + shared experts' NVFP4
 weight bytes at the achievable bandwidth).
 """
 
@@ -31,6 +32,7 @@ import math
 from dataclasses import replace
 from typing import Optional
 
+from nvgemm.templates.sm100_moe.config import FUSED_PREP_MAX_PAIRS
 from nvgemm.templates.sm90_moe.config import work_tiles_bound
 from nvgemm.heuristics.perfmodel.hardware import get_hardware
 from nvgemm.templates.sm100_w4a4.perf import EPI_SUBTILE_CYCLES, persistent_ctas
@@ -42,11 +44,17 @@ from nvgemm.templates.sm90_moe.perf import (
     grouped_gemm_estimates,
 )
 
-#: Launches of the host prep per layer on CUDA besides the two GEMMs and the finalize: the work-list
-#: Triton kernel, the activation prep Triton kernel (gather + per-expert NVFP4 + scale atoms + the
-#: pair -> row map), two zero fills (the scale atoms of GEMM1's input and of GEMM2's input) and the
-#: pair -> row gather.
-PREP_KERNELS = 5
+#: Launches of the host prep per layer on CUDA besides the two GEMMs and the finalize, at decode
+#: (:data:`~.config.FUSED_PREP_MAX_PAIRS` routed pairs or fewer): one Triton kernel (work list, per-slot
+#: NVFP4 activations and their scale atoms, the pair -> output row map, GEMM2's scale padding).
+PREP_KERNELS = 1
+#: Above that: the work-list kernel, the prep kernel and the pair -> row gather.
+PREP_KERNELS_LARGE = 3
+
+
+def prep_kernels(pairs: int) -> int:
+    """Host prep launches of a call with ``pairs`` routed (token, slot) pairs (``launch.moe_forward`` on CUDA)."""
+    return PREP_KERNELS if pairs <= FUSED_PREP_MAX_PAIRS else PREP_KERNELS_LARGE
 #: Cycles of one empty work unit on its CTA (scheduler step + MMA-warp acquire/commit + epilogue
 #: wait/release of the accumulator stage; no loads, MMAs or stores) -- an assumption, like the dense
 #: family's :data:`~.sm100.EPI_SUBTILE_CYCLES`.
@@ -103,5 +111,5 @@ def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS) -> tuple[float,
     return (n * hw.aux_kernel_us[0], n * hw.aux_kernel_us[1])
 
 
-__all__ = ["EMPTY_UNIT_CYCLES", "PREP_KERNELS", "empty_slot_us", "byte_floor_us", "expected_active_experts", "host_us",
+__all__ = ["EMPTY_UNIT_CYCLES", "PREP_KERNELS", "PREP_KERNELS_LARGE", "prep_kernels", "empty_slot_us", "byte_floor_us", "expected_active_experts", "host_us",
            "moe_gemm_estimate", "moe_gemm_estimates"]

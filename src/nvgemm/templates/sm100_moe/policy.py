@@ -23,11 +23,11 @@ import functools
 from typing import Optional
 
 from nvgemm.templates.sm100_moe.perf import (
-    PREP_KERNELS,
     byte_floor_us,
     expected_active_experts,
     host_us,
     moe_gemm_estimates,
+    prep_kernels as _prep_kernels,
 )
 from nvgemm.templates.sm100_moe.config import (
     MOE_SPLIT_K,
@@ -121,7 +121,7 @@ def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_ke
     if not cands:
         return {}
     c = cands[0]
-    host = host_us(gpu, PREP_KERNELS if prep_kernels is None else prep_kernels)
+    host = host_us(gpu, _prep_kernels(m * shape.top_k) if prep_kernels is None else prep_kernels)
     shared = _shared_us(shape, m, gpu, ("sm100.nvfp4",)) if shape.shared_inter else (0.0, 0.0)
     total = tuple(c.gemm_us[i] + host[i] + shared[i] for i in range(2))
     return {"m": m, "active": expected_active_experts(m, shape.top_k, shape.num_experts), "tiles": c.tiles,

@@ -45,7 +45,7 @@ import torch
 from nvgemm.core.epilogue import EpilogueSpec, apply_activation_ref
 from nvgemm.core.formats import NVFP4, blocked_numel, dequantize, from_blocked, to_blocked
 from nvgemm.core.validation import alpha_of
-from nvgemm.templates.common.derived import DerivedCache
+from nvgemm.templates.common.derived import DerivedCache, device_memo
 from nvgemm.templates.common.workspace import WORKSPACES, SplitKWorkspaces, is_capturing as _is_capturing  # noqa: F401
 from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
@@ -110,11 +110,12 @@ def gate_up_permutation(n: int, device=None) -> torch.Tensor:
     if n % 2:
         raise ValueError(f"silu_mul needs an even number of GEMM rows, got N={n}")
     key = (n, str(torch.device(device) if device is not None else torch.device("cpu")))
-    perm = _PERMS.get(key)
+    perms = device_memo(_PERMS)
+    perm = perms.get(key)
     if perm is None:
         h = n // 2
         idx = torch.arange(h, device=device)
-        perm = _PERMS.setdefault(key, torch.stack([idx, idx + h], dim=1).reshape(-1))
+        perm = perms.setdefault(key, torch.stack([idx, idx + h], dim=1).reshape(-1))
     return perm
 
 

@@ -40,6 +40,7 @@ import torch
 from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, _int32_dummy, _memo, capturing
+from nvgemm.templates.common.derived import device_memo
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, prepare_sm90_weight
 from nvgemm.templates.sm90_moe.config import (MoeWorkList, Sm90MoeConfig, moe_shape_problem, validate_moe_config,
@@ -113,10 +114,11 @@ _IDENT: dict[str, torch.Tensor] = {}
 
 def identity_rows(n: int, device: torch.device) -> torch.Tensor:
     """int32 ``arange(n)`` from a per-device buffer (no launch per call; grown outside capture)."""
-    t = _IDENT.get(str(device))
+    memo = device_memo(_IDENT)
+    t = memo.get(str(device))
     if t is None or t.numel() < n:
         t = torch.arange(max(n, 4096), dtype=torch.int32, device=device)
-        _IDENT[str(device)] = t
+        memo[str(device)] = t
     return t[:n]
 
 

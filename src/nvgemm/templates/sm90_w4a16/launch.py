@@ -38,7 +38,7 @@ import torch
 from nvgemm.core.validation import alpha_of
 from nvgemm.core.epilogue import EpilogueSpec, epilogue_ref
 
-from nvgemm.templates.common.derived import DerivedCache, refill_tensors
+from nvgemm.templates.common.derived import DerivedCache, device_memo, refill_tensors
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_w4a16.config import DECODE_UNSCALE, Sm90W4A16Config, shape_problem, validate_config
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, decode_ref, kind_of, prepare_sm90_weight
@@ -280,9 +280,10 @@ _DUMMY_I32: dict[str, torch.Tensor] = {}
 
 def _int32_dummy(dev: torch.device) -> torch.Tensor:
     """One int32 per device for the counter slot of calls without split-K (never read)."""
-    t = _DUMMY_I32.get(str(dev))
+    memo = device_memo(_DUMMY_I32)
+    t = memo.get(str(dev))
     if t is None:
-        t = _DUMMY_I32.setdefault(str(dev), torch.zeros(1, dtype=torch.int32, device=dev))
+        t = memo.setdefault(str(dev), torch.zeros(1, dtype=torch.int32, device=dev))
     return t
 
 

@@ -708,6 +708,8 @@ def main(argv=None) -> int:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         write_md(args.md, data)
 
+    if args.scratch:
+        Path(args.scratch).mkdir(parents=True, exist_ok=True)  # the parent of the scratch copies may be new
     root = Path(tempfile.mkdtemp(prefix="nvgemm-mutations-", dir=args.scratch))
     try:
         if args.no_baseline:

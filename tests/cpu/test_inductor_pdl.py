@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import types
 import unittest.mock as um
 
 import pytest
@@ -31,41 +30,11 @@ N, K = 256, 128
 
 @contextlib.contextmanager
 def _fake_cuda_device(cc: tuple[int, int] = (10, 0)):
-    """Answer the device queries of codegen as an sm_100 (B200) or sm_90 (H200) part."""
-    major, minor = cc
-    sms = 148 if major == 10 else 132
-    props = types.SimpleNamespace(
-        name=f"NVIDIA {'B200' if major == 10 else 'H200'} (codegen only)", total_memory=1 << 37, major=major,
-        minor=minor, multi_processor_count=sms, L2_cache_size=1 << 26, warp_size=32,
-        max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536, gcnArchName="",
-    )
-    from torch._inductor.runtime.hints import DeviceProperties
+    """Answer the device queries of codegen as an sm_100 (B200) or sm_90 (H200) part (nvgemm's own fake device,
+    which also forgets Inductor's memoised system on entry and exit)."""
+    from nvgemm.integrations.inductor.codegen import fake_cuda_device
 
-    dev_props = DeviceProperties(
-        type="cuda", index=0, multi_processor_count=sms, cc=major * 10 + minor, major=major,
-        regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, warp_size=32,
-    )
-    with contextlib.ExitStack() as st:
-        st.enter_context(um.patch.object(DeviceProperties, "create", staticmethod(lambda device: dev_props)))
-        for target, value in (
-            ("torch.cuda.get_device_capability", lambda *a, **k: (major, minor)),
-            ("torch.cuda.is_available", lambda: True),
-            ("torch.cuda.current_device", lambda: 0),
-            ("torch.cuda.device_count", lambda: 1),
-            ("torch.cuda.get_device_properties", lambda *a, **k: props),
-            ("torch.utils._triton.triton_hash_with_backend", lambda: "codegen-only"),
-            ("torch._dynamo.device_interface.CudaInterface.Worker.get_device_properties", lambda *a, **k: props),
-        ):
-            st.enter_context(um.patch(target, value))
-        # has_triton() is cached process-wide (False on this machine); answer it for this
-        # context only (the scheduler imported the name).
-        st.enter_context(um.patch("torch._inductor.scheduler.has_triton", lambda *a, **k: True))
-        # Inductor memoises the device it runs on (its on-disk caches' system key): forget the fake one on both
-        # sides, or later compiles in this process would key their autotune caches on it
-        from torch._inductor.codecache import CacheBase
-
-        CacheBase.get_system.cache_clear()
-        st.callback(CacheBase.get_system.cache_clear)
+    with fake_cuda_device("B200" if cc[0] == 10 else "H200"):
         yield
 
 

@@ -10,41 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-import types
-import unittest.mock as um
 
 import torch
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
 
-#: (name, SM count) per compute-capability major
-PARTS = {10: ("NVIDIA B200 (codegen only)", 148), 9: ("NVIDIA H200 (codegen only)", 132)}
-
-
 @contextlib.contextmanager
 def fake_cuda_device(major: int):
-    from torch._inductor.runtime.hints import DeviceProperties
+    """nvgemm's fake device for codegen: a B200 (major 10) or an H200 (major 9)."""
+    from nvgemm.integrations.inductor.codegen import fake_cuda_device as _fake
 
-    name, sms = PARTS[major]
-    props = types.SimpleNamespace(
-        name=name, total_memory=1 << 37, major=major, minor=0, multi_processor_count=sms, L2_cache_size=1 << 26,
-        warp_size=32, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536, gcnArchName="",
-    )
-    dev_props = DeviceProperties(type="cuda", index=0, multi_processor_count=sms, cc=major * 10, major=major,
-                                 regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, warp_size=32)
-    with contextlib.ExitStack() as st:
-        st.enter_context(um.patch.object(DeviceProperties, "create", staticmethod(lambda device: dev_props)))
-        for target, value in (
-            ("torch.cuda.get_device_capability", lambda *a, **k: (major, 0)),
-            ("torch.cuda.is_available", lambda: True),
-            ("torch.cuda.current_device", lambda: 0),
-            ("torch.cuda.device_count", lambda: 1),
-            ("torch.cuda.get_device_properties", lambda *a, **k: props),
-            ("torch.utils._triton.triton_hash_with_backend", lambda: "codegen-only"),
-            ("torch._dynamo.device_interface.CudaInterface.Worker.get_device_properties", lambda *a, **k: props),
-        ):
-            st.enter_context(um.patch(target, value))
-        st.enter_context(um.patch("torch._inductor.scheduler.has_triton", lambda *a, **k: True))
+    with _fake({10: "B200", 9: "H200"}[major]):
         yield
 
 

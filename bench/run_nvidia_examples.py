@@ -899,6 +899,14 @@ def _fp8_mkl(rows, k, l, seed):
     return buf.permute(1, 2, 0), buf[0].view(torch.float8_e4m3fn).double()
 
 
+def _fp8_tensor(t):
+    import cutlass
+
+    tt = gmem(t, assumed_align=16)
+    tt.element_type = cutlass.Float8E4M3FN
+    return tt.mark_layout_dynamic(leading_dim=1)
+
+
 def _sm120_blockscaled(mod, h: Harness, m, n, k, tile, max_active_clusters, fmt="nvfp4"):
     """The example's own kernel object and ``cute.compile(gemm, a, b, sfa, sfb, c, max_active_clusters, stream)``
     (its run_bs path) on A (m, k, 1) / B (n, k, 1) K-major, scales in the example's (32, 4, rest_m, 4, rest_k, l)
@@ -909,20 +917,15 @@ def _sm120_blockscaled(mod, h: Harness, m, n, k, tile, max_active_clusters, fmt=
 
     l = 1
     vec = 16 if fmt == "nvfp4" else 32
-    if fmt == "mxfp8":
-        (a, av), (b, bv) = _fp8_mkl(m, k, l, 81), _fp8_mkl(n, k, l, 82)
-    else:
-        (a, av), (b, bv) = _fp4_mkl(m, k, l, 81), _fp4_mkl(n, k, l, 82)
+    a_fp8, b_fp8 = fmt in ("mxfp8", "mxf8_fp4"), fmt in ("mxfp8", "mxf4_fp8")
+    a, av = (_fp8_mkl if a_fp8 else _fp4_mkl)(m, k, l, 81)
+    b, bv = (_fp8_mkl if b_fp8 else _fp4_mkl)(n, k, l, 82)
     scales = _pow2_scales if fmt == "nvfp4" else _ue8m0_scales
     sfa_codes, sfa = scales(m, k // vec, 83)
     sfb_codes, sfb = scales(n, k // vec, 84)
     sfa_blk, sfb_blk = _blocked_scales(sfa_codes), _blocked_scales(sfb_codes)
     c = torch.full((l, m, n), float("nan"), dtype=torch.float16).permute(1, 2, 0)
-    if fmt == "mxfp8":
-        a_, b_ = (gmem(t, assumed_align=16).mark_layout_dynamic(leading_dim=1) for t in (a, b))
-        a_.element_type = b_.element_type = cutlass.Float8E4M3FN
-    else:
-        a_, b_ = _fp4_tensor(a), _fp4_tensor(b)
+    a_, b_ = (_fp8_tensor(t) if fp8 else _fp4_tensor(t) for t, fp8 in ((a, a_fp8), (b, b_fp8)))
     sfa_, sfb_ = gmem(sfa_blk, assumed_align=16), gmem(sfb_blk, assumed_align=16)
     sfa_.element_type = sfb_.element_type = cutlass.Float8E4M3FN if fmt == "nvfp4" else cutlass.Float8E8M0FNU
     c_ = gmem(c, assumed_align=16).mark_layout_dynamic(leading_dim=1)
@@ -970,6 +973,15 @@ def _geforce_bs_cooperative_mxfp4(mod, h: Harness):
          "scales 2^-1..2^1", _SM120_BS_TOL)
 def _geforce_bs_cooperative_mxfp8(mod, h: Harness):
     return _sm120_blockscaled(mod, h, 128, 128, 256, (128, 128, 128), 1, fmt="mxfp8")
+
+
+@example("blackwell_geforce/blockscaled_gemm_cooperative_mxf4_mxf8",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_120a", "RTX5090",
+         "M=N=128 K=256 L=1 mixed A E2M1 x B E4M3, block-32 UE8M0 scales (the dispatch's MmaMXF8F6F4Op: mma "
+         "kind::mxf8f6f4 .e2m1.e4m3, A through ldmatrix .m8n16 .b8x16.b4x16_p64 and a 2-bit shift) -> fp16, tile "
+         "128x128x128, max_active_clusters 1", _SM120_BS_TOL)
+def _geforce_bs_cooperative_mixed(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 128, 128, 256, (128, 128, 128), 1, fmt="mxf4_fp8")
 
 
 @example("blackwell_geforce/blockscaled_gemm_pingpong", f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_pingpong.py",

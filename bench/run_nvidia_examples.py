@@ -942,8 +942,8 @@ _SM120_NVFP4 = ("NVFP4 (E2M1, block-16 E4M3 scales = mma kind::mxf4nvf4 scale_ve
                 "codes, scales 2^-1..2^1")
 
 
-@example("blackwell_geforce/blockscaled_gemm_cooperative", f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py",
-         "sm_120a", "RTX5090",
+@example("blackwell_geforce/blockscaled_gemm_cooperative",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_120a", "RTX5090",
          f"M=256 N=128 K=256 L=1 {_SM120_NVFP4}; tile 128x128x128, 8 MMA warps + 1 TMA warp, max_active_clusters 1 "
          "(one persistent CTA walks both tiles)", _SM120_BS_TOL)
 def _geforce_bs_cooperative(mod, h: Harness):

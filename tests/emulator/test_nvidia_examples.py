@@ -20,12 +20,12 @@ HARNESS = Path(__file__).resolve().parents[2] / "bench" / "run_nvidia_examples.p
 FAST = ["ampere/elementwise_add", "ampere/tensorop_gemm", "hopper/dense_gemm", "blackwell/dense_gemm",
         "blackwell/dense_blockscaled_gemm_persistent", "blackwell/tutorial_fp16_gemm_3_1",
         "blackwell_geforce/blockscaled_gemm_cooperative"]
-# the other sm_120a / sm_121a rows (block-scaled mma.sync: MXFP4, MXFP8, mixed E2M1 x E4M3, pingpong, two persistent CTAs, sm_121a;
-# the dense fp16 GEMM): opt-in beside the fast cooperative NVFP4 row
-GEFORCE_SLOW = ["blackwell_geforce/blockscaled_gemm_cooperative_2cta", "blackwell_geforce/blockscaled_gemm_cooperative_mxfp4",
-                "blackwell_geforce/blockscaled_gemm_cooperative_mxfp8", "blackwell_geforce/blockscaled_gemm_cooperative_mxf4_mxf8",
-                "blackwell_geforce/blockscaled_gemm_pingpong",
-                "blackwell_geforce/blockscaled_gemm_cooperative_sm121a", "blackwell_geforce/dense_gemm"]
+# the other sm_120a / sm_121a rows (block-scaled mma.sync: MXFP4, MXFP8, mixed E2M1 x E4M3, pingpong, two
+# persistent CTAs, sm_121a; the dense fp16 GEMM): opt-in beside the fast cooperative NVFP4 row
+GEFORCE_SLOW = [f"blackwell_geforce/{n}" for n in (
+    "blockscaled_gemm_cooperative_2cta", "blockscaled_gemm_cooperative_mxfp4", "blockscaled_gemm_cooperative_mxfp8",
+    "blockscaled_gemm_cooperative_mxf4_mxf8", "blockscaled_gemm_pingpong", "blockscaled_gemm_cooperative_sm121a",
+    "dense_gemm")]
 
 
 def _harness():

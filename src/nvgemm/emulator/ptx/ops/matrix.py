@@ -11,9 +11,9 @@ collectives: every lane must execute them.
 
 ``ldmatrix.sync.aligned.m8n16.{x1,x2,x4}{.shared{::cta}}.b8x16.b4x16_p64`` (sm_100a / sm_120a): each 8 x 16
 matrix row is 16 unsigned 4-bit elements packed in 8 bytes (element ``j`` in byte ``j / 2``, the even one in the
-low nibble) followed by 64 bits of padding (not read), so row addresses are again 16-byte aligned; lane ``t`` receives row
-``t / 4``, columns ``4 (t % 4) .. 4 (t % 4) + 3`` as four 8-bit elements of its register (the first in the low
-byte), each 4-bit value in the low four bits of its byte and the upper four bits zero (CUTLASS's sm_120 collective
+low nibble) followed by 64 bits of padding (not read), so row addresses are again 16-byte aligned; lane ``t``
+receives row ``t / 4``, columns ``4 (t % 4) .. 4 (t % 4) + 3`` as four 8-bit elements of its register (the
+first in the low byte), each 4-bit value in the low four bits of its byte and the upper four bits zero (CUTLASS's sm_120 collective
 shifts such a register left by 2 for ``mma .kind::mxf8f6f4``, whose 8-bit e2m1 container holds the value in
 bits 5..2). ``.b6x16_p32`` and the ``.m16n16`` shapes are not modelled.
 """

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nvgemm.emulator.isa import numerics
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.machine import FULL, LANE_IDS
 from nvgemm.emulator.ptx.ops.fp import from_bits, round_fmt, to_bits
@@ -209,8 +210,6 @@ def _scale_codes(reg: np.ndarray, lanes: np.ndarray, nsf: int, byte_id: int) -> 
 
 
 def _mma_block_scale(ins, ctx):
-    from nvgemm.emulator.isa import numerics
-
     p = ins.parts
     kind = next((x for x in p if x.startswith("kind::")), None)
     vec = next((x for x in p if x.startswith("scale_vec::")), None)

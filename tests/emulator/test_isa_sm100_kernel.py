@@ -56,13 +56,12 @@ CASES = [
                  marks=pytest.mark.emulator),
     # the native orientation with a K tail (K = 352: one whole K tile and 96 of the next), with bias and a
     # scalar alpha of 2**-1 (the ungated epilogue's order alpha -> bias by value)
-    pytest.param(9, 128, 352, dict(tile_n=64, epi=dict(alpha="scalar", bias=True)), id="m9-n128-k352-t64-ktail-bias-alpha",
-                 marks=pytest.mark.emulator),
+    pytest.param(9, 128, 352, dict(tile_n=64, epi=dict(alpha="scalar", bias=True)),
+                 id="m9-n128-k352-t64-ktail-bias-alpha", marks=pytest.mark.emulator),
     # a native (non-swap-AB) gated tile: silu_mul over interleaved gate/up columns, per-feature alpha and
     # distinct gate / up biases (the up value's own alpha and bias by value)
     pytest.param(5, 256, 256, dict(tile_n=64, epi=dict(alpha="vector", bias=True, activation="silu_mul")),
-                 id="m5-n256-k256-t64-silu_mul-bias-valpha",
-                 marks=pytest.mark.emulator),
+                 id="m5-n256-k256-t64-silu_mul-bias-valpha", marks=pytest.mark.emulator),
     pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.emulator,
                                                                                   pytest.mark.slow]),
     pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",

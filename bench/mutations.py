@@ -211,6 +211,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         "yu = yu * mAlpha[row_u]",
         "yu = yu * mAlpha[row_g]",
         "per-row alpha of a gated up row read at the gate row's index"),
+    Mutation(
+        "sm90-epilogue-bias-before-alpha", _C90,
+        "        if cutlass.const_expr(self.epi.bias):\n"
+        "            y = y + mBias[row_g]\n"
+        "            if cutlass.const_expr(self.gated):\n"
+        "                yu = yu + mBias[row_u]\n"
+        "        if cutlass.const_expr(self.gated):\n"
+        "            y = Activation",
+        "        if cutlass.const_expr(self.gated):\n"
+        "            y = Activation",
+        "the sm90 epilogue adds the bias before scaling by alpha ((acc + bias) * alpha)",
+        extra=((
+            "        yu = acc_u * Float32(self.unscale)\n",
+            "        yu = acc_u * Float32(self.unscale)\n"
+            "        if cutlass.const_expr(self.epi.bias):\n"
+            "            y = y + mBias[row_g]\n"
+            "            if cutlass.const_expr(self.gated):\n"
+            "                yu = yu + mBias[row_u]\n",
+        ),)),
     # ---- sm100 grouped MoE kernel and its activation prep
     Mutation(
         "sm100-moe-tiles-per-expert", "src/nvgemm/templates/sm100_moe/kernel.py",

@@ -17,12 +17,15 @@ from nvgemm.emulator.isa.tcgen05 import (
     TmemAllocator,
     cp_32x128b_warpx4,
     decode_idesc,
+    ld,
     ld_32x32b,
     make_taddr,
     mma_f16,
     mma_f16_pair,
+    mma_f16_tmem_a,
     mma_mxf4nvf4,
     mma_mxf4nvf4_pair,
+    st,
 )
 
 
@@ -361,3 +364,98 @@ def test_mma_f16_cta_pair_matches_torch(n, seed):
     np.testing.assert_array_equal(got, ref)
     with pytest.raises(IsaError, match="M = 128 is not modelled with cta_group::2"):
         mma_f16_pair(tmems, smems, 0, 0, 0, idesc_f16(128, n, True), False)
+
+
+@pytest.mark.parametrize("lane0", [0, 16])
+def test_st_ld_16x32bx2_fragment(lane0):
+    """PTX ISA 9.7.16.2.3 (shape .16x32bx2, the immHalfSplitoff operand): two 16x32b accesses, threads 0-15 at
+    (lane(taddr) + t, column(taddr) + i), threads 16-31 at (lane(taddr) + t - 16, column(taddr) + off + i), in
+    the issuing warp's 32-lane partition; checked cell by cell, and .32x32b reads back the same cells."""
+    rng = np.random.default_rng(lane0)
+    warp, num, off, col = 6, 8, 40, 100  # warp 6: lanes 64..95
+    vals = rng.integers(0, 2**32, size=(32, num), dtype=np.uint32)
+    tmem = Tmem()
+    st(tmem, "16x32bx2", make_taddr(64 + lane0, col), warp, vals, off)
+    for t in range(32):
+        for i in range(num):
+            lane, c = 64 + lane0 + t % 16, col + i + (off if t >= 16 else 0)
+            assert tmem.cells[lane, c] == vals[t, i] and tmem.written[lane, c]
+    assert tmem.written.sum() == 32 * num  # nothing else written
+    np.testing.assert_array_equal(ld(tmem, "16x32bx2", make_taddr(64 + lane0, col), warp, num, off), vals)
+    other = np.zeros((128, 64), np.uint32)
+    tmem.write(0, 200, other, "test")
+    st(tmem, "32x32b", make_taddr(64, 200), warp, vals)  # .32x32b: thread t at lane 64 + t, column 200 + i
+    np.testing.assert_array_equal(tmem.cells[64:96, 200:200 + num], vals)
+    with pytest.raises(IsaError, match="overlap"):
+        st(tmem, "16x32bx2", make_taddr(64, col), warp, vals, num - 1)
+    with pytest.raises(IsaError, match="outside its lanes 64..95"):
+        ld(tmem, "16x32bx2", make_taddr(64 + 17, col), warp, num, off)  # lanes 81..96 leave the partition
+    with pytest.raises(IsaError, match="immHalfSplitoff"):
+        ld(tmem, "16x32bx2", make_taddr(64, col), warp, num)
+    with pytest.raises(IsaError, match="nothing wrote"):
+        ld(tmem, "16x32bx2", make_taddr(64 + lane0, col), warp, num, off + 8)
+    with pytest.raises(IsaError, match="not modelled"):
+        ld(tmem, "16x64b", make_taddr(64, col), warp, num)
+
+
+def _store_a_tmem(tmem: Tmem, a: torch.Tensor, lanes, col: int) -> None:
+    """A (M x K, 16-bit) into tensor memory as the ISA packs it: row m at ``lanes[m]``, elements 2j / 2j+1 in the
+    low / high half of column ``col + j``."""
+    codes = a.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
+    for m, lane in enumerate(lanes):
+        tmem.write(int(lane), col, (codes[m, 0::2] | (codes[m, 1::2] << 16))[None, :], "test")
+
+
+@pytest.mark.parametrize("m,align", [(64, 0), (64, 16), (128, 0)])
+def test_mma_f16_a_in_tensor_memory(m, align, seed):
+    """``tcgen05.mma.cta_group::1.kind::f16 [d], [a-tmem], b-desc, ...``, four K-steps of 16 (A advanced by 8
+    columns each): M = 64 is layout F of 9.7.16.10.5 (row r at lane align + 32 (r // 16) + r % 16, align 0 or 16,
+    the same for A and D), M = 128 layout D (row r at lane r); D vs torch float64 on exact data; the other lanes
+    of a layout-F tile are left untouched."""
+    g = torch.Generator().manual_seed(seed)
+    n = 32
+    a = torch.randint(-8, 9, (m, 64), generator=g).to(torch.bfloat16) * 0.5
+    b = torch.randint(-8, 9, (n, 64), generator=g).to(torch.bfloat16) * 0.25
+    r = np.arange(m)
+    lanes = r if m == 128 else align + 32 * (r // 16) + r % 16
+    smem = np.zeros(24 * 1024, dtype=np.uint8)
+    store_rows_sw128(smem, 1024, b.view(torch.int16).numpy().view(np.uint8).reshape(n, 128))
+    tmem = Tmem()
+    _store_a_tmem(tmem, a, lanes, 256)
+    for s in range(4):
+        mma_f16_tmem_a(tmem, smem, make_taddr(align, 64), make_taddr(align, 256 + 8 * s),
+                       tc_desc(1024 + 32 * s, 16, 1024, 2), idesc_f16(m, n, True), s > 0)
+    ref = (a.double() @ b.double().T).float().numpy()
+    got = np.stack([numerics.bits_f32(tmem.read(int(lane), 64, 1, n, "t"))[0] for lane in lanes])
+    np.testing.assert_array_equal(got, ref)
+    assert tmem.written[:, 64:64 + n].sum() == m * n  # D only in its rows' lanes
+    if m == 64:
+        with pytest.raises(IsaError, match="same tensor memory lane alignment"):
+            mma_f16_tmem_a(tmem, smem, make_taddr(align, 64), make_taddr(16 - align, 256), tc_desc(1024, 16, 1024, 2),
+                           idesc_f16(m, n, True), True)
+        with pytest.raises(IsaError, match="lane alignment 0 or 16"):
+            mma_f16_tmem_a(tmem, smem, make_taddr(8, 64), make_taddr(8, 256), tc_desc(1024, 16, 1024, 2),
+                           idesc_f16(m, n, True), True)
+    with pytest.raises(IsaError, match="transpose-A"):
+        mma_f16_tmem_a(tmem, smem, make_taddr(align, 64), make_taddr(align, 256), tc_desc(1024, 16, 1024, 2),
+                       idesc_f16(m, n, True) | (1 << 15), True)
+
+
+def test_mma_f16_m64_smem_a_layout_f(seed):
+    """M = 64 with A from shared memory writes D in layout F too (lanes 0-15, 32-47, 64-79, 96-111 for
+    alignment 0); the lanes between stay unwritten."""
+    g = torch.Generator().manual_seed(seed)
+    n = 16
+    a = torch.randint(-8, 9, (64, 64), generator=g).to(torch.bfloat16)
+    b = torch.randint(-8, 9, (n, 64), generator=g).to(torch.bfloat16)
+    smem = np.zeros(40 * 1024, dtype=np.uint8)
+    store_rows_sw128(smem, 1024, a.view(torch.int16).numpy().view(np.uint8).reshape(64, 128))
+    store_rows_sw128(smem, 20 * 1024, b.view(torch.int16).numpy().view(np.uint8).reshape(n, 128))
+    tmem = Tmem()
+    for s in range(4):
+        mma_f16(tmem, smem, make_taddr(0, 0), tc_desc(1024 + 32 * s, 16, 1024, 2),
+                tc_desc(20 * 1024 + 32 * s, 16, 1024, 2), idesc_f16(64, n, True), s > 0)
+    ref = (a.double() @ b.double().T).float().numpy()
+    for q in range(4):
+        np.testing.assert_array_equal(numerics.bits_f32(tmem.read(32 * q, 0, 16, n, "t")), ref[16 * q:16 * q + 16])
+        assert not tmem.written[32 * q + 16:32 * q + 32].any()

@@ -394,8 +394,12 @@ def sm90_finalize_case(m=3, topk=2, h=40, extras=True, odt=torch.bfloat16, seed=
 
 
 def default_cases() -> list[Case]:
-    """One shape per kernel: the default CI subset (each run on both archs)."""
+    """One shape per kernel: the default CI subset (each run on both archs); the W4A16 GEMM also at its M > 16
+    tile (64 x 64: ``wgmma`` on sm_90a, ``tcgen05.mma`` with A in tensor memory on sm_100a)."""
+    from nvgemm.templates.triton.gemm_w4a16 import gemm_config
+
     return [quantize_case(adversarial=True), qdq_case(adversarial=True), rmsnorm_case(), silu_mul_case(), gemm_case(),
+            gemm_case(24, 128, 256, config=gemm_config(24, 128, 256, False, False)),
             moe_case(),
             sm100_slot_prep_case(), sm90_prep_case(), sm90_finalize_case()]
 

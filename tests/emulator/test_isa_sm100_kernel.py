@@ -2,9 +2,16 @@
 tcgen05 (nvgemm.emulator.isa.ops_sm100): the real AOT artifact, relinked against the fake CUDA runtime, must
 produce the bits of the emulated backend's arithmetic (``kernel_view_ref``).
 
-Data are exact: random E2M1 codes with power-of-two block scales (ue4m3 2**-2 .. 2**2) and alpha = 1, so every
-product is exact and every fp32 partial sum is exact (|sum| < 2**11 with a quantum of 2**-6 at most 2**17 apart),
-and the summation order (the hardware's or torch's) cannot matter.
+Data are exact: random E2M1 codes with power-of-two block scales (ue4m3 2**-2 .. 2**2), so every product is
+exact and every fp32 partial sum is exact (|sum| < 2**11 with a quantum of 2**-6 at most 2**17 apart), and the
+summation order (the hardware's or torch's) cannot matter. Most cases use alpha = 1 and no bias; the epilogue
+cases (``cfg["epi"]``) scale by power-of-two alphas (scalar 2**-1, or per feature 2**-2 .. 2**0) and add bf16
+biases on a 2**-2 grid, which keeps ``acc * alpha + bias`` exact in fp32 (quantum >= 2**-8, magnitude < 2**14),
+so the reference's order alpha -> bias is checked by value: ``(acc + bias) * alpha`` differs wherever bias != 0.
+The native gated (``silu_mul``) case gives every gate a bias of +-8192 and checks |gate| > 32: then
+``1 + exp(-gate)`` rounds to 1 (or is inf) in fp32, so ``silu(gate)`` is the gate itself (or -0) in kernel and
+torch alike, whatever the accuracy of ``exp``, and ``silu(gate) * up`` is one fp32 product in both; the up
+biases are small and differ from the gate's, so an up value given its gate's bias is off by ~8192.
 
 The run also exercises what the unit tests could only derive: the tensor-map decoding of CuTeDSL's inline
 encoder, the TMA box swizzle, the UMMA descriptors, and the scale-factor placement in tensor memory after
@@ -23,7 +30,7 @@ kernel_test_env("sm_100a")
 
 import nvgemm.ops.linear  # noqa: E402,F401 -- registers torch.ops.nvgemm (the activation quantizer)
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
-from nvgemm.core.formats import to_blocked  # noqa: E402
+from nvgemm.core.formats import dequantize, to_blocked  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 from nvgemm.templates.sm100_w4a4.launch import kernel_view_ref, prepare_sm100_args  # noqa: E402
@@ -47,13 +54,43 @@ CASES = [
     # split range that drops the leftover tile or a K-tile count rounded down fails it
     pytest.param(7, 256, 640, dict(tile_n=16, swap_ab=True, split_k=2), id="m7-n256-k640-swap16-sk2-ktail",
                  marks=pytest.mark.emulator),
-    # the native orientation with a K tail (K = 352: one whole K tile and 96 of the next)
-    pytest.param(9, 128, 352, dict(tile_n=64), id="m9-n128-k352-t64-ktail", marks=pytest.mark.emulator),
+    # the native orientation with a K tail (K = 352: one whole K tile and 96 of the next), with bias and a
+    # scalar alpha of 2**-1 (the ungated epilogue's order alpha -> bias by value)
+    pytest.param(9, 128, 352, dict(tile_n=64, epi=dict(alpha="scalar", bias=True)),
+                 id="m9-n128-k352-t64-ktail-bias-alpha", marks=pytest.mark.emulator),
+    # a native (non-swap-AB) gated tile: silu_mul over interleaved gate/up columns, per-feature alpha and
+    # distinct gate / up biases (the up value's own alpha and bias by value)
+    pytest.param(5, 256, 256, dict(tile_n=64, epi=dict(alpha="vector", bias=True, activation="silu_mul")),
+                 id="m5-n256-k256-t64-silu_mul-bias-valpha", marks=pytest.mark.emulator),
     pytest.param(100, 384, 1024, dict(tile_n=64), id="m100-n384-k1024-t64", marks=[pytest.mark.emulator,
                                                                                   pytest.mark.slow]),
     pytest.param(16, 256, 1024, dict(tile_n=16, swap_ab=True, split_k=4), id="m16-n256-k1024-swap16-sk4",
                  marks=[pytest.mark.emulator, pytest.mark.slow]),
 ]
+
+
+# cfg["epi"]: the case's epilogue (default: scalar alpha 1, no bias, no activation): alpha "scalar" (2**-1) or
+# "vector" (per feature 2**-2 .. 2**0); bias: bf16 on a 2**-2 grid (gated: gate biases +-8192, module docstring)
+
+
+def _epilogue_operands(g, n, alpha="none", bias=False, activation="none"):
+    """(weight_scale_2, input_scale, bias [n] in checkpoint order, EpilogueSpec) of one case."""
+    input_scale = torch.tensor(1.0)
+    if alpha == "vector":
+        ws2 = torch.pow(2.0, torch.randint(-2, 1, (n,), generator=g).float())
+    else:
+        ws2 = torch.tensor(0.5 if alpha == "scalar" else 1.0)
+    b = None
+    if bias:
+        b = torch.randint(-16, 17, (n,), generator=g) * 0.25
+        if activation == "silu_mul":  # checkpoint order [gate; up]: gates +-8192 (-8192 on every 3rd feature)
+            i = n // 2
+            b[:i] = torch.where(torch.arange(i) % 3 == 2, -8192.0, 8192.0)
+            assert not torch.isin(b[i:], b[:i]).any()  # every up bias differs from every gate bias
+        b = b.to(torch.bfloat16)
+    spec = EpilogueSpec(alpha="vector" if alpha == "vector" else "scalar", bias=bias, activation=activation,
+                        out_dtype=torch.bfloat16)
+    return ws2, input_scale, b, spec
 
 
 def _exact_codes(g, rows, k):
@@ -67,17 +104,22 @@ def test_sm100_kernel_on_emulator_matches_reference(m, n, k, cfg, tmp_path, monk
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     from nvgemm.emulator.runner import prepare
 
+    cfg = dict(cfg)
+    epi_kw = cfg.pop("epi", {})
     config = C(**cfg)
     g = torch.Generator().manual_seed(seed)
     w_packed, w_scale = _exact_codes(g, n, k)
-    one = torch.tensor(1.0)
-    epi = EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16)
-    args = prepare_sm100_args(torch.zeros(m, k, dtype=torch.bfloat16), w_packed, to_blocked(w_scale), one, one,
-                              None, None, epi, config)
+    ws2, input_scale, bias, epi = _epilogue_operands(g, n, **epi_kw)
+    args = prepare_sm100_args(torch.zeros(m, k, dtype=torch.bfloat16), w_packed, to_blocked(w_scale), ws2,
+                              input_scale, bias, None, epi, config)
     x_packed, x_scale = _exact_codes(g, m, k)  # replace the quantized activations by exact codes, same layout
     xa, xs = (args.b, args.sfb) if config.swap_ab else (args.a, args.sfa)
     xa.copy_(x_packed)
     xs.view(torch.uint8).copy_(to_blocked(x_scale).view(torch.uint8).reshape(xs.shape))
+    if epi.gated:  # the exactness condition of the gated case (module docstring)
+        acc = dequantize(x_packed, x_scale) @ dequantize(w_packed, w_scale).t()  # [m, n], checkpoint order
+        gate = (acc * ws2 + bias.float())[:, : n // 2]
+        assert gate.abs().min() > 32, "a gate near 0: silu would depend on exp's accuracy"
     spec = make_spec("sm100_nvfp4_gemm", config, "sm_100a", epilogue=epi)
     z = lambda t: t if t is not None else 0  # noqa: E731
     kernel = prepare(spec)

@@ -1,5 +1,6 @@
 """Every Triton kernel nvgemm ships, from its real sm_90a and sm_100a PTX on the PTX emulator, one shape each
-(the default subset; ``python bench/triton_emulator_sweep.py`` runs every config). Cases, references and the
+(the W4A16 GEMM two: its decode tile and its 64 x 64 tile, ``tcgen05.mma`` with A in tensor memory on sm_100a;
+the default subset; ``python bench/triton_emulator_sweep.py`` runs every config). Cases, references and the
 tolerances (only where ``ex2.approx`` is involved) are in ``_triton_emu_cases.py``.
 
 Also: the launcher packing (Triton's trailing scratch pointers, an int specialised to the constant 1 dropped

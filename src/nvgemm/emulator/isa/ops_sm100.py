@@ -11,7 +11,8 @@ Timing model (each choice is a legal execution and the strictest one that stays 
   ``cp.async.bulk.wait_group{.read}`` retires their group (or at CTA exit), the latest legal moment, so a
   kernel that reuses the staging buffer before waiting stores the wrong bytes.
 * **tcgen05.mma / tcgen05.cp** are queued per issuing thread and run at its ``tcgen05.commit``, which then
-  arrives on the mbarrier (all CTAs of the multicast mask). ``tcgen05.ld`` writes its registers at once;
+  arrives on the mbarrier (all CTAs of the multicast mask). ``tcgen05.ld`` / ``st`` (``.32x32b``, ``.16x32bx2``)
+  move their registers at once; ``mma`` reads A from shared or (``.kind::f16``) tensor memory;
   ``tcgen05.wait::ld/st`` and ``tcgen05.fence::*`` have nothing left to order.
 * ``mbarrier.try_wait`` whose phase is incomplete parks the warp until it completes (a legal outcome of the
   suspend-time hint); the core reports a deadlock if it never does.
@@ -49,15 +50,18 @@ from nvgemm.emulator.ptx.parser import Operand
 from nvgemm.emulator.isa.errors import IsaError
 from nvgemm.emulator.isa.mbarrier import Mbarrier
 from nvgemm.emulator.isa.tcgen05 import (
+    LDST_SHAPES,
     Tcgen05Pipe,
     Tmem,
     TmemAllocator,
     cp_32x128b_warpx4,
-    ld_32x32b,
+    ld,
     mma_f16,
     mma_f16_pair,
+    mma_f16_tmem_a,
     mma_mxf4nvf4,
     mma_mxf4nvf4_pair,
+    st,
 )
 from nvgemm.emulator.isa.tma import box_addresses, decode_tensor_map, tile_load, tile_store
 
@@ -457,31 +461,54 @@ def _tcgen05(ins, ctx):
             _whole_warp(w, m, ins)
             _tc_state(w.cta)["alloc"].relinquish_alloc_permit()
         return relinquish
-    if op == "ld" and p[2:4] == ["sync", "aligned"] and len(p) == 7 and p[4] == "32x32b" and p[6] == "b32":
-        num = int(p[5][1:])
-        dst = ops[0].items if ops[0].kind == "vec" else ()
-        if len(dst) != num:
-            raise ctx.unsupported(ins, f".x{num} needs {num} destination registers")
-        sets = [ctx.dst(d, np.uint32) for d in dst]
-        ga = ctx.addr(ops[1])[1]
-
-        def ld(w, m):
-            _whole_warp(w, m, ins)
-            a = ga(w)[m]
-            if (a != a[0]).any():
-                raise EmulationError(f"tcgen05.ld with a non-uniform address, {w.where(ins)}")
-            if w.cta.tmem is None:
-                raise EmulationError(f"tcgen05.ld before any tcgen05.alloc, {w.where(ins)}")
-            try:
-                vals = ld_32x32b(w.cta.tmem, int(a[0]), w.wid, num)
-            except IsaError as e:
-                raise _err(e, w, ins) from None
-            for i, s in enumerate(sets):
-                s(w, m, vals[:, i])
-        return ld
+    if op in ("ld", "st") and p[2:4] == ["sync", "aligned"] and len(p) == 7 and p[4] in LDST_SHAPES and \
+            p[5][:1] == "x" and p[5][1:].isdigit() and p[6] == "b32":
+        return _tcgen05_ld_st(ins, ctx, op, p[4], int(p[5][1:]))
     if op in ("mma", "cp", "commit"):
         return _tcgen05_async(ins, ctx, op)
     raise ctx.unsupported(ins)
+
+
+def _tcgen05_ld_st(ins, ctx, op, shape, num):
+    """``tcgen05.ld.sync.aligned.<shape>.x<num>.b32 {r..}, [taddr]{, immHalfSplitoff}`` and
+    ``tcgen05.st.sync.aligned.<shape>.x<num>.b32 [taddr]{, immHalfSplitoff}, {r..}`` (shapes .32x32b and
+    .16x32bx2; the whole warp, one uniform address). Both complete at issue here (``tcgen05.wait::ld/st`` then
+    have nothing left to wait for)."""
+    ops = ins.operands
+    split = shape == "16x32bx2"
+    if op == "ld":
+        vec, at, rest = ops[0], ops[1], ops[2:]
+    else:
+        vec, at, rest = ops[-1], ops[0], ops[1:-1]
+    regs = vec.items if vec.kind == "vec" else ()
+    if len(regs) != num:
+        raise ctx.unsupported(ins, f".x{num} needs {num} registers")
+    if len(rest) != (1 if split else 0) or (split and rest[0].kind != "imm"):
+        raise ctx.unsupported(ins, "operands: .16x32bx2 takes one immediate immHalfSplitoff, other shapes none")
+    ga = ctx.addr(at)[1]
+    half = int(rest[0].value) if split else None
+    if op == "ld":
+        sets = [ctx.dst(d, np.uint32) for d in regs]
+    else:
+        gets = [ctx.src(r, np.uint32) for r in regs]
+
+    def run(w, m):
+        _whole_warp(w, m, ins)
+        a = ga(w)[m]
+        if (a != a[0]).any():
+            raise EmulationError(f"tcgen05.{op} with a non-uniform address, {w.where(ins)}")
+        if w.cta.tmem is None:
+            raise EmulationError(f"tcgen05.{op} before any tcgen05.alloc, {w.where(ins)}")
+        try:
+            if op == "ld":
+                vals = ld(w.cta.tmem, shape, int(a[0]), w.wid, num, half)
+                for i, s in enumerate(sets):
+                    s(w, m, vals[:, i])
+            else:
+                st(w.cta.tmem, shape, int(a[0]), w.wid, np.stack([g(w) for g in gets], axis=1), half)
+        except IsaError as e:
+            raise _err(e, w, ins) from None
+    return run
 
 
 def _pipe(w, ln) -> Tcgen05Pipe:
@@ -533,11 +560,13 @@ def _tcgen05_async(ins, ctx, op):
                                               "collector::a::fill", "collector::a::use", "collector::a::lastuse")]
         scaled = kind == "mxf4nvf4"
         if kind not in ("mxf4nvf4", "f16") or rest != (["block_scale", "block16"] if scaled else []):
-            raise ctx.unsupported(ins, "modelled: .kind::mxf4nvf4.block_scale.block16 and .kind::f16 (A in smem)")
-        if ops[1].kind == "addr":
-            raise ctx.unsupported(ins, "A from tensor memory is not modelled")
+            raise ctx.unsupported(ins, "modelled: .kind::mxf4nvf4.block_scale.block16 and .kind::f16")
+        a_tmem = ops[1].kind == "addr"
+        if a_tmem and (scaled or pair):
+            raise ctx.unsupported(ins, "A from tensor memory is modelled for .cta_group::1 .kind::f16")
         gd = ctx.addr(ops[0])[1]
-        gadesc, gbdesc, gidesc = ctx.src(ops[1], np.uint64), ctx.src(ops[2], np.uint64), ctx.src(ops[3], np.uint32)
+        gadesc = ctx.addr(ops[1])[1] if a_tmem else ctx.src(ops[1], np.uint64)
+        gbdesc, gidesc = ctx.src(ops[2], np.uint64), ctx.src(ops[3], np.uint32)
         if scaled:
             gsfa, gsfb, gen = ctx.addr(ops[4])[1], ctx.addr(ops[5])[1], ctx.src(ops[6], np.bool_)
             if len(ops) != 7:
@@ -581,6 +610,9 @@ def _tcgen05_async(ins, ctx, op):
                                              disable_output_lane=dis)
                         elif scaled:
                             mma_mxf4nvf4(w.cta.tmem, reader, d, ad, bd, idesc, sfa, sfb, enable)
+                        elif a_tmem:
+                            mma_f16_tmem_a(w.cta.tmem, reader, d, ad & 0xFFFFFFFF, bd, idesc, enable,
+                                           disable_output_lane=dis)
                         else:
                             mma_f16(w.cta.tmem, reader, d, ad, bd, idesc, enable, disable_output_lane=dis)
                     except IsaError as e:

@@ -1,6 +1,7 @@
 """``tcgen05`` (sm_100a) semantics: Tensor Memory and its allocator, the instruction descriptor, the block-scaled
-``kind::mxf4nvf4`` and the ``kind::f16`` MMAs, ``tcgen05.cp .32x128b.warpx4``, ``tcgen05.ld .32x32b.xN``
-and the commit pipe, written from the PTX ISA 9.7.16 ("TensorCore 5th Generation Family Instructions").
+``kind::mxf4nvf4`` and the ``kind::f16`` MMAs (A in shared or tensor memory), ``tcgen05.cp .32x128b.warpx4``,
+``tcgen05.ld / st .32x32b.xN`` and ``.16x32bx2.xN``, and the commit pipe, written from the PTX ISA 9.7.16
+("TensorCore 5th Generation Family Instructions").
 
 Tensor Memory (9.7.16.1): per CTA 128 lanes x 512 columns of 32-bit cells. A TMEM address is 32 bits,
 lane in bits 31-16 and column in bits 15-0. Cells start **poisoned**: reading a cell nothing wrote (an MMA
@@ -38,6 +39,24 @@ shared-memory descriptor (canonical K-major layout of 32-bit elements) and writt
 
 ``tcgen05.ld.sync.aligned.32x32b.xN.b32``: warp ``w`` may access only lanes ``32 (w % 4) .. + 31``; thread
 ``l`` receives register ``i`` = cell (lane ``lane(taddr) + l``, column ``column(taddr) + i``).
+
+``tcgen05.{ld,st}.sync.aligned.16x32bx2.xN.b32`` (9.7.16.2.3, "Matrix fragments for shape .16x32bx2"; the
+instructions' ``immHalfSplitoff`` operand): two accesses of shape ``16x32b``, the first at ``taddr``, the second
+at ``taddr + immHalfSplitoff`` (columns). Threads ``0..15`` make the first: thread ``t``, register ``i`` is the
+cell (lane ``lane(taddr) + t``, column ``column(taddr) + i``); threads ``16..31`` the second: (lane
+``lane(taddr) + t - 16``, column ``column(taddr) + immHalfSplitoff + i``). The 16 lanes must lie in the warp's
+32-lane partition; halves that overlap are rejected (:func:`ldst_cells`).
+
+MMA shapes with ``cta_group::1`` (9.7.16.10.5): ``M = 128`` (layout D, above) and ``M = 64`` without ``.ws``
+(layout F, "4x1, 1/2 datapath utilized", lane alignment 0 or 16): row ``m`` of D is lane
+``a + 32 (m // 16) + m % 16`` with ``a = lane(d)`` in {0, 16} -- the first or second 16 lanes of each warp's
+partition -- and column ``column(d) + n``. A may sit in tensor memory (``tcgen05.mma ... [d], [a-tmem], b-desc,
+idesc, ...``, :func:`mma_f16_tmem_a`): its rows use D's lanes (the ISA requires the same lane alignment for A and
+D in layout F) and its 16-bit elements are packed two per 32-bit cell along K, element ``2j`` in the low half
+(9.7.16.10.4: only D's sub-word elements are unpacked), so an ``M x 16`` A occupies 8 columns from
+``column(a)``. Every row ``m`` and element ``k`` of this placement is checked end to end by Triton's sm_100a W4A16
+GEMM (its 64 x 64 tile stores A with ``tcgen05.st .16x32bx2`` and reads D with ``tcgen05.ld .16x32bx2``), which
+matches the torch reference bit for bit on the emulator (``bench/triton_emulator_sweep.py``).
 
 ``tcgen05.mma`` / ``cp`` are asynchronous: :class:`Tcgen05Pipe` queues them per issuing thread and runs them
 at ``tcgen05.commit``, which then performs the ``mbarrier::arrive::one``. ``elect.sync`` (one lane of the
@@ -196,32 +215,69 @@ def _check_shape(d: InstrDesc, cta_group: int) -> None:
     if cta_group != 1:
         raise IsaError(f"tcgen05.mma .cta_group::{cta_group} reads two CTAs' tensor and shared memory: "
                        "mma_mxf4nvf4_pair models it")
-    if d.m != 128:
-        raise IsaError(f"tcgen05.mma .kind::{d.kind}: M = {d.m} is not modelled with cta_group::1 (M = 128)")
+    if d.m != 128 and not (d.m == 64 and d.kind == "f16"):
+        raise IsaError(f"tcgen05.mma .kind::{d.kind}: M = {d.m} is not modelled with cta_group::1 (M = 128; "
+                       "M = 64 for .kind::f16)")
     step = 16 if d.kind == "f16" else 8
     if d.n % step or not step <= d.n <= 256:
         raise IsaError(f"tcgen05.mma .kind::{d.kind}: N = {d.n} must be a multiple of {step} in {step}..256")
 
 
+def row_lanes(m: int, taddr: int, op: str) -> np.ndarray:
+    """The TMEM lane of each of the ``m`` rows of an MMA operand in tensor memory (D, or A) at ``taddr``
+    (``cta_group::1``): layout D for M = 128 (lane ``m``, the address at lane 0), layout F for M = 64 (lane
+    ``a + 32 (m // 16) + m % 16``, the address at lane ``a`` = 0 or 16); see the module docstring."""
+    lane, _ = split_taddr(taddr)
+    if m == 128:
+        if lane != 0:
+            raise IsaError(f"{op}: tensor memory address {taddr:#x} must start at lane 0 for M = 128")
+        return np.arange(128)
+    if m == 64:
+        if lane not in (0, 16):
+            raise IsaError(f"{op}: tensor memory address {taddr:#x}: M = 64 (layout F) needs lane alignment 0 or 16, "
+                           f"got lane {lane}")
+        r = np.arange(64)
+        return lane + 32 * (r // 16) + r % 16
+    raise IsaError(f"{op}: M = {m} is not modelled with cta_group::1 (64, 128)")
+
+
+def _lane_runs(lanes: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first index, first lane, count) of each run of consecutive lanes in ``lanes``."""
+    runs, start = [], 0
+    for i in range(1, len(lanes) + 1):
+        if i == len(lanes) or lanes[i] != lanes[i - 1] + 1:
+            runs.append((start, int(lanes[start]), i - start))
+            start = i
+    return runs
+
+
+def read_rows(tmem: Tmem, lanes: np.ndarray, col: int, ncols: int, op: str) -> np.ndarray:
+    """(len(lanes), ncols) cells of the given lanes from column ``col`` (poison-checked)."""
+    out = np.empty((len(lanes), ncols), dtype=np.uint32)
+    for i, lane, n in _lane_runs(lanes):
+        out[i:i + n] = tmem.read(lane, col, n, ncols, op)
+    return out
+
+
+def write_rows(tmem: Tmem, lanes: np.ndarray, col: int, values: np.ndarray, op: str) -> None:
+    for i, lane, n in _lane_runs(lanes):
+        tmem.write(lane, col, values[i:i + n], op)
+
+
 def _accumulate(tmem: Tmem, d_taddr: int, d: InstrDesc, av: np.ndarray, bv: np.ndarray, enable_input_d: bool,
                 op: str, disable_output_lane=None) -> None:
-    lane, col = split_taddr(d_taddr)
-    if lane != 0:
-        raise IsaError(f"{op}: D address {d_taddr:#x} must start at lane 0 for M = 128")
-    keep = np.ones(128, dtype=bool)
-    if disable_output_lane is not None:  # 4 x b32: bit i % 32 of word i // 32 disables lane (row) i
+    _, col = split_taddr(d_taddr)
+    lanes = row_lanes(d.m, d_taddr, op)
+    keep = np.ones(len(lanes), dtype=bool)
+    if disable_output_lane is not None:  # 4 x b32: bit l % 32 of word l // 32 disables TMEM lane l
         words = np.asarray(disable_output_lane, dtype=np.uint32)
-        keep = ((words[np.arange(128) // 32] >> (np.arange(128) % 32).astype(np.uint32)) & 1) == 0
+        keep = ((words[lanes // 32] >> (lanes % 32).astype(np.uint32)) & 1) == 0
     rows = np.nonzero(keep)[0]
     if not len(rows):
         return
-    prev = numerics.bits_f32(tmem.read(0, col, 128, d.n, op))[rows] if enable_input_d else None
+    prev = numerics.bits_f32(read_rows(tmem, lanes[rows], col, d.n, op)) if enable_input_d else None
     out = numerics.f32_bits(numerics.dot_f32(av[rows], bv, prev))
-    if len(rows) == 128:
-        tmem.write(0, col, out, op)
-    else:
-        for r, vals in zip(rows, out):
-            tmem.write(int(r), col, vals[None, :], op)
+    write_rows(tmem, lanes[rows], col, out, op)
 
 
 def mma_f16(tmem: Tmem, smem: np.ndarray, d_taddr: int, a_desc: int, b_desc: int, idesc: int,
@@ -235,6 +291,35 @@ def mma_f16(tmem: Tmem, smem: np.ndarray, d_taddr: int, a_desc: int, b_desc: int
     av = numerics.values(a, d.atype) * (-1.0 if d.negate_a else 1.0)
     bv = numerics.values(b, d.btype) * (-1.0 if d.negate_b else 1.0)
     _accumulate(tmem, d_taddr, d, av, bv, enable_input_d, "tcgen05.mma.kind::f16", disable_output_lane)
+
+
+def tmem_a_operand(tmem: Tmem, a_taddr: int, d_taddr: int, d: InstrDesc, op: str) -> np.ndarray:
+    """Raw 16-bit codes (M, K) of an A operand in tensor memory (see the module docstring): row ``m`` at the lane
+    :func:`row_lanes` gives it, element ``k`` in the low (even ``k``) or high (odd ``k``) half of column
+    ``column(a) + k // 2``."""
+    if d.a_major != "k":
+        raise IsaError(f"{op}: A in tensor memory with the transpose-A bit (idesc bit 15) set is not modelled")
+    lane_a, col_a = split_taddr(a_taddr)
+    lane_d, _ = split_taddr(d_taddr)
+    if lane_a != lane_d:
+        raise IsaError(f"{op}: A at lane {lane_a} and D at lane {lane_d}: the ISA requires A and D at the same "
+                       "tensor memory lane alignment")
+    cells = read_rows(tmem, row_lanes(d.m, a_taddr, op), col_a, d.k // 2, op)
+    return np.stack([cells & 0xFFFF, cells >> 16], axis=2).reshape(d.m, d.k).astype(np.uint16)
+
+
+def mma_f16_tmem_a(tmem: Tmem, smem, d_taddr: int, a_taddr: int, b_desc: int, idesc: int, enable_input_d: bool,
+                   *, disable_output_lane=None, cta_group: int = 1, window_base: int = 0) -> None:
+    """``tcgen05.mma.cta_group::1.kind::f16 [d], [a-tmem], b-desc, idesc, {disable-output-lane}, enable-input-d``:
+    A (M x 16, 16-bit) from tensor memory, B from shared memory, M = 64 or 128."""
+    op = "tcgen05.mma.kind::f16 (A in tensor memory)"
+    d = decode_idesc("f16", idesc)
+    _check_shape(d, cta_group)
+    a = tmem_a_operand(tmem, a_taddr, d_taddr, d, op)
+    b = read_operand(smem, decode_tcgen05_desc(b_desc), d.n, d.k, 16, d.b_major, window_base=window_base)
+    av = numerics.values(a, d.atype) * (-1.0 if d.negate_a else 1.0)
+    bv = numerics.values(b, d.btype) * (-1.0 if d.negate_b else 1.0)
+    _accumulate(tmem, d_taddr, d, av, bv, enable_input_d, op, disable_output_lane)
 
 
 def scale_factors(tmem: Tmem, sf_taddr: int, rows: int, data_id: int, nblocks: int, op: str) -> np.ndarray:
@@ -356,16 +441,74 @@ def cp_32x128b_warpx4(tmem: Tmem, smem: np.ndarray, taddr: int, src_desc: int, *
     tmem.write(0, col, np.tile(rows, (4, 1)), "tcgen05.cp.32x128b.warpx4")
 
 
-def ld_32x32b(tmem: Tmem, taddr: int, warp_id: int, num: int) -> np.ndarray:
-    """``tcgen05.ld.sync.aligned.32x32b.x{num}.b32``: the (32 threads, num) registers of warp ``warp_id``."""
+LDST_SHAPES = ("32x32b", "16x32bx2")
+
+
+def ldst_cells(shape: str, taddr: int, warp_id: int, num: int, half_split: int | None = None):
+    """(lanes, columns), each (32 threads, num registers): the cell of register ``i`` of thread ``t`` for
+    ``tcgen05.{ld,st}.sync.aligned.<shape>.x{num}.b32`` by warp ``warp_id`` at ``taddr`` (module docstring);
+    ``half_split`` is the ``.16x32bx2`` immHalfSplitoff operand."""
+    op = f"tcgen05.ld/st.{shape}.x{num}"
     if num not in (1, 2, 4, 8, 16, 32, 64, 128):
-        raise IsaError(f"tcgen05.ld.32x32b.x{num}: .num must be a power of 2 in 1..128")
+        raise IsaError(f"{op}: .num must be a power of 2 in 1..128")
     lane, col = split_taddr(taddr)
     part = 32 * (warp_id % 4)
-    if lane != part:
-        raise IsaError(f"tcgen05.ld.32x32b by warp {warp_id}: lane {lane} is outside its lanes {part}..{part + 31} "
-                       "(or not the partition's first lane)")
-    return tmem.read(lane, col, 32, num, f"tcgen05.ld.32x32b.x{num} (warp {warp_id})")
+    t = np.arange(32)[:, None]
+    i = np.arange(num)[None, :]
+    if shape == "32x32b":
+        if half_split is not None:
+            raise IsaError(f"{op}: immHalfSplitoff is an operand of .16x32bx2 only")
+        if lane != part:
+            raise IsaError(f"{op} by warp {warp_id}: lane {lane} is outside its lanes {part}..{part + 31} "
+                           "(or not the partition's first lane)")
+        return np.broadcast_to(lane + t, (32, num)), np.broadcast_to(col + i, (32, num))
+    if shape == "16x32bx2":
+        if half_split is None:
+            raise IsaError(f"{op}: .16x32bx2 needs the immHalfSplitoff operand")
+        if not (part <= lane and lane + 16 <= part + 32):
+            raise IsaError(f"{op} by warp {warp_id}: lanes {lane}..{lane + 15} are outside its lanes "
+                           f"{part}..{part + 31}")
+        if abs(int(half_split)) < num:
+            raise IsaError(f"{op}: immHalfSplitoff {half_split} makes the two halves' {num} columns overlap")
+        lanes = lane + t % 16
+        cols = col + i + np.where(t >= 16, int(half_split), 0)
+        return np.broadcast_to(lanes, (32, num)), cols
+    raise IsaError(f"tcgen05.ld/st: shape .{shape} is not modelled ({', '.join(LDST_SHAPES)})")
+
+
+def _cells_in_range(lanes, cols, op, where):
+    if (cols < 0).any() or (cols >= COLUMNS).any():
+        raise IsaError(f"{op} on {where}: columns {int(cols.min())}..{int(cols.max())} outside tensor memory "
+                       f"({LANES} x {COLUMNS})")
+
+
+def ld(tmem: Tmem, shape: str, taddr: int, warp_id: int, num: int, half_split: int | None = None) -> np.ndarray:
+    """``tcgen05.ld.sync.aligned.<shape>.x{num}.b32``: the (32 threads, num) registers of warp ``warp_id``."""
+    op = f"tcgen05.ld.{shape}.x{num} (warp {warp_id})"
+    lanes, cols = ldst_cells(shape, taddr, warp_id, num, half_split)
+    _cells_in_range(lanes, cols, op, tmem.where)
+    ok = tmem.written[lanes, cols]
+    if not ok.all():
+        t, r = np.argwhere(~ok)[0]
+        raise IsaError(f"{op} on {tmem.where} reads tensor memory lane {lanes[t, r]}, column {cols[t, r]} "
+                       "that nothing wrote")
+    return tmem.cells[lanes, cols].copy()
+
+
+def st(tmem: Tmem, shape: str, taddr: int, warp_id: int, values: np.ndarray, half_split: int | None = None) -> None:
+    """``tcgen05.st.sync.aligned.<shape>.x{num}.b32``: warp ``warp_id``'s (32 threads, num) registers."""
+    v = np.asarray(values, dtype=np.uint32)
+    num = v.shape[1]
+    op = f"tcgen05.st.{shape}.x{num} (warp {warp_id})"
+    lanes, cols = ldst_cells(shape, taddr, warp_id, num, half_split)
+    _cells_in_range(lanes, cols, op, tmem.where)
+    tmem.cells[lanes, cols] = v
+    tmem.written[lanes, cols] = True
+
+
+def ld_32x32b(tmem: Tmem, taddr: int, warp_id: int, num: int) -> np.ndarray:
+    """``tcgen05.ld.sync.aligned.32x32b.x{num}.b32``: the (32 threads, num) registers of warp ``warp_id``."""
+    return ld(tmem, "32x32b", taddr, warp_id, num)
 
 
 @dataclass

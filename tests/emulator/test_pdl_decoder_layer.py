@@ -17,12 +17,18 @@ complete first, nothing overlaps across it. It is not emulated.
 Reference: the same replay launch by launch (the compiled step on the emulated backend, ``NVGEMM_BACKEND=
 emu_sm100`` / ``emu_sm90``). Under every PDL schedule of :mod:`nvgemm.emulator.ptx.pdl` the layer's output and
 both KV caches must equal it bit for bit with no race, and (``early`` / ``late_stores``) dependents must start
-before their producers completed. The three PDL mutations of ``_pdl_mutations.py`` applied to *every* producer /
-consumer pair of the layer (a PDL-launched grid with a wait) must each be reported as a race naming the
-consumer. Independent of the emulator, the output is checked against the layer's eager CPU forward (nvgemm's
-emulated reference path, the same host attention) within 2**-5 of the output's max, the KV caches within one
-bf16 ulp-level tolerance: both quantize the same activations, but Inductor's fused RMSNorm and RoPE round in
-fp32 where the eager ones round each op in bf16, which can flip an FP4 code.
+before their producers completed. The three PDL mutations of ``_pdl_mutations.py`` (a consumer's wait moved
+after its first read of the producer's output, the wait dropped, the producer's trigger moved before its last
+store while the consumer does not wait) must each be reported as a race naming the consumer: in the default
+subset each on one producer / consumer pair (a different pair per mutation, both sides of the attention), with
+``-m emulator_full`` each on every pair of the layer (a PDL-launched grid with a wait). Independent of the
+emulator, the output is checked against the layer's eager CPU forward (nvgemm's emulated reference path, the
+same host attention) within 2**-5 of the output's max (as the MLP layer test: both quantize the same
+activations, but Inductor's fused RMSNorm rounds in fp32 where the eager one rounds each op in bf16, which can
+flip an FP4 code of the qkv input), and this token's KV-cache rows within 2**-7 relative + 2**-7 absolute, about
+one bf16 ulp (k and v come from the qkv GEMM on the same activations, rounded to bf16 after a different fp32
+summation order; RoPE's products are fused in fp32 by Inductor; observed: at most one ulp); every other cache slot
+must be untouched.
 
 Run times per kernel (the reference replay) are printed (``pytest -s``).
 """
@@ -168,20 +174,36 @@ def test_decoder_layer_under_pdl_schedules_bit_exact(name):
     for got, want, old in zip(lay.ref_caches, ins[1:3], lay.inputs[1:3]):
         assert torch.equal(torch.cat([got[:, :, :pos], got[:, :, pos + 1:]], 2),
                            torch.cat([old[:, :, :pos], old[:, :, pos + 1:]], 2))
-        torch.testing.assert_close(got[:, :, pos].float(), want[:, :, pos].float(), rtol=2 ** -6, atol=2 ** -6)
+        torch.testing.assert_close(got[:, :, pos].float(), want[:, :, pos].float(), rtol=2 ** -7, atol=2 ** -7)
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
-@pytest.mark.parametrize("mutation", MUTATIONS)
-def test_decoder_layer_pdl_mutations_caught(name, mutation):
-    """Every producer / consumer pair of the layer (both segments), each mutation reported as a race."""
+def _mutate_pairs(name, mutation, every: bool):
     lay = layer(name)
     segments = []
     lay.run(lambda i, grids: (segments.append(grids), _serial(i, grids)))
     pairs = [(k, pair) for k, grids in enumerate(segments) for pair in consumer_pairs(grids)]
     assert len({k for k, _ in pairs}) == len(segments) == 2, "a segment without a PDL consumer"
+    if not every:  # the default subset: one pair per mutation, a different one for each (both segments)
+        pairs = [pairs[(2 * MUTATIONS.index(mutation) + 1) % len(pairs)]]
     caught = []
     for k, pair in pairs:
         msg = apply_and_expect_race(lambda k=k: lay.run(_serial, stop_at=k), mutation, pair)
         caught.append(f"{segments[k][pair[0]].name} -> {segments[k][pair[1]].name}: {msg.splitlines()[0][:160]}")
     print(f"\n{name} / {mutation}: {len(caught)} pairs caught\n  " + "\n  ".join(caught))
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_decoder_layer_pdl_mutations_caught(name, mutation):
+    """Each mutation on one producer / consumer pair of the layer (the second for the first mutation, then every
+    other: an Inductor kernel consuming the qkv GEMM, pairs after the attention)."""
+    _mutate_pairs(name, mutation, every=False)
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_decoder_layer_pdl_mutations_caught_every_pair(name, mutation):
+    """Each mutation on every producer / consumer pair of the layer (a PDL-launched grid with a wait), both
+    segments (opt-in: about 4 min on 2 busy cores)."""
+    _mutate_pairs(name, mutation, every=True)

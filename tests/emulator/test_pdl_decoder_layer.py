@@ -127,8 +127,10 @@ def test_decoder_layer_under_pdl_schedules_bit_exact(name):
         assert all(races == [] for _, races, _ in segs), schedule
         assert torch.equal(out, lay.ref), schedule
         assert torch.equal(kc, lay.ref_caches[0]) and torch.equal(vc, lay.ref_caches[1]), schedule
+        # early / late stores: dependents start before their producers completed (at least after the attention:
+        # nvgemm's chain; before it, where the generated code launches Inductor's kernels with PDL, those too)
         early = [any(s[2]) for s in segs]
-        assert all(early) == (schedule != "serial") and any(early) == (schedule != "serial"), (schedule, segs)
+        assert early[-1] == any(early) == (schedule != "serial"), (schedule, segs)
         segments_of[schedule] = [s[0] for s in segs]
     # the launches are the same under every schedule: those of the launch-by-launch reference, in its order,
     # split at the one host step (the attention)

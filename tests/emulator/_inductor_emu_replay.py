@@ -135,17 +135,24 @@ def decoder_layer(weight_only: bool, seed: int = 0):
 
 def decoder_layer_inputs(seed: int = 1):
     """(x, k_cache, v_cache, pos, cos, sin) of one decode step: a random token, caches holding random earlier
-    tokens, this token's slot ``pos``, its RoPE angles."""
+    tokens, this token's slot ``pos``, the RoPE angles in the form the layer reads them: the rotary tables
+    [positions, head_dim] it indexes at ``pos`` where the decode-step tool has them (``rope_tables``), else this
+    token's row [1, 1, 1, head_dim]."""
+    from nvgemm.cli import decode_step as ds
+
     d = LAYER_DIMS
     g = torch.Generator().manual_seed(seed)
     bf = torch.bfloat16
     x = torch.randn(1, d["hidden"], generator=g).to(bf)
     cache = (1, d["kv_heads"], d["context"], d["head_dim"])
     kc, vc = torch.randn(cache, generator=g).to(bf), torch.randn(cache, generator=g).to(bf)
-    half = d["head_dim"] // 2
-    freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
-    ang = torch.cat([freq, freq]) * d["pos"]
-    cos, sin = ang.cos().reshape(1, 1, 1, -1).to(bf), ang.sin().reshape(1, 1, 1, -1).to(bf)
+    if hasattr(ds, "rope_tables"):
+        cos, sin = ds.rope_tables(d["context"], d["head_dim"])
+    else:
+        half = d["head_dim"] // 2
+        freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
+        ang = torch.cat([freq, freq]) * d["pos"]
+        cos, sin = ang.cos().reshape(1, 1, 1, -1).to(bf), ang.sin().reshape(1, 1, 1, -1).to(bf)
     return [x, kc, vc, torch.tensor([d["pos"]]), cos, sin]
 
 

@@ -198,8 +198,8 @@ def _mutate_pairs(name, mutation, every: bool):
 @pytest.mark.parametrize("name", list(LAYERS))
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_decoder_layer_pdl_mutations_caught(name, mutation):
-    """Each mutation on one producer / consumer pair of the layer (the second for the first mutation, then every
-    other: an Inductor kernel consuming the qkv GEMM, pairs after the attention)."""
+    """Each mutation on one producer / consumer pair of the layer: the second, fourth and sixth pair (cyclically)
+    for the three mutations, so different kernels on both sides of the attention."""
     _mutate_pairs(name, mutation, every=False)
 
 

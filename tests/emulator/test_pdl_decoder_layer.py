@@ -160,7 +160,7 @@ def test_decoder_layer_under_pdl_schedules_bit_exact(name):
     assert all(g.startswith(c + "_") for (g, _), c in zip(gemms, chosen) if c), (gemms, chosen)
     assert all(p for n, p in gemms), gemms
     assert all(p for seg in segs for n, p in seg if not n.startswith("triton_")), segs  # nvgemm's: all PDL
-    if lay.arch == "sm_100a":  # W4A4: an activation quantizer before every GEMM not fed codes by the one before
+    if lay.arch == "sm_100a":  # W4A4: an activation quantizer (alone or fused with the RMSNorm) before the qkv GEMM
         assert any("quantize" in n for n in names[:names.index(gemms[0][0])]), names
     rows = [(w, c) for w, c in zip(lay.log, lay.cold) if w[0] != "op"]
     per_kernel = "\n".join(f"  {w[0]:6s} {w[1]:90s} {w[2] * 1e3:9.1f} ms {c[2] * 1e3:9.1f} ms" for w, c in rows)

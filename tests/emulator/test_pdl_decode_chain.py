@@ -31,7 +31,7 @@ from nvgemm.emulator.ptx.pdl import SCHEDULES  # noqa: E402
 from nvgemm.emulator.stream import capture, run_captured  # noqa: E402
 from _pdl_mutations import MUTATIONS, apply_and_expect_race, consumer_pairs  # noqa: E402
 
-pytestmark = pytest.mark.emulator_full  # opt-in: the generated layers (test_pdl_generated_layer.py) are the default
+pytestmark = pytest.mark.emulator_full  # opt-in: the generated decoder layers (test_pdl_decoder_layer.py) are the default
 
 HIDDEN, INTER, TOKENS = 256, 128, 3
 

@@ -27,7 +27,7 @@ from _pdl_mutations import MUTATIONS, apply_and_expect_race, consumer_pairs  # n
 from nvgemm.emulator.ptx.pdl import SCHEDULES  # noqa: E402
 from nvgemm.emulator.stream import capture, run_captured  # noqa: E402
 
-pytestmark = pytest.mark.emulator
+pytestmark = pytest.mark.emulator_full  # opt-in: the whole decoder layer (test_pdl_decoder_layer.py) is the default
 
 LAYERS = {"B200-w4a4": ("B200", "sm_100a"), "H200-w4a16": ("H200", "sm_90a")}
 _BUILT: dict = {}

@@ -260,6 +260,17 @@ def test_autotuned_choice_validates_once_and_routes_misaligned_operands_to_the_o
     assert torch.equal(out, L.nvfp4_linear_emulated(*args))
 
 
+def test_kernel_choice_on_cpu_tensors_runs_the_eager_op(monkeypatch):
+    """Code autotuned for a GPU names a device kernel (``backend:cutedsl_sm100:<config>``); run on CPU tensors
+    (a CPU replay of generated code, the emulated backends) the choice hands the call to the eager op, which
+    dispatches as an uncompiled call would, instead of asking CUDA for a device index."""
+    monkeypatch.setenv("NVGEMM_BACKEND", "emulated")
+    args = _args(m=9, seed=6)
+    out = torch.ops.nvgemm.nvfp4_linear_choice(*args, "backend:cutedsl_sm100")
+    assert B.last_selected() == "emulated"
+    assert torch.equal(out, L.nvfp4_linear_emulated(*args))
+
+
 def test_fused_requant_call_validates_once(counters, monkeypatch):
     """``nvgemm::nvfp4_linear_requant`` validates at the op, completely on the first call of a call key and
     not again on repeats; its reference backend does not validate."""

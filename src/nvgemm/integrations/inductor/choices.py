@@ -201,8 +201,12 @@ def nvfp4_linear_choice(
     if cand.kind != "backend" or not cand.backend:
         raise ValueError(f"nvgemm_cutedsl: unknown choice {choice!r}")
     b = _find_backend(cand.backend)
-    if misaligned_operands(x=x, weight=weight, weight_scale=weight_scale, bias=bias, residual=residual) and \
-            b.supports(problem_of(*args[:8], spec)) is not None:
+    # Code compiled for a GPU run on CPU tensors (the emulated backends, a CPU-only replay) and a call
+    # whose operands the kernel cannot read in place both go to the eager op, which dispatches (and
+    # warns) as an uncompiled call would.
+    if (x.device.type != "cuda" or misaligned_operands(x=x, weight=weight, weight_scale=weight_scale, bias=bias,
+                                                       residual=residual)) \
+            and b.supports(problem_of(*args[:8], spec)) is not None:
         return torch.ops.nvgemm.nvfp4_linear(*args)
     if cand.config is not None:
         return b.run(*args, config=cand.config)

@@ -1,0 +1,124 @@
+"""nvgemm's sm_120a / sm_121a NVFP4 W4A4 decode kernel (``mma.sync m16n8k64 .kind::mxf4nvf4
+.block_scale``) executed on the PTX emulator through its real AOT artifact (production ``AotKernel``
+host path relinked against the fake CUDA runtime), compared with :func:`kernel_view_ref` (both
+operands decoded with their block scales, fp32 ``X @ W^T``, nvgemm's epilogue).
+
+Data are exact: random E2M1 codes with power-of-two ue4m3 block scales (2**-2 .. 2**2) on both sides,
+alpha, bias and residual powers of two / on a 2**-3 grid: every product and every fp32 partial sum
+is exact (|sum| < 2**12 with a quantum of 2**-10 at worst: K <= 1024 terms of |x w| <= 36 * 16 ...
+all within 24 bits), so the summation order (the tensor core's, the split-K reduce's, torch's) cannot
+change a bit; the only rounding is the final store, done alike on both sides (RNE).
+
+Default cases reach every code path: M > 8 rows and several M tiles, odd M, an N tail (rows past N
+zero-filled, never stored), K tails (K % 64 == 32: a half slab with two zero-filled scale bytes;
+K % tile_k != 0: a partial last stage), split-K (even and uneven splits, an empty split, every CTA
+order, counters back at zero, a second launch), scalar / per-feature alpha, bias, residual, silu,
+gelu_tanh, silu_mul (gate/up pairing), bf16 / fp16 / fp32 out, 1-8 warps, 2-4 slabs per stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+from isa_env import kernel_test_env
+
+kernel_test_env("sm_120a")
+
+from nvgemm.aot.compile_spec import make_spec  # noqa: E402
+from nvgemm.core.epilogue import EpilogueSpec  # noqa: E402
+from nvgemm.core.formats import to_blocked  # noqa: E402
+from nvgemm.emulator.ptx import EmulationError  # noqa: E402
+from nvgemm.templates.sm120_w4a4.config import Sm120W4A4Config as C  # noqa: E402
+from nvgemm.templates.sm120_w4a4.launch import Sm120Workspace, kernel_view_ref, prepare_sm120_args  # noqa: E402
+
+pytestmark = pytest.mark.emulator
+
+POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
+#: activation (gelu_tanh, silu, silu_mul) outputs: tanh / ex2 are .approx on hardware and in the
+#: emulator's model, exp in torch; both sides round to bf16 once, so the comparison allows 2 ulp of bf16.
+APPROX_RTOL = 2.0**-7
+
+
+def _codes(g, rows, k):
+    packed = torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8)
+    scales = POW2_E4M3[torch.randint(0, 5, (rows, k // 16), generator=g)].view(torch.float8_e4m3fn)
+    return packed, to_blocked(scales)
+
+
+def exact_args(cfg, m, n, k, epi, seed, workspace=None):
+    """Arguments of one exact call: the production host path (:func:`prepare_sm120_args`) with the
+    activation given already quantized (exact codes, the quantizer's layout)."""
+    g = torch.Generator().manual_seed(seed)
+    w, ws = _codes(g, n, k)
+    xq, xs = _codes(g, m, k)
+    n_out = n // 2 if epi.gated else n
+    ws2 = torch.tensor(2.0 ** int(torch.randint(-2, 1, (1,), generator=g)))
+    if epi.alpha == "vector":
+        ws2 = ws2 * torch.pow(2.0, torch.randint(-1, 2, (n,), generator=g).float())
+    bias = (torch.randint(-64, 65, (n,), generator=g).float() / 8).to(epi.out_dtype) if epi.bias else None
+    res = (torch.randint(-64, 65, (m, n_out), generator=g).float() / 8).to(epi.out_dtype) if epi.residual else None
+    return prepare_sm120_args(None, w, ws, ws2, torch.tensor(0.5), bias, res, epi, cfg, quantized=(xq, xs),
+                              workspace=workspace or Sm120Workspace(torch.device("cpu")))
+
+
+def run(cfg, args, *, arch="sm_120a", order="forward", kernel=None):
+    from nvgemm.emulator.runner import prepare
+
+    dev = {"sm_120a": "RTX5090", "sm_121a": "GB10"}[arch]
+    k = kernel or prepare(make_spec("sm120_nvfp4_gemm", cfg, arch, epilogue=args.spec), device=dev)
+    args.out.fill_(float("nan"))
+    launch = k.launch(*args.abi_values(), 0, order=order)
+    return launch, k
+
+
+def check(cfg, m, n, k, epi, seed=0, **kw):
+    args = exact_args(cfg, m, n, k, epi, seed)
+    want = kernel_view_ref(args)
+    run(cfg, args, **kw)
+    if epi.activation in ("none",):
+        diff = (args.out.float() - want.float()).abs()
+        assert torch.equal(args.out, want), f"max |diff| {diff.max()} at {divmod(int(diff.argmax()), want.shape[-1])}"
+    else:
+        assert not args.out.isnan().any()
+        torch.testing.assert_close(args.out.float(), want.float(), rtol=APPROX_RTOL, atol=APPROX_RTOL)
+    if cfg.split_k > 1:
+        assert not args.count.any(), "split-K counters left non-zero: the next launch would misreduce"
+    return args
+
+
+S = EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16)
+FULL = EpilogueSpec(alpha="vector", bias=True, residual=True, out_dtype=torch.float32)
+
+CASES = [
+    # M = 1 decode, one CTA of 8 warps x 1 row tile, 4 slabs per stage, PDL
+    pytest.param(C(tile_m=8, tile_n=128, tile_k=256, num_warps=8, stages=3, pdl=True), 1, 128, 512, S,
+                 id="m1-n128-k512-w8-pdl"),
+    # M = 13 over two M tiles of 8, N tail (200 = 12.5 row tiles), K = 544 (K % 64 == 32: a half slab,
+    # K % 256: a partial last stage), vector alpha + bias + residual, fp32 out
+    pytest.param(C(tile_m=8, tile_n=64, tile_k=256, num_warps=2, stages=4), 13, 200, 544, FULL,
+                 id="m13-n200-k544-ktail-full"),
+    # split-K 3 over 5 stages of 128 (2 + 2 + 1, uneven), 16 tokens x 2 row tiles, K tail, fp16 out + bias
+    pytest.param(C(tile_m=16, tile_n=64, tile_k=128, num_warps=2, stages=3, split_k=3), 11, 128, 608,
+                 EpilogueSpec(alpha="scalar", bias=True, out_dtype=torch.float16), id="m11-n128-k608-sk3-uneven"),
+    # split-K 4 over 5 stages of 256 (2 + 2 + 1 + 0: an empty split), 32 tokens, vector alpha + residual
+    pytest.param(C(tile_m=32, tile_n=32, tile_k=256, num_warps=1, stages=2, split_k=4), 29, 96, 1120,
+                 EpilogueSpec(alpha="vector", residual=True, out_dtype=torch.bfloat16), id="m29-n96-k1120-sk4-empty"),
+    # gated silu_mul (gate rows [0, N/2), up rows [N/2, N) paired in each warp) with split-K
+    pytest.param(C(tile_m=8, tile_n=64, tile_k=128, num_warps=2, stages=3, split_k=2), 5, 192, 384,
+                 EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", out_dtype=torch.bfloat16),
+                 id="m5-n192-k384-silu_mul-sk2"),
+    pytest.param(C(tile_m=16, tile_n=64, tile_k=128, num_warps=4, stages=2), 9, 64, 256,
+                 EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.bfloat16), id="m9-n64-k256-gelu"),
+    pytest.param(C(tile_m=8, tile_n=64, tile_k=128, num_warps=4, stages=2), 3, 80, 192,
+                 EpilogueSpec(alpha="scalar", bias=True, activation="silu", residual=True, out_dtype=torch.bfloat16),
+                 id="m3-n80-k192-silu-res"),
+]
+
+
+@pytest.mark.parametrize("cfg,m,n,k,epi", CASES)
+def test_sm120_kernel_on_emulator_matches_reference(cfg, m, n, k, epi, tmp_path, monkeypatch):
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    check(cfg, m, n, k, epi, seed=m * 31 + k)

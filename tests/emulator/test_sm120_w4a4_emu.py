@@ -42,10 +42,24 @@ POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2
 APPROX_RTOL = 2.0**-7
 
 
+#: e4m3 NaN: written into every padding byte of the 128x4 scale layouts (rows past the matrix, K blocks
+#: past K/16). The kernel must never let one reach an MMA: a padding scale times a zero-filled code is NaN.
+POISON = 0x7F
+
+
+def poisoned_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """``to_blocked(scales)`` with every padding byte set to :data:`POISON` (instead of zero)."""
+    rows, kb = scales.shape
+    rp, kp = -(-rows // 128) * 128, -(-kb // 4) * 4
+    full = torch.full((rp, kp), POISON, dtype=torch.uint8)
+    full[:rows, :kb] = scales.view(torch.uint8)
+    return to_blocked(full.view(torch.float8_e4m3fn)).reshape(-1)
+
+
 def _codes(g, rows, k):
     packed = torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8)
     scales = POW2_E4M3[torch.randint(0, 5, (rows, k // 16), generator=g)].view(torch.float8_e4m3fn)
-    return packed, to_blocked(scales)
+    return packed, poisoned_blocked(scales)
 
 
 def exact_args(cfg, m, n, k, epi, seed, workspace=None):
@@ -74,8 +88,8 @@ def run(cfg, args, *, arch="sm_120a", order="forward", kernel=None):
     return launch, k
 
 
-def check(cfg, m, n, k, epi, seed=0, **kw):
-    args = exact_args(cfg, m, n, k, epi, seed)
+def check(cfg, m, n, k, epi, seed=0, args=None, **kw):
+    args = args or exact_args(cfg, m, n, k, epi, seed)
     want = kernel_view_ref(args)
     run(cfg, args, **kw)
     if epi.activation in ("none",):
@@ -122,3 +136,58 @@ CASES = [
 def test_sm120_kernel_on_emulator_matches_reference(cfg, m, n, k, epi, tmp_path, monkeypatch):
     monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
     check(cfg, m, n, k, epi, seed=m * 31 + k)
+
+
+def test_sm121a_artifact_bit_exact_on_gb10_profile(tmp_path, monkeypatch):
+    """The same kernel compiled for sm_121a (DGX Spark GB10) runs bit-exact on the GB10 device profile."""
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    check(C(tile_m=16, tile_n=64, tile_k=128, num_warps=2, stages=3, split_k=2), 10, 96, 416, FULL, seed=7,
+          arch="sm_121a")
+
+
+def test_split_k_every_cta_order_same_bits_and_a_second_launch(tmp_path, monkeypatch):
+    """The deterministic reduce: forward, reverse and shuffled CTA orders give identical bits; the counters
+    are back at zero after each launch, so a second launch on the same workspace reduces correctly."""
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = C(tile_m=8, tile_n=64, tile_k=128, num_warps=2, stages=3, split_k=3)
+    args = exact_args(cfg, 7, 128, 736, FULL, seed=3)
+    outs = []
+    for order in ("forward", "reverse", 1234, "forward"):
+        check(cfg, 7, 128, 736, FULL, args=args, order=order)
+        outs.append(args.out.clone())
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+# ------------------------------------------------------------------------------------------ mutations
+
+
+def _mutate(kernel, pattern: str, repl, count_min: int = 1):
+    new, n = re.subn(pattern, repl, kernel.ptx)
+    assert n >= count_min, f"mutation pattern {pattern!r} matched {n} times"
+    return dataclasses.replace(kernel, ptx=new, records=[])
+
+
+def test_mutations_of_the_real_ptx_fail_the_comparison(tmp_path, monkeypatch):
+    """Mutations of the kernel's PTX, each a plausible bug, make the exact comparison fail: (1) the A
+    fragment's K halves swapped (registers 0/1 <-> 2/3: a shifted fragment offset), (2) the scale
+    copies' K-tail predicate dropped (every scale word copies 4 bytes: the poisoned padding past K/16
+    reaches the MMA, or the slabs wholly past K read past the scale tensor)."""
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = C(tile_m=8, tile_n=64, tile_k=256, num_warps=2, stages=4)
+    args = exact_args(cfg, 9, 112, 544, S, seed=5)
+    want = kernel_view_ref(args)
+    _, good = run(cfg, args)
+    assert torch.equal(args.out, want)
+    swapped = _mutate(good, r"(mma\.sync\.aligned\.kind::mxf4nvf4[^{]*)\{(%r\d+), (%r\d+), (%r\d+), (%r\d+)\}",
+                      r"\1{\4, \5, \2, \3}", 8)
+    run(cfg, args, kernel=swapped)
+    assert not torch.equal(args.out, want)
+    ktail = _mutate(good, r"(cp\.async\.ca\.shared\.global \[%r\d+\], \[%rd\d+\], 4), %r\d+;", r"\1;", 2)
+    try:
+        run(cfg, args, kernel=ktail)
+        failed = args.out.float().isnan().any()  # a poisoned padding scale reached an MMA
+    except EmulationError as e:  # the slabs wholly past K read past the end of the scale tensor
+        failed = "out-of-bounds global access" in str(e)
+    assert failed, "the K-tail scale predicate is not what keeps padding scales out"
+    run(cfg, args)  # the unmutated kernel still passes (its PTX is re-registered per launch)
+    assert torch.equal(args.out, want)

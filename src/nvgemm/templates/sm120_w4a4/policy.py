@@ -18,7 +18,8 @@ from nvgemm.templates.sm120_w4a4.perf import ctas_per_sm, device_for, model_rang
 from nvgemm.templates.sm120_w4a4.validity import can_implement, can_implement_problem
 
 #: (tile_n, num_warps, stages, tile_k): 2 row tiles per warp first (two MMAs per B fragment load),
-#: then 1 and 4; every one fits 99 KB at tile_m 32.
+#: then 1 and 4; a shape whose ring does not fit 99 KB at the problem's tile_m is dropped by
+#: ``can_implement``.
 SHAPES = ((128, 4, 4, 256), (256, 8, 3, 256), (128, 4, 3, 256), (64, 2, 4, 256), (256, 4, 3, 128),
           (128, 8, 4, 256), (128, 2, 4, 256), (64, 4, 4, 256))
 SPLITS = (1, 2, 3, 4, 6, 8)

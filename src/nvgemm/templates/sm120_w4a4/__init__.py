@@ -9,7 +9,8 @@
 ``launch``          host launcher: activation quantization, alpha / bias, split-K workspaces (torch)
 ``backend``         the ``cutedsl_sm120`` backend (``supports``/``run``) for ``nvfp4_linear``
 ``policy``          candidates ranked by the performance model
-``perf``            the family's byte / latency model (sourced sm_120 / sm_121 device numbers)
+``perf``            the family's byte / latency model (sourced sm_120 / sm_121 device numbers) and
+                    its facts for nvgemm's performance model (``Sm120Facts``)
 ==================  ==========================================================================
 
 ``config`` and ``validity`` are pure Python; ``kernel`` imports cutlass (only the cache's compile
@@ -32,6 +33,7 @@ register_family(
     launcher=f"{_P}.launch",
     policy=f"{_P}.policy",
     perf=f"{_P}.perf",
+    perf_facts=(f"{_P}.perf:Sm120Facts",),
     gemm_kind="w4a4",
     archs=("sm_120a", "sm_121a"),
 )

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from nvgemm.aot.abi import HardwareSpec
+from nvgemm.aot.abi import DEFAULT_HW, HardwareSpec
 from nvgemm.aot.cache import default_cache
 from nvgemm.aot.compile_spec import make_spec
 from nvgemm.core.backend import Backend
@@ -60,8 +60,6 @@ def supports(p: LinearProblem) -> Optional[str]:
 
 
 def compile_spec_for(config: Sm120W4A4Config, spec: EpilogueSpec, arch: str, sm_count: int = 0):
-    from nvgemm.aot.abi import DEFAULT_HW
-
     hw = HardwareSpec(sm_count=sm_count) if sm_count else DEFAULT_HW[arch]
     return make_spec(TEMPLATE_ID, config, arch, epilogue=spec, hw=hw)
 

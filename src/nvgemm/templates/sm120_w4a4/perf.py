@@ -35,7 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nvgemm.templates.sm120_w4a4.config import ROW_TILE, Sm120W4A4Config, smem_bytes
+from nvgemm.heuristics.perfmodel.facts import FamilyFacts, Geometry, KernelFacts, SplitKReduce
+from nvgemm.templates.sm120_w4a4.config import (
+    ROW_TILE, TEMPLATE_ID, Sm120W4A4Config, config_from_name, k_stages, smem_bytes, stage_bytes,
+)
+from nvgemm.templates.sm120_w4a4.validity import can_implement_problem
 
 
 @dataclass(frozen=True)
@@ -123,5 +127,82 @@ def byte_floor_us(m: int, n: int, k: int, dev: Sm120Device) -> float:
     return n * k * 0.5625 / (dev.peak_bw_tbs * 1e12 * dev.bw_fraction[1]) * 1e6
 
 
-__all__ = ["DEFAULT_DEVICE", "DEVICES", "Sm120Device", "byte_floor_us", "ctas_per_sm", "device_for", "model_range_us",
+#: bytes per weight element streamed: 0.5 (E2M1) + 1/16 (one ue4m3 scale per 16)
+NVFP4_BYTES = 0.5625
+#: serial L2 round trips of the in-kernel split-K reduce (partial stores + fence, counter atomic, loads)
+SPLITK_L2_TRIPS = 3.0
+#: main-loop SASS instructions per MMA (per warp), read from the compiled kernels (cutlass-dsl 4.8.1,
+#: tests/compile/test_sm120_compile.py's loop finder): 59 instructions around 8 OMMA.SF for
+#: t8x128x256 w4 s4 (sm_120a), 74 around 16 for t16x128x256 / t32x64x128 (the ring refill sits in a
+#: branch ptxas places after the loop); used by :meth:`Sm120Facts.estimate_static` for configs the
+#: committed SASS table does not hold
+LOOP_INSTRS_PER_MMA = 7.5
+
+
+class Sm120Facts(FamilyFacts):
+    """Facts of the sm120 W4A4 decode kernel for nvgemm's performance model
+    (:mod:`nvgemm.heuristics.perfmodel`): a cp.async ring of ``stages`` (every copy an ``LDGSTS``),
+    one iteration = one stage = ``tile_k`` K of the CTA's ``tile_n`` rows, of which a thread consumes
+    ``row_tiles x slabs x 16 x 64 / 32`` weight elements; ``stages - 1`` stages in flight. The
+    in-kernel split-K reduce is ``batched`` (the last CTA loads every partial of an element, then sums)."""
+
+    name = "sm120.w4a4"
+    arch = "sm_120a"
+    engine = "sass_chain"
+    stream_load = r"^LDGSTS"
+    dynamic_smem = True
+
+    def matches(self, config) -> bool:
+        return isinstance(config, Sm120W4A4Config)
+
+    def template_id(self, config) -> str:
+        return TEMPLATE_ID
+
+    def elems_per_thread_iter(self, config) -> float:
+        return config.row_tiles * config.slabs * ROW_TILE * 64 / 32
+
+    def loop_key(self, config):
+        """split_k does not change the main loop (a split runs fewer iterations of it)."""
+        c = config
+        return (self.name, c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.stages, c.pdl)
+
+    def shape_problem(self, config, m: int, n: int, k: int) -> str | None:
+        st = can_implement_problem(config, m=m, n=n, k=k)
+        return None if st else st.reason
+
+    def min_round_trips(self, config) -> float:
+        return 1.0 / max(config.stages - 1, 1)
+
+    def parse_name(self, name: str):
+        try:
+            return config_from_name(name)
+        except ValueError:
+            return None
+
+    def estimate_static(self, config) -> KernelFacts | None:
+        mmas = config.row_tiles * config.slabs * config.m_groups
+        loop = int(round(LOOP_INSTRS_PER_MMA * mmas))
+        return KernelFacts(config=config.name(), arch=self.arch, family=self.name, regs=128,
+                           smem_bytes=smem_bytes(config), loop_instrs=loop, loop_issue_cycles=loop,
+                           chain_base=float(loop), round_trips=self.min_round_trips(config),
+                           elems_per_thread_iter=self.elems_per_thread_iter(config), source="estimate")
+
+    def geometry(self, config, m: int, n: int, k: int, hw) -> Geometry:
+        c = config
+        n_pad = -(-n // ROW_TILE) * ROW_TILE
+        grid_n, grid_m = -(-n // c.tile_n), -(-m // c.tile_m)
+        kst = k_stages(k, c.tile_k)
+        sb = stage_bytes(c)
+        wb = n_pad * kst * c.tile_k * NVFP4_BYTES
+        ws = float(2 * c.split_k * m * n_pad * 4) if c.split_k > 1 else 0.0
+        splitk = SplitKReduce("batched", c.split_k, ws, dependent_l2_trips=SPLITK_L2_TRIPS) if c.split_k > 1 else None
+        return Geometry(ctas=grid_n * grid_m * c.split_k, threads=c.threads, iters_per_cta=-(-kst // c.split_k),
+                        passes_per_cta=1, stream_bytes_per_iter=float(sb["weights"] + sb["weight_scales"]),
+                        other_bytes_per_iter=float(sb["x"] + sb["x_scales"]), dram_bytes=wb + m * k * NVFP4_BYTES
+                        + m * n * 2 + ws, weight_bytes=wb, depth=float(c.stages - 1), splitk=splitk, pdl=c.pdl,
+                        aux_kernels=1,  # the activation quantizer
+                        l2_reread_fraction=(grid_m - 1) / grid_m)
+
+
+__all__ = ["DEFAULT_DEVICE", "DEVICES", "NVFP4_BYTES", "Sm120Device", "Sm120Facts", "byte_floor_us", "ctas_per_sm", "device_for", "model_range_us",
            "model_us"]

@@ -191,3 +191,33 @@ def test_mutations_of_the_real_ptx_fail_the_comparison(tmp_path, monkeypatch):
     assert failed, "the K-tail scale predicate is not what keeps padding scales out"
     run(cfg, args)  # the unmutated kernel still passes (its PTX is re-registered per launch)
     assert torch.equal(args.out, want)
+
+
+# ------------------------------------------------------------------------------------------ policy picks
+
+
+def _policy_picks():
+    from nvgemm.cli import sass_tool
+    from nvgemm.templates.sm120_w4a4.policy import pick_config
+
+    picks = {}
+    for arch in ("sm_120a", "sm_121a"):
+        for n, k in sass_tool.LLAMA_SHAPES:
+            for m in (1, 2, 4, 8, 16, 32, 64):
+                for act in ("none", "silu_mul"):
+                    picks.setdefault((pick_config(m, n, k, act, arch), act, arch), m)
+    return sorted(picks.items(), key=lambda kv: (kv[0][2], kv[0][0].name(), kv[0][1]))
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("pick", _policy_picks(), ids=lambda p: f"{p[0][0].name()}-{p[0][1]}-{p[0][2]}")
+def test_every_policy_pick_bit_exact_scaled_down(pick, tmp_path, monkeypatch):
+    """Every config the policy picks for the Llama shapes (M = 1..64, both activations, both arches), on a
+    problem scaled down to two CTAs of rows (a tail in the second) and enough K for every split plus a K tail."""
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    (cfg, act, arch), m = pick
+    n = 2 * cfg.tile_n if act == "silu_mul" else 2 * cfg.tile_n - 16
+    k = max(2, cfg.split_k) * cfg.tile_k + 32
+    mm = min(m, 2 * cfg.tile_m - 1)
+    epi = EpilogueSpec(alpha="vector", bias=True, activation=act, out_dtype=torch.bfloat16)
+    check(cfg, mm, n, k, epi, seed=mm + k, arch=arch)

@@ -160,6 +160,45 @@ def test_split_k_every_cta_order_same_bits_and_a_second_launch(tmp_path, monkeyp
     assert all(torch.equal(o, outs[0]) for o in outs)
 
 
+def test_pdl_prologue_reads_only_the_weights_before_griddepcontrol_wait(tmp_path, monkeypatch):
+    """The PDL design: weight and weight-scale copies are issued before ``griddepcontrol.wait`` (a
+    predecessor never writes them), activations and every store after it."""
+    from _pdl import check_pdl_prologue
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = C(tile_m=8, tile_n=64, tile_k=256, num_warps=2, stages=3, split_k=2, pdl=True)
+    args = check(cfg, 6, 128, 800, FULL, seed=9)
+    launch, _ = run(cfg, args)
+    check_pdl_prologue(launch, weights={"mW", "mWS"}, prefetch=False)
+    assert launch.ext.get("pdl_pre_wait_reads"), "no weight copy before the wait: the PDL prologue is gone"
+
+
+def test_production_host_path_with_the_quantizer_matches_the_emulated_op(tmp_path, monkeypatch):
+    """End to end on random data: ``prepare_sm120_args`` quantizes bf16 activations with nvgemm's quantizer
+    (torch reference on CPU) and derives alpha = weight_scale_2 x input_scale; the kernel's output matches
+    the emulated op (``nvfp4_linear_emulated``: the same quantized operands, fp32 mm) to fp32 summation
+    order and one bf16 rounding (2**-7 relative, the emulator check's RANDOM_RTOL)."""
+    from nvgemm.core.formats import quantize_weight
+    from nvgemm.emulator.check import RANDOM_RTOL, rel_err
+    from nvgemm.ops.linear import nvfp4_linear_emulated
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(17)
+    n, k, m = 192, 736, 12
+    q = quantize_weight(torch.randn(n, k, generator=g))
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    ins = (x.float().abs().amax() / 2688).reshape(())
+    bias = torch.randn(n, generator=g).to(torch.bfloat16)
+    ws2 = q.global_scale.reshape(())
+    cfg = C(tile_m=16, tile_n=64, tile_k=256, num_warps=2, stages=3, split_k=2)
+    epi = EpilogueSpec(alpha="scalar", bias=True, out_dtype=torch.bfloat16)
+    args = prepare_sm120_args(x, q.packed, to_blocked(q.scale), ws2, ins, bias, None, epi, cfg,
+                              workspace=Sm120Workspace(torch.device("cpu")))
+    run(cfg, args)
+    want = nvfp4_linear_emulated(x, q.packed, to_blocked(q.scale), ws2, ins, bias, None, "none", None)
+    assert rel_err(args.out, want) < RANDOM_RTOL
+
+
 # ------------------------------------------------------------------------------------------ mutations
 
 

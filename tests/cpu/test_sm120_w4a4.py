@@ -149,3 +149,16 @@ def test_cutedsl_sm120_refuses_with_a_reason(kw, why):
 
     reason = sm120.supports(_problem(**kw))
     assert reason is not None and why in reason, reason
+
+
+def test_serving_plan_names_the_sm120_kernel_and_its_compile_spec():
+    """The serving plan (``nvgemm precompile --vllm`` / ``--sglang`` build from it) of a W4A4 layer on an sm_120 /
+    sm_121 device: cutedsl_sm120 with the policy's config, compiled for the device's arch."""
+    from nvgemm.core.problem import BACKEND_OF_CONFIG
+    from nvgemm.dispatch.serving_plan import plan
+
+    for cap, arch in (((12, 0), "sm_120a"), ((12, 1), "sm_121a")):
+        ch = plan(_problem(device_type="cuda", capability=cap))
+        assert ch.backend == "cutedsl_sm120" and isinstance(ch.config, C)
+        assert ch.spec.arch == arch and ch.spec.template_id == "sm120_nvfp4_gemm" and ch.spec.config == ch.config
+    assert BACKEND_OF_CONFIG[C.__name__] == "cutedsl_sm120"

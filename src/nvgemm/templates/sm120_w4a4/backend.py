@@ -109,4 +109,4 @@ def run_sm120(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm120)
 
 __all__ = ["ARCH_OF_CAPABILITY", "BACKEND", "BACKEND_NAME", "arch_of", "compile_spec_for", "launch_plan",
-           "run_sm120", "supports"]
+           "pick_config", "run_sm120", "supports"]

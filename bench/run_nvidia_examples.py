@@ -852,6 +852,167 @@ def _tutorial_nvfp4(mod, h: Harness, m, n, k):
     return h.compare(c, ref.to(torch.float16))
 
 
+# --- Blackwell GeForce (sm_120a / sm_121a) ------------------------------------------------------------------
+
+GEFORCE_BS = "cute/blackwell_geforce/kernel/blockscaled_gemm"
+
+
+def _fp4_mkl(rows, k, l, seed):
+    """(uint8 (l, rows, k) storage viewed (rows, k, l), fp64 values (rows, k)) of a K-major E2M1 operand as the
+    sm_120 examples build it: a byte-per-element torch buffer typed Float4E2M1FN, so the packed codes (element
+    (r, k) at nibble r * k + k, the even one low) fill its first half; l must be 1."""
+    import torch
+
+    packed, values = _nvfp4_operand(rows, k, seed)
+    buf = torch.zeros(l, rows, k, dtype=torch.uint8)
+    buf.view(-1)[: rows * k // 2] = packed.reshape(-1)
+    return buf.permute(1, 2, 0), values
+
+
+def _fp4_tensor(t):
+    import cutlass
+
+    tt = gmem(t, assumed_align=16)
+    tt.element_type = cutlass.Float4E2M1FN
+    tt = tt.mark_layout_dynamic(leading_dim=1)
+    return tt.mark_compact_shape_dynamic(mode=1, stride_order=(2, 0, 1), divisibility=2)
+
+
+def _ue8m0_scales(rows, nblocks, seed):
+    """(UE8M0 codes uint8 (rows, nblocks), fp64 values): powers of two 2^-1, 2^0, 2^1 (codes 126, 127, 128)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(-1, 2, (rows, nblocks), generator=g)
+    return (e + 127).to(torch.uint8), torch.pow(2.0, e.double())
+
+
+def _fp8_mkl(rows, k, l, seed):
+    """(uint8 codes (l, rows, k) viewed (rows, k, l), fp64 values (rows, k)) of a K-major E4M3 operand: random
+    codes of every finite E4M3 value with exponent field 4..10 (magnitudes 2^-3 .. 2^3 x 1.875)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    codes = (torch.randint(0, 2, (rows, k), generator=g) << 7) | (torch.randint(4, 11, (rows, k), generator=g) << 3) \
+        | torch.randint(0, 8, (rows, k), generator=g)
+    buf = codes.to(torch.uint8).reshape(l, rows, k)
+    return buf.permute(1, 2, 0), buf[0].view(torch.float8_e4m3fn).double()
+
+
+def _fp8_tensor(t):
+    import cutlass
+
+    tt = gmem(t, assumed_align=16)
+    tt.element_type = cutlass.Float8E4M3FN
+    return tt.mark_layout_dynamic(leading_dim=1)
+
+
+def _sm120_blockscaled(mod, h: Harness, m, n, k, tile, max_active_clusters, fmt="nvfp4"):
+    """The example's own kernel object and ``cute.compile(gemm, a, b, sfa, sfb, c, max_active_clusters, stream)``
+    (its run_bs path) on A (m, k, 1) / B (n, k, 1) K-major, scales in the example's (32, 4, rest_m, 4, rest_k, l)
+    scale buffer (the tcgen05 128 x 4 blocks), C (m, n, 1) N-major fp16. ``fmt``: "nvfp4" (E2M1, E4M3 scales per
+    16), "mxfp4" (E2M1, UE8M0 per 32), "mxfp8" (E4M3, UE8M0 per 32)."""
+    import cutlass
+    import torch
+
+    l = 1
+    vec = 16 if fmt == "nvfp4" else 32
+    a_fp8, b_fp8 = fmt in ("mxfp8", "mxf8_fp4"), fmt in ("mxfp8", "mxf4_fp8")
+    a, av = (_fp8_mkl if a_fp8 else _fp4_mkl)(m, k, l, 81)
+    b, bv = (_fp8_mkl if b_fp8 else _fp4_mkl)(n, k, l, 82)
+    scales = _pow2_scales if fmt == "nvfp4" else _ue8m0_scales
+    sfa_codes, sfa = scales(m, k // vec, 83)
+    sfb_codes, sfb = scales(n, k // vec, 84)
+    sfa_blk, sfb_blk = _blocked_scales(sfa_codes), _blocked_scales(sfb_codes)
+    c = torch.full((l, m, n), float("nan"), dtype=torch.float16).permute(1, 2, 0)
+    a_, b_ = (_fp8_tensor(t) if fp8 else _fp4_tensor(t) for t, fp8 in ((a, a_fp8), (b, b_fp8)))
+    sfa_, sfb_ = gmem(sfa_blk, assumed_align=16), gmem(sfb_blk, assumed_align=16)
+    sfa_.element_type = sfb_.element_type = cutlass.Float8E4M3FN if fmt == "nvfp4" else cutlass.Float8E8M0FNU
+    c_ = gmem(c, assumed_align=16).mark_layout_dynamic(leading_dim=1)
+    gemm = mod.Sm120BlockScaledGemmKernel(cutlass.Float32, vec, tile, tile[:2])
+    compiled = h.compile(gemm, a_, b_, sfa_, sfb_, c_, max_active_clusters, _stream())
+    h.emulate(compiled, a_, b_, sfa_, sfb_, c_, _stream(), memory=[a, b, sfa_blk, sfb_blk, c])
+    ref = (av * sfa.repeat_interleave(vec, dim=1)) @ (bv * sfb.repeat_interleave(vec, dim=1)).T
+    return h.compare(c[:, :, 0], ref.to(torch.float16))
+
+
+_SM120_BS_TOL = ("bit-exact (products of the elements and power-of-two scales and their fp32 sums are exact; "
+                 "the fp16 rounding of the exact sum is the same on both sides)")
+_SM120_NVFP4 = ("NVFP4 (E2M1, block-16 E4M3 scales = mma kind::mxf4nvf4 scale_vec::4X ue4m3) -> fp16; random E2M1 "
+                "codes, scales 2^-1..2^1")
+
+
+@example("blackwell_geforce/blockscaled_gemm_cooperative",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_120a", "RTX5090",
+         f"M=256 N=128 K=256 L=1 {_SM120_NVFP4}; tile 128x128x128, 8 MMA warps + 1 TMA warp, max_active_clusters 1 "
+         "(one persistent CTA walks both tiles)", _SM120_BS_TOL)
+def _geforce_bs_cooperative(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 256, 128, 256, (128, 128, 128), 1)
+
+
+@example("blackwell_geforce/blockscaled_gemm_cooperative_2cta",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_120a", "RTX5090",
+         f"M=N=256 K=384 L=1 {_SM120_NVFP4}; tile 128x128x128 (3 K tiles), max_active_clusters 2 (4 tiles on 2 "
+         "persistent CTAs)", _SM120_BS_TOL)
+def _geforce_bs_cooperative_2cta(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 256, 256, 384, (128, 128, 128), 2)
+
+
+@example("blackwell_geforce/blockscaled_gemm_cooperative_mxfp4",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_120a", "RTX5090",
+         "M=N=128 K=256 L=1 MXFP4 (E2M1, block-32 UE8M0 scales: the dispatch's MmaMXF4Op) -> fp16, tile 128x128x128, "
+         "max_active_clusters 1; scales 2^-1..2^1", _SM120_BS_TOL)
+def _geforce_bs_cooperative_mxfp4(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 128, 128, 256, (128, 128, 128), 1, fmt="mxfp4")
+
+
+@example("blackwell_geforce/blockscaled_gemm_cooperative_mxfp8",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_120a", "RTX5090",
+         "M=N=128 K=256 L=1 MXFP8 (E4M3 x E4M3, block-32 UE8M0 scales: MmaMXF8Op, mma kind::mxf8f6f4 "
+         "scale_vec::1X) -> fp16, tile 128x128x128, max_active_clusters 1; E4M3 codes of magnitude 2^-3..2^3, "
+         "scales 2^-1..2^1", _SM120_BS_TOL)
+def _geforce_bs_cooperative_mxfp8(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 128, 128, 256, (128, 128, 128), 1, fmt="mxfp8")
+
+
+@example("blackwell_geforce/blockscaled_gemm_cooperative_mxf4_mxf8",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_120a", "RTX5090",
+         "M=N=128 K=256 L=1 mixed A E2M1 x B E4M3, block-32 UE8M0 scales (the dispatch's MmaMXF8F6F4Op: mma "
+         "kind::mxf8f6f4 .e2m1.e4m3, A through ldmatrix .m8n16 .b8x16.b4x16_p64 and a 2-bit shift) -> fp16, tile "
+         "128x128x128, max_active_clusters 1", _SM120_BS_TOL)
+def _geforce_bs_cooperative_mixed(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 128, 128, 256, (128, 128, 128), 1, fmt="mxf4_fp8")
+
+
+@example("blackwell_geforce/blockscaled_gemm_pingpong", f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_pingpong.py",
+         "sm_120a", "RTX5090",
+         f"M=N=256 K=256 L=1 {_SM120_NVFP4}; tile 128x128x128, two MMA warp groups alternating tiles, "
+         "max_active_clusters 1 (one persistent CTA, 4 tiles)", _SM120_BS_TOL)
+def _geforce_bs_pingpong(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 256, 256, 256, (128, 128, 128), 1)
+
+
+@example("blackwell_geforce/blockscaled_gemm_cooperative_sm121a",
+         f"{GEFORCE_BS}/dense_blockscaled_gemm_persistent_cooperative.py", "sm_121a", "GB10",
+         f"as blackwell_geforce/blockscaled_gemm_cooperative (M=256 N=128 K=256, {_SM120_NVFP4}), compiled for "
+         "sm_121a (DGX Spark) and run on the GB10 profile", _SM120_BS_TOL)
+def _geforce_bs_cooperative_sm121(mod, h: Harness):
+    return _sm120_blockscaled(mod, h, 256, 128, 256, (128, 128, 128), 1)
+
+
+@example("blackwell_geforce/dense_gemm", "cute/blackwell_geforce/kernel/dense_gemm/dense_gemm.py", "sm_120a",
+         "RTX5090",
+         "M=N=128 K=256 L=1 fp16 in / fp32 acc / fp16 out, tile 64x64x64 (the example's default), 2x2 MMA warps + "
+         "1 TMA warp, max_active_clusters 4 (16 tiles on 4 persistent CTAs), A/B K-major, C N-major (example data: "
+         "integers in [-2, 2])", "bit-exact (integer data: products, fp32 sums and the fp16 result are exact)")
+def _geforce_dense_gemm(mod, h: Harness):
+    import cutlass
+    import torch
+
+    gemm = mod.Sm120GemmKernel(cutlass.Float32, (64, 64, 64))
+    return _gemm_mkl(gemm, h, 128, 128, 256, 1, torch.float16, torch.float16, constexprs=(4,))
+
+
 def child_main(checkout: Path, name: str, schedules=tuple(SCHEDULES)) -> dict:
     ex = EXAMPLES[name]
     root = checkout / EXAMPLES_SUBDIR

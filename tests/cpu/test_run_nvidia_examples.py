@@ -26,8 +26,20 @@ def test_list_names_every_example_with_its_arch(h, capsys):
     out = capsys.readouterr().out
     for ex in h.EXAMPLES.values():
         assert ex.name in out and ex.path in out
-        assert ex.arch in ("sm_80", "sm_90a", "sm_100a")
-    assert {"ampere/tensorop_gemm", "hopper/dense_gemm", "blackwell/dense_blockscaled_gemm_persistent"} <= set(h.EXAMPLES)
+        assert ex.arch in ("sm_80", "sm_90a", "sm_100a", "sm_120a", "sm_121a")
+    assert {"ampere/tensorop_gemm", "hopper/dense_gemm", "blackwell/dense_blockscaled_gemm_persistent",
+            "blackwell_geforce/blockscaled_gemm_cooperative", "blackwell_geforce/dense_gemm"} <= set(h.EXAMPLES)
+
+
+def test_every_example_runs_on_the_device_profile_of_its_arch(h):
+    """The emulator device profile of each example has the compute capability of its arch: an sm_120a / sm_121a
+    example runs on a GeForce-Blackwell profile (99 KB of shared memory per CTA, the limit its kernels are sized
+    for), never on a datacenter profile that would hide an oversized launch."""
+    from nvgemm.emulator.ptx.machine import DEVICES
+
+    for ex in h.EXAMPLES.values():
+        digits = ex.arch[3:].rstrip("af")
+        assert DEVICES[ex.device].cc == (int(digits[:-1]), int(digits[-1])), ex.name
 
 
 def test_refusals(h, tmp_path, capsys):

@@ -217,3 +217,105 @@ def test_a_byte_id_the_emulator_does_not_model_is_an_error():
          torch.zeros(32, dtype=torch.int32), torch.zeros(32, dtype=torch.int32), torch.zeros(32, 4)]
     with pytest.raises(EmulationError, match="byte-id-a 1 with .scale_vec::4X"):
         launch_ptx(mma_ptx(*NVF4, selectors(1, 0, 0, 0)), (1, 1, 1), (32, 1, 1), z)
+
+
+# ------------------------------------------------------------------------------------------ FP4 in 8-bit containers
+
+LDM = """.version 8.7
+.target sm_120a
+.address_size 64
+.shared .align 128 .b8 buf[1024];
+.visible .entry k(.param .u64 p_in, .param .u64 p_out)
+{
+.reg .b32 %r<16>;
+.reg .b64 %rd<16>;
+ld.param.u64 %rd1, [p_in]; ld.param.u64 %rd2, [p_out];
+mov.u32 %r1, %laneid;
+mov.u32 %r2, buf;
+mul.wide.u32 %rd3, %r1, 8; add.s64 %rd4, %rd1, %rd3; ld.global.b64 %rd5, [%rd4];
+mul.lo.u32 %r3, %r1, 16; add.u32 %r4, %r2, %r3; st.shared.b64 [%r4], %rd5;
+bar.sync 0;
+mul.lo.u32 %r5, %r1, 16; add.u32 %r6, %r2, %r5;
+ldmatrix.sync.aligned.m8n16.x4.shared.b8x16.b4x16_p64 {%r10, %r11, %r12, %r13}, [%r6];
+mul.wide.u32 %rd6, %r1, 16; add.s64 %rd7, %rd2, %rd6; st.global.v4.b32 [%rd7], {%r10, %r11, %r12, %r13};
+ret;
+}
+"""
+
+
+def test_ldmatrix_m8n16_b4x16_p64_unpacks_each_nibble_into_the_low_bits_of_a_byte(seed):
+    """Four 8 x 16 matrices of 4-bit codes, row r of matrix i at shared offset 16 (8 i + r) (8 packed bytes, the
+    even element in the low nibble, then 8 padding bytes never written: reading them would be an uninitialised
+    shared read); lane t's register i holds row t / 4, columns 4 (t % 4) .. + 3 of matrix i, one per byte, the
+    4-bit value in the low nibble (PTX ISA ldmatrix, 8x16 fragment layout)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (4, 8, 16), generator=g)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8).reshape(32, 8)
+    out = torch.zeros(32, 4, dtype=torch.int32)
+    launch_ptx(LDM, (1, 1, 1), (32, 1, 1), [packed.contiguous().view(torch.int64).reshape(32), out], device="RTX5090")
+    o = out.numpy().view(np.uint32)
+    for t in range(32):
+        for i in range(4):
+            want = sum(int(codes[i, t // 4, 4 * (t % 4) + j]) << (8 * j) for j in range(4))
+            assert o[t, i] == want, (t, i)
+
+
+@pytest.mark.parametrize("at,bt", [("e2m1", "e4m3"), ("e5m2", "e2m1"), ("e2m1", "e2m1")])
+def test_mxf8f6f4_e2m1_operand_sits_in_bits_5_to_2_of_its_byte(at, bt, seed):
+    """kind::mxf8f6f4 with an e2m1 operand: one element per byte of the m16n8k32 8-bit fragment, its code in
+    bits 5..2 (the other bits zero); random e2m1 codes against the ISA decode."""
+    codes = {"e2m1": torch.arange(16, dtype=torch.int64) << 2, "e4m3": FP8_OK, "e5m2": E5M2_OK}
+
+    def dec_container(c, fmt):
+        return dec(c >> 2, "e2m1") if fmt == "e2m1" else dec(c, fmt)
+
+    K, nsf = 32, 1
+    g = torch.Generator().manual_seed(seed)
+    A = codes[at][torch.randint(0, len(codes[at]), (16, K), generator=g)]
+    B = codes[bt][torch.randint(0, len(codes[bt]), (K, 8), generator=g)]
+    C = torch.randint(-64, 65, (16, 8), generator=g).float() / 8
+    SA = UE8M0_OK[torch.randint(0, len(UE8M0_OK), (16, nsf), generator=g)]
+    SB = UE8M0_OK[torch.randint(0, len(UE8M0_OK), (nsf, 8), generator=g)]
+    fa, fb, fc = fragments(A, B, C, K, 8)
+    sa, sb = scale_regs(SA, SB, nsf, 2, 0, 1, 3, seed + 1)
+    d = torch.zeros(32, 4)
+    launch_ptx(mma_ptx("kind::mxf8f6f4", "scale_vec::1X", "m16n8k32", at, bt, "ue8m0", selectors(2, 0, 1, 3)),
+               (1, 1, 1), (32, 1, 1), [fa, fb, fc, sa, sb, d], device="RTX5090")
+    want = ((dec_container(A, at) * dec(SA, "ue8m0")) @ (dec_container(B, bt) * dec(SB, "ue8m0")) + C.double()).float()
+    got = torch.zeros(16, 8)
+    for lane in range(32):
+        for i in range(4):
+            got[(lane >> 2) + 8 * (i >= 2), (lane % 4) * 2 + (i & 1)] = d[lane, i]
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_tma_b4x16_p64_map_pads_each_16_elements_to_16_shared_bytes():
+    """A hand-built rank-2 map of element type 12 (16U4_ALIGN16B, .b4x16_p64): a 32 x 64 box of 4-bit elements
+    from a (40 rows, 64 elements) tensor lands as 16-byte units per 16 elements, the 8 packed bytes first and the
+    8 padding bytes unwritten; rows past the tensor are zero-filled; the transaction count is the packed size."""
+    from nvgemm.emulator.isa.tma import decode_tensor_map, tile_load
+
+    addr, rows, cols, stride = 0x10000, 40, 64, 64  # stride in bytes (a padded row pitch of the global tensor)
+    q = [0] * 16
+    q[0] = addr
+    q[1] = 0b0010 | (1 << 4) | (12 << 7) | (0x0004 << 16) | ((stride >> 4) << 32)
+    q[4] = (cols - 1) | ((rows - 1) << 32)
+    q[6] = (64 - 1) << 56
+    q[7] = 32 - 1
+    raw = b"".join(x.to_bytes(8, "little") for x in q)
+    tm = decode_tensor_map(raw)
+    assert tm.dtype == "b4x16_p64" and tm.box == (64, 32) and tm.box_bytes == 64 * 32 // 2
+    gmem = np.random.default_rng(0).integers(0, 256, rows * stride, dtype=np.uint8)
+
+    def read_global(a, width):
+        off = a.astype(np.int64) - addr
+        return np.stack([gmem[o:o + width] for o in off])
+
+    saddr, data = tile_load(tm, (0, 16), 0, read_global)  # rows 16..47: 24 in bounds, 8 past the end
+    assert data.shape == (32 * 4, 8)
+    for r in range(32):
+        for u in range(4):
+            j = r * 4 + u
+            assert saddr[j] == 16 * j  # no swizzle: unit j at 16 j, its padding at 16 j + 8 untouched
+            want = gmem[(16 + r) * stride + 8 * u:(16 + r) * stride + 8 * u + 8] if 16 + r < rows else np.zeros(8)
+            assert (data[j] == want).all(), (r, u)

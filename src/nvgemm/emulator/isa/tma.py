@@ -17,7 +17,13 @@ q1 bits 4-6    rank - 1
 q1 bits 7-12   element type: 0 = 8-bit (fp8 operands: established by NVIDIA's Hopper dense_gemm
                example with e4m3 A/B running bit-exact through its TMA loads, bench/run_nvidia_examples.py),
                1 = 16-bit (CuTe's view of the e4m3 scale-factor blocks), 6 = f16, 7 = f32, 10 = bf16,
-               11 = packed 4-bit (e2m1; dims and box count 4-bit elements); other codes are rejected
+               11 = packed 4-bit (e2m1; dims and box count 4-bit elements), 12 = 4-bit padded in shared
+               memory (``.b4x16_p64``, CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B: each 16 packed elements, 8 bytes
+               in global memory, land in 16 bytes of shared memory, data first, the 8 padding bytes left
+               unwritten; dims, box and coordinates count 4-bit elements in groups of 16, the transaction
+               count is the packed bytes -- established by NVIDIA's sm_120 mixed E2M1 x E4M3 block-scaled
+               example: its expect_tx is the packed size, its ldmatrix .b4x16_p64 reads the padded rows, and
+               it runs bit-exact); other codes are rejected
 q1 bits 13-14  swizzle: 0 none, 1 32B, 2 64B, 3 128B
 q1 bits 16-31  ``0x0004``, or ``0x0024`` for the two 128 KiB tensors of the experiment (bit 21: no
                functional input varied with it -- taken as a cache hint, **unverified**); others rejected
@@ -50,7 +56,8 @@ from nvgemm.emulator.isa.errors import IsaError
 from nvgemm.emulator.isa.smem_desc import swizzle
 
 #: element type code -> (name, size in bits)
-TMA_DTYPES = {0: ("b8", 8), 1: ("b16", 16), 6: ("f16", 16), 7: ("f32", 32), 10: ("bf16", 16), 11: ("b4", 4)}
+TMA_DTYPES = {0: ("b8", 8), 1: ("b16", 16), 6: ("f16", 16), 7: ("f32", 32), 10: ("bf16", 16), 11: ("b4", 4),
+              12: ("b4x16_p64", 4)}
 _CONTROL_OK = (0x0004, 0x0024)
 
 
@@ -105,7 +112,7 @@ def decode_tensor_map(raw: bytes) -> TensorMap:
         raise IsaError(f"{where}: global address not 16-byte aligned")
     sw = (0, 32, 64, 128)[_f(q[1], 13, 2)]
     box = tuple(int(b) + 1 for b in box_enc[:rank])
-    if sw and box[0] * bits > 8 * sw:
+    if sw and box[0] * (8 if name == "b4x16_p64" else bits) > 8 * sw:  # shared-memory bytes of the inner extent
         raise IsaError(f"{where}: box inner extent {box[0] * bits // 8} bytes exceeds the {sw}B swizzle span")
     return TensorMap(q[0], rank, name, bits, tuple(int(d) + 1 for d in dim_enc[:rank]),
                      tuple(int(s) << 4 for s in stride_enc[:rank - 1]), box, sw, bytes(raw[:128]))
@@ -121,7 +128,14 @@ def _box_geometry(tm: TensorMap, coords) -> tuple[np.ndarray, np.ndarray, np.nda
     c = [int(x) for x in coords]
     box = list(tm.box)
     dims = list(tm.dims)
-    if tm.elem_bits == 4:
+    stride_s = None
+    if tm.dtype == "b4x16_p64":  # units of 16 elements: 8 bytes in global memory, 16 in shared memory
+        if c[0] % 16 or box[0] % 16 or dims[0] % 16:
+            raise IsaError(f"TMA .b4x16_p64 map: coordinate {c[0]}, box {box[0]} and dim {dims[0]} must be multiples "
+                           f"of 16 (other cases are not modelled)")
+        c[0], box[0], dims[0] = c[0] // 16, box[0] // 16, dims[0] // 16
+        unit, stride_s = 8, 16
+    elif tm.elem_bits == 4:
         if c[0] % 2 or box[0] % 2 or dims[0] % 2:
             raise IsaError(f"TMA 4-bit map: coordinate {c[0]}, box {box[0]} and dim {dims[0]} must be even")
         c[0], box[0], dims[0] = c[0] // 2, box[0] // 2, dims[0] // 2
@@ -137,7 +151,7 @@ def _box_geometry(tm: TensorMap, coords) -> tuple[np.ndarray, np.ndarray, np.nda
     gaddr = tm.address + gcoord[0] * unit
     for d in range(1, tm.rank):
         gaddr = gaddr + gcoord[d] * tm.strides[d - 1]
-    soff = np.arange(idx[0].size, dtype=np.int64) * unit
+    soff = np.arange(idx[0].size, dtype=np.int64) * (stride_s or unit)
     return gaddr, inb, soff, unit
 
 
@@ -165,6 +179,8 @@ def tile_store(tm: TensorMap, coords, smem_addr: int, read_shared: Callable[[np.
     """The writes one box store makes: returns (global addresses (n,), bytes (n, unit)) of in-bounds elements."""
     if smem_addr % 128:
         raise IsaError(f"TMA store from shared address {smem_addr:#x}: must be 128-byte aligned")
+    if tm.dtype == "b4x16_p64":
+        raise IsaError("TMA store through a .b4x16_p64 map is not modelled")
     gaddr, inb, soff, unit = _box_geometry(tm, coords)
     saddr = swizzle(smem_addr + soff, tm.swizzle)
     return gaddr[inb], read_shared(saddr[inb], unit)

@@ -163,8 +163,9 @@ def check_launch(launch: Launch) -> None:
                              f"{dev.max_smem_optin}")
     ctas = cl[0] * cl[1] * cl[2]
     if ctas > dev.max_cluster:
+        none = " (no thread block clusters)" if dev.max_cluster == 1 else ""
         raise EmulationError(f"cluster shape {cl} ({ctas} CTAs) exceeds device profile {dev.name}'s maximum cluster "
-                             f"size {dev.max_cluster}" + (" (no thread block clusters)" if dev.max_cluster == 1 else ""))
+                             f"size {dev.max_cluster}{none}")
     reqntid = launch.program.entry.directives.get("reqntid")
     if reqntid and tuple(reqntid) + (1,) * (3 - len(reqntid)) != tuple(block):
         raise EmulationError(f"launch block {block} does not match the kernel's .reqntid {reqntid}")

@@ -436,6 +436,6 @@ class Launch:
     stats: dict[str, int] = field(default_factory=dict)
 
 
-__all__ = ["ARCH_DEVICES", "AsyncWrite", "CLUSTER_RANK_SHIFT", "Cluster", "Cta", "DEVICES", "DeviceProfile", "GlobalMemory",
-           "FULL", "JUMPED", "LANES", "LANE_IDS", "Launch", "PARAM_WINDOW", "SHARED_WINDOW", "SharedMemory", "Wait", "Warp",
-           "device_for_arch"]
+__all__ = ["ARCH_DEVICES", "AsyncWrite", "CLUSTER_RANK_SHIFT", "Cluster", "Cta", "DEVICES", "DeviceProfile",
+           "GlobalMemory", "FULL", "JUMPED", "LANES", "LANE_IDS", "Launch", "PARAM_WINDOW", "SHARED_WINDOW",
+           "SharedMemory", "Wait", "Warp", "device_for_arch"]

@@ -8,6 +8,14 @@ elements of matrix ``i`` (the first in the low half): without ``.trans`` row ``t
 ``2 (t % 4) + 1``; with ``.trans`` the matrix is transposed on the way, so the lane holds rows ``2 (t % 4)`` and
 ``2 (t % 4) + 1`` of column ``t / 4``. ``stmatrix`` is the same mapping in the other direction. Both are warp
 collectives: every lane must execute them.
+
+``ldmatrix.sync.aligned.m8n16.{x1,x2,x4}{.shared{::cta}}.b8x16.b4x16_p64`` (sm_100a / sm_120a): each 8 x 16
+matrix row is 16 unsigned 4-bit elements packed in 8 bytes (element ``j`` in byte ``j / 2``, the even one in the
+low nibble) followed by 64 bits of padding (not read), so row addresses are again 16-byte aligned; lane ``t``
+receives row ``t / 4``, columns ``4 (t % 4) .. 4 (t % 4) + 3`` as four 8-bit elements of its register (the
+first in the low byte), each 4-bit value in the low four bits of its byte and the upper four bits zero (CUTLASS's sm_120 collective
+shifts such a register left by 2 for ``mma .kind::mxf8f6f4``, whose 8-bit e2m1 container holds the value in
+bits 5..2). ``.b6x16_p32`` and the ``.m16n16`` shapes are not modelled.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ _COL = ((LANE_IDS & 3) * 2).astype(np.int64)  # 2 (t % 4)
 
 def _decode(ins, ctx):
     p = ins.parts
+    if "m8n16" in p:
+        return _decode_m8n16(ins, ctx)
     mods = p[1:-1]
     if p[-1] != "b16" or mods[:3] != ["sync", "aligned", "m8n8"] or len(mods) < 4 or mods[3] not in _NUM:
         raise ctx.unsupported(ins, "only .sync.aligned.m8n8.{x1,x2,x4}{.trans}{.shared}.b16")
@@ -36,6 +46,19 @@ def _decode(ins, ctx):
     if len(rest) > 1 or space not in (None, "shared", "shared::cta"):
         raise ctx.unsupported(ins, f"modifiers {rest}")
     return _NUM[mods[3]], trans, space
+
+
+def _decode_m8n16(ins, ctx):
+    p = ins.parts
+    if p[0] != "ldmatrix" or p[-2:] != ["b8x16", "b4x16_p64"] or p[1:4] != ["sync", "aligned", "m8n16"] \
+            or len(p) < 7 or p[4] not in _NUM:
+        raise ctx.unsupported(ins, "of the .m8n16 forms only ldmatrix.sync.aligned.m8n16.{x1,x2,x4}{.shared}"
+                                   ".b8x16.b4x16_p64")
+    rest = p[5:-2]
+    space = rest[0] if rest else None
+    if len(rest) > 1 or space not in (None, "shared", "shared::cta"):
+        raise ctx.unsupported(ins, f"modifiers {rest}")
+    return _NUM[p[4]], "b4x16_p64", space
 
 
 def _operands(ins, ctx, load: bool):
@@ -65,6 +88,9 @@ def _ldmatrix(ins, ctx):
     n, trans, space, items, ga, lanes = _operands(ins, ctx, load=True)
     sets = [ctx.dst(x, np.uint32) for x in items]
 
+    if trans == "b4x16_p64":
+        return _ldmatrix_b4x16_p64(ins, n, space, sets, ga, lanes)
+
     def ex(w, m):
         addrs = _rows(w, ins, m, ga, n)
         mat = np.ascontiguousarray(read_bytes(w, ins, space, addrs, 16, lanes)).view(np.uint16).reshape(n, 8, 8)
@@ -74,6 +100,20 @@ def _ldmatrix(ins, ctx):
             else:
                 lo, hi = mat[i, _ROW, _COL], mat[i, _ROW, _COL + 1]
             sets[i](w, m, lo.astype(np.uint32) | (hi.astype(np.uint32) << np.uint32(16)))
+
+    return ex
+
+
+def _ldmatrix_b4x16_p64(ins, n, space, sets, ga, lanes):
+    shifts = (np.arange(4, dtype=np.uint32) * np.uint32(8))[None, :]
+
+    def ex(w, m):
+        addrs = _rows(w, ins, m, ga, n)
+        raw = np.ascontiguousarray(read_bytes(w, ins, space, addrs, 8, lanes)).reshape(n, 8, 8)  # padding unread
+        nib = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(n, 8, 16).astype(np.uint32)  # [matrix, row, column]
+        cols = (LANE_IDS & 3).astype(np.int64)[:, None] * 4 + np.arange(4)[None, :]  # [lane, byte]
+        for i in range(n):
+            sets[i](w, m, (nib[i][_ROW[:, None], cols] << shifts).sum(axis=1, dtype=np.uint32))
 
     return ex
 

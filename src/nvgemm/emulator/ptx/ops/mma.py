@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nvgemm.emulator.isa import numerics
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.machine import FULL, LANE_IDS
 from nvgemm.emulator.ptx.ops.fp import from_bits, round_fmt, to_bits
@@ -141,12 +142,14 @@ def _mma(ins, ctx):
 # D = (A * scale_A) (B * scale_B) + C. scale_A is M x SF (SF = 1, 2, 4 for scale_vec::1X / 2X / 4X): each row
 # of A is cut into SF chunks of K / SF elements, chunk s multiplied by scale_A[m, s]; scale_B is SF x N,
 # likewise per column of B. Valid combinations (ISA table "Valid combinations of .scale_vec_size and .kind"):
-#   kind::mxf8f6f4  e4m3 / e5m2 (/ e3m2, e2m3, e2m1: not modelled here)  ue8m0  1X   m16n8k32
+#   kind::mxf8f6f4  e4m3 / e5m2 / e2m1 (e3m2, e2m3: not modelled)       ue8m0  1X   m16n8k32
 #   kind::mxf4      e2m1                                                  ue8m0  2X   m16n8k64
 #   kind::mxf4nvf4  e2m1                                                  ue8m0  2X / 4X, ue4m3 4X   m16n8k64
 #
 # Fragments (groupID G = laneid >> 2, threadID_in_group Q = laneid % 4; E elements per .b32 register, 8 for
-# e2m1 packed low nibble first, 4 for 8-bit types low byte first; element i in register i // E, slot i % E):
+# e2m1 packed low nibble first (kinds mxf4 / mxf4nvf4), 4 for 8-bit containers low byte first (kind::mxf8f6f4,
+# whose e2m1 operand sits in bits 5..2 of its byte: CUTLASS's sm_120 collective shifts the ldmatrix
+# .b4x16_p64 result left by 2 for it); element i in register i // E, slot i % E):
 #   A (16 x K): 4 registers; row = G + 8 * (r % 2), col = Q * E + (i % E) + (K / 2) * (r // 2), r = i // E
 #   B (K x 8):  2 registers; row = Q * E + (i % E) + (K / 2) * r, col = G
 #   C / D:      as m16n8k16 (f32).
@@ -161,7 +164,8 @@ _BS_VALID = {
     "kind::mxf4nvf4": ({("e2m1", "e2m1")}, {("scale_vec::2X", "ue8m0"), ("scale_vec::4X", "ue8m0"),
                                              ("scale_vec::4X", "ue4m3")}),
     "kind::mxf4": ({("e2m1", "e2m1")}, {("scale_vec::2X", "ue8m0")}),
-    "kind::mxf8f6f4": ({(x, y) for x in ("e4m3", "e5m2") for y in ("e4m3", "e5m2")}, {("scale_vec::1X", "ue8m0")}),
+    "kind::mxf8f6f4": ({(x, y) for x in ("e4m3", "e5m2", "e2m1") for y in ("e4m3", "e5m2", "e2m1")},
+                       {("scale_vec::1X", "ue8m0")}),
 }
 _SF_COUNT = {"scale_vec::1X": 1, "scale_vec::2X": 2, "scale_vec::4X": 4}
 
@@ -206,8 +210,6 @@ def _scale_codes(reg: np.ndarray, lanes: np.ndarray, nsf: int, byte_id: int) -> 
 
 
 def _mma_block_scale(ins, ctx):
-    from nvgemm.emulator.isa import numerics
-
     p = ins.parts
     kind = next((x for x in p if x.startswith("kind::")), None)
     vec = next((x for x in p if x.startswith("scale_vec::")), None)
@@ -224,7 +226,10 @@ def _mma_block_scale(ins, ctx):
                                    f"models (PTX ISA valid combinations; e3m2 / e2m3 / e2m1 in mxf8f6f4 are not "
                                    f"modelled)")
     k = 64 if shape == "m16n8k64" else 32
-    epr = 8 if at == "e2m1" else 4
+    epr = 8 if k == 64 else 4
+    # an e2m1 operand of kind::mxf8f6f4: the 4-bit code in bits 5..2 of its 8-bit container
+    code_a = (lambda c: (c >> np.uint32(2)) & np.uint32(0xF)) if (k == 32 and at == "e2m1") else (lambda c: c)
+    code_b = (lambda c: (c >> np.uint32(2)) & np.uint32(0xF)) if (k == 32 and bt == "e2m1") else (lambda c: c)
     nsf = _SF_COUNT[vec]
     if len(ins.operands) != 8:
         raise ctx.unsupported(ins, "operand count (d, a, b, c, scale-a-data, {byte-id-a, thread-id-a}, "
@@ -270,8 +275,8 @@ def _mma_block_scale(ins, ctx):
         ar = np.stack([np.asarray(g(w), np.uint32) for g in ga])
         br = np.stack([np.asarray(g(w), np.uint32) for g in gb])
         cr = np.stack([np.asarray(g(w), np.float32) for g in gc])
-        A = numerics.values(_unpack(ar, epr).ravel()[a_g], at).reshape(16, k)
-        B = numerics.values(_unpack(br, epr).ravel()[b_g], bt).reshape(8, k)
+        A = numerics.values(code_a(_unpack(ar, epr).ravel()[a_g]), at).reshape(16, k)
+        B = numerics.values(code_b(_unpack(br, epr).ravel()[b_g]), bt).reshape(8, k)
         sfa = numerics.values(_scale_codes(np.asarray(gsa(w), np.uint32), SFA_LANE + 2 * tid_a, nsf, bid_a), st)
         sfb = numerics.values(_scale_codes(np.asarray(gsb(w), np.uint32), SFB_LANE + tid_b, nsf, bid_b), st)
         A = A * np.repeat(sfa, chunk, axis=1)

@@ -68,6 +68,11 @@ FAMILIES: dict[str, Family] = {
         companions=("tests/compile/test_sm90_moe_compile.py", "tests/cpu/test_sm90_moe_worklist.py",
                     "tests/cpu/test_sm90_moe_policy.py"),
     ),
+    "sm120_w4a4": Family(
+        sources=("src/nvgemm/templates/sm120_w4a4/",),
+        emulator=("tests/emulator/test_sm120_w4a4_emu.py",),
+        companions=("tests/compile/test_sm120_compile.py", "tests/cpu/test_sm120_w4a4.py"),
+    ),
     "triton": Family(
         sources=("src/nvgemm/templates/triton/",),
         emulator=(),
@@ -84,8 +89,9 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 # the sm100 MoE kernel subclasses the dense sm100 kernel, and the sm90 MoE kernel the sm90 mma kernel: a
-# mutation of the dense source is also run against the grouped family's tests
-_ALSO = {"sm100_w4a4": ("sm100_moe",), "sm90_w4a16": ("sm90_moe",)}
+# mutation of the dense source is also run against the grouped family's tests; the sm120 W4A4 kernel
+# runs the sm90 decode kernel's epilogue and split-K reduce (sm90_w4a16/common.py)
+_ALSO = {"sm100_w4a4": ("sm100_moe",), "sm90_w4a16": ("sm90_moe", "sm120_w4a4")}
 
 
 def families_of_source(path: str) -> list[str]:

@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FAMILIES = ("sm100_w4a4", "sm90_w4a16", "sm100_moe", "sm90_moe", "triton")
+FAMILIES = ("sm100_w4a4", "sm90_w4a16", "sm100_moe", "sm90_moe", "sm120_w4a4", "triton")
 FOLDERS = ("tests/emulator", "tests/cpu", "tests/compile")
 INTERP_TEST = "tests/cpu/test_triton_interpreter.py::test_triton_kernels_under_interpreter"
 CACHE_VARS = ("NVGEMM_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUTE_DSL_CACHE_DIR")
@@ -83,8 +83,32 @@ class Mutation:
 _K100 = "src/nvgemm/templates/sm100_w4a4/kernel.py"
 _E100 = "src/nvgemm/templates/sm100_w4a4/epilogue.py"
 _C90 = "src/nvgemm/templates/sm90_w4a16/common.py"
+_K120 = "src/nvgemm/templates/sm120_w4a4/kernel.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
+    # ---- sm120 W4A4 decode kernel (mma.sync kind::mxf4nvf4 block_scale)
+    Mutation(
+        "sm120-a-fragment-half-offset", _K120,
+        "(lane % 8 + 8 * (mat % 2)) * self.row_b",
+        "(lane % 8 + 8 * (mat // 2)) * self.row_b",
+        "the ldmatrix row offset of the A fragment takes rows g + 8 from the wrong matrix (registers 1 and 2 "
+        "swap rows 8-15 with K 32-63)"),
+    Mutation(
+        "sm120-ktail-scale-bytes", _K120,
+        "                nb = cutlass.max(cutlass.min(kb - slab * 4, 4), 0)\n",
+        "                nb = Int32(4)\n",
+        "the weight scale copies drop their K-tail predicate: a slab past K/16 copies 4 padding bytes"),
+    Mutation(
+        "sm120-requant-pair-shuffle", _K120,
+        "q_hi = cute.arch.shuffle_sync_bfly(qv, offset=4)",
+        "q_hi = cute.arch.shuffle_sync_bfly(qv, offset=8)",
+        "the fused requant packs feature g with feature g + 2 (lane g ^ 2) instead of g + 1 in a byte"),
+    Mutation(
+        "sm120-splitk-range-drops-leftover", _K120,
+        "per = (n_stage + self.split_k - 1) // self.split_k",
+        "per = n_stage // self.split_k",
+        "split-K ranges of floor(stages / S) stages: the leftover stages of an uneven split are never "
+        "accumulated"),
     # ---- sm100 W4A4 dense kernel (the grouped MoE kernel inherits it)
     Mutation(
         "sm100-splitk-uneven-drops-leftover", _K100,

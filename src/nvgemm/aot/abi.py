@@ -121,7 +121,7 @@ from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.status import Status
 
 # Target arches nvgemm compiles for (explicit; never probed from a device).
-TARGET_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_110a")
+TARGET_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_110a", "sm_120a", "sm_121a")
 
 # Operand formats named in a CompileSpec.
 OPERAND_FORMATS = ("nvfp4", "bf16", "fp16", "fp8_e4m3", "fp32")
@@ -173,6 +173,8 @@ DEFAULT_HW = {
     "sm_100f": HardwareSpec(sm_count=148),
     "sm_103a": HardwareSpec(sm_count=148),  # B300
     "sm_110a": HardwareSpec(sm_count=20),  # Thor
+    "sm_120a": HardwareSpec(sm_count=170),  # RTX 5090 (RTX PRO 6000 Blackwell: 188)
+    "sm_121a": HardwareSpec(sm_count=48),  # DGX Spark GB10
 }
 
 

@@ -84,7 +84,8 @@ def run(args) -> int:
         print(f"  {dist:<20} {_version(dist) or 'missing'}")
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability()
-        family = {(10, 0): "cutedsl_sm100 (W4A4)", (9, 0): "cutedsl_sm90 (W4A16)"}.get(cap, "triton_w4a16 / emulated")
+        family = {(10, 0): "cutedsl_sm100 (W4A4)", (9, 0): "cutedsl_sm90 (W4A16)", (12, 0): "cutedsl_sm120 (W4A4)",
+                  (12, 1): "cutedsl_sm120 (W4A4)"}.get(cap, "triton_w4a16 / emulated")
         print(f"GPU: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}): nvgemm kernels {family}")
     else:
         print("GPU: none (every linear runs on the emulated backend; kernels can still be compiled "

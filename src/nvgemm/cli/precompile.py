@@ -22,7 +22,8 @@ For each arch, layer GEMM (N, K) and M bucket, the candidate policy (``nvgemm.he
 up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.aot.abi.CompileSpec`
 (duplicates across layers/buckets collapse: shapes are dynamic, not part of the key). Specs already
 in the cache are skipped; the rest compile in ``--jobs`` worker processes. No GPU is needed: the
-arch is explicit and SM counts come from ``--gpu`` (default: B200 for sm_100a, H100 for sm_90a).
+arch is explicit and SM counts come from ``--gpu`` (default: B200 for sm_100a, H100 for sm_90a; for
+sm_120a / sm_121a, which have no named GPU, the arch's default: RTX 5090's 170 / GB10's 48 SMs).
 
 Exit status: 0 when every kernel is compiled or cached, 3 when some failed (listed with reasons),
 2 on bad arguments, including a request that names no arch or whose every GEMM has no kernel.
@@ -68,7 +69,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      "from the tensor headers only")
     src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
     src.add_argument("--selftest", action="store_true", help="build the tiny AOT selftest kernel (toolchain check)")
-    p.add_argument("--arch", default="sm_100a,sm_90a", help="comma-separated target arches (default sm_100a,sm_90a)")
+    p.add_argument("--arch", default="sm_100a,sm_90a",
+                   help="comma-separated target arches: sm_100a, sm_100f, sm_103a, sm_90a, sm_120a, sm_121a (default sm_100a,sm_90a)")
     p.add_argument("--gpu", default=None, help="named GPU for SM counts (default per arch: B200 / B300 / H100)")
     p.add_argument("--sm-count", type=int, default=None, help="override the SM count")
     p.add_argument("--m-buckets", type=int_list, default=None, metavar="B1,B2,...",
@@ -170,7 +172,10 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     for arch in arches:
         check_arch_gpu(arch, args.gpu)
         gpu = args.gpu or ARCH_DEFAULT_GPU.get(arch)
-        target = Target.from_gpu(gpu, args.sm_count)
+        if gpu is None:  # an arch without a named GPU (sm_120a / sm_121a): its default SM count
+            target = Target(arch, args.sm_count or DEFAULT_HW[arch].sm_count)
+        else:
+            target = Target.from_gpu(gpu, args.sm_count)
         if target.arch != arch:
             target = Target(arch, target.sm_count, target.gpu)
         a_format = "bf16" if target.family == "sm90" else "nvfp4"
@@ -199,7 +204,8 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     return title, list((lbl, s) for s, lbl in specs.items()), skipped
 
 
-ARCH_CAPABILITY = {"sm_100a": (10, 0), "sm_100f": (10, 0), "sm_103a": (10, 3), "sm_90a": (9, 0)}
+ARCH_CAPABILITY = {"sm_100a": (10, 0), "sm_100f": (10, 0), "sm_103a": (10, 3), "sm_90a": (9, 0), "sm_120a": (12, 0),
+                   "sm_121a": (12, 1)}
 
 
 def check_arch_gpu(arch: str, gpu: str | None) -> None:
@@ -231,7 +237,8 @@ def _vllm_specs(args, arches):
     skipped: list[tuple[str, str]] = []
     for arch in arches:
         check_arch_gpu(arch, args.gpu)
-        sm_count = args.sm_count or Target.from_gpu(args.gpu or ARCH_DEFAULT_GPU[arch]).sm_count
+        gpu = args.gpu or ARCH_DEFAULT_GPU.get(arch)
+        sm_count = args.sm_count or (Target.from_gpu(gpu).sm_count if gpu else DEFAULT_HW[arch].sm_count)
         for g in dict.fromkeys(gemms):
             label = f"{g.layer} N={g.n} K={g.k} tp={args.tp} {arch}"
             backends_used = set()

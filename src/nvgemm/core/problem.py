@@ -231,7 +231,8 @@ class Candidate:
         return BACKEND_OF_CONFIG.get(type(self.config).__name__, "unknown")
 
 
-BACKEND_OF_CONFIG = {"Sm100Nvfp4GemmConfig": "cutedsl_sm100", "Sm90W4A16Config": "cutedsl_sm90"}
+BACKEND_OF_CONFIG = {"Sm100Nvfp4GemmConfig": "cutedsl_sm100", "Sm90W4A16Config": "cutedsl_sm90",
+                     "Sm120W4A4Config": "cutedsl_sm120"}
 
 # Default named GPU per CUDA capability (used when a problem comes with a capability only).
 GPU_OF_CAPABILITY = {(10, 0): "B200", (10, 3): "B300", (9, 0): "H100"}

@@ -23,10 +23,11 @@ from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.dispatch.registry import LinearProblem, backends
 from nvgemm.core.files import read_json, safetensors_files
 from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
+from nvgemm.templates.sm120_w4a4 import backend as sm120_backend
 from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
 #: Default SM counts per capability when planning for a named target without a device.
-SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132}
+SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132, (12, 0): 170, (12, 1): 48}
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
     if backend == "cutedsl_sm90":
         cfg = sm90_backend.pick_config(p.m, p.n, p.k, p.x_dtype, p.activation, sms)
         return cfg, sm90_backend.compile_spec_for(cfg, epilogue_of(p), p.x_dtype, sms)
+    if backend == sm120_backend.BACKEND_NAME:
+        arch = sm120_backend.arch_of(p.capability)
+        cfg = sm120_backend.pick_config(p.m, p.n, p.k, p.activation, arch, sms)
+        return cfg, (None if cfg is None else sm120_backend.compile_spec_for(cfg, epilogue_of(p), arch))
     return None, None
 
 

@@ -37,7 +37,7 @@ from nvgemm.templates.triton._common import (
 )
 from nvgemm.templates.triton.reference import check_rope_args
 
-__all__ = ["rope_kv_write_kernel", "rope_kv_write_triton"]
+__all__ = ["launch_bytes", "rope_kv_write_kernel", "rope_kv_write_triton"]
 
 
 @triton.jit
@@ -95,3 +95,16 @@ def rope_kv_write_triton(qkv, cos_cache, sin_cache, positions, k_cache, v_cache,
             num_warps=1 if d <= 128 else 2, **launch_options(gdc),
         )
     return q
+
+
+def launch_bytes(kernel_name: str, args) -> int | None:
+    """Bytes one ``rope_kv_write_kernel`` launch moves (the performance model's input): the qkv rows, q, the
+    cos / sin rows and positions read at each token, and the k / v slots written -- not the whole cache.
+    ``args``: the kernel's positional launch arguments. None for another kernel."""
+    if kernel_name != "rope_kv_write_kernel":
+        return None
+    qkv, cos, _sin, pos, q, k_cache = args[:6]
+    t, d = qkv.shape[0], k_cache.shape[-1]
+    hkv = k_cache.shape[1]
+    return (qkv.shape[1] * qkv.element_size() + q[0].numel() * q.element_size() + 2 * d * cos.element_size()
+            + pos.element_size() + 2 * hkv * d * k_cache.element_size()) * t

@@ -156,6 +156,11 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def attention(q, k_cache, v_cache, scale: float):
+    """SDPA's flash kernel over the whole static cache (what the step runs on a GPU; CUDA only)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k_cache, v_cache, 0.0, False, False, scale=scale)[0]
+
+
 def rope_tables(positions: int, head_dim: int, theta: float = 500000.0, device=None):
     """bf16 rotary tables [positions, head_dim]: rows ``cat(f, f)`` of ``cos`` / ``sin`` of ``pos * theta**(-2i/D)``
     (Llama's; a rope scaling would be folded into the frequencies here)."""
@@ -209,8 +214,7 @@ class Attention(nn.Module):
             q, k = _rope(q, c, s), _rope(k, c, s)
             k_cache.index_copy_(2, pos, k)  # the static cache: this token's slot
             v_cache.index_copy_(2, pos, v)
-        o = torch.ops.aten._scaled_dot_product_flash_attention(q, k_cache, v_cache, 0.0, False, False,
-                                                               scale=d ** -0.5)[0]
+        o = attention(q, k_cache, v_cache, d ** -0.5)
         return self.o_proj(o.reshape(1, nh * d))
 
 
@@ -1064,8 +1068,8 @@ def report_text(r: StepReport) -> str:
 # =============================================================================================
 
 
-def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed: int) -> nn.Module:
-    """A decoder layer on the GPU with random NVFP4 weights (ModelOpt recipe) and unit norms."""
+def random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed: int, device="cuda") -> nn.Module:
+    """A decoder layer on ``device`` (the GPU) with random NVFP4 weights (ModelOpt recipe) and unit norms."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     layer = DecoderLayer(p, tp, weight_only=weight_only, layout="checkpoint", device="cpu")
     for name, mod in list(layer.named_modules()):
@@ -1078,9 +1082,9 @@ def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed
             setattr(layer.get_submodule(parent), child, new)
     if p.moe:  # random experts quantized on the GPU (ModelOpt recipe), a random bf16 router
         e, h, i = p.experts, p.hidden, p.moe_intermediate // tp
-        gd = torch.Generator(device="cuda").manual_seed(seed)
-        w13 = torch.randn(e, 2 * i, h, generator=gd, device="cuda") * 0.02
-        w2 = torch.randn(e, h, i, generator=gd, device="cuda") * 0.02
+        gd = torch.Generator(device=device).manual_seed(seed)
+        w13 = torch.randn(e, 2 * i, h, generator=gd, device=device) * 0.02
+        w2 = torch.randn(e, h, i, generator=gd, device=device) * 0.02
         scale = None if weight_only else 0.01
         layer.mlp.experts = NVFP4Experts.from_float(w13, w2, scale, scale)
         del w13, w2
@@ -1091,7 +1095,7 @@ def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed
         del a.q_proj, a.k_proj, a.v_proj
         if not p.moe:
             fuse_gated_mlps(layer)
-    return layer.cuda()
+    return layer.to(device)
 
 
 def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout: str, tp: int,
@@ -1099,7 +1103,7 @@ def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout
     """Time ``n_layers`` layers + the head, compiled with nvgemm (max-autotune), replayed as one CUDA graph."""
 
     weight_only = gpu_model.format == "W4A16"
-    layers = nn.ModuleList([_random_layer(p, tp, weight_only, layout, seed=i) for i in range(n_layers)])
+    layers = nn.ModuleList([random_layer(p, tp, weight_only, layout, seed=i) for i in range(n_layers)])
     head = Head(p, tp, device="cuda")
     torch.nn.init.normal_(head.embed, std=0.02)
     torch.nn.init.normal_(head.lm_head, std=0.02)

@@ -1,0 +1,164 @@
+"""``nvgemm::rope_kv_write`` on CPU: the op (its torch reference path), its checks, its fake, and the decode
+layer that calls it compiled by Inductor against the same layer run eagerly.
+
+The kernel itself is checked bit for bit under the Triton interpreter (``triton_interp/interp_rope.py``) and
+from its sm_90a / sm_100a PTX on the emulator (``tests/emulator/_triton_emu_cases.py``).
+
+TOLERANCES: the op vs the fp32 formula: exact (same fp32 operations, one rounding). The op vs Hugging Face's
+bf16 chain (``x * cos + rotate_half(x) * sin`` with each product and the sum rounded to bf16): within
+2 bf16 ulps of the value plus 2**-8 of the row's max (three bf16 roundings against one; the absolute part
+covers cancellation in the sum). The compiled layer vs the eager layer: the KV cache bit for bit (the same
+ops compute k and v: the fused norm quantizer gives the graph's codes, the GEMM is the same); the layer output
+within the capture pass's documented rounding changes (residual added before one rounding: 1 bf16 ulp of the
+residual stream) -- 2**-6 relative to the output's max.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import nvgemm
+from nvgemm.cli import decode_step as ds
+from nvgemm.templates.triton.reference import rope_ref
+
+T, HQ, HKV, D, S = 3, 8, 2, 32, 16
+
+
+def _inputs(seed=0, t=T, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(t, (HQ + 2 * HKV) * D, generator=g) * 2).to(dtype)
+    cos, sin = ds.rope_tables(S + 4, D, theta=10000.0)
+    pos = torch.randperm(S, generator=g)[:t]
+    kc = torch.randn(1, HKV, S, D, generator=g).to(dtype)
+    return qkv, cos.to(dtype), sin.to(dtype), pos, kc, torch.randn(1, HKV, S, D, generator=g).to(dtype)
+
+
+def _hf_bf16(x, c, s):
+    h = x.shape[-1] // 2
+    return x * c + torch.cat((-x[..., h:], x[..., :h]), -1) * s
+
+
+def test_op_writes_the_cache_and_returns_roped_q():
+    qkv, cos, sin, pos, kc, vc = _inputs()
+    kc0, vc0 = kc.clone(), vc.clone()
+    q = torch.ops.nvgemm.rope_kv_write(qkv, cos, sin, pos, kc, vc, HQ, HKV)
+    qr, kr, vr = qkv.split([HQ * D, HKV * D, HKV * D], -1)
+    c, s = cos[pos][:, None], sin[pos][:, None]
+    h = D // 2
+    xf = qr.reshape(T, HQ, D).float()
+    want = torch.cat((xf[..., :h] * c[..., :h].float() - xf[..., h:] * s[..., :h].float(),
+                      xf[..., h:] * c[..., h:].float() + xf[..., :h] * s[..., h:].float()), -1).bfloat16()
+    assert torch.equal(q, want)
+    assert torch.equal(kc[0, :, pos].transpose(0, 1), rope_ref(kr.reshape(T, HKV, D), c, s))
+    assert torch.equal(vc[0, :, pos].transpose(0, 1), vr.reshape(T, HKV, D))
+    keep = torch.ones(S, dtype=torch.bool)
+    keep[pos] = False
+    assert torch.equal(kc[0, :, keep], kc0[0, :, keep]) and torch.equal(vc[0, :, keep], vc0[0, :, keep])
+    # against the bf16 chain the model code runs: a few ulps apart (three roundings against one)
+    hf = _hf_bf16(qr.reshape(T, HQ, D), c, s).float()
+    err = (q.float() - hf).abs()
+    assert bool((err <= 2 * 2.0**-7 * hf.abs() + 2.0**-8 * hf.abs().amax(-1, keepdim=True)).all())
+    assert float(err.max()) > 0  # the chains do differ: the bound is not vacuous
+
+
+@pytest.mark.parametrize("pos,match", [
+    (torch.tensor([0, 3, 16]), r"positions out of range: values in \[0, 16\].*valid: 0\.\.15"),
+    (torch.tensor([-1, 3, 4]), "positions out of range"),
+    (torch.tensor([2, 5, 2]), "distinct"),
+])
+def test_bad_positions_are_named(pos, match):
+    qkv, cos, sin, _, kc, vc = _inputs()
+    kc0 = kc.clone()
+    with pytest.raises(ValueError, match=match):
+        torch.ops.nvgemm.rope_kv_write(qkv, cos, sin, pos, kc, vc, HQ, HKV)
+    assert torch.equal(kc, kc0)  # nothing written
+
+
+def test_short_tables_bound_the_positions():
+    qkv, cos, sin, _, kc, vc = _inputs()
+    with pytest.raises(ValueError, match="tables hold 4 positions"):
+        torch.ops.nvgemm.rope_kv_write(qkv, cos[:4], sin[:4], torch.tensor([1, 2, 5]), kc, vc, HQ, HKV)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(qkv=lambda t: t[:, :-D]), "columns"),
+    (dict(qkv=lambda t: t.half()), "dtype"),  # caches stay bf16
+    (dict(k_cache=lambda t: t[..., :-2]), "differ in shape"),
+    (dict(sin_cache=lambda t: t[:-1]), "differ"),
+    (dict(positions=lambda t: t.int()[:2]), "one entry per token"),
+    (dict(k_cache=lambda t: t.transpose(2, 3).contiguous().transpose(2, 3)), "contiguous"),
+])
+def test_bad_arguments_are_named_by_the_op_and_its_fake(bad, match):
+    qkv, cos, sin, pos, kc, vc = _inputs()
+    a = dict(qkv=qkv, cos_cache=cos, sin_cache=sin, positions=pos, k_cache=kc, v_cache=vc)
+    for k, f in bad.items():
+        a[k] = f(a[k])
+    with pytest.raises((ValueError, TypeError), match=match):
+        torch.ops.nvgemm.rope_kv_write(*a.values(), HQ, HKV)
+    with FakeTensorMode() as fm, pytest.raises((ValueError, TypeError), match=match):
+        torch.ops.nvgemm.rope_kv_write(*[fm.from_tensor(t) for t in a.values()], HQ, HKV)
+
+
+def test_fake_gives_q_shape():
+    with FakeTensorMode() as fm:
+        q = torch.ops.nvgemm.rope_kv_write(*[fm.from_tensor(t) for t in _inputs()], HQ, HKV)
+    assert q.shape == (T, HQ, D) and q.dtype == torch.bfloat16
+
+
+# --------------------------------------------------------------------------- the decode layer, compiled
+
+TINY = ds.DecodePreset("tiny", hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=32, vocab=64, layers=1,
+                       source="test", context=16)
+
+
+@pytest.fixture(autouse=False)
+def cpu_attention(monkeypatch):
+    """SDPA's flash op is CUDA-only: the layer attends with the math SDPA on CPU (eager and compiled alike)."""
+    monkeypatch.setattr(ds, "attention", lambda q, k, v, scale: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, scale=scale))
+
+
+def _layer_and_inputs():
+    layer = ds.random_layer(TINY, 1, weight_only=False, layout="fused", seed=0, device="cpu")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, TINY.hidden, generator=g).bfloat16()
+    kc = torch.randn(1, TINY.kv_heads, TINY.context, TINY.head_dim, generator=g).bfloat16()
+    vc = torch.randn(1, TINY.kv_heads, TINY.context, TINY.head_dim, generator=g).bfloat16()
+    cos, sin = ds.rope_tables(TINY.context, TINY.head_dim)
+    return layer, x, kc, vc, torch.tensor([7]), cos, sin
+
+
+def test_compiled_decode_layer_equals_eager_with_one_graph(cpu_attention):
+    layer, x, kc, vc, pos, cos, sin = _layer_and_inputs()
+    ek, ev = kc.clone(), vc.clone()
+    with torch.no_grad():
+        eager = layer(x, ek, ev, pos, cos, sin)
+        torch._dynamo.reset()
+        with nvgemm.enabled():
+            ex = torch._dynamo.explain(layer)(x, kc.clone(), vc.clone(), pos, cos, sin)
+        assert ex.graph_break_count == 0 and ex.graph_count == 1, ex.break_reasons
+        torch._dynamo.reset()
+        ck, cv = kc.clone(), vc.clone()
+        with torch._inductor.config.patch({"max_autotune_gemm_backends": "ATEN", "cpp.vec_isa_ok": False}), \
+                nvgemm.enabled():
+            out = torch.compile(layer, fullgraph=True)(x, ck, cv, pos, cos, sin)
+    assert torch.equal(ck, ek) and torch.equal(cv, ev)  # the op wrote the cache in place, same bytes
+    assert not torch.equal(ck[0, :, 7], kc[0, :, 7])  # ... and did write this slot
+    assert float((out - eager).abs().max()) <= 2.0**-6 * float(eager.abs().max())
+
+
+def test_decode_layer_op_path_agrees_with_the_torch_chain(cpu_attention, monkeypatch):
+    """The layer with the op vs the same layer with the torch RoPE + index_copy_ chain (eager): v identical, k
+    within the bf16-chain bound above."""
+    layer, x, kc, vc, pos, cos, sin = _layer_and_inputs()
+    k1, v1, k2, v2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    with torch.no_grad():
+        layer(x, k1, v1, pos, cos, sin)
+        monkeypatch.setattr(ds.Attention, "fused_rope", False)
+        layer(x, k2, v2, pos, cos, sin)
+    assert torch.equal(v1, v2)
+    a, b = k1[0, :, 7].float(), k2[0, :, 7].float()
+    assert bool(((a - b).abs() <= 2 * 2.0**-7 * b.abs() + 2.0**-8 * b.abs().amax(-1, keepdim=True)).all())
+    assert torch.equal(k1[0, :, :7], kc[0, :, :7])

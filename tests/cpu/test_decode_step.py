@@ -66,7 +66,8 @@ EXPECTED = {"B200": B200_W4A4_CHECKPOINT, "H200": H200_W4A16_CHECKPOINT}
 
 #: B200, W4A4, the fused layout (one qkv and one gate_up GEMM, the loader's default where the shards share
 #: input_scale): 9 kernels per layer. RoPE of q and k and the KV-cache write of k and v are one launch,
-#: nvgemm::rope_kv_write, the decode layer's op on the fused qkv output (Inductor would need three kernels).
+#: nvgemm::rope_kv_write: the capture pass's rewrite of the layer's torch RoPE + index_copy_ chain on the fused
+#: qkv output (integrations/inductor/rope_kv.py; Inductor alone needs three kernels).
 B200_W4A4_FUSED = (
     ("triton", "input RMSNorm + NVFP4 quantize (nvgemm fused quantizer)"),
     ("gemm", "qkv: CuTeDSL sm100 W4A4 GEMM (nvfp4_linear_prequant)"),
@@ -140,10 +141,12 @@ def test_fused_layer_kernels_pinned(fused_graphs, gpu):
     assert nk == sorted([(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
 
 
-def test_without_the_fused_rope_the_layer_misses_the_target(monkeypatch):
-    """Mutation: the decode layer without nvgemm::rope_kv_write (the torch RoPE + index_copy_ chain) takes
-    Inductor's three kernels for it: 11 per layer on B200, above the pinned 9."""
-    monkeypatch.setattr(ds.Attention, "fused_rope", False)
+def test_without_the_rope_rewrite_the_layer_misses_the_target(monkeypatch):
+    """Mutation: the capture pass without its RoPE + KV-write rewrite leaves the chain to Inductor's three kernels:
+    11 per layer on B200, above the pinned 9."""
+    from nvgemm.integrations.inductor import rope_kv
+
+    monkeypatch.setattr(rope_kv, "fuse_rope_kv_write", lambda graph, set_val: 0)
     launches, _ = ds.replay(ds.layer_graph(P, "B200", layout="fused"), "B200")
     assert len(launches) == len(B200_W4A4_FUSED) + 2, _listing(launches)
     assert sum(k.origin == "inductor" and k.kind == "triton" for k in launches) == 3

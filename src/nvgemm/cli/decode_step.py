@@ -4,7 +4,8 @@ A decode step is modelled from what ``nvgemm.enable()`` + ``torch.compile(mode="
 for a preset on a GPU, without that GPU:
 
 1. **The graphs.** One decoder layer at the preset's real dimensions (:class:`DecoderLayer`: RMSNorm, q/k/v,
-   RoPE, a write of the new K/V into a static 1k KV cache, flash attention over the cache, o_proj + residual,
+   RoPE from rotary tables read at the position, a write of the new K/V into a static 1k KV cache (with the
+   fused qkv GEMM the capture pass makes both one ``nvgemm::rope_kv_write``), flash attention over the cache, o_proj + residual,
    RMSNorm, gate/up, SiLU-and-mul, down + residual), built from nvgemm's own modules the way the loader
    builds them (``NVFP4Linear``; ``--layout fused``: q/k/v stacked with ``NVFP4Linear.fuse`` and the MLP
    patched by :func:`nvgemm.nn.mlp.fuse_gated_mlps`, as ``load_modelopt_checkpoint(fuse_gated_mlp=True)``;
@@ -176,11 +177,10 @@ def _rope(x, cos, sin):
 
 
 class Attention(nn.Module):
-    """Self-attention at batch-1 decode over a static KV cache. With the fused qkv GEMM (``--layout fused``) and
-    no q/k norm, RoPE and the KV-cache write are ``nvgemm::rope_kv_write`` (one kernel; ``fused_rope``), as
-    nvgemm's decode layer runs them; otherwise the torch chain below (Inductor fuses it into its own kernels)."""
-
-    fused_rope = True
+    """Self-attention at batch-1 decode over a static KV cache, as a serving engine writes it (vLLM's form: rotary
+    tables read at the position, ``rotate_half`` RoPE, ``index_copy_`` into the cache). With the fused qkv GEMM
+    the capture pass turns RoPE + the cache writes into ``nvgemm::rope_kv_write`` (one kernel;
+    :mod:`nvgemm.integrations.inductor.rope_kv`); otherwise Inductor fuses them into its own kernels."""
 
     def __init__(self, p: DecodePreset, tp: int, lin, fused: bool):
         super().__init__()
@@ -197,23 +197,18 @@ class Attention(nn.Module):
     def forward(self, h, k_cache, v_cache, pos, cos, sin):
         """``cos`` / ``sin``: the rotary tables [positions, head_dim] (any rope scaling folded in), read at ``pos``."""
         nh, kvh, d = self.nh, self.kvh, self.d
-        if hasattr(self, "qkv_proj") and self.fused_rope and not hasattr(self, "q_norm"):
-            # the fused qkv output straight into nvgemm's RoPE + KV-cache write (one Triton kernel)
-            q = torch.ops.nvgemm.rope_kv_write(self.qkv_proj(h), cos, sin, pos, k_cache, v_cache, nh, kvh)
-            q = q.view(1, kvh, nh // kvh, d)  # GQA at decode: each KV head's query group is its query rows
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(h).split([nh * d, kvh * d, kvh * d], -1)
         else:
-            if hasattr(self, "qkv_proj"):
-                q, k, v = self.qkv_proj(h).split([nh * d, kvh * d, kvh * d], -1)
-            else:
-                q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
-            # GQA at decode: each KV head's query group is its query rows (no repeat of K/V)
-            q, k, v = q.view(1, kvh, nh // kvh, d), k.view(1, kvh, 1, d), v.view(1, kvh, 1, d)
-            if hasattr(self, "q_norm"):
-                q, k = self.q_norm(q), self.k_norm(k)
-            c, s = cos[pos], sin[pos]  # [1, head_dim]: this token's row
-            q, k = _rope(q, c, s), _rope(k, c, s)
-            k_cache.index_copy_(2, pos, k)  # the static cache: this token's slot
-            v_cache.index_copy_(2, pos, v)
+            q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        # GQA at decode: each KV head's query group is its query rows (no repeat of K/V)
+        q, k, v = q.view(1, kvh, nh // kvh, d), k.view(1, kvh, 1, d), v.view(1, kvh, 1, d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        c, s = cos[pos], sin[pos]  # [1, head_dim]: this token's row
+        q, k = _rope(q, c, s), _rope(k, c, s)
+        k_cache.index_copy_(2, pos, k)  # the static cache: this token's slot
+        v_cache.index_copy_(2, pos, v)
         o = attention(q, k_cache, v_cache, d ** -0.5)
         return self.o_proj(o.reshape(1, nh * d))
 

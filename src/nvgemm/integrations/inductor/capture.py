@@ -60,6 +60,7 @@ import nvgemm.integrations.inductor.fx_nodes as fxn
 import nvgemm.integrations.inductor.layer_fusion as lf
 import nvgemm.integrations.inductor.lowering as low
 import nvgemm.integrations.inductor.requant as rq
+import nvgemm.integrations.inductor.rope_kv as rk
 import nvgemm.dispatch.fused as fb
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -372,6 +373,7 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_re
         lf.fold_silu_mul(graph, _set_val)
         lf.fold_residual_adds(graph, _set_val)
         lf.fuse_norm_quant(graph, _set_val)
+        rk.fuse_rope_kv_write(graph, _set_val)
     graph.lint()
 
 
@@ -397,9 +399,9 @@ def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True, fuse_laye
                                   fuse_layer=fuse_layer)
 
         def uuid(self) -> Any:
-            salt = (f"nvgemm_cutedsl-capture-v3-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+            salt = (f"nvgemm_cutedsl-capture-v4-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
                     f"-layer{int(fuse_layer)}")
             return get_hash_for_files((__file__, ch.__file__, fxn.__file__, low.__file__, rq.__file__, fr.__file__,
-                                       fb.__file__, lf.__file__), salt)
+                                       fb.__file__, lf.__file__, rk.__file__), salt)
 
     return NvgemmCapturePass()

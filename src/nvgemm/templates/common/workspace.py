@@ -91,8 +91,8 @@ class SplitKWorkspaces:
         if fm is not None:
             table = fm.__dict__.setdefault(_FAKE_PAIRS, {})
             pair = table.get(key)
-            if not self._fits(pair, ws_numel, n_cnt):
-                pair = table[key] = self._alloc(device, ws_numel, n_cnt)
+            if not self._fits(pair, ws_numel, n_cnt):  # grown as the pool grows (the old pair is dropped)
+                pair = self._grown(table, [], key, device, ws_numel, n_cnt)
             return pair
         with self._lock:
             cur = self._current.get(key)

@@ -174,3 +174,59 @@ def test_without_the_layer_rewrites_the_chain_stays_inductors(cpu_attention):
     with torch.no_grad():
         _, c = _compiled(layer, x, kc, vc, pos, cos, sin, fuse_layer=False)
     assert not c.get("rope_kv_fused"), c
+
+
+class _ChunkAttention(torch.nn.Module):
+    """Several tokens of one sequence in the Hugging Face layout (``view(1, T, H, D).transpose(1, 2)``), RoPE with
+    tables read at the positions, the static cache written with ``index_copy_``; returns q and the attention."""
+
+    def __init__(self, hq=4, hkv=2, d=32, hidden=64, rope_q=True):
+        super().__init__()
+        lin = torch.nn.Linear(hidden, (hq + 2 * hkv) * d, bias=False, dtype=torch.bfloat16)
+        torch.nn.init.normal_(lin.weight, std=0.1, generator=torch.Generator().manual_seed(5))
+        from nvgemm.nn.linear import NVFP4Linear
+
+        self.qkv = NVFP4Linear.from_linear(lin, 0.01)
+        self.hq, self.hkv, self.d, self.rope_q = hq, hkv, d, rope_q
+
+    def forward(self, x, k_cache, v_cache, pos, cos, sin):
+        t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
+        q, k, v = self.qkv(x).split([hq * d, hkv * d, hkv * d], -1)
+        q = q.view(1, t, hq, d).transpose(1, 2)
+        k = k.view(1, t, hkv, d).transpose(1, 2)
+        v = v.view(1, t, hkv, d).transpose(1, 2)
+        c, s = cos[pos][None, None], sin[pos][None, None]  # [1, 1, T, D]
+        if self.rope_q:
+            q = ds._rope(q, c, s)
+        k = ds._rope(k, c, s)
+        k_cache.index_copy_(2, pos, k)
+        v_cache.index_copy_(2, pos, v)
+        return q * 1, torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache, enable_gqa=True)
+
+
+@pytest.mark.parametrize("rope_q", [True, False])
+def test_several_tokens_in_the_hf_layout(rope_q):
+    """T = 3 tokens (token stride = the qkv row in the q / k / v views): rewritten, and the compiled result equals
+    the eager op chain -- q in the graph's transposed layout, the cache slots. Without a RoPE of q the rewrite
+    does not apply (the op always ropes q)."""
+    mod = _ChunkAttention(rope_q=rope_q)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 64, generator=g).bfloat16()
+    kc = torch.randn(1, 2, 16, 32, generator=g).bfloat16()
+    vc = torch.randn(1, 2, 16, 32, generator=g).bfloat16()
+    cos, sin = ds.rope_tables(16, 32, theta=10000.0)
+    pos = torch.tensor([9, 4, 11])
+    ck, cv = kc.clone(), vc.clone()
+    with torch.no_grad():
+        (q_c, o_c), c = _compiled(mod, x, ck, cv, pos, cos, sin)
+        ek, ev = kc.clone(), vc.clone()
+        qkv = mod.qkv(x)
+        q_op = torch.ops.nvgemm.rope_kv_write(qkv, cos, sin, pos, ek, ev, 4, 2)
+    if not rope_q:
+        assert not c.get("rope_kv_fused"), c
+        return
+    assert c.get("rope_kv_fused") == 1, c
+    assert torch.equal(ck, ek) and torch.equal(cv, ev)
+    assert torch.equal(q_c, q_op.view(3, 4, 32).transpose(0, 1).unsqueeze(0))
+    o_e = torch.nn.functional.scaled_dot_product_attention(q_op.transpose(0, 1).unsqueeze(0), ek, ev, enable_gqa=True)
+    torch.testing.assert_close(o_c, o_e, rtol=0, atol=2.0**-7 * float(o_e.abs().max()))

@@ -33,11 +33,13 @@ reach PyTorch's NVGEMM. Three rewrites:
 4. **The layer's glue** (:mod:`nvgemm.integrations.inductor.layer_fusion`; ``fuse_layer=False`` keeps it): a
    separate ``silu(h[..., :I]) * h[..., I:]`` goes into the gate_up epilogue, ``r + linear(...)`` into the
    linear's ``residual`` argument, and an RMSNorm feeding W4A4 linears becomes one fused norm + NVFP4
-   quantizer feeding ``nvfp4_linear_prequant`` (no activation quantizer inside the GEMM op).
+   quantizer feeding ``nvfp4_linear_prequant`` (no activation quantizer inside the GEMM op); and RoPE of q / k
+   plus the KV-cache writes on a fused qkv GEMM's output become ``nvgemm::rope_kv_write``
+   (:mod:`nvgemm.integrations.inductor.rope_kv`).
 
 Counters (``torch._dynamo.utils.counters["nvgemm_cutedsl"]``): ``scaled_mm_claimed``,
 ``nvfp4_linear_captured``, ``nvfp4_linear_merged``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``, and the layer rewrites'
-``silu_mul_folded``, ``residual_folded``, ``norm_quant_fused``, ``norm_quant_consumers``.
+``silu_mul_folded``, ``residual_folded``, ``norm_quant_fused``, ``norm_quant_consumers``, ``rope_kv_fused``.
 """
 
 from __future__ import annotations

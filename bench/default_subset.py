@@ -77,7 +77,7 @@ FAMILIES: dict[str, Family] = {
         sources=("src/nvgemm/templates/triton/",),
         emulator=(),
         companions=("tests/cpu/test_triton_interpreter.py", "tests/cpu/test_triton_ops.py",
-                    "tests/cpu/test_moe_triton_backend.py", "tests/compile/test_triton_ptx.py",
+                    "tests/cpu/test_rope_kv_write.py", "tests/cpu/test_moe_triton_backend.py", "tests/compile/test_triton_ptx.py",
                     "tests/compile/test_triton_moe_ptx.py"),
     ),
     "epilogues": Family(

@@ -4,7 +4,8 @@ sm_100a PTX on the PTX emulator (opt-in; the default CI runs one shape per kerne
 
 The cases and their references are ``tests/emulator/_triton_emu_cases.py`` (``sweep_cases``): the quantizers
 at the decode and prefill block shapes (swizzled and linear scales), RMSNorm one-tile and two-pass with and
-without the residual add, ``silu_mul``, the W4A16 GEMM at both GPU tile configs (decode 16x64 and the M > 16
+without the residual add, ``silu_mul``, the fused RoPE + KV-cache write (decode GQA, several tokens, MHA,
+MQA), the W4A16 GEMM at both GPU tile configs (decode 16x64 and the M > 16
 tile; gated, W4A4 and W4A16, every activation), the Triton MoE at BLOCK_M 16 and 32, and the MoE prep /
 finalize kernels. Each row: verdict, seconds (compile from Triton's cache + bind + emulate), emulated
 warp-instructions, and the Triton version. Writes ``bench/results/triton_emulator_sweep.md`` (rewritten

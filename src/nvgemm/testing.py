@@ -328,12 +328,12 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
         def supports(p):
             return backend.supports(replace(p, device_type="cuda", capability=cap) if p.device_type == "cpu" else p)
 
-        def run(*args):
+        def run(*args, **kwargs):
             with Ops():
-                return backend.run(*args)
+                return backend.run(*args, **kwargs)
 
-        def bind(*args):  # the bound call's torch ops are recorded as run's are
-            bound = backend.bind(*args) if backend.bind is not None else None
+        def bind(*args, **kwargs):  # the bound call's torch ops are recorded as run's are
+            bound = backend.bind(*args, **kwargs) if backend.bind is not None else None
             if bound is None or not record_ops:
                 return bound
 

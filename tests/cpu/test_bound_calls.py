@@ -190,3 +190,37 @@ def test_inference_tensor_layers_are_not_bound():
             _linear(x, w, s, ws2, ins)
         assert len(B._BINDINGS) == n
         assert rec.events == ["quantize", "gemm:sm100_nvfp4_gemm"] * 2
+
+
+def test_prequant_requant_warm_call_is_bound(monkeypatch):
+    """``nvgemm::nvfp4_linear_prequant_requant`` (the gate_up GEMM fed the fused norm quantizer's codes) takes the
+    per-problem plan and binding of the other ops: a warm call launches the bound launch (no argument preparation)
+    on the codes it is given, and an in-place update of the next layer's scale is seen."""
+    from nvgemm.core.formats import quantize_activation
+
+    g = torch.Generator().manual_seed(8)
+    q = quantize_weight(torch.randn(2 * N, K, generator=g))
+    w, s, ws2 = q.packed, to_blocked(q.scale), q.global_scale.reshape(()).float()
+    ins, nxt = torch.tensor(0.01), torch.tensor(0.02)
+    with host_path_stand_in("sm100") as rec:
+        def call(seed):
+            packed, sx = quantize_activation(torch.randn(1, K, generator=torch.Generator().manual_seed(seed)), ins)
+            scales = to_blocked(sx).reshape(-1)
+            torch.ops.nvgemm.nvfp4_linear_prequant_requant(packed, scales, w, s, ws2, ins, None, nxt, torch.bfloat16)
+            return packed, scales
+
+        call(0)  # complete path, then bound
+
+        def no_prepare(*a, **k):
+            raise AssertionError("a warm call prepared its arguments again")
+        monkeypatch.setattr(SB, "prepare_sm100_requant_args", no_prepare)
+        rec.clear()
+        for i in range(1, 3):
+            packed, scales = call(i)
+            assert packed.data_ptr() in rec.pointers[-1] and scales.data_ptr() in rec.pointers[-1]
+        assert rec.events == ["gemm:sm100_nvfp4_gemm"] * 2  # no quantizer: the codes arrive quantized
+        nxt.fill_(0.05)  # the binding sees the in-place write and re-derives (the complete path prepares again)
+        monkeypatch.undo()
+        rec.clear()
+        call(3)
+        assert ctypes.c_float.from_address(rec.pointers[-1][ALPHA] + 4).value == pytest.approx(0.05)

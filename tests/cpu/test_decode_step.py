@@ -64,6 +64,34 @@ H200_W4A16_CHECKPOINT = (
 
 EXPECTED = {"B200": B200_W4A4_CHECKPOINT, "H200": H200_W4A16_CHECKPOINT}
 
+#: B200, W4A4, the fused layout (one qkv and one gate_up GEMM, the loader's default where the shards share
+#: input_scale): 9 kernels per layer. RoPE of q and k and the KV-cache write of k and v are one launch,
+#: nvgemm::rope_kv_write: the capture pass's rewrite of the layer's torch RoPE + index_copy_ chain on the fused
+#: qkv output (integrations/inductor/rope_kv.py; Inductor alone needs three kernels).
+B200_W4A4_FUSED = (
+    ("triton", "input RMSNorm + NVFP4 quantize (nvgemm fused quantizer)"),
+    ("gemm", "qkv: CuTeDSL sm100 W4A4 GEMM (nvfp4_linear_prequant)"),
+    ("triton", "RoPE of q and k + KV-cache write of k and v (nvgemm::rope_kv_write)"),
+    ("attention", "flash attention over the 1k cache"),
+    ("triton", "o_proj: activation quantize (in the launcher)"),
+    ("gemm", "o_proj: GEMM + residual in the epilogue"),
+    ("triton", "post-attention RMSNorm + quantize"),
+    ("gemm", "gate_up: GEMM + SwiGLU + NVFP4 requant in the epilogue (nvfp4_linear_prequant_requant)"),
+    ("gemm", "down_proj: GEMM (prequant) + residual in the epilogue"),
+)
+#: H200, W4A16, the fused layout held in the sm90 layout: 8 kernels per layer.
+H200_W4A16_FUSED = (
+    ("triton", "input RMSNorm (Inductor)"),
+    ("gemm", "qkv: CuTeDSL sm90 W4A16 GEMM"),
+    ("triton", "RoPE of q and k + KV-cache write (nvgemm::rope_kv_write)"),
+    ("attention", "flash attention"),
+    ("gemm", "o_proj + residual in the epilogue"),
+    ("triton", "post-attention RMSNorm (Inductor)"),
+    ("gemm", "gate_up + SwiGLU in the epilogue"),
+    ("gemm", "down_proj + residual in the epilogue"),
+)
+FUSED_EXPECTED = {"B200": B200_W4A4_FUSED, "H200": H200_W4A16_FUSED}
+
 
 @pytest.fixture(scope="module")
 def graphs():
@@ -90,6 +118,38 @@ def test_layer_kernels_pinned(graphs, gpu):
     assert all(k.gemm["m"] == 1 for k in gemms)
     arch = "sm_100a" if gpu == "B200" else "sm_90a"
     assert all(k.gemm["arch"] == arch for k in gemms)
+
+
+@pytest.fixture(scope="module")
+def fused_graphs():
+    return {gpu: ds.layer_graph(P, gpu, layout="fused") for gpu in FUSED_EXPECTED}
+
+
+@pytest.mark.parametrize("gpu", sorted(FUSED_EXPECTED))
+def test_fused_layer_kernels_pinned(fused_graphs, gpu):
+    """The per-layer targets: <= 9 kernels on B200 W4A4, <= 8 on H200 W4A16, attention included."""
+    launches, syncs = ds.replay(fused_graphs[gpu], gpu)
+    kinds = [k.kind for k in launches]
+    want = [k for k, _ in FUSED_EXPECTED[gpu]]
+    assert kinds == want, f"{gpu}: {len(kinds)} kernels per layer (pinned {len(want)}); now:\n{_listing(launches)}"
+    assert not syncs  # rope_kv_write's position check (a host sync) is skipped under capture
+    rope = launches[2]
+    assert rope.name == "rope_kv_write_kernel" and rope.origin == "nvgemm::rope_kv_write launcher" and rope.pdl
+    # bytes: the qkv row, q, this position's cos / sin rows and the two cache slots -- not the 4 MB cache
+    assert rope.bytes == 6144 * 2 + 4096 * 2 + 2 * 128 * 2 + 8 + 2 * 1024 * 2
+    nk = sorted((k.gemm["n"], k.gemm["k"]) for k in launches if k.kind == "gemm")
+    assert nk == sorted([(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
+
+
+def test_without_the_rope_rewrite_the_layer_misses_the_target(monkeypatch):
+    """Mutation: the capture pass without its RoPE + KV-write rewrite leaves the chain to Inductor's three kernels:
+    11 per layer on B200, above the pinned 9."""
+    from nvgemm.integrations.inductor import rope_kv
+
+    monkeypatch.setattr(rope_kv, "fuse_rope_kv_write", lambda graph, set_val: 0)
+    launches, _ = ds.replay(ds.layer_graph(P, "B200", layout="fused"), "B200")
+    assert len(launches) == len(B200_W4A4_FUSED) + 2, _listing(launches)
+    assert sum(k.origin == "inductor" and k.kind == "triton" for k in launches) == 3
 
 
 def test_helper_launch_in_a_launcher_is_counted(graphs, monkeypatch):

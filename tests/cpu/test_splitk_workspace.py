@@ -67,3 +67,26 @@ def test_reused_capture_pair_records_a_counter_fill():
     cap.on = False
     e = pool.get(dev, 64, 4, stream_id=5)  # eager calls never get the capture pair
     assert e[1] is not c
+
+
+def test_fake_pairs_stay_with_their_fake_mode():
+    """Under a FakeTensorMode the pool hands out that mode's FakeTensors and keeps none itself: a second mode
+    gets its own pair (a pair of the first mode in the second would fail its ops), a real call a real one."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from nvgemm.templates.common.workspace import SplitKWorkspaces
+
+    pool = SplitKWorkspaces(capturing=lambda: False)
+    got = []
+    for _ in range(2):
+        fm = FakeTensorMode()
+        with fm:
+            a = pool.get(torch.device("cpu"), 64, 8)
+            assert pool.get(torch.device("cpu"), 32, 4) is a  # reused within the mode (a process's later steps)
+            assert pool.get(torch.device("cpu"), 128, 8) is not a  # grown when it does not fit
+        assert all(isinstance(t, FakeTensor) and t.fake_mode is fm for t in a)
+        got.append(a)
+        assert pool.pairs() == 0  # nothing fake in the pool
+    assert got[0][0] is not got[1][0]
+    w, c = pool.get(torch.device("cpu"), 64, 8)
+    assert not isinstance(w, FakeTensor) and int(c.abs().sum()) == 0 and pool.pairs() == 1

@@ -26,7 +26,7 @@ TOLERANCES (the only non-bit-exact comparisons, and why):
   within :data:`Y_ULPS`.
 
 Everything else is bit-exact against an independent torch reference: the quantizers (integer RNE and
-``div.rn`` only), the GEMMs on exact data (every fp32 sum exact in any order), the MoE prep / finalize
+``div.rn`` only), the RoPE + KV-cache write (fp32 mul / add without contraction, integer RNE to bf16), the GEMMs on exact data (every fp32 sum exact in any order), the MoE prep / finalize
 (integers; fp32 sums in slot order without contraction).
 """
 
@@ -226,6 +226,32 @@ def silu_mul_case(m=3, i=64, dtype=torch.bfloat16, config=None, seed=3):
                 f"m{m}-i{i}-{str(dtype)[6:]}{'-cfg' + '.'.join(map(str, config)) if config else ''}")
 
 
+def rope_case(t=2, hq=8, hkv=2, d=64, s_len=16, dtype=torch.bfloat16, table_dtype=torch.float32, seed=9):
+    """The fused RoPE + KV-cache write: q, the written k / v slots and every other slot, bit for bit against the
+    torch fp32 reference (no FMA in the kernel: ``enable_fp_fusion=False``)."""
+    from nvgemm.templates.triton.rope import rope_kv_write_kernel, rope_kv_write_triton
+
+    def run(arch):
+        g = torch.Generator().manual_seed(seed)
+        qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 2).to(dtype)
+        ang = torch.arange(s_len, dtype=torch.float64)[:, None] * 10000.0 ** (
+            -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        ang = torch.cat((ang, ang), -1)
+        cos, sin = ang.cos().to(table_dtype), ang.sin().to(table_dtype)
+        pos = torch.randperm(s_len, generator=g)[:t]
+        kc = torch.randn(1, hkv, s_len, d, generator=g).to(dtype)
+        vc = torch.randn(1, hkv, s_len, d, generator=g).to(dtype)
+        rk, rv = kc.clone(), vc.clone()
+        q = rope_kv_write_triton(qkv, cos, sin, pos, kc, vc, hq, hkv, kernel=_emu(rope_kv_write_kernel, arch))
+        rq = ref.rope_kv_write_ref(qkv, cos, sin, pos, rk, rv, hq, hkv)
+        _eq(q, rq, "roped q")
+        _eq(kc, rk, "k cache")
+        _eq(vc, rv, "v cache")
+
+    return Case("rope_kv_write_kernel", "triton/rope.py", (rope_kv_write_kernel,), run,
+                f"t{t}-hq{hq}-hkv{hkv}-d{d}-{str(dtype)[6:]}-cos{str(table_dtype)[6:]}")
+
+
 def _exact_weight(g, n, k):
     w = torch.randint(-6, 7, (n, k), generator=g).float() * 0.5
     return quantize_weight(w, torch.tensor(2.0 ** -8))
@@ -398,7 +424,8 @@ def default_cases() -> list[Case]:
     tile (64 x 64: ``wgmma`` on sm_90a, ``tcgen05.mma`` with A in tensor memory on sm_100a)."""
     from nvgemm.templates.triton.gemm_w4a16 import gemm_config
 
-    return [quantize_case(adversarial=True), qdq_case(adversarial=True), rmsnorm_case(), silu_mul_case(), gemm_case(),
+    return [quantize_case(adversarial=True), qdq_case(adversarial=True), rmsnorm_case(), silu_mul_case(), rope_case(),
+            gemm_case(),
             gemm_case(24, 128, 256, config=gemm_config(24, 128, 256, False, False)),
             moe_case(),
             sm100_slot_prep_case(), sm90_prep_case(), sm90_finalize_case()]
@@ -429,6 +456,12 @@ def sweep_cases() -> list[Case]:
     for m, i in ((3, 64), (17, 256)):
         cases.append(silu_mul_case(m, i, config=quantize_config(m, i, True, False)))
     cases.append(silu_mul_case(3, 64, torch.float16))
+    # RoPE + KV write: Llama-3.1-8B decode (GQA 4, D 128), several tokens, MHA fp16, MQA with D 96 (masked lanes)
+    for t, hq, hkv, d, dt, tdt in ((1, 32, 8, 128, torch.bfloat16, torch.bfloat16),
+                                   (5, 8, 2, 64, torch.bfloat16, torch.float32),
+                                   (3, 4, 4, 32, torch.float16, torch.float16),
+                                   (2, 6, 1, 96, torch.bfloat16, torch.bfloat16)):
+        cases.append(rope_case(t, hq, hkv, d, 16, dt, tdt))
     # the W4A16 GEMM: both GPU configs (decode 16x64, and the M > 16 tile), gated and not, W4A4 and W4A16
     for m, act, w4a4 in ((5, "none", True), (5, "silu_mul", True), (5, "none", False), (24, "none", True),
                          (24, "silu_mul", False), (3, "gelu_tanh", True)):

@@ -121,3 +121,19 @@ def test_enable_installs_the_stand_in_on_the_op_path():
     finally:
         emulator.disable_triton()
     assert triton_stand_in.installed_arch() is None
+
+
+@pytest.mark.parametrize("arch", C.ARCHS)
+def test_rope_kv_write_waits_before_its_first_load(arch):
+    """The RoPE + KV-write kernel is the qkv GEMM's PDL consumer: compiled with ``griddepcontrol.wait`` ahead of
+    every global load (the positions may come from a kernel still in the chain) and ``launch_dependents`` after."""
+    from nvgemm.templates.triton.rope import rope_kv_write_kernel, rope_kv_write_triton
+
+    k = EmuTritonKernel(rope_kv_write_kernel, arch)
+    qkv = torch.zeros(1, 8 * 64, dtype=torch.bfloat16)
+    cache = torch.zeros(1, 2, 4, 64, dtype=torch.bfloat16)
+    rope_kv_write_triton(qkv, torch.ones(4, 64), torch.zeros(4, 64), torch.tensor([1]), cache, cache.clone(), 4, 2,
+                         kernel=k)
+    ptx = k.last_compiled.asm["ptx"]
+    wait, first_load = ptx.index("griddepcontrol.wait"), re.search(r"\bld\.global", ptx).start()
+    assert wait < first_load and "griddepcontrol.launch_dependents" in ptx

@@ -4,7 +4,8 @@ A decode step is modelled from what ``nvgemm.enable()`` + ``torch.compile(mode="
 for a preset on a GPU, without that GPU:
 
 1. **The graphs.** One decoder layer at the preset's real dimensions (:class:`DecoderLayer`: RMSNorm, q/k/v,
-   RoPE, a write of the new K/V into a static 1k KV cache, flash attention over the cache, o_proj + residual,
+   RoPE from rotary tables read at the position, a write of the new K/V into a static 1k KV cache (with the
+   fused qkv GEMM the capture pass makes both one ``nvgemm::rope_kv_write``), flash attention over the cache, o_proj + residual,
    RMSNorm, gate/up, SiLU-and-mul, down + residual), built from nvgemm's own modules the way the loader
    builds them (``NVFP4Linear``; ``--layout fused``: q/k/v stacked with ``NVFP4Linear.fuse`` and the MLP
    patched by :func:`nvgemm.nn.mlp.fuse_gated_mlps`, as ``load_modelopt_checkpoint(fuse_gated_mlp=True)``;
@@ -156,12 +157,31 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def attention(q, k_cache, v_cache, scale: float):
+    """SDPA's flash kernel over the whole static cache (what the step runs on a GPU; CUDA only)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k_cache, v_cache, 0.0, False, False, scale=scale)[0]
+
+
+def rope_tables(positions: int, head_dim: int, theta: float = 500000.0, device=None):
+    """bf16 rotary tables [positions, head_dim]: rows ``cat(f, f)`` of ``cos`` / ``sin`` of ``pos * theta**(-2i/D)``
+    (Llama's; a rope scaling would be folded into the frequencies here)."""
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    ang = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None]
+    ang = torch.cat((ang, ang), -1)
+    return ang.cos().to(torch.bfloat16).to(device), ang.sin().to(torch.bfloat16).to(device)
+
+
 def _rope(x, cos, sin):
     h = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
 
 
 class Attention(nn.Module):
+    """Self-attention at batch-1 decode over a static KV cache, as a serving engine writes it (vLLM's form: rotary
+    tables read at the position, ``rotate_half`` RoPE, ``index_copy_`` into the cache). With the fused qkv GEMM
+    the capture pass turns RoPE + the cache writes into ``nvgemm::rope_kv_write`` (one kernel;
+    :mod:`nvgemm.integrations.inductor.rope_kv`); otherwise Inductor fuses them into its own kernels."""
+
     def __init__(self, p: DecodePreset, tp: int, lin, fused: bool):
         super().__init__()
         self.nh, self.kvh, self.d = p.heads // tp, max(1, p.kv_heads // tp), p.head_dim
@@ -175,6 +195,7 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(self.d, p.eps, q.weight.device), RMSNorm(self.d, p.eps, q.weight.device)
 
     def forward(self, h, k_cache, v_cache, pos, cos, sin):
+        """``cos`` / ``sin``: the rotary tables [positions, head_dim] (any rope scaling folded in), read at ``pos``."""
         nh, kvh, d = self.nh, self.kvh, self.d
         if hasattr(self, "qkv_proj"):
             q, k, v = self.qkv_proj(h).split([nh * d, kvh * d, kvh * d], -1)
@@ -184,11 +205,11 @@ class Attention(nn.Module):
         q, k, v = q.view(1, kvh, nh // kvh, d), k.view(1, kvh, 1, d), v.view(1, kvh, 1, d)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        c, s = cos[pos], sin[pos]  # [1, head_dim]: this token's row
+        q, k = _rope(q, c, s), _rope(k, c, s)
         k_cache.index_copy_(2, pos, k)  # the static cache: this token's slot
         v_cache.index_copy_(2, pos, v)
-        o = torch.ops.aten._scaled_dot_product_flash_attention(q, k_cache, v_cache, 0.0, False, False,
-                                                               scale=d ** -0.5)[0]
+        o = attention(q, k_cache, v_cache, d ** -0.5)
         return self.o_proj(o.reshape(1, nh * d))
 
 
@@ -357,7 +378,7 @@ def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoin
     bf = torch.bfloat16
     fn, inputs = _fake_inputs(layer, fm, [((1, p.hidden), bf), ((1, kvh, p.context, d), bf),
                                           ((1, kvh, p.context, d), bf), ((1,), torch.long),
-                                          ((1, 1, 1, d), bf), ((1, 1, 1, d), bf)])
+                                          ((p.context, d), bf), ((p.context, d), bf)])
     with warnings.catch_warnings(), nvgemm_enabled(), policy_pick_only():
         warnings.simplefilter("ignore")
         code = generate_cuda_code(fn, inputs, gpu=gpu)
@@ -543,7 +564,10 @@ def record_launches(gpu: str, rec: _Recorder):
     def jit_run(self, *args, grid=None, warmup=False, **kwargs):
         src = getattr(self, "src", "") or ""
         ts = _tensors(list(args)) + _tensors(kwargs)
-        rec.add(Launch(self.fn.__name__, "triton", rec.origin, sum(_nbytes(t) for t in ts),
+        # a kernel that touches a few rows of a large operand (the KV cache) names its bytes
+        touched = getattr(sys.modules.get(self.fn.__module__), "launch_bytes", None)
+        nb = touched(self.fn.__name__, args) if touched is not None else None
+        rec.add(Launch(self.fn.__name__, "triton", rec.origin, nb if nb is not None else sum(_nbytes(t) for t in ts),
                        pdl=bool(kwargs.get("launch_pdl")) or bool(kwargs.get("USE_GDC")), note=src[:0]))
 
     def cache_get(self, spec, *a, **k):
@@ -1039,8 +1063,8 @@ def report_text(r: StepReport) -> str:
 # =============================================================================================
 
 
-def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed: int) -> nn.Module:
-    """A decoder layer on the GPU with random NVFP4 weights (ModelOpt recipe) and unit norms."""
+def random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed: int, device="cuda") -> nn.Module:
+    """A decoder layer on ``device`` (the GPU) with random NVFP4 weights (ModelOpt recipe) and unit norms."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     layer = DecoderLayer(p, tp, weight_only=weight_only, layout="checkpoint", device="cpu")
     for name, mod in list(layer.named_modules()):
@@ -1053,9 +1077,9 @@ def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed
             setattr(layer.get_submodule(parent), child, new)
     if p.moe:  # random experts quantized on the GPU (ModelOpt recipe), a random bf16 router
         e, h, i = p.experts, p.hidden, p.moe_intermediate // tp
-        gd = torch.Generator(device="cuda").manual_seed(seed)
-        w13 = torch.randn(e, 2 * i, h, generator=gd, device="cuda") * 0.02
-        w2 = torch.randn(e, h, i, generator=gd, device="cuda") * 0.02
+        gd = torch.Generator(device=device).manual_seed(seed)
+        w13 = torch.randn(e, 2 * i, h, generator=gd, device=device) * 0.02
+        w2 = torch.randn(e, h, i, generator=gd, device=device) * 0.02
         scale = None if weight_only else 0.01
         layer.mlp.experts = NVFP4Experts.from_float(w13, w2, scale, scale)
         del w13, w2
@@ -1066,7 +1090,7 @@ def _random_layer(p: DecodePreset, tp: int, weight_only: bool, layout: str, seed
         del a.q_proj, a.k_proj, a.v_proj
         if not p.moe:
             fuse_gated_mlps(layer)
-    return layer.cuda()
+    return layer.to(device)
 
 
 def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout: str, tp: int,
@@ -1074,7 +1098,7 @@ def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout
     """Time ``n_layers`` layers + the head, compiled with nvgemm (max-autotune), replayed as one CUDA graph."""
 
     weight_only = gpu_model.format == "W4A16"
-    layers = nn.ModuleList([_random_layer(p, tp, weight_only, layout, seed=i) for i in range(n_layers)])
+    layers = nn.ModuleList([random_layer(p, tp, weight_only, layout, seed=i) for i in range(n_layers)])
     head = Head(p, tp, device="cuda")
     torch.nn.init.normal_(head.embed, std=0.02)
     torch.nn.init.normal_(head.lm_head, std=0.02)
@@ -1089,8 +1113,7 @@ def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout
                torch.zeros(1, kvh, p.context, d, dtype=torch.bfloat16, device="cuda")) for _ in range(n_layers)]
     ids = torch.zeros(1, dtype=torch.long, device="cuda")
     pos = torch.full((1,), p.context - 1, dtype=torch.long, device="cuda")
-    cos = torch.ones(1, 1, 1, d, dtype=torch.bfloat16, device="cuda")
-    sin = torch.zeros(1, 1, 1, d, dtype=torch.bfloat16, device="cuda")
+    cos, sin = rope_tables(p.context, d, device="cuda")
 
     def step(ids):
         x, _ = head.embed[ids], None

@@ -398,19 +398,19 @@ def bound_call(key, *statics):
     return None
 
 
-def bind_call(key, backend, problem, statics: tuple, args: tuple, run=None) -> None:
+def bind_call(key, backend, problem, statics: tuple, args: tuple, run=None, bind_kwargs=None) -> None:
     """After ``backend.run(*args)`` served a call whose complete path ran (validation, plan, host scale
     values), bind later calls under ``key`` (the op's cheap per-call key: everything of the call but the
     static operands' metadata, which :meth:`Binding.holds` checks) to ``statics``. Not during CUDA-graph
     capture (the call's selection skipped the first-use check). The entry goes when the first static operand
-    (the weight) is freed. Layers holding inference tensors (no version counter) are not bound. ``run``: the bound call, when the op made it (else ``backend.bind(*args)``)."""
+    (the weight) is freed. Layers holding inference tensors (no version counter) are not bound. ``run``: the bound call, when the op made it (else ``backend.bind(*args, **bind_kwargs)``)."""
     if capturing_cuda(problem):
         return
     if any(t is not None and t.is_inference() for t in statics):
         return  # an inference tensor has no version counter: an in-place write could not be seen
     if run is None and backend.bind is not None:
         try:
-            run = backend.bind(*args)
+            run = backend.bind(*args, **(bind_kwargs or {}))
         except Exception as e:  # the call was served: a launcher that cannot bind costs speed, never the call
             warn_once(f"bind-{backend.name}-{type(e).__name__}",
                       f"nvgemm_cutedsl: {backend.name} could not bind its launch ({type(e).__name__}: {e}); "

@@ -254,25 +254,45 @@ def nvfp4_linear_prequant_requant(
     ``nvgemm::rmsnorm_quantize_nvfp4``): the gate_up GEMM with SwiGLU + NVFP4 requant in its epilogue and no
     activation quantizer. Same result as ``nvfp4_linear_requant`` on an ``x`` that quantizes to these bytes;
     ``out_dtype`` (bf16 / fp16) is the rounding before the requant."""
-    spec = prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
-                                  out_input_scale, out_dtype)
+    token = settings.forcing_token()
+    # the same per-problem call plan and binding as nvfp4_linear_requant (tagged apart: other arguments)
+    bkey = ("prequant_requant", id(weight), call_meta(packed), call_meta(scales), out_dtype, token, get_ident())
+    bound = bound_call(bkey, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale)
+    if bound is not None:  # the same layer operands, unchanged, and codes of the same metadata: validated
+        remember_fused(REQUANT, bound.backend)
+        return bound.run(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                         out_dtype)
+    key = ("prequant_requant", call_key(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                                        out_input_scale), out_dtype, token)
+
+    def decide():
+        spec = prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,
+                                      out_input_scale, out_dtype)
+        dev = packed.device
+        p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
+                          capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+                          weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
+                          bias=bias is not None, activation="silu_mul", residual=False,
+                          misaligned=misaligned_operands(packed=packed, scales=scales, weight=weight,
+                                                         weight_scale=weight_scale, bias=bias))
+        return spec, p, select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias))
+
+    _spec, problem, backend = call_plan(key, decide, functools.partial(remember_fused, REQUANT))
     check_scale_values(weight_scale_2, input_scale, "nvgemm.nvfp4_linear_prequant_requant")
     check_scale_values(weight_scale_2, out_input_scale, "nvgemm.nvfp4_linear_prequant_requant (out_input_scale)")
-    dev = packed.device
-    p = LinearProblem(m=packed.shape[0], n=weight.shape[0], k=packed.shape[1] * 2, device_type=dev.type,
-                      capability=torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
-                      weight_only=False, x_dtype=out_dtype, out_dtype=out_dtype, alpha=spec.alpha,
-                      bias=bias is not None, activation="silu_mul", residual=False,
-                      misaligned=misaligned_operands(packed=packed, scales=scales, weight=weight,
-                                                     weight_scale=weight_scale, bias=bias))
-    backend = select_fused_backend(REQUANT, p, no_kernel=_vector_dtype_reason(out_dtype, bias=bias))
-    run = backend.run
+    args = (None, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype)
     if backend.name == "unfused":  # its dense gate_up GEMM would re-quantize a bf16 input: not this contract
-        warn_once(f"prequant-requant-unfused-{p.capability}",
+        warn_once(f"prequant-requant-unfused-{problem.capability}",
                   "nvgemm: nvfp4_linear_prequant_requant has no kernel on this device; it runs the emulated op")
-        run = requant_emulated
-    return run(None, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype,
-               quantized=(packed, scales))
+        return requant_emulated(*args, quantized=(packed, scales))
+    out = backend.run(*args, quantized=(packed, scales))
+
+    def run_unbound(packed_, scales_, *rest):  # a backend with no bound launcher: the plan's backend, no checks
+        return backend.run(None, *rest, quantized=(packed_, scales_))
+
+    bind_call(bkey, backend, problem, (weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale),
+              args, run=None if backend.bind is not None else run_unbound, bind_kwargs={"quantized": (packed, scales)})
+    return out
 
 
 def prequant_requant_check(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias,

@@ -33,11 +33,13 @@ reach PyTorch's NVGEMM. Three rewrites:
 4. **The layer's glue** (:mod:`nvgemm.integrations.inductor.layer_fusion`; ``fuse_layer=False`` keeps it): a
    separate ``silu(h[..., :I]) * h[..., I:]`` goes into the gate_up epilogue, ``r + linear(...)`` into the
    linear's ``residual`` argument, and an RMSNorm feeding W4A4 linears becomes one fused norm + NVFP4
-   quantizer feeding ``nvfp4_linear_prequant`` (no activation quantizer inside the GEMM op).
+   quantizer feeding ``nvfp4_linear_prequant`` (no activation quantizer inside the GEMM op); and RoPE of q / k
+   plus the KV-cache writes on a fused qkv GEMM's output become ``nvgemm::rope_kv_write``
+   (:mod:`nvgemm.integrations.inductor.rope_kv`).
 
 Counters (``torch._dynamo.utils.counters["nvgemm_cutedsl"]``): ``scaled_mm_claimed``,
 ``nvfp4_linear_captured``, ``nvfp4_linear_merged``, ``bias_folded``, ``requant_fused``, ``requant_not_fused``, and the layer rewrites'
-``silu_mul_folded``, ``residual_folded``, ``norm_quant_fused``, ``norm_quant_consumers``.
+``silu_mul_folded``, ``residual_folded``, ``norm_quant_fused``, ``norm_quant_consumers``, ``rope_kv_fused``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ import nvgemm.integrations.inductor.fx_nodes as fxn
 import nvgemm.integrations.inductor.layer_fusion as lf
 import nvgemm.integrations.inductor.lowering as low
 import nvgemm.integrations.inductor.requant as rq
+import nvgemm.integrations.inductor.rope_kv as rk
 import nvgemm.dispatch.fused as fb
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -372,6 +375,7 @@ def capture_nvfp4_linears(graph: fx.Graph, claim_scaled_mm: bool = True, fuse_re
         lf.fold_silu_mul(graph, _set_val)
         lf.fold_residual_adds(graph, _set_val)
         lf.fuse_norm_quant(graph, _set_val)
+        rk.fuse_rope_kv_write(graph, _set_val)
     graph.lint()
 
 
@@ -397,9 +401,9 @@ def make_pass(claim_scaled_mm: bool = True, fuse_requant: bool = True, fuse_laye
                                   fuse_layer=fuse_layer)
 
         def uuid(self) -> Any:
-            salt = (f"nvgemm_cutedsl-capture-v3-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
+            salt = (f"nvgemm_cutedsl-capture-v4-claim{int(claim_scaled_mm)}-requant{int(fuse_requant)}"
                     f"-layer{int(fuse_layer)}")
             return get_hash_for_files((__file__, ch.__file__, fxn.__file__, low.__file__, rq.__file__, fr.__file__,
-                                       fb.__file__, lf.__file__), salt)
+                                       fb.__file__, lf.__file__, rk.__file__), salt)
 
     return NvgemmCapturePass()

@@ -119,7 +119,7 @@ def generate_cuda_code(fn: Callable, example_inputs: Sequence[torch.Tensor], gpu
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
-    from torch.func import functionalize
+    from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fm = next((t.fake_mode for t in example_inputs if hasattr(t, "fake_mode")), None)
@@ -130,8 +130,10 @@ def generate_cuda_code(fn: Callable, example_inputs: Sequence[torch.Tensor], gpu
     patches.update(config_patches or {})
     with fake_cuda_device(gpu), inductor_config.patch(patches), V.set_fake_mode(fm):
         with fm:
-            gm = make_fx(functionalize(fn, remove="mutations"), decomposition_table=select_decomp_table())(
-                *example_inputs)
+            # Python functionalization (AOTAutograd's): a custom op that mutates its inputs (the KV cache)
+            # becomes auto_functionalized, re-inplaced by Inductor; input mutations are copied back at the end
+            func = dispatch_functionalize(fn, FunctionalTensorMode(), propagate_input_mutations=True)
+            gm = make_fx(func, decomposition_table=select_decomp_table())(*example_inputs)
         # the pattern tables are traced once on real tensors: on the CPU (they match any device)
         with fm:
             gm = _recursive_joint_graph_passes(gm, input_device=torch.device("cpu"))

@@ -20,6 +20,14 @@ def is_capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+_FAKE_PAIRS = "_nvgemm_splitk_workspaces"
+
+
+def _fake_mode():
+    """The active FakeTensorMode, or None (one dispatcher lookup: cheap enough for the launch path)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
 class SplitKWorkspaces:
     """Split-K workspace + zeroed counters per (device, stream), safe under CUDA graphs, bounded.
 
@@ -73,8 +81,19 @@ class SplitKWorkspaces:
         return pair
 
     def get(self, device: torch.device, ws_numel: int, n_cnt: int, stream_id: int = 0):
-        """(workspace, counters) with at least ``ws_numel`` / ``n_cnt`` elements."""
+        """(workspace, counters) with at least ``ws_numel`` / ``n_cnt`` elements.
+
+        Under a ``FakeTensorMode`` (tracing, fake-device replays) the pairs are FakeTensors of that mode: they are
+        kept on the mode itself, never in this pool, so they die with it and no other mode (or a real call)
+        meets them."""
         key = (str(device), stream_id)
+        fm = _fake_mode()
+        if fm is not None:
+            table = fm.__dict__.setdefault(_FAKE_PAIRS, {})
+            pair = table.get(key)
+            if not self._fits(pair, ws_numel, n_cnt):  # grown as the pool grows (the old pair is dropped)
+                pair = self._grown(table, [], key, device, ws_numel, n_cnt)
+            return pair
         with self._lock:
             cur = self._current.get(key)
             if self._fits(cur, ws_numel, n_cnt):

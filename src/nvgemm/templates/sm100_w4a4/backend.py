@@ -192,11 +192,12 @@ _A, _B, _SFA, _SFB, _OUT, _RES, _WS, _CNT, _STREAM = 0, 1, 2, 3, 4, 7, 8, 9, 13
 
 
 def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_dev, quantize, residual: bool,
-                    requant: bool):
+                    requant: bool, prequant: bool = False):
     """The per-call remainder of a prepared sm100 launch (see :func:`bind_sm100`): quantize ``x``, allocate
     the outputs, write their pointers (and the stream's, the pooled split-K buffers') into the packed
     argument array, launch. Returns ``call(*op_args) -> out`` (the op's arguments in schema order; requant:
-    ``(codes, scale bytes)``, its residual position holding the next input_scale, unused)."""
+    ``(codes, scale bytes)``, its residual position holding the next input_scale, unused). ``prequant``: the
+    activation arrives quantized (``nvfp4_linear_prequant_requant``: ``call(packed, scales, *rest)``)."""
     swap = config.swap_ab
     per_call = [_B, _SFB] if swap else [_A, _SFA]
     per_call.append(_OUT)
@@ -224,10 +225,13 @@ def _bound_launcher(args, kernel, dev, config, x_shape, x_contiguous: bool, ins_
     current_pair, dev_key, checked = WORKSPACES.current, str(dev), [None]
 
     def call(x, _weight, _weight_scale, _weight_scale_2, _input_scale, _bias, res=None, *_rest):
-        x2 = x.reshape(-1, k) if reshape else x
-        if not x_contiguous:
-            x2 = x2.contiguous()
-        xq, xs = quantize(x2, ins_dev, True)
+        if prequant:  # (packed, scales, weight, ...): the codes as given (their metadata is the binding's key)
+            xq, xs = x, _weight.view(torch.float8_e4m3fn)
+        else:
+            x2 = x.reshape(-1, k) if reshape else x
+            if not x_contiguous:
+                x2 = x2.contiguous()
+            xq, xs = quantize(x2, ins_dev, True)
         if xs.numel() != xs_numel:  # as prepare_sm100_args checks (the codes follow x, whose shape is keyed)
             raise ValueError("nvgemm_cutedsl sm100: activation quantizer returned misshapen codes/scales")
         out = empty(out_shape, dtype=out_dtype, device=dev)
@@ -370,8 +374,14 @@ def run_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2, inp
     return args.out
 
 
-def bind_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None):
-    """The bound launcher of an ``nvfp4_linear_requant`` call (``Backend.bind``; see :func:`bind_sm100`)."""
+def bind_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None,
+                       quantized=None):
+    """The bound launcher of an ``nvfp4_linear_requant`` call (``Backend.bind``; see :func:`bind_sm100`).
+    ``quantized`` = (packed, scales) with ``x`` None: an ``nvfp4_linear_prequant_requant`` call, whose launcher
+    takes ``(packed, scales, weight, ...)`` and launches on the given codes (no quantizer)."""
+    if quantized is not None:
+        return _bind_prequant_requant(quantized, weight, weight_scale, weight_scale_2, input_scale, bias,
+                                      out_input_scale, out_dtype)
     spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype)
     config = requant_config(x.shape[0])
     dev = x.device
@@ -380,6 +390,21 @@ def bind_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bia
                                       spec, config, quantize=_stand_in_quantized, checked=True)
     return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(),
                            device_scalar(input_scale, dev), quantize_nvfp4_cuda, False, True)
+
+
+def _bind_prequant_requant(quantized, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                           out_dtype):
+    packed, scales = quantized
+    m = packed.shape[0]
+    spec = requant_spec(None, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype, quantized)
+    config = requant_config(m)
+    dev = weight.device
+    _config, kernel = launch_plan(m, weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
+    args = prepare_sm100_requant_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                      spec, config, checked=True,
+                                      quantized=(packed, scales.view(torch.float8_e4m3fn)))
+    return _bound_launcher(args, kernel, dev, config, (m, weight.shape[1] * 2), True, None, None, False, True,
+                           prequant=True)
 
 
 REQUANT_BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports_requant, run=run_sm100_requant,

@@ -6,8 +6,10 @@ Importing this package imports nothing heavy; the modules are:
 * :mod:`.fused` — RMSNorm / add+RMSNorm / SiLU-mul fused with the quantizer;
 * :mod:`.gemm_w4a16` — weight-only NVFP4 GEMM with the full nvgemm epilogue (and W4A4 by
   in-kernel quantize-dequantize of x);
-* :mod:`.reference` — pure-torch references of the fused quantizers;
-* :mod:`.fused_ops` — the ``nvgemm::*_quantize_nvfp4`` torch ops (torch only);
+* :mod:`.rope` — RoPE of q / k and the KV-cache write of k / v in one launch (the decode step's
+  ``nvgemm::rope_kv_write``);
+* :mod:`.reference` — pure-torch references of the fused quantizers and of the RoPE + KV write;
+* :mod:`.fused_ops` — the ``nvgemm::*_quantize_nvfp4`` and ``nvgemm::rope_kv_write`` torch ops (torch only);
 * :mod:`.moe` — the grouped MoE kernels behind ``triton_moe``;
 * :mod:`.backend` — the ``triton_w4a16`` and ``triton_moe`` backends (named below; imported on first
   dispatch), which also registers the fused quantizer ops and installs the CUDA quantizer.

@@ -6,13 +6,19 @@
   swizzle=True)`` -> (packed, scales, new residual = x + residual)
 * ``torch.ops.nvgemm.silu_mul_quantize_nvfp4(x, input_scale, swizzle=True)`` with x = [gate | up]
   [M, 2I] -> (packed uint8 [M, I/2], scales)
+* ``torch.ops.nvgemm.rope_kv_write(qkv, cos_cache, sin_cache, positions, k_cache, v_cache, num_heads,
+  num_kv_heads)`` -> roped q [T, num_heads, D]; writes roped k and v into the static caches [1, Hkv, S, D] at
+  ``positions`` (the one op here that mutates: ``k_cache`` and ``v_cache``). See
+  :mod:`nvgemm.templates.triton.rope`.
 
 Scales are the 1-D 128x4 swizzled layout when ``swizzle`` (what ``nvfp4_linear``'s W4A4 kernels
 read), else linear [M, K/16]. Eager: the Triton kernel on CUDA (sm_80+, Triton importable), on CPU the PTX
 emulator's stand-in of it when the emulator is enabled (:mod:`nvgemm.templates.common.triton_stand_in`), the
 pure-torch reference (:mod:`nvgemm.templates.triton.reference`) otherwise. Fake impls allocate the
-same shapes. None of these ops mutates its inputs. ``input_scale`` must be finite and > 0 (checked
-when it is a host tensor, as for ``quantize_nvfp4``).
+same shapes. The quantizer ops mutate nothing. ``input_scale`` must be finite and > 0 (checked
+when it is a host tensor, as for ``quantize_nvfp4``). ``rope_kv_write`` checks its position values (in range
+of the tables and the cache, distinct) except while a CUDA graph is captured (the check reads them: a host
+sync on CUDA; the warm-up call runs it).
 """
 
 from __future__ import annotations
@@ -28,15 +34,18 @@ from nvgemm.templates.common.triton_stand_in import stand_in
 from nvgemm.templates.triton.reference import (
     add_rmsnorm_quantize_ref,
     check_fused_args,
+    check_rope_args,
+    check_rope_positions,
     quantize_ref,
     rmsnorm_quantize_ref,
+    rope_kv_write_ref,
     silu_mul_quantize_ref,
 )
 
 log = logging.getLogger("nvgemm_cutedsl")
 
 __all__ = ["rmsnorm_quantize_nvfp4", "add_rmsnorm_quantize_nvfp4", "silu_mul_quantize_nvfp4", "quantize_nvfp4_cuda",
-           "triton_unusable"]
+           "rope_kv_write", "triton_unusable"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,3 +169,31 @@ def _(x, input_scale, swizzle=True):
     check_fused_args("silu_mul_quantize_nvfp4", x, input_scale, gated=True)
     m, i = x.shape[0], x.shape[1] // 2
     return x.new_empty((m, i // 2), dtype=torch.uint8), _scale_like(x, m, i, swizzle)
+
+
+@torch.library.custom_op("nvgemm::rope_kv_write", mutates_args=("k_cache", "v_cache"))
+def rope_kv_write(qkv: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, positions: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """RoPE of q and k (cos / sin rows at ``positions``) and the KV-cache write of k and v, in one launch;
+    returns q [T, num_heads, D]. Bit-exact with :func:`nvgemm.templates.triton.reference.rope_kv_write_ref`."""
+    check_rope_args(qkv, cos_cache, sin_cache, positions, k_cache, v_cache, num_heads, num_kv_heads)
+    if not (positions.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        check_rope_positions(positions, cos_cache, k_cache)
+    if triton_unusable(qkv.device) is None:
+        # lazy: triton import cost
+        from nvgemm.templates.triton.rope import rope_kv_write_triton
+
+        return rope_kv_write_triton(qkv, cos_cache, sin_cache, positions, k_cache, v_cache, num_heads, num_kv_heads)
+    kernel = stand_in("nvgemm.templates.triton.rope", "rope_kv_write_kernel", qkv.device)
+    if kernel is not None:  # the PTX emulator's stand-in (opt-in)
+        from nvgemm.templates.triton.rope import rope_kv_write_triton  # lazy: triton import cost
+
+        return rope_kv_write_triton(qkv, cos_cache, sin_cache, positions, k_cache, v_cache, num_heads,
+                                    num_kv_heads, kernel=kernel)
+    return rope_kv_write_ref(qkv, cos_cache, sin_cache, positions, k_cache, v_cache, num_heads, num_kv_heads)
+
+
+@rope_kv_write.register_fake
+def _(qkv, cos_cache, sin_cache, positions, k_cache, v_cache, num_heads, num_kv_heads):
+    d = check_rope_args(qkv, cos_cache, sin_cache, positions, k_cache, v_cache, num_heads, num_kv_heads)
+    return qkv.new_empty((qkv.shape[0], num_heads, d))

@@ -287,30 +287,29 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
                     for i in cutlass.range_constexpr(4):
                         acc[i0 + i] = d[i]
 
-    # ----------------------------------------------------------------------------- kernel
-    @cute.kernel
-    def kernel(self, mX: cute.Tensor, mXS: cute.Tensor, mW: cute.Tensor, mWS: cute.Tensor, mAlpha: cute.Tensor,
-               mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        # opaque to the optimiser: with the thread index's range known, LLVM fuses the small address
-        # products into dp2a / dp4a (no faster here, and not an instruction the emulator models)
-        tidx = pinned_i32(tidx)
-        bx, bs, bm = cute.arch.block_idx()
-        warp = tidx // 32
-        lane = tidx % 32
+    # ----------------------------------------------------------------------------- building blocks
+    #: the main loop issues ``griddepcontrol.wait`` itself (after the prologue's weight copies);
+    #: kernels that must wait before they know their weight rows (a work list) wait earlier
+    wait_in_main_loop = True
+
+    @cute.jit
+    def x_scale_offset(self, xr: Int32, kb_tiles: Int32) -> Int32:
+        """Byte offset of token row ``xr``'s first scale word in the activation scales: the
+        128x4 swizzle of ``[M, K/16]`` (grouped kernels override the row -> atom map)."""
+        return (xr // 128) * kb_tiles * 512 + (xr % 32) * 16 + ((xr // 32) % 4) * 4
+
+    @cute.jit
+    def main_loop(self, mX: cute.Tensor, mXS: cute.Tensor, mW: cute.Tensor, mWS: cute.Tensor, acc: cute.Tensor,
+                  ring: Int32, tidx: Int32, bx: Int32, warp: Int32, lane: Int32, m: Int32, m0: Int32, n: Int32,
+                  k: Int32, st_lo: Int32, n_it: Int32, w_row0: Int32):
+        """The block-scaled MMA loop of one CTA into ``acc``: the ``n_it`` stages from ``st_lo`` of
+        token rows ``m0 ..`` (clamped to ``m - 1``) against the CTA's weight rows (``n`` valid rows,
+        starting at row ``w_row0`` of ``mW`` / ``mWS``: an expert's block in a stacked operand),
+        through the cp.async ring at shared address ``ring``."""
         g = lane // 4
         q = lane % 4
-
-        m = mX.shape[0]
-        k = mX.shape[1] * 2
-        n = mW.shape[0]
         n_tiles = (n + ROW_TILE - 1) // ROW_TILE
-        n_out = mOut.shape[1]
-        n_pad = n_tiles * ROW_TILE
-        m0 = bm * self.tile_m
         kb_tiles = (k // 16 + 3) // 4  # 4-block columns of the 128x4 scale layout
-
-        st_lo, n_it = self.split_range(k, bs)
 
         # ---- loop invariants of this lane's weight copies: copy step i covers warp rows
         # i * rows_per_copy + lane // pieces (of row tile (that row) // 16), piece lane % pieces
@@ -321,14 +320,15 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
             r0 = i * self.rows_per_copy  # rows_per_copy <= 8 divides 16: one row tile per step
             row = self.tile_of(bx, warp, r0 // ROW_TILE, n_tiles) * ROW_TILE + r0 % ROW_TILE + lane // self.pieces
             w_row_of.append(pinned_i32(row))
-            w_rows.append(pinned_i64(mW.iterator.toint() + Int64(cutlass.min(row, n - 1)) * Int64(mW.stride[0])))
+            w_rows.append(pinned_i64(mW.iterator.toint()
+                                     + Int64(cutlass.min(row, n - 1) + w_row0) * Int64(mW.stride[0])))
         w_dst = pinned_i32(warp * self.RT * ROW_TILE * self.row_b + (lane // self.pieces) * self.row_b + w_piece * 16)
         # scale words: lane (g, q) copies row g + 8 (q % 2) of each row tile, slabs q // 2 (+ 2)
         s_rows = []
         srow_l = g + 8 * (q % 2)
         for rt in cutlass.range_constexpr(self.RT):
             row = self.tile_of(bx, warp, rt, n_tiles) * ROW_TILE + srow_l
-            rc = cutlass.min(row, n - 1)
+            rc = cutlass.min(row, n - 1) + w_row0
             off = (rc // 128) * kb_tiles * 512 + (rc % 32) * 16 + ((rc // 32) % 4) * 4
             s_rows.append((pinned_i64(mWS.iterator.toint() + Int64(off)), row < n))
         s_slab = q // 2
@@ -350,8 +350,7 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
             w = tidx + i * self.threads
             xs_tok = w % self.tile_m
             xr = cutlass.min(m0 + xs_tok, m - 1)
-            src = pinned_i64(mXS.iterator.toint()
-                             + Int64((xr // 128) * kb_tiles * 512 + (xr % 32) * 16 + ((xr // 32) % 4) * 4))
+            src = pinned_i64(mXS.iterator.toint() + Int64(self.x_scale_offset(xr, kb_tiles)))
             xs.append((src, pinned_i32(self.off_xs + w * 4), (w // self.tile_m) % self.U,
                        cutlass.select_(w < self.tile_m * self.U, Int32(1), Int32(0))))
 
@@ -362,13 +361,6 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
         sa_lds = pinned_i32(self.off_ws + warp * self.RT * self.U * 64 + srow_l * 4)
         b_lds = pinned_i32(self.off_x + (lane % 8) * self.row_b + 16 * (mat % 2))
         sb_lds = pinned_i32(self.off_xs + g * 4)
-
-        smem = cutlass.memory.SmemAllocator()
-        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
-        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
-        ring = ring_t.iterator.toint()
-        acc = cute.make_rmem_tensor((self.RT * self.MG * 4,), Float32)
-        acc.fill(0.0)
         policy = evict_first_policy()
 
         # ---- the ring
@@ -377,7 +369,7 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
             if j < n_it:
                 self.produce_weights(ring + j * self.stage_bytes, st_lo + j, k, n, w_rows, w_row_of, w_dst, w_piece,
                                      s_rows, s_dst, s_slab, kb_tiles, policy)
-        if cutlass.const_expr(self.pdl):
+        if cutlass.const_expr(self.pdl and self.wait_in_main_loop):
             cute.arch.griddepcontrol_wait()
         for j in cutlass.range_constexpr(D - 1):
             if j < n_it:
@@ -395,9 +387,44 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
             cp_async_commit()
             self.compute_stage(ring + (it % D) * self.stage_bytes, a_lds, sa_lds, b_lds, sb_lds, acc)
 
+    def shared_buffers(self):
+        """(the ring's shared address, the split-K flag word's): one allocation per kernel."""
+        smem = cutlass.memory.SmemAllocator()
+        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
+        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        return ring_t.iterator.toint(), flag_t.iterator.toint()
+
+    # ----------------------------------------------------------------------------- kernel
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mXS: cute.Tensor, mW: cute.Tensor, mWS: cute.Tensor, mAlpha: cute.Tensor,
+               mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        # opaque to the optimiser: with the thread index's range known, LLVM fuses the small address
+        # products into dp2a / dp4a (no faster here, and not an instruction the emulator models)
+        tidx = pinned_i32(tidx)
+        bx, bs, bm = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        g = lane // 4
+        q = lane % 4
+
+        m = mX.shape[0]
+        k = mX.shape[1] * 2
+        n = mW.shape[0]
+        n_tiles = (n + ROW_TILE - 1) // ROW_TILE
+        n_out = mOut.shape[1]
+        n_pad = n_tiles * ROW_TILE
+        m0 = bm * self.tile_m
+        st_lo, n_it = self.split_range(k, bs)
+
+        ring, flag = self.shared_buffers()
+        acc = cute.make_rmem_tensor((self.RT * self.MG * 4,), Float32)
+        acc.fill(0.0)
+        self.main_loop(mX, mXS, mW, mWS, acc, ring, tidx, bx, warp, lane, m, m0, n, k, st_lo, n_it, Int32(0))
+
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, flag_t.iterator.toint(), tidx, bm * cute.arch.grid_dim()[0] + bx)
+                    n_pad, flag, tidx, bm * cute.arch.grid_dim()[0] + bx)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -122,3 +122,28 @@ def test_exact_tile32_sm121a_split_k_gemm2():
     c2 = C(tile_n=32, tile_rows=64, tile_k=256, num_warps=2, stages=2, split_k=2)
     keep = _check_exact(exact_moe_operands(24, 1, 2, 64, 288, ids=ids, seed=12), c1, c2, arch="sm_121a")
     assert keep["work_list"].tiles.view(-1, 4)[:2, 2].tolist() == [4, 20]
+
+
+def _qwen3_picks():
+    """The distinct (GEMM1, GEMM2, arch) picks of the policy for Qwen3-30B-A3B (E=128, top-8, H=2048,
+    I=768) over M = 1..256, per arch."""
+    from nvgemm.templates.sm120_moe.policy import pick_moe_configs
+
+    seen = {}
+    for arch in ("sm_120a", "sm_121a"):
+        for m in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            c1, c2 = pick_moe_configs(m, 128, 8, 2048, 768, arch)
+            seen.setdefault((c1, c2, arch), m)
+    return [(c1, c2, arch, m) for (c1, c2, arch), m in seen.items()]
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("pick", _qwen3_picks(), ids=lambda p: f"{p[0].name()}-{p[1].name()}-{p[2]}-m{p[3]}")
+def test_policy_picks_qwen3_30b_scaled_down(pick):
+    """Each policy pick, on the Qwen3-30B-A3B routing scaled down (M=12, top-8 over 16 experts, H=512,
+    I=128: several slots per busy expert, idle experts, GEMM1 over two 256-deep stages), bit-exact."""
+    c1, c2, arch, _m = pick
+    g = torch.Generator().manual_seed(c1.tile_n)
+    ids = torch.stack([torch.randperm(16, generator=g)[:8] for _ in range(12)]).to(torch.int32)
+    ids[:, 0] = 3  # expert 3: 12 pairs -> more than one slot of 8
+    _check_exact(exact_moe_operands(12, 8, 16, 512, 128, ids=ids, seed=c1.tile_n), c1, c2, arch=arch)

@@ -49,7 +49,8 @@ def test_grouped_kernel_compiles_spill_free(cfg, epi, arch):
     ptx = c.__ptx__
     d = cfg.dense()
     assert f".target {arch}" in ptx
-    assert len(re.findall(r"mma\.sync\.aligned\.kind::mxf4nvf4\.block_scale", ptx)) == d.row_tiles * d.slabs * d.m_groups
+    mmas = re.findall(r"mma\.sync\.aligned\.kind::mxf4nvf4\.block_scale", ptx)
+    assert len(mmas) == d.row_tiles * d.slabs * d.m_groups
     assert "griddepcontrol.wait" in ptx
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) is epi.out_quant
     assert ("shfl.sync.bfly" in ptx) is epi.out_quant

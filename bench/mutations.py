@@ -95,11 +95,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the expert's block in the stacked weights is taken at e x rows instead of e x rows_padded (the "
         "128-row padding per expert is ignored)"),
     Mutation(
-        "sm120moe-requant-amax-group", _K120M,
-        "shuffle_sync_bfly(amax, offset=4 << off)",
-        "shuffle_sync_bfly(amax, offset=2 << off)",
-        "the requant's block amax reduces over lanes q ^ 2 / g ^ 1 / g ^ 2 (mixing two tokens, missing a "
-        "quarter of the block's features) instead of the 8 lanes g of one token"),
+        "sm120moe-requant-scale-atom-2d", _K120M,
+        "return ((tok // self.tile_m) * kb4 + t // 4) * 512",
+        "return ((tok // 128) * kb4 + t // 4) * 512",
+        "GEMM1's requant writes its scale bytes into the dense 2-D swizzle's atom (token // 128) instead of "
+        "the work slot's own 128-row atom that GEMM2 reads"),
     # ---- sm120 W4A4 decode kernel (mma.sync kind::mxf4nvf4 block_scale)
     Mutation(
         "sm120-a-fragment-half-offset", _K120,
@@ -112,6 +112,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "                nb = cutlass.max(cutlass.min(kb - slab * 4, 4), 0)\n",
         "                nb = Int32(4)\n",
         "the weight scale copies drop their K-tail predicate: a slab past K/16 copies 4 padding bytes"),
+    Mutation(
+        "sm120-requant-pair-shuffle", _K120,
+        "q_hi = cute.arch.shuffle_sync_bfly(qv, offset=4)",
+        "q_hi = cute.arch.shuffle_sync_bfly(qv, offset=8)",
+        "the fused requant packs feature g with feature g + 2 (lane g ^ 2) instead of g + 1 in a byte"),
     Mutation(
         "sm120-splitk-range-drops-leftover", _K120,
         "per = (n_stage + self.split_k - 1) // self.split_k",

@@ -18,7 +18,9 @@ and plain epilogue the dense kernel's; the grouped kernel only changes where the
 * **alpha**: the expert's, ``alpha[e * stride ..]`` with ``stride`` = 1 (scalar) or ``rows``
   (vector), plus 1 when the fused requant's next input scale follows.
 
-GEMM1 (``out_quant``, gated): the **fused SwiGLU + NVFP4 requant** epilogue. In the m16n8 C layout
+GEMM1 (``out_quant``, gated): the **fused SwiGLU + NVFP4 requant** epilogue of the dense kernel
+(:meth:`~nvgemm.templates.sm120_w4a4.kernel.Sm120Nvfp4GemmKernel.store_requant`), with the scale bytes
+in slot ``j``'s own 128-row atom (:meth:`Sm120MoeKernel.requant_scale_offset`). In the m16n8 C layout
 lane ``(g, q)`` holds rows ``g``, ``g + 8`` of a row tile x tokens ``2q``, ``2q + 1`` of a token
 group; a warp's gate row tile ``t`` and its up row tile ``t + I/16`` give 16 gated features of 8
 tokens = one NVFP4 block of GEMM2's input per token. Per token: ``h = round_x(silu(alpha g) * alpha u)``
@@ -41,24 +43,15 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from nvgemm.aot.abi import ScalarArg, StreamArg, SymDim, TensorArg, compile_for_target, fake_args, register_template
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.status import Status
-from nvgemm.epilogues.cute_apply import Activation
-from nvgemm.templates.sm100_w4a4.requant import div_rn, e4m3_to_f32, to_e2m1x2, to_e4m3
 from nvgemm.templates.sm120_moe.config import MOE_ARCHS, MOE_FAMILY, TEMPLATE_ID, Sm120MoeConfig, validate_moe_config
 from nvgemm.templates.sm120_w4a4.config import ROW_TILE
 from nvgemm.templates.sm120_w4a4.kernel import Sm120Nvfp4GemmKernel
-from nvgemm.templates.sm90_w4a16.common import Sm90KernelBase, _asm, _v, pinned_i32
+from nvgemm.templates.sm90_w4a16.common import pinned_i32
 
-
-@dsl_user_op
-def f32_bits(x: Float32, *, loc=None, ip=None) -> Int32:
-    """``mov.b32``: the bits of an fp32 value, opaque to the optimiser (a zero test on them stays an
-    integer test: LLVM would fold ``float(bf16(v)) != 0`` into a bf16 compare)."""
-    return Int32(_asm(T.i32(), [_v(x, Float32, loc, ip)], "mov.b32 $0, $1;", "=r,f", loc, ip))
 
 
 class Sm120MoeKernel(Sm120Nvfp4GemmKernel):
@@ -92,76 +85,12 @@ class Sm120MoeKernel(Sm120Nvfp4GemmKernel):
         r = xr % self.tile_m
         return (xr // self.tile_m) * kb_tiles * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4
 
-    def store_fragments(self, acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, n_out, from_work,
-                        mWork, m_all, n_pad):
-        """The dense epilogue, or (GEMM1) the fused requant (``mRes`` = the scale atoms, ``mOut`` = codes)."""
-        if self.requant:
-            return self.store_requant(acc, mAlpha, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, from_work, mWork,
-                                      m_all, n_pad)
-        return Sm90KernelBase.store_fragments(self, acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles,
-                                              n_out, from_work, mWork, m_all, n_pad)
-
     @cute.jit
-    def store_requant(self, acc: cute.Tensor, mAlpha: cute.Tensor, mSF: cute.Tensor, mQ: cute.Tensor, bx: Int32,
-                      warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32, n_tiles: Int32, from_work: bool,
-                      mWork: cute.Tensor, m_all: Int32, n_pad: Int32):
-        """Fused SwiGLU + NVFP4 requant of this lane's fragments (module docstring). Shuffles run on
-        every lane of the warp; only the stores are predicated."""
-        RT, MG = self.RT, self.MG
-        n_rt = RT // 2
-        gate_tiles = n_tiles // 2
-        # the next layer's input scale follows the expert's alpha values (scalar: 1, vector: the rows)
-        gs_at = Int32(1)
-        if cutlass.const_expr(self.epi.alpha == "vector"):
-            gs_at = n_tiles * ROW_TILE
-        gs = mAlpha[gs_at]
-        den = Float32(6.0) * gs
-        kb_tiles = (gate_tiles + 3) // 4  # 4-block columns of GEMM2's input scales (I / 16 blocks)
-        for rt in cutlass.range_constexpr(n_rt):
-            t = self.tile_of(bx, warp, rt, n_tiles)
-            tu = self.tile_of(bx, warp, rt + n_rt, n_tiles)
-            for mg in cutlass.range_constexpr(MG):
-                for j in cutlass.range_constexpr(2):
-                    tok = m0 + mg * 8 + 2 * q + j
-                    tok_c = cutlass.min(tok, m - 1)
-                    hv = []
-                    for hh in cutlass.range_constexpr(2):
-                        i = 2 * hh + j
-                        row = t * 16 + g + 8 * hh
-                        row_u = tu * 16 + g + 8 * hh
-                        vg = acc[(rt * MG + mg) * 4 + i]
-                        vu = acc[((rt + n_rt) * MG + mg) * 4 + i]
-                        if cutlass.const_expr(from_work):
-                            vg, vu = self.splitk_sum(mWork, m_all, n_pad, tok_c, row, row_u)
-                        if cutlass.const_expr(self.epi.alpha == "scalar"):
-                            a = mAlpha[0]
-                            vg = vg * a
-                            vu = vu * a
-                        else:
-                            vg = vg * mAlpha[row]
-                            vu = vu * mAlpha[row_u]
-                        hv.append(Activation("silu_mul").apply_gated(vg, vu).to(self.out_dtype).to(Float32))
-                    amax = cute.arch.fmax(cute.arch.fmax(hv[0], -hv[0]), cute.arch.fmax(hv[1], -hv[1]))
-                    for off in cutlass.range_constexpr(3):
-                        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 << off))
-                    sf = to_e4m3(cute.arch.fmin(div_rn(amax, den), Float32(448.0)))
-                    step = e4m3_to_f32(sf) * gs
-                    ok = (tok < m) & (t < gate_tiles)
-                    for hh in cutlass.range_constexpr(2):
-                        # +0 for an all-zero block and for h == +-0 (cvt keeps a zero's sign; the contract
-                        # encodes every zero as code 0)
-                        qv = Float32(0.0)
-                        if (step != Float32(0.0)) & ((f32_bits(hv[hh]) & Int32(0x7FFFFFFF)) != Int32(0)):
-                            qv = div_rn(hv[hh], step)
-                        q_hi = cute.arch.shuffle_sync_bfly(qv, offset=4)
-                        byte = to_e2m1x2(q_hi, qv)
-                        if ok & (g % 2 == 0):
-                            mQ[tok, t * 8 + g // 2 + 4 * hh] = byte.to(cutlass.Uint8)
-                    if ok & (g == 0):
-                        r = tok % self.tile_m
-                        off = (((tok // self.tile_m) * kb_tiles + t // 4) * 512 + (r % 32) * 16
-                               + ((r // 32) % 4) * 4 + t % 4)
-                        mSF[off] = sf.to(cutlass.Uint8)
+    def requant_scale_offset(self, tok: Int32, t: Int32, kb4: Int32) -> Int32:
+        """GEMM1's requant scale byte of token row ``tok`` = row ``tok % tile_n`` of slot ``tok // tile_n``'s
+        own 128-row atom (GEMM2's B scale layout), K block ``t``."""
+        r = tok % self.tile_m
+        return ((tok // self.tile_m) * kb4 + t // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + t % 4
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel

@@ -73,6 +73,11 @@ FAMILIES: dict[str, Family] = {
         emulator=("tests/emulator/test_sm120_w4a4_emu.py",),
         companions=("tests/compile/test_sm120_compile.py", "tests/cpu/test_sm120_w4a4.py"),
     ),
+    "sm120_moe": Family(
+        sources=("src/nvgemm/templates/sm120_moe/",),
+        emulator=("tests/emulator/test_sm120_moe_emu.py",),
+        companions=("tests/compile/test_sm120_moe_compile.py", "tests/cpu/test_sm120_moe.py"),
+    ),
     "triton": Family(
         sources=("src/nvgemm/templates/triton/",),
         emulator=(),
@@ -84,14 +89,17 @@ FAMILIES: dict[str, Family] = {
         sources=("src/nvgemm/epilogues/",),
         emulator=("tests/emulator/test_isa_sm100_kernel.py", "tests/emulator/test_isa_sm100_requant.py",
                   "tests/emulator/test_sm90_mma_emu.py", "tests/emulator/test_isa_wgmma_kernel.py",
-                  "tests/emulator/test_sm100_moe_emu.py", "tests/emulator/test_sm90_moe_emu.py"),
+                  "tests/emulator/test_sm100_moe_emu.py", "tests/emulator/test_sm90_moe_emu.py",
+                  "tests/emulator/test_sm120_moe_emu.py"),
         companions=("tests/cpu/test_fused_requant.py", "tests/cpu/test_ops.py"),
     ),
 }
 # the sm100 MoE kernel subclasses the dense sm100 kernel, and the sm90 MoE kernel the sm90 mma kernel: a
 # mutation of the dense source is also run against the grouped family's tests; the sm120 W4A4 kernel
-# runs the sm90 decode kernel's epilogue and split-K reduce (sm90_w4a16/common.py)
-_ALSO = {"sm100_w4a4": ("sm100_moe",), "sm90_w4a16": ("sm90_moe", "sm120_w4a4")}
+# runs the sm90 decode kernel's epilogue and split-K reduce (sm90_w4a16/common.py); the sm120 grouped
+# kernel is the sm120 main loop over the sm100 grouped family's operands, prep and requant conversions
+_ALSO = {"sm100_w4a4": ("sm100_moe",), "sm90_w4a16": ("sm90_moe", "sm120_w4a4", "sm120_moe"),
+         "sm120_w4a4": ("sm120_moe",), "sm100_moe": ("sm120_moe",)}
 
 
 def families_of_source(path: str) -> list[str]:

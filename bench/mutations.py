@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FAMILIES = ("sm100_w4a4", "sm90_w4a16", "sm100_moe", "sm90_moe", "sm120_w4a4", "triton")
+FAMILIES = ("sm100_w4a4", "sm90_w4a16", "sm100_moe", "sm90_moe", "sm120_w4a4", "sm120_moe", "triton")
 FOLDERS = ("tests/emulator", "tests/cpu", "tests/compile")
 INTERP_TEST = "tests/cpu/test_triton_interpreter.py::test_triton_kernels_under_interpreter"
 CACHE_VARS = ("NVGEMM_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUTE_DSL_CACHE_DIR")
@@ -84,8 +84,22 @@ _K100 = "src/nvgemm/templates/sm100_w4a4/kernel.py"
 _E100 = "src/nvgemm/templates/sm100_w4a4/epilogue.py"
 _C90 = "src/nvgemm/templates/sm90_w4a16/common.py"
 _K120 = "src/nvgemm/templates/sm120_w4a4/kernel.py"
+_K120M = "src/nvgemm/templates/sm120_moe/kernel.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
+    # ---- sm120 grouped MoE kernel (work list over stacked experts, fused requant on GEMM1)
+    Mutation(
+        "sm120moe-expert-offset-unpadded", _K120M,
+        "st_lo, n_it, e * rows_padded)",
+        "st_lo, n_it, e * rows)",
+        "the expert's block in the stacked weights is taken at e x rows instead of e x rows_padded (the "
+        "128-row padding per expert is ignored)"),
+    Mutation(
+        "sm120moe-requant-scale-atom-2d", _K120M,
+        "return ((tok // self.tile_m) * kb4 + t // 4) * 512",
+        "return ((tok // 128) * kb4 + t // 4) * 512",
+        "GEMM1's requant writes its scale bytes into the dense 2-D swizzle's atom (token // 128) instead of "
+        "the work slot's own 128-row atom that GEMM2 reads"),
     # ---- sm120 W4A4 decode kernel (mma.sync kind::mxf4nvf4 block_scale)
     Mutation(
         "sm120-a-fragment-half-offset", _K120,

@@ -381,8 +381,120 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
                         if ok & (g % 2 == 0):
                             mQ[tok, t * 8 + half * 4 + g // 2] = byte.to(cutlass.Uint8)
                     if ok & (g == 0):
-                        off_s = ((tok // 128) * kb4 + t // 4) * 512 + (tok % 32) * 16 + ((tok // 32) % 4) * 4 + t % 4
-                        mS[off_s] = sf.to(cutlass.Uint8)
+                        mS[self.requant_scale_offset(tok, t, kb4)] = sf.to(cutlass.Uint8)
+
+    @cute.jit
+    def requant_scale_offset(self, tok: Int32, t: Int32, kb4: Int32) -> Int32:
+        """Byte of (token ``tok``, K block ``t``) in the fused requant's 128x4-swizzled output scales
+        (``kb4`` 4-block columns; grouped kernels override the row -> atom map)."""
+        return ((tok // 128) * kb4 + t // 4) * 512 + (tok % 32) * 16 + ((tok // 32) % 4) * 4 + t % 4
+
+    # ----------------------------------------------------------------------------- building blocks
+    #: the main loop issues ``griddepcontrol.wait`` itself (after the prologue's weight copies);
+    #: kernels that must wait before they know their weight rows (a work list) wait earlier
+    wait_in_main_loop = True
+
+    @cute.jit
+    def x_scale_offset(self, xr: Int32, kb_tiles: Int32) -> Int32:
+        """Byte offset of token row ``xr``'s first scale word in the activation scales: the
+        128x4 swizzle of ``[M, K/16]`` (grouped kernels override the row -> atom map)."""
+        return (xr // 128) * kb_tiles * 512 + (xr % 32) * 16 + ((xr // 32) % 4) * 4
+
+    @cute.jit
+    def main_loop(self, mX: cute.Tensor, mXS: cute.Tensor, mW: cute.Tensor, mWS: cute.Tensor, acc: cute.Tensor,
+                  ring: Int32, tidx: Int32, bx: Int32, warp: Int32, lane: Int32, m: Int32, m0: Int32, n: Int32,
+                  k: Int32, st_lo: Int32, n_it: Int32, w_row0: Int32):
+        """The block-scaled MMA loop of one CTA into ``acc``: the ``n_it`` stages from ``st_lo`` of
+        token rows ``m0 ..`` (clamped to ``m - 1``) against the CTA's weight rows (``n`` valid rows,
+        starting at row ``w_row0`` of ``mW`` / ``mWS``: an expert's block in a stacked operand),
+        through the cp.async ring at shared address ``ring``."""
+        g = lane // 4
+        q = lane % 4
+        n_tiles = (n + ROW_TILE - 1) // ROW_TILE
+        kb_tiles = (k // 16 + 3) // 4  # 4-block columns of the 128x4 scale layout
+
+        # ---- loop invariants of this lane's weight copies: copy step i covers warp rows
+        # i * rows_per_copy + lane // pieces (of row tile (that row) // 16), piece lane % pieces
+        w_piece = pinned_i32(lane % self.pieces)
+        w_rows = []
+        w_row_of = []
+        for i in cutlass.range_constexpr(self.w_copies):
+            r0 = i * self.rows_per_copy  # rows_per_copy <= 8 divides 16: one row tile per step
+            row = self.tile_of(bx, warp, r0 // ROW_TILE, n_tiles) * ROW_TILE + r0 % ROW_TILE + lane // self.pieces
+            w_row_of.append(pinned_i32(row))
+            w_rows.append(pinned_i64(mW.iterator.toint()
+                                     + Int64(cutlass.min(row, n - 1) + w_row0) * Int64(mW.stride[0])))
+        w_dst = pinned_i32(warp * self.RT * ROW_TILE * self.row_b + (lane // self.pieces) * self.row_b + w_piece * 16)
+        # scale words: lane (g, q) copies row g + 8 (q % 2) of each row tile, slabs q // 2 (+ 2)
+        s_rows = []
+        srow_l = g + 8 * (q % 2)
+        for rt in cutlass.range_constexpr(self.RT):
+            row = self.tile_of(bx, warp, rt, n_tiles) * ROW_TILE + srow_l
+            rc = cutlass.min(row, n - 1) + w_row0
+            off = (rc // 128) * kb_tiles * 512 + (rc % 32) * 16 + ((rc // 32) % 4) * 4
+            s_rows.append((pinned_i64(mWS.iterator.toint() + Int64(off)), row < n))
+        s_slab = q // 2
+        s_dst = pinned_i32(self.off_ws + warp * self.RT * self.U * 64 + s_slab * 64 + srow_l * 4)
+
+        # ---- activation copies: thread t covers pieces t + i * threads (token (that) // pieces)
+        x_piece = tidx % self.pieces
+        x_on = Int32(1)
+        if cutlass.const_expr(self.x_total < self.threads):
+            x_on = cutlass.select_(tidx < self.x_total, Int32(1), Int32(0))
+        x_rows = []
+        for i in cutlass.range_constexpr(self.x_per_thread):
+            tok = cutlass.min(m0 + tidx // self.pieces + i * (self.threads // self.pieces), m - 1)
+            x_rows.append(pinned_i64(mX.iterator.toint() + Int64(tok) * Int64(mX.stride[0])))
+        x_dst = pinned_i32(self.off_x + (tidx // self.pieces) * self.row_b + x_piece * 16)
+        # activation scale words: word t + i * threads of the stage's tile_m x slabs (token-fastest)
+        xs = []
+        for i in cutlass.range_constexpr(self.xs_per_thread):
+            w = tidx + i * self.threads
+            xs_tok = w % self.tile_m
+            xr = cutlass.min(m0 + xs_tok, m - 1)
+            src = pinned_i64(mXS.iterator.toint() + Int64(self.x_scale_offset(xr, kb_tiles)))
+            xs.append((src, pinned_i32(self.off_xs + w * 4), (w // self.tile_m) % self.U,
+                       cutlass.select_(w < self.tile_m * self.U, Int32(1), Int32(0))))
+
+        # ---- fragment addresses (ldmatrix row of this lane; scale words)
+        mat = lane // 8
+        a_lds = pinned_i32(warp * self.RT * ROW_TILE * self.row_b + (lane % 8 + 8 * (mat % 2)) * self.row_b
+                           + 16 * (mat // 2))
+        sa_lds = pinned_i32(self.off_ws + warp * self.RT * self.U * 64 + srow_l * 4)
+        b_lds = pinned_i32(self.off_x + (lane % 8) * self.row_b + 16 * (mat % 2))
+        sb_lds = pinned_i32(self.off_xs + g * 4)
+        policy = evict_first_policy()
+
+        # ---- the ring
+        D = self.D
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, k, n, w_rows, w_row_of, w_dst, w_piece,
+                                     s_rows, s_dst, s_slab, kb_tiles, policy)
+        if cutlass.const_expr(self.pdl and self.wait_in_main_loop):
+            cute.arch.griddepcontrol_wait()
+        for j in cutlass.range_constexpr(D - 1):
+            if j < n_it:
+                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, x_rows, x_dst, x_piece, x_on, xs)
+            cp_async_commit()
+        for it in cutlass.range(n_it, unroll=1):
+            cp_async_wait(D - 2)
+            cta_barrier()
+            nxt = it + (D - 1)
+            if nxt < n_it:
+                sbase_n = ring + (nxt % D) * self.stage_bytes
+                self.produce_weights(sbase_n, st_lo + nxt, k, n, w_rows, w_row_of, w_dst, w_piece, s_rows, s_dst,
+                                     s_slab, kb_tiles, policy)
+                self.produce_x(sbase_n, st_lo + nxt, k, x_rows, x_dst, x_piece, x_on, xs)
+            cp_async_commit()
+            self.compute_stage(ring + (it % D) * self.stage_bytes, a_lds, sa_lds, b_lds, sb_lds, acc)
+
+    def shared_buffers(self):
+        """(the ring's shared address, the split-K flag word's): one allocation per kernel."""
+        smem = cutlass.memory.SmemAllocator()
+        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
+        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        return ring_t.iterator.toint(), flag_t.iterator.toint()
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
@@ -405,96 +517,16 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
         n_out = mOut.shape[1]
         n_pad = n_tiles * ROW_TILE
         m0 = bm * self.tile_m
-        kb_tiles = (k // 16 + 3) // 4  # 4-block columns of the 128x4 scale layout
-
         st_lo, n_it = self.split_range(k, bs)
 
-        # ---- loop invariants of this lane's weight copies: copy step i covers warp rows
-        # i * rows_per_copy + lane // pieces (of row tile (that row) // 16), piece lane % pieces
-        w_piece = pinned_i32(lane % self.pieces)
-        w_rows = []
-        w_row_of = []
-        for i in cutlass.range_constexpr(self.w_copies):
-            r0 = i * self.rows_per_copy  # rows_per_copy <= 8 divides 16: one row tile per step
-            row = self.tile_of(bx, warp, r0 // ROW_TILE, n_tiles) * ROW_TILE + r0 % ROW_TILE + lane // self.pieces
-            w_row_of.append(pinned_i32(row))
-            w_rows.append(pinned_i64(mW.iterator.toint() + Int64(cutlass.min(row, n - 1)) * Int64(mW.stride[0])))
-        w_dst = pinned_i32(warp * self.RT * ROW_TILE * self.row_b + (lane // self.pieces) * self.row_b + w_piece * 16)
-        # scale words: lane (g, q) copies row g + 8 (q % 2) of each row tile, slabs q // 2 (+ 2)
-        s_rows = []
-        srow_l = g + 8 * (q % 2)
-        for rt in cutlass.range_constexpr(self.RT):
-            row = self.tile_of(bx, warp, rt, n_tiles) * ROW_TILE + srow_l
-            rc = cutlass.min(row, n - 1)
-            off = (rc // 128) * kb_tiles * 512 + (rc % 32) * 16 + ((rc // 32) % 4) * 4
-            s_rows.append((pinned_i64(mWS.iterator.toint() + Int64(off)), row < n))
-        s_slab = q // 2
-        s_dst = pinned_i32(self.off_ws + warp * self.RT * self.U * 64 + s_slab * 64 + srow_l * 4)
-
-        # ---- activation copies: thread t covers pieces t + i * threads (token (that) // pieces)
-        x_piece = tidx % self.pieces
-        x_on = Int32(1)
-        if cutlass.const_expr(self.x_total < self.threads):
-            x_on = cutlass.select_(tidx < self.x_total, Int32(1), Int32(0))
-        x_rows = []
-        for i in cutlass.range_constexpr(self.x_per_thread):
-            tok = cutlass.min(m0 + tidx // self.pieces + i * (self.threads // self.pieces), m - 1)
-            x_rows.append(pinned_i64(mX.iterator.toint() + Int64(tok) * Int64(mX.stride[0])))
-        x_dst = pinned_i32(self.off_x + (tidx // self.pieces) * self.row_b + x_piece * 16)
-        # activation scale words: word t + i * threads of the stage's tile_m x slabs (token-fastest)
-        xs = []
-        for i in cutlass.range_constexpr(self.xs_per_thread):
-            w = tidx + i * self.threads
-            xs_tok = w % self.tile_m
-            xr = cutlass.min(m0 + xs_tok, m - 1)
-            src = pinned_i64(mXS.iterator.toint()
-                             + Int64((xr // 128) * kb_tiles * 512 + (xr % 32) * 16 + ((xr // 32) % 4) * 4))
-            xs.append((src, pinned_i32(self.off_xs + w * 4), (w // self.tile_m) % self.U,
-                       cutlass.select_(w < self.tile_m * self.U, Int32(1), Int32(0))))
-
-        # ---- fragment addresses (ldmatrix row of this lane; scale words)
-        mat = lane // 8
-        a_lds = pinned_i32(warp * self.RT * ROW_TILE * self.row_b + (lane % 8 + 8 * (mat % 2)) * self.row_b
-                           + 16 * (mat // 2))
-        sa_lds = pinned_i32(self.off_ws + warp * self.RT * self.U * 64 + srow_l * 4)
-        b_lds = pinned_i32(self.off_x + (lane % 8) * self.row_b + 16 * (mat % 2))
-        sb_lds = pinned_i32(self.off_xs + g * 4)
-
-        smem = cutlass.memory.SmemAllocator()
-        ring_t = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(self.ring_bytes), 128)
-        flag_t = smem.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
-        ring = ring_t.iterator.toint()
+        ring, flag = self.shared_buffers()
         acc = cute.make_rmem_tensor((self.RT * self.MG * 4,), Float32)
         acc.fill(0.0)
-        policy = evict_first_policy()
-
-        # ---- the ring
-        D = self.D
-        for j in cutlass.range_constexpr(D - 1):
-            if j < n_it:
-                self.produce_weights(ring + j * self.stage_bytes, st_lo + j, k, n, w_rows, w_row_of, w_dst, w_piece,
-                                     s_rows, s_dst, s_slab, kb_tiles, policy)
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-        for j in cutlass.range_constexpr(D - 1):
-            if j < n_it:
-                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, x_rows, x_dst, x_piece, x_on, xs)
-            cp_async_commit()
-        for it in cutlass.range(n_it, unroll=1):
-            cp_async_wait(D - 2)
-            cta_barrier()
-            nxt = it + (D - 1)
-            if nxt < n_it:
-                sbase_n = ring + (nxt % D) * self.stage_bytes
-                self.produce_weights(sbase_n, st_lo + nxt, k, n, w_rows, w_row_of, w_dst, w_piece, s_rows, s_dst,
-                                     s_slab, kb_tiles, policy)
-                self.produce_x(sbase_n, st_lo + nxt, k, x_rows, x_dst, x_piece, x_on, xs)
-            cp_async_commit()
-            self.compute_stage(ring + (it % D) * self.stage_bytes, a_lds, sa_lds, b_lds, sb_lds, acc)
+        self.main_loop(mX, mXS, mW, mWS, acc, ring, tidx, bx, warp, lane, m, m0, n, k, st_lo, n_it, Int32(0))
 
         # ---- epilogue (split-K: partials, and the last CTA of the tile sums them)
         self.finish(acc, mAlpha, mBias, mRes, mOut, mWork, mCount, bx, bs, bm, warp, g, q, m, m0, n_tiles, n_out,
-                    n_pad, flag_t.iterator.toint(), tidx, bm * cute.arch.grid_dim()[0] + bx)
+                    n_pad, flag, tidx, bm * cute.arch.grid_dim()[0] + bx)
 
 
 # ---------------------------------------------------------------------------------------------

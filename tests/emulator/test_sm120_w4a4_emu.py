@@ -262,3 +262,67 @@ def test_every_policy_pick_bit_exact_scaled_down(pick, tmp_path, monkeypatch):
     mm = min(m, 2 * cfg.tile_m - 1)
     epi = EpilogueSpec(alpha="vector", bias=True, activation=act, out_dtype=torch.bfloat16)
     check(cfg, mm, n, k, epi, seed=mm + k, arch=arch)
+
+
+# ------------------------------------------------------------------------------------------ backend
+
+
+def _exact_w4a4_operands(m, n, k, seed):
+    """:func:`exact_operands` plus activations the quantizer encodes exactly: each 16-element block is E2M1
+    values x ``2**e`` (e in [-2, 2]) x ``input_scale`` with one element at +-6 (the block amax, so the block
+    scale is exactly ``2**e``), ``input_scale`` = 2**-1: the kernel and the emulated op quantize to the same
+    codes and every product and fp32 sum is exact, so only the final bf16 rounding is left (same on both)."""
+    from nvgemm.core.formats import E2M1_VALUES
+    from nvgemm.emulator.check import exact_operands
+
+    ops = exact_operands(m, n, k, alpha="vector", bias=True, residual=True, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    vals = E2M1_VALUES[torch.randint(0, 16, (m, k // 16, 16), generator=g)]
+    vals[:, :, 0] = torch.where(torch.rand(m, k // 16, generator=g) < 0.5, 6.0, -6.0)
+    exp = torch.pow(2.0, torch.randint(-2, 3, (m, k // 16, 1), generator=g).float())
+    ops.input_scale = torch.tensor(0.5)
+    ops.x = (vals * exp * 0.5).reshape(m, k).to(torch.bfloat16)
+    ops.bias = ops.bias.to(torch.bfloat16)
+    return ops
+
+
+def test_emu_sm120_backend_bit_exact_with_the_emulated_op(tmp_path, monkeypatch):
+    """``NVGEMM_BACKEND=emu_sm120``: ``nvgemm::nvfp4_linear`` runs the sm_120a W4A4 kernel (the policy's pick
+    for the RTX 5090 profile, the ``cutedsl_sm120`` host path with the activation quantizer) on the emulator,
+    equal bit for bit to the emulated op on exact data (M = 5 rows, K = 288: a half slab, vector alpha, bias,
+    residual); unforced, the CPU op never picks it. The activation quantizer runs from its sm_120a Triton PTX
+    (the emulator's Triton stand-in follows the forced backend's arch)."""
+    import nvgemm.ops.linear  # noqa: F401
+    from nvgemm.dispatch.registry import last_selected
+    from nvgemm.emulator.check import reference
+    from nvgemm.emulator.triton_ptx import LAUNCHES
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    ops = _exact_w4a4_operands(5, 192, 288, seed=41)
+    want = reference(ops)
+    assert last_selected() != "emu_sm120"
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
+    before = len(LAUNCHES)
+    got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() == "emu_sm120"
+    assert [(r.kernel, r.arch) for r in LAUNCHES[before:]] == [("quantize_nvfp4_kernel", "sm_120a")]
+    assert torch.equal(got, want), f"max |diff| {(got.float() - want.float()).abs().max()}"
+
+
+@pytest.mark.parametrize("case,match", [
+    ("w4a16", r"NVGEMM_BACKEND=emu_sm120 cannot run .*W4A16 \(no input_scale\)"),
+    ("k48", r"NVGEMM_BACKEND=emu_sm120 cannot run .*K"),
+])
+def test_emu_sm120_refuses_what_the_kernel_cannot_run(case, match, monkeypatch):
+    """Forced, ``emu_sm120`` refuses a W4A16 call (the sm120 family is W4A4 only) and a K that is not a
+    multiple of 32 with an error naming the reason, before anything is compiled or launched."""
+    import nvgemm.ops.linear  # noqa: F401
+
+    if case == "w4a16":
+        ops = _exact_w4a4_operands(2, 64, 128, seed=3)
+        ops.input_scale = None
+    else:
+        ops = _exact_w4a4_operands(2, 64, 48, seed=3)
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.nvgemm.nvfp4_linear(*ops.args())

@@ -14,6 +14,7 @@ It mirrors ``run_sm100`` / ``run_sm90`` (the same pick functions and the same ``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,6 +29,12 @@ from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
 #: Default SM counts per capability when planning for a named target without a device.
 SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132, (12, 0): 170, (12, 1): 48}
+
+
+#: The PTX emulator's backends (``nvgemm.emulator``, forced only, CPU tensors) that run a GPU backend's kernel:
+#: name -> (that backend, the capability of the device profile it is emulated on). Their logs name the config
+#: the twin picks on that profile.
+EMULATED_TWINS = {"emu_sm120": ("cutedsl_sm120", (12, 0))}
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,11 @@ def _sm_count(p: LinearProblem, sm_count: int | None) -> int:
 
 
 def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
-    """(config, CompileSpec) the named CuTeDSL backend loads for ``p``; (None, None) for other backends."""
+    """(config, CompileSpec) the named CuTeDSL backend (or its emulated twin) loads for ``p``; (None, None)
+    for other backends."""
+    if backend in EMULATED_TWINS:
+        backend, capability = EMULATED_TWINS[backend]
+        p = dataclasses.replace(p, capability=capability)
     sms = _sm_count(p, sm_count)
     if backend == "cutedsl_sm100":
         arch = sm100_backend.arch_of(p.capability)

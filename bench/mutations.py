@@ -99,6 +99,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "                nb = Int32(4)\n",
         "the weight scale copies drop their K-tail predicate: a slab past K/16 copies 4 padding bytes"),
     Mutation(
+        "sm120-requant-pair-shuffle", _K120,
+        "q_hi = cute.arch.shuffle_sync_bfly(qv, offset=4)",
+        "q_hi = cute.arch.shuffle_sync_bfly(qv, offset=8)",
+        "the fused requant packs feature g with feature g + 2 (lane g ^ 2) instead of g + 1 in a byte"),
+    Mutation(
         "sm120-splitk-range-drops-leftover", _K120,
         "per = (n_stage + self.split_k - 1) // self.split_k",
         "per = n_stage // self.split_k",

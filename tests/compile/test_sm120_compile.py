@@ -46,6 +46,9 @@ CASES = [
      EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", residual=True), "sm_120a"),
     (C(tile_m=32, tile_n=64, tile_k=128, num_warps=2, stages=4, split_k=2),
      EpilogueSpec(alpha="scalar", activation="gelu_tanh", out_dtype=torch.float32), "sm_121a"),
+    # the fused SwiGLU + NVFP4 requant epilogue (uint8 codes and scale bytes out), with split-K
+    (C(tile_m=16, tile_n=128, tile_k=256, num_warps=4, stages=4, split_k=2, pdl=True),
+     EpilogueSpec(alpha="vector", bias=True, activation="silu_mul", out_quant=True), "sm_120a"),
     (C(tile_m=8, tile_n=256, tile_k=256, num_warps=8, stages=2),
      EpilogueSpec(alpha="vector", bias=True, residual=True, out_dtype=torch.float16), "sm_121a"),
 ]

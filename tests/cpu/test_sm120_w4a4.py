@@ -162,3 +162,20 @@ def test_serving_plan_names_the_sm120_kernel_and_its_compile_spec():
         assert ch.backend == "cutedsl_sm120" and isinstance(ch.config, C)
         assert ch.spec.arch == arch and ch.spec.template_id == "sm120_nvfp4_gemm" and ch.spec.config == ch.config
     assert BACKEND_OF_CONFIG[C.__name__] == "cutedsl_sm120"
+
+
+@pytest.mark.parametrize("cap", [(12, 0), (12, 1)])
+def test_cutedsl_sm120_serves_the_fused_requant_and_prequant_ops(cap):
+    """On capability 12.x the fused gated-MLP ops (requant: the SwiGLU + NVFP4 requant epilogue; prequant: an
+    already-quantized activation) take cutedsl_sm120 over the unfused / emulated paths."""
+    from nvgemm.core.backend import PREQUANT, REQUANT
+    from nvgemm.dispatch.registry import backends, choose_backend
+
+    p = _problem(device_type="cuda", capability=cap, activation="silu_mul")
+    for kind in (REQUANT, PREQUANT):
+        chosen = choose_backend(backends(kind), p, "", "NVGEMM_FUSED_BACKEND", None, kind, lambda r: None)
+        assert chosen.name == "cutedsl_sm120", kind
+    from nvgemm.dispatch.registry import registered
+
+    odd = dataclasses.replace(p, n=200)  # I = 100: not whole 16-feature blocks
+    assert "N/2 = 100" in registered(REQUANT, "cutedsl_sm120").supports(odd)

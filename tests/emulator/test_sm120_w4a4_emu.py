@@ -326,3 +326,61 @@ def test_emu_sm120_refuses_what_the_kernel_cannot_run(case, match, monkeypatch):
     monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
     with pytest.raises(RuntimeError, match=match):
         torch.ops.nvgemm.nvfp4_linear(*ops.args())
+
+
+# ------------------------------------------------------------------------------------------ fused requant
+
+
+@pytest.mark.parametrize("m,i,k,cfg", [
+    pytest.param(7, 64, 512, C(tile_m=8, tile_n=64, tile_k=256, num_warps=2, stages=3), id="m7-i64-k512"),
+    # split-K (the last split reduces, then requantizes), I = 80 (K blocks of the scales padded 5 -> 8),
+    # 13 tokens over two M tiles, a K tail
+    pytest.param(13, 80, 544, C(tile_m=8, tile_n=64, tile_k=256, num_warps=2, stages=3, split_k=2),
+                 id="m13-i80-k544-sk2"),
+    # 40 tokens: scale bytes in the 32-row group 1 of the 128x4 swizzle; vector alpha
+    pytest.param(40, 32, 256, C(tile_m=32, tile_n=64, tile_k=128, num_warps=2, stages=2), id="m40-i32-k256"),
+])
+def test_fused_requant_bytes_equal_quantize_nvfp4_of_the_swiglu_output(m, i, k, cfg, tmp_path, monkeypatch):
+    """The fused SwiGLU + NVFP4 requant epilogue (``EpilogueSpec(out_quant=True)``): the packed codes and the
+    swizzled e4m3 scales equal, byte for byte, ``quantize_nvfp4`` of the rounded SwiGLU output computed in torch
+    from the same exact operands (and the lane model of :mod:`nvgemm.epilogues.requant`). Gate rows get a bias
+    of +-4096, so every gate lies where ``silu(g) == g`` (or -0) exactly in fp32 whichever way exp is computed;
+    ``h = g * up`` is one fp32 product, then one bf16 rounding; gs is chosen so some blocks saturate the e4m3
+    scale. The codes are allocated uninitialised (garbage-filled here): the kernel writes every byte."""
+    import nvgemm.ops.linear  # noqa: F401 -- registers torch.ops.nvgemm (the quantizer)
+    from nvgemm.core.formats import dequantize, from_blocked
+    from nvgemm.epilogues.requant import fused_requant_reference
+    from nvgemm.templates.sm120_w4a4.launch import prepare_sm120_requant_args
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(m + i + k)
+    w_packed = torch.randint(0, 256, (2 * i, k // 2), generator=g, dtype=torch.uint8)
+    w_lin = POW2_E4M3[torch.randint(0, 5, (2 * i, k // 16), generator=g)].view(torch.float8_e4m3fn)
+    x_packed = torch.randint(0, 256, (m, k // 2), generator=g, dtype=torch.uint8)
+    x_lin = POW2_E4M3[torch.randint(0, 5, (m, k // 16), generator=g)].view(torch.float8_e4m3fn)
+    gate_bias = torch.where(torch.arange(i) % 3 == 2, -4096.0, 4096.0)
+    bias = torch.cat([gate_bias, torch.zeros(i)]).to(torch.bfloat16)
+    alpha_kind = "vector" if m == 40 else "scalar"
+    ws2 = torch.tensor(1.0) if alpha_kind == "scalar" else torch.ones(2 * i)
+    acc = dequantize(x_packed, x_lin) @ dequantize(w_packed, w_lin).t()  # [m, 2I], exact
+    pre = acc + bias.float()
+    h = (pre[:, :i] * torch.sigmoid(pre[:, :i]) * pre[:, i:]).to(torch.bfloat16)
+    gs = (h.float().abs().amax() / 2688 * 0.25).reshape(()).float()
+    ref_p, ref_s = torch.ops.nvgemm.quantize_nvfp4(h, gs, True)
+    model_p, model_s = fused_requant_reference(pre, gs, torch.bfloat16)
+    assert torch.equal(model_p, ref_p) and torch.equal(model_s.view(torch.uint8), ref_s.view(torch.uint8))
+    assert (from_blocked(ref_s, m, i // 16).float() == 448).any()
+
+    epi = EpilogueSpec(alpha=alpha_kind, bias=True, activation="silu_mul", out_quant=True)
+    args = prepare_sm120_requant_args(None, w_packed, poisoned_blocked(w_lin), ws2, torch.tensor(1.0), bias, gs,
+                                      epi, cfg, quantized=(x_packed, poisoned_blocked(x_lin)),
+                                      workspace=Sm120Workspace(torch.device("cpu")))
+    from nvgemm.emulator.runner import prepare
+
+    kernel = prepare(make_spec("sm120_nvfp4_gemm", cfg, "sm_120a", epilogue=epi), device="RTX5090")
+    for launch_no in range(2):  # a second launch on the same split-K counters, onto garbage codes
+        args.out.fill_(0xA5)
+        kernel.launch(*args.abi_values(), 0)
+        assert torch.equal(args.out, ref_p), launch_no
+        assert torch.equal(args.residual, ref_s.view(torch.uint8).reshape(-1)), launch_no
+        assert not args.count.any()

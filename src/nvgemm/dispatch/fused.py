@@ -224,9 +224,9 @@ def select_fused_backend(kind: str, p: LinearProblem, check: bool = True, no_ker
 
 def fused_chain_reason(device: torch.device) -> str | None:
     """None if the fused gate_up -> down chain (requant -> prequant) is worth running on ``device``, else
-    why the plain chain (``nvfp4_linear`` twice) is run instead: on a CUDA device other than the sm_100
-    family no kernel takes a pre-quantized activation (the prequant op would be emulated), while the dense
-    kernels serve the plain chain. CPU runs the fused ops (emulated, or the emulator when forced)."""
+    why the plain chain (``nvfp4_linear`` twice) is run instead: on a CUDA device other than the sm_100 /
+    sm_120 families no kernel takes a pre-quantized activation (the prequant op would be emulated), while the
+    dense kernels serve the plain chain. CPU runs the fused ops (emulated, or the emulator when forced)."""
     if device.type == "cpu":
         return None
     if device.type != "cuda":
@@ -235,7 +235,7 @@ def fused_chain_reason(device: torch.device) -> str | None:
         cap = torch.cuda.get_device_capability(device)
     except (RuntimeError, AssertionError) as e:  # no CUDA runtime here (a graph planned for another host)
         return f"cannot query {device}: {e}"
-    if cap[0] != 10:
-        return (f"the fused requant epilogue is an sm_100-family kernel; this GPU is sm_{cap[0]}{cap[1]}, where the "
-                "dense kernels run the unfused chain")
+    if cap[0] not in (10, 12):
+        return (f"the fused requant epilogue is an sm_100-family / sm_120-family kernel; this GPU is "
+                f"sm_{cap[0]}{cap[1]}, where the dense kernels run the unfused chain")
     return None

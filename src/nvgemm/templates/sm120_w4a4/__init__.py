@@ -7,7 +7,8 @@
 ``kernel``          the CuTeDSL kernel (``mma.sync`` m16n8k64 ``kind::mxf4nvf4.block_scale``) and
                     its template (C ABI, compile)
 ``launch``          host launcher: activation quantization, alpha / bias, split-K workspaces (torch)
-``backend``         the ``cutedsl_sm120`` backend (``supports``/``run``) for ``nvfp4_linear``
+``backend``         the ``cutedsl_sm120`` backends (``supports``/``run``) for ``nvfp4_linear`` and the
+                    fused requant / prequant ops
 ``policy``          candidates ranked by the performance model
 ``perf``            the family's byte / latency model (sourced sm_120 / sm_121 device numbers) and
                     its facts for nvgemm's performance model (``Sm120Facts``)
@@ -26,7 +27,8 @@ register_family(
     name="sm120_w4a4",
     package=_P,
     summary="warp-level block-scaled NVFP4 x NVFP4 decode GEMM (W4A4, mma.sync mxf4nvf4) for sm_120a / sm_121a",
-    backends=(("linear", f"{_P}.backend:BACKEND"),),
+    backends=(("linear", f"{_P}.backend:BACKEND"), ("requant", f"{_P}.backend:REQUANT_BACKEND"),
+              ("prequant", f"{_P}.backend:PREQUANT_BACKEND")),
     configs=(f"{_P}.config:Sm120W4A4Config",),
     can_implement=f"{_P}.validity:can_implement",
     kernels=(("sm120_nvfp4_gemm", f"{_P}.kernel"),),

@@ -5,11 +5,14 @@ Thin wiring of :mod:`nvgemm.templates.sm120_w4a4` into the run time: which probl
 DGX Spark GB10 12.1 -- a W4A4 call (``input_scale`` given), K % 32 == 0, the residual in the output
 dtype), which config a call runs (:func:`pick_config`: the policy's first candidate), where the
 compiled kernel comes from (the kernel cache, compiled for the device's explicit arch), and the
-eager op (:func:`run_sm120`). The host work per call lives in :mod:`.launch`.
+eager op (:func:`run_sm120`); the same kernel serves the fused gated-MLP ops: ``nvfp4_linear_requant``
+(its SwiGLU + NVFP4 requant epilogue) and ``nvfp4_linear_prequant`` (an already-quantized activation).
+The host work per call lives in :mod:`.launch`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -22,7 +25,9 @@ from nvgemm.core.backend import Backend
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.validation import LinearProblem, linear_spec
 from nvgemm.templates.sm120_w4a4.config import TEMPLATE_ID, Sm120W4A4Config, config_from_name
-from nvgemm.templates.sm120_w4a4.launch import check_problem, launch_sm120, prepare_sm120_args
+from nvgemm.templates.sm120_w4a4.launch import (
+    check_problem, launch_sm120, prepare_sm120_args, prepare_sm120_requant_args,
+)
 from nvgemm.templates.sm120_w4a4.policy import pick_config
 from nvgemm.templates.sm120_w4a4.validity import can_implement_problem
 
@@ -106,7 +111,57 @@ def run_sm120(x, weight, weight_scale, weight_scale_2, input_scale, bias, residu
     return args.out if x.dim() == 2 else args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
-BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm120)
+def supports_requant(p: LinearProblem) -> Optional[str]:
+    """The fused SwiGLU + NVFP4 requant launch: the dense rules for the gated GEMM (N = 2I, I % 16 == 0)."""
+    return supports(dataclasses.replace(p, activation="silu_mul", residual=False))
 
-__all__ = ["ARCH_OF_CAPABILITY", "BACKEND", "BACKEND_NAME", "arch_of", "compile_spec_for", "launch_plan",
-           "pick_config", "run_sm120", "supports"]
+
+@functools.lru_cache(maxsize=256)
+def _requant_spec(gated: EpilogueSpec) -> EpilogueSpec:
+    return dataclasses.replace(gated, out_quant=True)
+
+
+def run_sm120_requant(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale, out_dtype=None,
+                      quantized=None):
+    """``nvgemm::nvfp4_linear_requant`` on capability 12.x: (packed codes [M, I/2], swizzled e4m3 scales).
+    ``quantized`` = (packed, scales) with ``x`` None: ``nvgemm::nvfp4_linear_prequant_requant``."""
+    # lazy: triton import cost
+    from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
+
+    x_dtype = out_dtype if quantized is not None else x.dtype
+    spec = _requant_spec(linear_spec(x_dtype, weight_scale_2, bias, None, "silu_mul", out_dtype))
+    m = x.numel() // x.shape[-1] if quantized is None else quantized[0].shape[0]
+    dev = weight.device
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    config, kernel = launch_plan(m, weight.shape[0], weight.shape[1] * 2, spec, index)
+    stream = torch.cuda.current_stream(dev)
+    args = prepare_sm120_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                      spec, config, stream_id=stream.cuda_stream, quantize=quantize_nvfp4_cuda,
+                                      quantized=quantized, checked=True)
+    launch_sm120(args, kernel, stream)
+    return args.out, args.residual.view(torch.float8_e4m3fn)
+
+
+def run_sm120_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual, out_dtype,
+                       config=None):
+    """``nvgemm::nvfp4_linear_prequant`` on capability 12.x: the W4A4 kernel on an already-quantized activation."""
+    spec = linear_spec(out_dtype, weight_scale_2, bias, residual, "none", out_dtype)
+    if isinstance(config, str):
+        config = config_from_name(config)
+    dev = packed.device
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    config, kernel = launch_plan(packed.shape[0], weight.shape[0], weight.shape[1] * 2, spec, index, config)
+    stream = torch.cuda.current_stream(dev)
+    args = prepare_sm120_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
+                              stream_id=stream.cuda_stream, quantized=(packed, scales), checked=True)
+    launch_sm120(args, kernel, stream)
+    return args.out
+
+
+BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm120)
+REQUANT_BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports_requant, run=run_sm120_requant)
+PREQUANT_BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_sm120_prequant)
+
+__all__ = ["ARCH_OF_CAPABILITY", "BACKEND", "BACKEND_NAME", "PREQUANT_BACKEND", "REQUANT_BACKEND", "arch_of",
+           "compile_spec_for", "launch_plan", "pick_config", "run_sm120", "run_sm120_prequant", "run_sm120_requant",
+           "supports", "supports_requant"]

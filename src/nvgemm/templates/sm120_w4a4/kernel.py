@@ -62,9 +62,11 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from nvgemm.aot.abi import CompileSpec, StreamArg, SymDim, TensorArg, compile_for_target, fake_args, register_template
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.status import Status
+from nvgemm.epilogues.cute_apply import Activation
 from nvgemm.templates.sm120_w4a4.config import (
     ROW_PAD, ROW_TILE, SM120_ARCHS, TEMPLATE_ID, Sm120W4A4Config, stage_bytes, validate_config,
 )
+from nvgemm.templates.sm100_w4a4.requant import div_rn, e4m3_to_f32, to_e2m1x2, to_e4m3
 from nvgemm.templates.sm90_w4a16.common import (
     Sm90KernelBase,
     _asm,
@@ -110,6 +112,13 @@ def cp_async_4(dst: Int32, src: Int64, src_bytes: Int32, *, loc=None, ip=None):
     zero-filling the rest."""
     _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int64, loc, ip), _v(src_bytes, Int32, loc, ip)],
          "cp.async.ca.shared.global [$0], [$1], 4, $2;", "r,l,r", loc, ip, True)
+
+
+@dsl_user_op
+def opaque_f32(x: Float32, *, loc=None, ip=None) -> Float32:
+    """``x`` through a ``mov``: the optimiser cannot see that it came from a bf16 / fp16 value, so the
+    comparisons on it stay fp32 (LLVM otherwise narrows them to ``setp.*.bf16``)."""
+    return Float32(_asm(T.f32(), [_v(x, Float32, loc, ip)], "mov.b32 $0, $1;", "=f,f", loc, ip))
 
 
 @dsl_user_op
@@ -194,6 +203,8 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
                  stream: cuda.CUstream):
         m = mX.shape[0]
         n_out = mOut.shape[1]
+        if cutlass.const_expr(self.epi.out_quant):
+            n_out = n_out * 2  # codes: two features per byte
         grid_n = (n_out + self.feat_per_cta - 1) // self.feat_per_cta
         grid_m = (m + self.tile_m - 1) // self.tile_m
         self.kernel(mX, mXS, mW, mWS, mAlpha, mBias, mRes, mOut, mWork, mCount).launch(
@@ -286,6 +297,92 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
                     d = mma_nvf4(a, xb[mg], [acc[i0], acc[i0 + 1], acc[i0 + 2], acc[i0 + 3]], wsw, xsw[mg])
                     for i in cutlass.range_constexpr(4):
                         acc[i0 + i] = d[i]
+
+    @cute.jit
+    def store_fragments(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mRes: cute.Tensor,
+                        mOut: cute.Tensor, bx: Int32, warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32,
+                        n_tiles: Int32, n_out: Int32, from_work: bool, mWork: cute.Tensor, m_all: Int32,
+                        n_pad: Int32):
+        """The epilogue of this lane's fragments: the dense one (the base's), or for ``out_quant`` the
+        fused SwiGLU + NVFP4 requant (:meth:`store_requant`)."""
+        if cutlass.const_expr(self.epi.out_quant):
+            self.store_requant(acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles, from_work, mWork,
+                               m_all, n_pad)
+        else:
+            Sm90KernelBase.store_fragments(self, acc, mAlpha, mBias, mRes, mOut, bx, warp, g, q, m, m0, n_tiles,
+                                           n_out, from_work, mWork, m_all, n_pad)
+
+    @cute.jit
+    def store_requant(self, acc: cute.Tensor, mAlpha: cute.Tensor, mBias: cute.Tensor, mS: cute.Tensor,
+                      mQ: cute.Tensor, bx: Int32, warp: Int32, g: Int32, q: Int32, m: Int32, m0: Int32,
+                      n_tiles: Int32, from_work: bool, mWork: cute.Tensor, m_all: Int32, n_pad: Int32):
+        """Fused SwiGLU + NVFP4 requant (the convention of :mod:`nvgemm.epilogues.requant` on this kernel's
+        fragments): gate row tile ``t`` of a warp holds gated features ``16 t .. 16 t + 15`` = one NVFP4
+        block of the next layer's input, per token spread over the 8 lanes of one ``q`` (rows g and
+        g + 8). Per token: h = round_out(silu(gate) * up) after alpha / bias; the block amax by butterfly
+        shuffles over lane bits 2-4; ``sf = e4m3(min(amax / (6 gs), 448))``; codes ``e2m1(h / (sf gs))``
+        (true division, +0 for zeros); lane g (even) packs features g, g + 1 (its neighbour's by one
+        shuffle) and g + 8, g + 9 into two bytes; lane g = 0 stores the scale byte at the token's 128x4
+        swizzled offset. ``mQ`` = codes [M, I/2], ``mS`` = the swizzled scale bytes (padding zeroed by
+        the host); ``gs`` = the next layer's input_scale, stored after the alpha values. Shuffles run on
+        every lane; only the stores are predicated (tokens >= M, tiles past I / 16)."""
+        h_rt = self.RT // 2
+        MG = self.MG
+        gs_at = 1 if cutlass.const_expr(self.epi.alpha == "scalar") else n_pad
+        gs = mAlpha[gs_at]
+        den = Float32(6.0) * gs
+        kb = n_tiles // 2  # NVFP4 blocks of the next layer's input (I / 16)
+        kb4 = (kb + 3) // 4
+        for rt in cutlass.range_constexpr(h_rt):
+            t = self.tile_of(bx, warp, rt, n_tiles)
+            tu = self.tile_of(bx, warp, rt + h_rt, n_tiles)
+            for mg in cutlass.range_constexpr(MG):
+                for p in cutlass.range_constexpr(2):
+                    tok = m0 + mg * 8 + 2 * q + p
+                    ok = (tok < m) & (t < kb)
+                    tok_c = cutlass.min(tok, m - 1)
+                    hs = []
+                    for half in cutlass.range_constexpr(2):
+                        i = 2 * half + p
+                        row = t * 16 + g + 8 * half
+                        row_u = tu * 16 + g + 8 * half
+                        vg = acc[(rt * MG + mg) * 4 + i]
+                        vu = acc[((rt + h_rt) * MG + mg) * 4 + i]
+                        if cutlass.const_expr(from_work):
+                            vg, vu = self.splitk_sum(mWork, m_all, n_pad, tok_c, cutlass.min(row, n_pad - 1),
+                                                     cutlass.min(row_u, n_pad - 1))
+                        y = vg
+                        yu = vu
+                        if cutlass.const_expr(self.epi.alpha == "scalar"):
+                            y = y * mAlpha[0]
+                            yu = yu * mAlpha[0]
+                        else:
+                            y = y * mAlpha[cutlass.min(row, n_pad - 1)]
+                            yu = yu * mAlpha[cutlass.min(row_u, n_pad - 1)]
+                        if cutlass.const_expr(self.epi.bias):
+                            y = y + mBias[cutlass.min(row, n_pad - 1)]
+                            yu = yu + mBias[cutlass.min(row_u, n_pad - 1)]
+                        hs.append(opaque_f32(Activation("silu_mul").apply_gated(y, yu).to(self.out_dtype)
+                                             .to(Float32)))
+                    amax = cute.arch.fmax(cute.arch.fmax(hs[0], -hs[0]), cute.arch.fmax(hs[1], -hs[1]))
+                    for off in cutlass.range_constexpr(3):
+                        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 << off))
+                    sf = to_e4m3(cute.arch.fmin(div_rn(amax, den), Float32(448.0)))
+                    step = e4m3_to_f32(sf) * gs
+                    for half in cutlass.range_constexpr(2):
+                        h = hs[half]
+                        qv = Float32(0.0)
+                        # +0 for an all-zero block and for h == +-0 (cvt keeps a zero's sign; nvgemm's
+                        # quantizer encodes every zero as code 0)
+                        if (step != Float32(0.0)) & (h != Float32(0.0)):
+                            qv = div_rn(h, step)
+                        q_hi = cute.arch.shuffle_sync_bfly(qv, offset=4)  # feature g + 1 (lane g ^ 1)
+                        byte = to_e2m1x2(q_hi, qv)
+                        if ok & (g % 2 == 0):
+                            mQ[tok, t * 8 + half * 4 + g // 2] = byte.to(cutlass.Uint8)
+                    if ok & (g == 0):
+                        off_s = ((tok // 128) * kb4 + t // 4) * 512 + (tok % 32) * 16 + ((tok // 32) % 4) * 4 + t % 4
+                        mS[off_s] = sf.to(cutlass.Uint8)
 
     # ----------------------------------------------------------------------------- kernel
     @cute.kernel
@@ -415,6 +512,11 @@ def abi_args(spec: CompileSpec) -> tuple:
     oal = torch.finfo(spec.epilogue.out_dtype).bits // 8
     vec = {"shape": (SymDim(),), "stride": (1,), "assumed_align": 4}
     mat = {"shape": (SymDim(), SymDim()), "stride": (SymDim(1, 64), 1), "assumed_align": oal}
+    res = TensorArg("mRes", odt, **mat)
+    out = TensorArg("mOut", odt, **mat)
+    if spec.epilogue.out_quant:  # codes [M, I/2] and the flat 128x4-swizzled scale bytes of the next input
+        res = TensorArg("mRes", "Uint8", shape=(SymDim(),), stride=(1,), assumed_align=1)
+        out = TensorArg("mOut", "Uint8", shape=(SymDim(), SymDim()), stride=(SymDim(1, 64), 1), assumed_align=1)
     packed = {"shape": (SymDim(), SymDim(16)), "stride": (SymDim(16, 64), 1), "assumed_align": 16}
     return (
         TensorArg("mX", "Uint8", **packed),
@@ -423,8 +525,8 @@ def abi_args(spec: CompileSpec) -> tuple:
         TensorArg("mWS", "Uint8", shape=(SymDim(512),), stride=(1,), assumed_align=16),
         TensorArg("mAlpha", "Float32", **vec),
         TensorArg("mBias", "Float32", **vec),
-        TensorArg("mRes", odt, **mat),
-        TensorArg("mOut", odt, **mat),
+        res,
+        out,
         TensorArg("mWork", "Float32", **vec),
         TensorArg("mCount", "Int32", **vec),
         StreamArg("stream"),
@@ -451,8 +553,6 @@ class Sm120Nvfp4GemmTemplate:
             return Status.fail("activations and weights must be nvfp4, both K-major")
         if spec.epilogue.gated and c.row_tiles % 2:
             return Status.fail(f"silu_mul needs an even number of row tiles per warp (gate + up), got {c.row_tiles}")
-        if spec.epilogue.out_quant:
-            return Status.fail("the fused NVFP4 requant epilogue is not implemented for sm120")
         if spec.epilogue.alpha == "none":
             return Status.fail("W4A4 always has a global scale (weight_scale_2 x input_scale): alpha must be "
                                "scalar or vector")

@@ -162,6 +162,46 @@ def prepare_sm120_args(
                      config)
 
 
+def prepare_sm120_requant_args(
+    x: Optional[torch.Tensor],
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_input_scale: torch.Tensor,
+    spec: EpilogueSpec,
+    config: Sm120W4A4Config,
+    *,
+    stream_id: int = 0,
+    quantize: Optional[Callable] = None,
+    quantized: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    workspace: Optional[Sm120Workspace] = None,
+    checked: bool = False,
+) -> Sm120Args:
+    """Arguments of the fused SwiGLU + NVFP4 requant launch (``spec.out_quant``; gate_up weight in the
+    checkpoint order [gate; up]): those of the gated GEMM, with ``out`` = packed codes [tokens, I/2]
+    (``torch.empty``: the kernel writes every byte), ``residual`` = the 128x4-swizzled scale bytes of the
+    [tokens, I/16] matrix (``torch.zeros``: the kernel writes the real entries, the layout's padding stays
+    zero) and ``alpha`` = the alpha values followed by the next layer's input_scale."""
+    if not spec.out_quant:
+        raise ValueError("prepare_sm120_requant_args: the epilogue spec must have out_quant=True")
+    n = weight.shape[0]
+    if n % 2 or (n // 2) % NVFP4.block_size:
+        raise ValueError(f"nvgemm_cutedsl sm120: fused requant needs N = 2I with I % 16 == 0, got N={n}")
+    if out_input_scale.dtype != torch.float32 or out_input_scale.numel() != 1:
+        raise ValueError(f"nvgemm_cutedsl sm120: out_input_scale must be a float32 scalar, got "
+                         f"{out_input_scale.dtype} {tuple(out_input_scale.shape)}")
+    args = prepare_sm120_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, None, spec, config,
+                              stream_id=stream_id, quantize=quantize, quantized=quantized, workspace=workspace,
+                              checked=checked)
+    dev, tokens, i = args.out.device, args.m, n // 2
+    args.alpha = alpha_vector(weight_scale_2, input_scale, dev, next_input_scale=out_input_scale)
+    args.out = torch.empty((tokens, i // 2), dtype=torch.uint8, device=dev)
+    args.residual = torch.zeros(blocked_numel(tokens, i // NVFP4.block_size), dtype=torch.uint8, device=dev)
+    return args
+
+
 _COUNT_STAND_IN: dict = {}
 
 
@@ -193,4 +233,4 @@ def launch_sm120(args: Sm120Args, kernel, stream) -> torch.Tensor:
 
 
 __all__ = ["Sm120Args", "Sm120Workspace", "check_problem", "kernel_view_ref", "launch_sm120", "prepare_sm120_args",
-           "split_k_needs"]
+           "prepare_sm120_requant_args", "split_k_needs"]

@@ -121,7 +121,7 @@ from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.status import Status
 
 # Target arches nvgemm compiles for (explicit; never probed from a device).
-TARGET_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_110a")
+TARGET_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_110a", "sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a")
 
 # Operand formats named in a CompileSpec.
 OPERAND_FORMATS = ("nvfp4", "bf16", "fp16", "fp8_e4m3", "fp32")

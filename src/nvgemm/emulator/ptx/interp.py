@@ -149,10 +149,22 @@ def run_launch(launch: Launch, order="forward", max_instructions: int = DEFAULT_
 
 
 def check_launch(launch: Launch) -> None:
-    """The launch configuration against the kernel: grid a multiple of the cluster, block = ``.reqntid``."""
+    """The launch configuration against the kernel and the device: grid a multiple of the cluster, block =
+    ``.reqntid``, the CTA's shared memory (static + dynamic) within the device's opt-in maximum, the cluster
+    within the device's maximum cluster size."""
     grid, cl, block = launch.grid, launch.cluster, launch.block
     if any(g % c for g, c in zip(grid, cl)):
         raise EmulationError(f"grid {grid} is not a multiple of the cluster shape {cl}")
+    dev = launch.device
+    smem = launch.program.shared_size(launch.dyn_smem)
+    if smem > dev.max_smem_optin:
+        raise EmulationError(f"the kernel needs {smem} bytes of shared memory per CTA (dynamic {launch.dyn_smem}); "
+                             f"device profile {dev.name} (sm_{dev.cc[0]}{dev.cc[1]}) allows at most "
+                             f"{dev.max_smem_optin}")
+    ctas = cl[0] * cl[1] * cl[2]
+    if ctas > dev.max_cluster:
+        raise EmulationError(f"cluster shape {cl} ({ctas} CTAs) exceeds device profile {dev.name}'s maximum cluster "
+                             f"size {dev.max_cluster}" + (" (no thread block clusters)" if dev.max_cluster == 1 else ""))
     reqntid = launch.program.entry.directives.get("reqntid")
     if reqntid and tuple(reqntid) + (1,) * (3 - len(reqntid)) != tuple(block):
         raise EmulationError(f"launch block {block} does not match the kernel's .reqntid {reqntid}")

@@ -363,18 +363,61 @@ class Cta:
 
 @dataclass
 class DeviceProfile:
+    """One GPU as a launch sees it. ``max_smem_optin``: the most shared memory (static + dynamic) one CTA
+    may use after the opt-in (``cudaDevAttrMaxSharedMemoryPerBlockOptin``); ``smem_per_sm``: the shared
+    memory one SM has; ``max_cluster``: the most CTAs one cluster may hold (1: no clusters); ``regs_per_sm``
+    / ``max_regs_per_thread``: 32-bit registers."""
+
     name: str
     sm_count: int
     cc: tuple[int, int]
     max_smem_optin: int
+    smem_per_sm: int = 0
+    max_cluster: int = 1
+    regs_per_sm: int = 65536
+    max_regs_per_thread: int = 255
 
 
+_KB = 1024
+
+# Shared memory, clusters and registers are compute-capability facts: the CUDA C++ Programming Guide,
+# "Compute Capabilities" appendix, "Technical Specifications per Compute Capability" table (shared memory
+# per SM 164 KB on 8.0, 100 KB on 8.6 / 8.9 / 12.x, 228 KB on 9.0 / 10.0; per thread block at most
+# 163 / 99 / 227 KB, 1 KB of each SM's partition being reserved for the system; 64 K 32-bit registers per
+# SM and at most 255 per thread on all of them; thread block clusters from 9.0 on, 8 CTAs the portable
+# maximum, 16 with cudaFuncAttributeNonPortableClusterSizeAllowed on H100 / B200 (Hopper and Blackwell
+# tuning guides, "Thread Block Clusters")). The per-block numbers are also CuTeDSL 4.8.1's
+# cutlass.cutlass_dsl.SMEM_CAPACITY_MAP. No non-portable cluster size is documented for 12.x, so those
+# profiles allow the portable 8. The SM count is a product fact, from each product's datasheet / whitepaper
+# (CUDA cores / 128 per SM on 8.6, 8.9 and 12.x; 64 per SM on 8.0 / 9.0 / 10.0).
 DEVICES = {
-    "A100": DeviceProfile("A100", 108, (8, 0), 166912),
-    "H100": DeviceProfile("H100", 132, (9, 0), 232448),
-    "H200": DeviceProfile("H200", 132, (9, 0), 232448),
-    "B200": DeviceProfile("B200", 148, (10, 0), 232448),
+    # A100 SXM: 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper), sm_80.
+    "A100": DeviceProfile("A100", 108, (8, 0), 163 * _KB, 164 * _KB, 1),
+    # A10: 9216 CUDA cores = 72 SMs (NVIDIA A10 datasheet), sm_86.
+    "A10": DeviceProfile("A10", 72, (8, 6), 99 * _KB, 100 * _KB, 1),
+    # L40S: 18176 CUDA cores = 142 SMs (NVIDIA L40S datasheet), sm_89.
+    "L40S": DeviceProfile("L40S", 142, (8, 9), 99 * _KB, 100 * _KB, 1),
+    # H100 SXM5: 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper), sm_90a; H200 the same die.
+    "H100": DeviceProfile("H100", 132, (9, 0), 227 * _KB, 228 * _KB, 16),
+    "H200": DeviceProfile("H200", 132, (9, 0), 227 * _KB, 228 * _KB, 16),
+    # B200: 148 SMs (NVIDIA Blackwell datasheet), sm_100a.
+    "B200": DeviceProfile("B200", 148, (10, 0), 227 * _KB, 228 * _KB, 16),
+    # GeForce RTX 5090: 21760 CUDA cores = 170 SMs (NVIDIA RTX Blackwell GPU Architecture whitepaper), sm_120a.
+    "RTX5090": DeviceProfile("RTX5090", 170, (12, 0), 99 * _KB, 100 * _KB, 8),
+    # GB10 (DGX Spark): 6144 CUDA cores = 48 SMs (NVIDIA DGX Spark datasheet), sm_121a.
+    "GB10": DeviceProfile("GB10", 48, (12, 1), 99 * _KB, 100 * _KB, 8),
 }
+
+# The profile an arch's kernels run on by default.
+ARCH_DEVICES = {"sm_80": "A100", "sm_86": "A10", "sm_89": "L40S", "sm_90a": "H200", "sm_100a": "B200",
+                "sm_120a": "RTX5090", "sm_121a": "GB10"}
+
+
+def device_for_arch(arch: str) -> DeviceProfile:
+    """The default :class:`DeviceProfile` of ``arch`` ("sm_120a", ...); a clear error for an unknown arch."""
+    if arch not in ARCH_DEVICES:
+        raise ValueError(f"no emulator device profile for arch {arch!r}; have {sorted(ARCH_DEVICES)}")
+    return DEVICES[ARCH_DEVICES[arch]]
 
 
 @dataclass
@@ -393,5 +436,6 @@ class Launch:
     stats: dict[str, int] = field(default_factory=dict)
 
 
-__all__ = ["AsyncWrite", "CLUSTER_RANK_SHIFT", "Cluster", "Cta", "DEVICES", "DeviceProfile", "GlobalMemory",
-           "FULL", "JUMPED", "LANES", "LANE_IDS", "Launch", "PARAM_WINDOW", "SHARED_WINDOW", "SharedMemory", "Wait", "Warp"]
+__all__ = ["ARCH_DEVICES", "AsyncWrite", "CLUSTER_RANK_SHIFT", "Cluster", "Cta", "DEVICES", "DeviceProfile", "GlobalMemory",
+           "FULL", "JUMPED", "LANES", "LANE_IDS", "Launch", "PARAM_WINDOW", "SHARED_WINDOW", "SharedMemory", "Wait", "Warp",
+           "device_for_arch"]

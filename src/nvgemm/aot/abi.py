@@ -173,6 +173,11 @@ DEFAULT_HW = {
     "sm_100f": HardwareSpec(sm_count=148),
     "sm_103a": HardwareSpec(sm_count=148),  # B300
     "sm_110a": HardwareSpec(sm_count=20),  # Thor
+    "sm_120a": HardwareSpec(sm_count=170),  # RTX 5090 (W4A16 mma kernel)
+    "sm_121a": HardwareSpec(sm_count=48),  # GB10 (DGX Spark)
+    "sm_89": HardwareSpec(sm_count=142),  # L40S
+    "sm_86": HardwareSpec(sm_count=72),  # A10
+    "sm_80": HardwareSpec(sm_count=108),  # A100
 }
 
 

@@ -286,7 +286,9 @@ def _preset_picks(gpu: str, a_format: str, ms):
 
 
 @pytest.mark.parametrize("gpu,a_format,ms", [("H200", "bf16", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-                                             ("B200", "nvfp4", (1, 2, 4, 8, 16, 32, 128))])
+                                             ("B200", "nvfp4", (1, 2, 4, 8, 16, 32, 128)),
+                                             ("RTX5090", "bf16", (1, 2, 3, 4, 8, 13, 16, 24, 32, 48, 64)),
+                                             ("L40S", "bf16", (1, 2, 3, 4, 8, 13, 16, 24, 32, 48, 64))])
 def test_no_modelled_ratio_exceeds_the_byte_ratio(gpu, a_format, ms):
     """nvgemm / bf16 cuBLAS, both modelled with one bandwidth, fill and launch model: the speed-up
     can never exceed the ratio of the bytes the two GEMMs must move -- bf16 weights + activations +

@@ -109,6 +109,25 @@ def test_parse_loops_and_main_loop():
     assert S.spills(fn.instrs) == (0, 0)
 
 
+def test_uniform_predicate_branch_is_a_loop():
+    """sm_120a SASS puts a loop's branch condition in the operands (recorded from the W4A16 mma kernel
+    for sm_120a, cuobjdump 13.x): ``BRA.U UP0, 0xcd0`` closes the main loop, ``BRA.U !UP2, 0x2c40`` skips
+    it forward; both targets parse, and the backward one is the loop."""
+    text = (
+        "\t\tFunction : k\n"
+        + line(0x00, "BRA.U !UP2, 0x50", stall=1)
+        + line(0x10, "LDGSTS.E.BYPASS.LTC128B.128 [R29+UR10], desc[UR11][R48.64]", stall=1, wbar=0)
+        + line(0x20, "HMMA.16816.F32.BF16 R4, R12, R16, R4", stall=1)
+        + line(0x30, "@P0 BRA P1, 0x20", stall=1)
+        + line(0x40, "BRA.U UP0, 0x10", stall=1)
+        + line(0x50, "EXIT", stall=1)
+    )
+    fn = S.parse_sass(text)[0]
+    assert [i.branch_target() for i in fn.instrs if i.base == "BRA"] == [0x50, 0x20, 0x10]
+    assert S.main_loop(fn, r"^LDGSTS") == S.Loop(1, 4)
+    assert S.find_loops(fn) == [S.Loop(2, 3), S.Loop(1, 4)]
+
+
 def test_loop_cycles_replays_the_scoreboards():
     body = S.body(S.parse_sass(SNIPPET)[0], S.Loop(1, 5))
     stream = r"^LDG\..*\bNA\b"

@@ -50,6 +50,18 @@ def _problem(cap, m=4, n=256, k=512, **kw):
                          activation="none", residual=False, **kw)
 
 
+def test_policy_candidates_name_the_backend_of_their_arch():
+    """``Candidate.backend`` of a W4A16 config is the backend that runs it on the problem's arch: Hopper's
+    ``cutedsl_sm90`` on sm_90a, ``cutedsl_mma_w4a16`` on every other arch of the mma kernel."""
+    from nvgemm.heuristics import candidates
+
+    for cap, (arch, _sms) in [*FORCED.items(), ((9, 0), ("sm_90a", 132))]:
+        cands = candidates(_problem(cap, m=4, n=4096, k=4096))
+        assert cands, cap
+        want = "cutedsl_sm90" if cap == (9, 0) else MMA
+        assert {c.backend for c in cands} == {want} and {c.arch for c in cands} == {arch}, (cap, cands[:2])
+
+
 def test_backends_split_the_capabilities():
     for cap in FORCED:
         assert sb.supports_mma(_problem(cap)) is None, cap

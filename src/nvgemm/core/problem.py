@@ -234,6 +234,9 @@ class Candidate:
     config: object
     reason: str
     est_runtime_us: float | None = None
+    #: the target arch the policy ranked the config for (``heuristics.candidates`` sets it); a config type
+    #: compiled for several archs is run by a different backend on some (:data:`BACKEND_OF_CONFIG_ARCH`)
+    arch: str | None = None
 
     @property
     def name(self) -> str:
@@ -241,11 +244,16 @@ class Candidate:
 
     @property
     def backend(self) -> str:
-        """The ``nvgemm.dispatch.registry`` backend that runs this config."""
-        return BACKEND_OF_CONFIG.get(type(self.config).__name__, "unknown")
+        """The ``nvgemm.dispatch.registry`` backend that runs this config on its target arch."""
+        kind = type(self.config).__name__
+        return BACKEND_OF_CONFIG_ARCH.get((kind, self.arch)) or BACKEND_OF_CONFIG.get(kind, "unknown")
 
 
 BACKEND_OF_CONFIG = {"Sm100Nvfp4GemmConfig": "cutedsl_sm100", "Sm90W4A16Config": "cutedsl_sm90"}
+#: (config type, target arch) -> backend where it is not the type's own: the W4A16 ``mma`` kernel off
+#: Hopper is ``cutedsl_mma_w4a16`` (``templates.sm90_w4a16.backend.ARCH_OF_CAPABILITY``).
+BACKEND_OF_CONFIG_ARCH = {("Sm90W4A16Config", a): "cutedsl_mma_w4a16"
+                          for a in ("sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a")}
 
 # Default named GPU per CUDA capability (used when a problem comes with a capability only).
 GPU_OF_CAPABILITY = {(10, 0): "B200", (10, 3): "B300", (9, 0): "H100", (12, 0): "RTX5090", (12, 1): "GB10",

@@ -40,6 +40,11 @@ FAKE_GPUS: dict[str, tuple[tuple[int, int], int, int, int]] = {
     "GB10": ((12, 1), 48, 24 << 20, 128 << 30),
     "L40S": ((8, 9), 142, 96 << 20, 48 << 30),
     "A100": ((8, 0), 108, 40 << 20, 80 << 30),
+    "RTX5080": ((12, 0), 84, 64 << 20, 16 << 30),
+    "RTXPRO6000": ((12, 0), 188, 128 << 20, 96 << 30),
+    "RTX4090": ((8, 9), 128, 72 << 20, 24 << 30),
+    "A10": ((8, 6), 72, 6 << 20, 24 << 30),
+    "RTX3090": ((8, 6), 82, 6 << 20, 24 << 30),
 }
 #: Dynamic shared memory one block may opt into, per capability major.minor (CUDA C++ Programming Guide);
 #: 227 KB where not listed (sm_90 / sm_100).

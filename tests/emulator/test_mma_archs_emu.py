@@ -10,8 +10,8 @@ their configs have ``pdl=False`` and the bf16 scale multiply is ``fma.rn.bf16x2 
 K tail, uneven split-K (5 pipeline stages over 3 CTAs: 2, 2, 1) in three CTA orders, per-column alpha
 != 1 + bias + residual, and bf16 / fp16 activations.
 
-Default CI: sm_120a and sm_89 (one plain and one split-K case each); ``-m emulator_full`` adds sm_80 and the
-fp16 cases.
+Default CI: sm_120a and sm_89 (one plain and one split-K case each); ``-m emulator_full`` adds sm_80, sm_121a
+(DGX Spark, GB10 profile: 48 SMs) and sm_86 (A10 profile: 72 SMs) and the fp16 cases.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def _split3(arch: str) -> C:
 def _equal(cfg, ops, arch, **kw):
     assert arch_problem(cfg, arch) is None
     r = run_sm90(cfg, ops, arch=arch, **kw)
+    assert f".target {arch}\n" in r.kernel.ptx  # the arch's own artifact ran
     want = reference(ops)
     assert r.out.dtype == want.dtype and r.out.shape == want.shape
     diff = (r.out.float() - want.float()).abs()
@@ -50,7 +51,8 @@ def _equal(cfg, ops, arch, **kw):
     return r
 
 
-DEFAULT = [pytest.param("sm_120a"), pytest.param("sm_89"), pytest.param("sm_80", marks=pytest.mark.emulator_full)]
+DEFAULT = [pytest.param("sm_120a"), pytest.param("sm_89"), pytest.param("sm_80", marks=pytest.mark.emulator_full),
+           pytest.param("sm_121a", marks=pytest.mark.emulator_full), pytest.param("sm_86", marks=pytest.mark.emulator_full)]
 
 
 @pytest.mark.parametrize("arch", DEFAULT)

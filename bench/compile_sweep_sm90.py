@@ -79,7 +79,7 @@ def main() -> int:
         f"- command: `nice -n 10 python bench/compile_sweep_sm90.py --arch {arch} --out {Path(args.out).name} "
         f"--shapes {args.shapes} --top {args.top}"
         f"{' --timing' if args.timing else ''}` "
-        "(records: the `spills` section of `src/nvgemm/perfmodel/sass_facts.json`; the full sweep is "
+        "(records: the `spills` section of `src/nvgemm/heuristics/perfmodel/sass_facts.json`; the full sweep is "
         "`--shapes presets --top 8`)",
         f"- problems: {len(shapes)} layer shapes ({args.shapes}) x M in {list(T.SM90_M)} x activation "
         f"{' / '.join(T.SWEEP_ACTIVATIONS)} ({DEFAULT_GPU_OF_ARCH[arch]}, nvMatmulHeuristics off, candidates ranked "

@@ -685,3 +685,33 @@ def _plan_lines(argv):
     with contextlib.redirect_stdout(buf):
         assert cli.main(["plan", *argv]) == 0
     return [ln for ln in buf.getvalue().splitlines() if ln.startswith("  ") and ". nvgemm_" in ln]
+
+
+def test_mma_kernel_off_hopper_is_priced_with_its_own_arch_timing_facts():
+    """The W4A16 mma kernel compiled for sm_120a is scheduled differently by ptxas from the same source on
+    sm_90a (same main-loop instruction count, longer encoded stalls: chain base 921 -> 1055 cycles for
+    t8x128x256_w4_s4); the model reads the sm_120a sweep's record for an RTX 5090 (and the sm_89 one for an
+    L40S), and falls back to the sm_90a facts where the arch has no record."""
+    from nvgemm.heuristics.perfmodel import estimate
+    from nvgemm.heuristics.perfmodel.table import load_table, lookup
+    from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as W
+
+    cfg = W("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=2, stages=4, pdl=True)
+    rec = load_table()["spills"]["sm_120a"][cfg.name()]["none"]
+    want = max(v["loop"]["chain_base"] for v in rec.values())
+    hop = lookup(cfg, "sm_90a", activation="none")
+    own = lookup(cfg, "sm_90a", activation="none", own_arch="sm_120a")
+    assert own.chain_base == want and own.source.endswith("sm_120a)")
+    assert own.chain_base > 1.2 * hop.chain_base and abs(own.loop_instrs - hop.loop_instrs) <= 0.01 * hop.loop_instrs
+    # no record for the arch (sm_86: no sweep): the sm_90a variant's facts
+    assert lookup(cfg, "sm_90a", activation="none", own_arch="sm_86") == hop
+    # the estimate on an RTX 5090 uses them: slower than the same hardware priced with the sm_90a facts
+    from nvgemm.heuristics.perfmodel.facts import family_for
+    from nvgemm.heuristics.perfmodel.hardware import get_hardware
+    from nvgemm.heuristics.perfmodel.model import estimate_with
+
+    e = estimate(cfg, 16, 4096, 14336, "RTX5090", activation="none")
+    e_hop = estimate_with(cfg, 16, 4096, 14336, get_hardware("RTX5090"), hop, family_for(cfg))
+    assert e.gemm_us[0] > 1.1 * e_hop.gemm_us[0]
+    e_own = estimate_with(cfg, 16, 4096, 14336, get_hardware("RTX5090"), own, family_for(cfg))
+    assert e.gemm_us == e_own.gemm_us

@@ -309,20 +309,43 @@ def test_emu_sm120_backend_bit_exact_with_the_emulated_op(tmp_path, monkeypatch)
     assert torch.equal(got, want), f"max |diff| {(got.float() - want.float()).abs().max()}"
 
 
+def test_emu_sm120_w4a16_runs_the_mma_kernel_compiled_for_sm_120a(tmp_path, monkeypatch):
+    """A W4A16 call (no ``input_scale``) on ``emu_sm120`` runs what an sm_120 GPU runs for it: the W4A16
+    ``mma`` kernel (``cutedsl_mma_w4a16``) compiled for sm_120a, on the RTX 5090 profile; exact operands
+    (:func:`exact_operands`: 13 rows over two M tiles, a K tail past the 128-wide stage), equal bit for bit
+    to the emulated op."""
+    import nvgemm.ops.linear  # noqa: F401
+    from nvgemm.dispatch.registry import last_selected
+    from nvgemm.emulator import runner
+    from nvgemm.emulator.check import exact_operands, reference
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    ops = exact_operands(13, 128, 416, alpha="vector", bias=True, seed=5)
+    want = reference(ops)
+    archs = []
+    real_prepare = runner.prepare
+    monkeypatch.setattr("nvgemm.emulator.backend.prepare",
+                        lambda spec, **kw: archs.append((spec.template_id, spec.arch, kw)) or real_prepare(spec, **kw))
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
+    got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() == "emu_sm120"
+    assert [(a, kw) for _t, a, kw in archs] == [("sm_120a", {"device": "RTX5090"})]
+    assert "sm120" not in archs[0][0]  # the W4A16 mma template, not the W4A4 one
+    assert torch.equal(got, want), f"max |diff| {(got.float() - want.float()).abs().max()}"
+
+
 @pytest.mark.parametrize("case,match", [
-    ("w4a16", r"NVGEMM_BACKEND=emu_sm120 cannot run .*W4A16 \(no input_scale\)"),
-    ("k48", r"NVGEMM_BACKEND=emu_sm120 cannot run .*K"),
+    ("k48", r"NVGEMM_BACKEND=emu_sm120 cannot run .*K=48 is not a multiple of 32"),
+    ("w4a16-k48", r"NVGEMM_BACKEND=emu_sm120 cannot run .*K=48 is not a multiple of 32"),
 ])
-def test_emu_sm120_refuses_what_the_kernel_cannot_run(case, match, monkeypatch):
-    """Forced, ``emu_sm120`` refuses a W4A16 call (the sm120 family is W4A4 only) and a K that is not a
-    multiple of 32 with an error naming the reason, before anything is compiled or launched."""
+def test_emu_sm120_refuses_what_the_kernels_cannot_run(case, match, monkeypatch):
+    """Forced, ``emu_sm120`` refuses a K that is not a multiple of 32 (W4A4 and W4A16) with an error naming
+    the reason, before anything is compiled or launched."""
     import nvgemm.ops.linear  # noqa: F401
 
-    if case == "w4a16":
-        ops = _exact_w4a4_operands(2, 64, 128, seed=3)
+    ops = _exact_w4a4_operands(2, 64, 48, seed=3)
+    if case.startswith("w4a16"):
         ops.input_scale = None
-    else:
-        ops = _exact_w4a4_operands(2, 64, 48, seed=3)
     monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
     with pytest.raises(RuntimeError, match=match):
         torch.ops.nvgemm.nvfp4_linear(*ops.args())

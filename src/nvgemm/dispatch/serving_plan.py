@@ -31,10 +31,10 @@ from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132, (12, 0): 170, (12, 1): 48, (8, 9): 142, (8, 6): 72, (8, 0): 108}
 
 
-#: The PTX emulator's backends (``nvgemm.emulator``, forced only, CPU tensors) that run a GPU backend's kernel:
-#: name -> (that backend, the capability of the device profile it is emulated on). Their logs name the config
-#: the twin picks on that profile.
-EMULATED_TWINS = {"emu_sm120": ("cutedsl_sm120", (12, 0))}
+#: The PTX emulator's backends (``nvgemm.emulator``, forced only, CPU tensors) that run GPU backends' kernels:
+#: name -> (the W4A4 backend, the W4A16 backend, the capability of the device profile it is emulated on).
+#: Their logs name the config the twin picks on that profile.
+EMULATED_TWINS = {"emu_sm120": ("cutedsl_sm120", "cutedsl_mma_w4a16", (12, 0))}
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
     """(config, CompileSpec) the named CuTeDSL backend (or its emulated twin) loads for ``p``; (None, None)
     for other backends."""
     if backend in EMULATED_TWINS:
-        backend, capability = EMULATED_TWINS[backend]
-        p = dataclasses.replace(p, capability=capability)
+        w4a4, w4a16, capability = EMULATED_TWINS[backend]
+        backend, p = (w4a16 if p.weight_only else w4a4), dataclasses.replace(p, capability=capability)
     sms = _sm_count(p, sm_count)
     if backend == "cutedsl_sm100":
         arch = sm100_backend.arch_of(p.capability)

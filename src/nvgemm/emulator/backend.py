@@ -8,8 +8,8 @@ the kernel cache's AOT artifact, ``AotKernel`` argument packing) on CPU tensors,
 relinked against the fake CUDA runtime and its PTX interpreted (:mod:`nvgemm.emulator.runner`; the
 wgmma, TMA, mbarrier and tcgen05 opcodes come from :mod:`nvgemm.emulator.isa`). The config is the
 runtime's own pick (``pick_config`` of the sm90 backend, the sm100 / sm120 policy's first candidate) for the
-device profile (H200: 132 SMs, B200: 148, RTX 5090: 170). ``emu_sm120`` runs the sm120_w4a4 family
-(``prepare_sm120_args``; W4A4 only: a W4A16 call is refused naming the reason). Slow (about 0.5-30 s per
+device profile (H200: 132 SMs, B200: 148, RTX 5090: 170). ``emu_sm120`` runs what an sm_120 GPU runs: the
+sm120_w4a4 kernel for W4A4 (``prepare_sm120_args``), the W4A16 ``mma`` kernel compiled for sm_120a for W4A16. Slow (about 0.5-30 s per
 call on one core): a correctness tool, not a compute path. ``emu_sm100_moe``
 (``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4
 kernels, and ``emu_sm100`` also serves the fused requant / prequant ops. The activation quantizer the GPU
@@ -177,20 +177,30 @@ _SM120_SM_COUNT = 170  # the RTX 5090 profile (sm_120a)
 
 
 def supports_sm120(p: LinearProblem) -> Optional[str]:
-    """The sm120 backend's own rules, for CPU tensors on the RTX 5090 profile (sm_120a; W4A4 only)."""
+    """The rules of the GPU backend an sm_120 device would run ``p`` on, for CPU tensors on the RTX 5090
+    profile: ``cutedsl_sm120`` for W4A4, ``cutedsl_mma_w4a16`` for W4A16."""
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    on_gpu = dataclasses.replace(p, device_type="cuda", capability=(12, 0))
     if p.weight_only:
-        return ("W4A16 (no input_scale): emu_sm120 runs the sm120_w4a4 kernel, which quantizes activations; "
-                "a W4A16 layer has no sm_120a kernel on the emulator")
-    return sm120_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(12, 0))) or _tooling()
+        return sm90_backend.supports_mma(on_gpu) or _tooling()
+    return sm120_backend.supports(on_gpu) or _tooling()
 
 
 def run_emu_sm120(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
-    """``nvgemm::nvfp4_linear`` through the sm_120a W4A4 kernel on the emulator: the ``cutedsl_sm120``
-    backend's host path (policy pick, :func:`prepare_sm120_args` with the activation quantizer) on CPU tensors."""
+    """``nvgemm::nvfp4_linear`` on the emulator as an sm_120 GPU runs it: W4A4 through the sm120_w4a4 kernel
+    (the ``cutedsl_sm120`` host path: policy pick, :func:`prepare_sm120_args` with the activation quantizer),
+    W4A16 (no ``input_scale``) through the W4A16 ``mma`` kernel compiled for sm_120a (the
+    ``cutedsl_mma_w4a16`` host path: prepared weight, the policy's pick for the arch)."""
     spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
     m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
+    if input_scale is None:
+        cfg = pick_config(m, n, k, x.dtype, activation, _SM120_SM_COUNT, "sm_120a")
+        prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
+        args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, cfg)
+        kernel = prepare(compile_spec_for(cfg, args.spec, x.dtype, _SM120_SM_COUNT, "sm_120a"), device="RTX5090")
+        kernel.launch(*args.abi_values(), 0)
+        return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
     cfg = sm120_backend.pick_config(m, n, k, spec.activation, "sm_120a", _SM120_SM_COUNT)
     if cfg is None:
         raise RuntimeError(f"nvgemm emulator sm120: no implementable config for M={m} N={n} K={k}")

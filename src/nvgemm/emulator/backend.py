@@ -9,8 +9,8 @@ relinked against the fake CUDA runtime and its PTX interpreted (:mod:`nvgemm.emu
 wgmma, TMA, mbarrier and tcgen05 opcodes come from :mod:`nvgemm.emulator.isa`). The config is the
 runtime's own pick (``pick_config`` of the sm90 backend, the sm100 / sm120 policy's first candidate) for the
 device profile (H200: 132 SMs, B200: 148, RTX 5090: 170). ``emu_sm120`` runs what an sm_120 GPU runs: the
-sm120_w4a4 kernel for W4A4 (``prepare_sm120_args``), the W4A16 ``mma`` kernel compiled for sm_120a for W4A16. Slow (about 0.5-30 s per
-call on one core): a correctness tool, not a compute path. ``emu_sm100_moe``
+sm120_w4a4 kernel for W4A4 (``prepare_sm120_args``), the W4A16 ``mma`` kernel compiled for sm_120a for
+W4A16. Slow (about 0.5-30 s per call on one core): a correctness tool, not a compute path. ``emu_sm100_moe``
 (``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4
 kernels, and ``emu_sm100`` also serves the fused requant / prequant ops. The activation quantizer the GPU
 backend is given (the Triton kernel) is given here too: on CPU tensors it runs from its PTX (for the

@@ -15,7 +15,7 @@ import sys
 
 PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 42], [17, 250, 3]]
 MAX_TOKENS = 4
-SHORT_TOKENS = 3
+SHORT_TOKENS = 2
 LOGPROBS = 5
 
 

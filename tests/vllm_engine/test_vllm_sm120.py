@@ -2,8 +2,9 @@
 linear layer on the consumer-Blackwell kernel (sm120_w4a4, ``cutedsl_sm120``), forced by name: on a CPU
 that kernel runs as its emulated twin ``emu_sm120`` (``NVGEMM_BACKEND=emu_sm120``: the real sm_120a AOT
 artifact executed by the PTX emulator behind ``nvgemm::nvfp4_linear``, the RTX 5090 device profile, the
-activation quantizer from its sm_120a Triton PTX). The emulator takes seconds per call, so the engine
-serves one prompt, three tokens, a 16-token model length (``_serve.py short``), at TP=1.
+activation quantizer from its sm_120a Triton PTX). The emulator takes about a second per call, so the
+engine serves one prompt, two tokens (a prefill of 8 rows and one decode step), a 16-token model length
+(``_serve.py short``), at TP=1.
 
 Checked, as for the emulated backend in test_vllm_e2e.py:
 * each layer logged that emu_sm120 served it (forced), with the sm120 kernel config it ran;
@@ -26,7 +27,7 @@ from test_vllm_e2e import LOGPROB_TOL, check_calls  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 BACKEND = "emu_sm120"
-TOKENS = 3  # _serve.py SHORT_TOKENS
+TOKENS = 2  # _serve.py SHORT_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_every_linear_call_matches_the_checkpoint(served_sm120, checkpoints):
     results, dump, _ = served_sm120
     assert all(len(r["token_ids"]) == TOKENS for r in results)
     n = check_calls(checkpoints["NVFP4"], dump, 1)
-    assert n >= len(LAYERS) * TOKENS  # a prefill and a decode step per generated token after the first
+    assert n == len(LAYERS) * TOKENS  # every layer in the prefill and in each decode step after it
 
 
 def test_logprobs_match_nvgemm_model(served_sm120, checkpoints):

@@ -43,11 +43,15 @@ def main() -> int:
     ap.add_argument("--shapes", choices=("presets", "llama"), default="presets",
                     help="layer shapes: every preset model's (default) or Llama-3.1-8B / 3.3-70B only")
     ap.add_argument("--top", type=int, default=8, help="candidates per problem, by rank (default: all 8)")
+    ap.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a"),
+                    help="target arch (default sm_90a; the others: the mma kernel on the arch's default GPU, "
+                         "perfmodel.hardware.DEFAULT_GPU_OF_ARCH)")
     ap.add_argument("--timing", action="store_true",
                     help="also recompile recorded pairs whose records lack the variant's timing facts")
     args = ap.parse_args()
     from importlib.metadata import version
 
+    from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH
     from nvgemm.heuristics.perfmodel.table import load_table, spill_status
     from nvgemm.cli import sass_tool as T
 
@@ -58,28 +62,33 @@ def main() -> int:
     named = [(W("mma", tile_m=32, tile_n=128, tile_k=256, split_k=s, num_warps=8, stages=3, pdl=True), "none")
              for s in (7, 4)]
     t0 = time.time()
-    pairs, rows = T.sweep_spills("sm_90a", shapes=shapes, top=args.top, first=named, timing=args.timing,
+    arch = args.arch
+    if arch != "sm_90a":
+        named = []
+    pairs, rows = T.sweep_spills(arch, shapes=shapes, top=args.top, first=named, timing=args.timing,
                                  log=lambda s: print(s, flush=True))
     total = time.time() - t0
-    rec = load_table()["spills"]["sm_90a"]
+    rec = load_table()["spills"][arch]
     # every recorded spilling variant (this run's and earlier runs')
-    dropped = sorted((c, a) for c, per in rec.items() for a in per if spill_status(_cfg(c), a))
+    dropped = sorted((c, a) for c, per in rec.items() for a in per if spill_status(_cfg(c), a, arch))
     lines = [
-        "# sm90 W4A16: every (config, epilogue) variant the policy emits, compiled for sm_90a (no GPU)",
+        f"# W4A16 ({arch}): every (config, epilogue) variant the policy emits, compiled for {arch} (no GPU)",
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs, no GPU; "
         f"python {platform.python_version()}, nvidia-cutlass-dsl {version('nvidia-cutlass-dsl')}",
-        f"- command: `nice -n 10 python bench/compile_sweep_sm90.py --shapes {args.shapes} --top {args.top}"
+        f"- command: `nice -n 10 python bench/compile_sweep_sm90.py --arch {arch} --out {Path(args.out).name} "
+        f"--shapes {args.shapes} --top {args.top}"
         f"{' --timing' if args.timing else ''}` "
-        "(records: the `spills` section of `src/nvgemm/perfmodel/sass_facts.json`; the full sweep is "
+        "(records: the `spills` section of `src/nvgemm/heuristics/perfmodel/sass_facts.json`; the full sweep is "
         "`--shapes presets --top 8`)",
         f"- problems: {len(shapes)} layer shapes ({args.shapes}) x M in {list(T.SM90_M)} x activation "
-        f"{' / '.join(T.SWEEP_ACTIVATIONS)} (H200, nvMatmulHeuristics off, candidates ranked 1..{args.top})",
+        f"{' / '.join(T.SWEEP_ACTIVATIONS)} ({DEFAULT_GPU_OF_ARCH[arch]}, nvMatmulHeuristics off, candidates ranked "
+        f"1..{args.top})",
         "- variants per (config, activation): `ref` = scalar alpha; `full` = per-column alpha + bias + residual",
         f"- this run: {len(rows)} compiles in {total:.0f} s; recorded in all runs: {len(rec)} configs, "
         f"{len(dropped)} spilling (config, activation) pairs, which the policy drops (below)",
         f"- result: the policy now emits {len(pairs)} (config, activation) pairs; "
-        f"{sum(1 for c, a in pairs if not spill_status(c, a))} of them spill-free in both variants",
+        f"{sum(1 for c, a in pairs if spill_status(c, a, arch) is False)} of them spill-free in both variants",
         "",
     ]
     if dropped:
@@ -99,7 +108,7 @@ def main() -> int:
                      + " | ".join(f"{r.get(v, {}).get('regs', '?')}, {_cell(r.get(v, {}))}" for v in ("ref", "full"))
                      + f" | {mma} | {len(probs)} |")
     Path(args.out).write_text("\n".join(lines) + "\n")
-    bad = [p for p in pairs if spill_status(*p) is not False]
+    bad = [p for p in pairs if spill_status(*p, arch) is not False]
     print(f"{len(pairs)} pairs, {len(bad)} not spill-free / unrecorded -> {args.out}")
     return 1 if bad else 0
 

@@ -2,6 +2,7 @@
 
     python bench/perf_model.py sm90    # -> bench/results/sm90_model.md  (H200, current sm90 kernels)
     python bench/perf_model.py sm100   # -> bench/results/sm100_model.md (B200, sm100 decode configs)
+    python bench/perf_model.py mma     # -> bench/results/mma_archs_model.md (RTX 5090, L40S: the mma kernel)
     python bench/perf_model.py all
 
 Inputs: the committed SASS facts table (``src/nvgemm/heuristics/perfmodel/sass_facts.json``; regenerate it
@@ -423,9 +424,46 @@ SM100_ASSUMPTIONS = """## Model assumptions (B200)
 """
 
 
+MMA_M = tuple(range(1, 17)) + (24, 32, 40, 48, 56, 64)
+MMA_GPUS = ("RTX5090", "L40S")
+
+
+def mma_archs_report(out: Path, gpus=MMA_GPUS) -> None:
+    """The mma decode kernel on GeForce Blackwell / Ada (Llama-3.1-8B decode GEMMs, M = 1..64): the runtime's
+    pick against bf16 cuBLAS, both modelled with the GPU's profile and the same assumptions."""
+    import torch
+
+    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate, get_hardware
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
+
+    lines = _header("W4A16 mma decode kernel on " + " / ".join(gpus) + ": performance MODEL (not a measurement)",
+                    "python bench/perf_model.py mma")
+    for gpu in gpus:
+        hw = get_hardware(gpu)
+        lines += [f"## {gpu} ({hw.arch}, {hw.sm_count} SMs, {hw.peak_bw_tbs * 1000:.0f} GB/s peak): model", "",
+                  f"Hardware source: {hw.source}.", "",
+                  "model x bf16 = modelled bf16 cuBLAS time / modelled W4A16 time (low end, high end of both ranges); "
+                  "bytes x = the byte ratio of the two GEMMs (bf16 weights + activations + output vs NVFP4 weights + "
+                  "scales + the same), the ceiling no modelled ratio exceeds (tests/cpu/test_perfmodel.py).", "",
+                  "| N x K (layer) | M | model: runtime pick | model us | model bf16 us | model x bf16 | bytes x |",
+                  "|---|---|---|---|---|---|---|"]
+        for n, k, layer in SHAPES[:4]:
+            for m in MMA_M:
+                pick = pick_config(m, n, k, torch.bfloat16, "none", hw.sm_count, hw.arch)
+                e = estimate(pick, m, n, k, gpu, activation="none")
+                b = bf16_baseline(m, n, k, gpu)
+                bound = b.bytes / (e.geometry.weight_bytes + 2.0 * m * k + 2.0 * m * n)
+                ratios = [b.total_us[i] / e.total_us[i] for i in range(2)]
+                assert max(ratios) <= bound, (gpu, n, k, m, ratios, bound)
+                lines.append(f"| {n}x{k} ({layer}) | {m} | {_short(pick.name())} | {_r(e.total_us)} | "
+                             f"{_r(b.total_us)} | {ratios[0]:.2f}-{ratios[1]:.2f} | {bound:.2f} |")
+        lines.append("")
+    out.write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=("sm90", "sm100", "all"))
+    ap.add_argument("which", choices=("sm90", "sm100", "mma", "all"))
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     d = Path(args.out_dir)
@@ -435,6 +473,9 @@ def main() -> int:
     if args.which in ("sm100", "all"):
         sm100_report(d / "sm100_model.md")
         print(f"wrote {d / 'sm100_model.md'}")
+    if args.which in ("mma", "all"):
+        mma_archs_report(d / "mma_archs_model.md")
+        print(f"wrote {d / 'mma_archs_model.md'}")
     return 0
 
 

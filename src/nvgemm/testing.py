@@ -233,10 +233,11 @@ class _FakeProps:
 
 
 @contextlib.contextmanager
-def host_path_stand_in(family: str, *, record_ops: bool = True):
+def host_path_stand_in(family: str, *, record_ops: bool = True, capability=None, sms: int | None = None):
     """The production host path of the ``cutedsl_sm100`` (``family="sm100"``: ``nvfp4_linear`` and the fused
     requant / prequant ops) or ``cutedsl_sm90`` (``"sm90"``) backend on CPU tensors, on a stand-in device
-    (B200: sm_100a, 148 SMs; H200: sm_90a, 132 SMs). Inside the block the backend takes CPU problems and
+    (B200: sm_100a, 148 SMs; H200: sm_90a, 132 SMs). ``family="sm90"`` with another ``capability``
+    (8.0, 8.6, 8.9, 12.0, 12.1; ``sms``: its SM count) is the ``cutedsl_mma_w4a16`` backend on that device. Inside the block the backend takes CPU problems and
     runs its real ``run`` -- per-problem plan, argument preparation, derived operands, workspaces,
     argument packing -- with only two things replaced: the kernel (its ``launch`` packs the arguments with
     the kernel's real ABI and records ``"gemm:<name>"``) and, for sm100, the activation quantizer (returns
@@ -306,13 +307,16 @@ def host_path_stand_in(family: str, *, record_ops: bool = True):
         kinds = [("linear", sb.BACKEND), (REQUANT, sb.REQUANT_BACKEND), (PREQUANT, sb.PREQUANT_BACKEND)]
         caches = [sb.launch_plan]
     elif family == "sm90":
-        cap = (9, 0)
-        props = _FakeProps(9, 0, 132)
+        cap = tuple(capability or (9, 0))
+        if sm90_backend.arch_of(cap) is None:
+            raise ValueError(f"host_path_stand_in: no W4A16 kernel arch for capability {cap}")
+        props = _FakeProps(*cap, sms or 132)
         patch(torch.cuda, "get_device_properties", lambda device=None: props)
         # memoised like the production lookup it replaces
-        patch(sm90_backend, "_kernel_for", functools.lru_cache(maxsize=None)(lambda config, spec, x_dtype, sms: NullKernel(
-            sm90_backend.compile_spec_for(config, spec, x_dtype, sms))))
-        kinds = [("linear", sm90_backend.BACKEND)]
+        patch(sm90_backend, "_kernel_for", functools.lru_cache(maxsize=None)(
+            lambda config, spec, x_dtype, sms, arch=sm90_backend.ARCH: NullKernel(
+                sm90_backend.compile_spec_for(config, spec, x_dtype, sms, arch))))
+        kinds = [("linear", sm90_backend.BACKEND if cap == (9, 0) else sm90_backend.MMA_BACKEND)]
         caches = []
     else:
         raise ValueError(f"host_path_stand_in: family must be 'sm100' or 'sm90', got {family!r}")

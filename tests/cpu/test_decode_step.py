@@ -215,11 +215,43 @@ def test_bad_arguments_are_named():
     with pytest.raises(KeyError, match="known"):
         ds.decode_step("Llama-9B", "B200")
     with pytest.raises(KeyError, match="no hardware description"):
-        ds.decode_step("Llama-3.1-8B", "A100")
+        ds.decode_step("Llama-3.1-8B", "V100")
     with pytest.raises(ValueError, match="--tp 3"):
         ds.decode_step("Llama-3.1-8B", "B200", tp=3)
     with pytest.raises(ValueError, match="--layers"):
         ds.decode_step("Llama-3.1-8B", "B200", layers=0)
+
+
+# --------------------------------------------------------------------------- the W4A16 mma kernel's GPUs
+#: On sm_120a (RTX 5090) and sm_89 (L40S) the loader holds the layers in the same prepared layout and the mma
+#: kernel (backend cutedsl_mma_w4a16) serves them: the H200 layer's kernels, the GEMMs compiled for the GPU's arch,
+#: PDL on sm_120a (griddepcontrol) and none on sm_89.
+MMA_GPUS = {"RTX5090": ("sm_120a", True), "L40S": ("sm_89", False)}
+
+
+@pytest.mark.parametrize("gpu", sorted(MMA_GPUS))
+def test_mma_gpu_layer_kernels(gpu):
+    arch, pdl = MMA_GPUS[gpu]
+    launches, syncs = ds.replay(ds.layer_graph(P, gpu), gpu)
+    kinds = [k.kind for k in launches]
+    want = [k for k, _ in H200_W4A16_CHECKPOINT]
+    assert kinds == want, f"{gpu}: {len(kinds)} kernels per layer (pinned {len(want)}); now:\n{_listing(launches)}"
+    assert not syncs
+    gemms = [k for k in launches if k.kind == "gemm"]
+    assert all(k.gemm["arch"] == arch and k.gemm["config"].family == "mma" for k in gemms), _listing(gemms)
+    assert all(k.pdl == pdl and k.gemm["config"].pdl == pdl for k in gemms), _listing(gemms)
+    assert all("nvfp4_linear_sm90_prepared" in k.origin for k in gemms)
+    if not pdl:  # no Triton kernel waits on a producer either
+        assert not any(k.pdl for k in launches), _listing(launches)
+
+
+def test_mma_gpu_refuses_moe_presets_by_name(capsys):
+    with pytest.raises(ValueError, match="no grouped MoE kernel for RTX5090"):
+        ds.decode_step("Qwen3-30B-A3B", "RTX5090")
+    from nvgemm.cli import main
+
+    assert main(["bench", "decode-step", "--model", "Qwen3-30B-A3B", "--gpu", "L40S", "--no-measure"]) == 2
+    assert "MoE preset" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("gpu,fmt", [("H200", "sm90_w4a16"), ("B200", "sm100")])

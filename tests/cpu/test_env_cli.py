@@ -55,3 +55,14 @@ def test_env_markdown_is_the_settings_reference(capsys):
 
     assert main(["env", "--markdown"]) == 0
     assert capsys.readouterr().out == settings.markdown()
+
+
+def test_env_names_the_kernel_backends_of_each_capability():
+    """The GPU line lists the backends whose own rules take a decode linear on the device: the W4A16 mma
+    kernel's backend on sm_120 / sm_121 / sm_89 / sm_86 / sm_80, Hopper's on sm_90, sm_100's for W4A4."""
+    for cap in ((12, 0), (12, 1), (8, 9), (8, 6), (8, 0)):
+        got = env_cli.kernel_backends(cap)
+        assert "cutedsl_mma_w4a16" in got.split("(W4A4);")[1] and "cutedsl_sm90" not in got, (cap, got)
+    assert "cutedsl_sm90" in env_cli.kernel_backends((9, 0)) and "mma_w4a16" not in env_cli.kernel_backends((9, 0))
+    assert env_cli.kernel_backends((10, 0)).startswith("cutedsl_sm100")
+    assert env_cli.kernel_backends((7, 5)) == "emulated"

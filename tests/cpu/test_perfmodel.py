@@ -109,6 +109,25 @@ def test_parse_loops_and_main_loop():
     assert S.spills(fn.instrs) == (0, 0)
 
 
+def test_uniform_predicate_branch_is_a_loop():
+    """sm_120a SASS puts a loop's branch condition in the operands (recorded from the W4A16 mma kernel
+    for sm_120a, cuobjdump 13.x): ``BRA.U UP0, 0xcd0`` closes the main loop, ``BRA.U !UP2, 0x2c40`` skips
+    it forward; both targets parse, and the backward one is the loop."""
+    text = (
+        "\t\tFunction : k\n"
+        + line(0x00, "BRA.U !UP2, 0x50", stall=1)
+        + line(0x10, "LDGSTS.E.BYPASS.LTC128B.128 [R29+UR10], desc[UR11][R48.64]", stall=1, wbar=0)
+        + line(0x20, "HMMA.16816.F32.BF16 R4, R12, R16, R4", stall=1)
+        + line(0x30, "@P0 BRA P1, 0x20", stall=1)
+        + line(0x40, "BRA.U UP0, 0x10", stall=1)
+        + line(0x50, "EXIT", stall=1)
+    )
+    fn = S.parse_sass(text)[0]
+    assert [i.branch_target() for i in fn.instrs if i.base == "BRA"] == [0x50, 0x20, 0x10]
+    assert S.main_loop(fn, r"^LDGSTS") == S.Loop(1, 4)
+    assert S.find_loops(fn) == [S.Loop(2, 3), S.Loop(1, 4)]
+
+
 def test_loop_cycles_replays_the_scoreboards():
     body = S.body(S.parse_sass(SNIPPET)[0], S.Loop(1, 5))
     stream = r"^LDG\..*\bNA\b"
@@ -286,7 +305,9 @@ def _preset_picks(gpu: str, a_format: str, ms):
 
 
 @pytest.mark.parametrize("gpu,a_format,ms", [("H200", "bf16", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-                                             ("B200", "nvfp4", (1, 2, 4, 8, 16, 32, 128))])
+                                             ("B200", "nvfp4", (1, 2, 4, 8, 16, 32, 128)),
+                                             ("RTX5090", "bf16", (1, 2, 3, 4, 8, 13, 16, 24, 32, 48, 64)),
+                                             ("L40S", "bf16", (1, 2, 3, 4, 8, 13, 16, 24, 32, 48, 64))])
 def test_no_modelled_ratio_exceeds_the_byte_ratio(gpu, a_format, ms):
     """nvgemm / bf16 cuBLAS, both modelled with one bandwidth, fill and launch model: the speed-up
     can never exceed the ratio of the bytes the two GEMMs must move -- bf16 weights + activations +
@@ -664,3 +685,33 @@ def _plan_lines(argv):
     with contextlib.redirect_stdout(buf):
         assert cli.main(["plan", *argv]) == 0
     return [ln for ln in buf.getvalue().splitlines() if ln.startswith("  ") and ". nvgemm_" in ln]
+
+
+def test_mma_kernel_off_hopper_is_priced_with_its_own_arch_timing_facts():
+    """The W4A16 mma kernel compiled for sm_120a is scheduled differently by ptxas from the same source on
+    sm_90a (same main-loop instruction count, longer encoded stalls: chain base 921 -> 1055 cycles for
+    t8x128x256_w4_s4); the model reads the sm_120a sweep's record for an RTX 5090 (and the sm_89 one for an
+    L40S), and falls back to the sm_90a facts where the arch has no record."""
+    from nvgemm.heuristics.perfmodel import estimate
+    from nvgemm.heuristics.perfmodel.table import load_table, lookup
+    from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config as W
+
+    cfg = W("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=2, stages=4, pdl=True)
+    rec = load_table()["spills"]["sm_120a"][cfg.name()]["none"]
+    want = max(v["loop"]["chain_base"] for v in rec.values())
+    hop = lookup(cfg, "sm_90a", activation="none")
+    own = lookup(cfg, "sm_90a", activation="none", own_arch="sm_120a")
+    assert own.chain_base == want and own.source.endswith("sm_120a)")
+    assert own.chain_base > 1.2 * hop.chain_base and abs(own.loop_instrs - hop.loop_instrs) <= 0.01 * hop.loop_instrs
+    # no record for the arch (sm_86: no sweep): the sm_90a variant's facts
+    assert lookup(cfg, "sm_90a", activation="none", own_arch="sm_86") == hop
+    # the estimate on an RTX 5090 uses them: slower than the same hardware priced with the sm_90a facts
+    from nvgemm.heuristics.perfmodel.facts import family_for
+    from nvgemm.heuristics.perfmodel.hardware import get_hardware
+    from nvgemm.heuristics.perfmodel.model import estimate_with
+
+    e = estimate(cfg, 16, 4096, 14336, "RTX5090", activation="none")
+    e_hop = estimate_with(cfg, 16, 4096, 14336, get_hardware("RTX5090"), hop, family_for(cfg))
+    assert e.gemm_us[0] > 1.1 * e_hop.gemm_us[0]
+    e_own = estimate_with(cfg, 16, 4096, 14336, get_hardware("RTX5090"), own, family_for(cfg))
+    assert e.gemm_us == e_own.gemm_us

@@ -264,6 +264,93 @@ def test_every_policy_pick_bit_exact_scaled_down(pick, tmp_path, monkeypatch):
     check(cfg, mm, n, k, epi, seed=mm + k, arch=arch)
 
 
+# ------------------------------------------------------------------------------------------ backend
+
+
+def _exact_w4a4_operands(m, n, k, seed):
+    """:func:`exact_operands` plus activations the quantizer encodes exactly: each 16-element block is E2M1
+    values x ``2**e`` (e in [-2, 2]) x ``input_scale`` with one element at +-6 (the block amax, so the block
+    scale is exactly ``2**e``), ``input_scale`` = 2**-1: the kernel and the emulated op quantize to the same
+    codes and every product and fp32 sum is exact, so only the final bf16 rounding is left (same on both)."""
+    from nvgemm.core.formats import E2M1_VALUES
+    from nvgemm.emulator.check import exact_operands
+
+    ops = exact_operands(m, n, k, alpha="vector", bias=True, residual=True, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    vals = E2M1_VALUES[torch.randint(0, 16, (m, k // 16, 16), generator=g)]
+    vals[:, :, 0] = torch.where(torch.rand(m, k // 16, generator=g) < 0.5, 6.0, -6.0)
+    exp = torch.pow(2.0, torch.randint(-2, 3, (m, k // 16, 1), generator=g).float())
+    ops.input_scale = torch.tensor(0.5)
+    ops.x = (vals * exp * 0.5).reshape(m, k).to(torch.bfloat16)
+    ops.bias = ops.bias.to(torch.bfloat16)
+    return ops
+
+
+def test_emu_sm120_backend_bit_exact_with_the_emulated_op(tmp_path, monkeypatch):
+    """``NVGEMM_BACKEND=emu_sm120``: ``nvgemm::nvfp4_linear`` runs the sm_120a W4A4 kernel (the policy's pick
+    for the RTX 5090 profile, the ``cutedsl_sm120`` host path with the activation quantizer) on the emulator,
+    equal bit for bit to the emulated op on exact data (M = 5 rows, K = 288: a half slab, vector alpha, bias,
+    residual); unforced, the CPU op never picks it. The activation quantizer runs from its sm_120a Triton PTX
+    (the emulator's Triton stand-in follows the forced backend's arch)."""
+    import nvgemm.ops.linear  # noqa: F401
+    from nvgemm.dispatch.registry import last_selected
+    from nvgemm.emulator.check import reference
+    from nvgemm.emulator.triton_ptx import LAUNCHES
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    ops = _exact_w4a4_operands(5, 192, 288, seed=41)
+    want = reference(ops)
+    assert last_selected() != "emu_sm120"
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
+    before = len(LAUNCHES)
+    got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() == "emu_sm120"
+    assert [(r.kernel, r.arch) for r in LAUNCHES[before:]] == [("quantize_nvfp4_kernel", "sm_120a")]
+    assert torch.equal(got, want), f"max |diff| {(got.float() - want.float()).abs().max()}"
+
+
+def test_emu_sm120_w4a16_runs_the_mma_kernel_compiled_for_sm_120a(tmp_path, monkeypatch):
+    """A W4A16 call (no ``input_scale``) on ``emu_sm120`` runs what an sm_120 GPU runs for it: the W4A16
+    ``mma`` kernel (``cutedsl_mma_w4a16``) compiled for sm_120a, on the RTX 5090 profile; exact operands
+    (:func:`exact_operands`: 13 rows over two M tiles, a K tail past the 128-wide stage), equal bit for bit
+    to the emulated op."""
+    import nvgemm.ops.linear  # noqa: F401
+    from nvgemm.dispatch.registry import last_selected
+    from nvgemm.emulator import runner
+    from nvgemm.emulator.check import exact_operands, reference
+
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    ops = exact_operands(13, 128, 416, alpha="vector", bias=True, seed=5)
+    want = reference(ops)
+    archs = []
+    real_prepare = runner.prepare
+    monkeypatch.setattr("nvgemm.emulator.backend.prepare",
+                        lambda spec, **kw: archs.append((spec.template_id, spec.arch, kw)) or real_prepare(spec, **kw))
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
+    got = torch.ops.nvgemm.nvfp4_linear(*ops.args())
+    assert last_selected() == "emu_sm120"
+    assert [(a, kw) for _t, a, kw in archs] == [("sm_120a", {"device": "RTX5090"})]
+    assert "sm120" not in archs[0][0]  # the W4A16 mma template, not the W4A4 one
+    assert torch.equal(got, want), f"max |diff| {(got.float() - want.float()).abs().max()}"
+
+
+@pytest.mark.parametrize("case,match", [
+    ("k48", r"NVGEMM_BACKEND=emu_sm120 cannot run .*K=48 is not a multiple of 32"),
+    ("w4a16-k48", r"NVGEMM_BACKEND=emu_sm120 cannot run .*K=48 is not a multiple of 32"),
+])
+def test_emu_sm120_refuses_what_the_kernels_cannot_run(case, match, monkeypatch):
+    """Forced, ``emu_sm120`` refuses a K that is not a multiple of 32 (W4A4 and W4A16) with an error naming
+    the reason, before anything is compiled or launched."""
+    import nvgemm.ops.linear  # noqa: F401
+
+    ops = _exact_w4a4_operands(2, 64, 48, seed=3)
+    if case.startswith("w4a16"):
+        ops.input_scale = None
+    monkeypatch.setenv("NVGEMM_BACKEND", "emu_sm120")
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.nvgemm.nvfp4_linear(*ops.args())
+
+
 # ------------------------------------------------------------------------------------------ fused requant
 
 

@@ -60,16 +60,22 @@ def make_moe_checkpoints(root: Path) -> dict[str, Path]:
 MOE_CASES = [("qwen3_moe", "NVFP4"), ("qwen3_moe", "W4A16_NVFP4"), ("deepseek_v3", "NVFP4")]
 
 
-def serve(ckpt: Path, tp: int, work: Path, ep: bool = False, compiled: bool = False) -> tuple[list, Path, str]:
+def serve(ckpt: Path, tp: int, work: Path, ep: bool = False, compiled: bool = False, backend: str = "",
+          short: bool = False) -> tuple[list, Path, str]:
     """Run tests/vllm_engine/_serve.py; returns (results, dump folder, engine log). ``compiled``: vLLM's
-    torch.compile with nvgemm's fused requant pass (the plugin dumps eager calls only)."""
-    tag = f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}{'_compiled' if compiled else ''}"
+    torch.compile with nvgemm's fused requant pass (the plugin dumps eager calls only). ``backend``: forced
+    for every nvgemm linear call (``NVGEMM_BACKEND``, e.g. an emulator backend); ``short``: one prompt,
+    a few tokens (``_serve.py short``)."""
+    tag = (f"{ckpt.name}_tp{tp}{'_ep' if ep else ''}{'_compiled' if compiled else ''}"
+           f"{'_' + backend if backend else ''}{'_short' if short else ''}")
     dump, out = work / f"dump_{tag}", work / f"{tag}.json"
     env = dict(os.environ, **ENGINE_ENV, NVGEMM_VLLM_DUMP=str(dump))
+    if backend:
+        env["NVGEMM_BACKEND"] = backend
     if compiled:  # compile every time, into this run's own caches: a cached graph would skip the pass under test
         env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
         env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor_{tag}")
-    flags = (["ep"] if ep else []) + (["compile"] if compiled else [])
+    flags = (["ep"] if ep else []) + (["compile"] if compiled else []) + (["short"] if short else [])
     proc = subprocess.run([sys.executable, str(HERE / "_serve.py"), str(ckpt), str(tp), str(out), *flags],
                           env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)

@@ -121,7 +121,7 @@ from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.status import Status
 
 # Target arches nvgemm compiles for (explicit; never probed from a device).
-TARGET_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_110a", "sm_120a", "sm_121a")
+TARGET_ARCHS = ("sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_110a", "sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a")
 
 # Operand formats named in a CompileSpec.
 OPERAND_FORMATS = ("nvfp4", "bf16", "fp16", "fp8_e4m3", "fp32")
@@ -175,6 +175,9 @@ DEFAULT_HW = {
     "sm_110a": HardwareSpec(sm_count=20),  # Thor
     "sm_120a": HardwareSpec(sm_count=170),  # RTX 5090 (RTX PRO 6000 Blackwell: 188)
     "sm_121a": HardwareSpec(sm_count=48),  # DGX Spark GB10
+    "sm_89": HardwareSpec(sm_count=142),  # L40S
+    "sm_86": HardwareSpec(sm_count=72),  # A10
+    "sm_80": HardwareSpec(sm_count=108),  # A100
 }
 
 

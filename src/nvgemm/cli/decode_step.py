@@ -9,7 +9,9 @@ for a preset on a GPU, without that GPU:
    RMSNorm, gate/up, SiLU-and-mul, down + residual), built from nvgemm's own modules the way the loader
    builds them (``NVFP4Linear``; ``--layout fused``: q/k/v stacked with ``NVFP4Linear.fuse`` and the MLP
    patched by :func:`nvgemm.nn.mlp.fuse_gated_mlps`, as ``load_modelopt_checkpoint(fuse_gated_mlp=True)``;
-   on Hopper every layer held in the sm90 layout, ``prepare_for_sm90``, as the loader does on an sm_90 GPU).
+   on Hopper every layer held in the sm90 layout, ``prepare_for_sm90``, as the loader does on an sm_90 GPU, and
+   likewise on the W4A16 ``mma`` kernel's GPUs, sm_120a / sm_121a / sm_89 / sm_86 / sm_80: dense presets only,
+   nvgemm has no grouped MoE kernel there).
    A MoE preset (Qwen3-30B-A3B) replaces the MLP by :class:`SparseMoeBlock`: the bf16 router, softmax + top-k
    (+ renormalisation) as a serving engine runs them, and nvgemm's ``NVFP4Experts`` (``nvgemm::nvfp4_moe``:
    the sm90 grouped W4A16 kernels on Hopper, the sm100 grouped W4A4 kernels on Blackwell).
@@ -133,7 +135,11 @@ GOALS_MS = {("Llama-3.1-8B", "H200"): 1.35, ("Llama-3.1-8B", "B200"): 1.0}
 #: an assumption (latency-bound; NCCL's ring all-reduce at this size is slower). Not in the generated code.
 ALLREDUCE_US = (4.0, 8.0)
 
-ARCH_FORMAT = {"sm_90a": "W4A16", "sm_100a": "W4A4", "sm_103a": "W4A4", "sm_100f": "W4A4"}
+#: The archs where the W4A16 ``mma`` kernel alone serves the dense layers (backend ``cutedsl_mma_w4a16``): GeForce /
+#: workstation Blackwell, DGX Spark, Ada, Ampere. nvgemm has no grouped MoE kernel for them.
+MMA_ARCHS = ("sm_120a", "sm_121a", "sm_89", "sm_86", "sm_80")
+ARCH_FORMAT = {"sm_90a": "W4A16", "sm_100a": "W4A4", "sm_103a": "W4A4", "sm_100f": "W4A4",
+               **{a: "W4A16" for a in MMA_ARCHS}}
 
 
 def gpu_format(gpu: str) -> str:
@@ -311,11 +317,11 @@ class Head(nn.Module):
 
 
 def prepare_like_loader(layer: nn.Module, gpu: str) -> None:
-    """On Hopper the loader holds every NVFP4 layer the sm90 kernels serve in their layout only
-    (``NVFP4Linear.prepare_for_sm90``). The layer here has meta weights (no values to re-encode), so the
+    """On Hopper (and on the ``mma`` kernel's archs, :data:`MMA_ARCHS`) the loader holds every NVFP4 layer the
+    W4A16 kernels serve in their layout only (``NVFP4Linear.prepare_for_sm90``). The layer here has meta weights (no values to re-encode), so the
     same module state is set directly: the checkpoint buffers dropped, ``sm90_weight`` / ``sm90_scale`` of the
     prepared shapes (those ``nvgemm::nvfp4_linear_sm90_prepared`` checks), ``sm90_kind``."""
-    if get_hardware(gpu).arch != "sm_90a":
+    if get_hardware(gpu).arch not in ("sm_90a", *MMA_ARCHS):
         return
 
     for mod in layer.modules():
@@ -945,6 +951,10 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
         raise KeyError(f"unknown decode-step preset {model!r}; known: {', '.join(DECODE_PRESETS)}")
     p = DECODE_PRESETS[model]
     hw = get_hardware(gpu)  # KeyError names the known GPUs
+    if p.moe and hw.arch in MMA_ARCHS:
+        raise ValueError(f"{model} is a MoE preset: nvgemm has no grouped MoE kernel for {gpu} ({hw.arch}; the "
+                         f"grouped W4A16 / W4A4 kernels are sm_90a / sm_100a), so its step cannot be modelled there; "
+                         f"dense presets only")
     if tp < 1 or p.heads % tp or p.intermediate % tp or p.moe_intermediate % tp or p.vocab % tp:
         raise ValueError(f"--tp {tp} does not divide {model}'s heads ({p.heads}), intermediate and vocab")
     if layout not in ("checkpoint", "fused"):
@@ -1155,7 +1165,10 @@ def measure_on_gpu(p: DecodePreset, gpu_model: StepReport, n_layers: int, layout
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default="Llama-3.1-8B", help=f"preset: {', '.join(DECODE_PRESETS)} (default Llama-3.1-8B)")
-    p.add_argument("--gpu", default="H200", help="GPU to model: H100, H200 (W4A16), B200, GB200, B300 (W4A4); default H200")
+    p.add_argument("--gpu", default="H200",
+                   help="GPU to model: H100, H200 (W4A16), B200, GB200, B300 (W4A4); the W4A16 mma kernel's GPUs "
+                        "RTX5090, RTX5080, RTXPRO6000, GB10, L40S, RTX4090, A10, RTX3090, A100 (dense presets only); "
+                        "default H200")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     p.add_argument("--layers", type=int, default=None, help="layers per step (default: the preset's)")
     p.add_argument("--layout", default="checkpoint", choices=("checkpoint", "fused"),

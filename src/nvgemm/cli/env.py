@@ -70,6 +70,28 @@ def settings_report(environ: Optional[Mapping[str, str]] = None) -> tuple[list[s
     return lines, all(r.error is None for r in rows)
 
 
+def kernel_backends(capability: tuple[int, int]) -> str:
+    """The registered kernel backends that take a decode-sized linear (M = 1, 4096 x 4096, bf16) on a device
+    of ``capability``, per layer kind: e.g. ``cutedsl_mma_w4a16, triton_w4a16 (W4A16)`` for (12, 0);
+    ``emulated`` where none does. Read from the backends' own ``supports`` rules (forced-only tools such as
+    the PTX emulator's backends are not listed)."""
+    import torch
+
+    # lazy: the registry registers every kernel family on import
+    from nvgemm.core.backend import LINEAR
+    from nvgemm.dispatch.registry import LinearProblem, backends
+
+    parts = []
+    for label, weight_only in (("W4A4", False), ("W4A16", True)):
+        p = LinearProblem(m=1, n=4096, k=4096, device_type="cuda", capability=tuple(capability),
+                          weight_only=weight_only, x_dtype=torch.bfloat16, out_dtype=torch.bfloat16, alpha="scalar",
+                          bias=False, activation="none", residual=False)
+        names = [b.name for b in backends(LINEAR) if b.name != "emulated" and b.autotune and b.supports(p) is None]
+        if names:
+            parts.append(f"{', '.join(names)} ({label})")
+    return "; ".join(parts) or "emulated"
+
+
 def run(args) -> int:
     if args.markdown:
         sys.stdout.write(settings.markdown())
@@ -84,9 +106,7 @@ def run(args) -> int:
         print(f"  {dist:<20} {_version(dist) or 'missing'}")
     if torch.cuda.is_available():
         cap = torch.cuda.get_device_capability()
-        family = {(10, 0): "cutedsl_sm100 (W4A4)", (9, 0): "cutedsl_sm90 (W4A16)", (12, 0): "cutedsl_sm120 (W4A4)",
-                  (12, 1): "cutedsl_sm120 (W4A4)"}.get(cap, "triton_w4a16 / emulated")
-        print(f"GPU: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}): nvgemm kernels {family}")
+        print(f"GPU: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}): nvgemm kernels {kernel_backends(cap)}")
     else:
         print("GPU: none (every linear runs on the emulated backend; kernels can still be compiled "
               "ahead of time with `nvgemm precompile --arch ...`)")

@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 from nvgemm.cli import int_list, int_pair
+from nvgemm.core.family import families
 from nvgemm.core.problem import GemmProblem, Target
 from nvgemm.heuristics import nvmmh
 from nvgemm.heuristics.perfmodel import estimate_us
@@ -51,14 +52,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("--model", help="model preset (Llama-3.1-8B, Llama-3.3-70B, Qwen3-32B, Mistral-7B, DeepSeek-V3-dense; "
                      "MoE: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, Llama-4-Scout, Mixtral-8x7B)")
     src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
-    p.add_argument("--gpu", default="B200", help="named GPU: B200, GB200, B300, H100, H200 (default B200)")
+    p.add_argument("--gpu", default="B200", help="named GPU: B200, GB200, B300, H100, H200, RTX5090, RTX5080, RTXPRO6000, GB10 (DGX Spark), L40S, "
+                   "RTX4090, A10, RTX3090, A100 (default B200)")
     p.add_argument("--sm-count", type=int, default=None, help="override the GPU's SM count")
     p.add_argument("--from-device", action="store_true", help="read arch and SM count from the live CUDA device")
     mm = p.add_mutually_exclusive_group()
     mm.add_argument("--m", type=int_list, default=[1, 8, 32, 128], help="token counts (default 1,8,32,128)")
     mm.add_argument("--m-range", type=int_pair, metavar="LO,HI", help="dynamic batch: candidates per M bucket of LO..HI")
     p.add_argument("--format", choices=("auto", "w4a4", "w4a16"), default="auto",
-                   help="w4a4 = nvfp4 x nvfp4, w4a16 = bf16 x nvfp4 (auto: w4a4 on Blackwell, w4a16 on Hopper)")
+                   help="w4a4 = nvfp4 x nvfp4, w4a16 = bf16 x nvfp4 (auto: w4a4 where a W4A4 kernel family serves the "
+                        "GPU's arch, else w4a16)")
     p.add_argument("--out-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--max-candidates", type=int, default=8)
     p.add_argument("--tp", type=int, default=1, help="MoE presets: tensor-parallel ranks (divides the expert and "
@@ -72,8 +75,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _problems(args):
     target = Target.from_device() if args.from_device else Target.from_gpu(args.gpu, args.sm_count)
     fmt = args.format
-    if fmt == "auto":
-        fmt = "w4a16" if target.family == "sm90" else "w4a4"
+    if fmt == "auto":  # W4A4 where a registered W4A4 family serves the arch (Blackwell), else W4A16
+        fmt = "w4a4" if any(f.gemm_kind == "w4a4" and target.arch in f.archs for f in families()) else "w4a16"
     a_format = "nvfp4" if fmt == "w4a4" else "bf16"
     moe = get_moe_preset(args.model) if args.model else None
     if moe is not None:

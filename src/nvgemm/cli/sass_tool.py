@@ -234,8 +234,9 @@ def policy_pairs(arch: str = "sm_90a", shapes=None, ms=SM90_M, activations=SWEEP
     """``{(config, activation): [problem labels]}``: every pair the candidate policy emits (all its
     candidates up to rank ``top``, nvMatmulHeuristics off) for ``shapes`` (default: the presets') x
     M x activation; a label is ``NxK.mM#rank``."""
-    target = Target.from_gpu("H200" if arch.startswith("sm_90") else "B200")
-    a_format = "bf16" if arch.startswith("sm_90") else "nvfp4"
+    target = Target.from_gpu(DEFAULT_GPU_OF_ARCH.get(arch, "B200"))
+    # W4A16 on Hopper and on the mma kernel's other archs (sm_8x, sm_12x); W4A4 on datacenter Blackwell
+    a_format = "nvfp4" if arch.startswith(("sm_100", "sm_103", "sm_110")) else "bf16"
     out: dict = {}
     for n, k in shapes or preset_shapes():
         for m in ms:

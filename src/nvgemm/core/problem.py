@@ -51,9 +51,23 @@ GPUS: dict[str, GpuSpec] = {
     ),
     "H100": GpuSpec("H100", "sm_90a", 132, "H100_SXM"),
     "H200": GpuSpec("H200", "sm_90a", 132, "H200_SXM"),
+    # sm_120a / sm_121a (GeForce / workstation Blackwell, DGX Spark), sm_89 (Ada), sm_86 / sm_80 (Ampere):
+    # the W4A16 mma kernel's targets (nvMatmulHeuristics is not asked for W4A16: no GPU name)
+    "RTX5090": GpuSpec("RTX5090", "sm_120a", 170, ""),
+    "RTX5080": GpuSpec("RTX5080", "sm_120a", 84, ""),
+    "RTXPRO6000": GpuSpec("RTXPRO6000", "sm_120a", 188, "", note="RTX PRO 6000 Blackwell Workstation Edition"),
+    "GB10": GpuSpec("GB10", "sm_121a", 48, "", note="DGX Spark"),
+    "L40S": GpuSpec("L40S", "sm_89", 142, ""),
+    "RTX4090": GpuSpec("RTX4090", "sm_89", 128, ""),
+    "A10": GpuSpec("A10", "sm_86", 72, ""),
+    "RTX3090": GpuSpec("RTX3090", "sm_86", 82, ""),
+    "A100": GpuSpec("A100", "sm_80", 108, "", note="A100 SXM 80GB"),
 }
 
-_GPU_ALIASES = {"GB300": "B300", "H100_SXM": "H100", "H200_SXM": "H200", "B200_SXM": "B200"}
+_GPU_ALIASES = {"GB300": "B300", "H100_SXM": "H100", "H200_SXM": "H200", "B200_SXM": "B200",
+                "RTX_5090": "RTX5090", "RTX_5080": "RTX5080", "RTX_PRO_6000": "RTXPRO6000", "DGX_SPARK": "GB10",
+                "DGXSPARK": "GB10", "SPARK": "GB10", "RTX_4090": "RTX4090", "RTX_3090": "RTX3090", "A100_SXM": "A100",
+                "A100_80GB": "A100"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ class Target:
             raise RuntimeError("nvgemm_cutedsl: Target.from_device() needs a CUDA device; none is visible")
         props = torch.cuda.get_device_properties(index)
         major, minor = props.major, props.minor
-        arch = f"sm_{major}{minor}a" if major in (9, 10) else f"sm_{major}{minor}"
+        arch = f"sm_{major}{minor}a" if major in (9, 10, 12) else f"sm_{major}{minor}"
         gpu = None
         for name in sorted(GPUS, key=len, reverse=True):  # "GB200" before "B200"
             if GPUS[name].arch == arch and name in props.name.upper():
@@ -220,6 +234,9 @@ class Candidate:
     config: object
     reason: str
     est_runtime_us: float | None = None
+    #: the target arch the policy ranked the config for (``heuristics.candidates`` sets it); a config type
+    #: compiled for several archs is run by a different backend on some (:data:`BACKEND_OF_CONFIG_ARCH`)
+    arch: str | None = None
 
     @property
     def name(self) -> str:
@@ -227,23 +244,30 @@ class Candidate:
 
     @property
     def backend(self) -> str:
-        """The ``nvgemm.dispatch.registry`` backend that runs this config."""
-        return BACKEND_OF_CONFIG.get(type(self.config).__name__, "unknown")
+        """The ``nvgemm.dispatch.registry`` backend that runs this config on its target arch."""
+        kind = type(self.config).__name__
+        return BACKEND_OF_CONFIG_ARCH.get((kind, self.arch)) or BACKEND_OF_CONFIG.get(kind, "unknown")
 
 
 BACKEND_OF_CONFIG = {"Sm100Nvfp4GemmConfig": "cutedsl_sm100", "Sm90W4A16Config": "cutedsl_sm90",
                      "Sm120W4A4Config": "cutedsl_sm120"}
+#: (config type, target arch) -> backend where it is not the type's own: the W4A16 ``mma`` kernel off
+#: Hopper is ``cutedsl_mma_w4a16`` (``templates.sm90_w4a16.backend.ARCH_OF_CAPABILITY``).
+BACKEND_OF_CONFIG_ARCH = {("Sm90W4A16Config", a): "cutedsl_mma_w4a16"
+                          for a in ("sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a")}
 
 # Default named GPU per CUDA capability (used when a problem comes with a capability only).
-GPU_OF_CAPABILITY = {(10, 0): "B200", (10, 3): "B300", (9, 0): "H100"}
+GPU_OF_CAPABILITY = {(10, 0): "B200", (10, 3): "B300", (9, 0): "H100", (12, 0): "RTX5090", (12, 1): "GB10",
+                     (8, 9): "L40S", (8, 6): "A10", (8, 0): "A100"}
 
 
 def as_gemm_problem(obj, target: Target | None = None) -> GemmProblem | None:
     """A :class:`GemmProblem` from a GemmProblem or a ``nvgemm.dispatch.registry.LinearProblem``
     (duck-typed: ``m, n, k, capability, weight_only, x_dtype, out_dtype, activation``).
 
-    The target is ``target`` if given, else the named GPU of the capability (B200 for (10, 0),
-    B300 for (10, 3), H100 for (9, 0)); None when neither is known (e.g. a CPU problem).
+    The target is ``target`` if given, else the named GPU of the capability (:data:`GPU_OF_CAPABILITY`:
+    B200 for (10, 0), B300 for (10, 3), H100 for (9, 0), RTX 5090 for (12, 0), ...); None when neither
+    is known (e.g. a CPU problem).
     """
     if isinstance(obj, GemmProblem):
         return obj if target is None else replace(obj, target=target)

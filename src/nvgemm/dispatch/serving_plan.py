@@ -14,6 +14,7 @@ It mirrors ``run_sm100`` / ``run_sm90`` (the same pick functions and the same ``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,7 +28,13 @@ from nvgemm.templates.sm120_w4a4 import backend as sm120_backend
 from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
 #: Default SM counts per capability when planning for a named target without a device.
-SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132, (12, 0): 170, (12, 1): 48}
+SM_COUNT = {(10, 0): 148, (10, 3): 148, (9, 0): 132, (12, 0): 170, (12, 1): 48, (8, 9): 142, (8, 6): 72, (8, 0): 108}
+
+
+#: The PTX emulator's backends (``nvgemm.emulator``, forced only, CPU tensors) that run GPU backends' kernels:
+#: name -> (the W4A4 backend, the W4A16 backend, the capability of the device profile it is emulated on).
+#: Their logs name the config the twin picks on that profile.
+EMULATED_TWINS = {"emu_sm120": ("cutedsl_sm120", "cutedsl_mma_w4a16", (12, 0))}
 
 
 @dataclass(frozen=True)
@@ -53,15 +60,20 @@ def _sm_count(p: LinearProblem, sm_count: int | None) -> int:
 
 
 def serving_spec(backend: str, p: LinearProblem, sm_count: int | None = None):
-    """(config, CompileSpec) the named CuTeDSL backend loads for ``p``; (None, None) for other backends."""
+    """(config, CompileSpec) the named CuTeDSL backend (or its emulated twin) loads for ``p``; (None, None)
+    for other backends."""
+    if backend in EMULATED_TWINS:
+        w4a4, w4a16, capability = EMULATED_TWINS[backend]
+        backend, p = (w4a16 if p.weight_only else w4a4), dataclasses.replace(p, capability=capability)
     sms = _sm_count(p, sm_count)
     if backend == "cutedsl_sm100":
         arch = sm100_backend.arch_of(p.capability)
         cfg = sm100_backend._policy_config(p.m, p.n, p.k, p.out_dtype, p.activation, arch, sms)
         return cfg, (None if cfg is None else sm100_backend.compile_spec_for(cfg, epilogue_of(p), arch, sms))
-    if backend == "cutedsl_sm90":
-        cfg = sm90_backend.pick_config(p.m, p.n, p.k, p.x_dtype, p.activation, sms)
-        return cfg, sm90_backend.compile_spec_for(cfg, epilogue_of(p), p.x_dtype, sms)
+    if backend in (sm90_backend.BACKEND_NAME, sm90_backend.MMA_BACKEND_NAME):
+        arch = sm90_backend.arch_of(p.capability) or sm90_backend.ARCH
+        cfg = sm90_backend.pick_config(p.m, p.n, p.k, p.x_dtype, p.activation, sms, arch)
+        return cfg, sm90_backend.compile_spec_for(cfg, epilogue_of(p), p.x_dtype, sms, arch)
     if backend == sm120_backend.BACKEND_NAME:
         arch = sm120_backend.arch_of(p.capability)
         cfg = sm120_backend.pick_config(p.m, p.n, p.k, p.activation, arch, sms)

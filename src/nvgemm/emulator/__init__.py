@@ -1,11 +1,12 @@
 """PTX functional emulator: nvgemm's real AOT kernels run on the CPU (fake CUDA runtime + numpy PTX interpreter).
 
 It sits beside the stack and is opt-in: nothing in a normal dispatch imports it. :func:`enable` registers
-its backends (``emu_sm90``, ``emu_sm100`` for ``nvfp4_linear`` and the fused ops, ``emu_sm100_moe``) with the
-dispatch registry, and installs the Triton stand-in (:mod:`nvgemm.emulator.triton_ptx`): while an ``emu_*``
-backend is forced (or after ``enable(triton_arch=...)``) the Triton kernels on the op path (activation
-quantizer, fused RMSNorm / SiLU-mul quantizers, W4A4 qdq, MoE prep / finalize) run on CPU tensors from their
-PTX for the emulated arch instead of the torch references. Dispatch calls it when
+its backends (``emu_sm90``, ``emu_sm100`` for ``nvfp4_linear`` and the fused ops, ``emu_sm120`` for
+``nvfp4_linear``, ``emu_sm100_moe``) with the dispatch registry, and installs the Triton stand-in
+(:mod:`nvgemm.emulator.triton_ptx`): while an ``emu_*`` backend is forced (or after
+``enable(triton_arch=...)``) the Triton kernels on the op path (activation quantizer, fused RMSNorm / SiLU-mul
+quantizers, W4A4 qdq, MoE prep / finalize) run on CPU tensors from their PTX for the emulated arch instead
+of the torch references. Dispatch calls it when
 ``NVGEMM_BACKEND`` / ``NVGEMM_MOE_BACKEND`` / ``NVGEMM_FUSED_BACKEND`` names an ``emu_*`` backend, ``nvgemm demo
 --emulate-kernels`` forces one, and tests call it directly.
 """
@@ -17,17 +18,20 @@ import importlib.util
 _ENABLED = False
 
 
-TRITON_ARCHS = ("sm_90a", "sm_100a")
+TRITON_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
 
 
 def triton_arch_from_settings() -> str | None:
     """The arch whose Triton PTX the stand-in runs while an emulator backend is forced: sm_100a when an
-    ``emu_sm100*`` backend is forced, sm_90a when only ``emu_sm90`` is, None when none is (read at each call)."""
+    ``emu_sm100*`` backend is forced, sm_120a when ``emu_sm120`` is, sm_90a when only ``emu_sm90`` is, None
+    when none is (read at each call)."""
     from nvgemm import settings  # lazy: this package imports nothing until used
 
     forced = (settings.NVGEMM_BACKEND, settings.NVGEMM_MOE_BACKEND, settings.NVGEMM_FUSED_BACKEND)
     if any(f.startswith("emu_sm100") for f in forced):
         return "sm_100a"
+    if any(f.startswith("emu_sm120") for f in forced):
+        return "sm_120a"
     if any(f.startswith("emu_sm90") for f in forced):
         return "sm_90a"
     return None
@@ -37,8 +41,8 @@ def enable(triton_arch: str | None = None) -> None:
     """Register the emulator's backends (idempotent; never chosen automatically: priority below the emulated
     reference, so a call runs on one only when forced by name) and install the Triton stand-in.
 
-    ``triton_arch`` ("sm_90a" / "sm_100a"): the Triton kernels on the op path run on CPU tensors from that
-    arch's PTX until :func:`disable_triton`. Without it the stand-in follows the settings: active while an
+    ``triton_arch`` ("sm_90a" / "sm_100a" / "sm_120a"): the Triton kernels on the op path run on CPU tensors
+    from that arch's PTX until :func:`disable_triton`. Without it the stand-in follows the settings: active while an
     ``emu_*`` backend is forced (:func:`triton_arch_from_settings`, read at each call), so a plain
     ``enable()`` changes no CPU result path and an ``NVGEMM_BACKEND=emu_sm100`` run gets the sm_100a PTX.
     Without Triton installed nothing is installed and the torch references keep serving CPU tensors."""

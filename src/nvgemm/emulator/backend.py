@@ -1,18 +1,21 @@
-"""Backends ``emu_sm90`` and ``emu_sm100`` of ``nvgemm::nvfp4_linear``: the real sm_90a / sm_100a
-kernels, executed on the CPU by the PTX emulator (``NVGEMM_BACKEND=emu_sm90`` / ``emu_sm100``; never
-chosen automatically: their priority is below the emulated reference, which supports everything).
+"""Backends ``emu_sm90``, ``emu_sm100`` and ``emu_sm120`` of ``nvgemm::nvfp4_linear``: the real sm_90a /
+sm_100a / sm_120a kernels, executed on the CPU by the PTX emulator (``NVGEMM_BACKEND=emu_sm90`` /
+``emu_sm100`` / ``emu_sm120``; never chosen automatically: their priority is below the emulated reference,
+which supports everything).
 
 Each call runs the production host path of the family (``prepare_sm90_args`` / ``prepare_sm100_args``,
 the kernel cache's AOT artifact, ``AotKernel`` argument packing) on CPU tensors, with the artifact
 relinked against the fake CUDA runtime and its PTX interpreted (:mod:`nvgemm.emulator.runner`; the
 wgmma, TMA, mbarrier and tcgen05 opcodes come from :mod:`nvgemm.emulator.isa`). The config is the
-runtime's own pick (``pick_config`` of the sm90 backend, the sm100 policy's first candidate) for the
-device profile (H200: 132 SMs, B200: 148). Slow (about 0.5-30 s per call on one core): a
-correctness tool, not a compute path. ``emu_sm100_moe`` (``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the
-same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4 kernels, and ``emu_sm100`` also serves the
-fused requant / prequant ops. The activation quantizer the GPU backend is given (the Triton kernel) is given
-here too: on CPU tensors it runs from its PTX on the emulator once :func:`nvgemm.emulator.enable` installed
-the Triton stand-in (else the torch reference, the same bytes).
+runtime's own pick (``pick_config`` of the sm90 backend, the sm100 / sm120 policy's first candidate) for the
+device profile (H200: 132 SMs, B200: 148, RTX 5090: 170). ``emu_sm120`` runs what an sm_120 GPU runs: the
+sm120_w4a4 kernel for W4A4 (``prepare_sm120_args``), the W4A16 ``mma`` kernel compiled for sm_120a for
+W4A16. Slow (about 0.5-30 s per call on one core): a correctness tool, not a compute path. ``emu_sm100_moe``
+(``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4
+kernels, and ``emu_sm100`` also serves the fused requant / prequant ops. The activation quantizer the GPU
+backend is given (the Triton kernel) is given here too: on CPU tensors it runs from its PTX (for the
+emulated arch) on the emulator once :func:`nvgemm.emulator.enable` installed the Triton stand-in (else the
+torch reference, the same bytes).
 
 Importing this module registers nothing: :func:`nvgemm.emulator.enable` registers :data:`BACKENDS`.
 """
@@ -42,6 +45,8 @@ from nvgemm.templates.sm90_w4a16.backend import compile_spec_for, pick_config
 from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
 from nvgemm.templates.sm90_w4a16.operand import kind_of
 from nvgemm.templates.sm100_moe import backend as sm100_moe_backend
+from nvgemm.templates.sm120_w4a4 import backend as sm120_backend
+from nvgemm.templates.sm120_w4a4.launch import prepare_sm120_args
 from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
 
 BACKEND_NAME = "emu_sm90"
@@ -167,6 +172,46 @@ def run_emu_sm100_prequant(packed, scales, weight, weight_scale, weight_scale_2,
     return args.out
 
 
+SM120_BACKEND_NAME = "emu_sm120"
+_SM120_SM_COUNT = 170  # the RTX 5090 profile (sm_120a)
+
+
+def supports_sm120(p: LinearProblem) -> Optional[str]:
+    """The rules of the GPU backend an sm_120 device would run ``p`` on, for CPU tensors on the RTX 5090
+    profile: ``cutedsl_sm120`` for W4A4, ``cutedsl_mma_w4a16`` for W4A16."""
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    on_gpu = dataclasses.replace(p, device_type="cuda", capability=(12, 0))
+    if p.weight_only:
+        return sm90_backend.supports_mma(on_gpu) or _tooling()
+    return sm120_backend.supports(on_gpu) or _tooling()
+
+
+def run_emu_sm120(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
+    """``nvgemm::nvfp4_linear`` on the emulator as an sm_120 GPU runs it: W4A4 through the sm120_w4a4 kernel
+    (the ``cutedsl_sm120`` host path: policy pick, :func:`prepare_sm120_args` with the activation quantizer),
+    W4A16 (no ``input_scale``) through the W4A16 ``mma`` kernel compiled for sm_120a (the
+    ``cutedsl_mma_w4a16`` host path: prepared weight, the policy's pick for the arch)."""
+    spec = linear_spec(x.dtype, weight_scale_2, bias, residual, activation, out_dtype)
+    m, n, k = x.numel() // x.shape[-1], weight.shape[0], weight.shape[1] * 2
+    if input_scale is None:
+        cfg = pick_config(m, n, k, x.dtype, activation, _SM120_SM_COUNT, "sm_120a")
+        prepared = cached_sm90_weight(weight, weight_scale, weight_scale_2, kind_of(x.dtype))
+        args = prepare_sm90_args(x, prepared, input_scale, bias, residual, activation, out_dtype, cfg)
+        kernel = prepare(compile_spec_for(cfg, args.spec, x.dtype, _SM120_SM_COUNT, "sm_120a"), device="RTX5090")
+        kernel.launch(*args.abi_values(), 0)
+        return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+    cfg = sm120_backend.pick_config(m, n, k, spec.activation, "sm_120a", _SM120_SM_COUNT)
+    if cfg is None:
+        raise RuntimeError(f"nvgemm emulator sm120: no implementable config for M={m} N={n} K={k}")
+    args = prepare_sm120_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, cfg,
+                              quantize=quantize_nvfp4_cuda)
+    # the AOT key does not depend on the SM count (the grid is sized at launch): the arch's default, as on a GPU
+    kernel = prepare(sm120_backend.compile_spec_for(cfg, spec, "sm_120a"), device="RTX5090")
+    kernel.launch(*args.abi_values(), 0)
+    return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
+
+
 MOE_SM100_BACKEND_NAME = "emu_sm100_moe"
 
 
@@ -203,10 +248,13 @@ def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w1
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90, autotune=False)
 SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100,
                         autotune=False)
+SM120_BACKEND = Backend(name=SM120_BACKEND_NAME, priority=PRIORITY, supports=supports_sm120, run=run_emu_sm120,
+                        autotune=False)
 #: (op kind, backend) for every backend the emulator provides
 BACKENDS = (
     ("linear", BACKEND),
     ("linear", SM100_BACKEND),
+    ("linear", SM120_BACKEND),
     (REQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100_requant,
                       run=run_emu_sm100_requant_op, autotune=False)),
     (PREQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100,
@@ -214,6 +262,7 @@ BACKENDS = (
     (MOE, Backend(name=MOE_SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm100, run=run_emu_moe_sm100)),
 )
 
-__all__ = ["BACKEND", "BACKENDS", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "config_for", "run_emu_sm100",
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "SM120_BACKEND",
+           "SM120_BACKEND_NAME", "config_for", "run_emu_sm120", "supports_sm120", "run_emu_sm100",
            "run_emu_sm100_prequant", "run_emu_sm100_requant", "run_emu_sm100_requant_op", "supports_sm100_requant",
            "run_emu_sm90", "supports", "supports_sm100"]

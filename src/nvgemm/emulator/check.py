@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from nvgemm.core.formats import pack_e2m1, quantize_weight, to_blocked
+from nvgemm.emulator.ptx.machine import ARCH_DEVICES, DEVICES
 from nvgemm.emulator.runner import prepare
 from nvgemm.ops.linear import nvfp4_linear_emulated
 from nvgemm.templates.sm90_w4a16.backend import compile_spec_for
@@ -102,14 +103,19 @@ class Sm90Run:
     kernel: Any  # EmuKernel
 
 
-def run_sm90(config, ops: Operands, *, order="forward", workspace=None, device: str = "H200",
-             kernel=None) -> Sm90Run:
-    """``ops`` through the sm90 kernel ``config`` (its real AOT artifact) on the emulator."""
+def run_sm90(config, ops: Operands, *, order="forward", workspace=None, device: str | None = None,
+             kernel=None, arch: str = "sm_90a") -> Sm90Run:
+    """``ops`` through the kernel ``config`` of the sm90_w4a16 folder, its real AOT artifact for ``arch``
+    (the ``mma`` kernel also targets sm_80 / sm_86 / sm_89 / sm_120a / sm_121a), on the emulator's
+    device profile ``device`` (default: the arch's, ``ARCH_DEVICES``)."""
+    if device is None:
+        device = ARCH_DEVICES[arch]
     prepared = prepare_sm90_weight(ops.weight, ops.weight_scale, ops.weight_scale_2, kind_of(ops.x.dtype))
     ws = workspace if workspace is not None else Sm90Workspace(torch.device("cpu"))
     args = prepare_sm90_args(ops.x, prepared, ops.input_scale, ops.bias, ops.residual, ops.activation,
                              ops.out_dtype, config, workspace=ws)
-    k = kernel or prepare(compile_spec_for(config, args.spec, ops.x.dtype), device=device)
+    sms = DEVICES[device].sm_count
+    k = kernel or prepare(compile_spec_for(config, args.spec, ops.x.dtype, sms, arch), device=device)
     launch = k.launch(*args.abi_values(), 0, order=order)
     return Sm90Run(args.out.reshape(*ops.x.shape[:-1], args.out.shape[-1]), launch, args, k)
 

@@ -1,4 +1,4 @@
-"""nvgemm's Triton kernels from their real sm_90a / sm_100a PTX, executed on the PTX emulator.
+"""nvgemm's Triton kernels from their real sm_90a / sm_100a / sm_120a PTX, executed on the PTX emulator.
 
 :class:`EmuTritonKernel` stands in for a ``@triton.jit`` kernel in nvgemm's host functions (they all
 take ``kernel=``): ``kernel[grid](*args, **kwargs)`` does what Triton's own launch does on a GPU of
@@ -41,7 +41,7 @@ from nvgemm.emulator.ptx.program import compile_entry
 from nvgemm.emulator.stream import capturing
 
 #: arch -> (GPUTarget arch number, device profile)
-ARCHS = {"sm_90a": (90, "H200"), "sm_100a": (100, "B200")}
+ARCHS = {"sm_90a": (90, "H200"), "sm_100a": (100, "B200"), "sm_120a": (120, "RTX5090")}
 _INT_BITS = {"i1": 8, "i8": 8, "u8": 8, "i16": 16, "u16": 16, "i32": 32, "u32": 32, "i64": 64, "u64": 64}
 _FLOAT_FMT = {"fp32": "<f", "f32": "<f", "fp64": "<d", "f64": "<d"}
 
@@ -71,7 +71,7 @@ def _fn(kernel):
 
 
 class EmuTritonKernel:
-    """``kernel[grid](...)`` on the emulator for ``arch`` ("sm_90a" or "sm_100a"); see the module doc.
+    """``kernel[grid](...)`` on the emulator for ``arch`` ("sm_90a", "sm_100a" or "sm_120a"); see the module doc.
 
     The nvgemm host functions recognise it by :attr:`runs_on_cpu` (CPU tensors accepted) and
     :attr:`capability` (what ``use_gdc`` asks the GPU for: PDL is compiled in on sm_90+ as on a GPU)."""
@@ -86,7 +86,7 @@ class EmuTritonKernel:
             raise TypeError(f"nvgemm emulator (triton): {kernel!r} is not a @triton.jit kernel (interpreted? "
                             "TRITON_INTERPRET=1 replaces the compiler)")
         self.arch = arch
-        self.capability = (ARCHS[arch][0] // 10, 0)
+        self.capability = divmod(ARCHS[arch][0], 10)
         self.order = order
         self.last: Launch | None = None
         self.last_compiled = None

@@ -85,7 +85,7 @@ def problem_dims(problem: GemmProblem, swap_ab: bool) -> tuple[int, int, int]:
 
 def nvmmh_gpu_name(target: Target) -> str | None:
     gpu = target.gpu or _ARCH_DEFAULT_GPU.get(target.arch)
-    return GPUS[gpu].nvmmh_gpu if gpu in GPUS else None
+    return (GPUS[gpu].nvmmh_gpu or None) if gpu in GPUS else None
 
 
 generation = 0  # bumped by reset(); part of the policy's memo key

@@ -18,6 +18,7 @@ module's ``candidates`` ranks the configs.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import lru_cache
 
 from nvgemm.core.family import KernelFamily, families
@@ -89,7 +90,9 @@ def _candidates_uncached(problem: GemmProblem, max_candidates: int, use_nvmmh: b
     if not st:
         log.debug("nvgemm_cutedsl: no candidates for %s: %s", problem, st.reason)
         return ()
-    return tuple(family_of(problem).candidates(problem, max_candidates, use_nvmmh=use_nvmmh))
+    arch = problem.target.arch  # each candidate names its target arch (its backend depends on it)
+    return tuple(c if c.arch == arch else replace(c, arch=arch)
+                 for c in family_of(problem).candidates(problem, max_candidates, use_nvmmh=use_nvmmh))
 
 
 def m_buckets(max_m: int = 256) -> list[tuple[int, int]]:

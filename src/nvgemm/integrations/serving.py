@@ -36,6 +36,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from nvgemm import settings
 from nvgemm.core.formats import NVFP4, check_block_scales, to_blocked
 from nvgemm.dispatch.registry import _CHECKED, LinearProblem, backends, select_backend
 from nvgemm.dispatch.serving_plan import kernel_config, shard_runs
@@ -487,7 +488,11 @@ class ServedLinear:
         for _gi, p, name in chosen:
             first.setdefault(name, p)
         fallbacks = []
+        forced = ""
         for name, p in first.items():
+            if name == settings.NVGEMM_BACKEND:  # chosen by name, not by walking the priority list
+                forced = f"; forced (NVGEMM_BACKEND={name})"
+                continue
             passed = passed_over(p, name)
             if passed:
                 fallbacks.append(f"{name} because " + "; ".join(passed))
@@ -501,7 +506,7 @@ class ServedLinear:
         plural = "" if len(self.gemms) == 1 else "s"
         line = (f"nvgemm_cutedsl: {self.engine} layer {self.prefix} ({'W4A16' if self.weight_only else 'W4A4'}, "
                 f"K={self.k}, shards {list(self.widths)}, {len(self.gemms)} GEMM{plural}: {kinds}) served by "
-                f"{describe_choices(chosen)}{configs}{fallback}; {memory}")
+                f"{describe_choices(chosen)}{forced}{configs}{fallback}; {memory}")
         self.log.info("%s", line)
         return line
 

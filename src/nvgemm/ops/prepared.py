@@ -8,7 +8,8 @@ layer to hold only the prepared layout, served by ``nvgemm::nvfp4_linear_sm90_pr
 * the op validates the call as ``nvfp4_linear`` does (:func:`nvgemm.core.validation.check_linear_args` on
   stand-ins with the checkpoint layout's shapes and no memory) and asks the backend registry which
   backend serves the problem (the same selection, self-check and ``NVGEMM_BACKEND`` rules);
-* ``cutedsl_sm90`` runs the kernel on the prepared weight directly
+* ``cutedsl_sm90`` (and ``cutedsl_mma_w4a16``, the same decode kernel on sm_80 / sm_86 / sm_89 /
+  sm_120a / sm_121a) runs the kernel on the prepared weight directly
   (:func:`nvgemm.templates.sm90_w4a16.backend.run_prepared`);
 * any other backend (CPU, another GPU, a problem the kernel does not take, activations of the
   other dtype, a residual in another dtype) gets the checkpoint layout rebuilt for that call
@@ -41,6 +42,9 @@ from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, to_modelopt
 #: (the mma kernels) and a prefill batch (the wgmma kernels).
 DECISION_M = (1, 128)
 SM90 = "cutedsl_sm90"
+#: The backends that run the kernels of this layout: Hopper's, and the ``mma`` kernel on sm_80 / sm_86 /
+#: sm_89 / sm_120a / sm_121a (the same prepared layout)
+PREPARED_BACKENDS = (SM90, "cutedsl_mma_w4a16")
 
 
 def one_copy_wanted(explicit: Optional[bool] = None) -> bool:
@@ -53,20 +57,23 @@ def one_copy_wanted(explicit: Optional[bool] = None) -> bool:
 
 
 def sm90_serve_reason(problems: Iterable[LinearProblem]) -> Optional[str]:
-    """None when the registry selects ``cutedsl_sm90`` (first-use check included) for every problem;
-    otherwise why not. Problems another GPU's backend would take are answered from
-    ``cutedsl_sm90``'s own ``supports`` first, so no other kernel is checked (compiled) here."""
+    """None when the registry selects a backend of :data:`PREPARED_BACKENDS` (first-use check included)
+    for every problem; otherwise why not. Problems another GPU's backend would take are answered from
+    those backends' own ``supports`` first, so no other kernel is checked (compiled) here."""
     problems = list(problems)
-    sm90 = next((b for b in backends() if b.name == SM90), None)
-    if sm90 is None:
-        return f"the {SM90} backend is not registered"
+    own = {b.name: b for b in backends() if b.name in PREPARED_BACKENDS}
     for p in problems:
-        why = sm90.supports(p)
+        # the mma backend where it takes the device (sm_8x / sm_12x), else Hopper's (whose reasons name the rest)
+        mma = own.get(PREPARED_BACKENDS[1])
+        b = mma if mma is not None and mma.supports(p) is None else own.get(SM90)
+        if b is None:
+            return f"the {SM90} backend is not registered"
+        why = b.supports(p)
         if why is not None:
             return why
     for p in problems:
         chosen = select_backend(p)
-        if chosen.name != SM90:
+        if chosen.name not in PREPARED_BACKENDS:
             return f"M={p.m} runs on {chosen.name}"
     return None
 
@@ -145,7 +152,7 @@ def nvfp4_linear_sm90_prepared(
 
     spec, problem, backend = call_plan(key, decide)
     p = sm90_weight_of(pweight, pscale, weight_scale_2, n, k, kind)
-    if backend.name == SM90 and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
+    if backend.name in PREPARED_BACKENDS and x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind \
             and (residual is None or residual.dtype == spec.out_dtype):
         # lazy: keeps templates.sm90_w4a16.backend out of `import nvgemm`
         from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
@@ -168,5 +175,5 @@ def _(x, pweight, pscale, weight_scale_2, input_scale, bias, residual, activatio
     return x.new_empty((*x.shape[:-1], n_out), dtype=out_dtype or x.dtype)
 
 
-__all__ = ["DECISION_M", "nvfp4_linear_sm90_prepared", "one_copy_wanted", "sm90_serve_reason",
+__all__ = ["DECISION_M", "PREPARED_BACKENDS", "nvfp4_linear_sm90_prepared", "one_copy_wanted", "sm90_serve_reason",
            "sm90_weight_of"]

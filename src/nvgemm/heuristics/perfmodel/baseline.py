@@ -4,7 +4,7 @@
     bytes = 2 N K (bf16 weights) + 2 M K + 2 M N,   M8 = M rounded up to a multiple of 8
     fill  = one loaded DRAM latency (the first data of the stream)
 
-**One efficiency assumption for both sides of every ratio** (issue 23): the baseline uses the
+**One efficiency assumption for both sides of every ratio**: the baseline uses the
 hardware's achievable-bandwidth range, DRAM-latency range, launch cost (with the PDL saving
 nvgemm's kernels get: cuBLAS in a CUDA graph is given the same overlap) and co-limit rule
 (:func:`nvgemm.heuristics.perfmodel.model.colimit`) exactly as nvgemm's kernels do, and is charged nothing

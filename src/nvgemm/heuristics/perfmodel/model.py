@@ -497,7 +497,9 @@ def _prepared(config, gpu: str, sm_count: int | None, activation: str | None = N
     if fam is None:
         return None
     hw = get_hardware(gpu, sm_count)
-    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch, activation=activation)
+    # the family's table entries (sm_90a's for the W4A16 kernels); the variant's main-loop timing facts from the
+    # GPU's own arch where its compile sweep recorded them (the mma kernel on sm_120a / sm_89 / ...)
+    facts = lookup(config, hw.arch if hw.arch == fam.arch else fam.arch, activation=activation, own_arch=hw.arch)
     return None if facts is None else (fam, hw, facts)
 
 

@@ -17,7 +17,8 @@ its first consumer waits on it).
 
 Loops
 -----
-A loop is a backward branch: a ``BRA`` (guarded or not) at offset ``b`` whose target ``t <= b``
+A loop is a backward branch: a ``BRA`` (guarded, or with its condition as an operand: sm_120a's
+``BRA.U UP0, <target>``) at offset ``b`` whose target ``t <= b``
 (the self-branch ``BRA <own offset>`` that pads the end of a function is not a loop). Its body is
 every instruction in ``[t, b]``. The **main loop** of a streaming kernel is picked as follows:
 
@@ -71,7 +72,10 @@ _HI_RE = re.compile(r"^\s*/\*\s*0x([0-9a-fA-F]{16})\s*\*/\s*$")
 _RES_FUNC_RE = re.compile(r"^\s*Function\s+(\S+?):\s*$")
 _RES_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _ARCH_RE = re.compile(r"arch\s*=\s*(sm_\w+)")
-_BRA_TARGET_RE = re.compile(r"^\s*(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-fA-F]+)")
+#: A branch's target: ``BRA 0x10``, ``BRA `(.L_x_3) 0x10``, and the form with the branch condition as the
+#: first operand, a uniform predicate (``BRA.U UP0, 0x10``, ``BRA.U !UP2, 0x2c40``: what ptxas emits for
+#: sm_120a's uniform loop branches) or a predicate.
+_BRA_TARGET_RE = re.compile(r"^\s*(?:!?U?P[T0-9]+\s*,\s*)?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-fA-F]+)")
 _DEPBAR_RE = re.compile(r"SB(\d)\s*,\s*(0x[0-9a-fA-F]+|\d+)")
 
 NO_BARRIER = 7

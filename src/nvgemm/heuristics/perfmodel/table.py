@@ -94,21 +94,29 @@ def _loop_index(table: dict, arch: str) -> dict:
 
 
 def lookup(config, arch: str | None = None, table: dict | None = None, *, estimate: bool = True,
-           activation: str | None = None) -> KernelFacts | None:
+           activation: str | None = None, own_arch: str | None = None) -> KernelFacts | None:
     """Static facts of ``config`` (see the module docstring for the order); with ``activation``,
     the facts of the variant compiled for it where its ``spills`` record holds its own timing
-    facts (:func:`variant_facts`)."""
+    facts (:func:`variant_facts`). ``own_arch``: the arch the kernel is compiled for when it is not
+    ``arch`` (the W4A16 ``mma`` kernel on sm_120a / sm_89 / ..., whose table entries are sm_90a's): the
+    variant's timing facts come from that arch's own record where its sweep made one (ptxas schedules
+    the same source differently per arch), else from ``arch``'s."""
     fam = family_for(config)
     if fam is None:
         return None
     arch = arch or fam.arch
+    own_arch = None if own_arch == arch else own_arch
     t = table if table is not None else load_table()
     name = config.name()
     memo = t.setdefault("_facts", {})  # KernelFacts are frozen: one per (arch, config) per table
-    key = (arch, name, estimate, activation)
+    key = (arch, name, estimate, activation, own_arch)
     if key not in memo:
         base = _lookup(fam, config, name, arch, t, estimate)
-        memo[key] = base if activation is None or base is None else variant_facts(base, activation, arch, t)
+        if activation is None or base is None:
+            memo[key] = base
+        else:
+            own = variant_facts(base, activation, own_arch, t) if own_arch else base
+            memo[key] = own if own is not base else variant_facts(base, activation, arch, t)
     return memo[key]
 
 
@@ -137,7 +145,7 @@ def variant_facts(base: KernelFacts, activation: str, arch: str = "sm_90a", tabl
     new["regs"] = max(f.get("regs", 0) for f in rec.values())
     for k in ("ldl", "stl", "ldl_loop", "stl_loop"):
         new[k] = max(f.get(k, 0) for f in rec.values())
-    return replace(base, **new, source=f"variant ({activation}; {' / '.join(sorted(rec))} epilogues, the larger)")
+    return replace(base, **new, source=f"variant ({activation}; {' / '.join(sorted(rec))} epilogues, the larger; {arch})")
 
 
 def _lookup(fam, config, name: str, arch: str, t: dict, estimate: bool) -> KernelFacts | None:

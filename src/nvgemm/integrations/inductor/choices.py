@@ -3,7 +3,7 @@
 A candidate is a named way to compute the linear:
 
 * ``backend:<name>[:<config>]`` -- a registered ``nvgemm.dispatch.registry`` kernel backend
-  (``cutedsl_sm100``, ``cutedsl_sm90``, ``triton_w4a16``, ..., and ``emulated``, the
+  (``cutedsl_sm100``, ``cutedsl_sm90``, ``cutedsl_mma_w4a16``, ``triton_w4a16``, ..., and ``emulated``, the
   always-correct reference that every list ends with), run through
   ``nvgemm::nvfp4_linear_choice``. ``<config>`` is a kernel config name from
   ``nvgemm.heuristics.candidates`` when that module provides it and the backend's ``run``
@@ -31,7 +31,7 @@ from nvgemm.core.validation import alpha_of, check_linear_args, linear_spec, mis
 from nvgemm.core.backend import LINEAR, PREQUANT, REQUANT
 from nvgemm.dispatch.registry import LinearProblem, backends as registered_backends
 from nvgemm.ops.fused import prequant_requant_check
-from nvgemm.ops.prepared import sm90_weight_of
+from nvgemm.ops.prepared import PREPARED_BACKENDS, sm90_weight_of
 from nvgemm.templates.sm90_w4a16.operand import kind_of, to_modelopt
 
 log = logging.getLogger("nvgemm_cutedsl")
@@ -473,12 +473,13 @@ def _prepared_standins(n: int, k: int, device: torch.device) -> tuple[torch.Tens
 
 
 def prepared_candidates(problem: LinearProblem, allowed: Optional[set[str]] = None) -> list[Candidate]:
-    """The choices for a layer held in the sm90 layout: the sm90 kernel's policy configs (they read the
-    prepared weight in place) and the emulated reference, last. Any other backend would rebuild the checkpoint
+    """The choices for a layer held in the sm90 layout: the policy's configs of the kernel that reads the
+    prepared weight in place (``cutedsl_sm90`` on Hopper, ``cutedsl_mma_w4a16`` on sm_80 / sm_86 / sm_89 /
+    sm_120a / sm_121a; :data:`~nvgemm.ops.prepared.PREPARED_BACKENDS`) and the emulated reference, last. Any other backend would rebuild the checkpoint
     layout on every call, so it is a choice only when ``allowed`` (or ``NVGEMM_INDUCTOR_CHOICES``) names it."""
     named = allowed if allowed is not None else _allowed_from_env()
     return [c for c in candidates(problem, allowed)
-            if c.backend == SM90 or c.key == EMULATED or (named is not None and c.backend in named)]
+            if c.backend in PREPARED_BACKENDS or c.key == EMULATED or (named is not None and c.backend in named)]
 
 
 @torch.library.custom_op("nvgemm::nvfp4_linear_sm90_prepared_choice", mutates_args=())
@@ -497,22 +498,22 @@ def nvfp4_linear_sm90_prepared_choice(
     kind: str,
     choice: str,
 ) -> torch.Tensor:
-    """``nvgemm::nvfp4_linear_sm90_prepared`` computed by one named candidate. ``cutedsl_sm90`` runs the kernel
-    config on the prepared weight; another backend gets the checkpoint layout rebuilt (value-exact) and runs
+    """``nvgemm::nvfp4_linear_sm90_prepared`` computed by one named candidate. ``cutedsl_sm90`` /
+    ``cutedsl_mma_w4a16`` run the kernel config on the prepared weight; another backend gets the checkpoint layout rebuilt (value-exact) and runs
     through ``nvfp4_linear_choice``; a call the sm90 kernel cannot take runs the op itself."""
     cand = Candidate(choice)
     args = (x, pweight, pscale, weight_scale_2, input_scale, bias, residual, activation, out_dtype, n, k, kind)
     if cand.kind != "backend" or not cand.backend:
         raise ValueError(f"nvgemm_cutedsl: unknown choice {choice!r}")
     p = sm90_weight_of(pweight, pscale, weight_scale_2, n, k, kind)
-    if cand.backend != SM90:
+    if cand.backend not in PREPARED_BACKENDS:
         w, s = to_modelopt(p)
         return nvfp4_linear_choice(x, w, s, weight_scale_2, input_scale, bias, residual, activation, out_dtype,
                                    choice)
     w0, s0 = _prepared_standins(n, k, x.device)
     spec = check_linear_args(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation, out_dtype)
     same_kind = x.dtype in (torch.bfloat16, torch.float16) and kind_of(x.dtype) == kind
-    b = _find_backend(SM90)
+    b = _find_backend(cand.backend)
     if not same_kind or b.supports(problem_of(x, w0, s0, weight_scale_2, input_scale, bias, residual, activation,
                                               spec)) is not None:
         return torch.ops.nvgemm.nvfp4_linear_sm90_prepared(*args)

@@ -28,14 +28,27 @@ import torch
 from nvgemm.core.backend import LINEAR
 from nvgemm.integrations.inductor import choices as _choices, moe as _moe
 
-#: (capability, SM count, L2 bytes, memory bytes) of the GPUs a fake device can stand for.
+#: (capability, SM count, L2 bytes, memory bytes) of the GPUs a fake device can stand for (the sm_120 / sm_121 /
+#: sm_89 / sm_80 parts: the W4A16 ``mma`` kernel's targets, figures as in ``heuristics.perfmodel.hardware``).
 FAKE_GPUS: dict[str, tuple[tuple[int, int], int, int, int]] = {
     "H100": ((9, 0), 132, 50 << 20, 80 << 30),
     "H200": ((9, 0), 132, 50 << 20, 141 << 30),
     "B200": ((10, 0), 148, 126 << 20, 180 << 30),
     "GB200": ((10, 0), 152, 126 << 20, 186 << 30),
     "B300": ((10, 3), 148, 126 << 20, 270 << 30),
+    "RTX5090": ((12, 0), 170, 96 << 20, 32 << 30),
+    "GB10": ((12, 1), 48, 24 << 20, 128 << 30),
+    "L40S": ((8, 9), 142, 96 << 20, 48 << 30),
+    "A100": ((8, 0), 108, 40 << 20, 80 << 30),
+    "RTX5080": ((12, 0), 84, 64 << 20, 16 << 30),
+    "RTXPRO6000": ((12, 0), 188, 128 << 20, 96 << 30),
+    "RTX4090": ((8, 9), 128, 72 << 20, 24 << 30),
+    "A10": ((8, 6), 72, 6 << 20, 24 << 30),
+    "RTX3090": ((8, 6), 82, 6 << 20, 24 << 30),
 }
+#: Dynamic shared memory one block may opt into, per capability major.minor (CUDA C++ Programming Guide);
+#: 227 KB where not listed (sm_90 / sm_100).
+_SMEM_OPTIN = {(12, 0): 101376, (12, 1): 101376, (8, 9): 101376, (8, 6): 101376, (8, 0): 166912}
 
 
 @contextlib.contextmanager
@@ -47,7 +60,7 @@ def fake_cuda_device(gpu: str = "B200"):
     props = types.SimpleNamespace(
         name=f"NVIDIA {gpu} (codegen only)", total_memory=mem, major=major, minor=minor, multi_processor_count=sms,
         L2_cache_size=l2, warp_size=32, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
-        gcnArchName="", shared_memory_per_block_optin=232448,
+        gcnArchName="", shared_memory_per_block_optin=_SMEM_OPTIN.get((major, minor), 232448),
     )
     from torch._inductor.runtime.hints import DeviceProperties
 

@@ -37,7 +37,13 @@ from __future__ import annotations
 
 import logging
 
-from nvgemm.integrations.inductor.choices import CHOICE_DEFS, choice_keys
+import torch
+
+from nvgemm.integrations.inductor.choices import CHOICE_DEFS, Candidate, choice_keys
+from nvgemm.templates.sm90_w4a16.config import config_from_name
+
+#: the W4A16 ``mma`` kernel's backend off Hopper (``templates.sm90_w4a16.backend.MMA_BACKEND_NAME``)
+MMA_W4A16 = "cutedsl_mma_w4a16"
 
 log = logging.getLogger("nvgemm_cutedsl")
 
@@ -54,8 +60,17 @@ def _choice_ops() -> dict:
 
 def _is_pdl_kernel(key: str) -> bool:
     # Kernel backends launch with PDL; the emulated reference (a chain of torch ops), the unfused fallback
-    # and cuBLASLt gain nothing from it, so their consumers are left alone.
-    return key.startswith("backend:") and key not in ("backend:emulated", "backend:unfused")
+    # and cuBLASLt gain nothing from it, so their consumers are left alone. The W4A16 mma kernel off Hopper
+    # uses PDL only where the arch has griddepcontrol (sm_120 / sm_121; its configs say so, ``_pdl``), never
+    # on sm_80 / sm_86 / sm_89.
+    if not key.startswith("backend:") or key in ("backend:emulated", "backend:unfused"):
+        return False
+    cand = Candidate(key)
+    if cand.backend == MMA_W4A16:
+        if cand.config is not None:
+            return config_from_name(cand.config).pdl
+        return torch.cuda.get_device_capability()[0] >= 9  # the backend's own pick: PDL where the arch has it
+    return True
 
 
 def producer_choice(node) -> str | None:

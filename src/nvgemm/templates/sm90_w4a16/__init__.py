@@ -15,8 +15,9 @@ _P = __name__
 register_family(
     name="sm90_w4a16",
     package=_P,
-    summary="NVFP4 weight x bf16/fp16 activation GEMM (W4A16) for sm_90a: mma.sync decode and wgmma kernels",
-    backends=(("linear", f"{_P}.backend:BACKEND"),),
+    summary="NVFP4 weight x bf16/fp16 activation GEMM (W4A16): mma.sync decode kernel (sm_80..sm_121a) and the "
+            "sm_90a wgmma kernel",
+    backends=(("linear", f"{_P}.backend:BACKEND"), ("linear", f"{_P}.backend:MMA_BACKEND")),
     configs=(f"{_P}.config:Sm90W4A16Config",),
     can_implement=f"{_P}.validity:can_implement",
     kernels=(("sm90_w4a16_mma", f"{_P}.mma"), ("sm90_w4a16_wgmma", f"{_P}.wgmma")),
@@ -26,5 +27,5 @@ register_family(
     perf=f"{_P}.perf",
     perf_facts=(f"{_P}.perf:MmaFacts", f"{_P}.perf:WgmmaFacts"),
     gemm_kind="w4a16",
-    archs=("sm_90a",),
+    archs=("sm_90a", "sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a"),
 )

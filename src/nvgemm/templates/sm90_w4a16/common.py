@@ -36,7 +36,9 @@ from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.aot.abi import CompileSpec, StreamArg, SymDim, TensorArg, compile_for_target, fake_args
 from nvgemm.core.status import Status
-from nvgemm.templates.sm90_w4a16.config import DECODE_UNSCALE, SM90_ARCHS, Sm90W4A16Config, validate_config
+from nvgemm.templates.sm90_w4a16.config import (
+    ARCH_CAPS, DECODE_UNSCALE, SM90_ARCHS, Sm90W4A16Config, arch_problem, validate_config,
+)
 from nvgemm.templates.sm90_w4a16.operand import SCHEMES
 
 _TORCH_TO_ABI = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
@@ -233,12 +235,18 @@ def hmul2(a: Int32, b: Int32, is_bf16: bool, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def hmul2_bcast(a: Int32, b: Int32, half: int, is_bf16: bool, *, loc=None, ip=None) -> Int32:
+def hmul2_bcast(a: Int32, b: Int32, half: int, is_bf16: bool, bf16_mul: bool = True, *, loc=None,
+                ip=None) -> Int32:
     """``a * (b.half, b.half)``: packed multiply by one half of ``b`` broadcast to both lanes (ptxas
-    folds the broadcast into the HMUL2 operand selector ``.H0_H0`` / ``.H1_H1``)."""
-    ins = "mul.rn.bf16x2" if is_bf16 else "mul.rn.f16x2"
+    folds the broadcast into the HMUL2 operand selector ``.H0_H0`` / ``.H1_H1``). ``bf16_mul=False``
+    (archs before sm_90 have no ``mul.bf16x2``): ``fma.rn.bf16x2 d, a, b, -0.0``, the same bits
+    (:class:`~.config.ArchCaps`)."""
     pick = "{t, u}" if half == 0 else "{u, t}"
-    text = f"{{ .reg .b16 t, u; .reg .b32 d; mov.b32 {pick}, $2; mov.b32 d, {{t, t}}; {ins} $0, $1, d; }}"
+    if is_bf16 and not bf16_mul:  # (-0, -0) from a register: fma takes no immediate operand
+        regs, mul = "d, z", "mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, $1, d, z;"
+    else:
+        regs, mul = "d", f"{'mul.rn.bf16x2' if is_bf16 else 'mul.rn.f16x2'} $0, $1, d;"
+    text = f"{{ .reg .b16 t, u; .reg .b32 {regs}; mov.b32 {pick}, $2; mov.b32 d, {{t, t}}; {mul} }}"
     return Int32(_asm(T.i32(), [_v(a, Int32, loc, ip), _v(b, Int32, loc, ip)], text, "=r,r,r", loc, ip))
 
 
@@ -412,8 +420,13 @@ class Sm90KernelBase:
 
     unscale = DECODE_UNSCALE
 
-    def init_common(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str, family: str):
+    def init_common(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str, family: str,
+                    arch: str = "sm_90a"):
         validate_config(config).raise_if_failed(f"sm90 {family} config")
+        if why := arch_problem(config, arch):
+            raise ValueError(f"{config.name()}: {why}")
+        self.arch = arch
+        self.bf16_mul = ARCH_CAPS[arch].bf16_mul
         if config.family != family:
             raise ValueError(f"config family {config.family!r} is not {family!r}")
         self.cfg = config
@@ -447,8 +460,9 @@ class Sm90KernelBase:
         rows g (o0, o2) times the scale of row g and rows g + 8 (o1, o3) times that of row g + 8
         (``sp``: the packed scale pair), ``E2M1 * s * 2**-7``."""
         o = decode_word(word, self.kind)
-        return (hmul2_bcast(o[0], sp, 0, self.x_is_bf16), hmul2_bcast(o[1], sp, 1, self.x_is_bf16),
-                hmul2_bcast(o[2], sp, 0, self.x_is_bf16), hmul2_bcast(o[3], sp, 1, self.x_is_bf16))
+        bm = self.bf16_mul
+        return (hmul2_bcast(o[0], sp, 0, self.x_is_bf16, bm), hmul2_bcast(o[1], sp, 1, self.x_is_bf16, bm),
+                hmul2_bcast(o[2], sp, 0, self.x_is_bf16, bm), hmul2_bcast(o[3], sp, 1, self.x_is_bf16, bm))
 
     @cute.jit
     def split_range(self, n_chunks: Int32, bs: Int32):
@@ -660,8 +674,8 @@ class Sm90TemplateBase:
         return None
 
     def kernel_kwargs(self, spec: CompileSpec) -> dict:
-        """Extra keyword arguments of the kernel class from the compile spec (its hardware)."""
-        return {}
+        """Extra keyword arguments of the kernel class from the compile spec (its target arch)."""
+        return {"arch": spec.arch}
 
     def can_implement(self, spec: CompileSpec) -> Status:
         c = spec.config
@@ -672,8 +686,8 @@ class Sm90TemplateBase:
             return st
         if c.family != self.family:
             return Status.fail(f"family={c.family!r}: this template is the {self.family} family")
-        if spec.arch not in SM90_ARCHS:
-            return Status.fail(f"arch {spec.arch} is not one of {SM90_ARCHS}")
+        if why := arch_problem(c, spec.arch):
+            return Status.fail(why)
         if spec.a_format not in X_FORMATS:
             return Status.fail(f"a_format (activations) must be bf16 or fp16, got {spec.a_format}")
         if spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":

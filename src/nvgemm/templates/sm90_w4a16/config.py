@@ -48,7 +48,56 @@ from dataclasses import dataclass
 from nvgemm.core.status import Status
 
 SM90_FAMILIES = ("mma", "wgmma")
+#: Archs of the ``wgmma`` family (``wgmma.mma_async`` is sm_90a only) and of the Hopper backend.
 SM90_ARCHS = ("sm_90a",)
+#: Archs the ``mma`` family compiles for: every instruction it issues (``cp.async`` with L2 cache
+#: hints, ``createpolicy``, ``ld.shared``, ``mma.sync.m16n8k16`` bf16 / f16, ``shf`` / ``lop3`` /
+#: ``prmt``, ``fence.acq_rel.gpu`` / ``atom.acq_rel.gpu``) exists from sm_80 on; two are sm_90+
+#: (PTX ISA: ``griddepcontrol``, and ``mul{.rnd}.bf16x2``), see :data:`ARCH_CAPS`.
+MMA_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a", "sm_121a")
+#: Every arch a config of this folder compiles for.
+ALL_ARCHS = MMA_ARCHS
+
+
+@dataclass(frozen=True)
+class ArchCaps:
+    """What one target arch gives the ``mma`` kernel (PTX ISA target requirements, CUDA C++
+    Programming Guide "Technical Specifications per Compute Capability").
+
+    ``pdl``: ``griddepcontrol.{wait,launch_dependents}`` (sm_90+); without it a config must have
+    ``pdl=False``. ``bf16_mul``: ``mul.rn.bf16x2`` (sm_90+); without it the bf16 scale multiply is
+    ``fma.rn.bf16x2 d, a, b, -0.0`` (sm_80+), the same value bit for bit (``a * b + (-0)`` is
+    ``a * b`` for every a, b, the sign of a zero product included, and the product is exact).
+    ``smem_optin``: dynamic shared memory one CTA may opt into (bytes)."""
+
+    pdl: bool
+    bf16_mul: bool
+    smem_optin: int
+
+
+ARCH_CAPS = {
+    "sm_80": ArchCaps(pdl=False, bf16_mul=False, smem_optin=163 * 1024),
+    "sm_86": ArchCaps(pdl=False, bf16_mul=False, smem_optin=99 * 1024),
+    "sm_89": ArchCaps(pdl=False, bf16_mul=False, smem_optin=99 * 1024),
+    "sm_90a": ArchCaps(pdl=True, bf16_mul=True, smem_optin=227 * 1024),
+    "sm_120a": ArchCaps(pdl=True, bf16_mul=True, smem_optin=99 * 1024),
+    "sm_121a": ArchCaps(pdl=True, bf16_mul=True, smem_optin=99 * 1024),
+}
+
+
+def arch_problem(c: "Sm90W4A16Config", arch: str) -> str | None:
+    """Why ``c`` cannot be compiled for ``arch`` (None: it can): the family's archs, PDL, and the
+    arch's shared-memory limit (the config's own rule, :func:`validate_config`, is Hopper's)."""
+    archs = MMA_ARCHS if c.family == "mma" else SM90_ARCHS
+    if arch not in archs:
+        return f"the {c.family} kernel targets {archs}, not {arch}"
+    caps = ARCH_CAPS[arch]
+    if c.pdl and not caps.pdl:
+        return f"pdl=True needs griddepcontrol (sm_90+); {arch} has none"
+    smem = mma_smem_bytes(c) if c.family == "mma" else wgmma_smem_bytes(c)
+    if smem > caps.smem_optin - 1024:
+        return f"{c.family} config needs {smem} bytes of shared memory (> {caps.smem_optin - 1024} on {arch})"
+    return None
 
 #: K elements of one weight chunk: a warp's 16-row tile x 64 K = 512 bytes, one 16-byte vector
 #: per lane (rows g and g + 8, scale block q of the chunk).
@@ -330,8 +379,13 @@ __all__ = [
     "WGMMA_STAGES",
     "WGMMA_TILE_M",
     "WGMMA_WARPS",
+    "ALL_ARCHS",
+    "ARCH_CAPS",
+    "ArchCaps",
+    "MMA_ARCHS",
     "SM90_ARCHS",
     "SM90_FAMILIES",
+    "arch_problem",
     "Sm90W4A16Config",
     "config_from_name",
     "mma_smem_bytes",

@@ -1,4 +1,8 @@
-"""sm_90a NVFP4 weight-only (W4A16) decode kernel on the tensor cores ("mma" family), in CuTeDSL.
+"""NVFP4 weight-only (W4A16) decode kernel on the tensor cores ("mma" family), in CuTeDSL, for
+sm_80 / sm_86 / sm_89 (Ampere, Ada), sm_90a (Hopper) and sm_120a / sm_121a (GeForce / workstation
+Blackwell, DGX Spark): one source; the target arch changes two instructions
+(:class:`~.config.ArchCaps`: no PDL before sm_90, and the bf16 scale multiply as an exact
+``fma.rn.bf16x2`` with a -0 addend where ``mul.bf16x2`` does not exist).
 
     out[m, f] = epilogue( alpha * sum_k x[m, k] * E2M1[q[f, k]] * s[f, k // 16] )
 
@@ -68,15 +72,16 @@ from nvgemm.templates.sm90_w4a16.common import (
     pinned_i64,
     scale_pair,
 )
-from nvgemm.templates.sm90_w4a16.config import CHUNK, Sm90W4A16Config, mma_stage_bytes
+from nvgemm.templates.sm90_w4a16.config import CHUNK, MMA_ARCHS, Sm90W4A16Config, mma_stage_bytes
 from nvgemm.templates.sm90_w4a16.operand import SCHEMES
 
 
 class Sm90W4A16MmaKernel(Sm90KernelBase):
     """The decode kernel (see the module docstring)."""
 
-    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16"):
-        self.init_common(config, epilogue, x_format, "mma")
+    def __init__(self, config: Sm90W4A16Config, epilogue: EpilogueSpec, x_format: str = "bf16",
+                 arch: str = "sm_90a"):
+        self.init_common(config, epilogue, x_format, "mma", arch)
         c = config
         self.W, self.RT, self.U, self.MG, self.D = c.num_warps, c.row_tiles, c.chunks_per_stage, c.m_groups, c.stages
         self.pdl = c.pdl
@@ -278,6 +283,7 @@ class Sm90W4A16MmaTemplate(Sm90TemplateBase):
     template_id = "sm90_w4a16_mma"
     family = "mma"
     kernel_class = Sm90W4A16MmaKernel
+    archs = MMA_ARCHS
 
     def gated_problem(self, c: Sm90W4A16Config) -> str | None:
         if c.row_tiles % 2:

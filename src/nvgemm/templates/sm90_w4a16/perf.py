@@ -131,8 +131,10 @@ class _Sm90Base(FamilyFacts):
         return shape_problem(c, m, n, k)
 
     def loop_key(self, config):
-        """The main loop does not depend on split_k (a split runs fewer iterations of the same loop)."""
-        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages, config.pdl)
+        """The main loop depends on neither split_k (a split runs fewer iterations of the same loop) nor
+        pdl (``griddepcontrol`` sits before the ring's prologue and after the loop): the archs without PDL
+        (sm_8x) price their configs with the PDL twin's main-loop facts."""
+        return (self.name, config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.stages)
 
     def batch_row(self, c) -> tuple:
         """The shape-independent integers :meth:`geometry_batch` reads of one config."""

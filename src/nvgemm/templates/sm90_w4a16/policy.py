@@ -20,8 +20,12 @@ at once (``perfmodel.batch``):
 
 The first candidate is the model's fastest; the reason string carries its modelled time and the
 modelled bf16 cuBLAS time of the same GEMM. If the model cannot price a config (no SASS facts in
-the table), it keeps its place in the families' default order after the priced ones. PDL is on for
-both families.
+the table), it keeps its place in the families' default order after the priced ones. PDL is on
+where the arch has ``griddepcontrol`` (sm_90a, sm_120a, sm_121a). On sm_80 / sm_86 / sm_89 /
+sm_120a / sm_121a only the ``mma`` family runs (``wgmma`` is sm_90a only); the model prices it with
+the sm_90a SASS facts of the same config (one kernel source; the arch changes no main-loop
+instruction count) on the target GPU's hardware description, and drops what that arch's own
+compile sweep found spilling.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from nvgemm.templates.sm90_w4a16.config import WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config, wgmma_tail_tiles
+from nvgemm.templates.sm90_w4a16.config import (
+    ARCH_CAPS, SM90_ARCHS, WGMMA_SHAPES, WGMMA_TILE_M, Sm90W4A16Config, wgmma_tail_tiles,
+)
 
 from nvgemm.templates.sm90_w4a16.validity import sm90_config_fits, sm90_problem_status
 from nvgemm.core.problem import Candidate, GemmProblem, ceil_div
@@ -88,14 +94,16 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
 
     tm = _tile_m(m)
     sms = problem.target.sm_count
+    arch = problem.target.arch
+    pdl = ARCH_CAPS[arch].pdl  # griddepcontrol: sm_90+
     grid_m = ceil_div(m, tm)
     for tn, w, st in MMA_SHAPES:
         ctas = ceil_div(n, tn) * grid_m
         # split-K only to bring the grid to one to three CTAs per SM (the model prices the rest)
         splits = [s for s in MMA_SPLITS if s == 1 or sms <= ctas * s <= 3 * sms]
         for s in splits:
-            add("mma", tm, tn, 256, s, w, st)
-    if m >= WGMMA_MIN_M:
+            add("mma", tm, tn, 256, s, w, st, pdl)
+    if m >= WGMMA_MIN_M and arch in SM90_ARCHS:
         for tmw in wgmma_tile_ms(m):
             for tn, w, tk, st in WGMMA_SHAPES:
                 # split-K splits only the tiles of the last, partial wave, into split_k CTAs each:
@@ -107,14 +115,14 @@ def rule_candidates(problem: GemmProblem) -> list[Candidate]:
                         tail = wgmma_tail_tiles(tiles, s, sms)
                         if not tail or tail * s > 2 * sms:
                             continue
-                    add("wgmma", tmw, tn, tk, s, w, st)
+                    add("wgmma", tmw, tn, tk, s, w, st, pdl)
     return out
 
 
 @lru_cache(maxsize=4096)
-def _candidate(family: str, tm: int, tn: int, tk: int, s: int, w: int, st: int) -> Candidate:
+def _candidate(family: str, tm: int, tn: int, tk: int, s: int, w: int, st: int, pdl: bool = True) -> Candidate:
     """The rule candidate of one config with its reason (shape-independent: memoised)."""
-    cfg = W(family, tile_m=tm, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=True)
+    cfg = W(family, tile_m=tm, tile_n=tn, tile_k=tk, split_k=s, num_warps=w, stages=st, pdl=pdl)
     if family == "mma":
         return Candidate(cfg, f"decode kernel: {tm} tokens x {tn} rows per CTA, {w} warps, {st}-stage ring, "
                               f"split-K {s}")
@@ -123,8 +131,16 @@ def _candidate(family: str, tm: int, tn: int, tk: int, s: int, w: int, st: int) 
 
 
 def _gpu_of(problem: GemmProblem) -> str:
+    """The modelled GPU: the target's own when the model describes it for the target's arch, else the
+    arch's default (``perfmodel.hardware.DEFAULT_GPU_OF_ARCH``; H200 for sm_90a)."""
+    # lazy: heuristics.perfmodel sits above the templates' pure-Python modules (see ranked_candidates)
+    from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS
+
+    arch = problem.target.arch
     gpu = (problem.target.gpu or "").upper()
-    return gpu if gpu in ("H100", "H200") else "H200"
+    if gpu in GPUS and GPUS[gpu].arch == arch:
+        return gpu
+    return DEFAULT_GPU_OF_ARCH.get(arch, "H200")
 
 
 def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Candidate]:
@@ -143,7 +159,7 @@ def ranked_candidates(problem: GemmProblem, limit: int | None = None) -> list[Ca
     table = load_table()
 
     def spills(c: Candidate) -> bool:  # the variant's own SASS spills (per config and activation)
-        return bool(spill_status(c.config, problem.epilogue, "sm_90a", table))
+        return bool(spill_status(c.config, problem.epilogue, problem.target.arch, table))
 
     cands = [c for c in cands if not spills(c)]
     m, n, k = problem.m_hi, problem.n, problem.k

@@ -41,7 +41,15 @@ def sm90_config_fits(problem: GemmProblem, config: Sm90W4A16Config) -> Status:
     # padded to 16-row tiles, predicated stores).
     if why := sm90_config.shape_problem(config, problem.m_hi, problem.n, problem.k, problem.epilogue == "silu_mul"):
         return Status.fail(why)
+    # the target arch: the family's archs, PDL (sm_90+) and the arch's shared memory
+    if why := _arch_problem(config, problem.target.arch):
+        return Status.fail(why)
     return _OK
+
+
+@lru_cache(maxsize=8192)
+def _arch_problem(config: Sm90W4A16Config, arch: str) -> str | None:
+    return sm90_config.arch_problem(config, arch)
 
 
 @lru_cache(maxsize=4096)
@@ -69,8 +77,8 @@ def _sm90_problem_status(problem: GemmProblem) -> Status:
             f"sm90 W4A16 GEMM needs bf16/fp16 activations x nvfp4 weights; problem is {problem.a_format} x {problem.b_format}"
         )
     arch = problem.target.arch
-    if arch not in sm90_config.SM90_ARCHS:
-        return Status.fail(f"arch {arch} not supported by the sm90 W4A16 family (needs one of {sm90_config.SM90_ARCHS})")
+    if arch not in sm90_config.ALL_ARCHS:
+        return Status.fail(f"arch {arch} not supported by the sm90 W4A16 family (needs one of {sm90_config.ALL_ARCHS})")
     if problem.k % W4A16_K_ALIGN:
         return Status.fail(
             f"K={problem.k} is not a multiple of {W4A16_K_ALIGN}: packed-FP4 weight rows are loaded in 16-byte units"

@@ -328,7 +328,7 @@ class Sm90W4A16WgmmaTemplate(Sm90TemplateBase):
         return None
 
     def kernel_kwargs(self, spec) -> dict:
-        return {"sm_count": spec.hw.sm_count}
+        return {"sm_count": spec.hw.sm_count}  # sm_90a only (its arch is checked by can_implement)
 
 
 TEMPLATE = register_template(Sm90W4A16WgmmaTemplate(), replace=True)

@@ -1,0 +1,101 @@
+"""The W4A16 ``mma`` decode kernel compiled for sm_120a (GeForce / workstation Blackwell), sm_89 (Ada) and
+sm_80 (Ampere) -- its real AOT artifacts for those archs -- executed on the PTX emulator with the arch's
+device profile (RTX5090: 170 SMs, L40S: 142, A100: 108), compared bit for bit with the emulated backend
+(``nvgemm.ops.linear.nvfp4_linear_emulated``) on exact data (:func:`nvgemm.emulator.check.exact_operands`:
+every fp32 sum exact, so any fragment, lane, scale or epilogue error changes bits).
+
+One kernel source, three archs: sm_120a keeps PDL and ``mul.rn.bf16x2``; sm_89 / sm_80 have neither, so
+their configs have ``pdl=False`` and the bf16 scale multiply is ``fma.rn.bf16x2 d, a, b, -0.0``
+(:class:`nvgemm.templates.sm90_w4a16.config.ArchCaps`). The cases cover M > 8 (two M tiles), an N tail, a
+K tail, uneven split-K (5 pipeline stages over 3 CTAs: 2, 2, 1) in three CTA orders, per-column alpha
+!= 1 + bias + residual, and bf16 / fp16 activations.
+
+Default CI: sm_120a and sm_89 (one plain and one split-K case each); ``-m emulator_full`` adds sm_80, sm_121a
+(DGX Spark, GB10 profile: 48 SMs) and sm_86 (A10 profile: 72 SMs) and the fp16 cases.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("cutlass")
+
+from nvgemm.emulator.check import exact_operands, reference, run_sm90  # noqa: E402
+from nvgemm.templates.sm90_w4a16.config import ARCH_CAPS, Sm90W4A16Config as C, arch_problem  # noqa: E402
+from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace  # noqa: E402
+
+pytestmark = pytest.mark.emulator
+
+
+def _decode(arch: str) -> C:
+    return C("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=ARCH_CAPS[arch].pdl)
+
+
+def _split3(arch: str) -> C:
+    return C("mma", tile_m=16, tile_n=128, tile_k=256, num_warps=4, stages=3, split_k=3, pdl=ARCH_CAPS[arch].pdl)
+
+
+def _equal(cfg, ops, arch, **kw):
+    assert arch_problem(cfg, arch) is None
+    r = run_sm90(cfg, ops, arch=arch, **kw)
+    assert f".target {arch}\n" in r.kernel.ptx  # the arch's own artifact ran
+    want = reference(ops)
+    assert r.out.dtype == want.dtype and r.out.shape == want.shape
+    diff = (r.out.float() - want.float()).abs()
+    assert torch.equal(r.out, want), f"{arch}: max |diff| {diff.max()} at {divmod(int(diff.argmax()), want.shape[-1])}"
+    return r
+
+
+DEFAULT = [pytest.param("sm_120a"), pytest.param("sm_89"), pytest.param("sm_80", marks=pytest.mark.emulator_full),
+           pytest.param("sm_121a", marks=pytest.mark.emulator_full), pytest.param("sm_86", marks=pytest.mark.emulator_full)]
+
+
+@pytest.mark.parametrize("arch", DEFAULT)
+def test_decode_two_m_tiles_n_and_k_tails_bias_alpha_residual(arch):
+    """M = 13 (two M tiles of 8), N = 208 (13 row tiles: a partial CTA), K = 544 (K % 256 = 32: the
+    zero-filled tail), per-column alpha != 1, bias and residual."""
+    ops = exact_operands(13, 208, 544, alpha="vector", bias=True, residual=True, seed=5)
+    assert not torch.all(ops.weight_scale_2 == 1)
+    r = _equal(_decode(arch), ops, arch)
+    # PDL exactly where the arch has griddepcontrol
+    pdl = r.launch.stats.get("griddepcontrol.wait", 0)
+    assert (pdl > 0) == ARCH_CAPS[arch].pdl
+
+
+@pytest.mark.parametrize("arch", DEFAULT)
+def test_uneven_split_k_every_cta_order_same_bits(arch):
+    """K = 1248 is 5 pipeline stages of 256 (the last a K tail) over 3 splits: 2, 2, 1 stages; the last
+    CTA of each tile sums the partials in split order whatever the arrival order; counters return to 0."""
+    ws = Sm90Workspace(torch.device("cpu"))
+    ops = exact_operands(11, 256, 1248, alpha="vector", bias=True, residual=True, out_dtype=torch.float32, seed=7)
+    outs = []
+    for order in ("forward", "reverse", 4321):
+        r = _equal(_split3(arch), ops, arch, order=order, workspace=ws)
+        assert not ws.count.any(), f"split-K counters left non-zero after the {order} order"
+        outs.append(r.out)
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_89", "sm_80"])
+def test_fp16_activations_bit_exact(arch):
+    """fp16 activations: ``mul.rn.f16x2`` exists on every arch (only bf16 needs the fma form)."""
+    _equal(_decode(arch), exact_operands(9, 256, 512, x_dtype=torch.float16, bias=True, seed=9), arch)
+
+
+def test_fma_form_is_what_changes_between_archs():
+    """The sm_89 artifact's PTX multiplies the bf16 scales with ``fma.rn.bf16x2`` and has no
+    ``griddepcontrol``; the sm_120a one keeps ``mul.rn.bf16x2`` and PDL (same kernel source)."""
+    ops = exact_operands(8, 128, 256, seed=1)
+    r89 = run_sm90(_decode("sm_89"), ops, arch="sm_89")
+    r120 = run_sm90(_decode("sm_120a"), ops, arch="sm_120a")
+    p89, p120 = r89.kernel.ptx, r120.kernel.ptx
+    assert "fma.rn.bf16x2" in p89 and "mul.rn.bf16x2" not in p89 and "griddepcontrol" not in p89
+    assert "mul.rn.bf16x2" in p120 and "fma.rn.bf16x2" not in p120 and "griddepcontrol.wait" in p120
+    assert ".target sm_89" in p89 and ".target sm_120a" in p120
+    assert torch.equal(r89.out, r120.out)

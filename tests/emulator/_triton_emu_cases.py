@@ -367,7 +367,7 @@ def sm90_prep_case(m=5, topk=2, e=4, tm=8, ep=False, seed=7):
             emap[torch.randperm(eg, generator=g)[:e]] = torch.arange(e, dtype=torch.int32)
         want = build_work_list(local_ids(ids, emap), e, tm)
         got = build_work_list_triton(ids, emap, e, tm, kernel=_emu(_prep_kernel, arch))
-        for f in ("rows", "tiles", "pos", "valid", "counts"):
+        for f in ("rows", "tiles", "pos", "valid", "counts", "y_rows"):
             _eq(getattr(got, f), getattr(want, f), f"work list {f}")
 
     return Case("_prep_kernel", "sm90_moe/prep_triton.py", (_prep_kernel,), run,

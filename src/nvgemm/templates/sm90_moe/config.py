@@ -102,10 +102,10 @@ FUSED_FINALIZE_MAX_PAIRS = 128
 
 def fused_finalize_ok(pairs: int, x_dtype, out_dtype, shared_out, residual) -> bool:
     """Whether GEMM2 runs the finalize of a call (its output, ``shared_out`` and ``residual`` in the
-    activations' dtype, row-major; at most :data:`FUSED_FINALIZE_MAX_PAIRS` pairs)."""
+    activations' dtype, contiguous; at most :data:`FUSED_FINALIZE_MAX_PAIRS` pairs)."""
     if not 0 < pairs <= FUSED_FINALIZE_MAX_PAIRS or out_dtype != x_dtype:
         return False
-    return all(t is None or (t.dtype == x_dtype and t.dim() == 2 and t.stride(1) == 1) for t in (shared_out, residual))
+    return all(t is None or (t.dtype == x_dtype and t.dim() == 2 and t.is_contiguous()) for t in (shared_out, residual))
 
 
 @dataclass

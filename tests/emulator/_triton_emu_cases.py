@@ -343,6 +343,8 @@ def sm100_slot_prep_case(m=5, topk=2, e=4, h=96, tn=8, dtype=torch.bfloat16, see
             _eq(getattr(got.work_list, f), getattr(wl, f), f"work list {f}")
         wq, ws = slot_activations(x, wl, ins, tn)
         _eq(got.y_rows[wl.valid], slot_rows_of_pairs(wl, tn)[wl.valid], "pair -> slot row")
+        _eq(got.finalize_rows, torch.where(wl.valid, slot_rows_of_pairs(wl, tn), -1).to(torch.int32).reshape(-1),
+            "pair -> slot row, -1 for an empty slot (the fused finalize's table)")
         _eq(got.codes, wq, "slot codes")
         _eq(got.scales, ws, "slot scale atoms")
         pad = b2_scale_atoms_ref(wl.slots, tn, i, "cpu") == 0

@@ -4,7 +4,7 @@ stand-in hook of :mod:`nvgemm.templates.common.triton_stand_in` (recorded, not r
 the ``launch`` the backend passes (recorded, not run), and every other torch op that would run on a GPU through
 a ``TorchDispatchMode`` (allocations without a fill, views and metadata queries launch nothing).
 
-Contract at decode (routed pairs up to the fused bounds), per warm call: **3 launches** on both archs -- the one
+Contract at decode (up to ``FUSED_FINALIZE_MAX_TOKENS`` tokens), per warm call: **3 launches** on both archs -- the one
 Triton prep, GEMM1, GEMM2 with the top-k finalize in its last CTA per row block -- and no other device work
 (no zero fill, no gather, no copy). Above the bound the finalize is its own launch (4)."""
 
@@ -125,8 +125,8 @@ GEMM1 = {"sm90": "gemm:silu_mul", "sm100": "gemm:requant"}
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
-@pytest.mark.parametrize("m,top_k,shared", [(1, 8, False), (1, 8, True), (16, 8, True)],
-                         ids=["m1", "m1-shared-residual", "m16-shared-residual"])
+@pytest.mark.parametrize("m,top_k,shared", [(1, 8, False), (1, 8, True), (2, 8, True), (1, 1, False)],
+                         ids=["m1", "m1-shared-residual", "m2-shared-residual", "m1-top1"])
 def test_decode_call_is_three_launches(recorded, arch, m, top_k, shared):
     run = CALLS[arch](m, top_k, shared)
     work = _warm_call(recorded, lambda: run(recorded))
@@ -135,10 +135,10 @@ def test_decode_call_is_three_launches(recorded, arch, m, top_k, shared):
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_above_the_fused_bound_the_finalize_is_its_own_launch(recorded, arch):
-    """More routed pairs than the fused finalize takes (its last CTA per row block would read them all)."""
-    from nvgemm.templates.sm90_moe.config import FUSED_FINALIZE_MAX_PAIRS
+    """More tokens than the fused finalize takes (its last CTA per row block finalizes them all alone)."""
+    from nvgemm.templates.sm90_moe.config import FUSED_FINALIZE_MAX_TOKENS
 
-    m = FUSED_FINALIZE_MAX_PAIRS // 8 + 1
+    m = FUSED_FINALIZE_MAX_TOKENS + 1
     run = CALLS[arch](m, 8, False)
     work = _warm_call(recorded, lambda: run(recorded))
     gemm2 = "gemm" if arch == "sm100" else "gemm:none"

@@ -93,10 +93,11 @@ def test_exact_gemm1_several_experts_whole_row_tiles(i):
 def test_fused_finalize_in_any_cta_order(order):
     """GEMM2 runs the top-k finalize (3 launches): whichever CTA of a row tile arrives last -- the real work
     slots after the empty ones (reverse) or in a shuffled order -- sums every token's slots in slot order,
-    adds shared_out + residual; also after GEMM2's split-K reduction (I = 512: two K tiles)."""
-    ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)
+    adds shared_out + residual; also after GEMM2's split-K reduction (I = 512: two K tiles). M=2 top-4 (the
+    fused bound): an empty slot, an expert picked twice by one token, an expert without tokens."""
+    ids = torch.tensor([[0, 2, -1, 3], [2, 0, 0, 3]], dtype=torch.int32)
     for i, c2 in ((32, T8), (512, T8_SK2)):
-        ops = exact_moe_operands(5, 2, 4, 64, i, ids=ids, shared=True, residual=True, seed=14)
+        ops = exact_moe_operands(2, 4, 5, 64, i, ids=ids, shared=True, residual=True, seed=14)
         keep = _check_exact(ops, T8, c2, order=order)
         assert keep["args2"].config.finalize and keep["args2"].fin is not None
 

@@ -93,9 +93,10 @@ def test_exact_gemm1_several_experts_whole_row_blocks(i):
 def test_fused_finalize_in_any_cta_order(order):
     """GEMM2 runs the top-k finalize (3 launches): whichever CTA of a row block arrives last -- here the
     real work slots arrive after the empty ones (reverse) or in a shuffled order -- sums every token's
-    slots in slot order, with shared_out + residual, through GEMM2's split-K reduction too."""
-    ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)
-    ops = exact_moe_operands(5, 2, 4, 96, 32, ids=ids, shared=True, residual=True, seed=12)
+    slots in slot order, with shared_out + residual, through GEMM2's split-K reduction too. M=2 top-4 (the
+    fused bound): an empty slot, an expert picked twice by one token, an expert without tokens."""
+    ids = torch.tensor([[0, 2, -1, 3], [2, 0, 0, 3]], dtype=torch.int32)
+    ops = exact_moe_operands(2, 4, 5, 96, 32, ids=ids, shared=True, residual=True, seed=12)
     for c2 in (G2, G2_SK):
         keep = _check_exact(ops, G1, c2, order=order)
         assert keep["args2"].config.finalize and keep["args2"].fin is not None

@@ -61,6 +61,10 @@ class _Work:
         self.final, self.shared, self.resid, self.y_rows, self.wts, self.flags = fin
 
 
+#: Slots of one token the fused finalize loads at once (top-k up to 8 in one round trip).
+FIN_SLOTS = 8
+
+
 class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
     """The grouped decode kernel (see the module docstring)."""
 
@@ -157,10 +161,17 @@ class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
         if f < m_gemm:
             for t in cutlass.range(m_tok):
                 acc = cutlass.Float32(0.0)
-                for s in cutlass.range(top_k):
-                    r = mYRows[t * top_k + s]
-                    if r >= 0:
-                        acc = fadd_rn(acc, fmul_rn(mWts[t * top_k + s], mC[f, r, 0].to(cutlass.Float32)))
+                # slots in chunks of FIN_SLOTS: the chunk's row and weight loads, then its y loads, are in
+                # flight together (two L2 round trips per chunk); the sums stay in slot order
+                for s0 in cutlass.range(0, top_k, FIN_SLOTS):
+                    rs, ws = [], []
+                    for j in cutlass.range_constexpr(FIN_SLOTS):
+                        s = cutlass.min(s0 + j, top_k - 1)
+                        rs.append(cutlass.select_(s0 + j < top_k, mYRows[t * top_k + s], cutlass.Int32(-1)))
+                        ws.append(mWts[t * top_k + s])
+                    ys = [mC[f, cutlass.max(rs[j], 0), 0].to(cutlass.Float32) for j in range(FIN_SLOTS)]
+                    for j in cutlass.range_constexpr(FIN_SLOTS):
+                        acc = cutlass.select_(rs[j] >= 0, fadd_rn(acc, fmul_rn(ws[j], ys[j])), acc)
                 if has_shared != 0:
                     acc = fadd_rn(acc, mShared[t, f].to(cutlass.Float32))
                 if has_resid != 0:

@@ -336,7 +336,7 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         sf2 = None
     a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id, out_scales=sf2)
     launch(a1)
-    fuse = yfin is not None and fused_finalize_ok(wl.pos.numel(), x.dtype, out_dtype, shared_out, residual)
+    fuse = yfin is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual)
     fin = None
     if fuse:  # GEMM2 runs the finalize: 3 launches
         fin = finalize_args(dataclasses.replace(wl, y_rows=yfin), wts, shared_out, residual, out_dtype, s2.rows)

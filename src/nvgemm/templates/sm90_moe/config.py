@@ -94,16 +94,18 @@ def work_tiles_bound(pairs: int, num_experts: int, tile_m: int) -> int:
     return max(1, pairs // tile_m + min(num_experts, pairs))
 
 
-#: Routed (token, slot) pairs up to which GEMM2 runs the top-k finalize itself (``finalize``: no
-#: finalize launch). Its last CTA per row block reads ``pairs x features`` fp32 values of ``y`` alone,
-#: a serial tail that grows with the batch; above this the finalize is its own kernel.
-FUSED_FINALIZE_MAX_PAIRS = 128
+#: Tokens up to which GEMM2 runs the top-k finalize itself (``finalize``: no finalize launch). The last
+#: CTA of a row block finalizes every token alone, two dependent L2 round trips per token (the slots'
+#: rows, then their y values; sm_100a: tokens in sequence), a serial tail that grows with the batch:
+#: at 2 tokens it costs about one tiny-kernel launch (the model, ``perf.fused_finalize_tail_us``), so
+#: above this the finalize is its own kernel.
+FUSED_FINALIZE_MAX_TOKENS = 2
 
 
-def fused_finalize_ok(pairs: int, x_dtype, out_dtype, shared_out, residual) -> bool:
+def fused_finalize_ok(tokens: int, x_dtype, out_dtype, shared_out, residual) -> bool:
     """Whether GEMM2 runs the finalize of a call (its output, ``shared_out`` and ``residual`` in the
-    activations' dtype, contiguous; at most :data:`FUSED_FINALIZE_MAX_PAIRS` pairs)."""
-    if not 0 < pairs <= FUSED_FINALIZE_MAX_PAIRS or out_dtype != x_dtype:
+    activations' dtype, contiguous; at most :data:`FUSED_FINALIZE_MAX_TOKENS` tokens)."""
+    if not 0 < tokens <= FUSED_FINALIZE_MAX_TOKENS or out_dtype != x_dtype:
         return False
     return all(t is None or (t.dtype == x_dtype and t.dim() == 2 and t.is_contiguous()) for t in (shared_out, residual))
 
@@ -156,5 +158,5 @@ def moe_config_from_name(name: str) -> Sm90MoeConfig:
                          stages=int(st), pdl=bool(pdl), finalize=bool(fin))
 
 
-__all__ = ["FUSED_FINALIZE_MAX_PAIRS", "MOE_ARCHS", "fused_finalize_ok", "MOE_FAMILY", "MOE_TILE_M", "MoeWorkList", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",
+__all__ = ["FUSED_FINALIZE_MAX_TOKENS", "MOE_ARCHS", "fused_finalize_ok", "MOE_FAMILY", "MOE_TILE_M", "MoeWorkList", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",
            "validate_moe_config", "work_tiles_bound"]

@@ -48,6 +48,10 @@ from nvgemm.core.status import Status
 from nvgemm.templates.sm90_moe.config import MOE_ARCHS, MOE_FAMILY, Sm90MoeConfig, validate_moe_config
 
 
+#: Slots of one token the fused finalize loads at once (top-k up to 8 in one round trip).
+FIN_SLOTS = 8
+
+
 class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
     """The grouped decode kernel (see the module docstring)."""
 
@@ -157,11 +161,18 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
             f = f0 + idx % self.feat_per_cta
             if (t < m_tok) & (f < n_out):
                 acc = Float32(0.0)
-                for s in cutlass.range(top_k):
-                    r = mYRows[t * top_k + s]
-                    if r >= 0:
-                        y = ld_global_cg_f32(ybase + (Int64(r) * Int64(n_out) + Int64(f)) * 4)
-                        acc = fadd_rn(acc, fmul_rn(mWts[t * top_k + s], y))
+                # slots in chunks of FIN_SLOTS: the chunk's row and weight loads, then its y loads, are in
+                # flight together (two L2 round trips per chunk); the sums stay in slot order
+                for s0 in cutlass.range(0, top_k, FIN_SLOTS):
+                    rs, ws = [], []
+                    for j in cutlass.range_constexpr(FIN_SLOTS):
+                        s = cutlass.min(s0 + j, top_k - 1)
+                        rs.append(cutlass.select_(s0 + j < top_k, mYRows[t * top_k + s], Int32(-1)))
+                        ws.append(mWts[t * top_k + s])
+                    ys = [ld_global_cg_f32(ybase + (Int64(cutlass.max(rs[j], 0)) * Int64(n_out) + Int64(f)) * 4)
+                          for j in range(FIN_SLOTS)]
+                    for j in cutlass.range_constexpr(FIN_SLOTS):
+                        acc = cutlass.select_(rs[j] >= 0, fadd_rn(acc, fmul_rn(ws[j], ys[j])), acc)
                 if has_shared != 0:
                     acc = fadd_rn(acc, mShared[t, f].to(Float32))
                 if has_resid != 0:

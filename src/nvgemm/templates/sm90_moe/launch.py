@@ -341,7 +341,7 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws, stream_id)
     launch(a1)
     ident = identity_rows(wl.pos.numel(), dev)
-    if wl.y_rows is not None and fused_finalize_ok(wl.pos.numel(), x.dtype, out_dtype, shared_out, residual):
+    if wl.y_rows is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual):
         # GEMM2 runs the finalize: 3 launches
         fin = finalize_args(wl, wts, shared_out, residual, out_dtype, x.shape[1])
         a2 = gemm_args(replace(config2, finalize=True), a1.out, ident, wl, s2, w2_scale_2.float(), "none",

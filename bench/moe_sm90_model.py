@@ -89,7 +89,8 @@ def m1_breakdown(layer_model, gpu: str, config_from_name, rows_of, names=("DeepS
         other = mid(r["gemm_us"]) - gsum - mid(tail)
         parts += [("fused finalize tail (GEMM2's last CTA)", mid(tail), "arrival + 2 L2 round trips"),
                   ("grouped-kernel terms beyond the dense twin", other, "empty work slots, routing interpolation"),
-                  ("prep launch", mid(r["host_us"]), f"{r['launches']} launches in all"),
+                  ("prep launch" if r["launches"] > 2 else "prep launch (none: the ids are the work list)",
+                   mid(r["host_us"]), f"{r['launches']} launches in all"),
                   ("shared expert (two dense GEMMs)", mid(r["shared_us"]), "")]
         tot = mid(r["total_us"])
         for label, us, note in parts:
@@ -122,8 +123,9 @@ def main() -> int:
         "(binomial pairs per expert), W4A16 NVFP4 experts, bf16 activations; GEMMs = the dense mma kernel's model "
         "on the equivalent problem (N = rows x work tiles, a second tile of one expert charged as a DRAM re-read); "
         "up to 2 tokens GEMM2 runs the top-k finalize (3 launches: prep, GEMM1, GEMM2; its last CTA's serial tail "
-        "charged in GEMM1+GEMM2), above it the finalize is a launch (4); "
-        f"host = 1 prep (+ 1 finalize) launch at {hw.aux_kernel_us[0]}-{hw.aux_kernel_us[1]} us each; shared expert = "
+        "charged in GEMM1+GEMM2), above it the finalize is a launch (4); one token needs no prep (the grouped "
+        "kernels read the routing from the ids: 2 launches); "
+        f"host = 1 prep (none at M = 1) (+ 1 finalize) launch at {hw.aux_kernel_us[0]}-{hw.aux_kernel_us[1]} us each; shared expert = "
         "two dense W4A16 GEMMs (model's best). Floor = (active + shared) x 3 x H x I x 0.5625 B at "
         f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle.",
         "",

@@ -102,6 +102,17 @@ def test_fused_finalize_in_any_cta_order(order):
         assert keep["args2"].config.finalize and keep["args2"].fin is not None
 
 
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_one_token_runs_without_a_work_list(order):
+    """One token (``direct``): no prep, work slot j is pair j read from the ids -- an empty (-1) slot and an
+    expert picked twice -- GEMM2 with the finalize (+ shared_out, residual), also through split-K."""
+    ids = torch.tensor([[3, 0, -1, 3]], dtype=torch.int32)
+    ops = exact_moe_operands(1, 4, 5, 96, 32, ids=ids, shared=True, residual=True, seed=16)
+    for c2 in (G2, G2_SK):
+        keep = _check_exact(ops, G1, c2, order=order)
+        assert keep["args13"].config.direct and keep["args2"].config.direct and keep["args2"].config.finalize
+
+
 def test_separate_finalize_when_the_output_dtype_differs():
     """out_dtype != x dtype: GEMM2 writes y only and the finalize is its own step (the torch reference on CPU)."""
     ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)

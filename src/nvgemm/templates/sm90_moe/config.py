@@ -21,6 +21,7 @@ value, or one per row when an expert's gate/up ``weight_scale_2`` differ). Field
                launch latency overlaps the previous kernel
     finalize   GEMM2 only: the top-k finalize runs in the kernel (the last CTA of each feature block
                sums the tokens' expert rows in slot order, adds shared_out / residual, rounds once)
+    direct     one token: no work list, work slot j is routed pair j read from the ids (no prep launch)
 
 The kernel itself is unchanged in its numerics from the dense ``mma`` kernel; the validity rule is
 the dense one plus the work-list bounds (:func:`work_tiles_bound`).
@@ -52,6 +53,9 @@ class Sm90MoeConfig:
     #: GEMM2 only: the kernel also runs the top-k finalize (:class:`~.kernel.Sm90MoeMmaKernel`): the
     #: last CTA of each feature block sums every token's expert rows in slot order (no extra launch)
     finalize: bool = False
+    #: one token: no work list -- slot j is pair j (expert ``ids[j]``, one row, -1: empty), read from the
+    #: ids themselves (``mYRows``), so the call needs no prep launch
+    direct: bool = False
 
     family = MOE_FAMILY  # class attribute (not a field): one family
 
@@ -63,6 +67,8 @@ class Sm90MoeConfig:
             s += "_pdl"
         if self.finalize:
             s += "_fin"
+        if self.direct:
+            s += "_dir"
         return s
 
     def dense(self) -> Sm90W4A16Config:
@@ -145,7 +151,7 @@ def moe_shape_problem(c: Sm90MoeConfig, rows: int, k: int, gated: bool) -> str |
     return None
 
 
-_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_moe_mma_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?(_fin)?")
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_moe_mma_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?(_fin)?(_dir)?")
 
 
 def moe_config_from_name(name: str) -> Sm90MoeConfig:
@@ -153,9 +159,9 @@ def moe_config_from_name(name: str) -> Sm90MoeConfig:
     m = _NAME_RE.fullmatch(name)
     if m is None:
         raise ValueError(f"not an sm90 MoE config name: {name!r}")
-    tm, tn, tk, nw, st, sk, pdl, fin = m.groups()
+    tm, tn, tk, nw, st, sk, pdl, fin, direct = m.groups()
     return Sm90MoeConfig(tile_m=int(tm), tile_n=int(tn), tile_k=int(tk), split_k=int(sk or 1), num_warps=int(nw),
-                         stages=int(st), pdl=bool(pdl), finalize=bool(fin))
+                         stages=int(st), pdl=bool(pdl), finalize=bool(fin), direct=bool(direct))
 
 
 __all__ = ["FUSED_FINALIZE_MAX_TOKENS", "MOE_ARCHS", "fused_finalize_ok", "MOE_FAMILY", "MOE_TILE_M", "MoeWorkList", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",

@@ -18,6 +18,10 @@ N -- is :class:`~nvgemm.templates.sm90_w4a16.mma.Sm90W4A16MmaKernel`'s, unchange
 * alpha is the expert's: ``alpha[e]`` (scalar spec) or ``alpha[e * rows + row]`` (vector spec);
 * split-K partials live at ``[split][permuted row][rows]`` (the output's row count), one counter per
   (work slot, row block); the last CTA sums in split order (deterministic) and runs the epilogue;
+* **direct** (``config.direct``, one token): no work list -- work slot ``j`` is routed pair ``j``, expert
+  ``ids[j]`` (passed as ``mYRows``; -1: an empty slot), one row at permuted row ``j``; GEMM1's row table is
+  all zeros (the one token), GEMM2's the identity, the finalize's row of pair ``j`` is ``j``. The call
+  then needs no prep launch;
 * **fused finalize** (``config.finalize``, GEMM2): once a CTA's fp32 rows ``y`` are stored (after the
   split-K reduction; a CTA of an empty work slot at once), it arrives at its row block's counter
   (after the split-K counters); the CTA that arrives last -- all work slots of the block are done --
@@ -60,6 +64,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
         super().__init__(config.dense(), epilogue, x_format)
         self.moe_cfg = config
         self.finalize = config.finalize
+        self.direct = config.direct
         self.final_dtype = cutlass.BFloat16 if x_format == "bf16" else cutlass.Float16
 
     # ----------------------------------------------------------------------------- host
@@ -115,9 +120,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
         bx, bs, bt = cute.arch.block_idx()
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()  # the work list is written by the routing's prep step
-        e = mTiles[bt * 4]
-        p0 = mTiles[bt * 4 + 1]
-        cnt = mTiles[bt * 4 + 2]
+        e, p0, cnt = self.work_slot(mTiles, mYRows, bt)
         ring, flag, policy, acc = self.cta_state()
         if cnt > 0:
             self.tile_body(mX, mRows, mW, mS, mAlpha, mOut, mWork, mCount, tidx, bx, bs, bt, e, p0, cnt, ring, flag,
@@ -127,6 +130,16 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
                 if cutlass.const_expr(self.pdl):
                     cute.arch.griddepcontrol_launch_dependents()
                 self.finalize_arrive(mOut, mCount, mFinal, mShared, mResid, mYRows, mWts, mFlags, tidx, bx, flag)
+
+    @cute.jit
+    def work_slot(self, mTiles: cute.Tensor, mYRows: cute.Tensor, bt: Int32):
+        """(expert, first permuted row, rows) of work slot ``bt``: the work list's, or with ``direct`` (one
+        token) pair ``bt`` itself -- expert ``ids[bt]`` (``mYRows`` holds the ids), one row, none for -1."""
+        if cutlass.const_expr(self.direct):
+            n_pairs = mYRows.shape[0]
+            eid = cutlass.select_(bt < n_pairs, mYRows[cutlass.min(bt, n_pairs - 1)], Int32(-1))
+            return cutlass.max(eid, Int32(0)), bt, cutlass.select_(eid >= 0, Int32(1), Int32(0))
+        return mTiles[bt * 4], mTiles[bt * 4 + 1], mTiles[bt * 4 + 2]
 
     @cute.jit
     def finalize_arrive(self, mY: cute.Tensor, mCount: cute.Tensor, mFinal: cute.Tensor, mShared: cute.Tensor,
@@ -167,7 +180,10 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
                     rs, ws = [], []
                     for j in cutlass.range_constexpr(FIN_SLOTS):
                         s = cutlass.min(s0 + j, top_k - 1)
-                        rs.append(cutlass.select_(s0 + j < top_k, mYRows[t * top_k + s], Int32(-1)))
+                        r = mYRows[t * top_k + s]
+                        if cutlass.const_expr(self.direct):  # the ids: pair t * K + s is row t * K + s of y
+                            r = cutlass.select_(r >= 0, t * top_k + s, Int32(-1))
+                        rs.append(cutlass.select_(s0 + j < top_k, r, Int32(-1)))
                         ws.append(mWts[t * top_k + s])
                     ys = [ld_global_cg_f32(ybase + (Int64(cutlass.max(rs[j], 0)) * Int64(n_out) + Int64(f)) * 4)
                           for j in range(FIN_SLOTS)]
@@ -254,7 +270,7 @@ class Sm90MoeMmaTemplate:
                                          ``finalize`` the row blocks' finalize counters follow the split-K ones
         mFinal [M, H] activation dtype   the finalize's output (``finalize``; else any such tensor, e.g. mX)
         mShared, mResid [M, H] activation dtype  shared_out / residual (any such tensor when absent)
-        mYRows int32 [M * K]             permuted row of pair (t, s), -1 = empty slot
+        mYRows int32 [M * K]             permuted row of pair (t, s), -1 = empty slot (``direct``: the ids)
         mWts   fp32 [M * K]              top-k weights
         mFlags int32 [2]                 (shared_out given, residual given)
         stream

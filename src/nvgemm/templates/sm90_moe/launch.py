@@ -111,6 +111,7 @@ def work_list(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_ex
 
 
 _IDENT: dict[str, torch.Tensor] = {}
+_ZEROS: dict[str, torch.Tensor] = {}
 
 
 def identity_rows(n: int, device: torch.device) -> torch.Tensor:
@@ -121,6 +122,34 @@ def identity_rows(n: int, device: torch.device) -> torch.Tensor:
         t = torch.arange(max(n, 4096), dtype=torch.int32, device=device)
         memo[str(device)] = t
     return t[:n]
+
+
+def zero_rows(n: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros of length ``n`` from a per-device buffer (no launch per call; grown outside capture)."""
+    memo = device_memo(_ZEROS)
+    t = memo.get(str(device))
+    if t is None or t.numel() < n:
+        t = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        memo[str(device)] = t
+    return t[:n]
+
+
+def direct_ok(topk_ids: torch.Tensor, expert_map, x_dtype, out_dtype, shared_out, residual) -> bool:
+    """Whether a call runs without a work list (``config.direct``): one token, no expert map, int32
+    contiguous ids, and GEMM2 running the finalize (:func:`~.config.fused_finalize_ok`)."""
+    return (topk_ids.shape[0] == 1 and expert_map is None and topk_ids.dtype == torch.int32
+            and topk_ids.is_contiguous() and fused_finalize_ok(1, x_dtype, out_dtype, shared_out, residual))
+
+
+def direct_work_list(topk_ids: torch.Tensor, tile_m: int) -> MoeWorkList:
+    """The routing of one token without a launch (``config.direct``): work slot ``j`` is pair ``j`` (its
+    expert read by the kernels from the ids, kept as ``y_rows``), permuted row ``j``; the row table is all
+    zeros (the one token) and the tile table is never read (it sizes the grid: one slot per pair).
+    ``valid`` and ``counts`` are not derived (they would take a launch)."""
+    k = topk_ids.shape[1]
+    dev = topk_ids.device
+    return MoeWorkList(zero_rows(k, dev), zero_rows(4 * k, dev), identity_rows(k, dev).view(1, k), None, None,
+                       tile_m, topk_ids.reshape(-1))
 
 
 # --------------------------------------------------------------------------- stacked weights
@@ -182,11 +211,12 @@ class MoeGemmArgs:
     spec: EpilogueSpec
     config: Sm90MoeConfig
     fin: Optional["FinalizeArgs"] = None
+    ids: Optional[torch.Tensor] = None  # ``config.direct``: the one token's int32 expert ids (the routing)
 
     def abi_values(self) -> tuple:
         f = self.fin
-        if f is None:  # never read: tensors of the ABI's dtypes and ranks
-            tail = (self.x, self.x, self.x, self.rows, self.alpha, self.rows)
+        if f is None:  # never read (but the direct ids): tensors of the ABI's dtypes and ranks
+            tail = (self.x, self.x, self.x, self.rows if self.ids is None else self.ids, self.alpha, self.rows)
         else:
             tail = (f.out, f.shared, f.residual, f.y_rows, f.weights, f.flags)
         return (self.x, self.rows, self.tiles, self.weight, self.scale, self.alpha, self.out, self.work,
@@ -335,17 +365,23 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         wts = torch.ones_like(topk_weights)
     if xin.stride(-1) != 1 or xin.stride(0) % 8 or xin.data_ptr() % 16:
         xin = xin.contiguous().clone()
-    wl = work_list(topk_ids, expert_map, w13.shape[0], config13.tile_m)
+    direct = direct_ok(topk_ids, expert_map, x.dtype, out_dtype, shared_out, residual)
+    if direct:  # one token: the ids are the routing (2 launches)
+        wl = direct_work_list(topk_ids, config13.tile_m)
+    else:
+        wl = work_list(topk_ids, expert_map, w13.shape[0], config13.tile_m)
     s13 = cached_moe_stack(w13, w13_scale, kind)
     s2 = cached_moe_stack(w2, w2_scale, kind)
-    a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws, stream_id)
+    a1 = gemm_args(replace(config13, direct=direct), xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype,
+                   ws, stream_id)
+    a1.ids = wl.y_rows if direct else None
     launch(a1)
     ident = identity_rows(wl.pos.numel(), dev)
     if wl.y_rows is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual):
-        # GEMM2 runs the finalize: 3 launches
+        # GEMM2 runs the finalize: 3 launches (2 with ``direct``)
         fin = finalize_args(wl, wts, shared_out, residual, out_dtype, x.shape[1])
-        a2 = gemm_args(replace(config2, finalize=True), a1.out, ident, wl, s2, w2_scale_2.float(), "none",
-                       torch.float32, ws, stream_id, fin=fin)
+        a2 = gemm_args(replace(config2, finalize=True, direct=direct), a1.out, ident, wl, s2, w2_scale_2.float(),
+                       "none", torch.float32, ws, stream_id, fin=fin)
         launch(a2)
         out = fin.out
     else:
@@ -358,5 +394,5 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     return out
 
 
-__all__ = ["MoeGemmArgs", "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
+__all__ = ["direct_ok", "direct_work_list", "zero_rows", "MoeGemmArgs", "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
            "finalize", "finalize_ref", "gemm_args", "identity_rows", "local_expert_ids", "work_list", "moe_forward", "prepare_moe_stack"]

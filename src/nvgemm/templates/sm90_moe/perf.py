@@ -19,7 +19,8 @@ routing's tiles exit at once and are not charged. The dense model's own wave, la
 launch terms apply unchanged (:func:`nvgemm.heuristics.perfmodel.model.estimate`).
 
 **Host path.** On CUDA the work list is one Triton launch (``templates/sm90_moe/prep_triton.py``:
-ids through the expert map, stable sort, counts, tiles); the top-k sum runs in GEMM2's last CTA per
+ids through the expert map, stable sort, counts, tiles), none for one token without an expert map (the
+grouped kernels read the ids: :func:`prep_kernels`); the top-k sum runs in GEMM2's last CTA per
 row block up to :data:`~.config.FUSED_FINALIZE_MAX_TOKENS` tokens (charged as its serial tail,
 :func:`fused_finalize_tail_us`) and is one more launch above (the finalize kernel); launches are
 charged the hardware's tiny-kernel cost (``aux_kernel_us``) -- at TP >= 4 these
@@ -179,6 +180,12 @@ def _with_pdl(dense):
     return replace(dense, pdl=True)
 
 
+def prep_kernels(tokens: int) -> int:
+    """Work-list launches of a call of ``tokens`` tokens: none for one token (``direct``: the kernels read the
+    routing from the ids; no expert map), else the one Triton prep."""
+    return 0 if tokens == 1 else PREP_KERNELS
+
+
 def finalize_kernels(tokens: int) -> int:
     """Finalize launches of a call of ``tokens`` tokens: none when GEMM2 runs it (``moe_forward`` on CUDA)."""
     return 0 if 0 < tokens <= FUSED_FINALIZE_MAX_TOKENS else FINALIZE_KERNELS
@@ -209,6 +216,6 @@ def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS,
     return (n * hw.aux_kernel_us[0], n * hw.aux_kernel_us[1])
 
 
-__all__ = ["FIN_SLOTS", "FINALIZE_KERNELS", "finalize_kernels", "fused_finalize_tail_us", "sm90_finalize_rounds", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
+__all__ = ["prep_kernels", "FIN_SLOTS", "FINALIZE_KERNELS", "finalize_kernels", "fused_finalize_tail_us", "sm90_finalize_rounds", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
            "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "grouped_gemm_estimates",
            "grouped_gemm_times", "host_us", "moe_gemm_estimate"]

@@ -190,7 +190,8 @@ _QWEN_ROUTER = (
 #: requant on B200), GEMM2 with the top-k finalize in its last CTA per row tile.
 MOE_CALL = (("triton", "prep: work list + per-slot activations (+ NVFP4 on B200, scale padding)"),
             ("gemm", "GEMM1: grouped gate/up"), ("gemm", "GEMM2: grouped down + top-k finalize"))
-MOE_CALL_H200 = (("triton", "prep: work list"), ("gemm", "GEMM1"), ("gemm", "GEMM2 + finalize"))
+#: H200, one token: no work list (the grouped kernels read the routing from the ids).
+MOE_CALL_H200 = (("gemm", "GEMM1"), ("gemm", "GEMM2 + finalize"))
 
 #: B200 W4A4, Qwen3-30B-A3B: 22 kernels per layer (the routed experts 3 of them). k/v/q each: the input RMSNorm
 #: fused with the activation quantize, the prequant GEMM, one Inductor kernel (q/k norm, RoPE, KV cache writes).
@@ -203,7 +204,7 @@ QWEN_B200 = (
     *_QWEN_ROUTER, *MOE_CALL,
     ("triton", "residual add"),
 )
-#: H200 W4A16, Qwen3-30B-A3B (attention linears held in the sm90 layout): 19 kernels per layer.
+#: H200 W4A16, Qwen3-30B-A3B (attention linears held in the sm90 layout): 18 kernels per layer.
 QWEN_H200 = (
     ("triton", "input RMSNorm"), ("gemm", "k_proj"), ("gemm", "v_proj"),
     ("triton", "k norm + RoPE of k + KV cache write"), ("triton", "v cache write"),
@@ -228,7 +229,7 @@ def test_moe_layer_kernels_pinned(qwen_graphs, gpu):
     assert kinds == want, f"{gpu}: {len(kinds)} kernels per layer (pinned {len(want)}); now:\n{_listing(launches)}"
     assert not syncs  # nvfp4_moe's id range check (a host sync) is skipped under capture
     moe = [k for k in launches if k.origin.startswith("nvgemm::nvfp4_moe")]
-    assert len(moe) == len(MOE_CALL)
+    assert len(moe) == len(MOE_CALL if gpu == "B200" else MOE_CALL_H200)
     grouped = [k for k in moe if k.kind == "gemm"]
     fam = "sm100_moe_nvfp4" if gpu == "B200" else "sm90_moe_mma"
     assert [(k.gemm["n"], k.gemm["k"]) for k in grouped] == [(2 * 768, 2048), (2048, 768)]
@@ -250,19 +251,20 @@ _SLOW = pytest.mark.slow
 ])
 def test_moe_call_launches_at_decode(gpu, shape):
     """One nvfp4_moe call at decode launches the prep and the two grouped GEMMs, GEMM2 running the top-k
-    finalize (3) up to ``FUSED_FINALIZE_MAX_TOKENS`` tokens; at 16 tokens the finalize is its own kernel (4,
-    up to 128 routed pairs). A helper that comes back into the launcher (a zero fill, a gather, the work list
+    finalize (3) up to ``FUSED_FINALIZE_MAX_TOKENS`` tokens -- on H200 one token needs no prep (2); at 16 tokens
+    the finalize is its own kernel (4, up to 128 routed pairs). A helper that comes back into the launcher (a zero fill, a gather, the work list
     as its own kernel) fails this."""
     from nvgemm.templates.sm90_moe.config import FUSED_FINALIZE_MAX_TOKENS
 
     launches = ds.moe_call_launches(gpu, *shape)
     fused = shape[0] <= FUSED_FINALIZE_MAX_TOKENS
-    want = [k for k, _ in MOE_CALL] + ([] if fused else ["triton"])
+    direct = gpu == "H200" and shape[0] == 1  # sm90, one token: the ids are the work list
+    want = ([] if direct else ["triton"]) + ["gemm", "gemm"] + ([] if fused else ["triton"])
     assert [k.kind for k in launches] == want, _listing(launches)
-    prep = "_moe_prep_kernel" if gpu == "B200" else "_prep_kernel"
-    assert [k.name for k in launches if k.kind == "triton"] == [prep] + ([] if fused else ["_finalize_kernel"])
+    prep = [] if direct else ["_moe_prep_kernel" if gpu == "B200" else "_prep_kernel"]
+    assert [k.name for k in launches if k.kind == "triton"] == prep + ([] if fused else ["_finalize_kernel"])
     gemm2 = [k for k in launches if k.kind == "gemm"][1]
-    assert gemm2.name.split("_a")[0].endswith("_fin") == fused, gemm2.name
+    assert ("_fin_" in gemm2.name) == fused and ("_dir_" in gemm2.name) == direct, gemm2.name
 
 
 def test_moe_call_launches_above_the_fused_prep():

@@ -40,7 +40,7 @@ import torch
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.formats import NVFP4, blocked_numel, from_blocked, quantize_activation, to_blocked
 from nvgemm.core.validation import alpha_of
-from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation, splitk_buffers
+from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation
 from nvgemm.templates.sm90_w4a16.launch import _memo, capturing
 from nvgemm.templates.sm100_w4a4.launch import splitk_workspace_shape
 from nvgemm.templates.common.workspace import WORKSPACES

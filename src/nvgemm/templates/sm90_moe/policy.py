@@ -23,7 +23,7 @@ from typing import Optional
 
 from nvgemm.templates.sm90_w4a16.perf import SM90_SPLITS
 from nvgemm.templates.sm90_moe.perf import (
-    PREP_KERNELS, byte_floor_us, expected_active_experts, finalize_kernels, fused_finalize_tail_us,
+    byte_floor_us, expected_active_experts, finalize_kernels, fused_finalize_tail_us,
     grouped_gemm_times, host_us, sm90_finalize_rounds, prep_kernels as _prep_kernels,
 )
 from nvgemm.templates.sm90_w4a16.config import MMA_ROW_TILES, ROW_TILE

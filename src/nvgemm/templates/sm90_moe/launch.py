@@ -239,12 +239,14 @@ _FLAGS: dict = {}
 
 
 def finalize_flags(has_shared: bool, has_residual: bool, device) -> torch.Tensor:
-    """int32 ``[has_shared, has_residual]`` from a per-device memo (no copy per call; made outside capture)."""
+    """int32 ``[has_shared, has_residual]`` from a per-device memo (no launch per call; made by device fills, no
+    host-to-device copy, so a first call under CUDA-graph capture records them instead of failing)."""
     memo = device_memo(_FLAGS)
     key = (str(device), bool(has_shared), bool(has_residual))
     t = memo.get(key)
     if t is None:
-        t = torch.tensor([int(has_shared), int(has_residual)], dtype=torch.int32, device=device)
+        t = torch.zeros(2, dtype=torch.int32, device=device)
+        t[0], t[1] = int(has_shared), int(has_residual)
         memo[key] = t
     return t
 

@@ -64,7 +64,7 @@ def check_kernel(cfg, epi):
     assert MMA in ptx
     assert ("griddepcontrol.wait" in ptx) == cfg.pdl
     assert "cp.async.bulk.prefetch.tensor" not in ptx  # no weight prefetch of an unknown expert
-    assert bool(re.search(r"atom\.[a-z_.:]*add", ptx)) == (cfg.split_k > 1)  # the split-K counter
+    assert bool(re.search(r"atom\.[a-z_.:]*add", ptx)) == (cfg.split_k > 1 or cfg.finalize)  # split-K, finalize
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == epi.out_quant
     assert ".local" not in ptx
     if sass_tool.find_cuobjdump() is None:
@@ -76,7 +76,9 @@ def check_kernel(cfg, epi):
     return ldl_stl
 
 
-DEFAULT = [(C(tile_n=8), epi13()), (C(tile_n=8, split_k=2), EPI2), (C(tile_n=64, split_k=4), epi13("vector", torch.float16))]
+DEFAULT = [(C(tile_n=8), epi13()), (C(tile_n=8, split_k=2), EPI2), (C(tile_n=64, split_k=4), epi13("vector", torch.float16)),
+           # GEMM2 with the top-k finalize (what a one- or two-token call runs; out_dtype = the finalize's rounding)
+           (C(tile_n=8, finalize=True), EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16))]
 
 
 @pytest.mark.parametrize("cfg,epi", DEFAULT, ids=lambda v: v.name() if hasattr(v, "name") else v.activation)

@@ -23,6 +23,7 @@ if "CUTE_DSL_DUMP_DIR" not in os.environ:
 
 import functools
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ pytest.importorskip("cutlass")
 
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.templates.sm90_moe.policy import MOE_LAYERS, moe_candidates  # noqa: E402
+from nvgemm.templates.sm90_moe.config import FUSED_FINALIZE_MAX_TOKENS  # noqa: E402
 from nvgemm.heuristics.perfmodel import sass as S  # noqa: E402
 from nvgemm.cli import sass_tool  # noqa: E402
 from nvgemm.aot.compile_spec import make_spec  # noqa: E402
@@ -59,8 +61,10 @@ def _policy_pairs(ms):
     for shape in MOE_LAYERS.values():
         for m in ms:
             for c in moe_candidates(shape, m, "H200", max_candidates=1):
-                out.append((c.config13, EPI13))
-                out.append((c.config2, EPI2))
+                # what moe_forward runs at M tokens: one token without a work list, the finalize in GEMM2 up to
+                # FUSED_FINALIZE_MAX_TOKENS
+                out.append((replace(c.config13, direct=m == 1), EPI13))
+                out.append((replace(c.config2, direct=m == 1, finalize=m <= FUSED_FINALIZE_MAX_TOKENS), EPI2))
     return sorted(set(out), key=lambda t: t[0].name() + str(t[1]))
 
 
@@ -74,7 +78,7 @@ def check_kernel(cfg, epi, x="bf16"):
     assert ("griddepcontrol.wait" in ptx) == cfg.pdl
     if cfg.pdl:  # the work list comes from the routing: wait before reading it
         assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
-    assert ("atom.acq_rel.gpu.global.add.u32" in ptx) == (cfg.split_k > 1)
+    assert ("atom.acq_rel.gpu.global.add.u32" in ptx) == (cfg.split_k > 1 or cfg.finalize)  # the counters
     assert ".local" not in ptx
     if sass_tool.find_cuobjdump() is None:
         pytest.skip("no cuobjdump (CUDA toolkit or triton's bundled copy) for the SASS check")

@@ -278,14 +278,14 @@ _QWEN_ROUTER = (
     ("triton", "top-k ids -> int32 (Inductor)"),
     ("triton", "top-k weights renormalised (Inductor)"),
 )
-#: The routed experts (nvgemm::nvfp4_moe's launcher): the one prep kernel, GEMM1 (+SwiGLU, +NVFP4 requant on
-#: B200), GEMM2, the finalize.
+#: The routed experts at batch 1 (nvgemm::nvfp4_moe's launcher): the one prep kernel, GEMM1 (+SwiGLU, +NVFP4
+#: requant on B200), GEMM2 with the top-k finalize in its last CTA per row tile.
 MOE_CALL = (("triton", "prep: work list + per-slot activations (+ NVFP4 on B200, scale padding)"),
-            ("gemm", "GEMM1: grouped gate/up"), ("gemm", "GEMM2: grouped down"),
-            ("triton", "finalize: top-k weighted sum"))
-MOE_CALL_H200 = (("triton", "prep: work list"), ("gemm", "GEMM1"), ("gemm", "GEMM2"), ("triton", "finalize"))
+            ("gemm", "GEMM1: grouped gate/up"), ("gemm", "GEMM2: grouped down + top-k finalize"))
+#: H200, one token: no work list (the grouped kernels read the routing from the ids).
+MOE_CALL_H200 = (("gemm", "GEMM1"), ("gemm", "GEMM2 + finalize"))
 
-#: B200 W4A4, Qwen3-30B-A3B: 23 kernels per layer (the routed experts 4 of them). k/v/q each: the input RMSNorm
+#: B200 W4A4, Qwen3-30B-A3B: 22 kernels per layer (the routed experts 3 of them). k/v/q each: the input RMSNorm
 #: fused with the activation quantize, the prequant GEMM, one Inductor kernel (q/k norm, RoPE, KV cache writes).
 QWEN_B200 = (
     *[k for proj in ("k_proj", "v_proj", "q_proj") for k in (
@@ -296,7 +296,7 @@ QWEN_B200 = (
     *_QWEN_ROUTER, *MOE_CALL,
     ("triton", "residual add"),
 )
-#: H200 W4A16, Qwen3-30B-A3B (attention linears held in the sm90 layout): 20 kernels per layer.
+#: H200 W4A16, Qwen3-30B-A3B (attention linears held in the sm90 layout): 18 kernels per layer.
 QWEN_H200 = (
     ("triton", "input RMSNorm"), ("gemm", "k_proj"), ("gemm", "v_proj"),
     ("triton", "k norm + RoPE of k + KV cache write"), ("triton", "v cache write"),
@@ -321,7 +321,7 @@ def test_moe_layer_kernels_pinned(qwen_graphs, gpu):
     assert kinds == want, f"{gpu}: {len(kinds)} kernels per layer (pinned {len(want)}); now:\n{_listing(launches)}"
     assert not syncs  # nvfp4_moe's id range check (a host sync) is skipped under capture
     moe = [k for k in launches if k.origin.startswith("nvgemm::nvfp4_moe")]
-    assert len(moe) == len(MOE_CALL)
+    assert len(moe) == len(MOE_CALL if gpu == "B200" else MOE_CALL_H200)
     grouped = [k for k in moe if k.kind == "gemm"]
     fam = "sm100_moe_nvfp4" if gpu == "B200" else "sm90_moe_mma"
     assert [(k.gemm["n"], k.gemm["k"]) for k in grouped] == [(2 * 768, 2048), (2048, 768)]
@@ -342,13 +342,21 @@ _SLOW = pytest.mark.slow
     pytest.param("H200", _QWEN_M16, id="H200-qwen3-30b-a3b-m16", marks=_SLOW),
 ])
 def test_moe_call_launches_at_decode(gpu, shape):
-    """One nvfp4_moe call at decode (up to 128 routed pairs) launches the prep, the two grouped GEMMs and the
-    finalize: 4, whatever the shape. A helper that comes back into the launcher (a zero fill, a gather, the
-    work list as its own kernel) fails this."""
+    """One nvfp4_moe call at decode launches the prep and the two grouped GEMMs, GEMM2 running the top-k
+    finalize (3) up to ``FUSED_FINALIZE_MAX_TOKENS`` tokens -- on H200 one token needs no prep (2); at 16 tokens
+    the finalize is its own kernel (4, up to 128 routed pairs). A helper that comes back into the launcher (a zero fill, a gather, the work list
+    as its own kernel) fails this."""
+    from nvgemm.templates.sm90_moe.config import FUSED_FINALIZE_MAX_TOKENS
+
     launches = ds.moe_call_launches(gpu, *shape)
-    assert [k.kind for k in launches] == [k for k, _ in MOE_CALL], _listing(launches)
-    prep = "_moe_prep_kernel" if gpu == "B200" else "_prep_kernel"
-    assert [k.name for k in launches if k.kind == "triton"] == [prep, "_finalize_kernel"]
+    fused = shape[0] <= FUSED_FINALIZE_MAX_TOKENS
+    direct = gpu == "H200" and shape[0] == 1  # sm90, one token: the ids are the work list
+    want = ([] if direct else ["triton"]) + ["gemm", "gemm"] + ([] if fused else ["triton"])
+    assert [k.kind for k in launches] == want, _listing(launches)
+    prep = [] if direct else ["_moe_prep_kernel" if gpu == "B200" else "_prep_kernel"]
+    assert [k.name for k in launches if k.kind == "triton"] == prep + ([] if fused else ["_finalize_kernel"])
+    gemm2 = [k for k in launches if k.kind == "gemm"][1]
+    assert ("_fin_" in gemm2.name) == fused and ("_dir_" in gemm2.name) == direct, gemm2.name
 
 
 def test_moe_call_launches_above_the_fused_prep():
@@ -389,5 +397,5 @@ def test_moe_routed_experts_model_and_bytes():
     # the two grouped GEMMs read the 8 routed experts' NVFP4 weights (gate/up then down)
     assert sum(k.bytes for k in grouped) == pytest.approx(8 * 3 * 2048 * 768 * 0.5625, rel=1e-6)
     e = ds._routed_experts(Q, 1, "B200", launches)
-    assert e["launches"] == 4 and e["gemms"] == 2
+    assert e["launches"] == 3 and e["gemms"] == 2
     assert e["floor_fraction_model"] == pytest.approx(e["floor_us"] / sum(k.mid_us for k in launches), rel=1e-3)

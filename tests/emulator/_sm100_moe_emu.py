@@ -97,16 +97,20 @@ def random_moe_operands(m, top_k, e, h, i, *, seed=0):
     return ops
 
 
-def emu_launcher(stats=None, launches=None):
+def emu_launcher(stats=None, launches=None, order="forward"):
     """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator
     (``stats``: a list that receives each launch's warp-instruction count; ``launches``: one that receives
-    each emulated :class:`~nvgemm.emulator.ptx.machine.Launch`)."""
+    each emulated :class:`~nvgemm.emulator.ptx.machine.Launch`; ``order``: the emulator's CTA order, "forward",
+    "reverse" or a shuffle seed)."""
     from nvgemm.aot.compile_spec import make_spec
     from nvgemm.emulator.runner import prepare
 
     def launch(args):
         spec = make_spec("sm100_moe_nvfp4", args.config, "sm_100a", epilogue=args.spec)
-        r = prepare(spec).launch(*args.abi_values(), 0)
+        if args.fin is not None:  # scratch rows and output start as NaN: a read before the write shows
+            args.c.fill_(float("nan"))
+            args.fin.out.fill_(float("nan"))
+        r = prepare(spec).launch(*args.abi_values(), 0, order=order)
         if stats is not None:
             stats.append(r.stats["warp_instructions"])
         if launches is not None:
@@ -115,10 +119,10 @@ def emu_launcher(stats=None, launches=None):
     return launch
 
 
-def run_moe_emu(ops, config13, config2, keep=None, stats=None, launches=None):
+def run_moe_emu(ops, config13, config2, keep=None, stats=None, launches=None, order="forward"):
     """One ``nvfp4_moe`` call (W4A4 operands in schema order) through the grouped kernels on the emulator."""
     from nvgemm.templates.sm100_moe.launch import moe_forward
 
     (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, emap, sh, res, odt) = ops
     return moe_forward(x, ids, emap, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, sh, res, odt, config13,
-                       config2, emu_launcher(stats, launches), keep=keep)
+                       config2, emu_launcher(stats, launches, order), keep=keep)

@@ -369,6 +369,8 @@ def sm100_slot_prep_case(m=5, topk=2, e=4, h=96, tn=8, dtype=torch.bfloat16, see
             _eq(getattr(got.work_list, f), getattr(wl, f), f"work list {f}")
         wq, ws = slot_activations(x, wl, ins, tn)
         _eq(got.y_rows[wl.valid], slot_rows_of_pairs(wl, tn)[wl.valid], "pair -> slot row")
+        _eq(got.finalize_rows, torch.where(wl.valid, slot_rows_of_pairs(wl, tn), -1).to(torch.int32).reshape(-1),
+            "pair -> slot row, -1 for an empty slot (the fused finalize's table)")
         _eq(got.codes, wq, "slot codes")
         _eq(got.scales, ws, "slot scale atoms")
         pad = b2_scale_atoms_ref(wl.slots, tn, i, "cpu") == 0
@@ -393,7 +395,7 @@ def sm90_prep_case(m=5, topk=2, e=4, tm=8, ep=False, seed=7):
             emap[torch.randperm(eg, generator=g)[:e]] = torch.arange(e, dtype=torch.int32)
         want = build_work_list(local_ids(ids, emap), e, tm)
         got = build_work_list_triton(ids, emap, e, tm, kernel=_emu(_prep_kernel, arch))
-        for f in ("rows", "tiles", "pos", "valid", "counts"):
+        for f in ("rows", "tiles", "pos", "valid", "counts", "y_rows"):
             _eq(getattr(got, f), getattr(want, f), f"work list {f}")
 
     return Case("_prep_kernel", "sm90_moe/prep_triton.py", (_prep_kernel,), run,

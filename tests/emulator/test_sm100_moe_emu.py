@@ -42,9 +42,9 @@ T8 = C(tile_n=8)
 T8_SK2 = C(tile_n=8, split_k=2)
 
 
-def _check_exact(ops, c1, c2):
+def _check_exact(ops, c1, c2, order="forward"):
     keep, launches = {}, []
-    got = run_moe_emu(ops, c1, c2, keep, launches=launches)
+    got = run_moe_emu(ops, c1, c2, keep, launches=launches, order=order)
     want = nvfp4_moe_emulated(*ops)
     assert got.dtype == want.dtype and got.shape == want.shape
     bad = (got.float() != want.float()).nonzero()
@@ -87,6 +87,28 @@ def test_exact_gemm1_several_experts_whole_row_tiles(i):
     ids = torch.tensor([[0, 1], [2, 1], [1, 2], [0, 2], [2, 0], [1, 0]], dtype=torch.int32)
     keep = _check_exact(exact_moe_operands(6, 2, 3, 64, i, ids=ids, seed=10 + i), T8, T8)
     assert keep["work_list"].counts.tolist() == [4, 4, 4]
+
+
+@pytest.mark.parametrize("order", ["reverse", 5], ids=["reverse", "shuffled"])
+def test_fused_finalize_in_any_cta_order(order):
+    """GEMM2 runs the top-k finalize (3 launches): whichever CTA of a row tile arrives last -- the real work
+    slots after the empty ones (reverse) or in a shuffled order -- sums every token's slots in slot order,
+    adds shared_out + residual; also after GEMM2's split-K reduction (I = 512: two K tiles). M=2 top-4 (the
+    fused bound): an empty slot, an expert picked twice by one token, an expert without tokens."""
+    ids = torch.tensor([[0, 2, -1, 3], [2, 0, 0, 3]], dtype=torch.int32)
+    for i, c2 in ((32, T8), (512, T8_SK2)):
+        ops = exact_moe_operands(2, 4, 5, 64, i, ids=ids, shared=True, residual=True, seed=14)
+        keep = _check_exact(ops, T8, c2, order=order)
+        assert keep["args2"].config.finalize and keep["args2"].fin is not None
+
+
+def test_separate_finalize_when_the_output_dtype_differs():
+    """out_dtype != x dtype: GEMM2 writes y only and the finalize is its own step (the torch reference on CPU)."""
+    ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)
+    ops = exact_moe_operands(5, 2, 4, 96, 32, ids=ids, seed=15)
+    ops[16] = torch.float16
+    keep = _check_exact(ops, T8, T8)
+    assert not keep["args2"].config.finalize and keep["args2"].fin is None
 
 
 def test_exact_requant_past_32_tokens_in_a_slot():

@@ -41,9 +41,9 @@ G1_SK = C(tile_m=8, tile_n=64, tile_k=128, num_warps=2, stages=2, split_k=2)
 G2_SK = C(tile_m=8, tile_n=64, tile_k=128, num_warps=4, stages=2, split_k=2)
 
 
-def _check_exact(ops, c1, c2):
+def _check_exact(ops, c1, c2, order="forward"):
     keep = {}
-    got = run_moe_emu(ops, c1, c2, keep)
+    got = run_moe_emu(ops, c1, c2, keep, order=order)
     want = nvfp4_moe_emulated(*ops)
     assert got.dtype == want.dtype and got.shape == want.shape
     bad = (got.float() != want.float()).nonzero()
@@ -87,6 +87,39 @@ def test_exact_gemm1_several_experts_whole_row_blocks(i):
     ids = torch.tensor([[0, 1], [2, 1], [1, 2], [0, 2], [2, 0], [1, 0]], dtype=torch.int32)
     keep = _check_exact(exact_moe_operands(6, 2, 3, 64, i, ids=ids, seed=10 + i), G1, G2)
     assert keep["work_list"].counts.tolist() == [4, 4, 4]
+
+
+@pytest.mark.parametrize("order", ["reverse", 5], ids=["reverse", "shuffled"])
+def test_fused_finalize_in_any_cta_order(order):
+    """GEMM2 runs the top-k finalize (3 launches): whichever CTA of a row block arrives last -- here the
+    real work slots arrive after the empty ones (reverse) or in a shuffled order -- sums every token's
+    slots in slot order, with shared_out + residual, through GEMM2's split-K reduction too. M=2 top-4 (the
+    fused bound): an empty slot, an expert picked twice by one token, an expert without tokens."""
+    ids = torch.tensor([[0, 2, -1, 3], [2, 0, 0, 3]], dtype=torch.int32)
+    ops = exact_moe_operands(2, 4, 5, 96, 32, ids=ids, shared=True, residual=True, seed=12)
+    for c2 in (G2, G2_SK):
+        keep = _check_exact(ops, G1, c2, order=order)
+        assert keep["args2"].config.finalize and keep["args2"].fin is not None
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_one_token_runs_without_a_work_list(order):
+    """One token (``direct``): no prep, work slot j is pair j read from the ids -- an empty (-1) slot and an
+    expert picked twice -- GEMM2 with the finalize (+ shared_out, residual), also through split-K."""
+    ids = torch.tensor([[3, 0, -1, 3]], dtype=torch.int32)
+    ops = exact_moe_operands(1, 4, 5, 96, 32, ids=ids, shared=True, residual=True, seed=16)
+    for c2 in (G2, G2_SK):
+        keep = _check_exact(ops, G1, c2, order=order)
+        assert keep["args13"].config.direct and keep["args2"].config.direct and keep["args2"].config.finalize
+
+
+def test_separate_finalize_when_the_output_dtype_differs():
+    """out_dtype != x dtype: GEMM2 writes y only and the finalize is its own step (the torch reference on CPU)."""
+    ids = torch.tensor([[0, 2], [2, -1], [0, 0], [3, 2], [-1, 0]], dtype=torch.int32)
+    ops = exact_moe_operands(5, 2, 4, 96, 32, ids=ids, seed=13)
+    ops[16] = torch.float16
+    keep = _check_exact(ops, G1, G2)
+    assert not keep["args2"].config.finalize and keep["args2"].fin is None
 
 
 def _batch_invariance(m_big, c1, c2, seed):

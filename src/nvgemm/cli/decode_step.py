@@ -533,8 +533,9 @@ class _FakeKernel:
         """A grouped MoE GEMM: (tokens, top_k, experts) of the op being expanded, weight rows per expert and K
         from the ABI (sm100: ``Sm100MoeGemmArgs.abi_values``, m = rows; sm90: ``x, rows, tiles, weight, ..., out``)."""
         ctx = self.rec.moe or {}
-        if self.spec.template_id.startswith("sm100"):  # a, b, sfa, sfb, c, alpha, tiles, res, ws, cnt, m, n, k, ...
-            rows, k = values[10], values[12]
+        if self.spec.template_id.startswith("sm100"):
+            # a, b, sfa, sfb, c, alpha, tiles, res, ws, cnt, final, shared, resid, y_rows, wts, flags, m, n, k, ...
+            rows, k = values[16], values[18]
         else:
             x, out = values[0], values[6]
             k = x.shape[-1]
@@ -825,6 +826,11 @@ def _model_moe_gemm(launch: Launch, gpu: str) -> None:
         launch.us = est.us
         launch.note = (f"grouped: {g['m']} token(s) x top-{mo['top_k']} of {mo['experts']} experts ({active:.1f} "
                        f"active), {g['n']} rows x K={g['k']} per expert, {g['config']}")
+        if getattr(cfg, "finalize", False):  # GEMM2 runs the top-k finalize: its last CTA's serial tail
+            rounds = None if mo["family"].startswith("sm100") else sm90_moe_perf.sm90_finalize_rounds(g["m"], cfg)
+            tail = sm90_moe_perf.fused_finalize_tail_us(g["m"], mo["top_k"], gpu, rounds)
+            launch.us = (launch.us[0] + tail[0], launch.us[1] + tail[1])
+            launch.note += f" + the fused top-k finalize ({tail[0]:.2f}-{tail[1]:.2f} us tail)"
     else:
         s = _stream_us(launch.bytes, get_hardware(gpu))
         lu = _launch_us(get_hardware(gpu), launch.pdl)

@@ -41,5 +41,5 @@ def test_prep_triton_equals_torch_work_list(m, k, e, tm, ep):
         emap[torch.randperm(eg, generator=g)[:e]] = torch.arange(e, dtype=torch.int32)
     want = build_work_list(local_ids(ids, emap), e, tm)
     got = build_work_list_triton(ids, emap, e, tm)
-    for f in ("rows", "tiles", "pos", "valid", "counts"):
+    for f in ("rows", "tiles", "pos", "valid", "counts", "y_rows"):
         assert torch.equal(getattr(got, f), getattr(want, f)), f

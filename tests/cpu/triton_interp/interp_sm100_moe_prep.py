@@ -56,6 +56,11 @@ def test_moe_prep_triton_bit_exact(garbage_empty, m, k, e, h, i, tn, ep):
     assert torch.equal(got.codes, want_q)
     assert torch.equal(got.scales.view(torch.uint8), want_s.view(torch.uint8))
     assert torch.equal(got.y_rows[want.valid], slot_rows_of_pairs(want, tn)[want.valid])
+    if got.launches == 1:  # the fused finalize's table: the same rows, -1 for an empty slot
+        want_fin = torch.where(want.valid, slot_rows_of_pairs(want, tn), -1).to(torch.int32).reshape(-1)
+        assert torch.equal(got.finalize_rows, want_fin)
+    else:
+        assert got.finalize_rows is None
     ref = b2_scale_atoms_ref(want.slots, tn, i, "cpu")
     pad = ref == 0  # what GEMM1 does not write: zero; the rest is GEMM1's to write (garbage here)
     assert pad.any() == (tn < 128 or (i // 16) % 4 != 0)

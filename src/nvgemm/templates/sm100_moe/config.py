@@ -10,6 +10,9 @@ of :func:`nvgemm.templates.sm90_moe.launch.build_work_list` (tile_m there = tile
     split_k  CTAs along K per (row tile, slot); fp32 partials summed in split order
     pdl      programmatic dependent launch; every warp waits (``griddepcontrol.wait``) before it
              reads the work list (the expert of a slot comes from the routing)
+    finalize GEMM2 only: the kernel also runs the top-k finalize (its fp32 rows ``y`` are scratch;
+             the last CTA of each row tile sums every token's slots in slot order, adds shared_out /
+             residual and rounds once into the epilogue's out_dtype)
 
 Fixed: 1-CTA 128-row tiles, cluster 1x1, tile_k 256. Per expert the weight rows are padded to a
 multiple of 128 in the stack (a 128-row A tile never straddles two experts, and the stacked block
@@ -42,6 +45,7 @@ class Sm100MoeConfig:
     tile_n: int = 8
     split_k: int = 1
     pdl: bool = True
+    finalize: bool = False
 
     family = MOE_FAMILY  # class attribute (not a field)
     tile_m = 128
@@ -55,6 +59,8 @@ class Sm100MoeConfig:
             s += f"_sk{self.split_k}"
         if self.pdl:
             s += "_pdl"
+        if self.finalize:
+            s += "_fin"
         return s
 
     def dense(self) -> Sm100Nvfp4GemmConfig:
@@ -97,7 +103,7 @@ def moe_shape_problem(c: Sm100MoeConfig, rows: int, k: int, gated: bool) -> str 
     return None
 
 
-_NAME_RE = re.compile(r"nvgemm_cutedsl_sm100_moe_t128x(\d+)x256(?:_sk(\d+))?(_pdl)?")
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm100_moe_t128x(\d+)x256(?:_sk(\d+))?(_pdl)?(_fin)?")
 
 
 def moe_config_from_name(name: str) -> Sm100MoeConfig:
@@ -105,8 +111,8 @@ def moe_config_from_name(name: str) -> Sm100MoeConfig:
     m = _NAME_RE.fullmatch(name)
     if m is None:
         raise ValueError(f"not an sm100 MoE config name: {name!r}")
-    tn, sk, pdl = m.groups()
-    return Sm100MoeConfig(tile_n=int(tn), split_k=int(sk or 1), pdl=bool(pdl))
+    tn, sk, pdl, fin = m.groups()
+    return Sm100MoeConfig(tile_n=int(tn), split_k=int(sk or 1), pdl=bool(pdl), finalize=bool(fin))
 
 
 __all__ = ["MOE_ARCHS", "MOE_FAMILY", "MOE_SPLIT_K", "MOE_TILE_N", "ROW_ALIGN", "Sm100MoeConfig",

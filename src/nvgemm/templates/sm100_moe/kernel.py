@@ -17,7 +17,15 @@ tile_n); the grouped kernel only overrides its work hooks:
   (vector: per GEMM row), plus 1 when the fused requant's next input scale follows (``out_quant``:
   GEMM1 writes GEMM2's packed FP4 codes and its per-slot SFB atoms directly);
 * **PDL**: the TMA warp does not prefetch weights before ``griddepcontrol.wait`` (the expert is not
-  known yet) and the MMA warp waits too before it reads the work list.
+  known yet) and the MMA warp waits too before it reads the work list;
+* **fused finalize** (``config.finalize``, GEMM2): ``y`` (fp32 ``[slots * tile_n, H]``) is scratch; after a
+  work tile's rows are stored (by the split-K reduction's CTA; an empty slot's tile too) the epilogue
+  threads arrive at the row tile's counter (after the split-K counters); the CTA that arrives last -- all
+  work slots of the row tile are stored -- computes ``out[t, f] = round(sum_s w[t, s] * y[y_rows[t, s],
+  f] (+ shared_out[t, f]) (+ residual[t, f]))`` for every token and the tile's 128 features: fp32, slots
+  in order 0..K-1, empty slots (``y_rows = -1``) skipped, ``mul.rn`` / ``add.rn`` (no contraction), one
+  rounding into the epilogue's ``out_dtype`` -- the finalize kernel's numbers bit for bit in whichever
+  order the CTAs arrive, without a launch of its own.
 
 Numerics are the dense kernel's: fp32 TMEM accumulation in K order, the split-K sum in split order,
 one rounding per output (:mod:`nvgemm.templates.sm100_w4a4.epilogue`).
@@ -25,14 +33,18 @@ one rounding per output (:mod:`nvgemm.templates.sm100_w4a4.epilogue`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import torch
 
 from nvgemm.core.epilogue import EpilogueSpec
 
 from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg, compile_for_target, fake_args, register_template
 from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel, _dtype_name, max_active_clusters_for
+from nvgemm.templates.sm90_w4a16.common import fadd_rn, fmul_rn
 from nvgemm.core.status import Status
 from nvgemm.templates.sm100_moe.config import MOE_ARCHS, MOE_FAMILY, Sm100MoeConfig, validate_moe_config
 
@@ -42,10 +54,15 @@ TEMPLATE_ID = "sm100_moe_nvfp4"
 class _Work:
     """The work-list context of one kernel (traced values): the tiles tensor and A tiles per expert."""
 
-    def __init__(self, tiles, tiles_per_expert, m_gemm):
+    def __init__(self, tiles, tiles_per_expert, m_gemm, fin):
         self.tiles = tiles
         self.tiles_per_expert = tiles_per_expert
         self.m_gemm = m_gemm
+        self.final, self.shared, self.resid, self.y_rows, self.wts, self.flags = fin
+
+
+#: Slots of one token the fused finalize loads at once (top-k up to 8 in one round trip).
+FIN_SLOTS = 8
 
 
 class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
@@ -55,6 +72,11 @@ class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
 
     def __init__(self, config: Sm100MoeConfig, epilogue: EpilogueSpec, max_active_clusters: int):
         validate_moe_config(config).raise_if_failed("sm100 moe config")
+        self.finalize = config.finalize
+        self.final_dtype = None
+        if config.finalize:  # the GEMM's own output is fp32 y; the finalize rounds into out_dtype
+            self.final_dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[epilogue.out_dtype]
+            epilogue = dataclasses.replace(epilogue, out_dtype=torch.float32)
         super().__init__(config.dense(), epilogue, max_active_clusters)
         self.moe_cfg = config
         self.slot_n = config.tile_n
@@ -72,23 +94,89 @@ class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
         residual_ptr: cute.Pointer,
         workspace_ptr: cute.Pointer,
         counter_ptr: cute.Pointer,
+        final_ptr: cute.Pointer,
+        shared_ptr: cute.Pointer,
+        resid_ptr: cute.Pointer,
+        yrows_ptr: cute.Pointer,
+        wts_ptr: cute.Pointer,
+        flags_ptr: cute.Pointer,
         m: cutlass.Int32,
         n: cutlass.Int32,
         k: cutlass.Int32,
         a_rows: cutlass.Int32,
+        m_tok: cutlass.Int32,
+        top_k: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         """``m`` = weight rows per expert (unpadded), ``n`` = slots x tile_n, ``a_rows`` = rows of
-        the stacked A operand (E x m padded to 128)."""
+        the stacked A operand (E x m padded to 128); ``m_tok`` / ``top_k``: the finalize's tokens and
+        slots (``finalize``; else unused, like its pointers)."""
         mTiles = cute.make_tensor(tiles_ptr, cute.make_layout((n // self.slot_n) * 4))
+        fin = None
+        if cutlass.const_expr(self.finalize):
+            rows_major = cute.make_layout((m_tok, m), stride=(m, 1))
+            fin = (cute.make_tensor(final_ptr, rows_major), cute.make_tensor(shared_ptr, rows_major),
+                   cute.make_tensor(resid_ptr, rows_major), cute.make_tensor(yrows_ptr, cute.make_layout(m_tok * top_k)),
+                   cute.make_tensor(wts_ptr, cute.make_layout(m_tok * top_k)),
+                   cute.make_tensor(flags_ptr, cute.make_layout(2)))
         # no bias in a grouped GEMM: alpha_ptr stands in for the (never read) bias pointer
         self._host_launch(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr, alpha_ptr, residual_ptr, workspace_ptr,
-                          counter_ptr, m, n, k, stream, mTiles=mTiles, a_rows=a_rows)
+                          counter_ptr, m, n, k, stream, mTiles=mTiles, a_rows=a_rows, fin=fin)
 
     # ------------------------------------------------------------------ work hooks
 
-    def _work(self, mTiles, m_gemm):
-        return _Work(mTiles, (m_gemm + 127) // 128, m_gemm)
+    def _work(self, mTiles, m_gemm, fin):
+        return _Work(mTiles, (m_gemm + 127) // 128, m_gemm, fin)
+
+    @cute.jit
+    def _tile_done(self, coord, work, mC, mCnt, sFlag, tidx, m_gemm, num_tiles_n):
+        """The fused finalize's arrival (module docstring): every work slot's tile of row tile
+        ``coord[0]`` arrives once; the last arrival finalizes the row tile."""
+        if cutlass.const_expr(self.finalize):
+            fin = (work.final, work.shared, work.resid, work.y_rows, work.wts, work.flags)
+            base = cutlass.Int32(0)
+            if cutlass.const_expr(self.split_k > 1):
+                base = (m_gemm + 127) // 128 * num_tiles_n  # after the split-K tile counters
+            idx = base + coord[0]
+            cute.arch.fence_acq_rel_gpu()
+            self.epilog_sync_barrier.arrive_and_wait()
+            if tidx == 0:
+                sFlag[0] = cute.arch.atomic_add(mCnt.iterator + idx, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            self.epilog_sync_barrier.arrive_and_wait()
+            if sFlag[0] == num_tiles_n - 1:
+                cute.arch.fence_acq_rel_gpu()
+                self._finalize_rows(coord[0], *fin, mC, tidx, m_gemm)
+                if tidx == 0:
+                    mCnt[idx] = cutlass.Int32(0)
+            self.epilog_sync_barrier.arrive_and_wait()
+
+    @cute.jit
+    def _finalize_rows(self, mt, mFinal, mShared, mResid, mYRows, mWts, mFlags, mC, tidx, m_gemm):
+        """Thread ``tidx`` finalizes feature ``128 mt + tidx`` of every token (coalesced along features)."""
+        f = mt * 128 + tidx
+        m_tok = mFinal.shape[0]
+        top_k = cute.size(mYRows) // m_tok
+        has_shared = mFlags[0]
+        has_resid = mFlags[1]
+        if f < m_gemm:
+            for t in cutlass.range(m_tok):
+                acc = cutlass.Float32(0.0)
+                # slots in chunks of FIN_SLOTS: the chunk's row and weight loads, then its y loads, are in
+                # flight together (two L2 round trips per chunk); the sums stay in slot order
+                for s0 in cutlass.range(0, top_k, FIN_SLOTS):
+                    rs, ws = [], []
+                    for j in cutlass.range_constexpr(FIN_SLOTS):
+                        s = cutlass.min(s0 + j, top_k - 1)
+                        rs.append(cutlass.select_(s0 + j < top_k, mYRows[t * top_k + s], cutlass.Int32(-1)))
+                        ws.append(mWts[t * top_k + s])
+                    ys = [mC[f, cutlass.max(rs[j], 0), 0].to(cutlass.Float32) for j in range(FIN_SLOTS)]
+                    for j in cutlass.range_constexpr(FIN_SLOTS):
+                        acc = cutlass.select_(rs[j] >= 0, fadd_rn(acc, fmul_rn(ws[j], ys[j])), acc)
+                if has_shared != 0:
+                    acc = fadd_rn(acc, mShared[t, f].to(cutlass.Float32))
+                if has_resid != 0:
+                    acc = fadd_rn(acc, mResid[t, f].to(cutlass.Float32))
+                mFinal[t, f] = acc.to(self.final_dtype)
 
     def _a_tile(self, mma_m, coord, work):
         return work.tiles[coord[1] * 4] * work.tiles_per_expert + mma_m
@@ -140,12 +228,16 @@ class Sm100MoeTemplate:
         b        uint8 [slots * tile_n, K/2]   per-slot packed activations
         sfa      e4m3, the 128x4-swizzled scales of ``a`` (2-D over the stack)
         sfb      e4m3 [slots * 128 rows] 128x4-swizzled: one atom per slot
-        c        output: [slots * tile_n, m or m/2] (out dtype), or packed codes [slots * tile_n, m/4] (out_quant)
+        c        output: [slots * tile_n, m or m/2] (out dtype; fp32 with ``finalize``), or packed codes
+                 [slots * tile_n, m/4] (out_quant)
         alpha    fp32 [E * stride]: per expert alpha (1 or m values) [+ next input scale]
         tiles    int32 [4 * slots]: (expert, first permuted pair, pairs, 0)
         residual out_quant: uint8 [slots * 512 * ceil(m/128)] swizzled scales of the codes; else unused
-        workspace fp32, counters int32 (split-K)
-        m, n, k, a_rows int32; stream
+        workspace fp32, counters int32 (split-K; with ``finalize`` the row tiles' finalize counters follow)
+        final, shared, resid  [m_tok, m] out dtype: the finalize's output, shared_out, residual (``finalize``)
+        y_rows   int32 [m_tok * top_k]: row of ``c`` per pair, -1 = empty slot; wts fp32 [m_tok * top_k]
+        flags    int32 [2]: (shared_out given, residual given)
+        m, n, k, a_rows, m_tok, top_k int32; stream
     """
 
     template_id = TEMPLATE_ID
@@ -168,6 +260,9 @@ class Sm100MoeTemplate:
             return Status.fail("the grouped kernel has no bias / residual (the finalize adds shared_out and residual)")
         if epi.gated and not epi.out_quant:
             return Status.fail("gated GEMM1 of the grouped kernel writes GEMM2's NVFP4 input (out_quant=True)")
+        if spec.config.finalize and (epi.gated or epi.out_quant or epi.activation != "none"
+                                     or epi.out_dtype not in (torch.bfloat16, torch.float16)):
+            return Status.fail("finalize is GEMM2's: no activation, rounding into bf16 / fp16 (y stays fp32)")
         return Status.success()
 
     def abi(self, spec):
@@ -178,16 +273,24 @@ class Sm100MoeTemplate:
             PointerArg("b_ptr", "Float4E2M1FN", assumed_align=16),
             PointerArg("sfa_ptr", "Float8E4M3FN", assumed_align=16),
             PointerArg("sfb_ptr", "Float8E4M3FN", assumed_align=16),
-            PointerArg("c_ptr", "Uint8" if q else out, assumed_align=16),
+            PointerArg("c_ptr", "Uint8" if q else ("Float32" if spec.config.finalize else out), assumed_align=16),
             PointerArg("alpha_ptr", "Float32", assumed_align=4),
             PointerArg("tiles_ptr", "Int32", assumed_align=16),
             PointerArg("residual_ptr", "Uint8" if q else out, assumed_align=16),
             PointerArg("workspace_ptr", "Float32", assumed_align=16),
             PointerArg("counter_ptr", "Int32", assumed_align=4),
+            PointerArg("final_ptr", out, assumed_align=2),
+            PointerArg("shared_ptr", out, assumed_align=2),
+            PointerArg("resid_ptr", out, assumed_align=2),
+            PointerArg("yrows_ptr", "Int32", assumed_align=4),
+            PointerArg("wts_ptr", "Float32", assumed_align=4),
+            PointerArg("flags_ptr", "Int32", assumed_align=4),
             ScalarArg("m", "int32"),
             ScalarArg("n", "int32"),
             ScalarArg("k", "int32"),
             ScalarArg("a_rows", "int32"),
+            ScalarArg("m_tok", "int32"),
+            ScalarArg("top_k", "int32"),
             StreamArg("stream"),
         )
 

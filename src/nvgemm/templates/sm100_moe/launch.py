@@ -40,9 +40,12 @@ import torch
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.formats import NVFP4, blocked_numel, from_blocked, quantize_activation, to_blocked
 from nvgemm.core.validation import alpha_of
-from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation, splitk_buffers
+from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation
 from nvgemm.templates.sm90_w4a16.launch import _memo, capturing
-from nvgemm.templates.sm90_moe.launch import MoeWorkList, finalize, work_list
+from nvgemm.templates.sm100_w4a4.launch import splitk_workspace_shape
+from nvgemm.templates.common.workspace import WORKSPACES
+from nvgemm.templates.sm90_moe.config import fused_finalize_ok
+from nvgemm.templates.sm90_moe.launch import FinalizeArgs, MoeWorkList, finalize, finalize_args, work_list
 from nvgemm.templates.sm100_moe.config import Sm100MoeConfig, moe_shape_problem, padded_rows, validate_moe_config
 from nvgemm.templates.common.triton_stand_in import stand_in
 
@@ -168,11 +171,15 @@ class Sm100MoeGemmArgs:
     a_rows: int
     spec: EpilogueSpec
     config: Sm100MoeConfig
+    fin: Optional[FinalizeArgs] = None  # the finalize GEMM2 runs (``config.finalize``)
 
     def abi_values(self) -> tuple:
         z = (lambda t: t if t is not None else 0)  # noqa: E731
+        f = self.fin
+        fin = (0, 0, 0, 0, 0, 0, 0, 0) if f is None else (
+            f.out, f.shared, f.residual, f.y_rows, f.weights, f.flags, f.out.shape[0], f.y_rows.numel() // f.out.shape[0])
         return (self.a, self.b, self.sfa, self.sfb, self.c, self.alpha, self.tiles, z(self.residual),
-                z(self.workspace), z(self.counters), self.m, self.n, self.k, self.a_rows)
+                z(self.workspace), z(self.counters)) + fin[:6] + (self.m, self.n, self.k, self.a_rows) + fin[6:]
 
 
 def alpha_table(weight_scale_2: torch.Tensor, input_scale: torch.Tensor, stack: Sm100MoeStack,
@@ -206,9 +213,12 @@ def cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale
 
 
 def _split_k(config, m, n, dev, stream_id):
-    if config.split_k == 1:
+    if config.split_k == 1 and not config.finalize:
         return None, None
-    return splitk_buffers(dev, m, n, config.dense(), stream_id)
+    ws_numel, n_cnt = splitk_workspace_shape(m, n, config.dense()) if config.split_k > 1 else (1, 0)
+    if config.finalize:  # the row tiles' finalize counters follow the split-K ones
+        n_cnt += -(-m // 128)
+    return WORKSPACES.get(dev, ws_numel, n_cnt, stream_id)
 
 
 def b2_scale_atoms_ref(slots: int, tile_n: int, inter: int, device) -> torch.Tensor:
@@ -253,8 +263,15 @@ def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: M
 
 
 def gemm2_args(config: Sm100MoeConfig, a1: Sm100MoeGemmArgs, wl: MoeWorkList, stack: Sm100MoeStack,
-               alpha: torch.Tensor, stream_id: int = 0) -> Sm100MoeGemmArgs:
-    """GEMM2: B = GEMM1's requantized output, y = acc * alpha2[e] in fp32 ``[slots * tile_n, H]``."""
+               alpha: torch.Tensor, stream_id: int = 0, fin: Optional[FinalizeArgs] = None) -> Sm100MoeGemmArgs:
+    """GEMM2: B = GEMM1's requantized output, y = acc * alpha2[e] in fp32 ``[slots * tile_n, H]``;
+    with ``fin`` (``config.finalize``) the kernel also runs the top-k finalize into ``fin.out``."""
+    if config.finalize != (fin is not None):
+        raise ValueError(f"nvgemm sm100 moe: {config.name()}: finalize arguments "
+                         f"{'missing' if config.finalize else 'given to a GEMM without finalize'}")
+    if fin is not None and (fin.out.shape[1] != stack.rows or fin.y_rows.numel() % max(1, fin.out.shape[0])):
+        raise ValueError(f"nvgemm sm100 moe: the finalize's output is {tuple(fin.out.shape)}, expected [M, "
+                         f"{stack.rows}] with M dividing the {fin.y_rows.numel()} pairs")
     validate_moe_config(config).raise_if_failed("sm100 moe config")
     if why := moe_shape_problem(config, stack.rows, stack.k, False):
         raise ValueError(f"nvgemm sm100 moe: GEMM2 {config.name()}: {why}")
@@ -266,10 +283,11 @@ def gemm2_args(config: Sm100MoeConfig, a1: Sm100MoeGemmArgs, wl: MoeWorkList, st
     n = a1.n
     dev = a1.c.device
     y = torch.empty((n, stack.rows), dtype=torch.float32, device=dev)
-    spec = EpilogueSpec(alpha="scalar", activation="none", out_dtype=torch.float32)
+    # with the finalize, out_dtype is the finalize's rounding (y stays fp32: the kernel's c)
+    spec = EpilogueSpec(alpha="scalar", activation="none", out_dtype=torch.float32 if fin is None else fin.out.dtype)
     ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
     return Sm100MoeGemmArgs(stack.weight, a1.c, stack.scale, a1.residual.view(_E4M3), y, alpha, wl.tiles, None, ws,
-                            cnt, stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config)
+                            cnt, stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config, fin)
 
 
 # --------------------------------------------------------------------------- the layer
@@ -309,16 +327,25 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         prep = moe_prep_triton(xin, topk_ids, expert_map, w13.shape[0], w13_input_scale, tn, s13.rows // 2,
                                kernel=kernel)
         wl, b1, sfb1, yrow, sf2 = prep.work_list, prep.codes, prep.scales, prep.y_rows, prep.b2_scales
+        yfin = prep.finalize_rows
     else:
         wl = work_list(topk_ids, expert_map, w13.shape[0], tn)
         b1, sfb1 = slot_activations(xin, wl, w13_input_scale, tn)
         yrow = slot_rows_of_pairs(wl, tn)
+        yfin = torch.where(wl.valid, yrow, torch.full_like(yrow, -1)).to(torch.int32).reshape(-1)
         sf2 = None
     a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id, out_scales=sf2)
     launch(a1)
-    a2 = gemm2_args(config2, a1, wl, s2, alpha2, stream_id)
+    fuse = yfin is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual)
+    fin = None
+    if fuse:  # GEMM2 runs the finalize: 3 launches
+        fin = finalize_args(dataclasses.replace(wl, y_rows=yfin), wts, shared_out, residual, out_dtype, s2.rows)
+    a2 = gemm2_args(dataclasses.replace(config2, finalize=fuse), a1, wl, s2, alpha2, stream_id, fin=fin)
     launch(a2)
-    out = finalize(a2.c, dataclasses.replace(wl, pos=yrow), wts, shared_out, residual, out_dtype)
+    if fuse:
+        out = fin.out
+    else:
+        out = finalize(a2.c, dataclasses.replace(wl, pos=yrow), wts, shared_out, residual, out_dtype)
     if keep is not None:
         keep.update(work_list=wl, args13=a1, args2=a2, y_rows=yrow)
     return out

@@ -22,7 +22,9 @@ handshake (:func:`empty_slot_us`).
 
 **Host path**: :func:`prep_kernels` tiny launches (one Triton launch up to
 :data:`~.config.FUSED_PREP_MAX_PAIRS` routed pairs: work list, activations and the scale padding
-together; three above) and the finalize, each at the hardware's tiny-kernel cost. **Byte floor**: :func:`~.sm90_moe.byte_floor_us` (active + shared experts' NVFP4
+together; three above) and, above :data:`~.sm90_moe.config.FUSED_FINALIZE_MAX_TOKENS` tokens, the
+finalize, each at the hardware's tiny-kernel cost; at or below it GEMM2 runs the finalize, charged as
+its last CTA's serial tail (:func:`~.sm90_moe.perf.fused_finalize_tail_us`, one token after another). **Byte floor**: :func:`~.sm90_moe.byte_floor_us` (active + shared experts' NVFP4
 weight bytes at the achievable bandwidth).
 """
 
@@ -41,6 +43,8 @@ from nvgemm.templates.sm90_moe.perf import (
     MoeGemmEstimate,
     byte_floor_us,
     expected_active_experts,
+    finalize_kernels,
+    fused_finalize_tail_us,
     grouped_gemm_estimates,
 )
 
@@ -104,12 +108,13 @@ def empty_slot_us(config, pairs: int, num_experts: int, tiles: float, rows_p: in
     return math.ceil(units / ctas) * per_unit / hw.clock_hz * 1e6
 
 
-def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS) -> tuple[float, float]:
-    """Tiny kernels of the host path (prep + finalize) at the aux-kernel cost."""
+def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS,
+            finalize: int = FINALIZE_KERNELS) -> tuple[float, float]:
+    """Tiny kernels of the host path (prep + finalize launches) at the aux-kernel cost."""
     hw = get_hardware(gpu)
-    n = prep_kernels + FINALIZE_KERNELS
+    n = prep_kernels + finalize
     return (n * hw.aux_kernel_us[0], n * hw.aux_kernel_us[1])
 
 
-__all__ = ["EMPTY_UNIT_CYCLES", "PREP_KERNELS", "PREP_KERNELS_LARGE", "prep_kernels", "empty_slot_us", "byte_floor_us", "expected_active_experts", "host_us",
+__all__ = ["finalize_kernels", "fused_finalize_tail_us", "EMPTY_UNIT_CYCLES", "PREP_KERNELS", "PREP_KERNELS_LARGE", "prep_kernels", "empty_slot_us", "byte_floor_us", "expected_active_experts", "host_us",
            "moe_gemm_estimate", "moe_gemm_estimates"]

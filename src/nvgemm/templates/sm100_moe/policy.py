@@ -25,6 +25,8 @@ from typing import Optional
 from nvgemm.templates.sm100_moe.perf import (
     byte_floor_us,
     expected_active_experts,
+    finalize_kernels,
+    fused_finalize_tail_us,
     host_us,
     moe_gemm_estimates,
     prep_kernels as _prep_kernels,
@@ -121,11 +123,18 @@ def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_ke
     if not cands:
         return {}
     c = cands[0]
-    host = host_us(gpu, _prep_kernels(m * shape.top_k) if prep_kernels is None else prep_kernels)
+    prep = _prep_kernels(m * shape.top_k) if prep_kernels is None else prep_kernels
+    fin = finalize_kernels(m)
+    host = host_us(gpu, prep, fin)
+    gemm = c.gemm_us
+    if fin == 0:  # GEMM2 runs the finalize: its last CTA's serial tail (one token after another)
+        tail = fused_finalize_tail_us(m, shape.top_k, gpu)
+        gemm = (gemm[0] + tail[0], gemm[1] + tail[1])
     shared = _shared_us(shape, m, gpu, ("sm100.nvfp4",)) if shape.shared_inter else (0.0, 0.0)
-    total = tuple(c.gemm_us[i] + host[i] + shared[i] for i in range(2))
+    total = tuple(gemm[i] + host[i] + shared[i] for i in range(2))
     return {"m": m, "active": expected_active_experts(m, shape.top_k, shape.num_experts), "tiles": c.tiles,
-            "config13": c.config13.name(), "config2": c.config2.name(), "gemm_us": c.gemm_us, "host_us": host,
+            "config13": c.config13.name(), "config2": c.config2.name(), "gemm_us": gemm, "host_us": host,
+            "launches": 2 + prep + fin,
             "shared_us": shared, "total_us": total,
             "floor_us": byte_floor_us(m, shape.top_k, shape.num_experts, shape.hidden, shape.inter, shape.shared_inter,
                                       gpu)}

@@ -14,7 +14,8 @@ Program ``(j, kt)`` of the grid ``(work slots, K tiles)``:
   work slot is the sum of the tile counts of the experts before it. Slot ``j`` finds the expert whose
   slots cover ``j``: ``(e, first permuted row, rows <= tile_n)``. Program ``(0, 0)`` stores the
   tables (``rows``, ``pos``, ``valid``, ``counts``, and per pair the row of the slot-major GEMM
-  outputs that holds its result, for the finalize); program ``(j, 0)`` stores slot ``j``'s tile.
+  outputs that holds its result, for the finalize, and as int32 with -1 for an empty slot for the
+  finalize GEMM2 runs); program ``(j, 0)`` stores slot ``j``'s tile.
   Without ``FUSED`` the tables come from a work list built before (``tiles``, ``rows``) and the
   program stores where each permuted row lands (the finalize gathers it per pair).
 * **activations**: the ``tile_n`` rows of slot ``j`` (source token ``rows[p0 + t]``, zeros for
@@ -32,6 +33,7 @@ Program ``(j, kt)`` of the grid ``(work slots, K tiles)``:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -52,7 +54,7 @@ def _sf_atom_offset(slot, kb, r, kb_tiles):
 
 @triton.jit
 def _moe_prep_kernel(x_ptr, ids_ptr, map_ptr, ins_ptr, rows_ptr, tiles_ptr, pos_ptr, valid_ptr, counts_ptr,
-                     yrow_ptr, q_ptr, sf_ptr, sf2_ptr, K, stride_xm, P, E, KB2, KB2_TILES,
+                     yrow_ptr, yfin_ptr, q_ptr, sf_ptr, sf2_ptr, K, stride_xm, P, E, KB2, KB2_TILES,
                      TOPK: tl.constexpr, TN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
                      FUSED: tl.constexpr, HAS_MAP: tl.constexpr, ZERO_SF2: tl.constexpr):
     j = tl.program_id(0)
@@ -96,6 +98,7 @@ def _moe_prep_kernel(x_ptr, ids_ptr, map_ptr, ins_ptr, rows_ptr, tiles_ptr, pos_
                 tl.store(rows_ptr + rank, (a // TOPK).to(tl.int32), mask=inb)
                 srow = (tstart + inner // TN) * TN + inner % TN
                 tl.store(yrow_ptr + a, srow.to(tl.int64), mask=inb)
+                tl.store(yfin_ptr + a, tl.where(real, srow, -1).to(tl.int32), mask=inb)  # -1: empty slot
                 for e0 in range(0, E, BLOCK):
                     tl.store(counts_ptr + e0 + a, tl.zeros([BLOCK], dtype=tl.int64), mask=e0 + a < E)
                 tl.debug_barrier()
@@ -140,6 +143,8 @@ class SlotPrep:
     codes: torch.Tensor  # uint8 [slots * tile_n, H/2]: GEMM1's B
     scales: torch.Tensor  # e4m3 1-D: GEMM1's SFB, one 128-row atom per slot
     y_rows: torch.Tensor  # int64 [M, K]: row of GEMM2's output holding pair (t, s) (valid pairs)
+    #: int32 [M * K]: the same rows, -1 for an empty slot -- the fused finalize's table (one launch: else None)
+    finalize_rows: Optional[torch.Tensor]
     b2_scales: torch.Tensor  # uint8 1-D: GEMM2's SFB atoms, padding zeroed, the rest for GEMM1 to write
     launches: int  # device launches of the prep (1 fused; 2 + a gather otherwise)
 
@@ -176,6 +181,7 @@ def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_exp
                          torch.empty((m, k), dtype=torch.int8, device=dev),
                          torch.empty(num_experts, dtype=torch.int64, device=dev), tile_n)
         yrow = torch.empty((m, k), dtype=torch.int64, device=dev)
+        yfin = torch.empty(p, dtype=torch.int32, device=dev)
         launches = 1
     else:
         # lazy: the work list's own kernel (sm90 family)
@@ -183,18 +189,19 @@ def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_exp
 
         wl = work_list(topk_ids, expert_map, num_experts, tile_n)
         yrow = torch.empty(max(p, 1), dtype=torch.int64, device=dev)  # permuted row -> slot row
+        yfin = None
         launches = 3
     kb2 = inter // 16
     kernel[(slots, triton.cdiv(h, _BLOCK_K))](
         xs, ids, expert_map if expert_map is not None else ids, ins, wl.rows, wl.tiles, wl.pos,
-        wl.valid, wl.counts, yrow, codes, atoms, sf2, h, xs.stride(0), max(p, 1), num_experts, kb2, -(-kb2 // 4),
+        wl.valid, wl.counts, yrow, yfin if yfin is not None else yrow, codes, atoms, sf2, h, xs.stride(0), max(p, 1), num_experts, kb2, -(-kb2 // 4),
         TOPK=k, TN=tile_n, BLOCK=max(16, triton.next_power_of_2(p)) if fused else 16, BLOCK_K=_BLOCK_K, FUSED=fused,
         HAS_MAP=expert_map is not None, ZERO_SF2=tile_n < 128 or kb2 % 4 != 0, enable_fp_fusion=False)
     if fused:
         wl.valid = wl.valid.view(torch.bool)
     else:
         yrow = yrow[wl.pos]
-    return SlotPrep(wl, codes, atoms.view(torch.float8_e4m3fn), yrow, sf2, launches)
+    return SlotPrep(wl, codes, atoms.view(torch.float8_e4m3fn), yrow, yfin, sf2, launches)
 
 
 __all__ = ["FUSED_MAX_PAIRS", "SlotPrep", "b2_scale_numel", "moe_prep_triton"]

@@ -248,6 +248,7 @@ class Sm100EpilogueMixin:
                                 c_pipeline, warp_idx, num_stores)
                 cute.arch.fence_view_async_tmem_load()
                 acc_pipeline.consumer_release(acc_state)
+                self._tile_done(coord, work, mC_mnl, mCnt, sFlag, tidx, m_gemm, num_tiles_n)
             else:
                 # 1) publish this split's fp32 partial (thread-major workspace, 16-byte stores)
                 _kb, k_cnt = self._tile_k_range(coord, k_tile_total, work)
@@ -285,6 +286,7 @@ class Sm100EpilogueMixin:
                             warp_idx, num_stores)
                     if tidx == 0:
                         mCnt[cta_tile_id] = cutlass.Int32(0)
+                    self._tile_done(coord, work, mC_mnl, mCnt, sFlag, tidx, m_gemm, num_tiles_n)
                 self.epilog_sync_barrier.arrive_and_wait()
             acc_state.advance()
             tile_sched.advance_to_next_work()

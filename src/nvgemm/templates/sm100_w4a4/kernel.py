@@ -285,10 +285,13 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
 
     @cute.jit
     def _host_launch(self, a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr, bias_ptr, residual_ptr, workspace_ptr,
-                     counter_ptr, m, n, k, stream, mTiles=None, a_rows=None):
+                     counter_ptr, m, n, k, stream, mTiles=None, a_rows=None, fin=None):
         """The body of :meth:`__call__` (traced inline). A grouped variant passes its work list
-        ``mTiles`` and the row count ``a_rows`` of its stacked A operand; the dense kernel passes
-        neither (see the work hooks below)."""
+        ``mTiles`` and the row count ``a_rows`` of its stacked A operand, and ``fin``, the tensors of a
+        finalize it runs after its tiles (:meth:`_tile_done`); the dense kernel passes none (see the work
+        hooks below)."""
+        if cutlass.const_expr(fin is None):
+            fin = (None, None, None, None, None, None)
         self._setup_attributes()
         tiled_mma, tiled_mma_sfb = self._make_tiled_mmas()
 
@@ -435,7 +438,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             self.cluster_layout_vmnk, self.cluster_layout_sfb_vmnk,
             self.a_smem_layout_staged, self.b_smem_layout_staged,
             self.sfa_smem_layout_staged, self.sfb_smem_layout_staged,
-            sched_params, num_tiles_n, mTiles,
+            sched_params, num_tiles_n, mTiles, *fin,
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
@@ -490,6 +493,12 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         sched_params: utils.PersistentTileSchedulerParams,
         num_tiles_n: cutlass.Int32,
         mTiles: cute.Tensor,
+        mFinal: cute.Tensor,
+        mShared: cute.Tensor,
+        mResid: cute.Tensor,
+        mYRows: cute.Tensor,
+        mWts: cute.Tensor,
+        mFlags: cute.Tensor,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -588,7 +597,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.num_acc_stage))
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
-        work = self._work(mTiles, m_gemm)
+        work = self._work(mTiles, m_gemm, (mFinal, mShared, mResid, mYRows, mWts, mFlags))
 
         if warp_idx == self.tma_warp_id:
             self._tma_warp(
@@ -712,9 +721,13 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
     #: (dense); False: every N tile owns a whole 128-row SFB atom (grouped: one atom per work slot).
     sfb_col_offsets = True
 
-    def _work(self, mTiles, m_gemm):
+    def _work(self, mTiles, m_gemm, fin):
         """Per-kernel work-list context handed to the roles (None: a dense GEMM)."""
         return None
+
+    def _tile_done(self, coord, work, mC, mCnt, sFlag, tidx, m_gemm, num_tiles_n):
+        """After the epilogue threads stored work tile ``coord`` (the split-K reduction's CTA only):
+        a grouped variant's cross-tile step (dense: nothing, no code)."""
 
     def _a_tile(self, mma_m, coord, work):
         """Index of the A (weight) MMA tile of work tile ``coord`` (dense: its M coordinate)."""

@@ -19,6 +19,9 @@ value, or one per row when an expert's gate/up ``weight_scale_2`` differ). Field
     pdl        programmatic dependent launch: the CTA waits (``griddepcontrol.wait``) **before**
                reading the work list -- the expert of a tile comes from the routing -- so only the
                launch latency overlaps the previous kernel
+    finalize   GEMM2 only: the top-k finalize runs in the kernel (the last CTA of each feature block
+               sums the tokens' expert rows in slot order, adds shared_out / residual, rounds once)
+    direct     one token: no work list, work slot j is routed pair j read from the ids (no prep launch)
 
 The kernel itself is unchanged in its numerics from the dense ``mma`` kernel; the validity rule is
 the dense one plus the work-list bounds (:func:`work_tiles_bound`).
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from nvgemm.templates.sm90_w4a16.config import Sm90W4A16Config, validate_config as _validate_dense
 from nvgemm.core.status import Status
@@ -46,6 +50,12 @@ class Sm90MoeConfig:
     num_warps: int = 4
     stages: int = 4
     pdl: bool = False
+    #: GEMM2 only: the kernel also runs the top-k finalize (:class:`~.kernel.Sm90MoeMmaKernel`): the
+    #: last CTA of each feature block sums every token's expert rows in slot order (no extra launch)
+    finalize: bool = False
+    #: one token: no work list -- slot j is pair j (expert ``ids[j]``, one row, -1: empty), read from the
+    #: ids themselves (``mYRows``), so the call needs no prep launch
+    direct: bool = False
 
     family = MOE_FAMILY  # class attribute (not a field): one family
 
@@ -55,6 +65,10 @@ class Sm90MoeConfig:
             s += f"_sk{self.split_k}"
         if self.pdl:
             s += "_pdl"
+        if self.finalize:
+            s += "_fin"
+        if self.direct:
+            s += "_dir"
         return s
 
     def dense(self) -> Sm90W4A16Config:
@@ -86,6 +100,22 @@ def work_tiles_bound(pairs: int, num_experts: int, tile_m: int) -> int:
     return max(1, pairs // tile_m + min(num_experts, pairs))
 
 
+#: Tokens up to which GEMM2 runs the top-k finalize itself (``finalize``: no finalize launch). The last
+#: CTA of a row block finalizes every token alone, two dependent L2 round trips per token (the slots'
+#: rows, then their y values; sm_100a: tokens in sequence), a serial tail that grows with the batch:
+#: at 2 tokens it costs about one tiny-kernel launch (the model, ``perf.fused_finalize_tail_us``), so
+#: above this the finalize is its own kernel.
+FUSED_FINALIZE_MAX_TOKENS = 2
+
+
+def fused_finalize_ok(tokens: int, x_dtype, out_dtype, shared_out, residual) -> bool:
+    """Whether GEMM2 runs the finalize of a call (its output, ``shared_out`` and ``residual`` in the
+    activations' dtype, contiguous; at most :data:`FUSED_FINALIZE_MAX_TOKENS` tokens)."""
+    if not 0 < tokens <= FUSED_FINALIZE_MAX_TOKENS or out_dtype != x_dtype:
+        return False
+    return all(t is None or (t.dtype == x_dtype and t.dim() == 2 and t.is_contiguous()) for t in (shared_out, residual))
+
+
 @dataclass
 class MoeWorkList:
     """Routing tables of one call (:mod:`.launch` builds them); all on the ids' device."""
@@ -96,6 +126,8 @@ class MoeWorkList:
     valid: torch.Tensor  # bool [M, K]: the slot routes to a local expert
     counts: torch.Tensor  # int64 [E]: pairs per local expert
     tile_m: int
+    #: int32 [M * K]: permuted row of pair (t, s), -1 for an empty slot (the fused finalize's table)
+    y_rows: Optional[torch.Tensor] = None
 
     @property
     def slots(self) -> int:
@@ -119,7 +151,7 @@ def moe_shape_problem(c: Sm90MoeConfig, rows: int, k: int, gated: bool) -> str |
     return None
 
 
-_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_moe_mma_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?")
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_moe_mma_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?(_fin)?(_dir)?")
 
 
 def moe_config_from_name(name: str) -> Sm90MoeConfig:
@@ -127,10 +159,10 @@ def moe_config_from_name(name: str) -> Sm90MoeConfig:
     m = _NAME_RE.fullmatch(name)
     if m is None:
         raise ValueError(f"not an sm90 MoE config name: {name!r}")
-    tm, tn, tk, nw, st, sk, pdl = m.groups()
+    tm, tn, tk, nw, st, sk, pdl, fin, direct = m.groups()
     return Sm90MoeConfig(tile_m=int(tm), tile_n=int(tn), tile_k=int(tk), split_k=int(sk or 1), num_warps=int(nw),
-                         stages=int(st), pdl=bool(pdl))
+                         stages=int(st), pdl=bool(pdl), finalize=bool(fin), direct=bool(direct))
 
 
-__all__ = ["MOE_ARCHS", "MOE_FAMILY", "MOE_TILE_M", "MoeWorkList", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",
+__all__ = ["FUSED_FINALIZE_MAX_TOKENS", "MOE_ARCHS", "fused_finalize_ok", "MOE_FAMILY", "MOE_TILE_M", "MoeWorkList", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",
            "validate_moe_config", "work_tiles_bound"]

@@ -32,7 +32,7 @@ pair with the expert's input scale; not implemented (the op falls back to the em
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -43,8 +43,8 @@ from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace, _int32_dummy, _mem
 from nvgemm.templates.common.derived import device_memo
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_w4a16.operand import Sm90Weight, kind_of, prepare_sm90_weight
-from nvgemm.templates.sm90_moe.config import (MoeWorkList, Sm90MoeConfig, moe_shape_problem, validate_moe_config,
-                                              work_tiles_bound)
+from nvgemm.templates.sm90_moe.config import (MoeWorkList, Sm90MoeConfig, fused_finalize_ok, moe_shape_problem,
+                                              validate_moe_config, work_tiles_bound)
 from nvgemm.templates.common.triton_stand_in import stand_in
 
 # --------------------------------------------------------------------------- work list
@@ -79,7 +79,8 @@ def build_work_list(local: torch.Tensor, num_experts: int, tile_m: int) -> MoeWo
     start = torch.where(used, start, torch.zeros_like(start))
     tiles = torch.stack([torch.where(used, tec, torch.zeros_like(tec)), start, cnt, torch.zeros_like(cnt)], dim=1).reshape(-1).to(torch.int32)
     rows = (order // k).to(torch.int32)
-    return MoeWorkList(rows, tiles, pos.reshape(m, k), valid.reshape(m, k), counts, tile_m)
+    y_rows = torch.where(valid, pos, torch.full_like(pos, -1)).to(torch.int32)
+    return MoeWorkList(rows, tiles, pos.reshape(m, k), valid.reshape(m, k), counts, tile_m, y_rows)
 
 
 def local_expert_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
@@ -110,6 +111,7 @@ def work_list(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_ex
 
 
 _IDENT: dict[str, torch.Tensor] = {}
+_ZEROS: dict[str, torch.Tensor] = {}
 
 
 def identity_rows(n: int, device: torch.device) -> torch.Tensor:
@@ -120,6 +122,34 @@ def identity_rows(n: int, device: torch.device) -> torch.Tensor:
         t = torch.arange(max(n, 4096), dtype=torch.int32, device=device)
         memo[str(device)] = t
     return t[:n]
+
+
+def zero_rows(n: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros of length ``n`` from a per-device buffer (no launch per call; grown outside capture)."""
+    memo = device_memo(_ZEROS)
+    t = memo.get(str(device))
+    if t is None or t.numel() < n:
+        t = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        memo[str(device)] = t
+    return t[:n]
+
+
+def direct_ok(topk_ids: torch.Tensor, expert_map, x_dtype, out_dtype, shared_out, residual) -> bool:
+    """Whether a call runs without a work list (``config.direct``): one token, no expert map, int32
+    contiguous ids, and GEMM2 running the finalize (:func:`~.config.fused_finalize_ok`)."""
+    return (topk_ids.shape[0] == 1 and expert_map is None and topk_ids.dtype == torch.int32
+            and topk_ids.is_contiguous() and fused_finalize_ok(1, x_dtype, out_dtype, shared_out, residual))
+
+
+def direct_work_list(topk_ids: torch.Tensor, tile_m: int) -> MoeWorkList:
+    """The routing of one token without a launch (``config.direct``): work slot ``j`` is pair ``j`` (its
+    expert read by the kernels from the ids, kept as ``y_rows``), permuted row ``j``; the row table is all
+    zeros (the one token) and the tile table is never read (it sizes the grid: one slot per pair).
+    ``valid`` and ``counts`` are not derived (they would take a launch)."""
+    k = topk_ids.shape[1]
+    dev = topk_ids.device
+    return MoeWorkList(zero_rows(k, dev), zero_rows(4 * k, dev), identity_rows(k, dev).view(1, k), None, None,
+                       tile_m, topk_ids.reshape(-1))
 
 
 # --------------------------------------------------------------------------- stacked weights
@@ -180,17 +210,66 @@ class MoeGemmArgs:
     count: torch.Tensor
     spec: EpilogueSpec
     config: Sm90MoeConfig
+    fin: Optional["FinalizeArgs"] = None
+    ids: Optional[torch.Tensor] = None  # ``config.direct``: the one token's int32 expert ids (the routing)
 
     def abi_values(self) -> tuple:
-        return (self.x, self.rows, self.tiles, self.weight, self.scale, self.alpha, self.out, self.work, self.count)
+        f = self.fin
+        if f is None:  # never read (but the direct ids): tensors of the ABI's dtypes and ranks
+            tail = (self.x, self.x, self.x, self.rows if self.ids is None else self.ids, self.alpha, self.rows)
+        else:
+            tail = (f.out, f.shared, f.residual, f.y_rows, f.weights, f.flags)
+        return (self.x, self.rows, self.tiles, self.weight, self.scale, self.alpha, self.out, self.work,
+                self.count) + tail
+
+
+@dataclass
+class FinalizeArgs:
+    """The finalize GEMM2 runs (``config.finalize``): its output and inputs in ABI order."""
+
+    out: torch.Tensor  # [M, H] activation dtype
+    shared: torch.Tensor  # [M, H] or ``out`` (absent)
+    residual: torch.Tensor  # [M, H] or ``out`` (absent)
+    y_rows: torch.Tensor  # int32 [M * K]: row of y per pair, -1 = empty slot
+    weights: torch.Tensor  # fp32 [M * K]
+    flags: torch.Tensor  # int32 [2]: (shared given, residual given)
+
+
+_FLAGS: dict = {}
+
+
+def finalize_flags(has_shared: bool, has_residual: bool, device) -> torch.Tensor:
+    """int32 ``[has_shared, has_residual]`` from a per-device memo (no launch per call; made by device fills, no
+    host-to-device copy, so a first call under CUDA-graph capture records them instead of failing)."""
+    memo = device_memo(_FLAGS)
+    key = (str(device), bool(has_shared), bool(has_residual))
+    t = memo.get(key)
+    if t is None:
+        t = torch.zeros(2, dtype=torch.int32, device=device)
+        t[0], t[1] = int(has_shared), int(has_residual)
+        memo[key] = t
+    return t
+
+
+def finalize_args(wl: MoeWorkList, weights: torch.Tensor, shared_out, residual, out_dtype,
+                  hidden: int) -> FinalizeArgs:
+    """The fused finalize's arguments (:func:`~.config.fused_finalize_ok` holds): ``y_rows`` from the prep."""
+    m = wl.pos.shape[0]
+    dev = wl.pos.device
+    out = torch.empty((m, hidden), dtype=out_dtype, device=dev)
+    w = weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous()
+    return FinalizeArgs(out, shared_out if shared_out is not None else out, residual if residual is not None else out,
+                        wl.y_rows.reshape(-1), w.reshape(-1), finalize_flags(shared_out is not None,
+                                                                             residual is not None, dev))
 
 
 def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: MoeWorkList, stack: MoeStack,
               alpha: torch.Tensor, activation: str, out_dtype: torch.dtype, ws: Optional[Sm90Workspace] = None,
-              stream_id: int = 0) -> MoeGemmArgs:
+              stream_id: int = 0, fin: Optional[FinalizeArgs] = None) -> MoeGemmArgs:
     """Arguments of one grouped GEMM (output ``[P, rows or rows/2]``); raises naming the problem.
     Split-K partials go to ``ws`` when given, else to the shared per-(device, stream) pool
-    (:data:`nvgemm.templates.common.workspace.WORKSPACES`)."""
+    (:data:`nvgemm.templates.common.workspace.WORKSPACES`). ``fin``: the finalize this GEMM2 runs
+    (``config.finalize``); its row blocks' counters follow the split-K counters."""
     validate_moe_config(config).raise_if_failed("sm90 moe config")
     gated = activation == "silu_mul"
     if why := moe_shape_problem(config, stack.rows, stack.k, gated):
@@ -205,17 +284,27 @@ def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: Mo
                         out_dtype=out_dtype)
     out = torch.empty((p, n_out), dtype=out_dtype, device=x.device)
     alpha = alpha.reshape(-1).contiguous()  # [E] or per row [E * rows] (the ABI's 1-D alpha)
+    if config.finalize != (fin is not None):
+        raise ValueError(f"nvgemm sm90 moe: {config.name()}: finalize arguments "
+                         f"{'missing' if config.finalize else 'given to a GEMM without finalize'}")
+    if fin is not None and (gated or activation != "none" or out_dtype != torch.float32):
+        raise ValueError("nvgemm sm90 moe: the finalize runs in GEMM2 (no activation, fp32 rows)")
+    if fin is not None and tuple(fin.out.shape) != (wl.pos.shape[0], n_out):
+        raise ValueError(f"nvgemm sm90 moe: the finalize's output is {tuple(fin.out.shape)}, expected "
+                         f"{(wl.pos.shape[0], n_out)}")
     work, count = alpha, _int32_dummy(x.device)  # never read without split-K (a 1-D fp32 tensor, as the ABI wants)
-    if config.split_k > 1:
-        feat = config.tile_n // 2 if gated else config.tile_n
-        need_w, need_c = config.split_k * p * stack.rows, wl.slots * -(-n_out // feat)
+    feat = config.tile_n // 2 if gated else config.tile_n
+    blocks = -(-n_out // feat)
+    if config.split_k > 1 or fin is not None:
+        need_w = config.split_k * p * stack.rows if config.split_k > 1 else 1
+        need_c = (wl.slots * blocks if config.split_k > 1 else 0) + (blocks if fin is not None else 0)
         if ws is not None:
             ws.ensure(need_w, need_c)
             work, count = ws.work, ws.count
         else:
             work, count = WORKSPACES.get(x.device, need_w, need_c, stream_id)
     return MoeGemmArgs(x, rows, wl.tiles, stack.weight, stack.scale, alpha, out, work, count,
-                       spec, config)
+                       spec, config, fin)
 
 
 # --------------------------------------------------------------------------- finalize
@@ -278,19 +367,34 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         wts = torch.ones_like(topk_weights)
     if xin.stride(-1) != 1 or xin.stride(0) % 8 or xin.data_ptr() % 16:
         xin = xin.contiguous().clone()
-    wl = work_list(topk_ids, expert_map, w13.shape[0], config13.tile_m)
+    direct = direct_ok(topk_ids, expert_map, x.dtype, out_dtype, shared_out, residual)
+    if direct:  # one token: the ids are the routing (2 launches)
+        wl = direct_work_list(topk_ids, config13.tile_m)
+    else:
+        wl = work_list(topk_ids, expert_map, w13.shape[0], config13.tile_m)
     s13 = cached_moe_stack(w13, w13_scale, kind)
     s2 = cached_moe_stack(w2, w2_scale, kind)
-    a1 = gemm_args(config13, xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype, ws, stream_id)
+    a1 = gemm_args(replace(config13, direct=direct), xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype,
+                   ws, stream_id)
+    a1.ids = wl.y_rows if direct else None
     launch(a1)
     ident = identity_rows(wl.pos.numel(), dev)
-    a2 = gemm_args(config2, a1.out, ident, wl, s2, w2_scale_2.float(), "none", torch.float32, ws, stream_id)
-    launch(a2)
-    out = finalize(a2.out, wl, wts, shared_out, residual, out_dtype)
+    if wl.y_rows is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual):
+        # GEMM2 runs the finalize: 3 launches (2 with ``direct``)
+        fin = finalize_args(wl, wts, shared_out, residual, out_dtype, x.shape[1])
+        a2 = gemm_args(replace(config2, finalize=True, direct=direct), a1.out, ident, wl, s2, w2_scale_2.float(),
+                       "none", torch.float32, ws, stream_id, fin=fin)
+        launch(a2)
+        out = fin.out
+    else:
+        a2 = gemm_args(replace(config2, finalize=False), a1.out, ident, wl, s2, w2_scale_2.float(), "none",
+                       torch.float32, ws, stream_id)
+        launch(a2)
+        out = finalize(a2.out, wl, wts, shared_out, residual, out_dtype)
     if keep is not None:
         keep.update(work_list=wl, h=a1.out, y=a2.out, args13=a1, args2=a2)
     return out
 
 
-__all__ = ["MoeGemmArgs", "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
+__all__ = ["direct_ok", "direct_work_list", "zero_rows", "MoeGemmArgs", "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
            "finalize", "finalize_ref", "gemm_args", "identity_rows", "local_expert_ids", "work_list", "moe_forward", "prepare_moe_stack"]

@@ -19,8 +19,11 @@ routing's tiles exit at once and are not charged. The dense model's own wave, la
 launch terms apply unchanged (:func:`nvgemm.heuristics.perfmodel.model.estimate`).
 
 **Host path.** On CUDA the work list is one Triton launch (``templates/sm90_moe/prep_triton.py``:
-ids through the expert map, stable sort, counts, tiles) and the top-k sum one more (the finalize
-kernel); both are charged the hardware's tiny-kernel cost (``aux_kernel_us``) -- at TP >= 4 these
+ids through the expert map, stable sort, counts, tiles), none for one token without an expert map (the
+grouped kernels read the ids: :func:`prep_kernels`); the top-k sum runs in GEMM2's last CTA per
+row block up to :data:`~.config.FUSED_FINALIZE_MAX_TOKENS` tokens (charged as its serial tail,
+:func:`fused_finalize_tail_us`) and is one more launch above (the finalize kernel); launches are
+charged the hardware's tiny-kernel cost (``aux_kernel_us``) -- at TP >= 4 these
 launches cost as much as the GEMMs' bytes (the brief's section 5.2 consequence (a)). The torch
 fallback of the prep step (more than 4096 pairs) launches about 24 tiny kernels
 (``prep_kernels=24``).
@@ -38,12 +41,16 @@ from typing import Optional, Sequence
 
 from nvgemm.heuristics.perfmodel.hardware import get_hardware
 from nvgemm.heuristics.perfmodel.batch import gemm_totals
+from nvgemm.templates.sm90_moe.config import FUSED_FINALIZE_MAX_TOKENS
 
 #: Launches of the work-list prep per layer on CUDA (the one Triton kernel; the torch fallback
 #: beyond 4096 pairs launches ~24).
 PREP_KERNELS = 1
-#: The finalize kernel (one Triton launch).
+#: The finalize kernel (one Triton launch) above :data:`~.config.FUSED_FINALIZE_MAX_TOKENS` tokens; at or
+#: below it GEMM2 runs the finalize (:func:`finalize_kernels`, :func:`fused_finalize_tail_us`).
 FINALIZE_KERNELS = 1
+#: Slots of a token the fused finalize loads in one round trip (the kernels' ``FIN_SLOTS``).
+FIN_SLOTS = 8
 NVFP4_BYTES_PER_ELEM = 0.5625
 
 
@@ -173,13 +180,42 @@ def _with_pdl(dense):
     return replace(dense, pdl=True)
 
 
-def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS) -> tuple[float, float]:
-    """Tiny kernels of the host path (prep + identity table + finalize) at the aux-kernel cost."""
+def prep_kernels(tokens: int) -> int:
+    """Work-list launches of a call of ``tokens`` tokens: none for one token (``direct``: the kernels read the
+    routing from the ids; no expert map), else the one Triton prep."""
+    return 0 if tokens == 1 else PREP_KERNELS
+
+
+def finalize_kernels(tokens: int) -> int:
+    """Finalize launches of a call of ``tokens`` tokens: none when GEMM2 runs it (``moe_forward`` on CUDA)."""
+    return 0 if 0 < tokens <= FUSED_FINALIZE_MAX_TOKENS else FINALIZE_KERNELS
+
+
+def fused_finalize_tail_us(tokens: int, top_k: int, gpu: str, rounds: Optional[int] = None) -> tuple[float, float]:
+    """The fused finalize's serial tail on GEMM2's last CTA of a row block, (low, high) us: the arrival
+    (fence + counter atomic: one L2 round trip) and, per round of its threads (``rounds``; default one per
+    token, the sm_100a epilogue's loop) and chunk of :data:`FIN_SLOTS` slots, two dependent L2 round trips
+    (the slots' rows and weights, then their y values, which GEMM2's CTAs just wrote to L2). The stores of
+    the finalized rows are fire-and-forget. The finalize launch it replaces costs ``aux_kernel_us``."""
     hw = get_hardware(gpu)
-    n = prep_kernels + FINALIZE_KERNELS
+    r = tokens if rounds is None else rounds
+    trips = 1 + 2 * r * -(-top_k // FIN_SLOTS)
+    return tuple(trips * lat / hw.clock_hz * 1e6 for lat in hw.l2_latency)
+
+
+def sm90_finalize_rounds(tokens: int, config2) -> int:
+    """Rounds of the sm90 fused finalize: ``tokens x features per CTA`` items over the CTA's threads."""
+    return -(-tokens * config2.tile_n // (32 * config2.num_warps))
+
+
+def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS,
+            finalize: int = FINALIZE_KERNELS) -> tuple[float, float]:
+    """Tiny kernels of the host path (prep + finalize launches) at the aux-kernel cost."""
+    hw = get_hardware(gpu)
+    n = prep_kernels + finalize
     return (n * hw.aux_kernel_us[0], n * hw.aux_kernel_us[1])
 
 
-__all__ = ["FINALIZE_KERNELS", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
+__all__ = ["prep_kernels", "FIN_SLOTS", "FINALIZE_KERNELS", "finalize_kernels", "fused_finalize_tail_us", "sm90_finalize_rounds", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
            "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "grouped_gemm_estimates",
            "grouped_gemm_times", "host_us", "moe_gemm_estimate"]

@@ -23,7 +23,8 @@ from typing import Optional
 
 from nvgemm.templates.sm90_w4a16.perf import SM90_SPLITS
 from nvgemm.templates.sm90_moe.perf import (
-    PREP_KERNELS, byte_floor_us, expected_active_experts, grouped_gemm_times, host_us,
+    byte_floor_us, expected_active_experts, finalize_kernels, fused_finalize_tail_us,
+    grouped_gemm_times, host_us, sm90_finalize_rounds, prep_kernels as _prep_kernels,
 )
 from nvgemm.templates.sm90_w4a16.config import MMA_ROW_TILES, ROW_TILE
 from nvgemm.templates.sm90_moe.config import MOE_TILE_M, Sm90MoeConfig, moe_shape_problem, validate_moe_config
@@ -174,13 +175,20 @@ def layer_model(shape: MoeShape, m: int, gpu: str = "H200", histogram=None, prep
     if not cands:
         return {}
     c = cands[0]
-    host = host_us(gpu, PREP_KERNELS if prep_kernels is None else prep_kernels)
+    fin = finalize_kernels(m)
+    prep = _prep_kernels(m) if prep_kernels is None else prep_kernels
+    host = host_us(gpu, prep, fin)
+    gemm = c.gemm_us
+    if fin == 0:  # GEMM2 runs the finalize: its last CTA's serial tail
+        tail = fused_finalize_tail_us(m, shape.top_k, gpu, sm90_finalize_rounds(m, c.config2))
+        gemm = (gemm[0] + tail[0], gemm[1] + tail[1])
     shared = (0.0, 0.0)
     if shape.shared_inter:
         shared = _shared_us(shape, m, gpu)
-    total = tuple(c.gemm_us[i] + host[i] + shared[i] for i in range(2))
+    total = tuple(gemm[i] + host[i] + shared[i] for i in range(2))
     return {"m": m, "active": expected_active_experts(m, shape.top_k, shape.num_experts), "tiles": c.tiles,
-            "config13": c.config13.name(), "config2": c.config2.name(), "gemm_us": c.gemm_us, "host_us": host,
+            "config13": c.config13.name(), "config2": c.config2.name(), "gemm_us": gemm, "host_us": host,
+            "launches": 2 + prep + fin,
             "shared_us": shared, "total_us": total,
             "floor_us": byte_floor_us(m, shape.top_k, shape.num_experts, shape.hidden, shape.inter, shape.shared_inter,
                                       gpu)}

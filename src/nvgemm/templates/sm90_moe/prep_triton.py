@@ -5,7 +5,8 @@ of expert weights at TP8 -- :mod:`nvgemm.templates.sm90_moe.perf`).
 
 One program holds every pair (``P = M x top_k <= MAX_PAIRS``): the pairs' keys (local expert, or E
 for an empty slot) are sorted **stably** as ``key x BLOCK + pair`` (bitonic ``tl.sort``), which
-gives the permuted rows, the row table and ``pos``; per-expert counts are a histogram of the keys,
+gives the permuted rows, the row table, ``pos`` and ``y_rows`` (``pos``, -1 for an empty slot: the
+fused finalize's table); per-expert counts are a histogram of the keys,
 offsets and tile starts exclusive cumsums; the work slots are zeroed, then (after a CTA barrier)
 each expert writes its ``ceil(count / tile_m)`` tiles at its tile start. Same tables, bit for bit,
 as the torch construction (``tests/cpu/triton_interp/interp_moe_finalize.py``)."""
@@ -25,7 +26,7 @@ MAX_EXPERTS = 1024
 
 
 @triton.jit
-def _prep_kernel(ids_ptr, map_ptr, rows_ptr, tiles_ptr, pos_ptr, counts_ptr, valid_ptr, P, E, SLOTS,
+def _prep_kernel(ids_ptr, map_ptr, rows_ptr, tiles_ptr, pos_ptr, counts_ptr, valid_ptr, yrow_ptr, P, E, SLOTS,
                  K: tl.constexpr, TM: tl.constexpr, BLOCK: tl.constexpr, EB: tl.constexpr, SB: tl.constexpr,
                  MAXT: tl.constexpr, HAS_MAP: tl.constexpr):
     j = tl.arange(0, BLOCK)
@@ -41,6 +42,7 @@ def _prep_kernel(ids_ptr, map_ptr, rows_ptr, tiles_ptr, pos_ptr, counts_ptr, val
     p = tl.arange(0, BLOCK)
     ok = p < P
     tl.store(pos_ptr + pair, p, mask=ok)
+    tl.store(yrow_ptr + pair, tl.where(comp // BLOCK < E, p, -1).to(tl.int32), mask=ok)  # the fused finalize's
     tl.store(rows_ptr + p, (pair // K).to(tl.int32), mask=ok)
     # counts, offsets, tile starts per expert (bins 0..E-1; E = empty, E+1 = padding)
     cnt = tl.histogram(key.to(tl.int32), EB)
@@ -84,12 +86,13 @@ def build_work_list_triton(topk_ids: torch.Tensor, expert_map, num_experts: int,
     pos = torch.empty(p, dtype=torch.int64, device=dev)
     counts = torch.empty(num_experts, dtype=torch.int64, device=dev)
     valid = torch.empty((m, k), dtype=torch.int8, device=dev)
+    yrow = torch.empty(p, dtype=torch.int32, device=dev)
     ids = topk_ids if topk_ids.dtype == torch.int32 and topk_ids.is_contiguous() else \
         topk_ids.to(torch.int32).contiguous()
     block = max(16, triton.next_power_of_2(p))
     eb = max(16, triton.next_power_of_2(num_experts + 2))
     sb = max(16, triton.next_power_of_2(slots))
-    kernel[(1,)](ids, expert_map if expert_map is not None else ids, rows, tiles, pos, counts, valid, p,
+    kernel[(1,)](ids, expert_map if expert_map is not None else ids, rows, tiles, pos, counts, valid, yrow, p,
                  num_experts, slots, K=k, TM=tile_m, BLOCK=block, EB=eb, SB=sb, MAXT=-(-p // tile_m),
                  HAS_MAP=expert_map is not None)
-    return MoeWorkList(rows, tiles, pos.reshape(m, k), valid.view(torch.bool), counts, tile_m)
+    return MoeWorkList(rows, tiles, pos.reshape(m, k), valid.view(torch.bool), counts, tile_m, yrow)

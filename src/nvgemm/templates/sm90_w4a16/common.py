@@ -179,6 +179,20 @@ def ld_global_cg_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def fmul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``mul.rn.f32``: an fp32 product that is never contracted into a following add."""
+    return Float32(_asm(T.f32(), [_v(a, Float32, loc, ip), _v(b, Float32, loc, ip)], "mul.rn.f32 $0, $1, $2;",
+                        "=f,f,f", loc, ip))
+
+
+@dsl_user_op
+def fadd_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``add.rn.f32``: an fp32 sum that is never contracted with a preceding product."""
+    return Float32(_asm(T.f32(), [_v(a, Float32, loc, ip), _v(b, Float32, loc, ip)], "add.rn.f32 $0, $1, $2;",
+                        "=f,f,f", loc, ip))
+
+
+@dsl_user_op
 def st_global_f32(addr: Int64, v: Float32, *, loc=None, ip=None):
     _asm(None, [_v(addr, Int64, loc, ip), _v(v, Float32, loc, ip)], "st.global.f32 [$0], $1;", "l,f,~{memory}",
          loc, ip, True)
@@ -722,6 +736,8 @@ __all__ = [
     "embedded_cubin",
     "fence_proxy_async_smem",
     "fence_regs",
+    "fadd_rn",
+    "fmul_rn",
     "pair_to_f32",
     "splitk_arrive",
     "hmul2",

@@ -310,6 +310,6 @@ def test_barrier_some_warps_never_reach_is_a_deadlock():
 
 
 def test_unknown_opcode_is_an_error_naming_it():
-    src = kernel("mov.u32 %r1, %tid.x; dp4a.u32.u32 %r2, %r1, %r1, %r1; ret;")
-    with pytest.raises(UnknownOpcodeError, match="dp4a.u32.u32"):
+    src = kernel("mov.u32 %r1, %tid.x; vabsdiff4.u32.u32.u32.add %r2, %r1, %r1, %r1; ret;")
+    with pytest.raises(UnknownOpcodeError, match="vabsdiff4.u32.u32.u32.add"):
         launch_ptx(src, (1, 1, 1), (32, 1, 1), [torch.zeros(1)])

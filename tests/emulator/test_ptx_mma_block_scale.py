@@ -39,7 +39,20 @@ def dec(codes: torch.Tensor, fmt: str) -> torch.Tensor:
     raise ValueError(fmt)
 
 
-def mma_ptx(kind: str, vec: str, shape: str, at: str, bt: str, st: str, sel: str) -> str:
+def mma_opcode(kind: str, vec: str, shape: str, at: str, bt: str, st: str, spelling: str = "kind_first") -> str:
+    """``kind_first``: CUTLASS's ``mma.sync.aligned.kind.block_scale.scale_vec.shape.row.col...``; ``isa``: the PTX
+    ISA's ``mma.sync.aligned.shape.row.col.kind.block_scale{.scale_vec}...``; ``isa_default_vec``: the ISA's with
+    ``.scale_vec`` left out (its default)."""
+    types = f"f32.{at}.{bt}.f32.{st}"
+    if spelling == "kind_first":
+        return f"mma.sync.aligned.{kind}.block_scale.{vec}.{shape}.row.col.{types}"
+    if spelling == "isa":
+        return f"mma.sync.aligned.{shape}.row.col.{kind}.block_scale.{vec}.{types}"
+    assert spelling == "isa_default_vec"
+    return f"mma.sync.aligned.{shape}.row.col.{kind}.block_scale.{types}"
+
+
+def mma_ptx(kind: str, vec: str, shape: str, at: str, bt: str, st: str, sel: str, spelling: str = "kind_first") -> str:
     return f""".version 8.7
 .target sm_120a
 .address_size 64
@@ -57,7 +70,7 @@ add.s64 %rd11, %rd2, %rd8; ld.global.v2.b32 {{%r14, %r15}}, [%rd11];
 add.s64 %rd12, %rd3, %rd7; ld.global.v4.f32 {{%f1, %f2, %f3, %f4}}, [%rd12];
 add.s64 %rd13, %rd4, %rd9; ld.global.b32 %r16, [%rd13];
 add.s64 %rd14, %rd5, %rd9; ld.global.b32 %r17, [%rd14];
-mma.sync.aligned.{kind}.block_scale.{vec}.{shape}.row.col.f32.{at}.{bt}.f32.{st} {{%f5, %f6, %f7, %f8}}, {{%r10, %r11, %r12, %r13}}, {{%r14, %r15}}, {{%f1, %f2, %f3, %f4}}, {{%r16}}, {sel};
+{mma_opcode(kind, vec, shape, at, bt, st, spelling)} {{%f5, %f6, %f7, %f8}}, {{%r10, %r11, %r12, %r13}}, {{%r14, %r15}}, {{%f1, %f2, %f3, %f4}}, {{%r16}}, {sel};
 add.s64 %rd15, %rd6, %rd7; st.global.v4.f32 [%rd15], {{%f5, %f6, %f7, %f8}};
 ret;
 }}
@@ -107,7 +120,7 @@ def scale_regs(SA, SB, nsf, bid_a, tid_a, bid_b, tid_b, seed):
     return pack(ra), pack(rb)
 
 
-def run(kind, vec, shape, at, bt, st, sel, seed, *, scale_codes, elem_codes, nan_scale=False):
+def run(kind, vec, shape, at, bt, st, sel, seed, *, scale_codes, elem_codes, nan_scale=False, spelling="kind_first"):
     K = 64 if shape == "m16n8k64" else 32
     bits = 4 if at == "e2m1" else 8
     nsf = {"scale_vec::1X": 1, "scale_vec::2X": 2, "scale_vec::4X": 4}[vec]
@@ -122,7 +135,7 @@ def run(kind, vec, shape, at, bt, st, sel, seed, *, scale_codes, elem_codes, nan
     fa, fb, fc = fragments(A, B, C, K, bits)
     sa, sb = scale_regs(SA, SB, nsf, *sel, seed + 1)
     d = torch.zeros(32, 4)
-    launch_ptx(mma_ptx(kind, vec, shape, at, bt, st, selectors(*sel)), (1, 1, 1), (32, 1, 1),
+    launch_ptx(mma_ptx(kind, vec, shape, at, bt, st, selectors(*sel), spelling), (1, 1, 1), (32, 1, 1),
                [fa, fb, fc, sa, sb, d], device="RTX5090")
     chunk = K // nsf
     Av = dec(A, at) * dec(SA, st).repeat_interleave(chunk, dim=1)
@@ -217,6 +230,44 @@ def test_a_byte_id_the_emulator_does_not_model_is_an_error():
          torch.zeros(32, dtype=torch.int32), torch.zeros(32, dtype=torch.int32), torch.zeros(32, 4)]
     with pytest.raises(EmulationError, match="byte-id-a 1 with .scale_vec::4X"):
         launch_ptx(mma_ptx(*NVF4, selectors(1, 0, 0, 0)), (1, 1, 1), (32, 1, 1), z)
+
+
+@pytest.mark.parametrize("case,spelling", [
+    (NVF4, "isa"),
+    (("kind::mxf4nvf4", "scale_vec::2X", "m16n8k64", "e2m1", "e2m1", "ue8m0"), "isa"),
+    (("kind::mxf4", "scale_vec::2X", "m16n8k64", "e2m1", "e2m1", "ue8m0"), "isa"),
+    (("kind::mxf4", "scale_vec::2X", "m16n8k64", "e2m1", "e2m1", "ue8m0"), "isa_default_vec"),
+    (("kind::mxf8f6f4", "scale_vec::1X", "m16n8k32", "e4m3", "e5m2", "ue8m0"), "isa"),
+    (("kind::mxf8f6f4", "scale_vec::1X", "m16n8k32", "e4m3", "e5m2", "ue8m0"), "isa_default_vec"),
+])
+def test_isa_qualifier_order_gives_the_kind_first_result(case, spelling, seed):
+    """The ISA's ``shape.row.col.kind.block_scale{.scale_vec}`` order (and its default ``.scale_vec``) runs the same
+    instruction as the kind-first spelling: bit-identical D, equal to the ISA reference."""
+    kind, vec, shape, at, bt, st = case
+    codes = {"e2m1": E2M1_ALL, "e4m3": FP8_OK, "e5m2": E5M2_OK}
+    scales = UE4M3_OK if st == "ue4m3" else UE8M0_OK
+    sel = (1, 0, 2, 3) if vec == "scale_vec::1X" else (0, 1, 0, 3)
+    kw = dict(scale_codes=scales, elem_codes=(codes[at], codes[bt]))
+    got_kf, want = run(kind, vec, shape, at, bt, st, sel, seed, **kw)
+    got_isa, want2 = run(kind, vec, shape, at, bt, st, sel, seed, spelling=spelling, **kw)
+    assert torch.equal(want, want2)
+    assert torch.equal(got_isa.view(torch.int32), got_kf.view(torch.int32))
+    assert torch.equal(got_isa.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("opcode,why", [
+    ("mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.f32.e2m1.e2m1.f32.ue4m3", "required"),
+    ("mma.sync.aligned.m16n8k64.row.col.block_scale.kind::mxf4nvf4.scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3", "form"),
+    ("mma.sync.aligned.m16n8k64.kind::mxf4nvf4.block_scale.scale_vec::4X.row.col.f32.e2m1.e2m1.f32.ue4m3", "form"),
+    ("mma.sync.aligned.row.col.m16n8k64.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3", "form"),
+])
+def test_qualifier_orders_outside_the_isa_are_reported_by_name(opcode, why):
+    z = [torch.zeros(32, 4, dtype=torch.int32), torch.zeros(32, 2, dtype=torch.int32), torch.zeros(32, 4),
+         torch.zeros(32, dtype=torch.int32), torch.zeros(32, dtype=torch.int32), torch.zeros(32, 4)]
+    ptx = mma_ptx(*NVF4, selectors(0, 0, 0, 0)).replace(mma_opcode(*NVF4), opcode)
+    assert opcode in ptx
+    with pytest.raises(UnknownOpcodeError, match=opcode.replace(".", r"\.") + ".*" + why):
+        launch_ptx(ptx, (1, 1, 1), (32, 1, 1), z)
 
 
 # ------------------------------------------------------------------------------------------ FP4 in 8-bit containers

@@ -502,7 +502,7 @@ class Sm120Nvfp4GemmKernel(Sm90KernelBase):
                mBias: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         # opaque to the optimiser: with the thread index's range known, LLVM fuses the small address
-        # products into dp2a / dp4a (no faster here, and not an instruction the emulator models)
+        # products into dp2a / dp4a (no faster here)
         tidx = pinned_i32(tidx)
         bx, bs, bm = cute.arch.block_idx()
         warp = tidx // 32

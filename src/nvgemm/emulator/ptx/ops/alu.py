@@ -5,7 +5,9 @@ Semantics implemented exactly as written in the ISA: two's-complement wrap-aroun
 ``mul.wide`` on the full product, shift amounts clamped to the width (``shr.s`` sign-fills),
 ``shf`` funnel shifts with ``.wrap`` (amount mod 32) or ``.clamp`` (min(amount, 32)), ``lop3``
 computing bit ``i`` as ``immLut >> (a_i << 2 | b_i << 1 | c_i) & 1``, ``prmt`` default mode (byte
-selector nibbles, bit 3 = replicate the selected byte's sign).
+selector nibbles, bit 3 = replicate the selected byte's sign), ``dp4a`` / ``dp2a`` byte dot products, and
+``setp`` on every numeric type including ``.f16`` / ``.f16x2`` / ``.bf16`` / ``.bf16x2`` ("Half Precision
+Comparison Instructions").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from nvgemm.emulator.ptx.machine import LANES
 from nvgemm.emulator.ptx.program import TYPE_DTYPE
 from nvgemm.emulator.ptx.ops import opcode
 from nvgemm.emulator.ptx.ops.bits import PACKED_TYPES, packed16x2
-from nvgemm.emulator.ptx.ops.fp import compile_fp_arith
+from nvgemm.emulator.ptx.ops.fp import FORMATS as FP_FORMATS, compile_fp_arith, from_bits, ftz32
 
 _INT = {"s16", "u16", "s32", "u32", "s64", "u64", "b16", "b32", "b64", "s8", "u8", "b8"}
 _WIDER = {np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.uint32, np.dtype(np.int32): np.int64,
@@ -357,54 +359,98 @@ def compile_int_cvt(ins, ctx, dtype_t: str, atype_t: str, mods: list[str]):
     return lambda w, m: sd(w, m, ga(w).astype(dd))
 
 
+_HALF_FMT = {"f16": ("f16", 1), "f16x2": ("f16", 2), "bf16": ("bf16", 1), "bf16x2": ("bf16", 2)}
+_UNORDERED = ("equ", "neu", "ltu", "leu", "gtu", "geu")
+_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+        "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
+
+
+def _float_compare(cmp_op: str):
+    """PTX ISA "Floating Point Notes" of setp: ordered comparisons are false if either operand is NaN, the
+    unordered ``equ`` .. ``geu`` true; ``num`` / ``nan`` test for NaN operands. None for an unknown operator."""
+    if cmp_op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        f = _CMP[cmp_op]
+        return lambda x, y: f(x, y) & ~np.isnan(x) & ~np.isnan(y)
+    if cmp_op in _UNORDERED:
+        f = _CMP[cmp_op[:2]]
+        return lambda x, y: f(x, y) | np.isnan(x) | np.isnan(y)
+    if cmp_op == "num":
+        return lambda x, y: ~np.isnan(x) & ~np.isnan(y)
+    if cmp_op == "nan":
+        return lambda x, y: np.isnan(x) | np.isnan(y)
+    return None
+
+
 @opcode("setp")
 def _setp(ins, ctx):
+    """``setp.CmpOp{.BoolOp}{.ftz}.type p{|q}, a, b{, {!}c}`` (PTX ISA "Comparison and Selection Instructions:
+    setp" and "Half Precision Comparison Instructions: setp"). Scalar types: ``p = BoolOp(t, c)``,
+    ``q = BoolOp(!t, c)``. ``.f16x2`` / ``.bf16x2``: the halves compare independently, ``p`` from the low
+    halves, ``q`` from the high halves (not a complement). ``.ftz`` (f32, f16, f16x2) flushes subnormal inputs
+    to sign-preserving zero before the comparison."""
     parts = ins.parts
-    cmp_op, t = parts[1], parts[2]
-    bool_op = parts[3] if len(parts) > 3 else None
-    if len(parts) > 4 or t not in TYPE_DTYPE or (bool_op and bool_op not in ("and", "or", "xor")):
-        if not (len(parts) == 4 and parts[3] == "ftz"):
-            raise ctx.unsupported(ins)
-        bool_op = None
-    dt = np.dtype(TYPE_DTYPE[t])
-    if t in ("f16", "bf16"):
-        raise ctx.unsupported(ins, "16-bit float compare")
+    if len(parts) < 3:
+        raise ctx.unsupported(ins)
+    cmp_op, t, mods = parts[1], parts[-1], parts[2:-1]
+    bool_op = mods[0] if mods and mods[0] in ("and", "or", "xor") else None
+    ftz = mods[1 if bool_op else 0:] == ["ftz"]
+    if mods[1 if bool_op else 0:] not in ([], ["ftz"]) or t not in TYPE_DTYPE or t == "pred":
+        raise ctx.unsupported(ins, "modifiers or type (ISA order: setp.CmpOp{.BoolOp}{.ftz}.type)")
+    half = _HALF_FMT.get(t)
+    if ftz and t not in ("f32", "f16", "f16x2"):
+        raise ctx.unsupported(ins, f".ftz is not defined for .{t}")
     ops = ins.operands
-    dst = ops[0]
-    a, b = ops[1], ops[2]
-    ga, gb = ctx.src(a, dt), ctx.src(b, dt)
+    if len(ops) != (4 if bool_op else 3):
+        raise ctx.unsupported(ins, "operand count")
+    dst, a, b = ops[0], ops[1], ops[2]
     gc = ctx.src(ops[3], np.bool_) if bool_op else None
     if dst.kind == "dual":
         sp, sq = ctx.dst(dst.items[0], np.bool_), ctx.dst(dst.items[1], np.bool_)
     else:
         sp, sq = ctx.dst(dst, np.bool_), None
-    isf = dt.kind == "f"
-    base = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-            "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
-    if cmp_op in ("lo", "ls", "hi", "hs") and dt.kind == "i":
-        udt = TYPE_DTYPE["u" + t[1:]]
-        ga, gb = ctx.src(a, udt), ctx.src(b, udt)
-    if cmp_op in base:
-        f = base[cmp_op]
-        if isf and cmp_op == "ne":  # ordered not-equal: false if either is NaN
-            def cmpf(x, y):
-                return (x != y) & ~np.isnan(x) & ~np.isnan(y)
-        else:
-            cmpf = f
-    elif isf and cmp_op in ("equ", "neu", "ltu", "leu", "gtu", "geu"):
-        f = base[cmp_op[:2]]
-
-        def cmpf(x, y):
-            return f(x, y) | np.isnan(x) | np.isnan(y)
-    elif isf and cmp_op == "num":
-        def cmpf(x, y):
-            return ~np.isnan(x) & ~np.isnan(y)
-    elif isf and cmp_op == "nan":
-        def cmpf(x, y):
-            return np.isnan(x) | np.isnan(y)
-    else:
-        raise ctx.unsupported(ins, f"comparison .{cmp_op} on .{t}")
     comb = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.get(bool_op)
+
+    if half is not None:
+        fmt, n = half
+        if (n == 2) != (sq is not None):
+            raise ctx.unsupported(ins, f".{t} writes {'p|q' if n == 2 else 'one predicate p'}")
+        cmpf = _float_compare(cmp_op)
+        if cmpf is None:
+            raise ctx.unsupported(ins, f"comparison .{cmp_op} on .{t}")
+        raw = np.uint16 if n == 1 else np.uint32
+        ga, gb = ctx.src(a, raw), ctx.src(b, raw)
+        min_normal = 2.0 ** FP_FORMATS[fmt][1]
+
+        def value(bits, half_index):
+            v = from_bits((bits >> np.uint32(16 * half_index)) & np.uint32(0xFFFF), fmt)
+            if ftz:
+                v = np.where(np.abs(v) < min_normal, np.copysign(0.0, v), v)
+            return v
+
+        def exh(w, m):
+            x, y = ga(w), gb(w)
+            for i, s in enumerate((sp, sq)[:n]):
+                r = cmpf(value(x, i), value(y, i))
+                s(w, m, comb(r, gc(w)) if comb is not None else r)
+
+        return exh
+
+    dt = np.dtype(TYPE_DTYPE[t])
+    ga, gb = ctx.src(a, dt), ctx.src(b, dt)
+    if dt.kind == "f":
+        cmpf = _float_compare(cmp_op)
+        if ftz:
+            inner = cmpf
+            cmpf = None if inner is None else (lambda x, y: inner(ftz32(x), ftz32(y)))
+    elif cmp_op in _CMP:
+        cmpf = _CMP[cmp_op]
+        if cmp_op in ("lo", "ls", "hi", "hs") and dt.kind == "i":
+            udt = TYPE_DTYPE["u" + t[1:]]
+            ga, gb = ctx.src(a, udt), ctx.src(b, udt)
+    else:
+        cmpf = None
+    if cmpf is None:
+        raise ctx.unsupported(ins, f"comparison .{cmp_op} on .{t}")
 
     def ex(w, m):
         r = cmpf(ga(w), gb(w))
@@ -416,6 +462,43 @@ def _setp(ins, ctx):
         sp(w, m, p)
         if sq is not None:
             sq(w, m, q)
+
+    return ex
+
+
+@opcode("dp4a", "dp2a")
+def _dot_accumulate(ins, ctx):
+    """``dp4a.atype.btype d, a, b, c`` and ``dp2a.{lo,hi}.atype.btype d, a, b, c`` (PTX ISA "Integer Arithmetic
+    Instructions: dp4a / dp2a"), ``.atype``, ``.btype`` in {``.u32``, ``.s32``}. dp4a: the four bytes of ``a`` and
+    of ``b``, sign- or zero-extended by their type, ``d = c + sum a_i b_i``. dp2a: the two 16-bit halves of ``a``
+    times bytes 0, 1 (``.lo``) or 2, 3 (``.hi``) of ``b``. ``c`` / ``d`` are ``.u32`` when both types are ``.u32``,
+    else ``.s32``; the sum wraps to 32 bits."""
+    p = ins.parts
+    four = p[0] == "dp4a"
+    if four:
+        mode, types = None, p[1:]
+    else:
+        mode, types = (p[1] if len(p) > 1 else None), p[2:]
+        if mode not in ("lo", "hi"):
+            raise ctx.unsupported(ins, "dp2a needs .lo or .hi")
+    if len(types) != 2 or any(x not in ("u32", "s32") for x in types):
+        raise ctx.unsupported(ins, "types (.atype.btype from .u32 / .s32)")
+    if len(ins.operands) != 4:
+        raise ctx.unsupported(ins, "operand count (d, a, b, c)")
+    a_signed, b_signed = types[0] == "s32", types[1] == "s32"
+    out_dt = np.uint32 if not (a_signed or b_signed) else np.int32
+    d, a, b, c = ins.operands
+    ga, gb, gc, sd = ctx.src(a, np.uint32), ctx.src(b, np.uint32), ctx.src(c, out_dt), ctx.dst(d, out_dt)
+    a_part = (np.int8 if a_signed else np.uint8) if four else (np.int16 if a_signed else np.uint16)
+    b_part = np.int8 if b_signed else np.uint8
+    first = 0 if (four or mode == "lo") else 2
+    n = 4 if four else 2
+
+    def ex(w, m):
+        va = np.ascontiguousarray(ga(w)).view(a_part).reshape(LANES, -1).astype(np.int64)  # element 0 = low bits
+        vb = np.ascontiguousarray(gb(w)).view(b_part).reshape(LANES, 4).astype(np.int64)[:, first:first + n]
+        acc = gc(w).astype(np.int64) + (va * vb).sum(axis=1)
+        sd(w, m, (acc & 0xFFFFFFFF).astype(np.uint32).view(out_dt))
 
     return ex
 

@@ -1,7 +1,7 @@
 """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32`` (PTX ISA "Warp-level Matrix
 Multiply-Accumulate Instructions", "Matrix Fragments for mma.m16n8k16 with floating point type"), and the
-block-scaled ``mma.sync.aligned.kind::{mxf4nvf4,mxf4,mxf8f6f4}.block_scale`` of sm_120a / sm_121a (see
-:func:`_mma_block_scale`).
+block-scaled ``mma.sync.aligned.m16n8k{64,32}.row.col.kind::{mxf4nvf4,mxf4,mxf8f6f4}.block_scale`` of sm_120a /
+sm_121a, in either qualifier order (see :func:`block_scale_qualifiers`, :func:`_mma_block_scale`).
 
 Fragments, with ``groupID = laneid >> 2`` and ``threadID_in_group = laneid % 4`` (ISA text):
 
@@ -209,14 +209,44 @@ def _scale_codes(reg: np.ndarray, lanes: np.ndarray, nsf: int, byte_id: int) -> 
     return (reg[lanes][:, None] >> (np.uint32(8) * sbytes[None, :])) & np.uint32(0xFF)
 
 
+_BS_DEFAULT_VEC = {"kind::mxf4": "scale_vec::2X", "kind::mxf8f6f4": "scale_vec::1X"}  # mxf4nvf4: mandatory
+
+
+def block_scale_qualifiers(p: list[str]) -> list[str] | None:
+    """The one canonical spelling of a block-scaled mma's dotted parts,
+    ``mma.sync.aligned.kind.block_scale.scale_vec.shape.row.col.f32.atype.btype.f32.stype``, or None for a form
+    outside the accepted ones. Accepted: the ISA's ``mma.sync.aligned.shape.row.col.kind.block_scale{.scale_vec}
+    ...`` and the kind-first ``mma.sync.aligned.kind.block_scale{.scale_vec}.shape.row.col...`` (CUTLASS's
+    spelling, which ptxas also takes); a missing ``.scale_vec`` is the ISA's default (2X for kind::mxf4, 1X for
+    kind::mxf8f6f4; kind::mxf4nvf4 has none: it must be given)."""
+    if p[:3] != ["mma", "sync", "aligned"] or len(p) < 12:
+        return None
+    quals, types = p[3:-5], p[-5:]
+    if quals[0].startswith("kind::"):  # kind group first: kind, block_scale, optional scale_vec
+        n = 3 if len(quals) > 2 and quals[2].startswith("scale_vec::") else 2
+        group, shape_rc = quals[:n], quals[n:]
+    else:
+        shape_rc, group = quals[:3], quals[3:]
+    if (len(shape_rc) != 3 or shape_rc[1:] != ["row", "col"] or not group[:1] or not group[0].startswith("kind::")
+            or group[1:2] != ["block_scale"] or len(group) not in (2, 3)
+            or (len(group) == 3 and not group[2].startswith("scale_vec::"))):
+        return None
+    kind = group[0]
+    vec = group[2] if len(group) == 3 else _BS_DEFAULT_VEC.get(kind)
+    if vec is None:
+        return None
+    return ["mma", "sync", "aligned", kind, "block_scale", vec, shape_rc[0], "row", "col", *types]
+
+
 def _mma_block_scale(ins, ctx):
-    p = ins.parts
-    kind = next((x for x in p if x.startswith("kind::")), None)
-    vec = next((x for x in p if x.startswith("scale_vec::")), None)
-    if (p[1:3] != ["sync", "aligned"] or kind not in _BS_SHAPES or vec is None or len(p) != 14
-            or p[3:6] != [kind, "block_scale", vec]):
-        raise ctx.unsupported(ins, "block-scaled mma form (expected mma.sync.aligned.kind::*.block_scale."
-                                   "scale_vec::*.shape.row.col.f32.atype.btype.f32.stype)")
+    p = block_scale_qualifiers(ins.parts)
+    kind = p[3] if p is not None else None
+    if p is None or kind not in _BS_SHAPES:
+        raise ctx.unsupported(ins, "block-scaled mma form (expected mma.sync.aligned.shape.row.col.kind::*."
+                                   "block_scale{.scale_vec::*}.f32.atype.btype.f32.stype, or with "
+                                   "kind::*.block_scale{.scale_vec::*} before the shape; .scale_vec is required "
+                                   "for kind::mxf4nvf4)")
+    vec = p[5]
     shape, row, col, dt, at, bt, ct, st = p[6:14]
     pairs, scales = _BS_VALID[kind]
     if shape != _BS_SHAPES[kind] or (row, col, dt, ct) != ("row", "col", "f32", "f32"):

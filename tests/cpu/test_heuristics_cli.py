@@ -58,5 +58,5 @@ def test_plan_hopper_and_errors(plan_only_cli, capsys):
     assert "no candidates: K=4100 is not a multiple of 32" in capsys.readouterr().out
     assert cli.main(["plan", "--model", "gpt-2"]) == 2
     assert "unknown model preset" in capsys.readouterr().err
-    assert cli.main(["plan", "--model", "Qwen3-32B", "--gpu", "A100"]) == 2
+    assert cli.main(["plan", "--model", "Qwen3-32B", "--gpu", "V100"]) == 2
     assert "unknown GPU" in capsys.readouterr().err

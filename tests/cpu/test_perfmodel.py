@@ -114,7 +114,7 @@ def test_uniform_predicate_branch_is_a_loop():
     for sm_120a, cuobjdump 13.x): ``BRA.U UP0, 0xcd0`` closes the main loop, ``BRA.U !UP2, 0x2c40`` skips
     it forward; both targets parse, and the backward one is the loop."""
     text = (
-        "\t\tFunction : k\n"
+        "arch = sm_120a\n\tcode for sm_120a\n\t\tFunction : k\n"
         + line(0x00, "BRA.U !UP2, 0x50", stall=1)
         + line(0x10, "LDGSTS.E.BYPASS.LTC128B.128 [R29+UR10], desc[UR11][R48.64]", stall=1, wbar=0)
         + line(0x20, "HMMA.16816.F32.BF16 R4, R12, R16, R4", stall=1)
@@ -123,9 +123,13 @@ def test_uniform_predicate_branch_is_a_loop():
         + line(0x50, "EXIT", stall=1)
     )
     fn = S.parse_sass(text)[0]
+    assert fn.arch == "sm_120a"
     assert [i.branch_target() for i in fn.instrs if i.base == "BRA"] == [0x50, 0x20, 0x10]
     assert S.main_loop(fn, r"^LDGSTS") == S.Loop(1, 4)
     assert S.find_loops(fn) == [S.Loop(2, 3), S.Loop(1, 4)]
+    # sm_100a: the family's table facts were derived without such loops (S.OPERAND_BRANCH_LOOP_ARCHS)
+    fn100 = S.parse_sass(text.replace("sm_120a", "sm_100a"))[0]
+    assert fn100.arch == "sm_100a" and S.find_loops(fn100) == []
 
 
 def test_loop_cycles_replays_the_scoreboards():

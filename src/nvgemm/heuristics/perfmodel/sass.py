@@ -17,8 +17,8 @@ its first consumer waits on it).
 
 Loops
 -----
-A loop is a backward branch: a ``BRA`` (guarded, or with its condition as an operand: sm_120a's
-``BRA.U UP0, <target>``) at offset ``b`` whose target ``t <= b``
+A loop is a backward branch: a ``BRA`` (guarded; on sm_120a / sm_121a / sm_8x also one with its condition
+as an operand, ``BRA.U UP0, <target>``: :data:`OPERAND_BRANCH_LOOP_ARCHS`) at offset ``b`` whose target ``t <= b``
 (the self-branch ``BRA <own offset>`` that pads the end of a function is not a loop). Its body is
 every instruction in ``[t, b]``. The **main loop** of a streaming kernel is picked as follows:
 
@@ -74,8 +74,14 @@ _RES_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _ARCH_RE = re.compile(r"arch\s*=\s*(sm_\w+)")
 #: A branch's target: ``BRA 0x10``, ``BRA `(.L_x_3) 0x10``, and the form with the branch condition as the
 #: first operand, a uniform predicate (``BRA.U UP0, 0x10``, ``BRA.U !UP2, 0x2c40``: what ptxas emits for
-#: sm_120a's uniform loop branches) or a predicate.
-_BRA_TARGET_RE = re.compile(r"^\s*(?:!?U?P[T0-9]+\s*,\s*)?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-fA-F]+)")
+#: uniform loop branches on sm_100a and sm_120a) or a predicate (group ``cond``).
+_BRA_TARGET_RE = re.compile(r"^\s*(?P<cond>!?U?P[T0-9]+\s*,\s*)?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-fA-F]+)")
+#: Archs whose backward branches with the condition as an operand count as loops (:func:`find_loops`): the W4A16
+#: ``mma`` kernel's archs beside Hopper, whose compile-sweep records read them. sm_100a's SASS has them as well,
+#: but the sm_100 family's table facts -- and the model calibrated on them -- were derived without them (its "main
+#: loop" is then the span up to an out-of-line wait stub's jump back); reading them there (and on sm_90a, whose
+#: table predates this form) changes those facts and needs their recalibration, which this constant keeps apart.
+OPERAND_BRANCH_LOOP_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a")
 _DEPBAR_RE = re.compile(r"SB(\d)\s*,\s*(0x[0-9a-fA-F]+|\d+)")
 
 NO_BARRIER = 7
@@ -102,11 +108,15 @@ class Instr:
     def text(self) -> str:
         return f"{self.pred}{self.opcode} {self.args.strip()}".strip()
 
-    def branch_target(self) -> int | None:
+    def branch_target(self, operand_condition: bool = True) -> int | None:
+        """The target offset of a branch (None: not a branch, or ``operand_condition`` is False and the
+        branch has its condition as an operand, ``BRA.U UP0, <target>``)."""
         if self.base not in ("BRA", "BRX"):
             return None
         m = _BRA_TARGET_RE.match(self.args)
-        return int(m.group(1), 16) if m else None
+        if m is None or (m.group("cond") and not operand_condition):
+            return None
+        return int(m.group(2), 16)
 
 
 @dataclass
@@ -117,6 +127,7 @@ class Function:
     stack: int | None = None
     shared: int | None = None
     local: int | None = None
+    arch: str | None = None  # the ``arch = sm_...`` line of the listing before the function
 
     def index_of(self, offset: int) -> int:
         for i, ins in enumerate(self.instrs):
@@ -142,10 +153,15 @@ def parse_sass(text: str, resource_usage: str = "") -> list[Function]:
     funcs: list[Function] = []
     cur: Function | None = None
     pending: tuple | None = None  # (offset, pred, op, args) waiting for its hi word
+    arch = None
     for line in text.splitlines():
+        am = _ARCH_RE.match(line.strip())
+        if am:
+            arch = am.group(1)
+            continue
         fm = _FUNC_RE.match(line)
         if fm:
-            cur = Function(fm.group(1))
+            cur = Function(fm.group(1), arch=arch)
             funcs.append(cur)
             pending = None
             continue
@@ -208,8 +224,9 @@ class Loop:
 def find_loops(fn: Function) -> list[Loop]:
     """Backward branches of ``fn`` as loops (see the module docstring), outermost last."""
     loops = []
+    operand = fn.arch in OPERAND_BRANCH_LOOP_ARCHS
     for i, ins in enumerate(fn.instrs):
-        t = ins.branch_target()
+        t = ins.branch_target(operand)
         if t is None or t >= ins.offset:
             continue  # forward branch, or the end-of-function self-branch (t == offset)
         try:

@@ -22,10 +22,11 @@ The first candidate is the model's fastest; the reason string carries its modell
 modelled bf16 cuBLAS time of the same GEMM. If the model cannot price a config (no SASS facts in
 the table), it keeps its place in the families' default order after the priced ones. PDL is on
 where the arch has ``griddepcontrol`` (sm_90a, sm_120a, sm_121a). On sm_80 / sm_86 / sm_89 /
-sm_120a / sm_121a only the ``mma`` family runs (``wgmma`` is sm_90a only); the model prices it with
-the sm_90a SASS facts of the same config (one kernel source; the arch changes no main-loop
-instruction count) on the target GPU's hardware description, and drops what that arch's own
-compile sweep found spilling.
+sm_120a / sm_121a only the ``mma`` family runs (``wgmma`` is sm_90a only); the model prices it on the target
+GPU's hardware description with the SASS facts of the same config -- the main-loop timing facts of
+the arch's own compile sweep where it recorded them (one kernel source and the same instruction
+count, but ptxas encodes longer stalls on sm_120a), else sm_90a's -- and drops what that arch's
+own compile sweep found spilling.
 """
 
 from __future__ import annotations

@@ -34,26 +34,27 @@ def token_tiles(m: int, top_k: int, num_experts: int) -> tuple[int, ...]:
 
 
 def _ranked_gemm(tile_n: int, m: int, top_k: int, num_experts: int, rows: int, k: int, gated: bool, arch: str,
-                 sm_count: int) -> list:
+                 sm_count: int, gpu: str | None = None) -> list:
     scored = []
     for i, (tr, w, st, tk) in enumerate(SHAPES):
         for s in MOE_SPLIT_K:
             c = Sm120MoeConfig(tile_n=tile_n, tile_rows=tr, tile_k=tk, num_warps=w, stages=st, split_k=s, pdl=True)
             if moe_shape_problem(c, rows, k, gated):
                 continue
-            lo, hi = gemm_range_us(c, m, top_k, num_experts, rows, k, gated, arch, sm_count)
+            lo, hi = gemm_range_us(c, m, top_k, num_experts, rows, k, gated, arch, sm_count, gpu)
             scored.append(((lo + hi) / 2, i, s, c))
     scored.sort(key=lambda t: (round(t[0], 3), t[1], t[2]))
     return [(c, us) for us, _, _, c in scored[:PER_GEMM]]
 
 
 def moe_candidates(m: int, num_experts: int, top_k: int, hidden: int, inter: int, arch: str = "sm_120a",
-                   sm_count: int = 0, max_candidates: int = MAX_CANDIDATES) -> list:
-    """Ranked ((GEMM1 config, GEMM2 config), modelled us) at ``m`` tokens (a MODEL)."""
+                   sm_count: int = 0, max_candidates: int = MAX_CANDIDATES, gpu: str | None = None) -> list:
+    """Ranked ((GEMM1 config, GEMM2 config), modelled us) at ``m`` tokens (a MODEL) on ``gpu``'s hardware
+    profile (default: the arch's default GPU)."""
     pairs = []
     for tn in token_tiles(m, top_k, num_experts):
-        g1 = _ranked_gemm(tn, m, top_k, num_experts, 2 * inter, hidden, True, arch, sm_count)
-        g2 = _ranked_gemm(tn, m, top_k, num_experts, hidden, inter, False, arch, sm_count)
+        g1 = _ranked_gemm(tn, m, top_k, num_experts, 2 * inter, hidden, True, arch, sm_count, gpu)
+        g2 = _ranked_gemm(tn, m, top_k, num_experts, hidden, inter, False, arch, sm_count, gpu)
         pairs += [((c1, c2), u1 + u2) for c1, u1 in g1 for c2, u2 in g2]
     pairs.sort(key=lambda p: (round(p[1], 3), p[0][0].tile_n))
     return pairs[:max_candidates]

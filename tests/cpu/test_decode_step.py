@@ -286,6 +286,31 @@ def test_sm120_w4a4_step_model_and_refusals():
         ds.decode_step("Llama-3.1-8B", "RTX5090", layers=1, fmt="fp8")
 
 
+def test_sm120_w4a4_moe_layer_runs_the_sm120_grouped_kernels():
+    """Qwen3-30B-A3B with ``--format w4a4`` on an RTX 5090: the routed experts go through Inductor's
+    ``nvfp4_moe`` choice with backend ``cutedsl_sm120_moe``; its launcher runs the two grouped sm120 GEMMs
+    (GEMM1 gated over 2 x 768 rows, K = 2048; GEMM2 2048 rows, K = 768) for sm_120a, priced by the sm120 MoE
+    family's model on the routed experts' bytes (8 of 128 experts at M = 1)."""
+    from nvgemm.templates.sm120_moe.config import Sm120MoeConfig
+
+    q = ds.DECODE_PRESETS["Qwen3-30B-A3B"]
+    g = ds.layer_graph(q, "RTX5090", fmt="w4a4")
+    assert "'backend:cutedsl_sm120_moe'" in g.code
+    launches, syncs = ds.replay(g, "RTX5090")
+    assert not syncs
+    moe = [k for k in launches if k.kind == "gemm" and k.gemm.get("moe")]
+    assert [(k.gemm["n"], k.gemm["k"], k.gemm["epilogue"]) for k in moe] == [(1536, 2048, "silu_mul"),
+                                                                            (2048, 768, "none")], _listing(moe)
+    assert all(isinstance(k.gemm["config"], Sm120MoeConfig) and k.gemm["arch"] == "sm_120a" and k.pdl for k in moe)
+    dense = [k for k in launches if k.kind == "gemm" and not k.gemm.get("moe") and not k.gemm.get("cublas")]
+    assert len(dense) == 4 and all(k.gemm["config"].name().startswith("nvgemm_cutedsl_sm120_w4a4") for k in dense)
+    for k in moe:
+        ds.model_launch(k, "RTX5090")
+        active = 128 * (1 - (1 - 8 / 128) ** 1)  # uniform routing, one token: its 8 distinct experts
+        assert k.bytes == int(active * k.gemm["n"] * k.gemm["k"] * 0.5625) and "sm120 family model" in k.note
+        assert k.bytes / 1.792e12 * 1e6 < k.us[0] < k.us[1]  # above the byte floor at the peak bandwidth
+
+
 def test_mma_gpu_refuses_moe_presets_by_name(capsys):
     with pytest.raises(ValueError, match="no grouped MoE kernel for RTX5090"):
         ds.decode_step("Qwen3-30B-A3B", "RTX5090")

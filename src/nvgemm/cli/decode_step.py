@@ -553,6 +553,8 @@ class _FakeKernel:
         ctx = self.rec.moe or {}
         if self.spec.template_id.startswith("sm100"):  # a, b, sfa, sfb, c, alpha, tiles, res, ws, cnt, m, n, k, ...
             rows, k = values[10], values[12]
+        elif self.spec.template_id.startswith("sm120"):  # x, x_scale, weight [E, rows, K/2], ..., rows, rows_padded
+            rows, k = values[10], values[2].shape[-1] * 2
         else:
             x, out = values[0], values[6]
             k = x.shape[-1]
@@ -843,6 +845,15 @@ def _model_moe_gemm(launch: Launch, gpu: str) -> None:
     perf = sm100_moe_perf if mo["family"].startswith("sm100") else sm90_moe_perf
     active = perf.expected_active_experts(g["m"], mo["top_k"], mo["experts"])
     launch.bytes = int(active * g["n"] * g["k"] * (0.5 + 1 / 16))
+    if mo["family"].startswith("sm120"):  # the sm120 grouped kernels: their family's model (templates/sm120_moe/perf.py)
+        from nvgemm.templates.sm120_moe.perf import gemm_range_us  # lazy: only for sm_120 / sm_121 steps
+
+        hw = get_hardware(gpu)
+        launch.us = gemm_range_us(cfg, g["m"], mo["top_k"], mo["experts"], g["n"], g["k"], g["epilogue"] == "silu_mul",
+                                  hw.arch, hw.sm_count, hw.name)
+        launch.note = (f"grouped: {g['m']} token(s) x top-{mo['top_k']} of {mo['experts']} experts ({active:.1f} "
+                       f"active), {g['n']} rows x K={g['k']} per expert, {g['config']} (sm120 family model)")
+        return
     est = perf.moe_gemm_estimate(cfg, g["m"], mo["top_k"], mo["experts"], g["n"], g["k"], gpu)
     if est is not None:
         launch.us = est.us
@@ -975,10 +986,10 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
     p = DECODE_PRESETS[model]
     hw = get_hardware(gpu)  # KeyError names the known GPUs
     fmt = gpu_format(gpu, fmt)  # ValueError names the formats the arch runs
-    if p.moe and hw.arch in MMA_ARCHS:
-        raise ValueError(f"{model} is a MoE preset: nvgemm has no grouped MoE kernel for {gpu} ({hw.arch}; the "
-                         f"grouped W4A16 / W4A4 kernels are sm_90a / sm_100a), so its step cannot be modelled there; "
-                         f"dense presets only")
+    if p.moe and hw.arch in MMA_ARCHS and fmt != "W4A4":
+        raise ValueError(f"{model} is a MoE preset: nvgemm has no grouped MoE kernel for {gpu} ({hw.arch}) in {fmt} "
+                         f"(the grouped W4A16 kernels are sm_90a; grouped W4A4: sm_100a, and sm_120a / sm_121a with "
+                         f"--format w4a4), so its step cannot be modelled there; dense presets only")
     if tp < 1 or p.heads % tp or p.intermediate % tp or p.moe_intermediate % tp or p.vocab % tp:
         raise ValueError(f"--tp {tp} does not divide {model}'s heads ({p.heads}), intermediate and vocab")
     if layout not in ("checkpoint", "fused"):
@@ -1191,7 +1202,7 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="Llama-3.1-8B", help=f"preset: {', '.join(DECODE_PRESETS)} (default Llama-3.1-8B)")
     p.add_argument("--gpu", default="H200",
                    help="GPU to model: H100, H200 (W4A16), B200, GB200, B300 (W4A4); the W4A16 mma kernel's GPUs "
-                        "RTX5090, RTX5080, RTXPRO6000, GB10, L40S, RTX4090, A10, RTX3090, A100 (dense presets only); "
+                        "RTX5090, RTX5080, RTXPRO6000, GB10, L40S, RTX4090, A10, RTX3090, A100 (dense presets only in W4A16; --format w4a4 on the sm_120a / sm_121a ones runs MoE presets too); "
                         "default H200")
     p.add_argument("--format", default="auto", choices=("auto", "w4a4", "w4a16"),
                    help="NVFP4 format of the step: auto = the GPU's (W4A16 on Hopper and on the mma kernel's GPUs, W4A4 "

@@ -1202,7 +1202,8 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="Llama-3.1-8B", help=f"preset: {', '.join(DECODE_PRESETS)} (default Llama-3.1-8B)")
     p.add_argument("--gpu", default="H200",
                    help="GPU to model: H100, H200 (W4A16), B200, GB200, B300 (W4A4); the W4A16 mma kernel's GPUs "
-                        "RTX5090, RTX5080, RTXPRO6000, GB10, L40S, RTX4090, A10, RTX3090, A100 (dense presets only in W4A16; --format w4a4 on the sm_120a / sm_121a ones runs MoE presets too); "
+                        "RTX5090, RTX5080, RTXPRO6000, GB10, L40S, RTX4090, A10, RTX3090, A100 (dense presets only in "
+                        "W4A16; --format w4a4 on the sm_120a / sm_121a ones runs MoE presets too); "
                         "default H200")
     p.add_argument("--format", default="auto", choices=("auto", "w4a4", "w4a16"),
                    help="NVFP4 format of the step: auto = the GPU's (W4A16 on Hopper and on the mma kernel's GPUs, W4A4 "

@@ -128,7 +128,9 @@ def test_model_runs_on_the_perfmodel_hardware_profiles():
     assert set(SM120_GPUS) == {"RTX5090", "RTX5080", "RTXPRO6000", "GB10"}
     assert device_for("sm_120a") is GPUS["RTX5090"] and device_for("sm_121a") is GPUS["GB10"]
     assert device_for("sm_120a", gpu="RTXPRO6000") is GPUS["RTXPRO6000"]
-    assert device_for("sm_120a", 100).sm_count == 100
+    assert device_for("sm_120a", 100).sm_count == 100 and device_for("sm_120a", 100).name == "RTX5090"
+    # a device's SM count names its profile (a live RTX 5080 / RTX PRO 6000 reports 84 / 188 SMs)
+    assert device_for("sm_120a", 84) is GPUS["RTX5080"] and device_for("sm_120a", 188) is GPUS["RTXPRO6000"]
     for g in SM120_GPUS:
         hw = GPUS[g]
         # 28672 x 4096 NVFP4 weights (0.5625 B/element) at the top of the achievable range, in us

@@ -37,10 +37,13 @@ SM120_GPUS = tuple(name for name, hw in GPUS.items() if hw.arch in ("sm_120a", "
 
 
 def device_for(arch: str, sm_count: int = 0, gpu: str | None = None) -> Hardware:
-    """The hardware profile the model runs on: ``gpu``'s (``get_hardware``) or the arch's default GPU's,
-    with the caller's SM count when given (a real device's)."""
+    """The hardware profile the model runs on: ``gpu``'s (``get_hardware``); without a name, the profile of the
+    arch with the caller's SM count (a real device's: 84 SMs on sm_120a is an RTX 5080), else the arch's
+    default GPU's with that SM count."""
     if arch not in ("sm_120a", "sm_121a"):
         raise ValueError(f"nvgemm sm120 perf: arch {arch!r} is not sm_120a / sm_121a")
+    if gpu is None and sm_count:
+        gpu = next((g for g, hw in GPUS.items() if hw.arch == arch and hw.sm_count == int(sm_count)), None)
     hw = get_hardware(gpu or DEFAULT_GPU_OF_ARCH[arch], int(sm_count) or None)
     if hw.arch != arch:
         raise ValueError(f"nvgemm sm120 perf: GPU {hw.name} is {hw.arch}, not {arch}")

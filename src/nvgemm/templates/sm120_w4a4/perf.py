@@ -1,7 +1,8 @@
 """The sm120 W4A4 family's performance model: a byte / latency model of the decode kernel on the
 consumer-Blackwell devices. **A MODEL, not a measurement** (the kernel has never run on hardware);
-the candidate policy only ranks configs with it. Regenerate the numbers it reports with
-``python bench/compile_sweep_sm120.py`` (its ``--model`` table).
+the candidate policy only ranks configs with it. Its numbers: ``python bench/compile_sweep_sm120.py`` (the
+first pick's modelled time per problem) and ``python bench/perf_model.py sm120`` (the picks against the bf16
+baseline, ``bench/results/sm120_model.md``).
 
 Device numbers come from :mod:`nvgemm.heuristics.perfmodel.hardware` (``GPUS``: RTX 5090, RTX 5080,
 RTX PRO 6000, GB10; each entry cites its sources), the single place nvgemm keeps them: SM count,

@@ -44,13 +44,13 @@ def main() -> int:
     from nvgemm.cli import sass_tool
     from nvgemm.core.epilogue import EpilogueSpec
     from nvgemm.templates.sm120_w4a4.config import TEMPLATE_ID, smem_bytes
-    from nvgemm.templates.sm120_w4a4.perf import DEFAULT_DEVICE, DEVICES, byte_floor_us
+    from nvgemm.templates.sm120_w4a4.perf import byte_floor_us, device_for
     from nvgemm.templates.sm120_w4a4.policy import ranked
 
     picks: dict = {}
     model_rows = []
     for arch in ARCHES:
-        dev = DEVICES[DEFAULT_DEVICE[arch]]
+        dev = device_for(arch)
         for n, k in sass_tool.LLAMA_SHAPES:
             for m in MS:
                 for act in ("none", "silu_mul"):
@@ -102,7 +102,7 @@ def main() -> int:
         "## Modelled time of the first pick (a MODEL, not a measurement)",
         "",
         "`nvgemm.templates.sm120_w4a4.perf.model_range_us` (optimistic - pessimistic end of every range; device "
-        "numbers and their sources in that module); the byte floor is the NVFP4 weights read once at the "
+        "profile: `nvgemm.heuristics.perfmodel.hardware`, which cites its sources); the byte floor is the NVFP4 weights read once at the "
         "optimistic achievable bandwidth.",
         "",
         "| arch | device | N | K | M | first pick | modelled us | byte floor us |",

@@ -3,6 +3,7 @@
     python bench/perf_model.py sm90    # -> bench/results/sm90_model.md  (H200, current sm90 kernels)
     python bench/perf_model.py sm100   # -> bench/results/sm100_model.md (B200, sm100 decode configs)
     python bench/perf_model.py mma     # -> bench/results/mma_archs_model.md (RTX 5090, L40S: the mma kernel)
+    python bench/perf_model.py sm120   # -> bench/results/sm120_model.md (RTX 5090 / PRO 6000 / 5080, GB10: W4A4)
     python bench/perf_model.py all
 
 Inputs: the committed SASS facts table (``src/nvgemm/heuristics/perfmodel/sass_facts.json``; regenerate it
@@ -461,9 +462,79 @@ def mma_archs_report(out: Path, gpus=MMA_GPUS) -> None:
     out.write_text("\n".join(lines) + "\n")
 
 
+SM120_GPUS = ("RTX5090", "RTXPRO6000", "GB10", "RTX5080")
+
+
+def sm120_rows(gpus=SM120_GPUS, ms=MMA_M):
+    """(gpu, n, k, layer, m, pick, estimate, family model range, bf16 baseline, byte ratio) of the sm120 W4A4
+    decode kernel's runtime pick on the Llama-3.1-8B decode GEMMs (activation none)."""
+    from nvgemm.heuristics.perfmodel import bf16_baseline, estimate
+    from nvgemm.templates.sm120_w4a4.perf import device_for, model_range_us
+    from nvgemm.templates.sm120_w4a4.policy import pick_config
+
+    for gpu in gpus:
+        from nvgemm.heuristics.perfmodel import get_hardware
+
+        hw = device_for(get_hardware(gpu).arch, gpu=gpu)
+        for n, k, layer in SHAPES[:4]:
+            for m in ms:
+                pick = pick_config(m, n, k, "none", hw.arch, hw.sm_count, gpu)
+                e = estimate(pick, m, n, k, gpu, activation="none")
+                b = bf16_baseline(m, n, k, gpu)
+                # the W4A4 GEMM's own bytes: padded NVFP4 weights + scales, NVFP4 activations + scales, bf16 output
+                bound = b.bytes / (e.geometry.weight_bytes + 0.5625 * m * k + 2.0 * m * n)
+                yield gpu, n, k, layer, m, pick, e, model_range_us(pick, m, n, k, hw), b, bound
+
+
+def sm120_report(out: Path, gpus=SM120_GPUS) -> None:
+    """The sm120 W4A4 decode kernel on consumer / workstation Blackwell and DGX Spark (Llama-3.1-8B decode GEMMs,
+    M = 1..64): the runtime's pick against bf16 cuBLAS, both modelled with the GPU's profile and the same
+    assumptions."""
+    from nvgemm.heuristics.perfmodel import get_hardware
+
+    lines = _header("NVFP4 W4A4 sm120 decode kernel on " + " / ".join(gpus) + ": performance MODEL (not a "
+                    "measurement)", "python bench/perf_model.py sm120")
+    lines += [
+        "The kernel (`templates/sm120_w4a4`, backend `cutedsl_sm120`) compiles for sm_120a / sm_121a and ran bit-exact",
+        "on nvgemm's PTX emulator; it has never run on hardware. Every time below is a model.",
+        "",
+        "- model us: nvgemm's performance model (`nvgemm.heuristics.perfmodel.estimate`: the family's `Sm120Facts`,",
+        "  static main-loop estimate, no SASS table record) for the whole call: activation quantizer + GEMM",
+        "  (low end, high end of every range).",
+        "- family model us: the family's own byte / latency model (`templates/sm120_w4a4/perf.py`) that ranks the",
+        "  candidates (the pick is its first), GEMM only.",
+        "- model bf16 us: the bf16 cuBLAS baseline (`heuristics/perfmodel/baseline.py`) on the same hardware profile,",
+        "  bandwidth range, fill, launch and PDL saving.",
+        "- model x bf16 = model bf16 us / model us at the same end of both ranges; bytes x = bf16 GEMM bytes (weights",
+        "  + activations + output) / the W4A4 GEMM's bytes (padded NVFP4 weights and scales + NVFP4 activations and",
+        "  scales + bf16 output), the ceiling no modelled ratio exceeds",
+        "  (`tests/cpu/test_perfmodel.py::test_sm120_w4a4_ratio_never_exceeds_the_byte_ratio`).",
+        "- Activation `none` (the bf16 baseline has no fused epilogue either).",
+        "",
+    ]
+    rows = list(sm120_rows(gpus))
+    for gpu in gpus:
+        hw = get_hardware(gpu)
+        mine = [r for r in rows if r[0] == gpu]
+        rat = [r[8].total_us[i] / r[6].total_us[i] for r in mine for i in range(2)]
+        lines += [f"## {gpu} ({hw.arch}, {hw.sm_count} SMs, {hw.peak_bw_tbs * 1000:.0f} GB/s peak): model", "",
+                  f"Hardware source: {hw.source}.", "",
+                  f"Modelled W4A4 / bf16 speed-up over these {len(mine)} points: {min(rat):.2f}x-{max(rat):.2f}x (a model).",
+                  "",
+                  "| N x K (layer) | M | model: runtime pick | model us | family model us | model bf16 us | model x bf16 "
+                  "| bytes x |", "|---|---|---|---|---|---|---|---|"]
+        for _, n, k, layer, m, pick, e, fam, b, bound in mine:
+            ratios = [b.total_us[i] / e.total_us[i] for i in range(2)]
+            assert max(ratios) <= bound, (gpu, n, k, m, ratios, bound)
+            lines.append(f"| {n}x{k} ({layer}) | {m} | {_short(pick.name())} | {_r(e.total_us)} | {_r(fam)} | "
+                         f"{_r(b.total_us)} | {ratios[0]:.2f}-{ratios[1]:.2f} | {bound:.2f} |")
+        lines.append("")
+    out.write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=("sm90", "sm100", "mma", "all"))
+    ap.add_argument("which", choices=("sm90", "sm100", "mma", "sm120", "all"))
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     d = Path(args.out_dir)
@@ -476,6 +547,9 @@ def main() -> int:
     if args.which in ("mma", "all"):
         mma_archs_report(d / "mma_archs_model.md")
         print(f"wrote {d / 'mma_archs_model.md'}")
+    if args.which in ("sm120", "all"):
+        sm120_report(d / "sm120_model.md")
+        print(f"wrote {d / 'sm120_model.md'}")
     return 0
 
 

@@ -245,6 +245,72 @@ def test_mma_gpu_layer_kernels(gpu):
         assert not any(k.pdl for k in launches), _listing(launches)
 
 
+# --------------------------------------------------------------------------- W4A4 on sm_120a / sm_121a
+#: ``--format w4a4`` on the consumer-Blackwell GPUs: Inductor's lowering offers the sm120 W4A4 kernels
+#: (backend ``cutedsl_sm120``) for every linear of the fused layer -- qkv and down fed by the fused RMSNorm
+#: quantizer (prequant), o_proj (quantizes its own activation), gate_up with the SwiGLU + NVFP4 requant
+#: epilogue -- compiled for the fake device's arch, PDL on. GB10 after RTX 5090 in one process: the sm120
+#: launcher's per-device memo must not carry the first fake device's arch into the second.
+SM120_W4A4 = {"RTX5090": "sm_120a", "GB10": "sm_121a"}
+
+
+@pytest.mark.parametrize("gpu", ["RTX5090", "GB10"])
+def test_sm120_w4a4_fused_layer_runs_the_sm120_kernels(gpu):
+    from nvgemm.templates.sm120_w4a4.config import Sm120W4A4Config
+
+    g = ds.layer_graph(P, gpu, layout="fused", fmt="w4a4")
+    # the generated wrapper calls nvgemm's choice ops with the sm120 backend (Inductor's lowering chose it)
+    assert g.code.count("'backend:cutedsl_sm120") == 4, g.code
+    assert "nvfp4_linear_prequant_requant_choice" in g.code and "cutedsl_mma_w4a16" not in g.code
+    launches, syncs = ds.replay(g, gpu)
+    assert not syncs
+    gemms = [k for k in launches if k.kind == "gemm"]
+    assert [(k.gemm["m"], k.gemm["n"], k.gemm["k"]) for k in gemms] == [
+        (1, 6144, 4096), (1, 4096, 4096), (1, 2 * 14336, 4096), (1, 4096, 14336)], _listing(gemms)
+    assert all(isinstance(k.gemm["config"], Sm120W4A4Config) and k.gemm["arch"] == SM120_W4A4[gpu]
+               and k.pdl and k.gemm["config"].pdl for k in gemms), _listing(gemms)
+    assert gemms[2].gemm["epilogue"] == "silu_mul"
+    assert all("sm90" not in k.origin for k in launches), _listing(launches)
+
+
+def test_sm120_w4a4_step_model_and_refusals():
+    r = ds.decode_step("Llama-3.1-8B", "RTX5090", layers=2, layout="fused", fmt="w4a4")
+    assert r.format == "W4A4" and r.kernels_per_layer == 10
+    # every GEMM priced by the perfmodel (the sm120 facts), none by the bytes + launch fallback
+    gemms = [k for k in r.layer_kernels if k.kind == "gemm"]
+    assert len(gemms) == 4 and all("no perfmodel facts" not in k.note for k in gemms)
+    assert ds.decode_step("Llama-3.1-8B", "RTX5090", layers=1).format == "W4A16"  # auto keeps the mma kernel
+    with pytest.raises(ValueError, match="runs W4A16 on H200"):
+        ds.decode_step("Llama-3.1-8B", "H200", layers=1, fmt="w4a4")
+    with pytest.raises(ValueError, match="W4A16 / W4A4 on RTX5090"):
+        ds.decode_step("Llama-3.1-8B", "RTX5090", layers=1, fmt="fp8")
+
+
+def test_sm120_w4a4_moe_layer_runs_the_sm120_grouped_kernels():
+    """Qwen3-30B-A3B with ``--format w4a4`` on an RTX 5090: the routed experts go through Inductor's
+    ``nvfp4_moe`` choice with backend ``cutedsl_sm120_moe``; its launcher runs the two grouped sm120 GEMMs
+    (GEMM1 gated over 2 x 768 rows, K = 2048; GEMM2 2048 rows, K = 768) for sm_120a, priced by the sm120 MoE
+    family's model on the routed experts' bytes (8 of 128 experts at M = 1)."""
+    from nvgemm.templates.sm120_moe.config import Sm120MoeConfig
+
+    q = ds.DECODE_PRESETS["Qwen3-30B-A3B"]
+    g = ds.layer_graph(q, "RTX5090", fmt="w4a4")
+    assert "'backend:cutedsl_sm120_moe'" in g.code
+    launches, syncs = ds.replay(g, "RTX5090")
+    assert not syncs
+    moe = [k for k in launches if k.kind == "gemm" and k.gemm.get("moe")]
+    assert [(k.gemm["n"], k.gemm["k"], k.gemm["epilogue"]) for k in moe] == [(1536, 2048, "silu_mul"),
+                                                                            (2048, 768, "none")], _listing(moe)
+    assert all(isinstance(k.gemm["config"], Sm120MoeConfig) and k.gemm["arch"] == "sm_120a" and k.pdl for k in moe)
+    dense = [k for k in launches if k.kind == "gemm" and not k.gemm.get("moe") and not k.gemm.get("cublas")]
+    assert len(dense) == 4 and all(k.gemm["config"].name().startswith("nvgemm_cutedsl_sm120_w4a4") for k in dense)
+    for k in moe:
+        ds.model_launch(k, "RTX5090")
+        active = 128 * (1 - (1 - 8 / 128) ** 1)  # uniform routing, one token: its 8 distinct experts
+        assert k.bytes == int(active * k.gemm["n"] * k.gemm["k"] * 0.5625) and "sm120 family model" in k.note
+        assert k.bytes / 1.792e12 * 1e6 < k.us[0] < k.us[1]  # above the byte floor at the peak bandwidth
+
+
 def test_mma_gpu_refuses_moe_presets_by_name(capsys):
     with pytest.raises(ValueError, match="no grouped MoE kernel for RTX5090"):
         ds.decode_step("Qwen3-30B-A3B", "RTX5090")

@@ -60,3 +60,25 @@ def test_plan_hopper_and_errors(plan_only_cli, capsys):
     assert "unknown model preset" in capsys.readouterr().err
     assert cli.main(["plan", "--model", "Qwen3-32B", "--gpu", "V100"]) == 2
     assert "unknown GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpu,fmt", [("RTX5090", "w4a4"), ("RTX5080", "auto"), ("GB10", "w4a4")])
+def test_plan_sm120_w4a4_plans_with_the_sm120_family(plan_only_cli, capsys, gpu, fmt):
+    """On sm_120a / sm_121a, ``--format w4a4`` (and ``auto``: a W4A4 family serves the arch) lists the sm120
+    W4A4 family's candidates, first the policy's pick for that GPU's profile, each with a modelled time on it."""
+    from nvgemm.heuristics.perfmodel import get_hardware
+    from nvgemm.templates.sm120_w4a4.policy import pick_config
+
+    rc = cli.main(["plan", "--model", "Llama-3.1-8B", "--gpu", gpu, "--m", "1,32", "--format", fmt, "--json",
+                   "--no-nvmmh"])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0 and data["format"] == "w4a4" and data["model_gpu"] == gpu
+    hw = get_hardware(gpu)
+    assert len(data["rows"]) == 8
+    for r in data["rows"]:
+        assert r["status"] == "ok" and r["candidates"]
+        assert all(c["config"].startswith(f"nvgemm_cutedsl_sm120_w4a4_") and c["model_us"] for c in r["candidates"])
+        want = pick_config(int(r["m"]), r["n"], r["k"], "none", hw.arch, hw.sm_count, gpu)
+        assert r["candidates"][0]["config"] == want.name()
+    assert cli.main(["plan", "--shape", "4096,4096", "--gpu", gpu, "--m", "1", "--format", "w4a16", "--json"]) == 0
+    assert "sm90_w4a16_mma" in json.loads(capsys.readouterr().out)["rows"][0]["candidates"][0]["config"]

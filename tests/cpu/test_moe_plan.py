@@ -62,3 +62,29 @@ def test_plan_moe_text(capsys):
     out = capsys.readouterr().out
     assert "routing (128 experts, top-8, uniform)" in out and "model, not a measurement" in out
     assert "[expert.down] M=32 (3/expert) N=2048 K=768" in out
+
+
+@pytest.mark.parametrize("gpu", ["RTX5090", "GB10"])
+def test_plan_moe_sm120_grouped_candidates(capsys, gpu):
+    """``nvgemm plan`` for a MoE preset on sm_120a / sm_121a (W4A4) lists the grouped sm120 kernels' ranked
+    (GEMM1, GEMM2) pairs: the policy's order on the GPU's own profile, each modelled above the byte floor of
+    the routed experts' NVFP4 weights at the GPU's peak bandwidth."""
+    from nvgemm.heuristics.perfmodel import get_hardware
+    from nvgemm.templates.sm100_moe.perf import expected_active_experts
+    from nvgemm.templates.sm120_moe.policy import moe_candidates
+
+    assert cli.main(["plan", "--model", "Qwen3-30B-A3B", "--gpu", gpu, "--m", "1,64", "--no-nvmmh",
+                     "--max-candidates", "2"]) == 0
+    out = capsys.readouterr().out
+    hw = get_hardware(gpu)
+    section = out.split(f"on {gpu} (sm120 grouped W4A4; times are a MODEL")[1]
+    for m in (1, 64):
+        block = section.split(f"  M={m} ")[1].split("\n  M=")[0]
+        rows = [ln.split() for ln in block.strip().splitlines()[1:]]
+        want = moe_candidates(m, 128, 8, 2048, 768, hw.arch, hw.sm_count, 2, gpu=gpu)
+        assert len(rows) == len(want) == 2
+        for r, ((c1, c2), _) in zip(rows, want):
+            assert r[-3] == c1.name().replace("nvgemm_cutedsl_sm120_moe_", "")
+            assert r[-1] == c2.name().replace("nvgemm_cutedsl_sm120_moe_", "")
+            floor = expected_active_experts(m, 8, 128) * 3 * 2048 * 768 * 0.5625 / (hw.peak_bw_tbs * 1e12) * 1e6
+            assert float(r[2]) > floor, (m, r, floor)

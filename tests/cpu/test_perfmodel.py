@@ -338,6 +338,39 @@ def test_no_modelled_ratio_exceeds_the_byte_ratio(gpu, a_format, ms):
     assert close(2.0 * 28672 * 4096 / w, 2 / 0.5625)
 
 
+@pytest.mark.parametrize("gpu", ["RTX5090", "RTXPRO6000", "GB10", "RTX5080"])
+def test_sm120_w4a4_ratio_never_exceeds_the_byte_ratio(gpu):
+    """The sm120 W4A4 decode kernel's policy pick (``heuristics.candidates`` on ``Target.from_gpu(gpu)``) against
+    the bf16 cuBLAS baseline on the same hardware profile, Llama-3.1-8B decode GEMMs, M = 1..64 (the rows of
+    ``bench/results/sm120_model.md``): the modelled speed-up, at either end of both ranges, never exceeds the
+    bytes the two GEMMs must move -- bf16 weights + activations + output against the padded NVFP4 weights and
+    scales + NVFP4 activations and scales + bf16 output. A GPU whose profile the policy ignored (modelled on
+    another GPU's SMs / bandwidth) would still be bounded; the pick is checked to be the gpu-aware one."""
+    from nvgemm.core.problem import GemmProblem, Target
+    from nvgemm.heuristics import candidates
+    from nvgemm.templates.sm120_w4a4.config import Sm120W4A4Config
+    from nvgemm.templates.sm120_w4a4.policy import pick_config
+
+    target = Target.from_gpu(gpu)
+    hw = get_hardware(gpu)
+    worst, n_checked = 0.0, 0
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        for m in (1, 2, 3, 4, 8, 13, 16, 24, 32, 48, 64):
+            c = candidates(GemmProblem(n=n, k=k, m=m, a_format="nvfp4", target=target), use_nvmmh=False)
+            cfg = c[0].config
+            assert isinstance(cfg, Sm120W4A4Config) and cfg == pick_config(m, n, k, "none", hw.arch, hw.sm_count, gpu)
+            e = estimate(cfg, m, n, k, gpu, activation="none")
+            b = bf16_baseline(m, n, k, gpu)
+            assert b.bytes == 2.0 * n * k + 2.0 * m * k + 2.0 * m * n
+            bound = b.bytes / (e.geometry.weight_bytes + 0.5625 * m * k + 2.0 * m * n)
+            for i in range(2):
+                ratio = b.total_us[i] / e.total_us[i]
+                assert ratio <= bound, (gpu, cfg.name(), m, n, k, i, ratio, bound)
+                worst = max(worst, ratio / bound)
+            n_checked += 1
+    assert n_checked == 44 and 0.5 < worst < 1.0
+
+
 def test_mma_geometry_by_hand():
     # 8 tokens x 128 rows per CTA (4 warps x 2 row tiles), stages of 256 K, 4-stage ring
     c = C90("mma", tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4, pdl=True)

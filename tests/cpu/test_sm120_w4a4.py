@@ -118,6 +118,38 @@ def test_policy_candidates_are_implementable_and_ranked():
                 assert "a model" in cands[0].reason
 
 
+def test_model_runs_on_the_perfmodel_hardware_profiles():
+    """The family's model reads its device numbers from ``heuristics.perfmodel.hardware`` (one source): the
+    byte floor is the NVFP4 weight bytes over that profile's optimistic achievable bandwidth, CTAs per SM
+    follow its shared memory / thread / CTA limits, a named GPU is used as named, a wrong arch is refused."""
+    from nvgemm.heuristics.perfmodel.hardware import GPUS
+    from nvgemm.templates.sm120_w4a4.perf import SM120_GPUS, byte_floor_us, ctas_per_sm, device_for, model_us
+
+    assert set(SM120_GPUS) == {"RTX5090", "RTX5080", "RTXPRO6000", "GB10"}
+    assert device_for("sm_120a") is GPUS["RTX5090"] and device_for("sm_121a") is GPUS["GB10"]
+    assert device_for("sm_120a", gpu="RTXPRO6000") is GPUS["RTXPRO6000"]
+    assert device_for("sm_120a", 100).sm_count == 100 and device_for("sm_120a", 100).name == "RTX5090"
+    # a device's SM count names its profile (a live RTX 5080 / RTX PRO 6000 reports 84 / 188 SMs)
+    assert device_for("sm_120a", 84) is GPUS["RTX5080"] and device_for("sm_120a", 188) is GPUS["RTXPRO6000"]
+    for g in SM120_GPUS:
+        hw = GPUS[g]
+        # 28672 x 4096 NVFP4 weights (0.5625 B/element) at the top of the achievable range, in us
+        assert byte_floor_us(1, 28672, 4096, hw) == pytest.approx(28672 * 4096 * 0.5625 / hw.achievable_bw_tbs / 1e6)
+        c = C(tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4)
+        want = min(hw.smem_per_sm // (smem_bytes(c) + hw.smem_reserved_per_cta), hw.max_threads_per_sm // c.threads,
+                   hw.max_ctas_per_sm)
+        assert ctas_per_sm(c, hw) == want
+        lo = model_us(c, 1, 28672, 4096, hw, end=1)
+        assert lo >= byte_floor_us(1, 28672, 4096, hw)
+    # the same kernel is modelled slower on the 960 GB/s, 84-SM RTX 5080 than on the 1792 GB/s, 170-SM RTX 5090
+    c = C(tile_m=8, tile_n=128, tile_k=256, num_warps=4, stages=4)
+    assert model_us(c, 1, 28672, 4096, GPUS["RTX5080"]) > model_us(c, 1, 28672, 4096, GPUS["RTX5090"])
+    with pytest.raises(ValueError, match="GB10 is sm_121a"):
+        device_for("sm_120a", gpu="GB10")
+    with pytest.raises(ValueError, match="not sm_120a"):
+        device_for("sm_90a")
+
+
 def _problem(**kw):
     x, w, ws, ws2, ins = _layer()
     args = (x, w, ws, ws2, ins, None, None, "none", None)

@@ -11,7 +11,8 @@ for a preset on a GPU, without that GPU:
    patched by :func:`nvgemm.nn.mlp.fuse_gated_mlps`, as ``load_modelopt_checkpoint(fuse_gated_mlp=True)``;
    on Hopper every layer held in the sm90 layout, ``prepare_for_sm90``, as the loader does on an sm_90 GPU, and
    likewise on the W4A16 ``mma`` kernel's GPUs, sm_120a / sm_121a / sm_89 / sm_86 / sm_80: dense presets only,
-   nvgemm has no grouped MoE kernel there).
+   nvgemm has no grouped MoE kernel there). ``--format w4a4`` on sm_120a / sm_121a keeps the checkpoint layout
+   and the sm120 W4A4 kernels (``cutedsl_sm120``) serve the linears.
    A MoE preset (Qwen3-30B-A3B) replaces the MLP by :class:`SparseMoeBlock`: the bf16 router, softmax + top-k
    (+ renormalisation) as a serving engine runs them, and nvgemm's ``NVFP4Experts`` (``nvgemm::nvfp4_moe``:
    the sm90 grouped W4A16 kernels on Hopper, the sm100 grouped W4A4 kernels on Blackwell).
@@ -142,8 +143,21 @@ ARCH_FORMAT = {"sm_90a": "W4A16", "sm_100a": "W4A4", "sm_103a": "W4A4", "sm_100f
                **{a: "W4A16" for a in MMA_ARCHS}}
 
 
-def gpu_format(gpu: str) -> str:
-    return ARCH_FORMAT[get_hardware(gpu).arch]
+#: The archs where another format may be asked for (``--format``): the sm120 W4A4 kernels (``cutedsl_sm120``,
+#: ``cutedsl_sm120_moe``) serve sm_120a / sm_121a beside the W4A16 ``mma`` kernel.
+ARCH_FORMATS = {"sm_120a": ("W4A16", "W4A4"), "sm_121a": ("W4A16", "W4A4")}
+
+
+def gpu_format(gpu: str, fmt: Optional[str] = None) -> str:
+    """The step's NVFP4 format on ``gpu``: ``fmt`` (``W4A4`` / ``W4A16``) where the arch runs it, else the arch's
+    own (``None`` / ``auto``)."""
+    arch = get_hardware(gpu).arch
+    if fmt is None or fmt.lower() == "auto":
+        return ARCH_FORMAT[arch]
+    allowed = ARCH_FORMATS.get(arch, (ARCH_FORMAT[arch],))
+    if fmt.upper() not in allowed:
+        raise ValueError(f"--format {fmt}: nvgemm runs {' / '.join(allowed)} on {gpu} ({arch})")
+    return fmt.upper()
 
 
 # =============================================================================================
@@ -316,12 +330,12 @@ class Head(nn.Module):
         return h0, logits.argmax(-1)
 
 
-def prepare_like_loader(layer: nn.Module, gpu: str) -> None:
+def prepare_like_loader(layer: nn.Module, gpu: str, fmt: Optional[str] = None) -> None:
     """On Hopper (and on the ``mma`` kernel's archs, :data:`MMA_ARCHS`) the loader holds every NVFP4 layer the
     W4A16 kernels serve in their layout only (``NVFP4Linear.prepare_for_sm90``). The layer here has meta weights (no values to re-encode), so the
     same module state is set directly: the checkpoint buffers dropped, ``sm90_weight`` / ``sm90_scale`` of the
     prepared shapes (those ``nvgemm::nvfp4_linear_sm90_prepared`` checks), ``sm90_kind``."""
-    if get_hardware(gpu).arch not in ("sm_90a", *MMA_ARCHS):
+    if get_hardware(gpu).arch not in ("sm_90a", *MMA_ARCHS) or gpu_format(gpu, fmt) != "W4A16":
         return
 
     for mod in layer.modules():
@@ -372,14 +386,15 @@ def _fake_mode():
     return FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
 
 
-def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoint", fm=None) -> Graph:
+def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoint", fm=None,
+                fmt: Optional[str] = None) -> Graph:
     """The generated code of one decoder layer of ``p`` on fake ``gpu`` under ``nvgemm.enable()``."""
     fm = fm or _fake_mode()
     # fusing shards reads their scales (NVFP4Linear.fuse checks input_scale equality): built on the CPU with
     # the default (zero code, unit scale) values, then only the shapes are kept
-    layer = DecoderLayer(p, tp, weight_only=gpu_format(gpu) == "W4A16", layout=layout,
+    layer = DecoderLayer(p, tp, weight_only=gpu_format(gpu, fmt) == "W4A16", layout=layout,
                          device="cpu" if layout == "fused" else "meta").to("meta")
-    prepare_like_loader(layer, gpu)  # on meta tensors: shapes only
+    prepare_like_loader(layer, gpu, fmt)  # on meta tensors: shapes only
     kvh, d = max(1, p.kv_heads // tp), p.head_dim
     bf = torch.bfloat16
     fn, inputs = _fake_inputs(layer, fm, [((1, p.hidden), bf), ((1, kvh, p.context, d), bf),
@@ -391,10 +406,11 @@ def layer_graph(p: DecodePreset, gpu: str, tp: int = 1, layout: str = "checkpoin
     return Graph("layer", code, inputs, fm)
 
 
-def head_graph(p: DecodePreset, gpu: str, tp: int = 1, fm=None, quantize_lm_head: bool = False) -> Graph:
+def head_graph(p: DecodePreset, gpu: str, tp: int = 1, fm=None, quantize_lm_head: bool = False,
+               fmt: Optional[str] = None) -> Graph:
     fm = fm or _fake_mode()
-    head = Head(p, tp, quantize_lm_head=quantize_lm_head, weight_only=gpu_format(gpu) == "W4A16")
-    prepare_like_loader(head, gpu)  # an NVFP4 head is held in the sm90 layout on Hopper, like the layers
+    head = Head(p, tp, quantize_lm_head=quantize_lm_head, weight_only=gpu_format(gpu, fmt) == "W4A16")
+    prepare_like_loader(head, gpu, fmt)  # an NVFP4 head is held in the sm90 layout on Hopper, like the layers
     fn, inputs = _fake_inputs(head, fm, [((1,), torch.long), ((1, p.hidden), torch.bfloat16)])
     with warnings.catch_warnings(), nvgemm_enabled(), policy_pick_only():
         warnings.simplefilter("ignore")
@@ -503,7 +519,9 @@ class _FakeKernel:
         if "moe" in self.spec.template_id:
             self._launch_moe(values, ts, cfg, act)
             return
-        if len(ints) >= 3:  # sm100 ABI: ..., m, n, k (the MMA frame; swap-AB puts the tokens in n)
+        if self.spec.template_id.startswith("sm120"):  # sm120 ABI: x [M, K/2] codes, x scales, weight [N, K/2], ...
+            m, n, k = values[0].shape[0], values[2].shape[0], values[2].shape[-1] * 2
+        elif len(ints) >= 3:  # sm100 ABI: ..., m, n, k (the MMA frame; swap-AB puts the tokens in n)
             m_k, n_k, k = ints[-3], ints[-2], ints[-1]
             m, n = (n_k, m_k) if getattr(cfg, "swap_ab", False) else (m_k, n_k)
         else:  # sm90 ABI: x [M, K], ..., out [M, N_out] (N = 2 N_out with the gated epilogue)
@@ -536,6 +554,8 @@ class _FakeKernel:
         if self.spec.template_id.startswith("sm100"):
             # a, b, sfa, sfb, c, alpha, tiles, res, ws, cnt, final, shared, resid, y_rows, wts, flags, m, n, k, ...
             rows, k = values[16], values[18]
+        elif self.spec.template_id.startswith("sm120"):  # x, x_scale, weight [E, rows, K/2], ..., rows, rows_padded
+            rows, k = values[10], values[2].shape[-1] * 2
         else:
             x, out = values[0], values[6]
             k = x.shape[-1]
@@ -564,6 +584,8 @@ def record_launches(gpu: str, rec: _Recorder):
     # lazy: triton import cost
     from nvgemm.templates.sm100_moe import backend as sm100_moe_backend
     from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
+    from nvgemm.templates.sm120_moe import backend as sm120_moe_backend
+    from nvgemm.templates.sm120_w4a4 import backend as sm120_backend
     from nvgemm.templates.sm90_moe import backend as sm90_moe_backend
     from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
     from nvgemm.templates.triton import _common as tcommon
@@ -601,6 +623,9 @@ def record_launches(gpu: str, rec: _Recorder):
             sm100_moe_backend._kernel_for.cache_clear()
             sm100_backend.launch_plan.cache_clear()
             sm100_backend.device_target.cache_clear()
+            sm120_backend.launch_plan.cache_clear()
+            sm120_backend.device_target.cache_clear()
+            sm120_moe_backend._kernel_for.cache_clear()
             registry._DECISIONS.clear()
             registry._PLANS.clear()
             registry._BINDINGS.clear()
@@ -821,6 +846,15 @@ def _model_moe_gemm(launch: Launch, gpu: str) -> None:
     perf = sm100_moe_perf if mo["family"].startswith("sm100") else sm90_moe_perf
     active = perf.expected_active_experts(g["m"], mo["top_k"], mo["experts"])
     launch.bytes = int(active * g["n"] * g["k"] * (0.5 + 1 / 16))
+    if mo["family"].startswith("sm120"):  # the sm120 grouped kernels: their family's model (templates/sm120_moe/perf.py)
+        from nvgemm.templates.sm120_moe.perf import gemm_range_us  # lazy: only for sm_120 / sm_121 steps
+
+        hw = get_hardware(gpu)
+        launch.us = gemm_range_us(cfg, g["m"], mo["top_k"], mo["experts"], g["n"], g["k"], g["epilogue"] == "silu_mul",
+                                  hw.arch, hw.sm_count, hw.name)
+        launch.note = (f"grouped: {g['m']} token(s) x top-{mo['top_k']} of {mo['experts']} experts ({active:.1f} "
+                       f"active), {g['n']} rows x K={g['k']} per expert, {g['config']} (sm120 family model)")
+        return
     est = perf.moe_gemm_estimate(cfg, g["m"], mo["top_k"], mo["experts"], g["n"], g["k"], gpu)
     if est is not None:
         launch.us = est.us
@@ -951,16 +985,17 @@ def _routed_experts(p: DecodePreset, tp: int, gpu: str, layer: list[Launch]) -> 
 
 
 def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None, layout: str = "checkpoint",
-                quantize_lm_head: bool = False) -> StepReport:
+                quantize_lm_head: bool = False, fmt: Optional[str] = None) -> StepReport:
     """Model one batch-1 decode step of preset ``model`` on ``gpu`` (see the module docstring)."""
     if model not in DECODE_PRESETS:
         raise KeyError(f"unknown decode-step preset {model!r}; known: {', '.join(DECODE_PRESETS)}")
     p = DECODE_PRESETS[model]
     hw = get_hardware(gpu)  # KeyError names the known GPUs
-    if p.moe and hw.arch in MMA_ARCHS:
-        raise ValueError(f"{model} is a MoE preset: nvgemm has no grouped MoE kernel for {gpu} ({hw.arch}; the "
-                         f"grouped W4A16 / W4A4 kernels are sm_90a / sm_100a), so its step cannot be modelled there; "
-                         f"dense presets only")
+    fmt = gpu_format(gpu, fmt)  # ValueError names the formats the arch runs
+    if p.moe and hw.arch in MMA_ARCHS and fmt != "W4A4":
+        raise ValueError(f"{model} is a MoE preset: nvgemm has no grouped MoE kernel for {gpu} ({hw.arch}) in {fmt} "
+                         f"(the grouped W4A16 kernels are sm_90a; grouped W4A4: sm_100a, and sm_120a / sm_121a with "
+                         f"--format w4a4), so its step cannot be modelled there; dense presets only")
     if tp < 1 or p.heads % tp or p.intermediate % tp or p.moe_intermediate % tp or p.vocab % tp:
         raise ValueError(f"--tp {tp} does not divide {model}'s heads ({p.heads}), intermediate and vocab")
     if layout not in ("checkpoint", "fused"):
@@ -968,9 +1003,9 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
     n_layers = layers if layers is not None else p.layers
     if n_layers < 1:
         raise ValueError(f"--layers must be >= 1, got {n_layers}")
-    lg = layer_graph(p, gpu, tp, layout)
+    lg = layer_graph(p, gpu, tp, layout, fmt=fmt)
     layer, syncs = replay(lg, gpu)
-    hg = head_graph(p, gpu, tp, quantize_lm_head=quantize_lm_head)
+    hg = head_graph(p, gpu, tp, quantize_lm_head=quantize_lm_head, fmt=fmt)
     head, syncs2 = replay(hg, gpu)
     if tp > 1:
         for after in ("o_proj", "down_proj"):
@@ -994,13 +1029,13 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
         bd[key] = bd.get(key, 0.0) + v
     return StepReport(
         routed_experts=_routed_experts(p, tp, gpu, layer) if p.moe else None,
-        model=model, gpu=hw.name, format=gpu_format(gpu), layout=layout, tp=tp, layers=n_layers,
+        model=model, gpu=hw.name, format=fmt, layout=layout, tp=tp, layers=n_layers,
         layer_kernels=layer, head_kernels=head, kernels_per_layer=len(layer),
         kernels_per_step=n_layers * len(layer) + len(head), ms_per_token_model=mid_ms,
         ms_per_token_model_range=(lo / 1e3, hi / 1e3), roofline_ms=roof_ms, roofline_fraction=roof_ms / mid_ms,
         weight_bytes_per_step=nvfp4 + lm, breakdown_us=bd,
         goal_ms=GOALS_MS.get((model, hw.name)) if tp == 1 and n_layers == p.layers else None,
-        syncs=syncs + syncs2, source=p.source, lm_head=f"NVFP4 {gpu_format(gpu)}" if quantize_lm_head else "bf16")
+        syncs=syncs + syncs2, source=p.source, lm_head=f"NVFP4 {fmt}" if quantize_lm_head else "bf16")
 
 
 # =============================================================================================
@@ -1173,8 +1208,13 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="Llama-3.1-8B", help=f"preset: {', '.join(DECODE_PRESETS)} (default Llama-3.1-8B)")
     p.add_argument("--gpu", default="H200",
                    help="GPU to model: H100, H200 (W4A16), B200, GB200, B300 (W4A4); the W4A16 mma kernel's GPUs "
-                        "RTX5090, RTX5080, RTXPRO6000, GB10, L40S, RTX4090, A10, RTX3090, A100 (dense presets only); "
+                        "RTX5090, RTX5080, RTXPRO6000, GB10, L40S, RTX4090, A10, RTX3090, A100 (dense presets only in "
+                        "W4A16; --format w4a4 on the sm_120a / sm_121a ones runs MoE presets too); "
                         "default H200")
+    p.add_argument("--format", default="auto", choices=("auto", "w4a4", "w4a16"),
+                   help="NVFP4 format of the step: auto = the GPU's (W4A16 on Hopper and on the mma kernel's GPUs, W4A4 "
+                        "on B200-class); w4a4 on sm_120a / sm_121a (RTX5090, RTX5080, RTXPRO6000, GB10) runs the "
+                        "sm120 W4A4 kernels (cutedsl_sm120)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     p.add_argument("--layers", type=int, default=None, help="layers per step (default: the preset's)")
     p.add_argument("--layout", default="checkpoint", choices=("checkpoint", "fused"),
@@ -1191,7 +1231,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     try:
         r = decode_step(args.model, args.gpu, args.tp, args.layers, args.layout,
-                        getattr(args, "quantize_lm_head", False))
+                        getattr(args, "quantize_lm_head", False), getattr(args, "format", None))
     except (KeyError, ValueError) as e:
         print(f"nvgemm bench decode-step: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2

@@ -15,7 +15,9 @@ NVFP4 bytes of the active (and shared) experts and their time at the GPU's achie
 labelled model, not a measurement). The expert GEMM rows are planned at M = ceil(tokens per active expert).
 On an sm90 target (``--gpu H200|H100``) the grouped W4A16 MoE kernels' ranked (GEMM1, GEMM2) candidates per
 M follow (``nvgemm.templates.sm90_moe.policy``; ``--tp N`` divides the expert and shared intermediate sizes), on
-an sm100 target (W4A4) those of the grouped swap-AB tcgen05 kernels (``nvgemm.templates.sm100_moe.policy``):
+an sm100 target (W4A4) those of the grouped swap-AB tcgen05 kernels (``nvgemm.templates.sm100_moe.policy``), on
+sm_120a / sm_121a (W4A4: RTX5090, RTX5080, RTXPRO6000, GB10) those of the grouped sm120 kernels
+(``nvgemm.templates.sm120_moe.policy``):
 
     nvgemm plan --model DeepSeek-V3 --tp 8 --gpu H200 --m 1,8,32
     nvgemm plan --model DeepSeek-V3 --tp 8 --gpu B200 --m 1,8,32
@@ -35,6 +37,7 @@ from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS
 from nvgemm.heuristics.policy import bucket_candidates, candidates, problem_status
 from nvgemm.heuristics.presets import get_moe_preset, get_preset
 from nvgemm.templates.sm100_moe.policy import format_plan as format_plan_sm100
+from nvgemm.templates.sm120_moe.policy import format_plan as format_plan_sm120
 from nvgemm.templates.sm90_moe.policy import format_plan, shape_from_preset
 
 
@@ -234,4 +237,8 @@ def run(args) -> int:
         print()
         print(format_plan_sm100(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
                                 model_gpu or "B200", args.max_candidates))
+    elif moe is not None and target.arch in ("sm_120a", "sm_121a") and fmt == "w4a4":
+        print()
+        print(format_plan_sm120(shape_from_preset(moe, args.tp), list(args.m_range) if args.m_range else args.m,
+                                model_gpu or DEFAULT_GPU_OF_ARCH[target.arch], args.max_candidates))
     return 0

@@ -34,26 +34,27 @@ def token_tiles(m: int, top_k: int, num_experts: int) -> tuple[int, ...]:
 
 
 def _ranked_gemm(tile_n: int, m: int, top_k: int, num_experts: int, rows: int, k: int, gated: bool, arch: str,
-                 sm_count: int) -> list:
+                 sm_count: int, gpu: str | None = None) -> list:
     scored = []
     for i, (tr, w, st, tk) in enumerate(SHAPES):
         for s in MOE_SPLIT_K:
             c = Sm120MoeConfig(tile_n=tile_n, tile_rows=tr, tile_k=tk, num_warps=w, stages=st, split_k=s, pdl=True)
             if moe_shape_problem(c, rows, k, gated):
                 continue
-            lo, hi = gemm_range_us(c, m, top_k, num_experts, rows, k, gated, arch, sm_count)
+            lo, hi = gemm_range_us(c, m, top_k, num_experts, rows, k, gated, arch, sm_count, gpu)
             scored.append(((lo + hi) / 2, i, s, c))
     scored.sort(key=lambda t: (round(t[0], 3), t[1], t[2]))
     return [(c, us) for us, _, _, c in scored[:PER_GEMM]]
 
 
 def moe_candidates(m: int, num_experts: int, top_k: int, hidden: int, inter: int, arch: str = "sm_120a",
-                   sm_count: int = 0, max_candidates: int = MAX_CANDIDATES) -> list:
-    """Ranked ((GEMM1 config, GEMM2 config), modelled us) at ``m`` tokens (a MODEL)."""
+                   sm_count: int = 0, max_candidates: int = MAX_CANDIDATES, gpu: str | None = None) -> list:
+    """Ranked ((GEMM1 config, GEMM2 config), modelled us) at ``m`` tokens (a MODEL) on ``gpu``'s hardware
+    profile (default: the arch's default GPU)."""
     pairs = []
     for tn in token_tiles(m, top_k, num_experts):
-        g1 = _ranked_gemm(tn, m, top_k, num_experts, 2 * inter, hidden, True, arch, sm_count)
-        g2 = _ranked_gemm(tn, m, top_k, num_experts, hidden, inter, False, arch, sm_count)
+        g1 = _ranked_gemm(tn, m, top_k, num_experts, 2 * inter, hidden, True, arch, sm_count, gpu)
+        g2 = _ranked_gemm(tn, m, top_k, num_experts, hidden, inter, False, arch, sm_count, gpu)
         pairs += [((c1, c2), u1 + u2) for c1, u1 in g1 for c2, u2 in g2]
     pairs.sort(key=lambda p: (round(p[1], 3), p[0][0].tile_n))
     return pairs[:max_candidates]
@@ -71,4 +72,32 @@ def pick_moe_configs(m: int, num_experts: int, top_k: int, hidden: int, inter: i
     return cands[0][0]
 
 
-__all__ = ["MAX_CANDIDATES", "SHAPES", "moe_candidates", "pick_moe_configs", "token_tiles"]
+def format_plan(shape, ms, gpu: str = "RTX5090", max_candidates: int = MAX_CANDIDATES) -> str:
+    """``nvgemm plan`` on an sm_120a / sm_121a target (W4A4): per M, the ranked (GEMM1, GEMM2) pairs with their
+    modelled times on ``gpu``'s profile (``shape``: a :class:`nvgemm.templates.sm90_moe.policy.MoeShape`)."""
+    from nvgemm.heuristics.perfmodel.hardware import get_hardware  # lazy: only the plan CLI prints this
+
+    hw = get_hardware(gpu)
+    lines = [f"{shape.name}: {shape.num_experts} experts, top-{shape.top_k}, H={shape.hidden}, I={shape.inter}"
+             f"{f', shared I={shape.shared_inter} (dense W4A4 GEMMs, above)' if shape.shared_inter else ''} on "
+             f"{hw.name} (sm120 grouped W4A4; times are a MODEL: kernel + launch per GEMM, uniform routing)"]
+    for m in ms:
+        lo, hi = bucket_of(m)
+        a = expected_active_experts(m, shape.top_k, shape.num_experts)
+        lines.append(f"  M={m} (bucket {lo}..{hi}): ~{a:.1f} active experts, {m * shape.top_k / a:.2f} pairs per "
+                     "active expert")
+        cands = moe_candidates(m, shape.num_experts, shape.top_k, shape.hidden, shape.inter, hw.arch, hw.sm_count,
+                               max_candidates, gpu=hw.name)
+        for i, ((c1, c2), _) in enumerate(cands):
+            r1 = gemm_range_us(c1, m, shape.top_k, shape.num_experts, 2 * shape.inter, shape.hidden, True, hw.arch,
+                               hw.sm_count, hw.name)
+            r2 = gemm_range_us(c2, m, shape.top_k, shape.num_experts, shape.hidden, shape.inter, False, hw.arch,
+                               hw.sm_count, hw.name)
+            us = (r1[0] + r2[0], r1[1] + r2[1])
+            lines.append(f"    {i + 1}. tile_n={c1.tile_n}  {sum(us) / 2:7.1f} us  [{us[0]:.1f}-{us[1]:.1f}]  "
+                         f"G1 {c1.name().replace('nvgemm_cutedsl_sm120_moe_', '')}  "
+                         f"G2 {c2.name().replace('nvgemm_cutedsl_sm120_moe_', '')}")
+    return "\n".join(lines)
+
+
+__all__ = ["MAX_CANDIDATES", "SHAPES", "format_plan", "moe_candidates", "pick_moe_configs", "token_tiles"]

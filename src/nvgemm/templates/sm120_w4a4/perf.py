@@ -1,28 +1,18 @@
 """The sm120 W4A4 family's performance model: a byte / latency model of the decode kernel on the
 consumer-Blackwell devices. **A MODEL, not a measurement** (the kernel has never run on hardware);
-the candidate policy only ranks configs with it. Regenerate the numbers it reports with
-``python bench/compile_sweep_sm120.py`` (its ``--model`` table).
+the candidate policy only ranks configs with it. Its numbers: ``python bench/compile_sweep_sm120.py`` (the
+first pick's modelled time per problem) and ``python bench/perf_model.py sm120`` (the picks against the bf16
+baseline, ``bench/results/sm120_model.md``).
 
-Device numbers (published figures; the uncertain ones are (low, high) ranges, the model runs at
-both ends):
+Device numbers come from :mod:`nvgemm.heuristics.perfmodel.hardware` (``GPUS``: RTX 5090, RTX 5080,
+RTX PRO 6000, GB10; each entry cites its sources), the single place nvgemm keeps them: SM count,
+achievable streaming bandwidth (80-90 % of the published peak), DRAM latency (1200-2000 cycles at
+the published boost clock), the per-launch cost less the PDL saving, and the compute capability's
+shared memory / resident threads / resident CTAs per SM. A bare arch is modelled on
+``DEFAULT_GPU_OF_ARCH`` (RTX 5090 for sm_120a, GB10 for sm_121a).
 
-RTX 5090 (GB202, sm_120a)
-    170 SMs, 1792 GB/s GDDR7 peak (512-bit x 28 Gbps; NVIDIA GeForce RTX 5090 specifications),
-    boost 2.41 GHz. Achievable streaming read taken as 75-90 % of peak (1.34-1.61 TB/s; the same
-    assumption as the H200 entry of ``nvgemm.heuristics.perfmodel.hardware``).
-RTX PRO 6000 Blackwell (GB202, sm_120a)
-    188 SMs, 1792 GB/s GDDR7 peak (NVIDIA RTX PRO 6000 Blackwell datasheet); same fractions.
-DGX Spark GB10 (sm_121a)
-    48 SMs (6144 CUDA cores), 273 GB/s LPDDR5x unified memory (NVIDIA DGX Spark specifications);
-    same fractions.
-Compute capability 12.x (CUDA C++ Programming Guide, technical specifications)
-    48 resident warps (1536 threads) per SM, 100 KB shared memory per SM, at most 99 KB per block
-    (CuTeDSL's ``SMEM_CAPACITY_MAP`` agrees), 24 resident blocks per SM (an assumption: the 8.9
-    figure; only tiny CTAs reach it).
-Assumptions
-    DRAM latency 600-900 ns loaded (GDDR7 / LPDDR5x; nvgemm has no measurement); fixed cost of one
-    kernel launched from a CUDA graph 2.0-3.0 us (the Hopper figure plus margin); split-K pays its
-    fp32 partials' round trip through L2 and one extra dependent step of 1-2 us.
+Kernel assumption kept here: split-K pays its fp32 partials' round trip through L2 and one extra
+dependent step of 1-2 us (:data:`SPLITK_STEP_US`).
 
 The kernel's own facts the model uses: shared memory per CTA (:func:`~.config.smem_bytes`) and
 threads decide the CTAs resident per SM; ``stages - 1`` stages of weight bytes are in flight per
@@ -33,53 +23,51 @@ not a limit (the compile sweep's SASS: <= 128 per thread, no spills,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from nvgemm.heuristics.perfmodel.facts import FamilyFacts, Geometry, KernelFacts, SplitKReduce
+from nvgemm.heuristics.perfmodel.hardware import DEFAULT_GPU_OF_ARCH, GPUS, Hardware, get_hardware
 from nvgemm.templates.sm120_w4a4.config import (
     ROW_TILE, TEMPLATE_ID, Sm120W4A4Config, config_from_name, k_stages, smem_bytes, stage_bytes,
 )
 from nvgemm.templates.sm120_w4a4.validity import can_implement_problem
 
 
-@dataclass(frozen=True)
-class Sm120Device:
-    name: str
-    arch: str
-    sm_count: int
-    peak_bw_tbs: float
-    bw_fraction: tuple[float, float] = (0.75, 0.90)  # achievable streaming read (pessimistic, optimistic)
-    dram_latency_ns: tuple[float, float] = (900.0, 600.0)  # (pessimistic, optimistic)
-    launch_us: tuple[float, float] = (3.0, 2.0)
-    splitk_step_us: tuple[float, float] = (2.0, 1.0)
-    threads_per_sm: int = 1536
-    smem_per_sm: int = 100 * 1024
-    blocks_per_sm: int = 24
+#: the split-K reduce's extra dependent step, us (pessimistic, optimistic): a kernel assumption
+SPLITK_STEP_US = (2.0, 1.0)
+#: the GPUs with sm_120a / sm_121a profiles in ``GPUS``
+SM120_GPUS = tuple(name for name, hw in GPUS.items() if hw.arch in ("sm_120a", "sm_121a"))
 
 
-DEVICES = {
-    "RTX5090": Sm120Device("RTX5090", "sm_120a", 170, 1.792),
-    "RTXPRO6000": Sm120Device("RTXPRO6000", "sm_120a", 188, 1.792),
-    "GB10": Sm120Device("GB10", "sm_121a", 48, 0.273),
-}
-DEFAULT_DEVICE = {"sm_120a": "RTX5090", "sm_121a": "GB10"}
+def device_for(arch: str, sm_count: int = 0, gpu: str | None = None) -> Hardware:
+    """The hardware profile the model runs on: ``gpu``'s (``get_hardware``); without a name, the profile of the
+    arch with the caller's SM count (a real device's: 84 SMs on sm_120a is an RTX 5080), else the arch's
+    default GPU's with that SM count."""
+    if arch not in ("sm_120a", "sm_121a"):
+        raise ValueError(f"nvgemm sm120 perf: arch {arch!r} is not sm_120a / sm_121a")
+    if gpu is None and sm_count:
+        gpu = next((g for g, hw in GPUS.items() if hw.arch == arch and hw.sm_count == int(sm_count)), None)
+    hw = get_hardware(gpu or DEFAULT_GPU_OF_ARCH[arch], int(sm_count) or None)
+    if hw.arch != arch:
+        raise ValueError(f"nvgemm sm120 perf: GPU {hw.name} is {hw.arch}, not {arch}")
+    return hw
 
 
-def device_for(arch: str, sm_count: int = 0) -> Sm120Device:
-    """The arch's default device, with the caller's SM count when given (a real device's)."""
-    d = DEVICES[DEFAULT_DEVICE[arch]]
-    if sm_count and sm_count != d.sm_count:
-        d = Sm120Device(**{**d.__dict__, "sm_count": int(sm_count)})
-    return d
+def _dram_latency_ns(dev: Hardware, end: int) -> float:
+    """Loaded DRAM latency, ns: the pessimistic end (0) is the high cycle count."""
+    return dev.cycles_to_us(dev.dram_latency[1 - end]) * 1e3
 
 
-def ctas_per_sm(c: Sm120W4A4Config, dev: Sm120Device) -> int:
-    # every block also reserves 1 KB of the SM's shared memory for the system
-    return max(0, min(dev.smem_per_sm // (smem_bytes(c) + 1024), dev.threads_per_sm // c.threads,
-                      dev.blocks_per_sm))
+def _launch_us(dev: Hardware, pdl: bool, end: int) -> float:
+    """One launch in a CUDA graph, less the PDL saving when the kernel launches with PDL."""
+    return dev.launch_us[1 - end] - (dev.pdl_saving_us[end] if pdl else 0.0)
 
 
-def model_us(c: Sm120W4A4Config, m: int, n: int, k: int, dev: Sm120Device, gated: bool = False,
+def ctas_per_sm(c: Sm120W4A4Config, dev: Hardware) -> int:
+    # every block also reserves 1 KB of the SM's shared memory for the system (smem_reserved_per_cta)
+    return max(0, min(dev.smem_per_sm // (smem_bytes(c) + dev.smem_reserved_per_cta),
+                      dev.max_threads_per_sm // c.threads, dev.max_ctas_per_sm))
+
+
+def model_us(c: Sm120W4A4Config, m: int, n: int, k: int, dev: Hardware, gated: bool = False,
              out_bytes: int = 2, end: int = 1) -> float:
     """Modelled time of one call (us); ``end`` 0 = pessimistic, 1 = optimistic end of every range."""
     feat = c.tile_n // 2 if gated else c.tile_n
@@ -99,32 +87,33 @@ def model_us(c: Sm120W4A4Config, m: int, n: int, k: int, dev: Sm120Device, gated
     bytes_ = w_bytes + m * k * 0.5625 + m * n_out * out_bytes
     if c.split_k > 1:
         bytes_ += 2 * c.split_k * m * n_pad * 4
-    bw = dev.peak_bw_tbs * 1e12 * dev.bw_fraction[end]
+    bw = dev.achievable_bw_range[end]
+    lat_ns = _dram_latency_ns(dev, end)
     # Little's law: bytes in flight over the grid's resident CTAs (stages - 1 weight stages each)
     stage_w = c.tile_n * c.tile_k * (0.5 + 1 / 16)
     inflight = resident * (c.stages - 1) * stage_w
-    bw = min(bw, inflight / (dev.dram_latency_ns[end] * 1e-9))
+    bw = min(bw, inflight / (lat_ns * 1e-9))
     # wave quantisation: a partial last wave streams at the rate of its CTAs
     eff = ctas / (waves * dev.sm_count * per_sm) if waves > 1 else 1.0
     t = bytes_ / bw / max(eff, 1e-3) * 1e6
     # the K loop of one CTA cannot be shorter than its stages' latency chain (ring refills)
     stages_per_cta = -(-kst // c.split_k)
-    t = max(t, waves * stages_per_cta * dev.dram_latency_ns[end] * 1e-3 / max(c.stages - 1, 1))
-    t += dev.launch_us[end]
+    t = max(t, waves * stages_per_cta * lat_ns * 1e-3 / max(c.stages - 1, 1))
+    t += _launch_us(dev, c.pdl, end)
     if c.split_k > 1:
-        t += dev.splitk_step_us[end]
+        t += SPLITK_STEP_US[end]
     return t
 
 
-def model_range_us(c: Sm120W4A4Config, m: int, n: int, k: int, dev: Sm120Device, gated: bool = False,
+def model_range_us(c: Sm120W4A4Config, m: int, n: int, k: int, dev: Hardware, gated: bool = False,
                    out_bytes: int = 2) -> tuple[float, float]:
     """(optimistic, pessimistic) modelled time."""
     return (model_us(c, m, n, k, dev, gated, out_bytes, 1), model_us(c, m, n, k, dev, gated, out_bytes, 0))
 
 
-def byte_floor_us(m: int, n: int, k: int, dev: Sm120Device) -> float:
+def byte_floor_us(m: int, n: int, k: int, dev: Hardware) -> float:
     """The time to read the NVFP4 weights once at the optimistic achievable bandwidth."""
-    return n * k * 0.5625 / (dev.peak_bw_tbs * 1e12 * dev.bw_fraction[1]) * 1e6
+    return n * k * 0.5625 / dev.achievable_bw_range[1] * 1e6
 
 
 #: bytes per weight element streamed: 0.5 (E2M1) + 1/16 (one ue4m3 scale per 16)
@@ -204,5 +193,5 @@ class Sm120Facts(FamilyFacts):
                         l2_reread_fraction=(grid_m - 1) / grid_m)
 
 
-__all__ = ["DEFAULT_DEVICE", "DEVICES", "NVFP4_BYTES", "Sm120Device", "Sm120Facts", "byte_floor_us", "ctas_per_sm", "device_for", "model_range_us",
+__all__ = ["NVFP4_BYTES", "SM120_GPUS", "SPLITK_STEP_US", "Sm120Facts", "byte_floor_us", "ctas_per_sm", "device_for", "model_range_us",
            "model_us"]

@@ -46,9 +46,11 @@ def _configs(m: int, n: int, k: int, gated: bool, dev) -> list[Sm120W4A4Config]:
 
 
 @lru_cache(maxsize=4096)
-def ranked(m: int, n: int, k: int, activation: str, arch: str, sm_count: int, out_bytes: int = 2) -> tuple:
-    """((config, (optimistic us, pessimistic us)), ...) of the implementable candidates, fastest first."""
-    dev = device_for(arch, sm_count)
+def ranked(m: int, n: int, k: int, activation: str, arch: str, sm_count: int, out_bytes: int = 2,
+           gpu: str | None = None) -> tuple:
+    """((config, (optimistic us, pessimistic us)), ...) of the implementable candidates, fastest first, modelled
+    on ``gpu``'s hardware profile (default: the arch's default GPU; :func:`.perf.device_for`)."""
+    dev = device_for(arch, sm_count, gpu)
     gated = activation == "silu_mul"
     scored = []
     for i, c in enumerate(_configs(m, n, k, gated, dev)):
@@ -60,9 +62,9 @@ def ranked(m: int, n: int, k: int, activation: str, arch: str, sm_count: int, ou
     return tuple((c, r) for _, _, c, r in scored)
 
 
-def pick_config(m: int, n: int, k: int, activation: str, arch: str, sm_count: int = 0):
+def pick_config(m: int, n: int, k: int, activation: str, arch: str, sm_count: int = 0, gpu: str | None = None):
     """The policy's first candidate (None: nothing implementable)."""
-    r = ranked(m, n, k, activation, arch, sm_count)
+    r = ranked(m, n, k, activation, arch, sm_count, 2, gpu)
     return r[0][0] if r else None
 
 
@@ -75,7 +77,7 @@ def candidates(problem: GemmProblem, max_candidates: int = 8, use_nvmmh: bool = 
     t: Target = problem.target
     out = []
     for c, (lo, hi) in ranked(problem.m_hi, problem.n, problem.k, problem.epilogue, t.arch, t.sm_count,
-                              _OUT_BYTES.get(problem.out_dtype, 2)):
+                              _OUT_BYTES.get(problem.out_dtype, 2), t.gpu):
         if not can_implement(problem, c):
             continue
         out.append(Candidate(c, f"sm120 decode kernel {c.tile_m} tokens x {c.tile_n} rows per CTA, {c.num_warps} "

@@ -271,8 +271,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ---- sm100 grouped MoE kernel and its activation prep
     Mutation(
         "sm100-moe-tiles-per-expert", "src/nvgemm/templates/sm100_moe/kernel.py",
-        "return _Work(mTiles, (m_gemm + 127) // 128, m_gemm)",
-        "return _Work(mTiles, (m_gemm + 255) // 256, m_gemm)",
+        "return _Work(mTiles, (m_gemm + 127) // 128, m_gemm, fin)",
+        "return _Work(mTiles, (m_gemm + 255) // 256, m_gemm, fin)",
         "A tiles per expert counted in 256-row tiles: experts past 0 read another expert's weight rows when "
         "an expert has more than 128 rows"),
     Mutation(

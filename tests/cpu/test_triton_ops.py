@@ -64,11 +64,17 @@ def test_backend_registered_between_cutedsl_and_emulated():
             assert tb.supports(_problem(cap=cap, weight_only=wo)) is None
 
 
-@pytest.mark.parametrize("cap", [(8, 0), (8, 9), (12, 0)], ids=["sm80", "sm89", "sm120"])
-def test_fallback_is_selected_where_no_cutedsl_kernel(cap, monkeypatch):
+# (capability, W4A16 backend, W4A4 backend): the Triton GEMM serves where no CuTeDSL kernel does (sm_87: no kernel
+# targets it) and the CuTeDSL kernels win where they exist (before sm_120 a W4A4 layer runs on the W4A16 mma kernel
+# after the activation's NVFP4 quantize-dequantize, as on Hopper).
+@pytest.mark.parametrize("cap,w4a16,w4a4", [
+    ((8, 0), "cutedsl_mma_w4a16", "cutedsl_mma_w4a16"), ((8, 9), "cutedsl_mma_w4a16", "cutedsl_mma_w4a16"),
+    ((8, 7), "triton_w4a16", "triton_w4a16"), ((12, 0), "cutedsl_mma_w4a16", "cutedsl_sm120"),
+], ids=["sm80", "sm89", "sm87", "sm120"])
+def test_fallback_is_selected_where_no_cutedsl_kernel(cap, w4a16, w4a4, monkeypatch):
     monkeypatch.delenv("NVGEMM_BACKEND", raising=False)
-    assert select_backend(_problem(cap=cap)).name == "triton_w4a16"
-    assert select_backend(_problem(cap=cap, weight_only=False)).name == "triton_w4a16"
+    assert select_backend(_problem(cap=cap)).name == w4a16
+    assert select_backend(_problem(cap=cap, weight_only=False)).name == w4a4
     assert select_backend(_problem("cpu")).name == "emulated"
 
 

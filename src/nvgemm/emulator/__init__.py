@@ -23,7 +23,7 @@ TRITON_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
 
 def triton_arch_from_settings() -> str | None:
     """The arch whose Triton PTX the stand-in runs while an emulator backend is forced: sm_100a when an
-    ``emu_sm100*`` backend is forced, sm_120a when ``emu_sm120`` is, sm_90a when only ``emu_sm90`` is, None
+    ``emu_sm100*`` backend is forced, sm_120a when an ``emu_sm120*`` one is, sm_90a when only ``emu_sm90`` is, None
     when none is (read at each call)."""
     from nvgemm import settings  # lazy: this package imports nothing until used
 

@@ -14,10 +14,10 @@ W4A16. Slow (about 0.5-30 s per call on one core): a correctness tool, not a com
 (``NVGEMM_MOE_BACKEND=emu_sm100_moe``) and ``emu_sm120_moe`` (``NVGEMM_MOE_BACKEND=emu_sm120_moe``) do the same
 for ``nvgemm::nvfp4_moe`` with the sm_100a / sm_120a grouped W4A4 kernels, and ``emu_sm100`` / ``emu_sm120``
 also serve the fused requant / prequant ops (``nvfp4_linear_requant``, ``nvfp4_linear_prequant_requant``,
-``nvfp4_linear_prequant``) through the sm_100a / sm_120a kernels' fused requant epilogue and W4A4 launch. The activation quantizer the GPU
-backend is given (the Triton kernel) is given here too: on CPU tensors it runs from its PTX (for the
-emulated arch) on the emulator once :func:`nvgemm.emulator.enable` installed the Triton stand-in (else the
-torch reference, the same bytes).
+``nvfp4_linear_prequant``) through the sm_100a / sm_120a kernels' fused requant epilogue and W4A4 launch.
+The activation quantizer the GPU backend is given (the Triton kernel) is given here too: on CPU tensors it runs
+from its PTX (for the emulated arch) on the emulator once :func:`nvgemm.emulator.enable` installed the Triton
+stand-in (else the torch reference, the same bytes).
 
 Importing this module registers nothing: :func:`nvgemm.emulator.enable` registers :data:`BACKENDS`.
 """
@@ -352,9 +352,9 @@ BACKENDS = (
     (MOE, Backend(name=MOE_SM120_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm120, run=run_emu_moe_sm120)),
 )
 
-__all__ = ["BACKEND", "BACKENDS", "BACKEND_NAME", "MOE_SM100_BACKEND_NAME", "MOE_SM120_BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "SM120_BACKEND",
-           "SM120_BACKEND_NAME", "config_for", "run_emu_sm120", "supports_sm120", "run_emu_sm100",
-           "run_emu_sm100_prequant", "run_emu_sm100_requant", "run_emu_sm100_requant_op", "supports_sm100_requant",
-           "run_emu_sm90", "run_emu_moe_sm100", "run_emu_moe_sm120", "run_emu_sm120_prequant",
-           "run_emu_sm120_requant_op", "supports", "supports_moe_sm100", "supports_moe_sm120", "supports_sm100",
-           "supports_sm120_requant"]
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_NAME", "MOE_SM100_BACKEND_NAME", "MOE_SM120_BACKEND_NAME", "SM100_BACKEND",
+           "SM100_BACKEND_NAME", "SM120_BACKEND", "SM120_BACKEND_NAME", "config_for", "run_emu_sm120",
+           "supports_sm120", "run_emu_sm100", "run_emu_sm100_prequant", "run_emu_sm100_requant",
+           "run_emu_sm100_requant_op", "supports_sm100_requant", "run_emu_sm90", "run_emu_moe_sm100",
+           "run_emu_moe_sm120", "run_emu_sm120_prequant", "run_emu_sm120_requant_op", "supports",
+           "supports_moe_sm100", "supports_moe_sm120", "supports_sm100", "supports_sm120_requant"]

@@ -1,6 +1,7 @@
-"""Every Triton kernel nvgemm ships, at each config its host code picks on a GPU, from its real sm_90a and
-sm_100a PTX on the PTX emulator (opt-in; the default CI runs one shape per kernel in
-``tests/emulator/test_triton_kernels_emu.py``).
+"""Every Triton kernel nvgemm ships, at each config its host code picks on a GPU, from its real sm_90a,
+sm_100a and sm_120a PTX on the PTX emulator (opt-in; the default CI runs one shape per kernel in
+``tests/emulator/test_triton_kernels_emu.py``, on sm_90a and sm_100a, and the quantizer and RMSNorm quantizer
+on sm_120a).
 
 The cases and their references are ``tests/emulator/_triton_emu_cases.py`` (``sweep_cases``): the quantizers
 at the decode and prefill block shapes (swizzled and linear scales), RMSNorm one-tile and two-pass with and
@@ -11,7 +12,10 @@ finalize kernels. Each row: verdict, seconds (compile from Triton's cache + bind
 warp-instructions, and the Triton version. Writes ``bench/results/triton_emulator_sweep.md`` (rewritten
 after every row, so an interrupted run keeps what finished).
 
-    python bench/triton_emulator_sweep.py [--archs sm_90a,sm_100a] [--only quantize,moe] [--limit N] [--out F]
+    python bench/triton_emulator_sweep.py [--archs sm_90a,sm_100a,sm_120a] [--only quantize,moe] [--limit N] [--out F]
+
+Results: ``bench/results/triton_emulator_sweep.md`` (``--archs sm_90a,sm_100a``),
+``bench/results/triton_emulator_sweep_sm120a.md`` (``--archs sm_120a``).
 """
 
 from __future__ import annotations
@@ -28,16 +32,23 @@ sys.path.insert(0, str(ROOT / "tests" / "emulator"))
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--archs", default="sm_90a,sm_100a")
+    ap.add_argument("--archs", default="sm_90a,sm_100a,sm_120a",
+                    help="comma-separated targets whose PTX runs (sm_90a, sm_100a, sm_120a)")
     ap.add_argument("--only", default="", help="comma-separated substrings of kernel names")
     ap.add_argument("--limit", type=int, default=None, help="at most N cases")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "triton_emulator_sweep.md"))
     args = ap.parse_args()
 
+    import _triton_emu_cases as C
+
+    archs = args.archs.split(",")
+    bad = [a for a in archs if a not in C.SWEEP_ARCHS]
+    if bad:
+        ap.error(f"--archs: unknown target(s) {bad}; choose from {','.join(C.SWEEP_ARCHS)}")
+
     import torch
     import triton
 
-    import _triton_emu_cases as C
     from nvgemm.emulator import triton_ptx
 
     cases = C.sweep_cases()
@@ -45,7 +56,8 @@ def main() -> int:
         keys = args.only.split(",")
         cases = [c for c in cases if any(k in c.name for k in keys)]
     cases = cases[:args.limit]
-    archs = args.archs.split(",")
+    command = "python bench/triton_emulator_sweep.py" + "".join(
+        f" {flag} {v}" for flag, v in (("--archs", args.archs), ("--only", args.only)) if v)
     rows = []
     t_all = time.perf_counter()
     for case in cases:
@@ -65,7 +77,7 @@ def main() -> int:
             grids = ", ".join(f"{r.kernel}{list(r.grid)}x{r.num_warps}w" for r in launches)
             rows.append((case.name, case.module, case.shape, arch, verdict, dt, emu_s, instr, grids))
             print(f"{case.name:28s} {case.shape:48s} {arch:8s} {dt:6.1f}s {verdict}", flush=True)
-            _write(args.out, rows, triton.__version__, torch.__version__, time.perf_counter() - t_all)
+            _write(args.out, rows, triton.__version__, torch.__version__, time.perf_counter() - t_all, command)
     return 0 if all(not r[4].startswith("FAIL") for r in rows) else 1
 
 
@@ -81,12 +93,12 @@ def _verdict(case) -> str:
     return "bit-exact"
 
 
-def _write(out: str, rows, triton_version: str, torch_version: str, total: float) -> None:
+def _write(out: str, rows, triton_version: str, torch_version: str, total: float, command: str) -> None:
     ok = sum(not r[4].startswith("FAIL") for r in rows)
     lines = [
         "# Triton kernels on the PTX emulator (full sweep)",
         "",
-        f"`python bench/triton_emulator_sweep.py` -- Triton {triton_version}, torch {torch_version}, "
+        f"`{command}` -- Triton {triton_version}, torch {torch_version}, "
         "2-core CPU, no GPU. Each kernel compiled by Triton for the named target with the launch options "
         "its host code passes (GPU tile config, num_warps, num_stages, PDL on), its PTX run on "
         "`nvgemm.emulator` and compared with the reference in `tests/emulator/_triton_emu_cases.py` "

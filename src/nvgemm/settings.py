@@ -149,14 +149,16 @@ def _declare(*settings: Setting) -> dict[str, Setting]:
 SETTINGS: dict[str, Setting] = _declare(
     # -- backend choice
     Setting("NVGEMM_BACKEND", NAME, "", RUNTIME,
-            "Force the backend of every `nvgemm::nvfp4_linear` call (`emulated`, `cutedsl_sm100`, `emu_sm90`, ...; "
-            "an error if it cannot run the problem); it also forces the fused and MoE ops when it names one of "
-            "their backends. Unset: the registry picks."),
+            "Force the backend of every `nvgemm::nvfp4_linear` call (`emulated`, `cutedsl_sm100`, `emu_sm90`, "
+            "`emu_sm100`, `emu_sm120`, ...; an error if it cannot run the problem); it also forces the fused and "
+            "MoE ops when it names one of their backends (`emu_sm100` / `emu_sm120` serve the fused ops too). "
+            "Unset: the registry picks."),
     Setting("NVGEMM_FUSED_BACKEND", NAME, "", RUNTIME,
             "Force the backend of the fused requant / prequant ops; wins over `NVGEMM_BACKEND` for them."),
     Setting("NVGEMM_MOE_BACKEND", NAME, "", RUNTIME,
             "Force the backend of `nvgemm::nvfp4_moe`; wins over `NVGEMM_BACKEND` for it. `emu_sm100_moe` "
-            "runs only when named here."),
+            "and `emu_sm120_moe` (the sm_100a / sm_120a grouped kernels on the PTX emulator) run only when "
+            "named here."),
     Setting("NVGEMM_SELFCHECK", BOOL, True, RUNTIME,
             "Check each kernel backend once per problem against the emulated op before its first use; a "
             "backend that fails is passed over with one warning."),

@@ -1,4 +1,4 @@
-"""Every Triton kernel nvgemm ships, run from its real sm_90a / sm_100a PTX on the PTX emulator, with the
+"""Every Triton kernel nvgemm ships, run from its real sm_90a / sm_100a / sm_120a PTX on the PTX emulator, with the
 reference each is compared against (shared by ``test_triton_kernels_emu.py`` and
 ``bench/triton_emulator_sweep.py``).
 
@@ -43,7 +43,11 @@ from nvgemm.emulator.triton_ptx import EmuTritonKernel
 from nvgemm.templates.triton import reference as ref
 
 Y_ULPS = 1  # pre-quantization value vs the torch reference (ex2.approx / rsqrt vs 1/sqrt), in x-dtype ulps
+#: the archs of the default subset (every default case on each)
 ARCHS = ("sm_90a", "sm_100a")
+#: every arch whose PTX the sweep runs (``bench/triton_emulator_sweep.py --archs``): sm_120a is what an RTX 50xx /
+#: RTX PRO Blackwell GPU runs (``mma.sync``, no ``wgmma`` / ``tcgen05``)
+SWEEP_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
 
 
 def _eq(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
@@ -431,6 +435,12 @@ def default_cases() -> list[Case]:
             gemm_case(24, 128, 256, config=gemm_config(24, 128, 256, False, False)),
             moe_case(),
             sm100_slot_prep_case(), sm90_prep_case(), sm90_finalize_case()]
+
+
+def sm120_default_cases() -> list[Case]:
+    """The default subset's sm_120a cases: the two cheapest kernels of the sm_120 op path (the activation
+    quantizer and add + RMSNorm + quantize); the sweep runs every kernel on sm_120a."""
+    return [quantize_case(adversarial=True), rmsnorm_case()]
 
 
 def sweep_cases() -> list[Case]:

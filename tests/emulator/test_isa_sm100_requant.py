@@ -19,6 +19,8 @@ from isa_env import kernel_test_env
 kernel_test_env("sm_100a")
 
 import nvgemm.ops.linear  # noqa: E402,F401
+from _fused_chain_emu import exact_chain as _exact_chain  # noqa: E402
+from _fused_chain_emu import exact_codes as _exact_codes  # noqa: E402
 from nvgemm.epilogues import EpilogueSpec  # noqa: E402
 from nvgemm.epilogues.requant import fused_requant_reference  # noqa: E402
 from nvgemm.core.formats import dequantize, from_blocked, to_blocked  # noqa: E402
@@ -26,13 +28,6 @@ from nvgemm.aot.compile_spec import make_spec  # noqa: E402
 from nvgemm.templates.sm100_w4a4.config import Sm100Nvfp4GemmConfig as C  # noqa: E402
 from nvgemm.templates.sm100_w4a4.launch import prepare_sm100_requant_args, requant_config  # noqa: E402
 
-POW2_E4M3 = torch.tensor([0x28, 0x30, 0x38, 0x40, 0x48], dtype=torch.uint8)  # 2**-2 .. 2**2
-
-
-def _exact_codes(g, rows, k):
-    packed = torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8)
-    scales = POW2_E4M3[torch.randint(0, 5, (rows, k // 16), generator=g)].view(torch.float8_e4m3fn)
-    return packed, scales
 
 
 @pytest.mark.emulator
@@ -115,25 +110,6 @@ def test_emulator_narrow_conversions_match_torch():
     t = torch.tensor(every, dtype=torch.uint8).view(torch.float8_e4m3fn).double().numpy()
     v = e4m3_to_f64(every)
     assert np.array_equal(np.isnan(v), np.isnan(t)) and np.array_equal(v[~np.isnan(v)], t[~np.isnan(t)])
-
-
-def _exact_chain():
-    """(gate_up NVFP4Linear with silu_mul, down NVFP4Linear, x) on exact data (see the chain test)."""
-    import nvgemm
-
-    g = torch.Generator().manual_seed(3)
-    m, i, k, h = 5, 32, 256, 64
-    w_packed, w_scale = _exact_codes(g, 2 * i, k)
-    bias = torch.cat([torch.full((i,), 4096.0), torch.zeros(i)]).to(torch.bfloat16)
-    gu = nvgemm.NVFP4Linear.from_tensors(w_packed, w_scale, torch.tensor(1.0), torch.tensor(1.0), bias,
-                                         activation="silu_mul")
-    # bias in the activation dtype: the kernels read bias in the output dtype (an fp32 bias runs emulated)
-    torch.manual_seed(3)
-    down = nvgemm.NVFP4Linear.from_linear(torch.nn.Linear(i, h).to(torch.bfloat16),
-                                          input_scale=torch.tensor(3e6 / 2688))
-    x_packed, x_scale = _exact_codes(g, m, k)
-    x_packed.view(m, k // 16, 8)[:, :, 0] = 0x07  # element 0 of every block = +6 (code 7), element 1 = 0
-    return gu, down, dequantize(x_packed, x_scale).to(torch.bfloat16)
 
 
 @pytest.mark.emulator

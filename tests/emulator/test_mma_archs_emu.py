@@ -11,11 +11,14 @@ K tail, uneven split-K (5 pipeline stages over 3 CTAs: 2, 2, 1) in three CTA ord
 != 1 + bias + residual, and bf16 / fp16 activations.
 
 Default CI: sm_120a and sm_89 (one plain and one split-K case each); ``-m emulator_full`` adds sm_80, sm_121a
-(DGX Spark, GB10 profile: 48 SMs) and sm_86 (A10 profile: 72 SMs) and the fp16 cases.
+(DGX Spark, GB10 profile: 48 SMs) and sm_86 (A10 profile: 72 SMs), the fp16 cases, and every config the policy
+picks on sm_120a for the Llama-3.1-8B shapes at M = 1..64 (both activations, scaled down, bit-exact:
+``bench/results/mma_sm120_emulator_sweep.md``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -99,3 +102,57 @@ def test_fma_form_is_what_changes_between_archs():
     assert "mul.rn.bf16x2" in p120 and "fma.rn.bf16x2" not in p120 and "griddepcontrol.wait" in p120
     assert ".target sm_89" in p89 and ".target sm_120a" in p120
     assert torch.equal(r89.out, r120.out)
+
+
+# ------------------------------------------------------------------------------------------ sm_120a policy picks
+
+
+def _sm120_picks():
+    """Every config the W4A16 policy picks on sm_120a (RTX 5090 profile: 170 SMs) for the Llama-3.1-8B shapes
+    at M = 1..64, both activations: ((config, activation), first M it was picked at)."""
+    from nvgemm.cli import sass_tool
+    from nvgemm.templates.sm90_w4a16.backend import pick_config
+
+    picks = {}
+    for n, k in sass_tool.LLAMA_SHAPES:
+        for m in (1, 2, 4, 8, 16, 32, 64):
+            for act in ("none", "silu_mul"):
+                picks.setdefault((pick_config(m, n, k, torch.bfloat16, act, 170, "sm_120a"), act), m)
+    return sorted(picks.items(), key=lambda kv: (kv[0][0].name(), kv[0][1]))
+
+
+def sm120_pick_problem(cfg: C, act: str, m: int) -> tuple[int, int, int]:
+    """The pick's config on a small problem: M capped at two M tiles less one, N two CTAs wide (a 16-row tail
+    in the second unless gated), K with a stage for every split and a 32-element K tail."""
+    n = 2 * cfg.tile_n if act == "silu_mul" else 2 * cfg.tile_n - 16
+    k = max(2, cfg.split_k) * cfg.tile_k + 32
+    return min(m, 2 * cfg.tile_m - 1), n, k
+
+
+def run_sm120_pick(cfg: C, act: str, m: int):
+    """One pick bit for bit against the emulated op on exact data (vector alpha, bias). ``silu_mul``: the gate
+    columns get a bias of 4096, so every gate is above 18, where ``exp(-g) < 2**-25`` and ``1 + exp(-g)`` rounds
+    to 1 in fp32 however ``exp`` is computed: ``silu(g) == g`` exactly, and ``h = g * up`` is one fp32 product
+    on both sides (``acc * alpha`` is exact, alpha a power of two; ``+ bias`` one fp32 rounding on both): bit-exact
+    too."""
+    mm, n, k = sm120_pick_problem(cfg, act, m)
+    ops = exact_operands(mm, n, k, alpha="vector", bias=True, activation=act, seed=mm + k)
+    if act == "silu_mul":
+        ops.bias[: n // 2] = 4096.0
+        pre = reference(dataclasses.replace(ops, activation="none"))  # the pre-activation, rounded
+        assert pre[:, : n // 2].float().min() > 18, "a gate left the range where silu(g) == g in fp32"
+    ws = Sm90Workspace(torch.device("cpu"))
+    r = _equal(cfg, ops, "sm_120a", workspace=ws)
+    assert not ws.count.any(), "split-K counters left non-zero"
+    return r
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("pick", _sm120_picks(), ids=lambda p: f"{p[0][0].name()}-{p[0][1]}-m{p[1]}")
+def test_every_sm120a_policy_pick_bit_exact_scaled_down(pick, tmp_path, monkeypatch):
+    """Every W4A16 ``mma`` config the policy picks on sm_120a for the Llama-3.1-8B shapes (M = 1..64) runs its
+    sm_120a artifact bit-exact on the RTX 5090 profile (``bench/results/mma_sm120_emulator_sweep.md``)."""
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    (cfg, act), m = pick
+    assert cfg.family == "mma" and arch_problem(cfg, "sm_120a") is None
+    run_sm120_pick(cfg, act, m)

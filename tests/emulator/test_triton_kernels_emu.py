@@ -1,6 +1,7 @@
 """Every Triton kernel nvgemm ships, from its real sm_90a and sm_100a PTX on the PTX emulator, one shape each
 (the W4A16 GEMM two: its decode tile and its 64 x 64 tile, ``tcgen05.mma`` with A in tensor memory on sm_100a;
-the default subset; ``python bench/triton_emulator_sweep.py`` runs every config). Cases, references and the
+the default subset; ``python bench/triton_emulator_sweep.py`` runs every config, on sm_120a too), and the
+activation quantizer and add + RMSNorm + quantize from their sm_120a PTX. Cases, references and the
 tolerances (only where ``ex2.approx`` is involved) are in ``_triton_emu_cases.py``.
 
 Also: the launcher packing (Triton's trailing scratch pointers, an int specialised to the constant 1 dropped
@@ -39,6 +40,18 @@ def test_triton_kernel_from_ptx(case, arch):
     case.run(arch)
     ran = {r.kernel for r in triton_ptx.LAUNCHES[n0:] if r.arch == arch}
     assert ran == {k.__name__ for k in case.kernels}, ran  # every kernel of the case ran from PTX
+
+
+SM120_CASES = C.sm120_default_cases()
+
+
+@pytest.mark.parametrize("case", SM120_CASES, ids=[f"{c.name}-{c.shape}" for c in SM120_CASES])
+def test_triton_kernel_from_sm120a_ptx(case):
+    """The kernels an sm_120 GPU launches before every W4A4 linear, from Triton's sm_120a PTX."""
+    n0 = len(triton_ptx.LAUNCHES)
+    case.run("sm_120a")
+    ran = {r.kernel for r in triton_ptx.LAUNCHES[n0:] if r.arch == "sm_120a"}
+    assert ran == {k.__name__ for k in case.kernels}, ran
 
 
 def test_launcher_packing_scratch_pointers_and_specialised_ints():

@@ -38,6 +38,10 @@ DEMO_CONFIG = dict(
 )
 
 
+#: ``--emulate-kernels`` choice -> the target whose Triton PTX runs on the emulator beside ``emu_<choice>``
+EMULATED_TRITON_ARCH = {"sm90": "sm_90a", "sm100": "sm_100a", "sm120": "sm_120a"}
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="quantize a small Llama or MoE model with ModelOpt, decode it with nvgemm, check it",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,10 +63,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="also quantize the bf16 lm_head to NVFP4 at load (load_modelopt_checkpoint("
                         "quantize_lm_head=True): W4A4 on an sm_100-family GPU, W4A16 elsewhere; changes the logits) "
                         "and print its logit and greedy-token agreement with the bf16 lm_head")
-    p.add_argument("--emulate-kernels", choices=["sm90", "sm100"], default=None,
-                   help="run every linear on the real sm_90a / sm_100a kernel executed by the CPU PTX emulator "
-                        "(NVGEMM_BACKEND=emu_sm90 / emu_sm100; slow: use few --tokens) and print each linear's "
-                        "agreement (sm100 runs the W4A4 kernel: the default --algo NVFP4); the Triton kernels on "
+    p.add_argument("--emulate-kernels", choices=list(EMULATED_TRITON_ARCH), default=None,
+                   help="run every linear on the real sm_90a / sm_100a / sm_120a kernel executed by the CPU PTX "
+                        "emulator (NVGEMM_BACKEND=emu_sm90 / emu_sm100 / emu_sm120; slow: use few --tokens) and print "
+                        "each linear's agreement (sm100 and sm120 run their W4A4 kernel for the default --algo NVFP4, "
+                        "sm120 the mma W4A16 kernel compiled for sm_120a for W4A16); the Triton kernels on "
                         "that path (activation quantizer, W4A4 qdq, MoE prep / finalize) run from their PTX on the "
                         "emulator too, and a last line names them")
     p.set_defaults(func=run)
@@ -200,7 +205,7 @@ def _emulated_kernels(arch):
         return
     from nvgemm import emulator  # lazy: the emulator is imported only when asked for
 
-    triton_arch = "sm_90a" if arch == "sm90" else "sm_100a"
+    triton_arch = EMULATED_TRITON_ARCH[arch]
     emulator.enable(triton_arch=triton_arch)
     print(f"nvgemm demo: every linear runs the real {arch} kernel on the CPU PTX emulator (NVGEMM_BACKEND=emu_{arch}); "
           f"the Triton kernels on its path run from their {triton_arch} PTX on the emulator too")

@@ -18,8 +18,9 @@ backend serves a problem for the first time it runs it once and is compared with
 
 Override: ``NVGEMM_FUSED_BACKEND=<name>`` forces a fused backend (an error if it cannot run the problem);
 otherwise ``NVGEMM_BACKEND=<name>`` forces it too when it names a registered fused backend (``emulated``,
-``emu_sm100``, ``cutedsl_sm100``); an ``NVGEMM_BACKEND`` naming another (dense-only) backend leaves the
-fused ops on their non-kernel paths (``unfused`` / ``emulated``), so a forced dense backend is what runs.
+``emu_sm100``, ``emu_sm120``, ``cutedsl_sm100``, ``cutedsl_sm120``); an ``NVGEMM_BACKEND`` naming another
+(dense-only) backend leaves the fused ops on their non-kernel paths (``unfused`` / ``emulated``), so a forced
+dense backend is what runs.
 """
 
 from __future__ import annotations

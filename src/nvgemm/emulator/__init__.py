@@ -1,8 +1,8 @@
 """PTX functional emulator: nvgemm's real AOT kernels run on the CPU (fake CUDA runtime + numpy PTX interpreter).
 
 It sits beside the stack and is opt-in: nothing in a normal dispatch imports it. :func:`enable` registers
-its backends (``emu_sm90``, ``emu_sm100`` for ``nvfp4_linear`` and the fused ops, ``emu_sm120`` for
-``nvfp4_linear``, ``emu_sm100_moe``) with the dispatch registry, and installs the Triton stand-in
+its backends (``emu_sm90`` for ``nvfp4_linear``, ``emu_sm100`` / ``emu_sm120`` for ``nvfp4_linear`` and the
+fused ops, ``emu_sm100_moe`` / ``emu_sm120_moe`` for ``nvfp4_moe``) with the dispatch registry, and installs the Triton stand-in
 (:mod:`nvgemm.emulator.triton_ptx`): while an ``emu_*`` backend is forced (or after
 ``enable(triton_arch=...)``) the Triton kernels on the op path (activation quantizer, fused RMSNorm / SiLU-mul
 quantizers, W4A4 qdq, MoE prep / finalize) run on CPU tensors from their PTX for the emulated arch instead
@@ -23,7 +23,7 @@ TRITON_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
 
 def triton_arch_from_settings() -> str | None:
     """The arch whose Triton PTX the stand-in runs while an emulator backend is forced: sm_100a when an
-    ``emu_sm100*`` backend is forced, sm_120a when ``emu_sm120`` is, sm_90a when only ``emu_sm90`` is, None
+    ``emu_sm100*`` backend is forced, sm_120a when an ``emu_sm120*`` one is, sm_90a when only ``emu_sm90`` is, None
     when none is (read at each call)."""
     from nvgemm import settings  # lazy: this package imports nothing until used
 

@@ -11,11 +11,13 @@ runtime's own pick (``pick_config`` of the sm90 backend, the sm100 / sm120 polic
 device profile (H200: 132 SMs, B200: 148, RTX 5090: 170). ``emu_sm120`` runs what an sm_120 GPU runs: the
 sm120_w4a4 kernel for W4A4 (``prepare_sm120_args``), the W4A16 ``mma`` kernel compiled for sm_120a for
 W4A16. Slow (about 0.5-30 s per call on one core): a correctness tool, not a compute path. ``emu_sm100_moe``
-(``NVGEMM_MOE_BACKEND=emu_sm100_moe``) does the same for ``nvgemm::nvfp4_moe`` with the sm_100a grouped W4A4
-kernels, and ``emu_sm100`` also serves the fused requant / prequant ops. The activation quantizer the GPU
-backend is given (the Triton kernel) is given here too: on CPU tensors it runs from its PTX (for the
-emulated arch) on the emulator once :func:`nvgemm.emulator.enable` installed the Triton stand-in (else the
-torch reference, the same bytes).
+(``NVGEMM_MOE_BACKEND=emu_sm100_moe``) and ``emu_sm120_moe`` (``NVGEMM_MOE_BACKEND=emu_sm120_moe``) do the same
+for ``nvgemm::nvfp4_moe`` with the sm_100a / sm_120a grouped W4A4 kernels, and ``emu_sm100`` / ``emu_sm120``
+also serve the fused requant / prequant ops (``nvfp4_linear_requant``, ``nvfp4_linear_prequant_requant``,
+``nvfp4_linear_prequant``) through the sm_100a / sm_120a kernels' fused requant epilogue and W4A4 launch.
+The activation quantizer the GPU backend is given (the Triton kernel) is given here too: on CPU tensors it runs
+from its PTX (for the emulated arch) on the emulator once :func:`nvgemm.emulator.enable` installed the Triton
+stand-in (else the torch reference, the same bytes).
 
 Importing this module registers nothing: :func:`nvgemm.emulator.enable` registers :data:`BACKENDS`.
 """
@@ -45,8 +47,12 @@ from nvgemm.templates.sm90_w4a16.backend import compile_spec_for, pick_config
 from nvgemm.templates.sm90_w4a16.launch import cached_sm90_weight, prepare_sm90_args
 from nvgemm.templates.sm90_w4a16.operand import kind_of
 from nvgemm.templates.sm100_moe import backend as sm100_moe_backend
+from nvgemm.templates.sm120_moe import backend as sm120_moe_backend
+from nvgemm.templates.sm120_moe.launch import moe_forward as sm120_moe_forward
+from nvgemm.templates.sm120_moe.policy import pick_moe_configs as pick_sm120_moe_configs
 from nvgemm.templates.sm120_w4a4 import backend as sm120_backend
-from nvgemm.templates.sm120_w4a4.launch import prepare_sm120_args
+from nvgemm.templates.sm120_w4a4.launch import check_problem as sm120_check_problem
+from nvgemm.templates.sm120_w4a4.launch import prepare_sm120_args, prepare_sm120_requant_args
 from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
 
 BACKEND_NAME = "emu_sm90"
@@ -212,6 +218,52 @@ def run_emu_sm120(x, weight, weight_scale, weight_scale_2, input_scale, bias, re
     return args.out.reshape(*x.shape[:-1], args.out.shape[-1])
 
 
+def _sm120_plan(m: int, n: int, k: int, spec, what: str):
+    """(config, emulated kernel) of one sm_120a W4A4 launch: the policy's pick for the RTX 5090 profile (what
+    ``cutedsl_sm120``'s ``launch_plan`` decides on such a GPU) and its AOT artifact on the emulator."""
+    cfg = sm120_backend.pick_config(m, n, k, spec.activation, "sm_120a", _SM120_SM_COUNT)
+    if cfg is None:
+        raise RuntimeError(f"nvgemm emulator sm120 ({what}): no implementable config for M={m} N={n} K={k}")
+    sm120_check_problem(cfg, m, n, k, spec)
+    # the AOT key does not depend on the SM count (the grid is sized at launch): the arch's default, as on a GPU
+    return cfg, prepare(sm120_backend.compile_spec_for(cfg, spec, "sm_120a"), device="RTX5090")
+
+
+def supports_sm120_requant(p: LinearProblem) -> Optional[str]:
+    """The sm120 fused requant launch's rules (``cutedsl_sm120``'s), for CPU tensors on the RTX 5090 profile."""
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return (sm120_backend.supports_requant(dataclasses.replace(p, device_type="cuda", capability=(12, 0)))
+            or _tooling())
+
+
+def run_emu_sm120_requant_op(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                             out_dtype=None, quantized=None):
+    """``nvgemm::nvfp4_linear_requant`` (``quantized`` with ``x`` None: ``nvfp4_linear_prequant_requant``)
+    through the sm_120a W4A4 kernel's fused SwiGLU + NVFP4 requant epilogue on the emulator: the
+    ``cutedsl_sm120`` host path (``prepare_sm120_requant_args`` with the activation quantizer). Returns
+    (packed codes, swizzled e4m3 scales)."""
+    spec = requant_spec(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_dtype, quantized)
+    m = x.numel() // x.shape[-1] if quantized is None else quantized[0].shape[0]
+    cfg, kernel = _sm120_plan(m, weight.shape[0], weight.shape[1] * 2, spec, "fused requant")
+    args = prepare_sm120_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
+                                      spec, cfg, quantize=quantize_nvfp4_cuda, quantized=quantized)
+    kernel.launch(*args.abi_values(), 0)
+    return args.out, args.residual.view(torch.float8_e4m3fn)
+
+
+def run_emu_sm120_prequant(packed, scales, weight, weight_scale, weight_scale_2, input_scale, bias, residual,
+                           out_dtype):
+    """``nvgemm::nvfp4_linear_prequant`` through the sm_120a W4A4 kernel on the emulator, fed the given
+    activation codes and scales (``cutedsl_sm120``'s host path: ``prepare_sm120_args(quantized=...)``)."""
+    spec = linear_spec(out_dtype, weight_scale_2, bias, residual, "none", out_dtype)
+    cfg, kernel = _sm120_plan(packed.shape[0], weight.shape[0], weight.shape[1] * 2, spec, "prequant")
+    args = prepare_sm120_args(None, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, cfg,
+                              quantized=(packed, scales))
+    kernel.launch(*args.abi_values(), 0)
+    return args.out
+
+
 MOE_SM100_BACKEND_NAME = "emu_sm100_moe"
 
 
@@ -245,6 +297,39 @@ def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w1
                        out_dtype, configs[0], configs[1], launch)
 
 
+MOE_SM120_BACKEND_NAME = "emu_sm120_moe"
+
+
+def supports_moe_sm120(p) -> Optional[str]:
+    """The sm120 grouped MoE backend's own rules, for CPU tensors on the RTX 5090 profile -- and only when
+    forced (``NVGEMM_MOE_BACKEND=emu_sm120_moe``): never an autotuning candidate (seconds per call)."""
+    if settings.NVGEMM_MOE_BACKEND != MOE_SM120_BACKEND_NAME:
+        return f"runs only when forced (NVGEMM_MOE_BACKEND={MOE_SM120_BACKEND_NAME})"
+    if p.device_type != "cpu":
+        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
+    return sm120_moe_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(12, 0))) or _tooling()
+
+
+def run_emu_moe_sm120(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,
+                      w2_scale_2, w2_input_scale, activation="silu_mul", router_weight_on_input=False, expert_map=None,
+                      shared_out=None, residual=None, out_dtype=None, configs=None):
+    """``nvgemm::nvfp4_moe`` through the sm_120a grouped kernels on the emulator
+    (``NVGEMM_MOE_BACKEND=emu_sm120_moe``): the production host path
+    (:func:`nvgemm.templates.sm120_moe.launch.moe_forward`), the policy's pick for the RTX 5090 profile."""
+    m, h = x.shape
+    if configs is None:
+        configs = pick_sm120_moe_configs(m, w13.shape[0], topk_ids.shape[1], h, w2.shape[2] * 2, "sm_120a",
+                                         _SM120_SM_COUNT)
+
+    def launch(args):
+        spec = sm120_moe_backend.compile_spec_for(args.config, args.spec, "sm_120a")
+        prepare(spec, device="RTX5090").launch(*args.abi_values(), 0)
+
+    return sm120_moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
+                             w2, w2_scale, w2_scale_2, w2_input_scale, activation, router_weight_on_input, shared_out,
+                             residual, out_dtype, configs[0], configs[1], launch)
+
+
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run_emu_sm90, autotune=False)
 SM100_BACKEND = Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100, run=run_emu_sm100,
                         autotune=False)
@@ -259,10 +344,17 @@ BACKENDS = (
                       run=run_emu_sm100_requant_op, autotune=False)),
     (PREQUANT, Backend(name=SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_sm100,
                        run=run_emu_sm100_prequant, autotune=False)),
+    (REQUANT, Backend(name=SM120_BACKEND_NAME, priority=PRIORITY, supports=supports_sm120_requant,
+                      run=run_emu_sm120_requant_op, autotune=False)),
+    (PREQUANT, Backend(name=SM120_BACKEND_NAME, priority=PRIORITY, supports=supports_sm120,
+                       run=run_emu_sm120_prequant, autotune=False)),
     (MOE, Backend(name=MOE_SM100_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm100, run=run_emu_moe_sm100)),
+    (MOE, Backend(name=MOE_SM120_BACKEND_NAME, priority=PRIORITY, supports=supports_moe_sm120, run=run_emu_moe_sm120)),
 )
 
-__all__ = ["BACKEND", "BACKENDS", "BACKEND_NAME", "SM100_BACKEND", "SM100_BACKEND_NAME", "SM120_BACKEND",
-           "SM120_BACKEND_NAME", "config_for", "run_emu_sm120", "supports_sm120", "run_emu_sm100",
-           "run_emu_sm100_prequant", "run_emu_sm100_requant", "run_emu_sm100_requant_op", "supports_sm100_requant",
-           "run_emu_sm90", "supports", "supports_sm100"]
+__all__ = ["BACKEND", "BACKENDS", "BACKEND_NAME", "MOE_SM100_BACKEND_NAME", "MOE_SM120_BACKEND_NAME", "SM100_BACKEND",
+           "SM100_BACKEND_NAME", "SM120_BACKEND", "SM120_BACKEND_NAME", "config_for", "run_emu_sm120",
+           "supports_sm120", "run_emu_sm100", "run_emu_sm100_prequant", "run_emu_sm100_requant",
+           "run_emu_sm100_requant_op", "supports_sm100_requant", "run_emu_sm90", "run_emu_moe_sm100",
+           "run_emu_moe_sm120", "run_emu_sm120_prequant", "run_emu_sm120_requant_op", "supports",
+           "supports_moe_sm100", "supports_moe_sm120", "supports_sm100", "supports_sm120_requant"]

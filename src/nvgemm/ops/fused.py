@@ -24,7 +24,8 @@ Backends (:mod:`nvgemm.dispatch.fused`: selection, first-use check, overrides):
   with ``EpilogueSpec(out_quant=True)`` (fused epilogue modelled lane by lane in
   :mod:`nvgemm.epilogues.requant`), prequant = the W4A4 kernel fed the given codes and scales (no
   re-quantization). Compiles and its host logic is tested; never run on a GPU here;
-* ``emu_sm100`` (forced with ``NVGEMM_BACKEND=emu_sm100``, CPU tensors): the same kernels on the PTX emulator;
+* ``emu_sm100`` / ``emu_sm120`` (forced with ``NVGEMM_BACKEND=emu_sm100`` / ``emu_sm120``, CPU tensors): the
+  sm_100a / sm_120a kernels (``cutedsl_sm100`` / ``cutedsl_sm120``) on the PTX emulator;
 * ``unfused`` (requant, other CUDA GPUs): ``nvfp4_linear(..., "silu_mul")`` on the dense backends, then
   ``quantize_nvfp4`` (Triton) -- the contract itself, one warning;
 * ``emulated`` (everything; the reference): torch, below.

@@ -657,14 +657,16 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         if cutlass.const_expr(self.pdl):
             # Weights (and their scales) are never written by a predecessor: warm L2 with the
             # first K tiles of the first work tile, then wait for the activations. (A grouped
-            # kernel's weight tile depends on the work list, which the predecessor writes.)
-            if cutlass.const_expr(work is None) and work_tile.is_valid_tile:
+            # kernel's weight tile depends on the work list: only where the work list is final
+            # before the wait -- ``work_before_wait`` -- is it read here.)
+            if cutlass.const_expr(work is None or self.work_before_wait) and work_tile.is_valid_tile:
                 c0 = work_tile.tile_idx
-                kb0, kc0 = self._k_range(c0[2], k_tile_total)
+                m0 = self._a_tile(c0[0] // v_size, c0, work)
+                kb0, kc0 = self._tile_k_range(c0, k_tile_total, work)
                 for i in cutlass.range(0, cutlass.min(kc0, self.num_ab_stage), 1, unroll=1):
                     if cutlass.const_expr(self.config.swap_ab):
-                        cute.prefetch(tma_atom_a, tAgA[(None, c0[0] // v_size, kb0 + i, 0)])
-                        cute.prefetch(tma_atom_sfa, tAgSFA[(None, c0[0] // v_size, kb0 + i, 0)])
+                        cute.prefetch(tma_atom_a, tAgA[(None, m0, kb0 + i, 0)])
+                        cute.prefetch(tma_atom_sfa, tAgSFA[(None, m0, kb0 + i, 0)])
                     else:
                         cute.prefetch(tma_atom_b, tBgB[(None, c0[1], kb0 + i, 0)])
                         cute.prefetch(tma_atom_sfb, tBgSFB[(None, self._sfb_slice_n(c0[1]), kb0 + i, 0)])
@@ -720,6 +722,10 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
     #: N tiles narrower than an SFB atom read their scales at a TMEM column offset of a shared atom
     #: (dense); False: every N tile owns a whole 128-row SFB atom (grouped: one atom per work slot).
     sfb_col_offsets = True
+
+    #: The work list may be read before ``griddepcontrol.wait`` (a grouped kernel whose routing was
+    #: written by a grid that completed before its predecessor's wait); dense: no work list.
+    work_before_wait = False
 
     def _work(self, mTiles, m_gemm, fin):
         """Per-kernel work-list context handed to the roles (None: a dense GEMM)."""

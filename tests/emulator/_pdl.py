@@ -23,3 +23,15 @@ def check_pdl_prologue(launch, weights, prefetch=True, routing=frozenset(), earl
         assert ext.get("pdl_pre_wait_prefetches"), "no weight prefetch before the wait: the PDL prologue is gone"
     if early_weights:
         assert early & set(weights), f"no weight read before the wait (early: {sorted(early)}): the prologue is gone"
+
+
+def check_signals_after_wait(launch):
+    """Every CTA of a PDL grid counts for its dependents (first ``launch_dependents``, or exit) only after a
+    ``griddepcontrol.wait`` returned: no warp signals before its own wait (program order) and no CTA exits
+    with none of its threads past a wait. So the dependent grid starts only once this grid's prerequisite
+    completed (PTX ISA ``griddepcontrol``) and may read that prerequisite's output before its own wait."""
+    ext = launch.ext
+    assert launch.stats.get("griddepcontrol.launch_dependents", 0) > 0, "no griddepcontrol.launch_dependents"
+    assert not ext.get("pdl_signals_before_wait"), \
+        f"{ext['pdl_signals_before_wait']} launch_dependents before the warp's wait: a dependent may start early"
+    assert not ext.get("pdl_ctas_without_wait"), f"{ext['pdl_ctas_without_wait']} CTAs exited without a wait"

@@ -31,7 +31,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from _pdl import check_pdl_prologue  # noqa: E402
+from _pdl import check_pdl_prologue, check_signals_after_wait  # noqa: E402
 from _sm100_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
 
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
@@ -59,6 +59,7 @@ def _check_exact(ops, c1, c2, order="forward"):
     # its activations (b_ptr, sfb_ptr: GEMM1's output) only after the wait
     assert len(launches) == 2
     check_pdl_prologue(launches[0], weights={"a_ptr", "sfa_ptr"}, prefetch=False)
+    check_signals_after_wait(launches[0])  # the premise of GEMM2's early work-list read
     assert not launches[0].ext.get("pdl_pre_wait_reads") and not launches[0].ext.get("pdl_pre_wait_prefetches")
     check_pdl_prologue(launches[1], weights={"a_ptr", "sfa_ptr"}, routing={"tiles_ptr"}, prefetch=True,
                        early_weights=True)

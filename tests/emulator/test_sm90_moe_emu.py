@@ -30,7 +30,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from _pdl import check_pdl_prologue  # noqa: E402
+from _pdl import check_pdl_prologue, check_signals_after_wait  # noqa: E402
 from _sm90_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
 
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
@@ -54,6 +54,7 @@ def check_pdl(launches, keep):
     assert len(launches) == 2
     a1, a2 = launches
     check_pdl_prologue(a1, weights=set(), prefetch=False)
+    check_signals_after_wait(a1)  # the premise of GEMM2's early routing read
     routing = {"mYRows", "mRows"} if keep["args2"].config.direct else {"mTiles", "mRows"}
     assert keep["args2"].config.early_weights
     check_pdl_prologue(a2, weights={"mW", "mS"}, routing=routing, prefetch=False, early_weights=True)

@@ -271,8 +271,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ---- sm100 grouped MoE kernel and its activation prep
     Mutation(
         "sm100-moe-tiles-per-expert", "src/nvgemm/templates/sm100_moe/kernel.py",
-        "return _Work(mTiles, (m_gemm + 127) // 128, m_gemm)",
-        "return _Work(mTiles, (m_gemm + 255) // 256, m_gemm)",
+        "return _Work(mTiles, (m_gemm + 127) // 128, m_gemm, fin)",
+        "return _Work(mTiles, (m_gemm + 255) // 256, m_gemm, fin)",
         "A tiles per expert counted in 256-row tiles: experts past 0 read another expert's weight rows when "
         "an expert has more than 128 rows"),
     Mutation(
@@ -280,6 +280,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "return s + 1 if self.spec.out_quant else s",
         "return s",
         "the per-expert alpha stride forgets the fused requant's next-input-scale slot"),
+    Mutation(
+        "sm100-moe-gemm2-activation-before-wait", _K100,
+        "                        cute.prefetch(tma_atom_sfa, tAgSFA[(None, m0, kb0 + i, 0)])\n",
+        "                        cute.prefetch(tma_atom_sfa, tAgSFA[(None, m0, kb0 + i, 0)])\n"
+        "                        cute.prefetch(tma_atom_b, tBgB[(None, c0[1], kb0 + i, 0)])\n",
+        "the swap-AB PDL prologue (the grouped GEMM2's too) also prefetches the activations -- the previous "
+        "kernel's output -- before griddepcontrol.wait"),
     Mutation(
         "sm100-moe-prep-kb-tiles-rounded-down", "src/nvgemm/templates/sm100_moe/prep_triton.py",
         "kb_tiles = (K // 16 + 3) // 4",
@@ -293,10 +300,35 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a_off = e * n_out if",
         "the per-row alpha of expert e starts at e x output width instead of e x weight rows (gated GEMM1)"),
     Mutation(
+        "sm90-moe-signal-before-wait", "src/nvgemm/templates/sm90_moe/kernel.py",
+        "        if cutlass.const_expr(self.pdl and not self.early_weights):\n"
+        "            cute.arch.griddepcontrol_wait()",
+        "        if cutlass.const_expr(self.pdl and not self.early_weights):\n"
+        "            cute.arch.griddepcontrol_launch_dependents()\n"
+        "            cute.arch.griddepcontrol_wait()",
+        "GEMM1 signals its dependents before its own wait, so GEMM2 may start (and read the routing early) "
+        "before the routing's producer completed"),
+    Mutation(
         "sm90-moe-worklist-tiles-rounded-down", "src/nvgemm/templates/sm90_moe/prep_triton.py",
         "nt = (cnt + TM - 1) // TM",
         "nt = cnt // TM",
         "the work list's tiles per expert are rounded down: each expert's last partial tile is dropped"),
+    Mutation(
+        "sm90-w4a16-activations-before-pdl-wait", "src/nvgemm/templates/sm90_w4a16/mma.py",
+        "        if cutlass.const_expr(pdl_wait):\n"
+        "            cute.arch.griddepcontrol_wait()\n"
+        "        for j in cutlass.range_constexpr(D - 1):\n"
+        "            if j < n_it:\n"
+        "                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)\n"
+        "            cp_async_commit()\n",
+        "        for j in cutlass.range_constexpr(D - 1):\n"
+        "            if j < n_it:\n"
+        "                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)\n"
+        "            cp_async_commit()\n"
+        "        if cutlass.const_expr(pdl_wait):\n"
+        "            cute.arch.griddepcontrol_wait()\n",
+        "the mma ring's prologue copies the activations -- the previous kernel's output -- before "
+        "griddepcontrol.wait (the dense PDL kernel and the grouped GEMM2 alike)"),
     Mutation(
         "sm90-moe-finalize-unpermuted-row", "src/nvgemm/templates/sm90_moe/finalize_triton.py",
         "y = tl.load(y_ptr + p * H + cols, mask=mask, other=0.0)",

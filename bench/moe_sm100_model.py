@@ -52,7 +52,7 @@ def main() -> int:
         f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle; `tiles` = work slots; "
         "`routed only` = the routed experts' floor (active experts only) over the layer time less the shared expert. "
         "PDL: both GEMMs get the dense model's PDL term (launch - 0.3-0.7 us); GEMM2 reads its work list and "
-        "L2-prefetches its first weight tiles before `griddepcontrol.wait` (the dense PDL prologue), which the "
+        "TMA-loads its first weight tiles into the smem ring before `griddepcontrol.wait`, which the "
         "model charges as that same term, with no further overlap.",
         "",
     ]

@@ -282,11 +282,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the per-expert alpha stride forgets the fused requant's next-input-scale slot"),
     Mutation(
         "sm100-moe-gemm2-activation-before-wait", _K100,
-        "                        cute.prefetch(tma_atom_sfa, tAgSFA[(None, m0, kb0 + i, 0)])\n",
-        "                        cute.prefetch(tma_atom_sfa, tAgSFA[(None, m0, kb0 + i, 0)])\n"
-        "                        cute.prefetch(tma_atom_b, tBgB[(None, c0[1], kb0 + i, 0)])\n",
-        "the swap-AB PDL prologue (the grouped GEMM2's too) also prefetches the activations -- the previous "
-        "kernel's output -- before griddepcontrol.wait"),
+        "                        early_state.advance()\n",
+        "                        cute.prefetch(tma_atom_b, tBgB[(None, c0[1], kb0 + i, 0)])\n"
+        "                        early_state.advance()\n",
+        "the grouped GEMM2's PDL prologue also touches the activations -- GEMM1's output -- before "
+        "griddepcontrol.wait (an L2 prefetch of them)"),
     Mutation(
         "sm100-moe-prep-kb-tiles-rounded-down", "src/nvgemm/templates/sm100_moe/prep_triton.py",
         "kb_tiles = (K // 16 + 3) // 4",

@@ -55,14 +55,15 @@ def _check_exact(ops, c1, c2, order="forward"):
     # PDL: before its griddepcontrol.wait GEMM1 touches at most its stacked weights and their scales (it
     # prefetches nothing: the expert of a tile comes from the work list its own producer, the prep, writes);
     # GEMM2 reads its work list (tiles_ptr: written by the prep, which completed before GEMM1's wait, and GEMM1
-    # signals only after that wait) and L2-prefetches its expert's weights and scales -- and nothing else:
+    # signals only after that wait) and loads its expert's first weight and scale K tiles -- nothing else:
     # its activations (b_ptr, sfb_ptr: GEMM1's output) only after the wait
     assert len(launches) == 2
     check_pdl_prologue(launches[0], weights={"a_ptr", "sfa_ptr"}, prefetch=False)
     check_signals_after_wait(launches[0])  # the premise of GEMM2's early work-list read
     assert not launches[0].ext.get("pdl_pre_wait_reads") and not launches[0].ext.get("pdl_pre_wait_prefetches")
-    check_pdl_prologue(launches[1], weights={"a_ptr", "sfa_ptr"}, routing={"tiles_ptr"}, prefetch=True,
+    check_pdl_prologue(launches[1], weights={"a_ptr", "sfa_ptr"}, routing={"tiles_ptr"}, prefetch=False,
                        early_weights=True)
+    assert "a_ptr" in launches[1].ext["pdl_pre_wait_reads"]  # TMA loads into the smem ring, not an L2 prefetch
     assert keep["args2"].config.early_weights
     return keep
 

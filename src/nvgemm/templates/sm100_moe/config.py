@@ -15,8 +15,8 @@ of :func:`nvgemm.templates.sm90_moe.launch.build_work_list` (tile_m there = tile
              residual and rounds once into the epilogue's out_dtype)
     early_weights  GEMM2 only (needs ``pdl``): the work list is final before the kernel's
              ``griddepcontrol.wait`` (written by a grid that completed before GEMM1's wait returned), so
-             the TMA warp reads its first work slot and L2-prefetches that expert's first weight and
-             weight-scale K tiles before the wait, as the dense PDL kernel does (:mod:`.kernel`)
+             the TMA warp reads its first work slot and TMA-loads that expert's first weight and
+             weight-scale K tiles into the smem ring before the wait (:mod:`.kernel`)
 
 Fixed: 1-CTA 128-row tiles, cluster 1x1, tile_k 256. Per expert the weight rows are padded to a
 multiple of 128 in the stack (a 128-row A tile never straddles two experts, and the stacked block
@@ -84,7 +84,7 @@ def validate_moe_config(c: Sm100MoeConfig) -> Status:
     if c.split_k not in MOE_SPLIT_K:
         return Status.fail(f"moe split_k={c.split_k} not in {MOE_SPLIT_K}")
     if c.early_weights and not c.pdl:
-        return Status.fail("moe early_weights (weight prefetch before griddepcontrol.wait) needs pdl=True")
+        return Status.fail("moe early_weights (weight loads before griddepcontrol.wait) needs pdl=True")
     return _validate_dense(c.dense())
 
 

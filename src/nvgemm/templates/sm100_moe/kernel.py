@@ -18,8 +18,10 @@ tile_n); the grouped kernel only overrides its work hooks:
   GEMM1 writes GEMM2's packed FP4 codes and its per-slot SFB atoms directly);
 * **PDL**: every warp that reads the work list waits (``griddepcontrol.wait``) first -- GEMM1's
   work list is written by its predecessor (the prep) -- except with ``config.early_weights`` (GEMM2):
-  the TMA warp reads its first work slot and L2-prefetches that expert's first weight and weight-scale
-  K tiles (as the dense PDL kernel does), then waits before the first activation (GEMM1's output) load.
+  the TMA warp reads its first work slot, acquires the first ``min(K tiles, stages)`` smem stages and
+  issues their weight and weight-scale TMA loads, then waits; the same stages' activation loads (GEMM1's
+  output) follow in the main loop, so a stage's barrier -- which expects the whole stage's bytes --
+  completes only once both halves landed.
   Why GEMM2 may read the work list before its wait (PTX ISA ``griddepcontrol``; CUDA programming
   guide, "Programmatic Dependent Launch"): the list was written by the prep grid, GEMM1's
   prerequisite. ``griddepcontrol.wait`` in GEMM1 returns only once the prep grid has *completed* and

@@ -19,8 +19,8 @@ partial last round (idle SMs earn nothing), the exposed epilogue / split-K reduc
 and the launch. The grid's work slots past the routing's tiles (the grid is fixed per M bucket) load
 nothing and issue no MMA; each of their units is charged its scheduler step and accumulator
 handshake (:func:`empty_slot_us`). **PDL**: both GEMMs get the dense model's one PDL term
-(``pdl_saving_us``, 0.3-0.7 us off the launch) and nothing more; GEMM2 L2-prefetches its first weight tiles
-before ``griddepcontrol.wait`` (``config.early_weights``, the dense PDL kernel's prologue), GEMM1 cannot (its
+(``pdl_saving_us``, 0.3-0.7 us off the launch) and nothing more; GEMM2 TMA-loads its first weight tiles
+before ``griddepcontrol.wait`` (``config.early_weights``, the prologue that term stands for), GEMM1 cannot (its
 work list is its producer's output); the first round's fill is charged with or without PDL, as in the dense
 model.
 

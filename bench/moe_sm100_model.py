@@ -49,7 +49,11 @@ def main() -> int:
         f"{PREP_KERNELS_LARGE} above {FUSED_PREP_MAX_PAIRS} routed pairs: work-list kernel, prep, a gather) (+ 1 finalize) "
         f"at {hw.aux_kernel_us[0]}-{hw.aux_kernel_us[1]} us each; shared expert = two dense W4A4 GEMMs (model's best). "
         "Floor = (active + shared) x 3 x H x I x 0.5625 B at "
-        f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle; `tiles` = work slots.",
+        f"{hw.achievable_bw_tbs} TB/s. Times in us as low-high; `floor/total` uses the middle; `tiles` = work slots; "
+        "`routed only` = the routed experts' floor (active experts only) over the layer time less the shared expert. "
+        "PDL: both GEMMs get the dense model's PDL term (launch - 0.3-0.7 us); GEMM2 reads its work list and "
+        "TMA-loads its first weight tiles into the smem ring before `griddepcontrol.wait`, which the "
+        "model charges as that same term, with no further overlap.",
         "",
     ]
     lines += render_tables(layer_model, args.gpu, "nvgemm_cutedsl_sm100_moe_")

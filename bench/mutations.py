@@ -281,6 +281,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "return s",
         "the per-expert alpha stride forgets the fused requant's next-input-scale slot"),
     Mutation(
+        "sm100-moe-gemm2-activation-before-wait", _K100,
+        "                        early_state.advance()\n",
+        "                        cute.prefetch(tma_atom_b, tBgB[(None, c0[1], kb0 + i, 0)])\n"
+        "                        early_state.advance()\n",
+        "the grouped GEMM2's PDL prologue also touches the activations -- GEMM1's output -- before "
+        "griddepcontrol.wait (an L2 prefetch of them)"),
+    Mutation(
         "sm100-moe-prep-kb-tiles-rounded-down", "src/nvgemm/templates/sm100_moe/prep_triton.py",
         "kb_tiles = (K // 16 + 3) // 4",
         "kb_tiles = K // 64",
@@ -293,10 +300,35 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a_off = e * n_out if",
         "the per-row alpha of expert e starts at e x output width instead of e x weight rows (gated GEMM1)"),
     Mutation(
+        "sm90-moe-signal-before-wait", "src/nvgemm/templates/sm90_moe/kernel.py",
+        "        if cutlass.const_expr(self.pdl and not self.early_weights):\n"
+        "            cute.arch.griddepcontrol_wait()",
+        "        if cutlass.const_expr(self.pdl and not self.early_weights):\n"
+        "            cute.arch.griddepcontrol_launch_dependents()\n"
+        "            cute.arch.griddepcontrol_wait()",
+        "GEMM1 signals its dependents before its own wait, so GEMM2 may start (and read the routing early) "
+        "before the routing's producer completed"),
+    Mutation(
         "sm90-moe-worklist-tiles-rounded-down", "src/nvgemm/templates/sm90_moe/prep_triton.py",
         "nt = (cnt + TM - 1) // TM",
         "nt = cnt // TM",
         "the work list's tiles per expert are rounded down: each expert's last partial tile is dropped"),
+    Mutation(
+        "sm90-w4a16-activations-before-pdl-wait", "src/nvgemm/templates/sm90_w4a16/mma.py",
+        "        if cutlass.const_expr(pdl_wait):\n"
+        "            cute.arch.griddepcontrol_wait()\n"
+        "        for j in cutlass.range_constexpr(D - 1):\n"
+        "            if j < n_it:\n"
+        "                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)\n"
+        "            cp_async_commit()\n",
+        "        for j in cutlass.range_constexpr(D - 1):\n"
+        "            if j < n_it:\n"
+        "                self.produce_x(ring + j * self.stage_bytes, st_lo + j, k, xp, xd, pk)\n"
+        "            cp_async_commit()\n"
+        "        if cutlass.const_expr(pdl_wait):\n"
+        "            cute.arch.griddepcontrol_wait()\n",
+        "the mma ring's prologue copies the activations -- the previous kernel's output -- before "
+        "griddepcontrol.wait (the dense PDL kernel and the grouped GEMM2 alike)"),
     Mutation(
         "sm90-moe-finalize-unpermuted-row", "src/nvgemm/templates/sm90_moe/finalize_triton.py",
         "y = tl.load(y_ptr + p * H + cols, mask=mask, other=0.0)",

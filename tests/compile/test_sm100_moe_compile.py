@@ -63,7 +63,11 @@ def check_kernel(cfg, epi):
     assert ptx.count(".entry") == 1 and ".target sm_100a" in ptx
     assert MMA in ptx
     assert ("griddepcontrol.wait" in ptx) == cfg.pdl
-    assert "cp.async.bulk.prefetch.tensor" not in ptx  # no weight prefetch of an unknown expert
+    # GEMM1: no weight load of an unknown expert before the wait; GEMM2 (early_weights): its first work slot's
+    # expert's weight and scale K tiles are TMA-loaded into the smem ring before it
+    assert "cp.async.bulk.prefetch.tensor" not in ptx
+    if cfg.pdl:
+        assert (ptx.index("cp.async.bulk.tensor") < ptx.index("griddepcontrol.wait")) == cfg.early_weights
     assert bool(re.search(r"atom\.[a-z_.:]*add", ptx)) == (cfg.split_k > 1 or cfg.finalize)  # split-K, finalize
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == epi.out_quant
     assert ".local" not in ptx
@@ -76,9 +80,10 @@ def check_kernel(cfg, epi):
     return ldl_stl
 
 
-DEFAULT = [(C(tile_n=8), epi13()), (C(tile_n=8, split_k=2), EPI2), (C(tile_n=64, split_k=4), epi13("vector", torch.float16)),
+DEFAULT = [(C(tile_n=8), epi13()), (C(tile_n=8, split_k=2, early_weights=True), EPI2),
+           (C(tile_n=64, split_k=4), epi13("vector", torch.float16)),
            # GEMM2 with the top-k finalize (what a one- or two-token call runs; out_dtype = the finalize's rounding)
-           (C(tile_n=8, finalize=True), EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16))]
+           (C(tile_n=8, finalize=True, early_weights=True), EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16))]
 
 
 @pytest.mark.parametrize("cfg,epi", DEFAULT, ids=lambda v: v.name() if hasattr(v, "name") else v.activation)

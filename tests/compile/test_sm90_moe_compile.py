@@ -64,7 +64,8 @@ def _policy_pairs(ms):
                 # what moe_forward runs at M tokens: one token without a work list, the finalize in GEMM2 up to
                 # FUSED_FINALIZE_MAX_TOKENS
                 out.append((replace(c.config13, direct=m == 1), EPI13))
-                out.append((replace(c.config2, direct=m == 1, finalize=m <= FUSED_FINALIZE_MAX_TOKENS), EPI2))
+                out.append((replace(c.config2, direct=m == 1, finalize=m <= FUSED_FINALIZE_MAX_TOKENS,
+                                    early_weights=c.config2.pdl), EPI2))
     return sorted(set(out), key=lambda t: t[0].name() + str(t[1]))
 
 
@@ -76,8 +77,10 @@ def check_kernel(cfg, epi, x="bf16"):
     assert "createpolicy.fractional.L2::evict_first" in ptx
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx
     assert ("griddepcontrol.wait" in ptx) == cfg.pdl
-    if cfg.pdl:  # the work list comes from the routing: wait before reading it
+    if cfg.pdl and not cfg.early_weights:  # GEMM1: the work list comes from its producer: wait before reading it
         assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+    if cfg.early_weights:  # GEMM2: its first weight stages (cp.async) are issued before the wait
+        assert ptx.index("cp.async.cg.shared.global") < ptx.index("griddepcontrol.wait")
     assert ("atom.acq_rel.gpu.global.add.u32" in ptx) == (cfg.split_k > 1 or cfg.finalize)  # the counters
     assert ".local" not in ptx
     if sass_tool.find_cuobjdump() is None:

@@ -98,8 +98,10 @@ def test_alpha_table_per_expert_per_row_and_next_scale():
 
 
 def test_config_and_shape_rules():
-    for c in (C(8), C(16, 2), C(32, 4), C(64, 8, False)):
+    for c in (C(8), C(16, 2), C(32, 4), C(64, 8, False), C(8, finalize=True, early_weights=True),
+              C(16, 2, early_weights=True)):
         assert validate_moe_config(c) and moe_config_from_name(c.name()) == c
+    assert "needs pdl" in validate_moe_config(C(8, pdl=False, early_weights=True)).reason
     assert "tile_n" in validate_moe_config(C(128)).reason
     assert "split_k" in validate_moe_config(C(8, 3)).reason
     assert "multiple of 32" in moe_shape_problem(C(), 2 * 48, 256, True)

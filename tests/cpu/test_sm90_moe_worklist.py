@@ -4,6 +4,8 @@ config validity rule, and the finalize step against the op's own composition."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -66,6 +68,9 @@ def test_config_rules():
     assert not validate_moe_config(Sm90MoeConfig(tile_n=96, num_warps=4))
     c = Sm90MoeConfig(tile_m=16, tile_n=64, tile_k=256, split_k=3, num_warps=2, stages=5, pdl=True)
     assert moe_config_from_name(c.name()) == c
+    for c in (replace(c, early_weights=True), replace(c, finalize=True, direct=True, early_weights=True)):
+        assert validate_moe_config(c) and moe_config_from_name(c.name()) == c
+    assert "needs pdl" in validate_moe_config(Sm90MoeConfig(early_weights=True)).reason
     assert "multiple of 32" in moe_shape_problem(c, 64, 48, False)
     assert "I = 24" in moe_shape_problem(Sm90MoeConfig(tile_n=128), 48, 64, True)
     assert "even number of row tiles" in moe_shape_problem(Sm90MoeConfig(tile_n=64, num_warps=4), 64, 64, True)

@@ -90,10 +90,11 @@ def random_moe_operands(m, top_k, e, h, i, *, seed=0):
     return [x, ids, wts, w13, s13, g13, None, w2, s2, g2, None, "silu_mul", False, None, None, None, None]
 
 
-def emu_launcher(device="H200", stats=None, order="forward"):
+def emu_launcher(device="H200", stats=None, order="forward", launches=None):
     """A ``launch`` for :func:`moe_forward` that runs each grouped GEMM's real AOT artifact on the emulator
     (``stats``: a list that receives each launch's warp-instruction count; ``order``: the emulator's CTA
-    order, "forward", "reverse" or a shuffle seed)."""
+    order, "forward", "reverse" or a shuffle seed; ``launches``: a list that receives each emulated
+    :class:`~nvgemm.emulator.ptx.machine.Launch`)."""
     from nvgemm.emulator.runner import prepare
     from nvgemm.aot.compile_spec import make_spec
     from nvgemm.templates.sm90_w4a16.operand import kind_of
@@ -107,11 +108,13 @@ def emu_launcher(device="H200", stats=None, order="forward"):
         r = prepare(spec, device=device).launch(*args.abi_values(), 0, order=order)
         if stats is not None:
             stats.append(r.stats["warp_instructions"])
+        if launches is not None:
+            launches.append(r)
 
     return launch
 
 
-def run_moe_emu(ops, config13, config2, keep=None, stats=None, order="forward"):
+def run_moe_emu(ops, config13, config2, keep=None, stats=None, order="forward", launches=None):
     """One ``nvfp4_moe`` call (W4A16 operands in schema order) through the grouped kernels on the emulator."""
     from nvgemm.templates.sm90_w4a16.launch import Sm90Workspace
     from nvgemm.templates.sm90_moe.launch import moe_forward
@@ -120,4 +123,4 @@ def run_moe_emu(ops, config13, config2, keep=None, stats=None, order="forward"):
     assert i13 is None and i2 is None
     return moe_forward(x, ids, emap, wts, w13, s13, g13, w2, s2, g2, act, rwi, sh, res, odt, config13,
                        config2,
-                       emu_launcher(stats=stats, order=order), workspace=Sm90Workspace(torch.device("cpu")), keep=keep)
+                       emu_launcher(stats=stats, order=order, launches=launches), workspace=Sm90Workspace(torch.device("cpu")), keep=keep)

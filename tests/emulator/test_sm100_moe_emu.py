@@ -10,8 +10,9 @@ Default run: six calls (odd M with an expert without tokens, ``-1`` ids and empt
 K/N tails; one expert with every token, split-K, per-row alpha, shared_out + residual; GEMM1 with
 2I = 128 and 256 over three routed experts; 36 tokens in one 64-token slot, so the fused requant
 writes scale rows past 32; batch invariance at M = 12) -- 6 kernels to build, about 16 emulated
-launches. Every exact call also checks each launch's PDL record (only the weights touched
-before ``griddepcontrol.wait``). ``-m emulator_full`` adds
+launches. Every exact call also checks each launch's PDL record (before ``griddepcontrol.wait``: GEMM1
+touches nothing, GEMM2 its work list and the L2 prefetch of its expert's weights and scales, never the
+activations). ``-m emulator_full`` adds
 tile_n 16/32/64, expert_map with router-weight-on-input in fp16, and batch invariance inside M = 64.
 """
 
@@ -30,7 +31,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from _pdl import check_pdl_prologue  # noqa: E402
+from _pdl import check_pdl_prologue, check_signals_after_wait  # noqa: E402
 from _sm100_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
 
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
@@ -51,11 +52,19 @@ def _check_exact(ops, c1, c2, order="forward"):
     assert bad.numel() == 0, f"{bad.shape[0]} elements differ, first {bad[:4].tolist()}: {got[tuple(bad[0])]} vs " \
                              f"{want[tuple(bad[0])]}"
     assert want.float().abs().amax() > 0
-    # PDL: before its griddepcontrol.wait a grouped GEMM touches at most its stacked weights and their scales
-    # (it prefetches nothing: the expert of a tile comes from the work list the predecessor writes)
+    # PDL: before its griddepcontrol.wait GEMM1 touches at most its stacked weights and their scales (it
+    # prefetches nothing: the expert of a tile comes from the work list its own producer, the prep, writes);
+    # GEMM2 reads its work list (tiles_ptr: written by the prep, which completed before GEMM1's wait, and GEMM1
+    # signals only after that wait) and loads its expert's first weight and scale K tiles -- nothing else:
+    # its activations (b_ptr, sfb_ptr: GEMM1's output) only after the wait
     assert len(launches) == 2
-    for launch in launches:
-        check_pdl_prologue(launch, weights={"a_ptr", "sfa_ptr"}, prefetch=False)
+    check_pdl_prologue(launches[0], weights={"a_ptr", "sfa_ptr"}, prefetch=False)
+    check_signals_after_wait(launches[0])  # the premise of GEMM2's early work-list read
+    assert not launches[0].ext.get("pdl_pre_wait_reads") and not launches[0].ext.get("pdl_pre_wait_prefetches")
+    check_pdl_prologue(launches[1], weights={"a_ptr", "sfa_ptr"}, routing={"tiles_ptr"}, prefetch=False,
+                       early_weights=True)
+    assert "a_ptr" in launches[1].ext["pdl_pre_wait_reads"]  # TMA loads into the smem ring, not an L2 prefetch
+    assert keep["args2"].config.early_weights
     return keep
 
 

@@ -8,7 +8,9 @@ data (a token's output at M = 1 equals its row inside a larger batch with the sa
 Default run: six routings (odd M with an expert without tokens and empty slots; the same with
 per-row alpha; one expert with every token, split-K, per-row alpha, shared_out + residual; GEMM1
 with 2I = 128 and 256 over three routed experts; random data batch invariance) -- about 5 kernels
-to build and 16 emulated launches. The sweep (``pytest -m emulator_full``; results in
+to build and 16 emulated launches; every exact call checks each launch's PDL record (before
+``griddepcontrol.wait``: GEMM1 touches nothing, GEMM2 its routing and first weight stages, never the
+activations). The sweep (``pytest -m emulator_full``; results in
 ``bench/results/sm90_moe_emu_sweep.txt``) adds tile_m 16/32, expert_map with router-weight-on-input,
 fp16, and batch invariance inside M = 64.
 """
@@ -28,6 +30,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
+from _pdl import check_pdl_prologue, check_signals_after_wait  # noqa: E402
 from _sm90_moe_emu import exact_moe_operands, random_moe_operands, run_moe_emu  # noqa: E402
 
 from nvgemm.ops.moe import nvfp4_moe_emulated  # noqa: E402
@@ -35,15 +38,33 @@ from nvgemm.templates.sm90_moe.config import Sm90MoeConfig as C  # noqa: E402
 
 pytestmark = pytest.mark.emulator
 
-G1 = C(tile_m=8, tile_n=128, tile_k=128, num_warps=4, stages=3)  # gated: 64 features per CTA
-G2 = C(tile_m=8, tile_n=64, tile_k=128, num_warps=4, stages=3)  # 64 rows per CTA (H=96: a tail block)
-G1_SK = C(tile_m=8, tile_n=64, tile_k=128, num_warps=2, stages=2, split_k=2)
-G2_SK = C(tile_m=8, tile_n=64, tile_k=128, num_warps=4, stages=2, split_k=2)
+# PDL on, as the policy emits them: GEMM2 then reads its routing and issues its first weight stages before the wait
+G1 = C(tile_m=8, tile_n=128, tile_k=128, num_warps=4, stages=3, pdl=True)  # gated: 64 features per CTA
+G2 = C(tile_m=8, tile_n=64, tile_k=128, num_warps=4, stages=3, pdl=True)  # 64 rows per CTA (H=96: a tail block)
+G1_SK = C(tile_m=8, tile_n=64, tile_k=128, num_warps=2, stages=2, split_k=2, pdl=True)
+G2_SK = C(tile_m=8, tile_n=64, tile_k=128, num_warps=4, stages=2, split_k=2, pdl=True)
+
+
+def check_pdl(launches, keep):
+    """Before its griddepcontrol.wait GEMM1 touches nothing (its routing is its own producer's output); GEMM2
+    reads its routing -- the work list (mTiles), or the ids with ``direct`` (mYRows), and the identity row
+    table (mRows): written by grids that completed before GEMM1's wait, and GEMM1 signals only after that
+    wait -- and issues its first weight and scale stages (mW, mS), nothing else: its activations (mX:
+    GEMM1's output) only after the wait."""
+    assert len(launches) == 2
+    a1, a2 = launches
+    check_pdl_prologue(a1, weights=set(), prefetch=False)
+    check_signals_after_wait(a1)  # the premise of GEMM2's early routing read
+    routing = {"mYRows", "mRows"} if keep["args2"].config.direct else {"mTiles", "mRows"}
+    assert keep["args2"].config.early_weights
+    check_pdl_prologue(a2, weights={"mW", "mS"}, routing=routing, prefetch=False, early_weights=True)
 
 
 def _check_exact(ops, c1, c2, order="forward"):
-    keep = {}
-    got = run_moe_emu(ops, c1, c2, keep, order=order)
+    keep, launches = {}, []
+    got = run_moe_emu(ops, c1, c2, keep, order=order, launches=launches)
+    if c1.pdl and c2.pdl:
+        check_pdl(launches, keep)
     want = nvfp4_moe_emulated(*ops)
     assert got.dtype == want.dtype and got.shape == want.shape
     bad = (got.float() != want.float()).nonzero()
@@ -148,8 +169,8 @@ def test_batch_invariance_m64():
 @pytest.mark.emulator_full
 @pytest.mark.parametrize("tm", [16, 32])
 def test_exact_tile_m(tm):
-    c1 = C(tile_m=tm, tile_n=128, tile_k=256, num_warps=4, stages=2)
-    c2 = C(tile_m=tm, tile_n=128, tile_k=128, num_warps=8, stages=4)
+    c1 = C(tile_m=tm, tile_n=128, tile_k=256, num_warps=4, stages=2, pdl=True)
+    c2 = C(tile_m=tm, tile_n=128, tile_k=128, num_warps=8, stages=4, pdl=True)
     g = torch.Generator().manual_seed(tm)
     ids = torch.randint(-1, 6, (37, 4), generator=g, dtype=torch.int32)
     ids[:, 0] = 5  # expert 5: 37+ pairs -> several tiles

@@ -174,6 +174,8 @@ def check_launch(launch: Launch) -> None:
 def finish_cta(launch: Launch, c: Cta) -> None:
     """After a CTA exited: complete its asynchronous copies, run the exit hooks, count its instructions."""
     finish_cta_async(c)
+    if not any(w.ext.get("griddepcontrol.wait") for w in c.warps):  # PDL record (ops/control.py)
+        launch.ext["pdl_ctas_without_wait"] = launch.ext.get("pdl_ctas_without_wait", 0) + 1
     for hook in launch.ext.get("cta_exit_hooks", ()):
         hook(c)
     launch.stats["warp_instructions"] = launch.stats.get("warp_instructions", 0) + sum(w.executed for w in c.warps)

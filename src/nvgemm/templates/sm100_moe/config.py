@@ -13,6 +13,10 @@ of :func:`nvgemm.templates.sm90_moe.launch.build_work_list` (tile_m there = tile
     finalize GEMM2 only: the kernel also runs the top-k finalize (its fp32 rows ``y`` are scratch;
              the last CTA of each row tile sums every token's slots in slot order, adds shared_out /
              residual and rounds once into the epilogue's out_dtype)
+    early_weights  GEMM2 only (needs ``pdl``): the work list is final before the kernel's
+             ``griddepcontrol.wait`` (written by a grid that completed before GEMM1's wait returned), so
+             the TMA warp reads its first work slot and TMA-loads that expert's first weight and
+             weight-scale K tiles into the smem ring before the wait (:mod:`.kernel`)
 
 Fixed: 1-CTA 128-row tiles, cluster 1x1, tile_k 256. Per expert the weight rows are padded to a
 multiple of 128 in the stack (a 128-row A tile never straddles two experts, and the stacked block
@@ -46,6 +50,7 @@ class Sm100MoeConfig:
     split_k: int = 1
     pdl: bool = True
     finalize: bool = False
+    early_weights: bool = False
 
     family = MOE_FAMILY  # class attribute (not a field)
     tile_m = 128
@@ -61,6 +66,8 @@ class Sm100MoeConfig:
             s += "_pdl"
         if self.finalize:
             s += "_fin"
+        if self.early_weights:
+            s += "_ew"
         return s
 
     def dense(self) -> Sm100Nvfp4GemmConfig:
@@ -76,6 +83,8 @@ def validate_moe_config(c: Sm100MoeConfig) -> Status:
         return Status.fail(f"moe tile_n={c.tile_n} not in {MOE_TILE_N} (tokens per work slot)")
     if c.split_k not in MOE_SPLIT_K:
         return Status.fail(f"moe split_k={c.split_k} not in {MOE_SPLIT_K}")
+    if c.early_weights and not c.pdl:
+        return Status.fail("moe early_weights (weight loads before griddepcontrol.wait) needs pdl=True")
     return _validate_dense(c.dense())
 
 
@@ -103,7 +112,7 @@ def moe_shape_problem(c: Sm100MoeConfig, rows: int, k: int, gated: bool) -> str 
     return None
 
 
-_NAME_RE = re.compile(r"nvgemm_cutedsl_sm100_moe_t128x(\d+)x256(?:_sk(\d+))?(_pdl)?(_fin)?")
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm100_moe_t128x(\d+)x256(?:_sk(\d+))?(_pdl)?(_fin)?(_ew)?")
 
 
 def moe_config_from_name(name: str) -> Sm100MoeConfig:
@@ -111,8 +120,9 @@ def moe_config_from_name(name: str) -> Sm100MoeConfig:
     m = _NAME_RE.fullmatch(name)
     if m is None:
         raise ValueError(f"not an sm100 MoE config name: {name!r}")
-    tn, sk, pdl, fin = m.groups()
-    return Sm100MoeConfig(tile_n=int(tn), split_k=int(sk or 1), pdl=bool(pdl), finalize=bool(fin))
+    tn, sk, pdl, fin, ew = m.groups()
+    return Sm100MoeConfig(tile_n=int(tn), split_k=int(sk or 1), pdl=bool(pdl), finalize=bool(fin),
+                          early_weights=bool(ew))
 
 
 __all__ = ["MOE_ARCHS", "MOE_FAMILY", "MOE_SPLIT_K", "MOE_TILE_N", "ROW_ALIGN", "Sm100MoeConfig",

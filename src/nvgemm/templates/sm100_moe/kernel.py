@@ -16,8 +16,29 @@ tile_n); the grouped kernel only overrides its work hooks:
 * **alpha**: the expert's, ``alpha[e * stride + ...]`` with ``stride`` = 1 (scalar) or ``m``
   (vector: per GEMM row), plus 1 when the fused requant's next input scale follows (``out_quant``:
   GEMM1 writes GEMM2's packed FP4 codes and its per-slot SFB atoms directly);
-* **PDL**: the TMA warp does not prefetch weights before ``griddepcontrol.wait`` (the expert is not
-  known yet) and the MMA warp waits too before it reads the work list;
+* **PDL**: every warp that reads the work list waits (``griddepcontrol.wait``) first -- GEMM1's
+  work list is written by its predecessor (the prep) -- except with ``config.early_weights`` (GEMM2):
+  the TMA warp reads its first work slot, acquires the first ``min(K tiles, stages)`` smem stages and
+  issues their weight and weight-scale TMA loads, then waits; the same stages' activation loads (GEMM1's
+  output) follow in the main loop, so a stage's barrier -- which expects the whole stage's bytes --
+  completes only once both halves landed.
+  Why GEMM2 may read the work list before its wait (PTX ISA ``griddepcontrol``; CUDA programming
+  guide, "Programmatic Dependent Launch"): the list was written by the prep grid, GEMM1's
+  prerequisite. ``griddepcontrol.wait`` in GEMM1 returns only once the prep grid has *completed* and
+  its memory operations are performed. Every CTA of GEMM1 passes a wait before it can signal: the TMA
+  warp waits unconditionally before its first load, the MMA warp before it reads the work list, the
+  epilogue warps before they touch global memory, and each warp's ``launch_dependents`` comes after
+  its own wait in program order; a CTA that exits has run those waits too. GEMM2 (launched with the
+  programmatic-serialization attribute) is scheduled only once every CTA of GEMM1 has signalled or
+  exited -- so only after the prep grid completed. A grid that starts after a grid completed reads
+  what it wrote, as any stream-ordered launch does; the ISA's wording ("made visible to the current
+  grid") names the waiting grid, and this is the one step beyond it: that completion of a grid is
+  global, not per observer. What stays behind the wait: GEMM1's output (GEMM2's activations and
+  their scale atoms), alpha, the split-K workspace / counters, the finalize's inputs and every store.
+  The weights and their scales are constants of the model (no grid of the stream writes them).
+  (GEMM1 cannot do the same: its work list comes from its own prerequisite.) The emulator records
+  every global access before a warp's wait (:mod:`nvgemm.emulator.ptx.pdl`); the MoE emulator tests
+  allow exactly the weights, their scales and (GEMM2) the work list there;
 * **fused finalize** (``config.finalize``, GEMM2): ``y`` (fp32 ``[slots * tile_n, H]``) is scratch; after a
   work tile's rows are stored (by the split-K reduction's CTA; an empty slot's tile too) the epilogue
   threads arrive at the row tile's counter (after the split-K counters); the CTA that arrives last -- all
@@ -80,6 +101,7 @@ class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
         super().__init__(config.dense(), epilogue, max_active_clusters)
         self.moe_cfg = config
         self.slot_n = config.tile_n
+        self.work_before_wait = config.early_weights
 
     @cute.jit
     def __call__(

@@ -340,7 +340,8 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     fin = None
     if fuse:  # GEMM2 runs the finalize: 3 launches
         fin = finalize_args(dataclasses.replace(wl, y_rows=yfin), wts, shared_out, residual, out_dtype, s2.rows)
-    a2 = gemm2_args(dataclasses.replace(config2, finalize=fuse), a1, wl, s2, alpha2, stream_id, fin=fin)
+    a2 = gemm2_args(dataclasses.replace(config2, finalize=fuse, early_weights=config2.pdl), a1, wl, s2, alpha2,
+                    stream_id, fin=fin)
     launch(a2)
     if fuse:
         out = fin.out

@@ -18,7 +18,11 @@ K. The dense model's own terms then charge what the grouped kernel pays: its per
 partial last round (idle SMs earn nothing), the exposed epilogue / split-K reduction as the tail,
 and the launch. The grid's work slots past the routing's tiles (the grid is fixed per M bucket) load
 nothing and issue no MMA; each of their units is charged its scheduler step and accumulator
-handshake (:func:`empty_slot_us`).
+handshake (:func:`empty_slot_us`). **PDL**: both GEMMs get the dense model's one PDL term
+(``pdl_saving_us``, 0.3-0.7 us off the launch) and nothing more; GEMM2 TMA-loads its first weight tiles
+before ``griddepcontrol.wait`` (``config.early_weights``, the prologue that term stands for), GEMM1 cannot (its
+work list is its producer's output); the first round's fill is charged with or without PDL, as in the dense
+model.
 
 **Host path**: :func:`prep_kernels` tiny launches (one Triton launch up to
 :data:`~.config.FUSED_PREP_MAX_PAIRS` routed pairs: work list, activations and the scale padding

@@ -30,7 +30,8 @@ Pipelines
 
 PDL (``config.pdl``)
     launched with the programmatic-stream-serialization attribute. The TMA warp L2-prefetches
-    the first weight (and weight-scale) K tiles, then executes ``griddepcontrol.wait`` before
+    the first weight (and weight-scale) K tiles (a grouped kernel whose work list is final before the
+    wait: TMA-loads them into the first smem stages), then executes ``griddepcontrol.wait`` before
     the first load of activations / activation scales; the epilogue warps execute it before
     reading alpha, bias, residual, the split-K workspace or writing the output. Every warp
     executes ``griddepcontrol.launch_dependents`` when its part of the main loop is done
@@ -654,11 +655,34 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         )
         work_tile = tile_sched.initial_work_tile_info()
 
+        prod_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stage)
+        # stages of the first work tile whose A / SFA (weight) copies were issued before the PDL wait
+        pre = cutlass.Int32(0)
         if cutlass.const_expr(self.pdl):
-            # Weights (and their scales) are never written by a predecessor: warm L2 with the
-            # first K tiles of the first work tile, then wait for the activations. (A grouped
-            # kernel's weight tile depends on the work list, which the predecessor writes.)
-            if cutlass.const_expr(work is None) and work_tile.is_valid_tile:
+            # Weights (and their scales) are never written by a predecessor. Dense: warm L2 with the
+            # first K tiles of the first work tile, then wait for the activations. Grouped, only where
+            # the work list is final before the wait (``work_before_wait``; otherwise the expert of a
+            # tile is the predecessor's output): acquire the first stages and issue their weight and
+            # weight-scale TMA loads into the smem ring, then wait; the stages' activation loads follow
+            # in the main loop (the stage's barrier expects the whole stage's bytes, so the MMA warp
+            # sees the stage full only once both halves landed).
+            if cutlass.const_expr(self.work_before_wait):
+                if work_tile.is_valid_tile:
+                    c0 = work_tile.tile_idx
+                    m0 = self._a_tile(c0[0] // v_size, c0, work)
+                    kb0, kc0 = self._tile_k_range(c0, k_tile_total, work)
+                    pre = cutlass.min(kc0, self.num_ab_stage)
+                    early_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                               self.num_ab_stage)
+                    for i in cutlass.range(0, pre, 1, unroll=1):
+                        ab_pipeline.producer_acquire(early_state)
+                        bar = ab_pipeline.producer_get_barrier(early_state)
+                        cute.copy(tma_atom_a, tAgA[(None, m0, kb0 + i, 0)], tAsA[(None, early_state.index)],
+                                  tma_bar_ptr=bar, mcast_mask=a_mask)
+                        cute.copy(tma_atom_sfa, tAgSFA[(None, m0, kb0 + i, 0)], tAsSFA[(None, early_state.index)],
+                                  tma_bar_ptr=bar, mcast_mask=sfa_mask)
+                        early_state.advance()
+            elif cutlass.const_expr(work is None) and work_tile.is_valid_tile:
                 c0 = work_tile.tile_idx
                 kb0, kc0 = self._k_range(c0[2], k_tile_total)
                 for i in cutlass.range(0, cutlass.min(kc0, self.num_ab_stage), 1, unroll=1):
@@ -670,7 +694,6 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
                         cute.prefetch(tma_atom_sfb, tBgSFB[(None, self._sfb_slice_n(c0[1]), kb0 + i, 0)])
             cute.arch.griddepcontrol_wait()
 
-        prod_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stage)
         while work_tile.is_valid_tile:
             coord = work_tile.tile_idx
             mma_m = self._a_tile(coord[0] // v_size, coord, work)
@@ -694,12 +717,25 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
                         cute.prefetch(tma_atom_b, tBgB_s[(None, kf)])
                         cute.prefetch(tma_atom_sfa, tAgSFA_s[(None, kf)])
                         cute.prefetch(tma_atom_sfb, tBgSFB_s[(None, kf)])
-                ab_pipeline.producer_acquire(prod_state, peek)
+                if cutlass.const_expr(self.work_before_wait):
+                    if prod_state.count >= pre:  # else acquired, weights in flight: the activations only
+                        ab_pipeline.producer_acquire(prod_state, peek)
+                else:
+                    ab_pipeline.producer_acquire(prod_state, peek)
                 bar = ab_pipeline.producer_get_barrier(prod_state)
-                cute.copy(tma_atom_a, tAgA_s[(None, kt)], tAsA[(None, prod_state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
+                if cutlass.const_expr(self.work_before_wait):
+                    if prod_state.count >= pre:
+                        cute.copy(tma_atom_a, tAgA_s[(None, kt)], tAsA[(None, prod_state.index)], tma_bar_ptr=bar,
+                                  mcast_mask=a_mask)
+                        cute.copy(tma_atom_sfa, tAgSFA_s[(None, kt)], tAsSFA[(None, prod_state.index)],
+                                  tma_bar_ptr=bar, mcast_mask=sfa_mask)
+                else:
+                    cute.copy(tma_atom_a, tAgA_s[(None, kt)], tAsA[(None, prod_state.index)], tma_bar_ptr=bar,
+                              mcast_mask=a_mask)
                 cute.copy(tma_atom_b, tBgB_s[(None, kt)], tBsB[(None, prod_state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
-                cute.copy(tma_atom_sfa, tAgSFA_s[(None, kt)], tAsSFA[(None, prod_state.index)], tma_bar_ptr=bar,
-                          mcast_mask=sfa_mask)
+                if cutlass.const_expr(not self.work_before_wait):
+                    cute.copy(tma_atom_sfa, tAgSFA_s[(None, kt)], tAsSFA[(None, prod_state.index)], tma_bar_ptr=bar,
+                              mcast_mask=sfa_mask)
                 cute.copy(tma_atom_sfb, tBgSFB_s[(None, kt)], tBsSFB[(None, prod_state.index)], tma_bar_ptr=bar,
                           mcast_mask=sfb_mask)
                 prod_state.advance()
@@ -708,6 +744,8 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
                     peek = ab_pipeline.producer_try_acquire(prod_state)
             tile_sched.advance_to_next_work()
             work_tile = tile_sched.get_current_work()
+            if cutlass.const_expr(self.work_before_wait):
+                pre = cutlass.Int32(0)  # the early weight stages were the first work tile's only
 
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
@@ -720,6 +758,10 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
     #: N tiles narrower than an SFB atom read their scales at a TMEM column offset of a shared atom
     #: (dense); False: every N tile owns a whole 128-row SFB atom (grouped: one atom per work slot).
     sfb_col_offsets = True
+
+    #: The work list may be read before ``griddepcontrol.wait`` (a grouped kernel whose routing was
+    #: written by a grid that completed before its predecessor's wait); dense: no work list.
+    work_before_wait = False
 
     def _work(self, mTiles, m_gemm, fin):
         """Per-kernel work-list context handed to the roles (None: a dense GEMM)."""

@@ -22,6 +22,11 @@ value, or one per row when an expert's gate/up ``weight_scale_2`` differ). Field
     finalize   GEMM2 only: the top-k finalize runs in the kernel (the last CTA of each feature block
                sums the tokens' expert rows in slot order, adds shared_out / residual, rounds once)
     direct     one token: no work list, work slot j is routed pair j read from the ids (no prep launch)
+    early_weights  GEMM2 only (needs ``pdl``): its routing (work list, or the ids with ``direct``) and row
+               table are final before its ``griddepcontrol.wait`` (written by grids that completed before
+               GEMM1's wait returned), so the CTA reads its work slot and issues the cp.async copies of the
+               ring's first weight and scale stages before the wait; the activations (GEMM1's output)
+               after it (:mod:`.kernel`)
 
 The kernel itself is unchanged in its numerics from the dense ``mma`` kernel; the validity rule is
 the dense one plus the work-list bounds (:func:`work_tiles_bound`).
@@ -56,6 +61,8 @@ class Sm90MoeConfig:
     #: one token: no work list -- slot j is pair j (expert ``ids[j]``, one row, -1: empty), read from the
     #: ids themselves (``mYRows``), so the call needs no prep launch
     direct: bool = False
+    #: GEMM2 only: read the work slot and issue the first weight stages before ``griddepcontrol.wait``
+    early_weights: bool = False
 
     family = MOE_FAMILY  # class attribute (not a field): one family
 
@@ -69,6 +76,8 @@ class Sm90MoeConfig:
             s += "_fin"
         if self.direct:
             s += "_dir"
+        if self.early_weights:
+            s += "_ew"
         return s
 
     def dense(self) -> Sm90W4A16Config:
@@ -89,6 +98,8 @@ def validate_moe_config(c: Sm90MoeConfig) -> Status:
         return Status.fail(f"expects Sm90MoeConfig, got {type(c).__name__}")
     if c.tile_m not in MOE_TILE_M:
         return Status.fail(f"moe tile_m={c.tile_m} not in {MOE_TILE_M} (pairs per work tile, groups of 8)")
+    if c.early_weights and not c.pdl:
+        return Status.fail("moe early_weights (weight copies before griddepcontrol.wait) needs pdl=True")
     return _validate_dense(c.dense())
 
 
@@ -151,7 +162,7 @@ def moe_shape_problem(c: Sm90MoeConfig, rows: int, k: int, gated: bool) -> str |
     return None
 
 
-_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_moe_mma_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?(_fin)?(_dir)?")
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm90_moe_mma_t(\d+)x(\d+)x(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_pdl)?(_fin)?(_dir)?(_ew)?")
 
 
 def moe_config_from_name(name: str) -> Sm90MoeConfig:
@@ -159,9 +170,10 @@ def moe_config_from_name(name: str) -> Sm90MoeConfig:
     m = _NAME_RE.fullmatch(name)
     if m is None:
         raise ValueError(f"not an sm90 MoE config name: {name!r}")
-    tm, tn, tk, nw, st, sk, pdl, fin, direct = m.groups()
+    tm, tn, tk, nw, st, sk, pdl, fin, direct, ew = m.groups()
     return Sm90MoeConfig(tile_m=int(tm), tile_n=int(tn), tile_k=int(tk), split_k=int(sk or 1), num_warps=int(nw),
-                         stages=int(st), pdl=bool(pdl), finalize=bool(fin), direct=bool(direct))
+                         stages=int(st), pdl=bool(pdl), finalize=bool(fin), direct=bool(direct),
+                         early_weights=bool(ew))
 
 
 __all__ = ["FUSED_FINALIZE_MAX_TOKENS", "MOE_ARCHS", "fused_finalize_ok", "MOE_FAMILY", "MOE_TILE_M", "MoeWorkList", "Sm90MoeConfig", "moe_config_from_name", "moe_shape_problem",

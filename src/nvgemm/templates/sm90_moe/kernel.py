@@ -18,6 +18,20 @@ N -- is :class:`~nvgemm.templates.sm90_w4a16.mma.Sm90W4A16MmaKernel`'s, unchange
 * alpha is the expert's: ``alpha[e]`` (scalar spec) or ``alpha[e * rows + row]`` (vector spec);
 * split-K partials live at ``[split][permuted row][rows]`` (the output's row count), one counter per
   (work slot, row block); the last CTA sums in split order (deterministic) and runs the epilogue;
+* **early weights** (``config.early_weights``, GEMM2): the CTA reads its work slot (the work list, or
+  the ids with ``direct``) and the row table (the identity) and issues the cp.async copies of the ring's
+  first weight and scale stages *before* ``griddepcontrol.wait``; the activation rows (GEMM1's output),
+  alpha, the split-K workspace / counters, the finalize's inputs and every store come after it (an
+  empty work slot waits before it arrives). Why the routing may be read early (PTX ISA
+  ``griddepcontrol``; CUDA programming guide, "Programmatic Dependent Launch"): it was written by
+  GEMM1's prerequisite (the prep, or the router with ``direct``; the identity table is filled before
+  GEMM1's launch). GEMM1's CTAs each wait unconditionally before anything else, and a wait returns only
+  once the prerequisite grid has *completed*; a CTA signals (``launch_dependents``) only after its
+  wait in program order, or exits after it. GEMM2 is scheduled only once every CTA of GEMM1 has
+  signalled or exited, i.e. after that grid completed; a grid that starts after a grid completed reads
+  what it wrote, as any stream-ordered launch does (the ISA names visibility to the waiting grid; the
+  step beyond it is that completion is global). The weights and scales are constants of the model.
+  GEMM1 cannot do the same: its routing is its own prerequisite's output;
 * **direct** (``config.direct``, one token): no work list -- work slot ``j`` is routed pair ``j``, expert
   ``ids[j]`` (passed as ``mYRows``; -1: an empty slot), one row at permuted row ``j``; GEMM1's row table is
   all zeros (the one token), GEMM2's the identity, the finalize's row of pair ``j`` is ``j``. The call
@@ -65,6 +79,7 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
         self.moe_cfg = config
         self.finalize = config.finalize
         self.direct = config.direct
+        self.early_weights = config.early_weights
         self.final_dtype = cutlass.BFloat16 if x_format == "bf16" else cutlass.Float16
 
     # ----------------------------------------------------------------------------- host
@@ -118,13 +133,16 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bx, bs, bt = cute.arch.block_idx()
-        if cutlass.const_expr(self.pdl):
+        if cutlass.const_expr(self.pdl and not self.early_weights):
             cute.arch.griddepcontrol_wait()  # the work list is written by the routing's prep step
         e, p0, cnt = self.work_slot(mTiles, mYRows, bt)
         ring, flag, policy, acc = self.cta_state()
         if cnt > 0:
             self.tile_body(mX, mRows, mW, mS, mAlpha, mOut, mWork, mCount, tidx, bx, bs, bt, e, p0, cnt, ring, flag,
                            policy, acc, mFinal, mShared, mResid, mYRows, mWts, mFlags)
+        if cutlass.const_expr(self.pdl and self.early_weights):
+            if cnt == 0:  # an empty work slot waits too (before the finalize, and before it may signal)
+                cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.finalize):
             if (cnt == 0) & (bs == 0):  # an empty work slot has no rows: it arrives at once (once)
                 if cutlass.const_expr(self.pdl):
@@ -221,8 +239,10 @@ class Sm90MoeMmaKernel(Sm90W4A16MmaKernel):
         # this thread's activation row: the source row of its tile row (clamped to the tile's rows)
         xp, pk, xd, x_lds = self.x_lanes(mX, tidx, g, q, lambda tr: mRows[p0 + cutlass.min(tr, cnt - 1)])
 
-        # the PDL wait came first (the work list): no second wait in the prologue
-        self.pipeline(ring, n_it, st_lo, gw, gs, sw_off, ss_off, k, xp, xd, pk, x_lds, acc, policy, False)
+        # without ``early_weights`` the PDL wait came first (the work list): no second wait in the prologue;
+        # with it the ring's first weight and scale stages are issued, then the wait, then the activations
+        self.pipeline(ring, n_it, st_lo, gw, gs, sw_off, ss_off, k, xp, xd, pk, x_lds, acc, policy,
+                      self.pdl and self.early_weights)
 
         # the expert's alpha: alpha[e] (scalar spec) or alpha[e * rows + row] (vector spec)
         a_off = e * n_pad if cutlass.const_expr(self.epi.alpha == "vector") else e

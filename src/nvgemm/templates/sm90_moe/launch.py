@@ -377,17 +377,21 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     a1 = gemm_args(replace(config13, direct=direct), xin, wl.rows, wl, s13, w13_scale_2.float(), activation, x.dtype,
                    ws, stream_id)
     a1.ids = wl.y_rows if direct else None
-    launch(a1)
+    # GEMM2's row table before GEMM1's launch: a (first-use) fill of it then precedes GEMM1, whose wait
+    # orders it before GEMM2 -- GEMM2 reads it before its own wait (``early_weights``)
     ident = identity_rows(wl.pos.numel(), dev)
+    launch(a1)
     if wl.y_rows is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual):
         # GEMM2 runs the finalize: 3 launches (2 with ``direct``)
         fin = finalize_args(wl, wts, shared_out, residual, out_dtype, x.shape[1])
-        a2 = gemm_args(replace(config2, finalize=True, direct=direct), a1.out, ident, wl, s2, w2_scale_2.float(),
+        a2 = gemm_args(replace(config2, finalize=True, direct=direct, early_weights=config2.pdl), a1.out, ident, wl,
+                       s2, w2_scale_2.float(),
                        "none", torch.float32, ws, stream_id, fin=fin)
         launch(a2)
         out = fin.out
     else:
-        a2 = gemm_args(replace(config2, finalize=False), a1.out, ident, wl, s2, w2_scale_2.float(), "none",
+        a2 = gemm_args(replace(config2, finalize=False, early_weights=config2.pdl), a1.out, ident, wl, s2,
+                       w2_scale_2.float(), "none",
                        torch.float32, ws, stream_id)
         launch(a2)
         out = finalize(a2.out, wl, wts, shared_out, residual, out_dtype)

@@ -18,6 +18,13 @@ choice), ``M = mean pairs per tile`` (at most ``tile_m``), the layer's K. The gr
 routing's tiles exit at once and are not charged. The dense model's own wave, latency-chain and
 launch terms apply unchanged (:func:`nvgemm.heuristics.perfmodel.model.estimate`).
 
+**PDL.** Both GEMMs are priced as PDL kernels: the dense model's one PDL term, ``pdl_saving_us``
+(0.3-0.7 us off the launch: the prologue overlapping the previous kernel), and nothing else. GEMM2
+issues its first weight stages before ``griddepcontrol.wait`` (``config.early_weights``), the prologue
+that term stands for; GEMM1 cannot (its routing is its producer's output) and keeps the term for its
+launch-side prologue. No first-round fill is hidden behind the previous kernel: the dense model charges
+its fill with or without PDL, so the grouped model does too.
+
 **Host path.** On CUDA the work list is one Triton launch (``templates/sm90_moe/prep_triton.py``:
 ids through the expert map, stable sort, counts, tiles), none for one token without an expert map (the
 grouped kernels read the ids: :func:`prep_kernels`); the top-k sum runs in GEMM2's last CTA per

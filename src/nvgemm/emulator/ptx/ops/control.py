@@ -19,7 +19,11 @@ Communication Instructions").
   warp makes before its ``wait`` are collected per allocation in ``Launch.ext["pdl_pre_wait_reads" / "pdl_pre_wait_writes"]`` (what a
   PDL kernel may touch while its predecessor still runs), bulk tensor (TMA) loads and stores included,
   and its TMA L2 prefetches in ``Launch.ext["pdl_pre_wait_prefetches"]``
-  (:func:`nvgemm.emulator.ptx.ops.memory.note_pdl`).
+  (:func:`nvgemm.emulator.ptx.ops.memory.note_pdl`). ``Launch.ext["pdl_signals_before_wait"]`` counts the
+  ``launch_dependents`` a warp executes before its own ``wait`` and ``Launch.ext["pdl_ctas_without_wait"]``
+  the CTAs that exit with no thread past a ``wait`` (:func:`nvgemm.emulator.ptx.interp.finish_cta`): with
+  both 0 every CTA counts for its dependents only after its wait returned, i.e. after the grid's
+  prerequisite completed -- what lets a dependent read that prerequisite's output before its own wait.
 * ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` changes the warp's per-thread register budget (a resource
   hint): the emulator's register file is unbounded, so it checks what the ISA requires of the operand (an
   immediate in 24..256, a multiple of 8) and that the whole warp executes it, and counts it in
@@ -326,6 +330,8 @@ def _gdc(ins, ctx):
         st[key] = st.get(key, 0) + 1
         if not wait:
             w.ext[key] = True
+            if not w.ext.get("griddepcontrol.wait"):  # signalled before this warp's own wait (program order)
+                launch.ext["pdl_signals_before_wait"] = launch.ext.get("pdl_signals_before_wait", 0) + 1
             w.cta.ext["pdl_triggered"] = True  # the CTA's first launch_dependents counts; repeats have no effect
             if "pdl_wait_ready" in launch.ext:  # in a PDL stream: a scheduling point (dependents may start)
                 return Wait(lambda: True, "griddepcontrol.launch_dependents")

@@ -107,9 +107,14 @@ def test_fma_form_is_what_changes_between_archs():
 # ------------------------------------------------------------------------------------------ sm_120a policy picks
 
 
-def _sm120_picks():
-    """Every config the W4A16 policy picks on sm_120a (RTX 5090 profile: 170 SMs) for the Llama-3.1-8B shapes
-    at M = 1..64, both activations: ((config, activation), first M it was picked at)."""
+#: (arch, SM count of its emulator profile) whose policy picks the opt-in sweeps run: RTX 5090, L40S, A100
+PICK_ARCHS = {"sm_120a": 170, "sm_89": 142, "sm_80": 108}
+
+
+def _sm120_picks(arch: str = "sm_120a"):
+    """Every config the W4A16 policy picks on ``arch`` (sm_120a: the RTX 5090 profile, 170 SMs; see
+    :data:`PICK_ARCHS`) for the Llama-3.1-8B shapes at M = 1..64, both activations: ((config, activation), first
+    M it was picked at)."""
     from nvgemm.cli import sass_tool
     from nvgemm.templates.sm90_w4a16.backend import pick_config
 
@@ -117,7 +122,7 @@ def _sm120_picks():
     for n, k in sass_tool.LLAMA_SHAPES:
         for m in (1, 2, 4, 8, 16, 32, 64):
             for act in ("none", "silu_mul"):
-                picks.setdefault((pick_config(m, n, k, torch.bfloat16, act, 170, "sm_120a"), act), m)
+                picks.setdefault((pick_config(m, n, k, torch.bfloat16, act, PICK_ARCHS[arch], arch), act), m)
     return sorted(picks.items(), key=lambda kv: (kv[0][0].name(), kv[0][1]))
 
 
@@ -129,7 +134,7 @@ def sm120_pick_problem(cfg: C, act: str, m: int) -> tuple[int, int, int]:
     return min(m, 2 * cfg.tile_m - 1), n, k
 
 
-def run_sm120_pick(cfg: C, act: str, m: int):
+def run_sm120_pick(cfg: C, act: str, m: int, arch: str = "sm_120a"):
     """One pick bit for bit against the emulated op on exact data (vector alpha, bias). ``silu_mul``: the gate
     columns get a bias of 4096, so every gate is above 18, where ``exp(-g) < 2**-25`` and ``1 + exp(-g)`` rounds
     to 1 in fp32 however ``exp`` is computed: ``silu(g) == g`` exactly, and ``h = g * up`` is one fp32 product
@@ -142,7 +147,7 @@ def run_sm120_pick(cfg: C, act: str, m: int):
         pre = reference(dataclasses.replace(ops, activation="none"))  # the pre-activation, rounded
         assert pre[:, : n // 2].float().min() > 18, "a gate left the range where silu(g) == g in fp32"
     ws = Sm90Workspace(torch.device("cpu"))
-    r = _equal(cfg, ops, "sm_120a", workspace=ws)
+    r = _equal(cfg, ops, arch, workspace=ws)
     assert not ws.count.any(), "split-K counters left non-zero"
     return r
 
@@ -156,3 +161,18 @@ def test_every_sm120a_policy_pick_bit_exact_scaled_down(pick, tmp_path, monkeypa
     (cfg, act), m = pick
     assert cfg.family == "mma" and arch_problem(cfg, "sm_120a") is None
     run_sm120_pick(cfg, act, m)
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("arch", ["sm_89", "sm_80"])
+def test_every_ampere_ada_policy_pick_bit_exact_scaled_down(arch, tmp_path, monkeypatch):
+    """Every W4A16 ``mma`` config the policy picks on sm_89 (L40S profile) and sm_80 (A100 profile) for the
+    Llama-3.1-8B shapes (M = 1..64) runs its own arch's artifact (no PDL, the ``fma`` bf16 multiply before sm_90)
+    bit-exact, as :func:`run_sm120_pick` does on sm_120a (``bench/results/mma_sm120_emulator_sweep.md``)."""
+    monkeypatch.setenv("NVGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    picks = _sm120_picks(arch)
+    assert picks
+    for (cfg, act), m in picks:
+        assert cfg.family == "mma" and not cfg.pdl and arch_problem(cfg, arch) is None, cfg.name()
+        run_sm120_pick(cfg, act, m, arch)
+    print(f"{arch}: {len(picks)} picks bit-exact")

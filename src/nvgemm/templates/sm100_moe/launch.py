@@ -43,6 +43,7 @@ from nvgemm.core.validation import alpha_of
 from nvgemm.templates.sm100_w4a4.launch import gate_up_permutation
 from nvgemm.templates.sm90_w4a16.launch import _memo, capturing
 from nvgemm.templates.sm100_w4a4.launch import splitk_workspace_shape
+from nvgemm.templates.common.grouped_moe import w4a4_moe_prelude
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_moe.config import fused_finalize_ok
 from nvgemm.templates.sm90_moe.launch import FinalizeArgs, MoeWorkList, finalize, finalize_args, work_list
@@ -301,20 +302,8 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
                 stream_id: int = 0) -> torch.Tensor:
     """One W4A4 ``nvfp4_moe`` call (``silu_mul``) through the grouped kernels (``launch`` runs a
     GEMM's arguments on the right kernel). ``keep`` receives the tables and intermediates (tests)."""
-    if activation != "silu_mul":
-        raise ValueError(f"nvgemm sm100 moe: the grouped kernel implements silu_mul (fused requant), not "
-                         f"{activation!r}")
-    if w13_input_scale is None or w2_input_scale is None:
-        raise ValueError("nvgemm sm100 moe: the grouped kernel is W4A4 (both input scales are needed)")
-    if config13.tile_n != config2.tile_n:
-        raise ValueError(f"nvgemm sm100 moe: GEMM1 and GEMM2 share one work list: tile_n {config13.tile_n} != "
-                         f"{config2.tile_n}")
-    out_dtype = out_dtype or x.dtype
-    wts = topk_weights
-    xin = x
-    if router_weight_on_input:  # contract step 1 (top-1): xin = round(x * w), w := 1
-        xin = (x.float() * topk_weights[:, :1]).to(x.dtype)
-        wts = torch.ones_like(topk_weights)
+    xin, wts, out_dtype = w4a4_moe_prelude("sm100", x, topk_weights, activation, w13_input_scale, w2_input_scale,
+                                          config13, config2, router_weight_on_input, out_dtype)
     tn = config13.tile_n
     s13 = cached_moe_stack(w13, w13_scale, True)
     s2 = cached_moe_stack(w2, w2_scale, False)

@@ -19,6 +19,7 @@ import functools
 
 import torch
 
+from nvgemm.templates.common.grouped_moe import w4a4_moe_problem_reason
 from nvgemm.aot.abi import DEFAULT_HW
 from nvgemm.aot.cache import default_cache
 from nvgemm.aot.compile_spec import make_spec
@@ -38,17 +39,7 @@ def supports(p: MoeProblem):
         return f"needs a CUDA device (got {p.device_type})"
     if p.capability is None or tuple(p.capability) not in ARCH_OF_CAPABILITY:
         return f"needs an sm_120 / sm_121 GPU (capability 12.0 or 12.1), got {p.capability}"
-    if p.weight_only:
-        return "W4A16 MoE is not this kernel (W4A4 only: both input scales are needed)"
-    if p.activation != "silu_mul":
-        return f"activation {p.activation!r}: the grouped kernel implements silu_mul (fused NVFP4 requant) only"
-    if p.x_dtype not in (torch.bfloat16, torch.float16):
-        return f"x must be bfloat16 or float16, got {p.x_dtype}"
-    if p.hidden % 32 or p.intermediate % 32:
-        return f"H={p.hidden} and I={p.intermediate} must be multiples of 32 (16-byte rows of packed FP4)"
-    if p.m < 1:
-        return "empty input (M = 0)"
-    return None
+    return w4a4_moe_problem_reason(p, "rows")
 
 
 def compile_spec_for(config, spec, arch: str):

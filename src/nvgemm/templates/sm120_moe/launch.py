@@ -31,6 +31,7 @@ import torch
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.formats import NVFP4, blocked_numel
 from nvgemm.templates.common.triton_stand_in import stand_in
+from nvgemm.templates.common.grouped_moe import w4a4_moe_prelude
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm100_moe.launch import (
     Sm100MoeStack,
@@ -167,20 +168,8 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
                 stream_id: int = 0) -> torch.Tensor:
     """One W4A4 ``nvfp4_moe`` call (``silu_mul``) through the grouped sm120 kernels (``launch`` runs a
     GEMM's arguments on the right kernel). ``keep`` receives the work list and intermediates (tests)."""
-    if activation != "silu_mul":
-        raise ValueError(f"nvgemm sm120 moe: the grouped kernel implements silu_mul (fused requant), not "
-                         f"{activation!r}")
-    if w13_input_scale is None or w2_input_scale is None:
-        raise ValueError("nvgemm sm120 moe: the grouped kernel is W4A4 (both input scales are needed)")
-    if config13.tile_n != config2.tile_n:
-        raise ValueError(f"nvgemm sm120 moe: GEMM1 and GEMM2 share one work list: tile_n {config13.tile_n} != "
-                         f"{config2.tile_n}")
-    out_dtype = out_dtype or x.dtype
-    wts = topk_weights
-    xin = x
-    if router_weight_on_input:  # contract step 1 (top-1): xin = round(x * w), w := 1
-        xin = (x.float() * topk_weights[:, :1]).to(x.dtype)
-        wts = torch.ones_like(topk_weights)
+    xin, wts, out_dtype = w4a4_moe_prelude("sm120", x, topk_weights, activation, w13_input_scale, w2_input_scale,
+                                          config13, config2, router_weight_on_input, out_dtype)
     tn = config13.tile_n
     s13 = cached_moe_stack(w13, w13_scale, False)  # [gate | up]: the kernel pairs row tiles t and t + I/16
     s2 = cached_moe_stack(w2, w2_scale, False)

@@ -21,7 +21,7 @@ if is_interpreted(_moe_prep_kernel):
 from test_triton_ptx import check_division, ptx_of  # noqa: E402
 
 TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "map_ptr": "*i32", "ins_ptr": "*fp32", "rows_ptr": "*i32",
-         "tiles_ptr": "*i32", "pos_ptr": "*i64", "valid_ptr": "*i8", "counts_ptr": "*i64", "yrow_ptr": "*i64",
+         "tiles_ptr": "*i32", "pos_ptr": "*i64", "valid_ptr": "*i8", "counts_ptr": "*i64", "yrow_ptr": "*i64", "yfin_ptr": "*i32",
          "q_ptr": "*u8", "sf_ptr": "*u8", "sf2_ptr": "*u8", "K": "i32", "stride_xm": "i32", "P": "i32", "E": "i32",
          "KB2": "i32", "KB2_TILES": "i32"}
 

@@ -70,11 +70,17 @@ def _tooling() -> Optional[str]:
     return None
 
 
-def supports(p: LinearProblem) -> Optional[str]:
-    """The sm90 backend's own rules, for CPU tensors on the H200 profile."""
+def _as_on_gpu(p, capability: tuple[int, int], rules) -> Optional[str]:
+    """Why an emulator twin cannot run ``p``: it runs CPU tensors only, then ``rules`` (the GPU backend's own
+    ``supports``) decide as for a device of ``capability``, then the emulator's tooling."""
     if p.device_type != "cpu":
         return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    return sm90_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(9, 0))) or _tooling()
+    return rules(dataclasses.replace(p, device_type="cuda", capability=capability)) or _tooling()
+
+
+def supports(p: LinearProblem) -> Optional[str]:
+    """The sm90 backend's own rules, for CPU tensors on the H200 profile."""
+    return _as_on_gpu(p, (9, 0), sm90_backend.supports)
 
 
 def config_for(m: int, n: int, k: int, x_dtype: torch.dtype, activation: str):
@@ -101,9 +107,7 @@ _SM100_SM_COUNT = 148  # the B200 profile
 
 def supports_sm100(p: LinearProblem) -> Optional[str]:
     """The sm100 backend's own rules, for CPU tensors on the B200 profile."""
-    if p.device_type != "cpu":
-        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    return sm100_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
+    return _as_on_gpu(p, (10, 0), sm100_backend.supports)
 
 
 def run_emu_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
@@ -147,10 +151,7 @@ def run_emu_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, 
 
 def supports_sm100_requant(p: LinearProblem) -> Optional[str]:
     """The sm100 fused requant launch's rules, for CPU tensors on the B200 profile."""
-    if p.device_type != "cpu":
-        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    return (sm100_backend.supports_requant(dataclasses.replace(p, device_type="cuda", capability=(10, 0)))
-            or _tooling())
+    return _as_on_gpu(p, (10, 0), sm100_backend.supports_requant)
 
 
 def run_emu_sm100_requant_op(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
@@ -185,12 +186,7 @@ _SM120_SM_COUNT = 170  # the RTX 5090 profile (sm_120a)
 def supports_sm120(p: LinearProblem) -> Optional[str]:
     """The rules of the GPU backend an sm_120 device would run ``p`` on, for CPU tensors on the RTX 5090
     profile: ``cutedsl_sm120`` for W4A4, ``cutedsl_mma_w4a16`` for W4A16."""
-    if p.device_type != "cpu":
-        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    on_gpu = dataclasses.replace(p, device_type="cuda", capability=(12, 0))
-    if p.weight_only:
-        return sm90_backend.supports_mma(on_gpu) or _tooling()
-    return sm120_backend.supports(on_gpu) or _tooling()
+    return _as_on_gpu(p, (12, 0), sm90_backend.supports_mma if p.weight_only else sm120_backend.supports)
 
 
 def run_emu_sm120(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, activation, out_dtype):
@@ -231,10 +227,7 @@ def _sm120_plan(m: int, n: int, k: int, spec, what: str):
 
 def supports_sm120_requant(p: LinearProblem) -> Optional[str]:
     """The sm120 fused requant launch's rules (``cutedsl_sm120``'s), for CPU tensors on the RTX 5090 profile."""
-    if p.device_type != "cpu":
-        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    return (sm120_backend.supports_requant(dataclasses.replace(p, device_type="cuda", capability=(12, 0)))
-            or _tooling())
+    return _as_on_gpu(p, (12, 0), sm120_backend.supports_requant)
 
 
 def run_emu_sm120_requant_op(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
@@ -272,9 +265,7 @@ def supports_moe_sm100(p) -> Optional[str]:
     forced (``NVGEMM_MOE_BACKEND=emu_sm100_moe``): never an autotuning candidate (seconds per call)."""
     if settings.NVGEMM_MOE_BACKEND != MOE_SM100_BACKEND_NAME:
         return f"runs only when forced (NVGEMM_MOE_BACKEND={MOE_SM100_BACKEND_NAME})"
-    if p.device_type != "cpu":
-        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    return sm100_moe_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(10, 0))) or _tooling()
+    return _as_on_gpu(p, (10, 0), sm100_moe_backend.supports)
 
 
 def run_emu_moe_sm100(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,
@@ -305,9 +296,7 @@ def supports_moe_sm120(p) -> Optional[str]:
     forced (``NVGEMM_MOE_BACKEND=emu_sm120_moe``): never an autotuning candidate (seconds per call)."""
     if settings.NVGEMM_MOE_BACKEND != MOE_SM120_BACKEND_NAME:
         return f"runs only when forced (NVGEMM_MOE_BACKEND={MOE_SM120_BACKEND_NAME})"
-    if p.device_type != "cpu":
-        return f"the PTX emulator runs CPU tensors (got {p.device_type})"
-    return sm120_moe_backend.supports(dataclasses.replace(p, device_type="cuda", capability=(12, 0))) or _tooling()
+    return _as_on_gpu(p, (12, 0), sm120_moe_backend.supports)
 
 
 def run_emu_moe_sm120(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from nvgemm.core.status import Status
+
 
 def w4a4_moe_prelude(family: str, x: torch.Tensor, topk_weights: torch.Tensor, activation: str, w13_input_scale,
                      w2_input_scale, config13, config2, router_weight_on_input: bool, out_dtype):
@@ -39,3 +41,18 @@ def w4a4_moe_problem_reason(p, row_bytes: str) -> str | None:
     if p.m < 1:
         return "empty input (M = 0)"
     return None
+
+
+def w4a4_moe_spec_status(family: str, spec, archs) -> Status:
+    """A grouped W4A4 MoE kernel's rules that do not depend on the family's tiles: its arch, K-major NVFP4 x NVFP4
+    operands, a per-expert (scalar) or per-row (vector) alpha, no bias / residual (the finalize adds them)."""
+    if spec.arch not in archs:
+        return Status.fail(f"the {family} grouped MoE kernel targets {archs}, not {spec.arch}")
+    if spec.a_format != "nvfp4" or spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
+        return Status.fail(f"the {family} grouped MoE kernel needs K-major nvfp4 x nvfp4 operands")
+    epi = spec.epilogue
+    if epi.alpha not in ("scalar", "vector"):
+        return Status.fail("the grouped kernel needs a per-expert alpha (scalar) or per-row alpha (vector)")
+    if epi.bias or epi.residual:
+        return Status.fail("the grouped kernel has no bias / residual (the finalize adds shared_out and residual)")
+    return Status.success()

@@ -67,6 +67,7 @@ from nvgemm.aot.abi import PointerArg, ScalarArg, StreamArg, compile_for_target,
 from nvgemm.templates.sm100_w4a4.kernel import Sm100Nvfp4GemmKernel, _dtype_name, max_active_clusters_for
 from nvgemm.templates.sm90_w4a16.common import fadd_rn, fmul_rn
 from nvgemm.core.status import Status
+from nvgemm.templates.common.grouped_moe import w4a4_moe_spec_status
 from nvgemm.templates.sm100_moe.config import MOE_ARCHS, MOE_FAMILY, Sm100MoeConfig, validate_moe_config
 
 TEMPLATE_ID = "sm100_moe_nvfp4"
@@ -271,15 +272,10 @@ class Sm100MoeTemplate:
         st = validate_moe_config(spec.config)
         if not st:
             return st
-        if spec.arch not in self.archs:
-            return Status.fail(f"the sm100 grouped MoE kernel targets {self.archs}, not {spec.arch}")
-        if spec.a_format != "nvfp4" or spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
-            return Status.fail("the sm100 grouped MoE kernel needs K-major nvfp4 x nvfp4 operands")
+        st = w4a4_moe_spec_status("sm100", spec, self.archs)
+        if not st:
+            return st
         epi = spec.epilogue
-        if epi.alpha not in ("scalar", "vector"):
-            return Status.fail("the grouped kernel needs a per-expert alpha (scalar) or per-row alpha (vector)")
-        if epi.bias or epi.residual:
-            return Status.fail("the grouped kernel has no bias / residual (the finalize adds shared_out and residual)")
         if epi.gated and not epi.out_quant:
             return Status.fail("gated GEMM1 of the grouped kernel writes GEMM2's NVFP4 input (out_quant=True)")
         if spec.config.finalize and (epi.gated or epi.out_quant or epi.activation != "none"

@@ -47,6 +47,7 @@ from cutlass import Float32, Int32
 from nvgemm.aot.abi import ScalarArg, StreamArg, SymDim, TensorArg, compile_for_target, fake_args, register_template
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.core.status import Status
+from nvgemm.templates.common.grouped_moe import w4a4_moe_spec_status
 from nvgemm.templates.sm120_moe.config import MOE_ARCHS, MOE_FAMILY, TEMPLATE_ID, Sm120MoeConfig, validate_moe_config
 from nvgemm.templates.sm120_w4a4.config import ROW_TILE
 from nvgemm.templates.sm120_w4a4.kernel import Sm120Nvfp4GemmKernel
@@ -189,15 +190,10 @@ class Sm120MoeTemplate:
         st = validate_moe_config(spec.config)
         if not st:
             return st
-        if spec.arch not in self.archs:
-            return Status.fail(f"the sm120 grouped MoE kernel targets {self.archs}, not {spec.arch}")
-        if spec.a_format != "nvfp4" or spec.b_format != "nvfp4" or spec.a_major != "k" or spec.b_major != "k":
-            return Status.fail("the sm120 grouped MoE kernel needs K-major nvfp4 x nvfp4 operands")
+        st = w4a4_moe_spec_status("sm120", spec, self.archs)
+        if not st:
+            return st
         epi = spec.epilogue
-        if epi.alpha not in ("scalar", "vector"):
-            return Status.fail("the grouped kernel needs a per-expert alpha (scalar) or per-row alpha (vector)")
-        if epi.bias or epi.residual:
-            return Status.fail("the grouped kernel has no bias / residual (the finalize adds shared_out and residual)")
         if epi.gated != epi.out_quant:
             return Status.fail("gated GEMM1 of the grouped kernel writes GEMM2's NVFP4 input (silu_mul with "
                                "out_quant=True); GEMM2 is plain (activation none, fp32 out)")

@@ -135,6 +135,37 @@ def note_pdl(w, kind: str, addrs: np.ndarray, before_wait: bool | None = None) -
         launch.ext.setdefault(f"pdl_pre_wait_{kind}", set()).update(launch.gmem.names_of(addrs))
 
 
+#: Bytes of the cache line an L2 prefetch names (the L2 line of the PTX ISA's ``prefetch`` description).
+L2_LINE = 128
+
+
+def note_prefetch(w, addrs: np.ndarray, where) -> None:
+    """Record global L2 prefetches (``prefetch.global.L2``, ``cp.async.bulk.prefetch{.tensor}.L2``).
+
+    A prefetch has no functional effect, but one that names the wrong bytes is a performance bug nobody sees
+    without a GPU, so the emulator keeps them: ``Launch.ext["l2_prefetch_lines"]`` maps each allocation's name
+    to the set of ``L2_LINE``-byte lines (offset // ``L2_LINE`` within the allocation) prefetched by the
+    launch. nvgemm never prefetches outside a tensor it was handed: an address in no allocation raises
+    :class:`EmulationError` (``where(i)`` names lane ``i``)."""
+    if not len(addrs):
+        return
+    a64 = addrs.astype(np.uint64, copy=False)
+    gmem = w.cta.launch.gmem
+    rec = w.cta.launch.ext.setdefault("l2_prefetch_lines", {})
+    idx = np.searchsorted(gmem._bases, a64, side="right") - 1
+    for i in np.unique(idx):
+        sel = idx == i
+        if i < 0:
+            gmem._locate(a64[sel][:1], 1, lambda _j: where(int(np.argmax(sel))))  # raises: before every allocation
+        al = gmem.allocs[int(i)]
+        off = (a64[sel] - np.uint64(al.base)).astype(np.int64)
+        if (off >= al.size).any():
+            bad = int(np.nonzero(sel)[0][int(np.argmax(off >= al.size))])
+            raise EmulationError(f"L2 prefetch outside every allocation at {int(a64[bad]):#x}, {where(bad)}; "
+                                 f"nearest allocation {al.name} [{al.base:#x}, {al.base + al.size:#x})")
+        rec.setdefault(al.name, set()).update((off // L2_LINE).tolist())
+
+
 def read_bytes(w, ins, space, addrs: np.ndarray, width: int, lanes: np.ndarray) -> np.ndarray:
     where = _where(w, ins, lanes)
     r = _route(w, space, addrs)
@@ -545,4 +576,5 @@ def _prefetch(ins, ctx):
     return lambda w, m: None
 
 
-__all__ = ["CpAsyncState", "cluster_target", "finish_cta_async", "read_bytes", "shared_target", "write_bytes"]
+__all__ = ["CpAsyncState", "L2_LINE", "cluster_target", "finish_cta_async", "note_prefetch", "read_bytes", "shared_target",
+           "write_bytes"]

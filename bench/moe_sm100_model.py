@@ -27,7 +27,8 @@ def main() -> int:
 
     from nvgemm.templates.sm100_moe.policy import layer_model
     from nvgemm.templates.sm100_moe.config import FUSED_PREP_MAX_PAIRS
-    from nvgemm.templates.sm100_moe.perf import PREP_KERNELS, PREP_KERNELS_LARGE
+    from nvgemm.templates.sm100_moe.perf import (L2_BW_OVER_DRAM, L2_PREFETCH_SHARE, PREP_KERNELS, PREP_KERNELS_LARGE,
+                                                 moe_gemm_estimates, prefetched_pair_us)
     from nvgemm.heuristics.perfmodel.hardware import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,13 +54,32 @@ def main() -> int:
         "`routed only` = the routed experts' floor (active experts only) over the layer time less the shared expert. "
         "PDL: both GEMMs get the dense model's PDL term (launch - 0.3-0.7 us); GEMM2 reads its work list and "
         "TMA-loads its first weight tiles into the smem ring before `griddepcontrol.wait`, which the "
-        "model charges as that same term, with no further overlap.",
+        "model charges as that same term, with no further overlap. "
+        "L2 prefetch (where the routed pairs fit the one-launch prep and both GEMMs' routed weights fit "
+        f"{int(L2_PREFETCH_SHARE * 100)} % of the L2): the prep prefetches GEMM1's routed weights, GEMM1 (`_pf2`) "
+        "GEMM2's; priced on a timeline that starts the DRAM stream at the prep's end (GEMM1's weights, then "
+        "GEMM2's, at the achievable bandwidth after one DRAM latency) and runs each GEMM after its launch at the "
+        "smaller of its DRAM-fed time and the larger of its L2-fed time (L2 latency, L2 bandwidth "
+        f"{L2_BW_OVER_DRAM[1]}-{L2_BW_OVER_DRAM[0]} x DRAM's, an assumption) and its bytes' arrival + an L2 latency + "
+        "its tail (`templates/sm100_moe/perf.py`). Never run on hardware.",
         "",
     ]
     lines += render_tables(layer_model, args.gpu, "nvgemm_cutedsl_sm100_moe_")
     from nvgemm.templates.sm100_moe.config import moe_config_from_name, padded_rows
 
-    lines += m1_breakdown(layer_model, args.gpu, moe_config_from_name, padded_rows)
+    def prefetch_saving(shape, r):
+        """The pair on the prefetch timeline - the same configs priced without the prefetches (mid, us)."""
+        c1, c2 = moe_config_from_name(r["config13"]), moe_config_from_name(r["config2"])
+        if not getattr(c1, "prefetch_next", False):
+            return 0.0
+        jobs = [([c1], [c1.dense()], c1.tile_n, 2 * shape.inter, shape.hidden),
+                ([c2], [c2.dense()], c2.tile_n, shape.hidden, shape.inter)]
+        plain = moe_gemm_estimates(jobs, 1, shape.top_k, shape.num_experts, args.gpu)
+        pf = prefetched_pair_us(c1, c2, 1, shape.top_k, shape.num_experts, 2 * shape.inter, shape.hidden,
+                                shape.hidden, shape.inter, args.gpu)
+        return 0.5 * (sum(pf[0]) + sum(pf[1]) - sum(plain[0][0].us) - sum(plain[1][0].us))
+
+    lines += m1_breakdown(layer_model, args.gpu, moe_config_from_name, padded_rows, prefetch_saving=prefetch_saving)
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

@@ -67,12 +67,15 @@ def routed_share(shape, r, m: int, gpu: str) -> str:
     return f"{100 * routed_floor_us(shape, m, gpu) / t:.0f} %"
 
 
-def m1_breakdown(layer_model, gpu: str, config_from_name, rows_of, names=("DeepSeek-V3-TP8", "Qwen3-30B-A3B")) -> list[str]:
+def m1_breakdown(layer_model, gpu: str, config_from_name, rows_of, names=("DeepSeek-V3-TP8", "Qwen3-30B-A3B"),
+                 prefetch_saving=None) -> list[str]:
     """Where one token's layer time goes (model, M = 1): per grouped GEMM the dense model's terms on the
     equivalent problem (8 work slots of one pair: N = rows x slots, M = 1) -- the weight bytes at the achievable
     bandwidth, the rest of the kernel (first round's DRAM fill, streaming below the achievable rate on the SMs
     the work units occupy, the tail) and the launch -- then the prep launch, the fused finalize's tail, the
-    grid's empty work slots and the shared expert. ``rows_of(rows)``: the stack's rows per expert."""
+    grid's empty work slots and the shared expert. ``rows_of(rows)``: the stack's rows per expert.
+    ``prefetch_saving(shape, r)``: the (negative) us the decode L2 prefetches take off the GEMM pair (sm100), or
+    0 where there are none."""
     from nvgemm.heuristics.perfmodel.model import estimate
     from nvgemm.templates.sm90_moe.perf import fused_finalize_tail_us
     from nvgemm.templates.sm90_moe.policy import MOE_LAYERS
@@ -103,7 +106,11 @@ def m1_breakdown(layer_model, gpu: str, config_from_name, rows_of, names=("DeepS
         tail = (0.0, 0.0)
         if r["launches"] == 3:
             tail = fused_finalize_tail_us(1, shape.top_k, gpu, 1)
-        other = mid(r["gemm_us"]) - gsum - mid(tail)
+        saved = prefetch_saving(shape, r) if prefetch_saving else 0.0
+        other = mid(r["gemm_us"]) - gsum - mid(tail) - saved
+        if saved:
+            parts.append(("L2 prefetch of both GEMMs' routed weights", saved,
+                          "prep -> GEMM1's, GEMM1 -> GEMM2's: the streams start in the launch gaps (timeline)"))
         parts += [("fused finalize tail (GEMM2's last CTA)", mid(tail), "arrival + 2 L2 round trips"),
                   ("grouped-kernel terms beyond the dense twin", other, "empty work slots, routing interpolation"),
                   ("prep launch" if r["launches"] > 2 else "prep launch (none: the ids are the work list)",

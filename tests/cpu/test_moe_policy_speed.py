@@ -25,8 +25,8 @@ import pytest
 
 from nvgemm.templates.sm90_moe import policy as moe_sm90
 from nvgemm.templates.sm100_moe import policy as moe_sm100
-from nvgemm.templates.sm90_moe.policy import MOE_LAYERS, MoeShape, bucket_of
-from nvgemm.heuristics.policy import m_buckets
+from nvgemm.templates.sm90_moe.policy import MOE_LAYERS, MoeShape, bucket_of, moe_buckets
+from nvgemm.heuristics.perfmodel.hardware import get_hardware
 from nvgemm.heuristics.perfmodel import batch
 from nvgemm.heuristics.perfmodel import model as model_mod
 from nvgemm.templates.sm90_moe import perf as sm90_moe
@@ -40,7 +40,7 @@ from nvgemm.templates.sm100_moe.config import MOE_SPLIT_K, Sm100MoeConfig
 from nvgemm.templates.sm100_moe.config import moe_shape_problem as problem100
 from nvgemm.templates.sm100_moe.config import validate_moe_config as valid100
 
-BUCKET_MS = tuple(hi for _, hi in m_buckets(256))
+BUCKET_MS = tuple(hi for _, hi in moe_buckets(256))
 OTHER_MS = (3, 5, 20, 47, 100, 200)
 
 
@@ -140,7 +140,18 @@ def _ref_sm100(shape, m, gpu="B200", sm_count=None, histogram=None, limit=8):
             per_gemm.append(_top(scored))
         best.append(per_gemm)
     key = lambda p: ((p[2][0] + p[3][0]) + (p[2][1] + p[3][1]), p[0].tile_n, p[0].split_k, p[1].split_k)  # noqa: E731
-    return _ref_pairs(best, key)[:limit]
+    ranked = _ref_pairs(best, key)
+    hw = get_hardware(gpu, sm_count)
+    if sm100_moe.prefetch_fits_l2(pairs, shape.num_experts, 2 * shape.inter, shape.hidden, shape.hidden, shape.inter,
+                                  hw.l2_mb * 1e6):
+        # decode: every pair repriced on the L2-prefetch timeline, one pair at a time, GEMM1 with prefetch_next
+        out = []
+        for c1, c2, _, _, t1 in ranked:
+            us = sm100_moe.prefetched_pair_us(c1, c2, m, shape.top_k, shape.num_experts, 2 * shape.inter,
+                                              shape.hidden, shape.hidden, shape.inter, gpu, sm_count, histogram)
+            out.append((replace(c1, prefetch_next=True) if hasattr(c1, "prefetch_next") else c1, c2, us[0], us[1], t1))
+        ranked = sorted(out, key=key)
+    return ranked[:limit]
 
 
 def _as_tuples(cands):

@@ -78,6 +78,7 @@ from nvgemm.nn.linear import NVFP4Linear, prepare_for_sm90
 from nvgemm.nn.mlp import fuse_gated_mlps
 from nvgemm.ops.prepared import sm90_weight_of
 from nvgemm.templates.sm100_moe import perf as sm100_moe_perf
+from nvgemm.templates.sm100_moe.config import moe_config_from_name as sm100_moe_config_from_name
 from nvgemm.templates.sm90_moe import perf as sm90_moe_perf
 from nvgemm.templates.sm90_moe.perf import byte_floor_us
 
@@ -872,6 +873,35 @@ def _model_moe_gemm(launch: Launch, gpu: str) -> None:
         launch.note = f"grouped {g['config']} (no perfmodel facts: routed weight bytes + launch)"
 
 
+def _model_moe_prefetch(launches: list, gpu: str) -> None:
+    """Re-price each sm100 grouped (GEMM1, GEMM2) pair of a layer on the decode L2-prefetch timeline where the
+    runtime prefetches (``templates/sm100_moe/perf.py``: the prep prefetches GEMM1's routed weights when the
+    call's routed weights fit the L2 bound, GEMM1 with ``prefetch_next`` GEMM2's); a MODEL, like the rest."""
+    moe = [k for k in launches if k.kind == "gemm" and k.gemm and k.gemm.get("moe")
+           and k.gemm["moe"]["family"].startswith("sm100")]
+    for g1, g2 in zip(moe[0::2], moe[1::2]):
+        mo = g1.gemm["moe"]
+        c1, c2 = (sm100_moe_config_from_name(g["config"]) for g in (g1.gemm, g2.gemm))
+        m, top_k, experts = g1.gemm["m"], mo["top_k"], mo["experts"]
+        dims = (g1.gemm["n"], g1.gemm["k"], g2.gemm["n"], g2.gemm["k"])
+        prep = sm100_moe_perf.prefetch_fits_l2(m * top_k, experts, *dims, get_hardware(gpu).l2_mb * 1e6)
+        pf2 = bool(getattr(c1, "prefetch_next", False))
+        if not (prep or pf2):
+            continue
+        us = sm100_moe_perf.prefetched_pair_us(c1, c2, m, top_k, experts, *dims, gpu, prep_prefetch=prep,
+                                               gemm1_prefetch=pf2)
+        if us is None:
+            continue
+        tail = (0.0, 0.0)
+        if c2.finalize:
+            tail = sm90_moe_perf.fused_finalize_tail_us(m, top_k, gpu)
+        g1.us = us[0]
+        g2.us = (us[1][0] + tail[0], us[1][1] + tail[1])
+        what = " and ".join(w for w, on in (("the prep", prep), ("GEMM1 (prefetch_next)", pf2)) if on)
+        g1.note += f"; L2-prefetch timeline ({what} prefetch the routed weights)"
+        g2.note += "; L2-prefetch timeline"
+
+
 def model_launch(launch: Launch, gpu: str, tp: int = 1) -> None:
     """Fill ``launch.us`` (the model's (low, high) microseconds) and the GEMM's (M, N, K)."""
     hw = get_hardware(gpu)
@@ -1017,6 +1047,7 @@ def decode_step(model: str, gpu: str, tp: int = 1, layers: Optional[int] = None,
     for k in layer + head:
         if k.origin != "collective":
             model_launch(k, gpu, tp)
+    _model_moe_prefetch(layer, gpu)
     lo = n_layers * sum(k.us[0] for k in layer) + sum(k.us[0] for k in head)
     hi = n_layers * sum(k.us[1] for k in layer) + sum(k.us[1] for k in head)
     mid_ms = 0.5 * (lo + hi) / 1e3

@@ -535,6 +535,28 @@ def estimate(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | 
     return _estimate_cached(config, int(m), int(n), int(k), gpu, sm_count, activation)
 
 
+def estimate_l2_fed(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
+                    activation: str | None = None, l2_bw_over_dram: tuple[float, float] = (1.0, 1.0)) -> Estimate | None:
+    """:func:`estimate` of a call whose weights are already in L2 when its loads issue (a MODEL): the same
+    equations on the hardware with the L2 latency in place of the DRAM latency (the first round's fill and
+    Little's law) and the chip's byte rate scaled by ``l2_bw_over_dram`` (optimistic, pessimistic ends);
+    the per-SM fabric limit and everything else stay. What a kernel whose weights an earlier kernel
+    prefetched into L2 costs once its own loads start (:mod:`nvgemm.templates.sm100_moe.perf`)."""
+    prep = _prepared(config, gpu, sm_count, activation)
+    if prep is None or prep[0].shape_problem(config, m, n, k):
+        return None
+    fam, hw, facts = prep
+    return estimate_with(config, int(m), int(n), int(k), _l2_fed_hardware(hw, tuple(l2_bw_over_dram)), facts, fam)
+
+
+@functools.lru_cache(maxsize=64)
+def _l2_fed_hardware(hw: Hardware, l2_bw_over_dram: tuple[float, float]) -> Hardware:
+    lo_bw = hw.achievable_bw_low_tbs or hw.achievable_bw_tbs
+    return Hardware(**{**hw.__dict__, "name": f"{hw.name} (weights in L2)", "dram_latency": hw.l2_latency,
+                       "achievable_bw_tbs": hw.achievable_bw_tbs * l2_bw_over_dram[0],
+                       "achievable_bw_low_tbs": lo_bw * l2_bw_over_dram[1]})
+
+
 def estimate_us(config, m: int, n: int, k: int, gpu: str = "H200", sm_count: int | None = None,
                 activation: str | None = None):
     """``(low, high)`` modelled microseconds per call, or None (the fast path: the same equations
@@ -605,4 +627,4 @@ def best(family_names, m: int, n: int, k: int, gpu: str = "H200", sm_count: int 
     return ranked[0] if ranked else None
 
 
-__all__ = ["COLIMIT_MARGIN", "COLIMIT_P", "MODEL_TIE", "Estimate", "Occupancy", "best", "colimit", "rounds", "estimate", "estimate_us", "estimate_with", "occupancy", "rank", "total_us_with", "why_not"]
+__all__ = ["COLIMIT_MARGIN", "COLIMIT_P", "MODEL_TIE", "Estimate", "Occupancy", "best", "colimit", "rounds", "estimate", "estimate_l2_fed", "estimate_us", "estimate_with", "occupancy", "rank", "total_us_with", "why_not"]

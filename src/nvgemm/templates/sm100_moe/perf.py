@@ -24,6 +24,21 @@ before ``griddepcontrol.wait`` (``config.early_weights``, the prologue that term
 work list is its producer's output); the first round's fill is charged with or without PDL, as in the dense
 model.
 
+**L2 prefetch at decode** (:func:`prefetch_plan`; a MODEL of a mechanism that has never run on hardware):
+where the routed pairs fit the one-launch prep and both GEMMs' routed weights fit :data:`L2_PREFETCH_SHARE` of
+the L2 (:func:`prefetch_fits_l2`), the prep L2-prefetches GEMM1's routed weights (and scales) as its last act and
+GEMM1 (``config.prefetch_next``) prefetches GEMM2's once its own loads are issued. A prefetch only moves
+the start of a DRAM stream earlier, so the model is a timeline per end of the hardware ranges (time 0 = the
+prep's end, its whole cost charged before): the prefetched bytes arrive after one DRAM latency at the achievable
+bandwidth, GEMM1's first and GEMM2's after them, in that order (one memory stream for both); a GEMM ends at
+``min(its DRAM-fed time, max(its L2-fed time, its bytes' arrival + one L2 latency + its tail))`` after its
+launch, where the L2-fed time is the dense model on the hardware with the L2 latency in place of the DRAM
+latency and the chip's byte rate x :data:`L2_BW_OVER_DRAM`
+(:func:`~nvgemm.heuristics.perfmodel.model.estimate_l2_fed`). So a prefetch never makes a GEMM slower in the
+model, and a GEMM whose launch gap is shorter than a DRAM latency gains nothing. Not modelled: prefetched
+lines evicted before use (hence the L2 share bound), the prefetch instructions' issue cost (a few per
+thread), DRAM contention with other streams.
+
 **Host path**: :func:`prep_kernels` tiny launches (one Triton launch up to
 :data:`~.config.FUSED_PREP_MAX_PAIRS` routed pairs: work list, activations and the scale padding
 together; three above) and, above :data:`~.sm90_moe.config.FUSED_FINALIZE_MAX_TOKENS` tokens, the
@@ -44,6 +59,7 @@ from nvgemm.heuristics.perfmodel.hardware import get_hardware
 from nvgemm.templates.sm100_w4a4.perf import EPI_SUBTILE_CYCLES, persistent_ctas
 from nvgemm.templates.sm90_moe.perf import (
     FINALIZE_KERNELS,
+    NVFP4_BYTES_PER_ELEM,
     MoeGemmEstimate,
     byte_floor_us,
     expected_active_experts,
@@ -112,6 +128,110 @@ def empty_slot_us(config, pairs: int, num_experts: int, tiles: float, rows_p: in
     return math.ceil(units / ctas) * per_unit / hw.clock_hz * 1e6
 
 
+#: L2 read bandwidth over the achievable DRAM bandwidth, (optimistic, pessimistic) end, for weights an earlier
+#: kernel prefetched into L2 -- an assumption: published microbenchmarks put Hopper's L2 at roughly twice its
+#: DRAM bandwidth; Blackwell's has not been measured here.
+L2_BW_OVER_DRAM = (2.0, 1.5)
+#: Share of the L2 the decode prefetches of one layer may fill (both GEMMs' routed weights and scales), so the
+#: lines survive until their GEMM reads them (an assumption, not a measured eviction bound).
+L2_PREFETCH_SHARE = 0.5
+
+
+def prefetch_bytes(pairs: int, num_experts: int, rows13: int, k13: int, rows2: int, k2: int) -> float:
+    """Upper bound of one call's routed NVFP4 weight + scale bytes of both GEMMs (every pair a distinct expert;
+    rows padded to 128 as in the stack)."""
+    experts = min(max(pairs, 0), num_experts)
+    pad = lambda r: -(-r // 128) * 128  # noqa: E731
+    return experts * (pad(rows13) * k13 + pad(rows2) * k2) * NVFP4_BYTES_PER_ELEM
+
+
+def prefetch_fits_l2(pairs: int, num_experts: int, rows13: int, k13: int, rows2: int, k2: int,
+                     l2_bytes: float) -> bool:
+    """Whether a call of ``pairs`` routed pairs prefetches its weights into L2: at most
+    :data:`~.config.FUSED_PREP_MAX_PAIRS` pairs (the one-launch prep) and both GEMMs' routed weights within
+    :data:`L2_PREFETCH_SHARE` of ``l2_bytes``. The launcher (with the device's L2 size) and the policy (with the
+    model's) ask the same question."""
+    return (0 < pairs <= FUSED_PREP_MAX_PAIRS
+            and prefetch_bytes(pairs, num_experts, rows13, k13, rows2, k2) <= L2_PREFETCH_SHARE * l2_bytes)
+
+
+def prefetch_timeline(e1, e1_l2, e2, e2_l2, gpu: str, prep_prefetch: bool, gemm1_prefetch: bool):
+    """``((GEMM1 low, high), (GEMM2 low, high))`` us (kernel + launch each, as :func:`moe_gemm_estimates`) of
+    one layer's GEMM pair on the decode prefetch timeline (module docstring). ``e*`` are the dense twins'
+    estimates on the equivalent problems, ``e*_l2`` the same with the weights in L2."""
+    hw = get_hardware(gpu)
+    us = 1e6 / hw.clock_hz
+    bws = hw.achievable_bw_range[::-1]  # (optimistic, pessimistic)
+    g1, g2 = [], []
+    for i in range(2):
+        lat, l2, bw = hw.dram_latency[i] * us, hw.l2_latency[i] * us, bws[i]
+        b1, b2 = e1.geometry.dram_bytes, e2.geometry.dram_bytes
+        s1, k1 = e1.launch_us[i], e1.kernel_us[i]
+        if prep_prefetch:
+            r1 = lat + b1 / bw * 1e6
+            end1 = min(s1 + k1, max(s1 + e1_l2.kernel_us[i], r1 + l2 + e1_l2.tail_us[i]))
+        else:  # GEMM1 streams its own bytes; they are through before its tail
+            end1 = s1 + k1
+            r1 = end1 - e1.tail_us[i]
+        s2, k2 = end1 + e2.launch_us[i], e2.kernel_us[i]
+        if gemm1_prefetch:
+            geo = e1.geometry
+            per_unit = geo.iters_per_cta / max(geo.units_per_cta, 1)
+            # GEMM1's TMA warp issues GEMM2's prefetches after its own last load: at once when its units' K tiles
+            # fit its ring, else after the share of its main loop that frees the last stages
+            frac = max(0.0, 1.0 - geo.depth / max(per_unit, 1.0))
+            r2 = max(s1 + frac * (end1 - s1) + lat, r1) + b2 / bw * 1e6
+            end2 = min(s2 + k2, max(s2 + e2_l2.kernel_us[i], r2 + l2 + e2_l2.tail_us[i]))
+        else:
+            end2 = s2 + k2
+        g1.append(end1)
+        g2.append(end2 - end1)
+    return (g1[0], g1[1]), (g2[0], g2[1])
+
+
+def prefetched_pair_us(config13, config2, m: int, top_k: int, num_experts: int, rows13: int, k13: int, rows2: int,
+                       k2: int, gpu: str = "B200", sm_count: int | None = None, histogram=None,
+                       prep_prefetch: bool = True, gemm1_prefetch: bool = True):
+    """``(GEMM1 (low, high), GEMM2 (low, high))`` us of a (GEMM1, GEMM2) pair on the decode prefetch timeline
+    (:func:`prefetch_timeline`), priced as :func:`moe_gemm_estimates` prices each GEMM -- the dense twin on the
+    whole-slot problems around the expected work slots, interpolated, plus the grid's empty slots -- or None when
+    the model has no estimate. With both prefetches off it is :func:`moe_gemm_estimates`' numbers."""
+    from nvgemm.heuristics.perfmodel.model import estimate, estimate_l2_fed  # lazy: the policy's fast path skips it
+    from nvgemm.templates.sm90_moe.perf import expected_tiles, _with_pdl
+
+    pairs = m * top_k if histogram is None else sum(histogram)
+    per = []
+    for cfg, rows, k in ((config13, rows13, k13), (config2, rows2, k2)):
+        tiles = expected_tiles(m, top_k, num_experts, cfg.tile_n, histogram)
+        if tiles <= 0:
+            return None
+        per_tile = min(float(cfg.tile_n), pairs / tiles)
+        lo_t, hi_t = max(1, math.floor(tiles)), max(1, math.ceil(tiles))
+        rows_p = -(-rows // 128) * 128
+        dense = cfg.dense() if cfg.pdl else _with_pdl(cfg.dense())
+        ests = {}
+        for t in {lo_t, hi_t}:
+            args = (dense, max(1, math.ceil(per_tile)), rows_p * t, k, gpu, sm_count)
+            e, el2 = estimate(*args), estimate_l2_fed(*args, l2_bw_over_dram=L2_BW_OVER_DRAM)
+            if e is None or el2 is None:
+                return None
+            ests[t] = (e, el2)
+        f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
+        extra = empty_slot_us(cfg, pairs, num_experts, tiles, rows_p, gpu, sm_count)
+        per.append((ests, lo_t, hi_t, f, extra))
+    (es1, lo1, hi1, f1, x1), (es2, lo2, hi2, f2, x2) = per
+    out1, out2 = [0.0, 0.0], [0.0, 0.0]
+    # the two GEMMs share the work list (one tile_n): the same whole-slot corners
+    for t1, t2, w in ((lo1, lo2, (1 - f1)), (hi1, hi2, f1)):
+        if w == 0.0:
+            continue
+        a, b = prefetch_timeline(es1[t1][0], es1[t1][1], es2[t2][0], es2[t2][1], gpu, prep_prefetch, gemm1_prefetch)
+        for i in range(2):
+            out1[i] += w * a[i]
+            out2[i] += w * b[i]
+    return (out1[0] + x1, out1[1] + x1), (out2[0] + x2, out2[1] + x2)
+
+
 def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS,
             finalize: int = FINALIZE_KERNELS) -> tuple[float, float]:
     """Tiny kernels of the host path (prep + finalize launches) at the aux-kernel cost."""
@@ -120,5 +240,7 @@ def host_us(gpu: str = "B200", prep_kernels: int = PREP_KERNELS,
     return (n * hw.aux_kernel_us[0], n * hw.aux_kernel_us[1])
 
 
-__all__ = ["finalize_kernels", "fused_finalize_tail_us", "EMPTY_UNIT_CYCLES", "PREP_KERNELS", "PREP_KERNELS_LARGE", "prep_kernels", "empty_slot_us", "byte_floor_us", "expected_active_experts", "host_us",
+__all__ = ["L2_BW_OVER_DRAM", "L2_PREFETCH_SHARE", "prefetch_bytes", "prefetch_fits_l2", "prefetch_timeline",
+           "prefetched_pair_us",
+           "finalize_kernels", "fused_finalize_tail_us", "EMPTY_UNIT_CYCLES", "PREP_KERNELS", "PREP_KERNELS_LARGE", "prep_kernels", "empty_slot_us", "byte_floor_us", "expected_active_experts", "host_us",
            "moe_gemm_estimate", "moe_gemm_estimates"]

@@ -11,14 +11,20 @@ config pairs for one MoE layer shape, from the performance model
   tiles), so a layer with few active row tiles (TP8 decode) gets a deep split and a busy one none.
 * **Ranking**: the best :data:`PER_GEMM` configs of each GEMM per tile, paired, ordered by the
   modelled GEMM1 + GEMM2 time; at most 8 candidates. Configs are chosen at the upper M of the M
-  bucket (:func:`nvgemm.heuristics.policy.m_buckets`), so every M of a bucket runs the same kernels
-  (batch invariance, one CUDA graph per bucket).
+  bucket (:func:`~nvgemm.templates.sm90_moe.policy.moe_buckets`: one token has a bucket of its own), so every
+  M of a bucket runs the same kernels (batch invariance, one CUDA graph per bucket).
+* **L2 prefetch** (decode): where a call's routed weights fit the L2 bound at the bucket's upper M
+  (:func:`~nvgemm.templates.sm100_moe.perf.prefetch_fits_l2`), the pairs are ranked on the prefetch timeline
+  (:func:`~nvgemm.templates.sm100_moe.perf.prefetched_pair_us`) and GEMM1 gets ``prefetch_next`` (it
+  L2-prefetches GEMM2's routed weights); the prep's prefetch of GEMM1's weights is the launcher's per-call
+  decision (the same bound at the call's M).
 
 The layer presets, buckets and shapes are :mod:`.moe_sm90`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -29,8 +35,11 @@ from nvgemm.templates.sm100_moe.perf import (
     fused_finalize_tail_us,
     host_us,
     moe_gemm_estimates,
+    prefetch_fits_l2,
+    prefetched_pair_us,
     prep_kernels as _prep_kernels,
 )
+from nvgemm.heuristics.perfmodel.hardware import get_hardware
 from nvgemm.templates.sm100_moe.config import (
     MOE_SPLIT_K,
     MOE_TILE_N,
@@ -101,8 +110,24 @@ def moe_candidates(shape: MoeShape, m: int, gpu: str = GPU, sm_count: int | None
         for c1, e1 in best[2 * j]:
             for c2, e2 in best[2 * j + 1]:
                 pairs.append(MoeCandidate(c1, c2, e1.us, e2.us, e1.tiles))
+    hw = get_hardware(gpu, sm_count)
+    n_pairs = m * shape.top_k if histogram is None else sum(histogram)
+    if prefetch_fits_l2(n_pairs, shape.num_experts, 2 * shape.inter, shape.hidden, shape.hidden, shape.inter,
+                        hw.l2_mb * 1e6):
+        pairs = [_prefetched(p, shape, m, gpu, sm_count, histogram) for p in pairs]
     pairs.sort(key=lambda p: (sum(p.gemm_us), p.config13.tile_n, p.config13.split_k, p.config2.split_k))
     return pairs[:max_candidates]
+
+
+def _prefetched(p: MoeCandidate, shape: MoeShape, m: int, gpu: str, sm_count, histogram) -> MoeCandidate:
+    """``p`` on the decode L2-prefetch timeline (:func:`~nvgemm.templates.sm100_moe.perf.prefetched_pair_us`):
+    the prep prefetches GEMM1's routed weights, GEMM1 (``prefetch_next``) GEMM2's."""
+    us = prefetched_pair_us(p.config13, p.config2, m, shape.top_k, shape.num_experts, 2 * shape.inter, shape.hidden,
+                            shape.hidden, shape.inter, gpu, sm_count, histogram)
+    if us is None:
+        return p
+    c1 = dataclasses.replace(p.config13, prefetch_next=True) if hasattr(p.config13, "prefetch_next") else p.config13
+    return MoeCandidate(c1, p.config2, us[0], us[1], p.tiles)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -117,12 +142,55 @@ def pick_moe_configs(m: int, num_experts: int, top_k: int, hidden: int, inter: i
     return Sm100MoeConfig(tile_n=8), Sm100MoeConfig(tile_n=8)  # no model estimate: a valid default
 
 
-def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_kernels: Optional[int] = None) -> dict:
-    """Modelled per-layer time of the grouped path with the policy's first candidate (a MODEL)."""
-    cands = moe_candidates(shape, m, gpu, histogram=histogram, max_candidates=1)
+def price_pair(shape: MoeShape, config13: Sm100MoeConfig, config2: Sm100MoeConfig, m: int, gpu: str = GPU,
+               sm_count: int | None = None, histogram=None) -> Optional[MoeCandidate]:
+    """The (GEMM1, GEMM2) pair priced at ``m`` tokens as the runtime runs it (a MODEL): the prep's L2 prefetch
+    where the call's routed weights fit (:func:`~.perf.prefetch_fits_l2` at ``m``), GEMM1's where its config has
+    ``prefetch_next``, on the prefetch timeline; else each GEMM on its own (:func:`~.perf.moe_gemm_estimates`).
+    None: no estimate."""
+    hw = get_hardware(gpu, sm_count)
+    n_pairs = m * shape.top_k if histogram is None else sum(histogram)
+    rows13, k13, rows2, k2 = 2 * shape.inter, shape.hidden, shape.hidden, shape.inter
+    prep_pf = prefetch_fits_l2(n_pairs, shape.num_experts, rows13, k13, rows2, k2, hw.l2_mb * 1e6)
+    g1_pf = bool(getattr(config13, "prefetch_next", False))
+    if prep_pf or g1_pf:
+        us = prefetched_pair_us(config13, config2, m, shape.top_k, shape.num_experts, rows13, k13, rows2, k2, gpu,
+                                sm_count, histogram, prep_prefetch=prep_pf, gemm1_prefetch=g1_pf)
+        if us is None:
+            return None
+        from nvgemm.templates.sm90_moe.perf import expected_tiles
+
+        return MoeCandidate(config13, config2, us[0], us[1],
+                            expected_tiles(m, shape.top_k, shape.num_experts, config13.tile_n, histogram))
+    jobs = [([config13], [config13.dense()], config13.tile_n, rows13, k13),
+            ([config2], [config2.dense()], config2.tile_n, rows2, k2)]
+    e1, e2 = (r[0] for r in moe_gemm_estimates(jobs, m, shape.top_k, shape.num_experts, gpu, sm_count, histogram))
+    if e1 is None or e2 is None:
+        return None
+    return MoeCandidate(config13, config2, e1.us, e2.us, e1.tiles)
+
+
+def runtime_candidate(shape: MoeShape, m: int, gpu: str = GPU, sm_count: int | None = None,
+                      histogram=None) -> Optional[MoeCandidate]:
+    """What the runtime runs for ``m`` tokens, priced at ``m`` (a MODEL): the pair :func:`pick_moe_configs`
+    picks at the upper M of ``m``'s bucket (with a measured ``histogram``: the first candidate at ``m``),
+    through :func:`price_pair`."""
+    if histogram is not None:
+        cands = moe_candidates(shape, m, gpu, sm_count, histogram=histogram, max_candidates=1)
+        return cands[0] if cands else None
+    _, hi = bucket_of(m)
+    cands = moe_candidates(shape, hi, gpu, sm_count, max_candidates=1)
     if not cands:
+        return None
+    return cands[0] if hi == m else price_pair(shape, cands[0].config13, cands[0].config2, m, gpu, sm_count)
+
+
+def layer_model(shape: MoeShape, m: int, gpu: str = GPU, histogram=None, prep_kernels: Optional[int] = None) -> dict:
+    """Modelled per-layer time of the grouped path with the pair the runtime runs at ``m`` (a MODEL;
+    :func:`runtime_candidate`)."""
+    c = runtime_candidate(shape, m, gpu, histogram=histogram)
+    if c is None:
         return {}
-    c = cands[0]
     prep = _prep_kernels(m * shape.top_k) if prep_kernels is None else prep_kernels
     fin = finalize_kernels(m)
     host = host_us(gpu, prep, fin)
@@ -147,5 +215,5 @@ def format_plan(shape: MoeShape, ms, gpu: str = GPU, max_candidates: int = MAX_C
                            lambda c: f"tile_n={c.config13.tile_n} slots", "nvgemm_cutedsl_sm100_moe_")
 
 
-__all__ = ["MAX_CANDIDATES", "format_plan", "layer_model", "moe_candidates",
+__all__ = ["MAX_CANDIDATES", "format_plan", "layer_model", "moe_candidates", "price_pair", "runtime_candidate",
            "pick_moe_configs", "token_tiles"]

@@ -10,8 +10,8 @@ pairs for one MoE layer shape, from the performance model (:mod:`nvgemm.template
   few active tiles (TP8 decode) gets a deep split and a busy one none.
 * **Ranking**: the best :data:`PER_GEMM` configs of each GEMM per tile size, paired, ordered by the
   modelled GEMM1 + GEMM2 time (the host path's prep/finalize cost is the same for all pairs); at most
-  8 candidates. Configs are chosen per M bucket (:func:`nvgemm.heuristics.policy.m_buckets`) at the
-  bucket's upper M, so every M of a bucket runs the same kernels (batch invariance, one CUDA graph
+  8 candidates. Configs are chosen per M bucket (:func:`moe_buckets`: the dense buckets with one token on
+  its own) at the bucket's upper M, so every M of a bucket runs the same kernels (batch invariance, one CUDA graph
   per bucket).
 """
 
@@ -147,8 +147,24 @@ def moe_candidates(shape: MoeShape, m: int, gpu: str = "H200", sm_count: int | N
     return pairs[:max_candidates]
 
 
+def moe_buckets(max_m: int = 256) -> list[tuple[int, int]]:
+    """The M buckets of the grouped MoE policies: the dense policy's (:func:`nvgemm.heuristics.policy.m_buckets`)
+    with one token in a bucket of its own. Batch-1 decode is the MoE layer's commonest call and the one whose
+    best kernels differ most from a few tokens' (at one token a routed expert has one row: deeper split-K, other
+    token tiles, and the L2 prefetches of ``templates/sm100_moe`` fit), so it gets its own pick; every M of a
+    bucket still runs the same kernels (batch invariance within a bucket, one CUDA graph per bucket)."""
+    out = []
+    for lo, hi in m_buckets(max_m):
+        if lo == 1 and hi > 1:
+            out += [(1, 1), (2, hi)]
+        else:
+            out.append((lo, hi))
+    return out
+
+
 def bucket_of(m: int, max_m: int = 256) -> tuple[int, int]:
-    for lo, hi in m_buckets(max(max_m, m)):
+    """The MoE bucket (:func:`moe_buckets`) of ``m`` tokens: every M of it runs the configs picked at its upper M."""
+    for lo, hi in moe_buckets(max(max_m, m)):
         if lo <= m <= hi:
             return lo, hi
     raise ValueError(f"M={m} outside the buckets")
@@ -234,5 +250,5 @@ def format_plan(shape: MoeShape, ms, gpu: str = "H200", max_candidates: int = MA
                            lambda c: f"tile_m={c.config13.tile_m} tiles", "nvgemm_cutedsl_sm90_moe_mma_")
 
 
-__all__ = ["MAX_CANDIDATES", "MOE_LAYERS", "MoeCandidate", "MoeShape", "bucket_of", "format_plan",
+__all__ = ["MAX_CANDIDATES", "MOE_LAYERS", "MoeCandidate", "MoeShape", "bucket_of", "moe_buckets", "format_plan",
            "get_moe_layer", "layer_model", "moe_candidates", "pick_moe_configs", "shape_from_preset"]

@@ -1,8 +1,8 @@
 """``prefetch`` / ``prefetchu`` on hand-written PTX (PTX ISA "prefetch, prefetchu"): cache hints with no functional
 effect, but the global L2 forms -- ``prefetch.global.L2``, ``prefetch.global.L2::evict_last`` / ``::evict_normal``
 and ``prefetch.L2`` on a generic address that maps to global memory -- are recorded per launch in
-``Launch.ext["l2_prefetch_lines"]`` (allocation -> 128-byte line indices) for the lanes that execute them, and one
-outside every allocation is an error. L1, uniform-cache, local and tensormap prefetches and a generic prefetch of a
+``Launch.ext["l2_prefetch_lines"]`` (allocation -> 128-byte line indices; ``Launch.stats["l2_prefetches"]`` counts
+them) for the lanes that execute them, and one outside every allocation is an error. L1, uniform-cache, local and tensormap prefetches and a generic prefetch of a
 shared address (the ISA: no operation) record nothing; an eviction priority without ``.global`` is not PTX."""
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def test_global_l2_prefetches_are_recorded_per_allocation_and_line():
             names[b.data_ptr()]: set(range(32)),
             names[c.data_ptr()]: {2 * t for t in range(32)}}  # not the L1 / uniform / local / tensormap lines
     assert got == want
+    assert launch.stats["l2_prefetches"] == 20 + 32 + 32  # one per executing lane
 
 
 def test_a_prefetch_outside_every_allocation_is_an_error():

@@ -147,7 +147,9 @@ def note_prefetch(w, addrs: np.ndarray, where) -> None:
     A prefetch has no functional effect, but one that names the wrong bytes is a performance bug nobody sees
     without a GPU, so the emulator keeps them: ``Launch.ext["l2_prefetch_lines"]`` maps each allocation's name
     to the set of ``L2_LINE``-byte lines (offset // ``L2_LINE`` within the allocation) prefetched by the
-    launch. nvgemm never prefetches outside a tensor it was handed: an address in no allocation raises
+    launch, and ``Launch.stats["l2_prefetches"]`` counts the addresses recorded (one per executing lane of a
+    ``prefetch``), so a line prefetched twice shows.
+    nvgemm never prefetches outside a tensor it was handed: an address in no allocation raises
     :class:`EmulationError` (``where(i)`` names lane ``i``)."""
     if not len(addrs):
         return
@@ -167,6 +169,8 @@ def note_prefetch(w, addrs: np.ndarray, where) -> None:
             raise EmulationError(f"L2 prefetch outside every allocation at {int(a64[bad]):#x}, {where(bad)}; "
                                  f"nearest allocation {al.name} [{al.base:#x}, {al.base + al.size:#x})")
         rec.setdefault(al.name, set()).update((off // L2_LINE).tolist())
+    stats = w.cta.launch.stats
+    stats["l2_prefetches"] = stats.get("l2_prefetches", 0) + len(addrs)
 
 
 def read_bytes(w, ins, space, addrs: np.ndarray, width: int, lanes: np.ndarray) -> np.ndarray:

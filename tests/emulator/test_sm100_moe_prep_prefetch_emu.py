@@ -47,3 +47,43 @@ def test_an_expert_with_two_work_slots_is_prefetched_once():
     tiles = build_work_list(local_ids(ids, None), 6, 8).tiles.view(-1, 4)
     assert tiles[tiles[:, 2] > 0, 0].tolist() == [0, 1, 2, 2, 3, 5]  # expert 2: two slots; expert 4: none
     C.sm100_slot_prep_case(5, 4, 6, 256, 8, i=96, ids=ids).run("sm_100a")
+
+
+def test_the_layer_prefetches_its_stacked_gemm1_weights():
+    """``moe_forward`` (the production host path) with the prep running from its sm_100a PTX (the emulator's Triton
+    stand-in, as ``nvgemm.emulator.enable`` installs it) hands the prep GEMM1's stacked operand -- the memoized
+    ``cached_moe_stack`` the GEMMs read -- and the prep prefetches exactly its selected experts' blocks (the
+    grouped GEMMs are recorded here, not run)."""
+    import nvgemm.templates.common.triton_stand_in as TS
+    from nvgemm.core.formats import to_blocked
+    from nvgemm.emulator.triton_ptx import EmuTritonKernel
+    from nvgemm.templates.sm100_moe.config import Sm100MoeConfig
+    from nvgemm.templates.sm100_moe.launch import cached_moe_stack, moe_forward
+
+    e, h, i = 8, 256, 64
+    g = torch.Generator().manual_seed(3)
+    w13 = torch.randint(0, 256, (e, 2 * i, h // 2), generator=g, dtype=torch.uint8)
+    s13 = torch.stack([to_blocked(torch.full((2 * i, h // 16), 0x30 + x, dtype=torch.uint8)
+                                    .view(torch.float8_e4m3fn)) for x in range(e)])
+    w2 = torch.randint(0, 256, (e, h, i // 2), generator=g, dtype=torch.uint8)
+    s2 = torch.stack([to_blocked(torch.full((h, i // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn))
+                      for _ in range(e)])
+    x = torch.randn(1, h, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([[5, -1, 0, 7]], dtype=torch.int32)
+    wts = torch.rand(1, 4, generator=g)
+    ones = torch.ones(e)
+    made, gemms = [], []
+
+    def factory(kernel, arch):
+        made.append(EmuTritonKernel(kernel, arch))
+        return made[-1]
+
+    saved = TS._FACTORY, TS._ARCH
+    TS.install(factory, lambda: "sm_100a")
+    try:
+        moe_forward(x, ids, None, wts, w13, s13, ones, ones, w2, s2, ones, ones, "silu_mul", False, None, None, None,
+                    Sm100MoeConfig(tile_n=8), Sm100MoeConfig(tile_n=8), gemms.append)
+    finally:
+        TS._FACTORY, TS._ARCH = saved
+    assert [k.fn.__name__ for k in made] == ["_moe_prep_kernel"] and len(gemms) == 2
+    C.check_w13_prefetch(made[0].last, ids, None, cached_moe_stack(w13, s13, True), h)

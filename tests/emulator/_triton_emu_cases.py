@@ -557,6 +557,8 @@ def sweep_cases() -> list[Case]:
     cases.append(moe_case(m=6, activation="relu2", w4a4=False))
     for m, topk, e, h, tn in ((5, 2, 4, 96, 8), (19, 1, 3, 512, 16), (9, 4, 6, 160, 64)):
         cases.append(sm100_slot_prep_case(m, topk, e, h, tn))
+    # decode: one token, top-8, an expert map, GEMM1 rows in three 128-row tiles (two prefetch steps per program)
+    cases.append(sm100_slot_prep_case(1, 8, 16, 256, 8, i=192, ep=True))
     for m, topk, e, tm, ep in ((1, 8, 256, 8, False), (5, 2, 4, 8, False), (33, 4, 8, 16, True), (7, 1, 3, 32, True)):
         cases.append(sm90_prep_case(m, topk, e, tm, ep))
     for m, topk, h, extras, odt in ((3, 2, 40, True, torch.bfloat16), (5, 4, 1100, True, torch.float16),

@@ -28,6 +28,20 @@ Program ``(j, kt)`` of the grid ``(work slots, K tiles)``:
   ``< tile_n`` of the real K blocks of slot ``j``'s atom; this program zeroes the rest (rows
   ``tile_n..127`` and the K blocks past ``I/16`` up to the atom's multiple of 4), so the buffer is
   allocated uninitialised.
+* **L2 prefetch of GEMM1's weights** (``PREFETCH``: fused launches given ``w13`` / ``w13_scale``, not
+  under the interpreter, which cannot run inline PTX). At decode the layer is launch-bound: GEMM1
+  would start streaming its experts' weights from DRAM only after its own launch gap. So the prep,
+  which already knows the routing, issues ``prefetch.global.L2::evict_last`` (PTX ISA 7.4, sm_80+)
+  for every 128-byte line of each selected expert's block of GEMM1's stacked A operand: rows
+  ``[e * rows_p, (e + 1) * rows_p)`` of the packed E2M1 weight ``[E * rows_p, H/2]`` and the same
+  expert's scales, one contiguous ``rows_p * ceil(H/16 / 4) * 4``-byte range of the 128x4-swizzled
+  stack (its 128-row atoms are row-tile major). The expert's first work slot does it -- its
+  ``ceil(H / BLOCK_K)`` programs each take a contiguous ``1 / (K tiles)`` share of the weight lines
+  and of the scale lines, so each line is named once -- and its other slots, empty slots and
+  ``-1`` / unmapped pairs prefetch nothing. GEMM1's TMA loads then hit L2. A prefetch is a hint with
+  no functional effect (the outputs are the same bytes with or without it); the PTX emulator records
+  the lines (``Launch.ext["l2_prefetch_lines"]``) and refuses an address outside the kernel's
+  tensors, and the tests require exactly the selected experts' lines, each once.
 """
 
 from __future__ import annotations

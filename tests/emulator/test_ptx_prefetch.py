@@ -86,3 +86,18 @@ def test_forms_outside_the_isa_are_refused(form):
     src = HEAD + f"    {form} [%rd1];\n    ret;\n}}\n"
     with pytest.raises(UnknownOpcodeError):
         launch_ptx(src, (1, 1, 1), (32, 1, 1), [torch.zeros(128, dtype=torch.uint8)] * 3)
+
+
+def test_prefetches_are_recorded_inside_a_pdl_stream():
+    """A grid of a PDL stream (``nvgemm.emulator.ptx.pdl``) sees the stream's allocations through its grid view:
+    the same record as a lone launch."""
+    from nvgemm.emulator.ptx.pdl import StreamGrid, run_stream
+    from nvgemm.emulator.runner import make_launch
+
+    a = torch.zeros(4096, dtype=torch.uint8)
+    b = torch.zeros(32 * 128, dtype=torch.uint8)
+    c = torch.zeros(32 * 256, dtype=torch.uint8)
+    launch = make_launch(RECORD, (1, 1, 1), (32, 1, 1), [a, b, c])
+    run_stream([StreamGrid(launch, False, "prefetcher")], "early")
+    got = launch.ext["l2_prefetch_lines"]
+    assert got[f"tensor@{a.data_ptr():#x}"] == set(range(10)) and launch.stats["l2_prefetches"] == 84

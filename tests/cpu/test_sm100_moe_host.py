@@ -190,3 +190,26 @@ def test_emulator_moe_backend_only_when_forced(monkeypatch):
     assert supports_moe_sm100(p) in (None, "needs gcc (builds the fake CUDA runtime and relinks the kernel)") or \
         "cutlass" in supports_moe_sm100(p)
     assert "W4A16" in supports_moe_sm100(dataclasses.replace(p, weight_only=True))
+
+
+def test_prep_prefetch_arguments_are_checked():
+    """GEMM1's stacked weight and scales to prefetch come together, contiguous, in whole 128-byte lines per
+    expert; anything else is refused before a launch."""
+    pytest.importorskip("triton")
+    from nvgemm.templates.sm100_moe.prep_triton import moe_prep_triton
+
+    class NeverLaunched:
+        def __getitem__(self, grid):
+            raise AssertionError("the prep launched with bad prefetch arguments")
+
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 3]], dtype=torch.int32)
+    w = torch.zeros(4 * 128, 32, dtype=torch.uint8)
+    sc = torch.zeros(4 * 128 * 4, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    args = (x, ids, None, 4, torch.ones(4), 8, 32)
+    with pytest.raises(ValueError, match="needs both w13 and w13_scale"):
+        moe_prep_triton(*args, kernel=NeverLaunched(), w13=w)
+    with pytest.raises(ValueError, match="stacked weight to prefetch must be contiguous"):
+        moe_prep_triton(*args, kernel=NeverLaunched(), w13=w[:, :16], w13_scale=sc)
+    with pytest.raises(ValueError, match="stacked scales to prefetch .* 4 blocks of whole 128-byte lines"):
+        moe_prep_triton(*args, kernel=NeverLaunched(), w13=w, w13_scale=sc[:-4])

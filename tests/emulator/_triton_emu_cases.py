@@ -355,20 +355,84 @@ def moe_case(e=4, h=64, i=32, m=6, topk=2, activation="relu2", w4a4=True, config
                 f"{'-cfg' + '.'.join(map(str, config)) if config else ''}")
 
 
-def sm100_slot_prep_case(m=5, topk=2, e=4, h=96, tn=8, dtype=torch.bfloat16, seed=6, i=32):
+def _w13_stack(g, e, i, h):
+    """GEMM1's stacked A operand (:func:`~nvgemm.templates.sm100_moe.launch.prepare_moe_stack`) of ``e`` experts
+    whose scale bytes name their expert: every scale of expert ``x`` is the e4m3 bit pattern ``0x30 + x``."""
+    from nvgemm.templates.sm100_moe.launch import prepare_moe_stack
+
+    w = torch.randint(0, 256, (e, 2 * i, h // 2), generator=g, dtype=torch.uint8)
+    sc = torch.stack([to_blocked(torch.full((2 * i, h // 16), 0x30 + x, dtype=torch.uint8).view(torch.float8_e4m3fn))
+                      for x in range(e)])
+    return prepare_moe_stack(w, sc, True)
+
+
+def check_w13_prefetch(launch, ids, emap, stack, h: int) -> None:
+    """The prep's L2 prefetches (``Launch.ext["l2_prefetch_lines"]``, ``stats["l2_prefetches"]``) are exactly the
+    128-byte lines of GEMM1's weight rows and scales of the experts ``ids`` select, each once, nothing else.
+
+    Reference, independent of the kernel: the local experts from the ids (``-1`` and ids ``emap`` maps to ``-1``
+    select nothing); expert ``x``'s weight bytes are rows ``[x * rows_p, (x + 1) * rows_p)`` of the row-major
+    ``[E * rows_p, H/2]`` stack; its scale bytes are where the 128x4 swizzle of the stack's ``[E * rows_p, H/16]``
+    scale matrix (:func:`nvgemm.core.formats.to_blocked` of a row-index matrix) puts its rows -- checked against
+    the stack's bytes, whose scales name their expert."""
+    sel = set()
+    for gid in ids.flatten().tolist():
+        loc = gid if emap is None or gid < 0 else int(emap[gid])
+        if loc >= 0:
+            sel.add(loc)
+    rp, e = stack.rows_padded, stack.num_experts
+    row_bytes = h // 2
+    w_lines = {b // 128 for x in sorted(sel) for b in range(x * rp * row_bytes, (x + 1) * rp * row_bytes)}
+    kp = -(-(h // 16) // 4) * 4  # K blocks with the swizzle's column padding (which belongs to its row)
+    row_of_byte = to_blocked(torch.arange(e * rp, dtype=torch.int32)[:, None].expand(e * rp, kp).contiguous())
+    expert_of_byte = row_of_byte.reshape(-1) // rp
+    sbytes = stack.scale.view(torch.uint8)
+    assert expert_of_byte.numel() == sbytes.numel()
+    named = sbytes != 0  # padding rows and columns carry zero scales
+    assert torch.equal(sbytes[named].long(), 0x30 + expert_of_byte[named].long()), "stack scale layout"
+    in_sel = torch.isin(expert_of_byte, torch.tensor(sorted(sel), dtype=expert_of_byte.dtype))
+    sf_lines = set((torch.nonzero(in_sel).flatten() // 128).tolist())
+    got = launch.ext.get("l2_prefetch_lines", {})
+    assert set(got) <= {"w13_ptr", "w13_sf_ptr"}, f"prefetches outside GEMM1's weights: {sorted(got)}"
+    assert got.get("w13_ptr", set()) == w_lines, \
+        f"weight lines: {len(got.get('w13_ptr', ()))} prefetched, {len(w_lines)} expected, " \
+        f"{len(got.get('w13_ptr', set()) ^ w_lines)} differ"
+    assert got.get("w13_sf_ptr", set()) == sf_lines, \
+        f"scale lines: {len(got.get('w13_sf_ptr', ()))} prefetched, {len(sf_lines)} expected, " \
+        f"{len(got.get('w13_sf_ptr', set()) ^ sf_lines)} differ"
+    assert launch.stats.get("l2_prefetches", 0) == len(w_lines) + len(sf_lines), "a line prefetched twice"
+
+
+def sm100_slot_prep_case(m=5, topk=2, e=4, h=96, tn=8, dtype=torch.bfloat16, seed=6, i=32, ep=False, ids=None,
+                         emap=None, prefetch=True):
+    """The sm100 MoE prep: work list, slot activations, tables and GEMM2's scale padding bit-exact against the torch
+    construction; with ``prefetch`` (fused launches) the L2 prefetch of the selected experts' GEMM1 weights
+    (:func:`check_w13_prefetch`). ``ep``: a random expert map over ``2 e`` global experts; ``ids`` / ``emap``: the
+    routing and expert map to use instead of random ones."""
+    fixed_map = emap
     from nvgemm.ops.moe import local_ids
     from nvgemm.templates.sm100_moe.launch import b2_scale_atoms_ref, slot_activations, slot_rows_of_pairs
-    from nvgemm.templates.sm100_moe.prep_triton import _moe_prep_kernel, moe_prep_triton
+    from nvgemm.templates.sm100_moe.prep_triton import FUSED_MAX_PAIRS, _moe_prep_kernel, moe_prep_triton
     from nvgemm.templates.sm90_moe.launch import build_work_list
 
     def run(arch):
         g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(-1, e, (m, topk), generator=g, dtype=torch.int32)
+        eg = 2 * e if ep else e
+        rid = torch.randint(-1, eg, (m, topk), generator=g, dtype=torch.int32)
+        if ids is not None:
+            rid = ids
         x = (torch.randn(m, h, generator=g) * 3).to(dtype)
         x[0, :16] = 0
         ins = torch.rand(e, generator=g) * 0.01 + 1e-3
-        got = moe_prep_triton(x, ids, None, e, ins, tn, i, kernel=_emu(_moe_prep_kernel, arch))
-        wl = build_work_list(local_ids(ids, None), e, tn)
+        emap = fixed_map
+        if ep and emap is None:
+            emap = torch.full((eg,), -1, dtype=torch.int32)
+            emap[torch.randperm(eg, generator=g)[:e]] = torch.arange(e, dtype=torch.int32)
+        stack = _w13_stack(g, e, i, h) if prefetch else None
+        kernel = _emu(_moe_prep_kernel, arch)
+        got = moe_prep_triton(x, rid, emap, e, ins, tn, i, kernel=kernel, w13=stack.weight if prefetch else None,
+                              w13_scale=stack.scale if prefetch else None)
+        wl = build_work_list(local_ids(rid, emap), e, tn)
         for f in ("rows", "tiles", "pos", "valid", "counts"):
             _eq(getattr(got.work_list, f), getattr(wl, f), f"work list {f}")
         wq, ws = slot_activations(x, wl, ins, tn)
@@ -379,9 +443,14 @@ def sm100_slot_prep_case(m=5, topk=2, e=4, h=96, tn=8, dtype=torch.bfloat16, see
         _eq(got.scales, ws, "slot scale atoms")
         pad = b2_scale_atoms_ref(wl.slots, tn, i, "cpu") == 0
         _eq(got.b2_scales[pad], torch.zeros_like(got.b2_scales[pad]), "GEMM2 scale padding")
+        if prefetch and m * topk <= FUSED_MAX_PAIRS:
+            check_w13_prefetch(kernel.last, rid, emap, stack, h)
+        else:
+            assert not kernel.last.ext.get("l2_prefetch_lines"), "prefetches without weights to prefetch"
 
     return Case("_moe_prep_kernel", "sm100_moe/prep_triton.py", (_moe_prep_kernel,), run,
-                f"m{m}-top{topk}-e{e}-h{h}-tn{tn}-{str(dtype)[6:]}")
+                f"m{m}-top{topk}-e{e}-h{h}-i{i}-tn{tn}-{str(dtype)[6:]}{'-ep' if ep or emap is not None else ''}"
+                f"{'-prefetch' if prefetch else ''}")
 
 
 def sm90_prep_case(m=5, topk=2, e=4, tm=8, ep=False, seed=7):
@@ -488,6 +557,8 @@ def sweep_cases() -> list[Case]:
     cases.append(moe_case(m=6, activation="relu2", w4a4=False))
     for m, topk, e, h, tn in ((5, 2, 4, 96, 8), (19, 1, 3, 512, 16), (9, 4, 6, 160, 64)):
         cases.append(sm100_slot_prep_case(m, topk, e, h, tn))
+    # decode: one token, top-8, an expert map, GEMM1 rows in three 128-row tiles (two prefetch steps per program)
+    cases.append(sm100_slot_prep_case(1, 8, 16, 256, 8, i=192, ep=True))
     for m, topk, e, tm, ep in ((1, 8, 256, 8, False), (5, 2, 4, 8, False), (33, 4, 8, 16, True), (7, 1, 3, 32, True)):
         cases.append(sm90_prep_case(m, topk, e, tm, ep))
     for m, topk, h, extras, odt in ((3, 2, 40, True, torch.bfloat16), (5, 4, 1100, True, torch.float16),

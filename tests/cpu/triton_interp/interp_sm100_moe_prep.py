@@ -13,7 +13,8 @@ import torch
 
 from nvgemm.ops.moe import local_ids
 from nvgemm.templates.sm100_moe import prep_triton
-from nvgemm.templates.sm100_moe.launch import b2_scale_atoms_ref, slot_activations, slot_rows_of_pairs
+from nvgemm.core.formats import blocked_numel
+from nvgemm.templates.sm100_moe.launch import b2_scale_atoms_ref, prepare_moe_stack, slot_activations, slot_rows_of_pairs
 from nvgemm.templates.sm90_moe.launch import build_work_list
 
 #: (M, top_k, E, H, I, tile_n, expert map): decode (fused: one launch) and above FUSED_MAX_PAIRS (two launches)
@@ -47,7 +48,10 @@ def test_moe_prep_triton_bit_exact(garbage_empty, m, k, e, h, i, tn, ep):
     x = (torch.randn(m, h, generator=g) * 3).to(torch.bfloat16)
     x[0, :16] = 0  # an all-zero block
     ins = torch.rand(e, generator=g) * 0.01 + 1e-3
-    got = prep_triton.moe_prep_triton(x, ids, emap, e, ins, tn, i)
+    # GEMM1's stacked weights to prefetch: the interpreter cannot run inline PTX, the launcher leaves the prefetch out
+    st = prepare_moe_stack(torch.randint(0, 256, (e, 2 * i, h // 2), generator=g, dtype=torch.uint8),
+                           torch.zeros(e, blocked_numel(2 * i, h // 16), dtype=torch.uint8), True)
+    got = prep_triton.moe_prep_triton(x, ids, emap, e, ins, tn, i, w13=st.weight, w13_scale=st.scale)
     assert got.launches == (1 if m * k <= prep_triton.FUSED_MAX_PAIRS else 3)
     want = build_work_list(local_ids(ids, emap), e, tn)
     for f in ("rows", "tiles", "pos", "valid", "counts"):

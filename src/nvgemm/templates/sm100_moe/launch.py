@@ -14,8 +14,9 @@ decode (up to :data:`~.prep_triton.FUSED_MAX_PAIRS` pairs; 6 above: work-list ke
    (``nvgemm.core.formats.quantize_activation`` row by row: the contract's step 2 per pair); packed codes
    ``[slots * tile_n, H/2]``, scales as one 128-row swizzled atom per slot (rows >= cnt are zero).
    On CUDA steps 1 and 2, the pair -> output row map and the zero padding of GEMM2's scale atoms
-   are one Triton launch (:mod:`.prep_triton`; nothing is zero-filled before it); torch ops
-   elsewhere (no host synchronisation).
+   are one Triton launch (:mod:`.prep_triton`; nothing is zero-filled before it), which at decode also
+   L2-prefetches GEMM1's stacked weights and scales of the selected experts; torch ops elsewhere (no
+   host synchronisation).
 3. **GEMM1** (``m`` = 2I interleaved gate/up rows per expert): ``acc * alpha13[e]`` -> SiLU-mul
    -> round to the activation dtype -> NVFP4 with ``w2_input_scale[e]``, written as GEMM2's B
    operand directly (codes ``[slots * tile_n, I/2]`` + per-slot scale atoms): the fused requant
@@ -313,8 +314,9 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         # lazy: triton import cost
         from nvgemm.templates.sm100_moe.prep_triton import moe_prep_triton
 
+        # the prep also L2-prefetches GEMM1's weights of the experts the routing selects (fused launch)
         prep = moe_prep_triton(xin, topk_ids, expert_map, w13.shape[0], w13_input_scale, tn, s13.rows // 2,
-                               kernel=kernel)
+                               kernel=kernel, w13=s13.weight, w13_scale=s13.scale)
         wl, b1, sfb1, yrow, sf2 = prep.work_list, prep.codes, prep.scales, prep.y_rows, prep.b2_scales
         yfin = prep.finalize_rows
     else:

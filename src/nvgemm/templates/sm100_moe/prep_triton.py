@@ -28,6 +28,20 @@ Program ``(j, kt)`` of the grid ``(work slots, K tiles)``:
   ``< tile_n`` of the real K blocks of slot ``j``'s atom; this program zeroes the rest (rows
   ``tile_n..127`` and the K blocks past ``I/16`` up to the atom's multiple of 4), so the buffer is
   allocated uninitialised.
+* **L2 prefetch of GEMM1's weights** (``PREFETCH``: fused launches given ``w13`` / ``w13_scale``, not
+  under the interpreter, which cannot run inline PTX). At decode the layer is launch-bound: GEMM1
+  would start streaming its experts' weights from DRAM only after its own launch gap. So the prep,
+  which already knows the routing, issues ``prefetch.global.L2::evict_last`` (PTX ISA 7.4, sm_80+)
+  for every 128-byte line of each selected expert's block of GEMM1's stacked A operand: rows
+  ``[e * rows_p, (e + 1) * rows_p)`` of the packed E2M1 weight ``[E * rows_p, H/2]`` and the same
+  expert's scales, one contiguous ``rows_p * ceil(H/16 / 4) * 4``-byte range of the 128x4-swizzled
+  stack (its 128-row atoms are row-tile major). The expert's first work slot does it -- its
+  ``ceil(H / BLOCK_K)`` programs each take a contiguous ``1 / (K tiles)`` share of the weight lines
+  and of the scale lines, so each line is named once -- and its other slots, empty slots and
+  ``-1`` / unmapped pairs prefetch nothing. GEMM1's TMA loads then hit L2. A prefetch is a hint with
+  no functional effect (the outputs are the same bytes with or without it); the PTX emulator records
+  the lines (``Launch.ext["l2_prefetch_lines"]``) and refuses an address outside the kernel's
+  tensors, and the tests require exactly the selected experts' lines, each once.
 """
 
 from __future__ import annotations
@@ -41,7 +55,7 @@ import triton.language as tl
 
 from nvgemm.templates.sm100_moe.config import FUSED_PREP_MAX_PAIRS as FUSED_MAX_PAIRS
 from nvgemm.templates.sm90_moe.config import MoeWorkList, work_tiles_bound
-from nvgemm.templates.triton._common import nvfp4_quantize_tile
+from nvgemm.templates.triton._common import is_interpreted, nvfp4_quantize_tile
 
 _BLOCK_K = 128
 
@@ -52,11 +66,35 @@ def _sf_atom_offset(slot, kb, r, kb_tiles):
     return (slot * kb_tiles + kb // 4).to(tl.int64) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + kb % 4
 
 
+#: bytes of the L2 line one ``prefetch`` names (the emulator records prefetches in these lines)
+L2_LINE: tl.constexpr = tl.constexpr(128)
+#: lines one program prefetches per loop step (one per thread at 4 warps)
+PF_BLOCK: tl.constexpr = tl.constexpr(128)
+
+
+@triton.jit
+def _prefetch_l2(base, n_lines, part, parts, BLOCK: tl.constexpr):
+    """Program ``part`` of ``parts``: one ``prefetch.global.L2::evict_last`` per 128-byte line of its
+    contiguous share (``ceil(n_lines / parts)`` lines, the last share shorter) of the ``n_lines`` lines
+    from ``base``."""
+    per = (n_lines + parts - 1) // parts
+    lo = part * per
+    hi = tl.minimum(lo + per, n_lines)
+    for l0 in range(lo, hi, BLOCK):
+        line = l0 + tl.arange(0, BLOCK)
+        # a hint without a result: the dummy output keeps the elementwise form, is_pure=False keeps it alive
+        tl.inline_asm_elementwise(
+            "{ .reg .pred %pf; setp.ne.s32 %pf, $2, 0; @%pf prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [base + line.to(tl.int64) * L2_LINE, (line < hi).to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1)
+
+
 @triton.jit
 def _moe_prep_kernel(x_ptr, ids_ptr, map_ptr, ins_ptr, rows_ptr, tiles_ptr, pos_ptr, valid_ptr, counts_ptr,
-                     yrow_ptr, yfin_ptr, q_ptr, sf_ptr, sf2_ptr, K, stride_xm, P, E, KB2, KB2_TILES,
+                     yrow_ptr, yfin_ptr, q_ptr, sf_ptr, sf2_ptr, w13_ptr, w13_sf_ptr, K, stride_xm, P, E, KB2,
+                     KB2_TILES, W13_LINES, W13_SF_LINES,
                      TOPK: tl.constexpr, TN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                     FUSED: tl.constexpr, HAS_MAP: tl.constexpr, ZERO_SF2: tl.constexpr):
+                     FUSED: tl.constexpr, HAS_MAP: tl.constexpr, ZERO_SF2: tl.constexpr, PREFETCH: tl.constexpr):
     j = tl.program_id(0)
     kt = tl.program_id(1)
     t = tl.arange(0, TN)
@@ -87,6 +125,11 @@ def _moe_prep_kernel(x_ptr, ids_ptr, map_ptr, ins_ptr, rows_ptr, tiles_ptr, pos_
         ok = t < n_rows
         hit = (rank[None, :] == (p0 + t)[:, None]) & ok[:, None] & inb[None, :]
         tok = tl.sum(tl.where(hit, a[None, :] // TOPK, 0), axis=1)
+        if PREFETCH:  # GEMM1's weights of slot j's expert, once per expert: by its first slot's programs
+            if tl.sum((sel & (tstart == j)).to(tl.int32), axis=0) > 0:
+                nkt = tl.num_programs(1)
+                _prefetch_l2(w13_ptr + e.to(tl.int64) * W13_LINES * L2_LINE, W13_LINES, kt, nkt, PF_BLOCK)
+                _prefetch_l2(w13_sf_ptr + e.to(tl.int64) * W13_SF_LINES * L2_LINE, W13_SF_LINES, kt, nkt, PF_BLOCK)
         if kt == 0:
             tl.store(tiles_ptr + j * 4, e)
             tl.store(tiles_ptr + j * 4 + 1, p0)
@@ -154,12 +197,30 @@ def b2_scale_numel(slots: int, inter: int) -> int:
     return slots * 512 * (-(-(inter // 16) // 4))
 
 
+def _prefetch_lines(t: torch.Tensor, num_experts: int, what: str) -> int:
+    """128-byte lines per expert of a stacked GEMM1 operand (``num_experts`` equal contiguous blocks)."""
+    nbytes = t.numel() * t.element_size()
+    if not t.is_contiguous() or nbytes % (num_experts * L2_LINE.value):
+        raise ValueError(f"nvgemm sm100 moe prep: the stacked {what} to prefetch must be contiguous, "
+                         f"{num_experts} blocks of whole {L2_LINE.value}-byte lines; got {tuple(t.shape)} "
+                         f"{t.dtype} ({nbytes} bytes)")
+    return nbytes // (num_experts * L2_LINE.value)
+
+
 def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_experts: int,
-                    input_scale: torch.Tensor, tile_n: int, inter: int, *, kernel=None) -> SlotPrep:
+                    input_scale: torch.Tensor, tile_n: int, inter: int, *, kernel=None,
+                    w13: Optional[torch.Tensor] = None, w13_scale: Optional[torch.Tensor] = None) -> SlotPrep:
     """The work list, GEMM1's B operand and GEMM2's B scale buffer of one call: one launch up to
     :data:`FUSED_MAX_PAIRS` pairs, else the work-list kernel, this kernel and a gather. ``kernel``: the
-    jitted kernel to launch instead of ``_moe_prep_kernel`` (the PTX emulator's stand-in)."""
+    jitted kernel to launch instead of ``_moe_prep_kernel`` (the PTX emulator's stand-in).
+
+    ``w13`` / ``w13_scale``: GEMM1's stacked A operand (:class:`~.launch.Sm100MoeStack` ``weight``, uint8
+    ``[E * rows_padded, H/2]``, and ``scale``, the 1-D swizzled e4m3 scales: each ``E`` equal contiguous
+    blocks, one per expert) to L2-prefetch for the experts the routing selects (fused launch only, not under
+    the interpreter, which cannot run inline PTX); hints with no functional effect."""
     kernel = kernel or _moe_prep_kernel
+    if (w13 is None) != (w13_scale is None):
+        raise ValueError("nvgemm sm100 moe prep: prefetching GEMM1's weights needs both w13 and w13_scale")
     m, k = topk_ids.shape
     h = x.shape[1]
     p = m * k
@@ -192,11 +253,17 @@ def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_exp
         yfin = None
         launches = 3
     kb2 = inter // 16
+    prefetch = fused and w13 is not None and not is_interpreted(kernel)
+    w_lines = _prefetch_lines(w13, num_experts, "weight") if prefetch else 0
+    sf_lines = _prefetch_lines(w13_scale, num_experts, "scales") if prefetch else 0
     kernel[(slots, triton.cdiv(h, _BLOCK_K))](
         xs, ids, expert_map if expert_map is not None else ids, ins, wl.rows, wl.tiles, wl.pos,
-        wl.valid, wl.counts, yrow, yfin if yfin is not None else yrow, codes, atoms, sf2, h, xs.stride(0), max(p, 1), num_experts, kb2, -(-kb2 // 4),
+        wl.valid, wl.counts, yrow, yfin if yfin is not None else yrow, codes, atoms, sf2,
+        w13 if prefetch else ids, w13_scale.view(torch.uint8) if prefetch else ids, h, xs.stride(0), max(p, 1),
+        num_experts, kb2, -(-kb2 // 4), w_lines, sf_lines,
         TOPK=k, TN=tile_n, BLOCK=max(16, triton.next_power_of_2(p)) if fused else 16, BLOCK_K=_BLOCK_K, FUSED=fused,
-        HAS_MAP=expert_map is not None, ZERO_SF2=tile_n < 128 or kb2 % 4 != 0, enable_fp_fusion=False)
+        HAS_MAP=expert_map is not None, ZERO_SF2=tile_n < 128 or kb2 % 4 != 0, PREFETCH=prefetch,
+        enable_fp_fusion=False)
     if fused:
         wl.valid = wl.valid.view(torch.bool)
     else:

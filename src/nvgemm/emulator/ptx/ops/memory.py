@@ -4,7 +4,9 @@ Movement and Conversion Instructions", "Parallel Synchronization and Communicati
 
 Memory model: the emulator executes one sequentially consistent interleaving, so fences and
 ``.sem``/``.scope`` qualifiers are accepted and have no further effect, and cache operators
-(``.ca``, ``.cg``, ``.nc``, ``L2::cache_hint``, eviction priorities) are performance hints only.
+(``.ca``, ``.cg``, ``.nc``, ``L2::cache_hint``, eviction priorities) are performance hints only. ``prefetch``
+has no functional effect either, but its global L2 forms are recorded (:func:`note_prefetch`): a prefetch of the
+wrong bytes is a performance bug, one outside every allocation an error.
 
 ``cp.async`` (non-bulk): the source bytes (``src-size`` of them; the rest of ``cp-size`` is zero-fill,
 ``src-size`` 0 reads nothing) are read at issue and bounds-checked then; the destination bytes are
@@ -145,12 +147,15 @@ def note_prefetch(w, addrs: np.ndarray, where) -> None:
     A prefetch has no functional effect, but one that names the wrong bytes is a performance bug nobody sees
     without a GPU, so the emulator keeps them: ``Launch.ext["l2_prefetch_lines"]`` maps each allocation's name
     to the set of ``L2_LINE``-byte lines (offset // ``L2_LINE`` within the allocation) prefetched by the
-    launch. nvgemm never prefetches outside a tensor it was handed: an address in no allocation raises
+    launch, and ``Launch.stats["l2_prefetches"]`` counts the addresses recorded (one per executing lane of a
+    ``prefetch``), so a line prefetched twice shows.
+    nvgemm never prefetches outside a tensor it was handed: an address in no allocation raises
     :class:`EmulationError` (``where(i)`` names lane ``i``)."""
     if not len(addrs):
         return
     a64 = addrs.astype(np.uint64, copy=False)
     gmem = w.cta.launch.gmem
+    gmem = getattr(gmem, "mem", gmem)  # a grid of a PDL stream (ptx/pdl.py): the stream's allocations
     rec = w.cta.launch.ext.setdefault("l2_prefetch_lines", {})
     idx = np.searchsorted(gmem._bases, a64, side="right") - 1
     for i in np.unique(idx):
@@ -164,6 +169,8 @@ def note_prefetch(w, addrs: np.ndarray, where) -> None:
             raise EmulationError(f"L2 prefetch outside every allocation at {int(a64[bad]):#x}, {where(bad)}; "
                                  f"nearest allocation {al.name} [{al.base:#x}, {al.base + al.size:#x})")
         rec.setdefault(al.name, set()).update((off // L2_LINE).tolist())
+    stats = w.cta.launch.stats
+    stats["l2_prefetches"] = stats.get("l2_prefetches", 0) + len(addrs)
 
 
 def read_bytes(w, ins, space, addrs: np.ndarray, width: int, lanes: np.ndarray) -> np.ndarray:
@@ -571,9 +578,50 @@ def _mapa(ins, ctx):
     return ex
 
 
+_PREFETCH_LEVELS = {"L1", "L2", "L2::evict_last", "L2::evict_normal"}
+
+
+def _no_effect(w, m):
+    return None
+
+
 @opcode("prefetch", "prefetchu")
 def _prefetch(ins, ctx):
-    return lambda w, m: None
+    """PTX ISA "prefetch, prefetchu": ``prefetch{.global, .local}.{L1, L2} [a]``,
+    ``prefetch.global.L2::{evict_last, evict_normal} [a]``, ``prefetchu.L1 [a]``,
+    ``prefetch{.const, .param}.tensormap [a]``. Cache hints with no functional effect; the global L2 forms
+    (``.global``, or a generic address outside the shared and parameter windows) are recorded by
+    :func:`note_prefetch` for the lanes that execute them. L1, uniform-cache, local and tensormap prefetches,
+    and a generic prefetch of a shared address (the ISA: no operation), record nothing."""
+    mods = ins.parts[1:]
+    if ins.parts[0] == "prefetchu":
+        if mods != ["L1"]:
+            raise ctx.unsupported(ins, "prefetchu takes .L1 only")
+        return _no_effect
+    if mods and mods[-1] == "tensormap":
+        if len(mods) > 2 or (len(mods) == 2 and mods[0] not in ("const", "param")):
+            raise ctx.unsupported(ins, "a tensormap prefetch takes .const, .param or no state space")
+        return _no_effect
+    space = mods[0] if mods and mods[0] in ("global", "local") else None
+    level = mods[1:] if space else mods
+    if len(level) != 1 or level[0] not in _PREFETCH_LEVELS:
+        raise ctx.unsupported(ins, f"cache level {'.'.join(level) or '(none)'}")
+    if "::" in level[0] and space != "global":
+        raise ctx.unsupported(ins, "an eviction priority needs the .global state space")
+    if level[0] == "L1" or space == "local":
+        return _no_effect
+    _, ga = ctx.addr(ins.operands[0])
+
+    def ex(w, m):
+        lanes = ALL_LANES if m is FULL else np.nonzero(m)[0]
+        a = ga(w)[lanes]
+        if space is None:  # generic: the global lanes (a shared or parameter address: no operation)
+            glob = a < np.uint64(PARAM_WINDOW)
+            lanes, a = lanes[glob], a[glob]
+        note_pdl(w, "prefetches", a)
+        note_prefetch(w, a, _where(w, ins, lanes))
+
+    return ex
 
 
 __all__ = ["CpAsyncState", "L2_LINE", "cluster_target", "finish_cta_async", "note_prefetch", "read_bytes", "shared_target",

@@ -50,6 +50,8 @@ from nvgemm.templates.sm90_moe.config import fused_finalize_ok
 from nvgemm.templates.sm90_moe.launch import FinalizeArgs, MoeWorkList, finalize, finalize_args, work_list
 from nvgemm.templates.sm100_moe.config import Sm100MoeConfig, moe_shape_problem, padded_rows, validate_moe_config
 from nvgemm.templates.common.triton_stand_in import stand_in
+from nvgemm.heuristics.perfmodel.hardware import get_hardware
+from nvgemm.templates.sm100_moe.perf import prefetch_fits_l2
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -294,6 +296,21 @@ def gemm2_args(config: Sm100MoeConfig, a1: Sm100MoeGemmArgs, wl: MoeWorkList, st
 
 # --------------------------------------------------------------------------- the layer
 
+_L2: dict = {}
+
+
+def l2_bytes(device: torch.device) -> float:
+    """The L2 size the decode prefetches are bounded by: the CUDA device's own (asked once per device); elsewhere
+    (the PTX emulator's stand-in) the B200 model's."""
+    key = (device.type, device.index)
+    if key not in _L2:
+        if device.type == "cuda":
+            _L2[key] = float(torch.cuda.get_device_properties(device).L2_cache_size)
+        else:
+            _L2[key] = get_hardware("B200").l2_mb * 1e6
+    return _L2[key]
+
+
 Launch = Callable[[Sm100MoeGemmArgs], None]
 
 
@@ -314,9 +331,11 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         # lazy: triton import cost
         from nvgemm.templates.sm100_moe.prep_triton import moe_prep_triton
 
-        # the prep also L2-prefetches GEMM1's weights of the experts the routing selects (fused launch)
+        # the prep also L2-prefetches GEMM1's weights of the experts the routing selects (fused launch), where
+        # both GEMMs' routed weights fit the L2 bound (perf.prefetch_fits_l2; the policy asks the same question)
+        pf = prefetch_fits_l2(topk_ids.numel(), w13.shape[0], s13.rows, s13.k, s2.rows, s2.k, l2_bytes(xin.device))
         prep = moe_prep_triton(xin, topk_ids, expert_map, w13.shape[0], w13_input_scale, tn, s13.rows // 2,
-                               kernel=kernel, w13=s13.weight, w13_scale=s13.scale)
+                               kernel=kernel, w13=s13.weight if pf else None, w13_scale=s13.scale if pf else None)
         wl, b1, sfb1, yrow, sf2 = prep.work_list, prep.codes, prep.scales, prep.y_rows, prep.b2_scales
         yfin = prep.finalize_rows
     else:

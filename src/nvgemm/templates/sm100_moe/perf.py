@@ -57,7 +57,10 @@ from nvgemm.templates.sm100_moe.config import FUSED_PREP_MAX_PAIRS
 from nvgemm.templates.sm90_moe.config import work_tiles_bound
 from nvgemm.heuristics.perfmodel.hardware import get_hardware
 from nvgemm.templates.sm100_w4a4.perf import EPI_SUBTILE_CYCLES, persistent_ctas
+from nvgemm.heuristics.perfmodel.model import estimate, estimate_l2_fed
 from nvgemm.templates.sm90_moe.perf import (
+    _with_pdl,
+    expected_tiles,
     FINALIZE_KERNELS,
     NVFP4_BYTES_PER_ELEM,
     MoeGemmEstimate,
@@ -196,9 +199,6 @@ def prefetched_pair_us(config13, config2, m: int, top_k: int, num_experts: int, 
     (:func:`prefetch_timeline`), priced as :func:`moe_gemm_estimates` prices each GEMM -- the dense twin on the
     whole-slot problems around the expected work slots, interpolated, plus the grid's empty slots -- or None when
     the model has no estimate. With both prefetches off it is :func:`moe_gemm_estimates`' numbers."""
-    from nvgemm.heuristics.perfmodel.model import estimate, estimate_l2_fed  # lazy: the policy's fast path skips it
-    from nvgemm.templates.sm90_moe.perf import expected_tiles, _with_pdl
-
     pairs = m * top_k if histogram is None else sum(histogram)
     per = []
     for cfg, rows, k in ((config13, rows13, k13), (config2, rows2, k2)):

@@ -40,6 +40,7 @@ from nvgemm.templates.sm100_moe.perf import (
     prep_kernels as _prep_kernels,
 )
 from nvgemm.heuristics.perfmodel.hardware import get_hardware
+from nvgemm.templates.sm90_moe.perf import expected_tiles
 from nvgemm.templates.sm100_moe.config import (
     MOE_SPLIT_K,
     MOE_TILE_N,
@@ -158,8 +159,6 @@ def price_pair(shape: MoeShape, config13: Sm100MoeConfig, config2: Sm100MoeConfi
                                 sm_count, histogram, prep_prefetch=prep_pf, gemm1_prefetch=g1_pf)
         if us is None:
             return None
-        from nvgemm.templates.sm90_moe.perf import expected_tiles
-
         return MoeCandidate(config13, config2, us[0], us[1],
                             expected_tiles(m, shape.top_k, shape.num_experts, config13.tile_n, histogram))
     jobs = [([config13], [config13.dense()], config13.tile_n, rows13, k13),

@@ -232,3 +232,48 @@ def test_serving_needs_num_experts_per_tok(tmp_path, capsys):
     (ckpt / "config.json").write_text(json.dumps({"hidden_size": H}))
     assert main(["precompile", "--checkpoint", str(ckpt), "--vllm", "--arch", "sm_100a", "--dry-run"]) == 2
     assert "num_experts_per_tok" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- the launchers' call_kernels
+
+@pytest.mark.parametrize("m", [1, 2, 3, 9])
+@pytest.mark.parametrize("family", ["sm100_moe", "sm90_moe", "sm120_moe"])
+def test_call_kernels_are_what_moe_forward_launches(family, m):
+    """Each launcher's ``call_kernels`` (what precompile builds) names the (config, epilogue) its ``moe_forward``
+    hands to ``launch``: the host path runs on CPU with a launch that only records (torch-path routing; the
+    kernels' outputs are never read for this)."""
+    import importlib
+
+    from nvgemm.core.backend import MoeProblem
+    from nvgemm.dispatch.moe import selfcheck_inputs
+
+    launch_mod = importlib.import_module(f"nvgemm.templates.{family}.launch")
+    p = MoeProblem(m=m, top_k=TOPK, num_experts=E, num_global_experts=E, hidden=H, intermediate=I,
+                   activation="silu_mul", weight_only=family == "sm90_moe", alpha13="expert", x_dtype=torch.bfloat16,
+                   out_dtype=torch.bfloat16, device_type="cpu", capability=None, router_weight_on_input=False,
+                   expert_map=False, shared_out=False, residual=False)
+    (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwoi, emap, shared, res, out_dtype) = \
+        selfcheck_inputs(p, torch.device("cpu"))
+    recorded = []
+
+    def launch(a):
+        recorded.append((a.config, a.spec))
+
+    if family == "sm100_moe":
+        c1, c2 = p100.pick_moe_configs(m, E, TOPK, H, I, 148)
+        launch_mod.moe_forward(x, ids, emap, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwoi, shared, res,
+                               out_dtype, c1, c2, launch)
+        want = launch_mod.call_kernels(m, TOPK, c1, c2, x.dtype, out_dtype)
+    elif family == "sm90_moe":
+        c1, c2 = p90.pick_moe_configs(m, E, TOPK, H, I, True, 132)
+        launch_mod.moe_forward(x, ids, emap, wts, w13, s13, g13, w2, s2, g2, act, rwoi, shared, res, out_dtype,
+                               c1, c2, launch)
+        want = launch_mod.call_kernels(m, TOPK, c1, c2, x.dtype, act, out_dtype)
+    else:
+        c1, c2 = p120.pick_moe_configs(m, E, TOPK, H, I, "sm_120a", 170)
+        launch_mod.moe_forward(x, ids, emap, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwoi, shared, res,
+                               out_dtype, c1, c2, launch)
+        want = launch_mod.call_kernels(c1, c2, x.dtype)
+    assert recorded == list(want)
+    if family != "sm120_moe":  # GEMM2 runs the finalize for at most 2 tokens
+        assert want[1][0].finalize == (m <= 2)

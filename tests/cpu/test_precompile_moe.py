@@ -227,6 +227,12 @@ def test_serving_per_row_alpha_when_gate_and_up_scales_differ(tmp_path):
     assert g1 and all("_avector-" in n for n in g1)
 
 
+def test_expert_parallel_needs_a_serving_engine(tmp_path, capsys):
+    ckpt = write_moe_ckpt(tmp_path / "c")
+    assert main(["precompile", "--checkpoint", str(ckpt), "--expert-parallel", "--arch", "sm_100a", "--dry-run"]) == 2
+    assert "--expert-parallel" in capsys.readouterr().err
+
+
 def test_serving_needs_num_experts_per_tok(tmp_path, capsys):
     ckpt = write_moe_ckpt(tmp_path / "c")
     (ckpt / "config.json").write_text(json.dumps({"hidden_size": H}))

@@ -9,6 +9,7 @@ Examples::
     nvgemm precompile --model Mistral-7B --dry-run           # list the kernels, compile nothing
     nvgemm precompile --checkpoint ./Llama-NVFP4 --vllm --tp 2 --arch sm_100a --max-m 8192
     nvgemm precompile --checkpoint ./Llama-NVFP4 --sglang --tp 2 --arch sm_100a --max-m 8192
+    nvgemm precompile --model Qwen3-30B-A3B --arch sm_100a,sm_90a,sm_120a --dry-run   # MoE: grouped kernels too
 
 With ``--vllm`` (needs ``--checkpoint``) the list is exactly what ``vllm serve`` with nvgemm's plugin
 runs: vLLM's fused q/k/v and gate/up layers, per-rank shapes for ``--tp``, each layer's epilogue
@@ -24,6 +25,20 @@ up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.aot.abi.Compi
 in the cache are skipped; the rest compile in ``--jobs`` worker processes. No GPU is needed: the
 arch is explicit and SM counts come from ``--gpu`` (default: B200 for sm_100a, H100 for sm_90a; for
 sm_120a / sm_121a, which have no named GPU, the arch's default: RTX 5090's 170 / GB10's 48 SMs).
+
+MoE models -- a MoE preset (``nvgemm.heuristics.presets.MOE_PRESETS``), or a checkpoint whose headers hold
+routed experts (:func:`nvgemm.core.experts_layout.find_experts`; experts per token from ``config.json``'s
+``num_experts_per_tok``) -- also get the grouped MoE kernels of the arch's family: ``sm100_moe`` (sm_100a,
+sm_100f: the runtime loads sm_100a builds), ``sm90_moe`` (sm_90a, W4A16) and ``sm120_moe`` (sm_120a,
+sm_121a); an arch or format without one (sm_103a; W4A4 experts on sm_90a) is reported with the backend that
+serves the experts. Per M bucket, the family policy's first ``--max-candidates`` (GEMM1, GEMM2) pairs at the
+bucket's upper M, each in the variants its launcher runs for the bucket's token counts (``call_kernels``:
+GEMM2 running the top-k finalize for calls of at most 2 tokens, sm90's one-token direct kernels); with
+``--vllm`` / ``--sglang`` exactly the pair the MoE dispatch picks for every token count, per rank (``I / tp``;
+with ``--expert-parallel`` whole experts spread over the ``--tp`` ranks). The MoE path's Triton prep and
+finalize kernels are JIT-compiled by Triton at first use; precompile does not build them. ``--dry-run`` lists
+the grouped kernels with their family, GEMM and M bucket; the summary and ``--json`` (``moe_kernels``) count
+them per family.
 
 Exit status: 0 when every kernel is compiled or cached, 3 when some failed (listed with reasons),
 2 on bad arguments, including a request that names no arch or whose every GEMM has no kernel.
@@ -65,12 +80,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "precompile",
         help="compile every kernel candidate for a model ahead of time (no GPU needed)",
         description="Compile, export and link every kernel the candidate policy would try for a model's "
-        "GEMMs into the kernel cache, so serving never compiles. Re-running on a full cache compiles nothing.",
+        "GEMMs -- dense layers and, for MoE models, the routed experts' grouped MoE kernels (sm100_moe / "
+        "sm90_moe / sm120_moe; their Triton prep / finalize kernels are JIT, not built here) -- into the kernel "
+        "cache, so serving never compiles. Re-running on a full cache compiles nothing.",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model preset (see `nvgemm plan --help`)")
+    src.add_argument("--model", help="model preset (see `nvgemm plan --help`); a MoE preset adds its grouped MoE "
+                     "kernels")
     src.add_argument("--checkpoint", type=Path, help="NVFP4 checkpoint directory (safetensors); shapes are read "
-                     "from the tensor headers only")
+                     "from the tensor headers only (routed experts: grouped MoE kernels, top-k from config.json)")
     src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
     src.add_argument("--selftest", action="store_true", help="build the tiny AOT selftest kernel (toolchain check)")
     p.add_argument("--arch", default="sm_100a,sm_90a",
@@ -203,6 +221,8 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
         return "selftest", list((lbl, s) for s, lbl in specs.items()), skipped
     if getattr(args, "vllm", False) or getattr(args, "sglang", False):
         return _vllm_specs(args, arches)
+    if getattr(args, "expert_parallel", False):
+        raise ValueError("--expert-parallel describes a serving engine's ranks: it needs --vllm or --sglang")
     title, layers = _layers(args)
     buckets = _buckets(args)
     for arch in arches:
@@ -300,7 +320,8 @@ def _vllm_specs(args, arches):
         raise ValueError("--tp must be >= 1")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.out_dtype]
     gemms = vllm_gemms(args.checkpoint, args.tp)
-    moes = served_moe_layers(args.checkpoint, args.tp, args.expert_parallel, engine.lower())
+    ep = getattr(args, "expert_parallel", False)
+    moes = served_moe_layers(args.checkpoint, args.tp, ep, engine.lower())
     specs: dict[object, str] = {}
     skipped: list[tuple[str, str]] = []
     for arch in arches:
@@ -322,7 +343,7 @@ def _vllm_specs(args, arches):
                 skipped.append((label, f"served by {', '.join(sorted(backends_used))} (no CuTeDSL kernel to build)"))
         for mo in moes:
             label = f"{_short(mo.layer)} E={mo.num_experts}/{mo.num_global_experts} top-{mo.top_k} H={mo.hidden} " \
-                    f"I={mo.intermediate} tp={args.tp}{' ep' if args.expert_parallel else ''} {arch}"
+                    f"I={mo.intermediate} tp={args.tp}{' ep' if ep else ''} {arch}"
             if not mo.gated:
                 skipped.append((label, "non-gated experts: their activation is not in the checkpoint headers; "
                                        "no grouped kernel listed"))

@@ -184,8 +184,8 @@ def vllm_gemms(ckpt, tp: int = 1) -> list[ServedGemm]:
 
     layouts = find_experts(checkpoint_tensors(ckpt))
     experts = expert_tensors(layouts)  # routed experts: a fused-MoE layer each, not linears
-    layers = sorted(k[: -len(".weight_scale")] for k in where if k.endswith(".weight_scale")
-                    and not experts(k) and f"{k[: -len('.weight_scale')]}.weight" in where and where[k[: -len('.weight_scale')] + ".weight"]
+    layers = sorted(k[: -len(".weight_scale")] for k in where if k.endswith(".weight_scale") and not experts(k)
+                    and f"{k[: -len('.weight_scale')]}.weight" in where and where[k[: -len('.weight_scale')] + ".weight"]
                     .get_slice(k[: -len(".weight_scale")] + ".weight").get_dtype() == "U8")
     if not layers:
         if layouts:  # an experts-only checkpoint: its linears stay unquantized

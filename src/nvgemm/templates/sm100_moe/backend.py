@@ -57,8 +57,8 @@ def picked_configs(p: MoeProblem, sm_count: int):
 
 
 def candidate_configs(p: MoeProblem, sm_count: int, max_candidates: int) -> list:
-    """The policy's ranked (GEMM1, GEMM2) configs for ``p``'s layer at ``p.m`` tokens (the first is :func:`picked_configs`
-    at the upper M of a bucket)."""
+    """The policy's ranked (GEMM1, GEMM2) configs for ``p``'s layer at ``p.m`` tokens (the first is
+    :func:`picked_configs` at the upper M of a bucket)."""
     shape = MoeShape("plan", p.num_experts, p.top_k, p.hidden, p.intermediate)
     return [(c.config13, c.config2) for c in moe_candidates(shape, p.m, sm_count=sm_count,
                                                            max_candidates=max_candidates)]
@@ -90,4 +90,5 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
 
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
 
-__all__ = ["ARCH", "BACKEND", "BACKEND_NAME", "call_specs", "candidate_configs", "compile_spec_for", "picked_configs", "run", "supports"]
+__all__ = ["ARCH", "BACKEND", "BACKEND_NAME", "call_specs", "candidate_configs", "compile_spec_for", "picked_configs",
+           "run", "supports"]

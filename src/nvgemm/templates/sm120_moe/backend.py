@@ -54,8 +54,8 @@ def picked_configs(p: MoeProblem, sm_count: int):
 
 
 def candidate_configs(p: MoeProblem, sm_count: int, max_candidates: int) -> list:
-    """The policy's ranked (GEMM1, GEMM2) configs for ``p``'s layer at ``p.m`` tokens (the first is :func:`picked_configs`
-    at the upper M of a bucket)."""
+    """The policy's ranked (GEMM1, GEMM2) configs for ``p``'s layer at ``p.m`` tokens (the first is
+    :func:`picked_configs` at the upper M of a bucket)."""
     arch = ARCH_OF_CAPABILITY[tuple(p.capability)]
     return [pair for pair, _ in moe_candidates(p.m, p.num_experts, p.top_k, p.hidden, p.intermediate, arch, sm_count,
                                                max_candidates)]
@@ -97,5 +97,5 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
 
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
 
-__all__ = ["ARCH_OF_CAPABILITY", "BACKEND", "BACKEND_NAME", "call_specs", "candidate_configs", "compile_spec_for", "picked_configs", "run",
-           "supports"]
+__all__ = ["ARCH_OF_CAPABILITY", "BACKEND", "BACKEND_NAME", "call_specs", "candidate_configs", "compile_spec_for",
+           "picked_configs", "run", "supports"]

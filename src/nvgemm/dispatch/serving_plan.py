@@ -19,6 +19,7 @@ It mirrors ``run_sm100`` / ``run_sm90`` (the same pick functions and the same ``
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,6 +34,7 @@ from nvgemm.templates.sm100_moe import backend as sm100_moe_backend
 from nvgemm.templates.sm100_w4a4 import backend as sm100_backend
 from nvgemm.templates.sm120_moe import backend as sm120_moe_backend
 from nvgemm.templates.sm90_moe import backend as sm90_moe_backend
+from nvgemm.templates.sm90_moe.policy import bucket_of
 from nvgemm.templates.sm120_w4a4 import backend as sm120_backend
 from nvgemm.templates.sm90_w4a16 import backend as sm90_backend
 
@@ -268,8 +270,16 @@ def moe_plan(p: MoeProblem, sm_count: int | None = None) -> MoeChoice:
     if mod is None:
         return MoeChoice(b.name, None, (), passed)
     sms = _sm_count(p, sm_count)
-    configs = mod.picked_configs(p, sms)
+    configs = _picked(b.name, dataclasses.replace(p, m=bucket_of(p.m)[1]), sms)
     return MoeChoice(b.name, tuple(configs), tuple(mod.call_specs(p, configs, sms)), passed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _picked(backend: str, p_hi: MoeProblem, sms: int):
+    """The backend's pick at a bucket's upper M: every M of the bucket runs it (the grouped policies pick one
+    pair per bucket, :func:`~nvgemm.templates.sm90_moe.policy.bucket_of`), so planning 1..max M prices each
+    bucket once."""
+    return MOE_KERNEL_BACKENDS[backend].picked_configs(p_hi, sms)
 
 
 def moe_candidate_specs(p: MoeProblem, ms, sm_count: int | None, max_candidates: int) -> tuple[str, list]:

@@ -116,7 +116,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--template-module", action="append", default=[],
                    help="extra module that registers kernel templates (imported in every worker)")
     p.add_argument("--dry-run", action="store_true", help="list the kernels and whether they are cached; compile nothing")
-    p.add_argument("--json", type=Path, default=None, help="also write the summary as JSON to this file")
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write the summary (with --dry-run: the kernel list) as JSON to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -151,18 +152,14 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
     return [(name, n, k) for (n, k), name in seen.items()]
 
 
-#: One routed-experts layer to build grouped kernels for: (name, experts, top_k, hidden, intermediate, gated,
-#: weight_only or None: the arch's natural format (a preset)).
-MoeLayer = tuple
-
-
 def _short(prefix: str) -> str:
     return ".".join(p for p in prefix.split(".") if not p.isdigit() and p not in ("model", "layers"))
 
 
-def moe_layers(args) -> list[MoeLayer]:
+def moe_layers(args) -> list[tuple]:
     """The routed-experts layers of ``--model`` (a MoE preset) or ``--checkpoint`` (headers + config.json's
-    ``num_experts_per_tok``), identical ones once; [] for dense models and ``--shape``."""
+    ``num_experts_per_tok``) as ``(name, experts, top_k, hidden, intermediate, gated, weight_only)``, identical
+    ones once (``weight_only`` None for a preset: the arch's own format); [] for dense models and ``--shape``."""
     out: dict = {}
     if args.model:
         moe = get_moe_preset(args.model)
@@ -224,6 +221,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
     if getattr(args, "expert_parallel", False):
         raise ValueError("--expert-parallel describes a serving engine's ranks: it needs --vllm or --sglang")
     title, layers = _layers(args)
+    moes = moe_layers(args)
     buckets = _buckets(args)
     for arch in arches:
         check_arch_gpu(arch, args.gpu)
@@ -252,7 +250,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                     )
                     specs.setdefault(s, label)
         dtype = epi.out_dtype
-        for name, e, top_k, h, i, gated, weight_only in moe_layers(args):
+        for name, e, top_k, h, i, gated, weight_only in moes:
             label = f"{name} E={e} top-{top_k} H={h} I={i} {arch}"
             if not gated:
                 skipped.append((label, "non-gated experts: their activation is not in the checkpoint headers; "

@@ -9,6 +9,7 @@ Examples::
     nvgemm precompile --model Mistral-7B --dry-run           # list the kernels, compile nothing
     nvgemm precompile --checkpoint ./Llama-NVFP4 --vllm --tp 2 --arch sm_100a --max-m 8192
     nvgemm precompile --checkpoint ./Llama-NVFP4 --sglang --tp 2 --arch sm_100a --max-m 8192
+    nvgemm precompile --model Qwen3-30B-A3B --arch sm_100a,sm_90a,sm_120a --dry-run   # MoE: grouped kernels too
 
 With ``--vllm`` (needs ``--checkpoint``) the list is exactly what ``vllm serve`` with nvgemm's plugin
 runs: vLLM's fused q/k/v and gate/up layers, per-rank shapes for ``--tp``, each layer's epilogue
@@ -24,6 +25,20 @@ up to ``--max-candidates`` configs; each becomes a :class:`~nvgemm.aot.abi.Compi
 in the cache are skipped; the rest compile in ``--jobs`` worker processes. No GPU is needed: the
 arch is explicit and SM counts come from ``--gpu`` (default: B200 for sm_100a, H100 for sm_90a; for
 sm_120a / sm_121a, which have no named GPU, the arch's default: RTX 5090's 170 / GB10's 48 SMs).
+
+MoE models -- a MoE preset (``nvgemm.heuristics.presets.MOE_PRESETS``), or a checkpoint whose headers hold
+routed experts (:func:`nvgemm.core.experts_layout.find_experts`; experts per token from ``config.json``'s
+``num_experts_per_tok``) -- also get the grouped MoE kernels of the arch's family: ``sm100_moe`` (sm_100a,
+sm_100f: the runtime loads sm_100a builds), ``sm90_moe`` (sm_90a, W4A16) and ``sm120_moe`` (sm_120a,
+sm_121a); an arch or format without one (sm_103a; W4A4 experts on sm_90a) is reported with the backend that
+serves the experts. Per M bucket, the family policy's first ``--max-candidates`` (GEMM1, GEMM2) pairs at the
+bucket's upper M, each in the variants its launcher runs for the bucket's token counts (``call_kernels``:
+GEMM2 running the top-k finalize for calls of at most 2 tokens, sm90's one-token direct kernels); with
+``--vllm`` / ``--sglang`` exactly the pair the MoE dispatch picks for every token count, per rank (``I / tp``;
+with ``--expert-parallel`` whole experts spread over the ``--tp`` ranks). The MoE path's Triton prep and
+finalize kernels are JIT-compiled by Triton at first use; precompile does not build them. ``--dry-run`` lists
+the grouped kernels with their family, GEMM and M bucket; the summary and ``--json`` (``moe_kernels``) count
+them per family.
 
 Exit status: 0 when every kernel is compiled or cached, 3 when some failed (listed with reasons),
 2 on bad arguments, including a request that names no arch or whose every GEMM has no kernel.
@@ -44,12 +59,16 @@ from nvgemm.aot.abi import CompileSpec, DEFAULT_HW, HardwareSpec, template_id_fo
 from nvgemm.aot.cache import CacheResult, KernelCache, default_cache_dir
 from nvgemm.aot.compile_spec import capture_codegen_env
 from nvgemm.aot.selftest import SELFTEST_TEMPLATE_ID, SelftestConfig
-from nvgemm.core.files import safetensors_files, safetensors_header
+from nvgemm.core.backend import MoeProblem
+from nvgemm.core.experts_layout import expert_tensors, find_experts
+from nvgemm.core.family import family_of_config
+from nvgemm.core.files import checkpoint_tensors
 from nvgemm.dispatch.registry import LinearProblem
-from nvgemm.dispatch.serving_plan import plan, vllm_gemms
+from nvgemm.dispatch.serving_plan import (MOE_KERNEL_BACKENDS, checkpoint_top_k, moe_candidate_specs, moe_plan, plan,
+                                          served_moe_layers, vllm_gemms)
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.heuristics import GemmProblem, Target, candidates, m_buckets, problem_status
-from nvgemm.heuristics.presets import get_preset
+from nvgemm.heuristics.presets import get_moe_preset, get_preset
 
 ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
 
@@ -61,12 +80,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "precompile",
         help="compile every kernel candidate for a model ahead of time (no GPU needed)",
         description="Compile, export and link every kernel the candidate policy would try for a model's "
-        "GEMMs into the kernel cache, so serving never compiles. Re-running on a full cache compiles nothing.",
+        "GEMMs -- dense layers and, for MoE models, the routed experts' grouped MoE kernels (sm100_moe / "
+        "sm90_moe / sm120_moe; their Triton prep / finalize kernels are JIT, not built here) -- into the kernel "
+        "cache, so serving never compiles. Re-running on a full cache compiles nothing.",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model preset (see `nvgemm plan --help`)")
+    src.add_argument("--model", help="model preset (see `nvgemm plan --help`); a MoE preset adds its grouped MoE "
+                     "kernels")
     src.add_argument("--checkpoint", type=Path, help="NVFP4 checkpoint directory (safetensors); shapes are read "
-                     "from the tensor headers only")
+                     "from the tensor headers only (routed experts: grouped MoE kernels, top-k from config.json)")
     src.add_argument("--shape", action="append", type=int_pair, metavar="N,K", help="ad-hoc GEMM shape (repeatable)")
     src.add_argument("--selftest", action="store_true", help="build the tiny AOT selftest kernel (toolchain check)")
     p.add_argument("--arch", default="sm_100a,sm_90a",
@@ -84,6 +106,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="with --checkpoint: exactly the kernels SGLang with nvgemm's plugin runs (see above)")
     p.add_argument("--tp", type=int, default=1,
                    help="with --vllm / --sglang: the engine's tensor-parallel size (default 1)")
+    p.add_argument("--expert-parallel", action="store_true",
+                   help="with --vllm / --sglang: the routed experts are spread over the --tp ranks (vLLM "
+                        "--enable-expert-parallel, SGLang --ep-size = --tp) instead of split tensor-parallel")
     p.add_argument("--max-candidates", type=int, default=8)
     p.add_argument("--no-nvmmh", action="store_true", help="decode rules only (skip nvMatmulHeuristics)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(4, CPUs))")
@@ -91,7 +116,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--template-module", action="append", default=[],
                    help="extra module that registers kernel templates (imported in every worker)")
     p.add_argument("--dry-run", action="store_true", help="list the kernels and whether they are cached; compile nothing")
-    p.add_argument("--json", type=Path, default=None, help="also write the summary as JSON to this file")
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write the summary (with --dry-run: the kernel list) as JSON to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -103,16 +129,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
     """(name, N, K) of the NVFP4 linears in a safetensors checkpoint, from the headers only.
 
-    A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``.
-    Identical (N, K) shapes are reported once, named after the first layer that has them.
+    A linear is NVFP4 when its ``.weight`` is uint8 [N, K/2] with a sibling ``.weight_scale``; routed experts
+    (:func:`nvgemm.core.experts_layout.find_experts`) are not linears. Identical (N, K) shapes are reported
+    once, named after the first layer that has them. An experts-only checkpoint has none.
     """
-    tensors: dict[str, dict] = {}
-    for f in safetensors_files(ckpt):  # regular files only: a FIFO would hang
-        header = safetensors_header(f)
-        tensors.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
+    tensors = checkpoint_tensors(ckpt)  # regular files only: a FIFO would hang
+    layouts = find_experts(tensors)
+    experts = expert_tensors(layouts)
     seen: dict[tuple[int, int], str] = {}
     for name in sorted(tensors):
-        if not name.endswith(".weight"):
+        if not name.endswith(".weight") or experts(name):
             continue
         t = tensors[name]
         base = name[: -len(".weight")]
@@ -121,13 +147,38 @@ def checkpoint_shapes(ckpt: Path) -> list[tuple[str, int, int]]:
         nk = (int(t["shape"][0]), int(t["shape"][1]) * 2)
         short = ".".join(p for p in base.split(".") if not p.isdigit() and p not in ("model", "layers"))
         seen.setdefault(nk, short)
-    if not seen:
+    if not seen and not layouts:
         raise ValueError(f"no NVFP4 linear weights (uint8 .weight + .weight_scale) found in {ckpt}")
     return [(name, n, k) for (n, k), name in seen.items()]
 
 
+def _short(prefix: str) -> str:
+    return ".".join(p for p in prefix.split(".") if not p.isdigit() and p not in ("model", "layers"))
+
+
+def moe_layers(args) -> list[tuple]:
+    """The routed-experts layers of ``--model`` (a MoE preset) or ``--checkpoint`` (headers + config.json's
+    ``num_experts_per_tok``) as ``(name, experts, top_k, hidden, intermediate, gated, weight_only)``, identical
+    ones once (``weight_only`` None for a preset: the arch's own format); [] for dense models and ``--shape``."""
+    out: dict = {}
+    if args.model:
+        moe = get_moe_preset(args.model)
+        if moe is not None:
+            out[(moe.num_experts, moe.top_k, moe.hidden, moe.expert_intermediate, True, None)] = "experts"
+    elif args.checkpoint:
+        layouts = find_experts(checkpoint_tensors(args.checkpoint))
+        top_k = checkpoint_top_k(args.checkpoint) if layouts else 0
+        for lay in layouts:
+            out.setdefault((lay.num_experts, top_k, lay.hidden, lay.intermediate, lay.gated, lay.weight_only),
+                           _short(lay.prefix))
+    return [(name, *key) for key, name in out.items()]
+
+
 def _layers(args) -> tuple[str, list[tuple[str, int, int]]]:
     if args.model:
+        moe = get_moe_preset(args.model)
+        if moe is not None:  # the layer's attention and shared-expert GEMMs; the routed experts: moe_layers()
+            return moe.name, [(lg.name, lg.n, lg.k) for lg in moe.dense_gemms()]
         preset = get_preset(args.model)
         return preset.name, [(lg.name, lg.n, lg.k) for lg in preset.layers]
     if args.checkpoint:
@@ -167,7 +218,10 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
         return "selftest", list((lbl, s) for s, lbl in specs.items()), skipped
     if getattr(args, "vllm", False) or getattr(args, "sglang", False):
         return _vllm_specs(args, arches)
+    if getattr(args, "expert_parallel", False):
+        raise ValueError("--expert-parallel describes a serving engine's ranks: it needs --vllm or --sglang")
     title, layers = _layers(args)
+    moes = moe_layers(args)
     buckets = _buckets(args)
     for arch in arches:
         check_arch_gpu(arch, args.gpu)
@@ -195,6 +249,27 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                         a_format=a_format, b_format="nvfp4", codegen_env=env,
                     )
                     specs.setdefault(s, label)
+        dtype = epi.out_dtype
+        for name, e, top_k, h, i, gated, weight_only in moes:
+            label = f"{name} E={e} top-{top_k} H={h} I={i} {arch}"
+            if not gated:
+                skipped.append((label, "non-gated experts: their activation is not in the checkpoint headers; "
+                                       "no grouped kernel listed"))
+                continue
+            wo = target.family == "sm90" if weight_only is None else weight_only
+            for lo, hi in buckets:
+                p = MoeProblem(m=hi, top_k=top_k, num_experts=e, num_global_experts=e, hidden=h, intermediate=i,
+                               activation="silu_mul", weight_only=wo, alpha13="expert", x_dtype=dtype,
+                               out_dtype=dtype, device_type="cuda", capability=ARCH_CAPABILITY[arch],
+                               router_weight_on_input=False, expert_map=False, shared_out=False, residual=False)
+                backend, found = moe_candidate_specs(p, range(lo, hi + 1), target.sm_count, args.max_candidates)
+                if not found:
+                    why = _NO_AOT.get(backend, "no grouped CuTeDSL kernel")
+                    skipped.append((label, f"routed experts served by {backend}: {why}"))
+                    break
+                fam = _family(backend)
+                for idx, g, spec in found:
+                    specs.setdefault(spec, f"{fam} GEMM{g + 1} {label} M={lo}..{hi} #{idx + 1}")
     if not specs:  # every problem was refused: the request itself cannot be served
         if not skipped:
             raise ValueError(f"no kernel to build for {title} on {', '.join(arches)}")
@@ -202,6 +277,16 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
         more = f" (and {len(skipped) - 1} more problems)" if len(skipped) > 1 else ""
         raise ValueError(f"no kernel to build: no candidates for {label}: {reason}{more}")
     return title, list((lbl, s) for s, lbl in specs.items()), skipped
+
+
+#: MoE backends without AOT kernels: what serves the experts instead
+_NO_AOT = {"triton_moe": "JIT Triton kernels (compiled by Triton at first use, not by nvgemm precompile)",
+           "emulated": "the emulated op (dequantize + torch matmul; no kernel to build)"}
+
+
+def _family(backend: str) -> str:
+    """The kernel family of a grouped MoE backend (``cutedsl_sm100_moe`` -> ``sm100_moe``)."""
+    return backend.removeprefix("cutedsl_")
 
 
 ARCH_CAPABILITY = {"sm_100a": (10, 0), "sm_100f": (10, 0), "sm_103a": (10, 3), "sm_90a": (9, 0), "sm_120a": (12, 0),
@@ -233,6 +318,8 @@ def _vllm_specs(args, arches):
         raise ValueError("--tp must be >= 1")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.out_dtype]
     gemms = vllm_gemms(args.checkpoint, args.tp)
+    ep = getattr(args, "expert_parallel", False)
+    moes = served_moe_layers(args.checkpoint, args.tp, ep, engine.lower())
     specs: dict[object, str] = {}
     skipped: list[tuple[str, str]] = []
     for arch in arches:
@@ -252,6 +339,22 @@ def _vllm_specs(args, arches):
                     specs.setdefault(choice.spec, f"{label} M={m}")
             if backends_used <= {"emulated", "triton_w4a16"}:
                 skipped.append((label, f"served by {', '.join(sorted(backends_used))} (no CuTeDSL kernel to build)"))
+        for mo in moes:
+            label = f"{_short(mo.layer)} E={mo.num_experts}/{mo.num_global_experts} top-{mo.top_k} H={mo.hidden} " \
+                    f"I={mo.intermediate} tp={args.tp}{' ep' if ep else ''} {arch}"
+            if not mo.gated:
+                skipped.append((label, "non-gated experts: their activation is not in the checkpoint headers; "
+                                       "no grouped kernel listed"))
+                continue
+            backends_used = set()
+            for m in range(1, args.max_m + 1):
+                choice = moe_plan(mo.problem(m, ARCH_CAPABILITY[arch], dtype), sm_count)
+                backends_used.add(choice.backend)
+                for g, spec in enumerate(choice.specs):
+                    specs.setdefault(spec, f"{_family(choice.backend)} GEMM{g + 1} {label} M={m}")
+            if not backends_used & set(MOE_KERNEL_BACKENDS):
+                skipped.append((label, "routed experts served by " + "; ".join(
+                    f"{b}: {_NO_AOT.get(b, 'no grouped CuTeDSL kernel')}" for b in sorted(backends_used))))
     return f"{args.checkpoint} ({engine}, tp={args.tp})", list((lbl, s) for s, lbl in specs.items()), skipped
 
 
@@ -319,12 +422,23 @@ def run(args) -> int:
             results[spec.name()] = ("cached", label, "", 0.0, None)
         else:
             todo.append((label, spec))
+    moe_counts = Counter(f for f in (moe_family(spec) for _, spec in specs) if f)
+    moe_line = (f"grouped MoE kernels: {', '.join(f'{f} {n}' for f, n in sorted(moe_counts.items()))} (their Triton "
+                "prep / finalize kernels are JIT: Triton compiles them at first use)") if moe_counts else ""
     print(f"nvgemm precompile: {title}: {len(specs)} kernels for {args.arch} -> {cache.fp_dir()}"
-          f" ({len(specs) - len(todo)} cached, {len(todo)} to build)", file=sys.stderr)
+          f" ({len(specs) - len(todo)} cached, {len(todo)} to build){'; ' + moe_line if moe_line else ''}",
+          file=sys.stderr)
     if args.dry_run:
         for label, spec in specs:
             state = "cached" if spec.name() in results else "missing"
             print(f"  {state:7s} {spec.template_id:18s} {spec.name()}  [{label}]")
+        for label, reason in skipped:
+            print(f"  no kernel for {label}: {reason}")
+        if args.json:
+            _write_json(args.json, title, args.arch, cache, 0.0, Counter(), skipped, moe_counts,
+                        {spec.name(): {"status": "cached" if spec.name() in results else "missing", "label": label,
+                                       "family": _family_name(spec), "config": _config_name(spec), "arch": spec.arch}
+                         for label, spec in specs})
         return 0
     if todo:
         jobs = args.jobs or settings.NVGEMM_PRECOMPILE_JOBS or min(4, os.cpu_count() or 1)
@@ -394,16 +508,37 @@ def run(args) -> int:
             print(f"      {nm}")
         if len(names) > 3:
             print(f"      ... and {len(names) - 3} more")
+    if moe_line:
+        print(f"  {moe_line}")
     for label, reason in skipped[:5]:
         print(f"  no candidates for {label}: {reason}")
     if len(skipped) > 5:
         print(f"  ... {len(skipped) - 5} more problems without candidates")
     if args.json:
-        doc = {
-            "title": title, "arch": args.arch, "cache": str(cache.fp_dir()), "wall_s": wall,
-            "counts": dict(counts), "skipped": skipped,
-            "kernels": {k: {"status": v[0], "label": v[1], "error": v[2], "seconds": v[3], "timings_s": v[4]}
-                        for k, v in results.items()},
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=1))
+        by_name = {spec.name(): spec for _, spec in specs}
+        _write_json(args.json, title, args.arch, cache, wall, counts, skipped, moe_counts,
+                    {k: {"status": v[0], "label": v[1], "error": v[2], "seconds": v[3], "timings_s": v[4],
+                         "family": _family_name(by_name[k]), "config": _config_name(by_name[k]),
+                         "arch": by_name[k].arch} for k, v in results.items()})
     return 3 if failed else 0
+
+
+def _family_name(spec) -> str | None:
+    fam = family_of_config(spec.config)
+    return fam.name if fam is not None else None
+
+
+def _config_name(spec) -> str:
+    return spec.config.name() if hasattr(spec.config, "name") else type(spec.config).__name__
+
+
+def moe_family(spec) -> str | None:
+    """The grouped MoE family building ``spec`` (a family registering a ``moe`` backend), else None."""
+    fam = family_of_config(spec.config)
+    return fam.name if fam is not None and any(kind == "moe" for kind, _ in fam.backends) else None
+
+
+def _write_json(path, title, arch, cache, wall, counts, skipped, moe_counts, kernels) -> None:
+    doc = {"title": title, "arch": arch, "cache": str(cache.fp_dir()), "wall_s": wall, "counts": dict(counts),
+           "moe_kernels": dict(moe_counts), "skipped": skipped, "kernels": kernels}
+    Path(path).write_text(json.dumps(doc, indent=1))

@@ -72,3 +72,12 @@ def safetensors_header(path: str | os.PathLike, error: type[Exception] = ValueEr
     if not isinstance(header, dict):
         raise error(f"{p}: the safetensors header is not a JSON object")
     return header
+
+
+def checkpoint_tensors(folder: str | os.PathLike, error: type[Exception] = ValueError) -> dict[str, dict]:
+    """Every tensor's header entry (name -> dtype/shape/offsets) over a checkpoint folder's safetensors files."""
+    tensors: dict[str, dict] = {}
+    for f in safetensors_files(folder, error):  # regular files only: a FIFO would hang
+        header = safetensors_header(f, error)
+        tensors.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
+    return tensors

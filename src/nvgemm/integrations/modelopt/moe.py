@@ -25,13 +25,13 @@ import inspect
 import torch
 from torch import nn
 
+from nvgemm.core.experts_layout import EXPERT_PROJ_NAMES
 from nvgemm.core.formats import NVFP4, check_block_scales, to_blocked
 from nvgemm.nn.experts import NVFP4Experts
 
 #: checkpoint-name aliases of transformers 5 module names (hub names ModelOpt restores on export):
 #: (regex on the module name, replacement); Mixtral's block_sparse_moe, NemotronH's backbone
 NAME_ALIASES = ((r"\.mlp\.", ".block_sparse_moe."), (r"^model\.", "backbone."))
-_PROJ_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 #: transformers activation classes -> nvfp4_moe activations (gated experts must be SiLU)
 _ACTIVATIONS = {"SiLU": "silu", "SiLUActivation": "silu", "ReLUSquaredActivation": "relu2",
                 "GELUTanh": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh"}
@@ -97,7 +97,7 @@ def load_experts(idx, name: str, mod: nn.Module, kind: str, qcfg, loader, error)
         return _load_stacked(idx, prefix, e, h, i, kind == "bmm", algo, activation, error)
     if not gated:
         return _load_per_expert(idx, prefix, name, e, h, i, ("up_proj", "down_proj"), qcfg, loader, activation, error)
-    for names in _PROJ_NAMES:
+    for names in EXPERT_PROJ_NAMES:
         if f"{prefix}.0.{names[0]}.weight" in idx or f"{prefix}.0.{names[0]}.weight_packed" in idx:
             break
     else:

@@ -56,3 +56,15 @@ def w4a4_moe_spec_status(family: str, spec, archs) -> Status:
     if epi.bias or epi.residual:
         return Status.fail("the grouped kernel has no bias / residual (the finalize adds shared_out and residual)")
     return Status.success()
+
+
+def problem_call_args(p) -> dict:
+    """The call facts of a ``MoeProblem`` that pick a grouped family's kernel variants (``call_kernels`` of its
+    launcher): the GEMM1 alpha kind, and ``shared_out`` / ``residual`` as meta tensors of the activations'
+    dtype and shape (callers pass them contiguous in that dtype) or None."""
+
+    def meta(present: bool):
+        return torch.empty((p.m, p.hidden), dtype=p.x_dtype, device="meta") if present else None
+
+    return {"alpha13": "vector" if p.alpha13 == "row" else "scalar", "shared_out": meta(p.shared_out),
+            "residual": meta(p.residual)}

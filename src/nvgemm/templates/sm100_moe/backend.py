@@ -20,13 +20,13 @@ import functools
 
 import torch
 
-from nvgemm.templates.common.grouped_moe import w4a4_moe_problem_reason
+from nvgemm.templates.common.grouped_moe import problem_call_args, w4a4_moe_problem_reason
 from nvgemm.core.backend import Backend, MoeProblem
 from nvgemm.aot.abi import HardwareSpec
 from nvgemm.aot.cache import default_cache
 from nvgemm.aot.compile_spec import make_spec
-from nvgemm.templates.sm100_moe.launch import moe_forward
-from nvgemm.templates.sm100_moe.policy import pick_moe_configs
+from nvgemm.templates.sm100_moe.launch import call_kernels, moe_forward
+from nvgemm.templates.sm100_moe.policy import MoeShape, moe_candidates, pick_moe_configs
 
 BACKEND_NAME = "cutedsl_sm100_moe"
 PRIORITY = 90
@@ -41,10 +41,33 @@ def supports(p: MoeProblem):
     return w4a4_moe_problem_reason(p, "TMA rows")
 
 
+def compile_spec_for(config, spec, sm_count: int):
+    """The kernel-cache key of one grouped GEMM (``config`` as launched, epilogue ``spec``)."""
+    return make_spec("sm100_moe_nvfp4", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count))
+
+
 @functools.lru_cache(maxsize=1024)
 def _kernel_for(config, spec, sm_count: int):
-    cs = make_spec("sm100_moe_nvfp4", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count))
-    return default_cache().get(cs)
+    return default_cache().get(compile_spec_for(config, spec, sm_count))
+
+
+def picked_configs(p: MoeProblem, sm_count: int):
+    """The (GEMM1, GEMM2) configs :func:`run` picks for problem ``p`` on a GPU of ``sm_count`` SMs."""
+    return pick_moe_configs(p.m, p.num_experts, p.top_k, p.hidden, p.intermediate, sm_count)
+
+
+def candidate_configs(p: MoeProblem, sm_count: int, max_candidates: int) -> list:
+    """The policy's ranked (GEMM1, GEMM2) configs for ``p``'s layer at ``p.m`` tokens (the first is
+    :func:`picked_configs` at the upper M of a bucket)."""
+    shape = MoeShape("plan", p.num_experts, p.top_k, p.hidden, p.intermediate)
+    return [(c.config13, c.config2) for c in moe_candidates(shape, p.m, sm_count=sm_count,
+                                                           max_candidates=max_candidates)]
+
+
+def call_specs(p: MoeProblem, configs, sm_count: int) -> tuple:
+    """The kernel-cache keys :func:`run` loads for problem ``p`` with (GEMM1, GEMM2) ``configs`` (on CUDA)."""
+    kernels = call_kernels(p.m, p.top_k, configs[0], configs[1], p.x_dtype, p.out_dtype, **problem_call_args(p))
+    return tuple(compile_spec_for(c, e, sm_count) for c, e in kernels)
 
 
 def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale, w2_scale_2,
@@ -67,4 +90,5 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
 
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
 
-__all__ = ["BACKEND", "BACKEND_NAME", "run", "supports"]
+__all__ = ["ARCH", "BACKEND", "BACKEND_NAME", "call_specs", "candidate_configs", "compile_spec_for", "picked_configs",
+           "run", "supports"]

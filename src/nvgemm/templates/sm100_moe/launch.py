@@ -48,7 +48,8 @@ from nvgemm.templates.common.grouped_moe import w4a4_moe_prelude
 from nvgemm.templates.common.workspace import WORKSPACES
 from nvgemm.templates.sm90_moe.config import fused_finalize_ok
 from nvgemm.templates.sm90_moe.launch import FinalizeArgs, MoeWorkList, finalize, finalize_args, work_list
-from nvgemm.templates.sm100_moe.config import Sm100MoeConfig, moe_shape_problem, padded_rows, validate_moe_config
+from nvgemm.templates.sm100_moe.config import (FUSED_PREP_MAX_PAIRS, Sm100MoeConfig, moe_shape_problem, padded_rows,
+                                               validate_moe_config)
 from nvgemm.templates.common.triton_stand_in import stand_in
 from nvgemm.heuristics.perfmodel.hardware import get_hardware
 from nvgemm.templates.sm100_moe.perf import prefetch_fits_l2
@@ -242,6 +243,40 @@ def b2_scale_atoms_ref(slots: int, tile_n: int, inter: int, device) -> torch.Ten
     return atoms.reshape(-1)
 
 
+def gemm1_epilogue(alpha_kind: str, x_dtype: torch.dtype) -> EpilogueSpec:
+    """GEMM1's epilogue (part of its kernel's key): alpha per expert ("scalar") or per row ("vector"), SwiGLU,
+    the NVFP4 requant of GEMM2's input."""
+    return EpilogueSpec(alpha=alpha_kind, activation="silu_mul", out_dtype=x_dtype, out_quant=True)
+
+
+def gemm2_epilogue(finalize_dtype: Optional[torch.dtype] = None) -> EpilogueSpec:
+    """GEMM2's epilogue: fp32 rows, or with the fused finalize its rounding to ``finalize_dtype``."""
+    return EpilogueSpec(alpha="scalar", activation="none",
+                        out_dtype=torch.float32 if finalize_dtype is None else finalize_dtype)
+
+
+def gemm2_config(config: Sm100MoeConfig, fuse: bool) -> Sm100MoeConfig:
+    """GEMM2's config as a call runs it: the finalize fused or not, early weight loads with PDL."""
+    return dataclasses.replace(config, finalize=fuse, early_weights=config.pdl)
+
+
+def fuses_finalize(m: int, top_k: int, x_dtype, out_dtype, shared_out=None, residual=None) -> bool:
+    """Whether GEMM2 of a CUDA call runs the finalize: the one-launch prep made its row table (at most
+    :data:`~.config.FUSED_PREP_MAX_PAIRS` pairs) and :func:`~nvgemm.templates.sm90_moe.config.fused_finalize_ok`."""
+    return 0 < m * top_k <= FUSED_PREP_MAX_PAIRS and fused_finalize_ok(m, x_dtype, out_dtype, shared_out, residual)
+
+
+def call_kernels(m: int, top_k: int, config13: Sm100MoeConfig, config2: Sm100MoeConfig, x_dtype: torch.dtype,
+                 out_dtype: Optional[torch.dtype] = None, alpha13: str = "scalar", shared_out=None,
+                 residual=None) -> tuple:
+    """``((config, epilogue) of GEMM1, (config, epilogue) of GEMM2)``: the two kernels a CUDA
+    :func:`moe_forward` of ``m`` tokens launches (what it asks the kernel cache for)."""
+    out_dtype = out_dtype or x_dtype
+    fuse = fuses_finalize(m, top_k, x_dtype, out_dtype, shared_out, residual)
+    return ((config13, gemm1_epilogue(alpha13, x_dtype)),
+            (gemm2_config(config2, fuse), gemm2_epilogue(out_dtype if fuse else None)))
+
+
 def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: MoeWorkList, stack: Sm100MoeStack,
                alpha_kind: str, alpha: torch.Tensor, x_dtype: torch.dtype, stream_id: int = 0,
                out_scales: Optional[torch.Tensor] = None) -> Sm100MoeGemmArgs:
@@ -260,7 +295,7 @@ def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: M
     if scales.numel() != wl.slots * blocked_numel(128, i // NVFP4.block_size):
         raise ValueError(f"nvgemm sm100 moe: GEMM2's scale atoms hold {scales.numel()} bytes, expected "
                          f"{wl.slots * blocked_numel(128, i // NVFP4.block_size)}")
-    spec = EpilogueSpec(alpha=alpha_kind, activation="silu_mul", out_dtype=x_dtype, out_quant=True)
+    spec = gemm1_epilogue(alpha_kind, x_dtype)
     ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
     return Sm100MoeGemmArgs(stack.weight, b, stack.scale, sfb, codes, alpha, wl.tiles, scales, ws, cnt,
                             stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config)
@@ -288,7 +323,7 @@ def gemm2_args(config: Sm100MoeConfig, a1: Sm100MoeGemmArgs, wl: MoeWorkList, st
     dev = a1.c.device
     y = torch.empty((n, stack.rows), dtype=torch.float32, device=dev)
     # with the finalize, out_dtype is the finalize's rounding (y stays fp32: the kernel's c)
-    spec = EpilogueSpec(alpha="scalar", activation="none", out_dtype=torch.float32 if fin is None else fin.out.dtype)
+    spec = gemm2_epilogue(None if fin is None else fin.out.dtype)
     ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
     return Sm100MoeGemmArgs(stack.weight, a1.c, stack.scale, a1.residual.view(_E4M3), y, alpha, wl.tiles, None, ws,
                             cnt, stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config, fin)
@@ -350,7 +385,7 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     fin = None
     if fuse:  # GEMM2 runs the finalize: 3 launches
         fin = finalize_args(dataclasses.replace(wl, y_rows=yfin), wts, shared_out, residual, out_dtype, s2.rows)
-    a2 = gemm2_args(dataclasses.replace(config2, finalize=fuse, early_weights=config2.pdl), a1, wl, s2, alpha2,
+    a2 = gemm2_args(gemm2_config(config2, fuse), a1, wl, s2, alpha2,
                     stream_id, fin=fin)
     launch(a2)
     if fuse:
@@ -362,6 +397,6 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     return out
 
 
-__all__ = ["Sm100MoeGemmArgs", "Sm100MoeStack", "alpha_table", "b2_scale_atoms_ref", "cached_moe_stack", "gemm1_args",
-           "gemm2_args",
+__all__ = ["Sm100MoeGemmArgs", "Sm100MoeStack", "alpha_table", "b2_scale_atoms_ref", "cached_moe_stack", "call_kernels",
+           "fuses_finalize", "gemm1_args", "gemm1_epilogue", "gemm2_args", "gemm2_config", "gemm2_epilogue",
            "moe_forward", "prepare_moe_stack", "slot_activations", "slot_rows_of_pairs", "slot_sf_atoms"]

@@ -19,14 +19,14 @@ import functools
 
 import torch
 
-from nvgemm.templates.common.grouped_moe import w4a4_moe_problem_reason
+from nvgemm.templates.common.grouped_moe import problem_call_args, w4a4_moe_problem_reason
 from nvgemm.aot.abi import DEFAULT_HW
 from nvgemm.aot.cache import default_cache
 from nvgemm.aot.compile_spec import make_spec
 from nvgemm.core.backend import Backend, MoeProblem
 from nvgemm.templates.sm120_moe.config import TEMPLATE_ID
-from nvgemm.templates.sm120_moe.launch import moe_forward
-from nvgemm.templates.sm120_moe.policy import pick_moe_configs
+from nvgemm.templates.sm120_moe.launch import call_kernels, moe_forward
+from nvgemm.templates.sm120_moe.policy import moe_candidates, pick_moe_configs
 
 BACKEND_NAME = "cutedsl_sm120_moe"
 #: below the data-center grouped kernels' (sm100: 90); capabilities never overlap
@@ -45,6 +45,29 @@ def supports(p: MoeProblem):
 def compile_spec_for(config, spec, arch: str):
     # the AOT key does not depend on the SM count (the grid is sized at launch): the arch's default
     return make_spec(TEMPLATE_ID, config, arch, epilogue=spec, hw=DEFAULT_HW[arch])
+
+
+def picked_configs(p: MoeProblem, sm_count: int):
+    """The (GEMM1, GEMM2) configs :func:`run` picks for problem ``p`` on a GPU of ``sm_count`` SMs."""
+    arch = ARCH_OF_CAPABILITY[tuple(p.capability)]
+    return pick_moe_configs(p.m, p.num_experts, p.top_k, p.hidden, p.intermediate, arch, sm_count)
+
+
+def candidate_configs(p: MoeProblem, sm_count: int, max_candidates: int) -> list:
+    """The policy's ranked (GEMM1, GEMM2) configs for ``p``'s layer at ``p.m`` tokens (the first is
+    :func:`picked_configs` at the upper M of a bucket)."""
+    arch = ARCH_OF_CAPABILITY[tuple(p.capability)]
+    return [pair for pair, _ in moe_candidates(p.m, p.num_experts, p.top_k, p.hidden, p.intermediate, arch, sm_count,
+                                               max_candidates)]
+
+
+def call_specs(p: MoeProblem, configs, sm_count: int) -> tuple:
+    """The kernel-cache keys :func:`run` loads for problem ``p`` with (GEMM1, GEMM2) ``configs`` (``sm_count``
+    is not part of them)."""
+    del sm_count
+    arch = ARCH_OF_CAPABILITY[tuple(p.capability)]
+    kernels = call_kernels(configs[0], configs[1], p.x_dtype, problem_call_args(p)["alpha13"])
+    return tuple(compile_spec_for(c, e, arch) for c, e in kernels)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -74,4 +97,5 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
 
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
 
-__all__ = ["ARCH_OF_CAPABILITY", "BACKEND", "BACKEND_NAME", "compile_spec_for", "run", "supports"]
+__all__ = ["ARCH_OF_CAPABILITY", "BACKEND", "BACKEND_NAME", "call_specs", "candidate_configs", "compile_spec_for",
+           "picked_configs", "run", "supports"]

@@ -38,6 +38,7 @@ from nvgemm.templates.sm100_moe.launch import (
     alpha_table,
     b2_scale_atoms_ref,
     cached_moe_stack,
+    gemm1_epilogue,
     slot_activations,
     slot_rows_of_pairs,
 )
@@ -115,6 +116,18 @@ def cached_alpha_tables(w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale
     return _memo("sm120_moe_alpha", w13_scale_2, (w13_scale_2, w13_input_scale, w2_scale_2, w2_input_scale), make)
 
 
+def gemm2_epilogue(alpha_kind: str = "scalar") -> EpilogueSpec:
+    """GEMM2's epilogue (part of its kernel's key): fp32 rows, alpha per expert or per row."""
+    return EpilogueSpec(alpha=alpha_kind, activation="none", out_dtype=torch.float32)
+
+
+def call_kernels(config13: Sm120MoeConfig, config2: Sm120MoeConfig, x_dtype: torch.dtype, alpha13: str = "scalar",
+                 alpha2: str = "scalar") -> tuple:
+    """``((config, epilogue) of GEMM1, (config, epilogue) of GEMM2)``: the two kernels :func:`moe_forward`
+    launches (the same for every token count: the finalize is a separate kernel)."""
+    return (config13, gemm1_epilogue(alpha13, x_dtype)), (config2, gemm2_epilogue(alpha2))
+
+
 def gemm1_args(config: Sm120MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: MoeWorkList, stack: Sm100MoeStack,
                alpha_kind: str, alpha: torch.Tensor, x_dtype: torch.dtype, stream_id: int = 0,
                out_scales: Optional[torch.Tensor] = None) -> Sm120MoeGemmArgs:
@@ -133,7 +146,7 @@ def gemm1_args(config: Sm120MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: M
     if scales.numel() != wl.slots * blocked_numel(128, i // NVFP4.block_size):
         raise ValueError(f"nvgemm sm120 moe: GEMM2's scale atoms hold {scales.numel()} bytes, expected "
                          f"{wl.slots * blocked_numel(128, i // NVFP4.block_size)}")
-    spec = EpilogueSpec(alpha=alpha_kind, activation="silu_mul", out_dtype=x_dtype, out_quant=True)
+    spec = gemm1_epilogue(alpha_kind, x_dtype)
     work, count = _workspace(config, tokens, stack.rows, True, dev, stream_id, alpha)
     return Sm120MoeGemmArgs(b, sfb.reshape(-1).view(torch.uint8), stack.weight, stack.scale.view(torch.uint8), alpha,
                             wl.tiles, codes, scales.view(torch.uint8), work, count, stack.rows, stack.rows_padded,
@@ -153,7 +166,7 @@ def gemm2_args(config: Sm120MoeConfig, a1: Sm120MoeGemmArgs, wl: MoeWorkList, st
     tokens = a1.out.shape[0]
     dev = a1.out.device
     y = torch.empty((tokens, stack.rows), dtype=torch.float32, device=dev)
-    spec = EpilogueSpec(alpha=alpha_kind, activation="none", out_dtype=torch.float32)
+    spec = gemm2_epilogue(alpha_kind)
     work, count = _workspace(config, tokens, stack.rows, False, dev, stream_id, alpha)
     return Sm120MoeGemmArgs(a1.out, a1.out_scale, stack.weight, stack.scale.view(torch.uint8), alpha, wl.tiles, y,
                             a1.out_scale, work, count, stack.rows, stack.rows_padded, spec, config)
@@ -198,4 +211,5 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     return out
 
 
-__all__ = ["Sm120MoeGemmArgs", "cached_alpha_tables", "gemm1_args", "gemm2_args", "moe_forward", "split_k_needs"]
+__all__ = ["Sm120MoeGemmArgs", "cached_alpha_tables", "call_kernels", "gemm1_args", "gemm2_args", "gemm2_epilogue",
+           "moe_forward", "split_k_needs"]

@@ -24,8 +24,9 @@ from nvgemm.core.backend import Backend, MoeProblem
 from nvgemm.aot.abi import HardwareSpec
 from nvgemm.aot.cache import default_cache
 from nvgemm.aot.compile_spec import make_spec
-from nvgemm.templates.sm90_moe.launch import moe_forward
-from nvgemm.templates.sm90_moe.policy import pick_moe_configs
+from nvgemm.templates.common.grouped_moe import problem_call_args
+from nvgemm.templates.sm90_moe.launch import call_kernels, moe_forward
+from nvgemm.templates.sm90_moe.policy import MoeShape, moe_candidates, pick_moe_configs
 from nvgemm.templates.sm90_w4a16.operand import kind_of
 
 BACKEND_NAME = "cutedsl_sm90_moe"
@@ -52,11 +53,38 @@ def supports(p: MoeProblem) -> Optional[str]:
     return None
 
 
+def compile_spec_for(config, spec, x_dtype: torch.dtype, sm_count: int):
+    """The kernel-cache key of one grouped GEMM (``config`` as launched, epilogue ``spec``, activations ``x_dtype``)."""
+    return make_spec("sm90_moe_mma", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
+                     a_format=kind_of(x_dtype), b_format="nvfp4")
+
+
 @functools.lru_cache(maxsize=1024)
 def _kernel_for(config, spec, x_dtype: torch.dtype, sm_count: int):
-    cs = make_spec("sm90_moe_mma", config, ARCH, epilogue=spec, hw=HardwareSpec(sm_count=sm_count),
-                   a_format=kind_of(x_dtype), b_format="nvfp4")
-    return default_cache().get(cs)
+    return default_cache().get(compile_spec_for(config, spec, x_dtype, sm_count))
+
+
+def picked_configs(p: MoeProblem, sm_count: int):
+    """The (GEMM1, GEMM2) configs :func:`run` picks for problem ``p`` on a GPU of ``sm_count`` SMs."""
+    return pick_moe_configs(p.m, p.num_experts, p.top_k, p.hidden, p.intermediate, p.activation == "silu_mul",
+                            sm_count)
+
+
+def candidate_configs(p: MoeProblem, sm_count: int, max_candidates: int) -> list:
+    """The policy's ranked (GEMM1, GEMM2) configs for ``p``'s layer at ``p.m`` tokens (the first is
+    :func:`picked_configs` at the upper M of a bucket)."""
+    shape = MoeShape("plan", p.num_experts, p.top_k, p.hidden, p.intermediate)
+    cands = moe_candidates(shape, p.m, sm_count=sm_count, max_candidates=max_candidates,
+                           gated=p.activation == "silu_mul")
+    return [(c.config13, c.config2) for c in cands]
+
+
+def call_specs(p: MoeProblem, configs, sm_count: int) -> tuple:
+    """The kernel-cache keys :func:`run` loads for problem ``p`` with (GEMM1, GEMM2) ``configs`` (routing ids
+    int32 and contiguous, as the serving plugins pass them)."""
+    kernels = call_kernels(p.m, p.top_k, configs[0], configs[1], p.x_dtype, p.activation, p.out_dtype,
+                           expert_map=p.expert_map, **problem_call_args(p))
+    return tuple(compile_spec_for(c, e, p.x_dtype, sm_count) for c, e in kernels)
 
 
 def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale, w2_scale_2,
@@ -82,4 +110,5 @@ def run(x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale,
 
 BACKEND = Backend(name=BACKEND_NAME, priority=PRIORITY, supports=supports, run=run)
 
-__all__ = ["BACKEND", "BACKEND_NAME", "run", "supports"]
+__all__ = ["ARCH", "BACKEND", "BACKEND_NAME", "call_specs", "candidate_configs", "compile_spec_for", "picked_configs",
+           "run", "supports"]

@@ -263,6 +263,34 @@ def finalize_args(wl: MoeWorkList, weights: torch.Tensor, shared_out, residual, 
                                                                              residual is not None, dev))
 
 
+def gemm_epilogue(alpha_kind: str, activation: str, out_dtype: torch.dtype) -> EpilogueSpec:
+    """One grouped GEMM's epilogue (part of its kernel's key): alpha per expert ("scalar") or per row ("vector")."""
+    return EpilogueSpec(alpha=alpha_kind, activation=activation, out_dtype=out_dtype)
+
+
+def gemm2_config(config: Sm90MoeConfig, fuse: bool, direct: bool = False) -> Sm90MoeConfig:
+    """GEMM2's config as a call runs it: the finalize fused or not (``direct`` only with it), early weight
+    loads with PDL."""
+    if fuse:
+        return replace(config, finalize=True, direct=direct, early_weights=config.pdl)
+    return replace(config, finalize=False, early_weights=config.pdl)
+
+
+def call_kernels(m: int, top_k: int, config13: Sm90MoeConfig, config2: Sm90MoeConfig, x_dtype: torch.dtype,
+                 activation: str = "silu_mul", out_dtype: Optional[torch.dtype] = None, alpha13: str = "scalar",
+                 expert_map: bool = False, shared_out=None, residual=None) -> tuple:
+    """``((config, epilogue) of GEMM1, (config, epilogue) of GEMM2)``: the two kernels :func:`moe_forward`
+    launches for ``m`` tokens routed by int32 contiguous ids (as the serving plugins pass them), with or
+    without an expert map."""
+    out_dtype = out_dtype or x_dtype
+    ids = torch.empty((m, top_k), dtype=torch.int32, device="meta")
+    emap = torch.empty((1,), dtype=torch.int32, device="meta") if expert_map else None
+    direct = direct_ok(ids, emap, x_dtype, out_dtype, shared_out, residual)
+    fuse = fused_finalize_ok(m, x_dtype, out_dtype, shared_out, residual)
+    return ((replace(config13, direct=direct), gemm_epilogue(alpha13, activation, x_dtype)),
+            (gemm2_config(config2, fuse, direct), gemm_epilogue("scalar", "none", torch.float32)))
+
+
 def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: MoeWorkList, stack: MoeStack,
               alpha: torch.Tensor, activation: str, out_dtype: torch.dtype, ws: Optional[Sm90Workspace] = None,
               stream_id: int = 0, fin: Optional[FinalizeArgs] = None) -> MoeGemmArgs:
@@ -280,8 +308,7 @@ def gemm_args(config: Sm90MoeConfig, x: torch.Tensor, rows: torch.Tensor, wl: Mo
         raise ValueError(f"nvgemm sm90 moe: activations have K={x.shape[1]}, the weights K={stack.k}")
     p = wl.pos.numel()
     n_out = stack.rows // 2 if gated else stack.rows
-    spec = EpilogueSpec(alpha="vector" if alpha.numel() > stack.num_experts else "scalar", activation=activation,
-                        out_dtype=out_dtype)
+    spec = gemm_epilogue("vector" if alpha.numel() > stack.num_experts else "scalar", activation, out_dtype)
     out = torch.empty((p, n_out), dtype=out_dtype, device=x.device)
     alpha = alpha.reshape(-1).contiguous()  # [E] or per row [E * rows] (the ABI's 1-D alpha)
     if config.finalize != (fin is not None):
@@ -384,13 +411,13 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     if wl.y_rows is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual):
         # GEMM2 runs the finalize: 3 launches (2 with ``direct``)
         fin = finalize_args(wl, wts, shared_out, residual, out_dtype, x.shape[1])
-        a2 = gemm_args(replace(config2, finalize=True, direct=direct, early_weights=config2.pdl), a1.out, ident, wl,
+        a2 = gemm_args(gemm2_config(config2, True, direct), a1.out, ident, wl,
                        s2, w2_scale_2.float(),
                        "none", torch.float32, ws, stream_id, fin=fin)
         launch(a2)
         out = fin.out
     else:
-        a2 = gemm_args(replace(config2, finalize=False, early_weights=config2.pdl), a1.out, ident, wl, s2,
+        a2 = gemm_args(gemm2_config(config2, False), a1.out, ident, wl, s2,
                        w2_scale_2.float(), "none",
                        torch.float32, ws, stream_id)
         launch(a2)
@@ -400,5 +427,6 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
     return out
 
 
-__all__ = ["direct_ok", "direct_work_list", "zero_rows", "MoeGemmArgs", "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
+__all__ = ["call_kernels", "direct_ok", "direct_work_list", "gemm2_config", "gemm_epilogue", "zero_rows", "MoeGemmArgs",
+           "MoeStack", "MoeWorkList", "build_work_list", "cached_moe_stack",
            "finalize", "finalize_ref", "gemm_args", "identity_rows", "local_expert_ids", "work_list", "moe_forward", "prepare_moe_stack"]

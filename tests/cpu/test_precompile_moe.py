@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from nvgemm.cli import main
 from nvgemm.core.experts_layout import find_experts
 from nvgemm.cli.precompile import checkpoint_shapes
-from nvgemm.heuristics import m_buckets
+from nvgemm.templates.sm90_moe.policy import moe_buckets
 from nvgemm.heuristics.presets import MOE_PRESETS
 from nvgemm.templates.sm100_moe import policy as p100
 from nvgemm.templates.sm120_moe import policy as p120
@@ -66,7 +66,7 @@ def policy_pairs(family, m, e, top_k, h, i, sms, n=8):
 def test_dry_run_lists_the_policys_moe_candidates(tmp_path, capsys, family, arch, sms):
     doc = dry_run(tmp_path, "--model", "Qwen3-30B-A3B", "--arch", arch, "--max-m", "64")
     want = {"GEMM1": set(), "GEMM2": set()}
-    for _, hi in m_buckets(64):
+    for _, hi in moe_buckets(64):
         for c1, c2 in policy_pairs(family, hi, QWEN.num_experts, QWEN.top_k, QWEN.hidden, QWEN.expert_intermediate,
                                    sms):
             want["GEMM1"].add(c1.name())
@@ -184,7 +184,7 @@ def test_checkpoint_dry_run_lists_the_policys_moe_candidates(tmp_path, family, a
     ckpt = write_moe_ckpt(tmp_path / "c", w4a16=family == "sm90_moe")
     doc = dry_run(tmp_path, "--checkpoint", str(ckpt), "--arch", arch, "--max-m", "32")
     want = {"GEMM1": set(), "GEMM2": set()}
-    for _, hi in m_buckets(32):
+    for _, hi in moe_buckets(32):
         for c1, c2 in policy_pairs(family, hi, E, TOPK, H, I, sms):
             want["GEMM1"].add(c1.name())
             want["GEMM2"].add(c2.name())

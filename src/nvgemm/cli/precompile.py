@@ -68,6 +68,7 @@ from nvgemm.dispatch.serving_plan import (MOE_KERNEL_BACKENDS, checkpoint_top_k,
                                           served_moe_layers, vllm_gemms)
 from nvgemm.core.epilogue import EpilogueSpec
 from nvgemm.heuristics import GemmProblem, Target, candidates, m_buckets, problem_status
+from nvgemm.templates.sm90_moe.policy import one_token_apart
 from nvgemm.heuristics.presets import get_moe_preset, get_preset
 
 ARCH_DEFAULT_GPU = {"sm_100a": "B200", "sm_100f": "B200", "sm_103a": "B300", "sm_90a": "H100"}
@@ -257,7 +258,7 @@ def plan_specs(args) -> tuple[str, list[tuple[str, object]], list[tuple[str, str
                                        "no grouped kernel listed"))
                 continue
             wo = target.family == "sm90" if weight_only is None else weight_only
-            for lo, hi in buckets:
+            for lo, hi in one_token_apart(buckets):  # the MoE policies' buckets: one token on its own
                 p = MoeProblem(m=hi, top_k=top_k, num_experts=e, num_global_experts=e, hidden=h, intermediate=i,
                                activation="silu_mul", weight_only=wo, alpha13="expert", x_dtype=dtype,
                                out_dtype=dtype, device_type="cuda", capability=ARCH_CAPABILITY[arch],

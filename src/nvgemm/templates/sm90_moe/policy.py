@@ -153,8 +153,13 @@ def moe_buckets(max_m: int = 256) -> list[tuple[int, int]]:
     best kernels differ most from a few tokens' (at one token a routed expert has one row: deeper split-K, other
     token tiles, and the L2 prefetches of ``templates/sm100_moe`` fit), so it gets its own pick; every M of a
     bucket still runs the same kernels (batch invariance within a bucket, one CUDA graph per bucket)."""
+    return one_token_apart(m_buckets(max_m))
+
+
+def one_token_apart(buckets) -> list[tuple[int, int]]:
+    """``buckets`` (``(lo, hi)`` pairs) with a bucket starting at one token split into ``(1, 1)`` and the rest."""
     out = []
-    for lo, hi in m_buckets(max_m):
+    for lo, hi in buckets:
         if lo == 1 and hi > 1:
             out += [(1, 1), (2, hi)]
         else:
@@ -250,5 +255,5 @@ def format_plan(shape: MoeShape, ms, gpu: str = "H200", max_candidates: int = MA
                            lambda c: f"tile_m={c.config13.tile_m} tiles", "nvgemm_cutedsl_sm90_moe_mma_")
 
 
-__all__ = ["MAX_CANDIDATES", "MOE_LAYERS", "MoeCandidate", "MoeShape", "bucket_of", "moe_buckets", "format_plan",
+__all__ = ["MAX_CANDIDATES", "MOE_LAYERS", "MoeCandidate", "MoeShape", "bucket_of", "moe_buckets", "one_token_apart", "format_plan",
            "get_moe_layer", "layer_model", "moe_candidates", "pick_moe_configs", "shape_from_preset"]

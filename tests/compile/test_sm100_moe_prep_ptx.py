@@ -32,10 +32,15 @@ TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "map_ptr": "*i32", "ins_ptr": "*fp
 PREFETCH = re.compile(r"@%\w+ prefetch\.global\.L2::evict_last \[%rd\d+\];")
 
 
-@pytest.mark.parametrize("arch,tn,prefetch", [(100, 8, True), (100, 64, False), (90, 16, True)])
-def test_prep_compiles_exact(arch, tn, prefetch):
+@pytest.mark.parametrize("arch,tn,prefetch,gdc", [(100, 8, True, True), (100, 64, False, False), (90, 16, True, True)])
+def test_prep_compiles_exact(arch, tn, prefetch, gdc):
     ptx = ptx_of(_moe_prep_kernel, TYPES, {"TOPK": 8, "TN": tn, "BLOCK": 16, "BLOCK_K": 128, "FUSED": True,
-                                           "HAS_MAP": False, "ZERO_SF2": True, "PREFETCH": prefetch}, arch, False)
+                                           "HAS_MAP": False, "ZERO_SF2": True, "PREFETCH": prefetch,
+                                           "USE_GDC": gdc}, arch, False)
+    # PDL: the wait comes before the first global load (the ids are the predecessor's), the signal right after it
+    assert ptx.count("griddepcontrol.wait") == ptx.count("griddepcontrol.launch_dependents") == (1 if gdc else 0)
+    if gdc:
+        assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global")
     check_division(ptx)
     assert not re.search(r"\bfma\.rn\.f32", ptx), "FMA contraction in the quantizer"
     assert "atom." not in ptx

@@ -41,7 +41,13 @@ Program ``(j, kt)`` of the grid ``(work slots, K tiles)``:
   ``-1`` / unmapped pairs prefetch nothing. GEMM1's TMA loads then hit L2. A prefetch is a hint with
   no functional effect (the outputs are the same bytes with or without it); the PTX emulator records
   the lines (``Launch.ext["l2_prefetch_lines"]``) and refuses an address outside the kernel's
-  tensors, and the tests require exactly the selected experts' lines, each once.
+  tensors, and the tests require exactly the selected experts' lines, each once. It happens only where both
+  GEMMs' routed weights fit the L2 bound (the launcher asks :func:`~.perf.prefetch_fits_l2` with the device's
+  L2 size), so the lines are still there when GEMM1 reads them.
+* **PDL** (sm_90+, ``NVGEMM_PDL``): launched with programmatic stream serialization; every program executes
+  ``griddepcontrol.wait`` before its first read (the ids, the map and the activations are its predecessors'
+  outputs) and ``griddepcontrol.launch_dependents`` right after it, so GEMM1 launches while the prep runs;
+  GEMM1's own wait still waits for this grid to complete and its writes to be visible.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ import triton.language as tl
 
 from nvgemm.templates.sm100_moe.config import FUSED_PREP_MAX_PAIRS as FUSED_MAX_PAIRS
 from nvgemm.templates.sm90_moe.config import MoeWorkList, work_tiles_bound
-from nvgemm.templates.triton._common import is_interpreted, nvfp4_quantize_tile
+from nvgemm.templates.triton._common import (is_interpreted, launch_options, nvfp4_quantize_tile, pdl_launch_dependents,
+                                             pdl_wait, use_gdc)
 
 _BLOCK_K = 128
 
@@ -94,7 +101,11 @@ def _moe_prep_kernel(x_ptr, ids_ptr, map_ptr, ins_ptr, rows_ptr, tiles_ptr, pos_
                      yrow_ptr, yfin_ptr, q_ptr, sf_ptr, sf2_ptr, w13_ptr, w13_sf_ptr, K, stride_xm, P, E, KB2,
                      KB2_TILES, W13_LINES, W13_SF_LINES,
                      TOPK: tl.constexpr, TN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                     FUSED: tl.constexpr, HAS_MAP: tl.constexpr, ZERO_SF2: tl.constexpr, PREFETCH: tl.constexpr):
+                     FUSED: tl.constexpr, HAS_MAP: tl.constexpr, ZERO_SF2: tl.constexpr, PREFETCH: tl.constexpr,
+                     USE_GDC: tl.constexpr = False):
+    pdl_wait(USE_GDC)  # the ids, the map and x are the predecessors' outputs
+    # GEMM1 may launch now: its own griddepcontrol.wait still waits for this grid to complete
+    pdl_launch_dependents(USE_GDC)
     j = tl.program_id(0)
     kt = tl.program_id(1)
     t = tl.arange(0, TN)
@@ -254,6 +265,7 @@ def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_exp
         launches = 3
     kb2 = inter // 16
     prefetch = fused and w13 is not None and not is_interpreted(kernel)
+    gdc = use_gdc(kernel, dev, None)  # PDL on sm_90+ (NVGEMM_PDL): GEMM1 launches while this runs
     w_lines = _prefetch_lines(w13, num_experts, "weight") if prefetch else 0
     sf_lines = _prefetch_lines(w13_scale, num_experts, "scales") if prefetch else 0
     kernel[(slots, triton.cdiv(h, _BLOCK_K))](
@@ -263,7 +275,7 @@ def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_exp
         num_experts, kb2, -(-kb2 // 4), w_lines, sf_lines,
         TOPK=k, TN=tile_n, BLOCK=max(16, triton.next_power_of_2(p)) if fused else 16, BLOCK_K=_BLOCK_K, FUSED=fused,
         HAS_MAP=expert_map is not None, ZERO_SF2=tile_n < 128 or kb2 % 4 != 0, PREFETCH=prefetch,
-        enable_fp_fusion=False)
+        USE_GDC=gdc, **launch_options(gdc))
     if fused:
         wl.valid = wl.valid.view(torch.bool)
     else:

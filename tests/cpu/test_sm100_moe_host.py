@@ -99,8 +99,13 @@ def test_alpha_table_per_expert_per_row_and_next_scale():
 
 def test_config_and_shape_rules():
     for c in (C(8), C(16, 2), C(32, 4), C(64, 8, False), C(8, finalize=True, early_weights=True),
-              C(16, 2, early_weights=True)):
+              C(16, 2, early_weights=True), C(8, prefetch_next=True), C(8, 4, prefetch_next=True),
+              C(16, 2, False, prefetch_next=True)):
         assert validate_moe_config(c) and moe_config_from_name(c.name()) == c
+    assert C(8).name() == "nvgemm_cutedsl_sm100_moe_t128x8x256_pdl"  # names without the flag are unchanged
+    assert C(8, 4, prefetch_next=True).name() == "nvgemm_cutedsl_sm100_moe_t128x8x256_sk4_pdl_pf2"
+    for bad in (C(8, finalize=True, prefetch_next=True), C(8, early_weights=True, prefetch_next=True)):
+        assert "prefetch_next" in validate_moe_config(bad).reason and "GEMM1" in validate_moe_config(bad).reason
     assert "needs pdl" in validate_moe_config(C(8, pdl=False, early_weights=True)).reason
     assert "tile_n" in validate_moe_config(C(128)).reason
     assert "split_k" in validate_moe_config(C(8, 3)).reason

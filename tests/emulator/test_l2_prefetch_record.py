@@ -81,6 +81,7 @@ def test_bulk_prefetches_record_their_lines_before_and_after_the_wait(pre, post)
     assert {int(a - t.data_ptr()) // 128 for a in box_addresses(tm, list(post))} <= rec[name_t]
     # the PDL record keeps the pre-wait tensor prefetch only
     assert launch.ext["pdl_pre_wait_prefetches"] == {name_t}
+    assert launch.ext["l2_prefetch_boxes"] == [((0, 0, 0), t.data_ptr(), pre), ((0, 0, 0), t.data_ptr(), post)]
     assert set(rec) == {name_t, name_o}
 
 

@@ -65,6 +65,7 @@ def _check_exact(ops, c1, c2, order="forward"):
                        early_weights=True)
     assert "a_ptr" in launches[1].ext["pdl_pre_wait_reads"]  # TMA loads into the smem ring, not an L2 prefetch
     assert keep["args2"].config.early_weights
+    keep.update(launch13=launches[0], launch2=launches[1])
     return keep
 
 
@@ -127,6 +128,61 @@ def test_exact_requant_past_32_tokens_in_a_slot():
     ids[:36] = 1
     keep = _check_exact(exact_moe_operands(40, 1, 2, 64, 32, ids=ids, seed=12), C(tile_n=64), C(tile_n=64))
     assert keep["work_list"].tiles.view(-1, 4)[:2, 2].tolist() == [4, 36]
+
+
+def _lines(lo, hi):
+    """128-byte lines of bytes [lo, hi)."""
+    return set(range(lo // 128, (hi - 1) // 128 + 1))
+
+
+def _check_prefetch_next(ids, e, h, i, c1, seed):
+    """GEMM1 with ``prefetch_next``: bit-exact as always, and its L2 prefetches name exactly GEMM2's weight and
+    weight-scale bytes of the routed experts (all rows padded to 128, all K) -- computed here from the ids and
+    the stack layout ([E * H_p, I/2] bytes; scales H_p x 4 ceil(I/64) bytes per expert) -- each (row tile, K
+    tile) box once, at most ceil(T2 / U) row tiles per CTA, nothing of any other allocation."""
+    keep = _check_exact(exact_moe_operands(ids.shape[0], ids.shape[1], e, h, i, ids=ids, seed=seed), c1, T8)
+    g1 = keep["launch13"]
+    hp = -(-h // 128) * 128
+    routed = sorted({int(x) for x in ids.reshape(-1).tolist() if x >= 0})
+    w_row, s_exp = i // 2, hp * 4 * -(-i // 64)
+    want_w = set().union(*(_lines(x * hp * w_row, (x + 1) * hp * w_row) for x in routed))
+    want_s = set().union(*(_lines(x * s_exp, (x + 1) * s_exp) for x in routed))
+    rec = g1.ext["l2_prefetch_lines"]
+    assert set(rec) == {"next_a_ptr", "next_sfa_ptr"}, sorted(rec)
+    assert rec["next_a_ptr"] == want_w, (sorted(rec["next_a_ptr"] - want_w)[:8], sorted(want_w - rec["next_a_ptr"])[:8])
+    assert rec["next_sfa_ptr"] == want_s, (sorted(rec["next_sfa_ptr"] - want_s)[:8],
+                                           sorted(want_s - rec["next_sfa_ptr"])[:8])
+    # every box once: (row tile, K tile) x (weights, scales) of each routed expert
+    t2, kt2 = hp // 128, -(-i // 256)
+    boxes = g1.ext["l2_prefetch_boxes"]
+    assert len(boxes) == 2 * len(routed) * t2 * kt2 and len(set(boxes)) == len(boxes)
+    units = -(-2 * i // 128) * c1.split_k
+    per_cta = {}
+    for cta, _addr, _c in boxes:
+        per_cta[cta] = per_cta.get(cta, 0) + 1
+    assert max(per_cta.values()) <= 2 * kt2 * -(-t2 // units)
+    assert not keep["launch2"].ext.get("l2_prefetch_lines")  # GEMM2 loads (early_weights), prefetches nothing
+    return keep
+
+
+def test_prefetch_next_one_token_top8():
+    """Decode: 1 token, top-8 over 10 experts with an empty (-1) slot and an expert picked twice; GEMM1 has two
+    128-row tiles per expert (I = 128: U = 2 work units per slot), GEMM2 three (H = 384), so unit 0 prefetches
+    GEMM2 row tiles 0 and 2 and unit 1 row tile 1 of the slot's expert."""
+    ids = torch.tensor([[3, 0, 9, -1, 7, 1, 3, 2]], dtype=torch.int32)
+    keep = _check_prefetch_next(ids, 10, 384, 128, C(tile_n=8, prefetch_next=True), seed=21)
+    assert keep["args13"].config.name().endswith("_pf2")
+
+
+def test_prefetch_next_split_k_expert_in_several_slots():
+    """M=11 top-2 over 5 experts, split-K 2 in GEMM1 (H = 512: U = 2 units per slot, I = 32: one row tile), expert
+    1 on 10 pairs (two work slots: only its first prefetches), expert 4 without tokens, -1 ids; GEMM2 has four row
+    tiles (H = 512)."""
+    ids = torch.tensor([[1, 0], [1, 2], [1, -1], [1, 3], [1, 0], [1, 2], [1, 0], [1, 3], [1, -1], [1, 2], [0, 3]],
+                       dtype=torch.int32)
+    keep = _check_prefetch_next(ids, 5, 512, 32, C(tile_n=8, split_k=2, prefetch_next=True), seed=22)
+    t4 = keep["work_list"].tiles.view(-1, 4)
+    assert t4[:, 0][t4[:, 2] > 0].tolist().count(1) == 2  # expert 1 holds two slots
 
 
 def _batch_invariance(m_big, c1, c2, seed):

@@ -296,8 +296,10 @@ def _bulk(ins, ctx):
         return wait
     if p[3] == "prefetch":
         # cp.async.bulk.prefetch{.tensor}.L2: an L2 hint with no functional effect. Every one is recorded with the
-        # bytes it names (``note_prefetch``: Launch.ext["l2_prefetch_lines"]); a tensor prefetch issued before
-        # the warp's griddepcontrol.wait is also recorded for the PDL check
+        # bytes it names (``note_prefetch``: Launch.ext["l2_prefetch_lines"]); a tensor prefetch also as its box,
+        # (ctaid, global address of the map's tensor, coordinates) in Launch.ext["l2_prefetch_boxes"] (in issue
+        # order: a box prefetched twice shows), and one issued before the warp's griddepcontrol.wait for the PDL
+        # check
         if len(p) < 5 or p[4] != "tensor":
             if len(ins.operands) != 2:
                 raise ctx.unsupported(ins, "cp.async.bulk.prefetch.L2.global takes [address], size")
@@ -325,6 +327,8 @@ def _bulk(ins, ctx):
                 if not w.ext.get("griddepcontrol.wait"):
                     note_pdl(w, "prefetches", addrs)
                 note_prefetch(w, addrs, lambda _i, ln=ln: w.where(ins, ln))
+                w.cta.launch.ext.setdefault("l2_prefetch_boxes", []).append(
+                    (tuple(w.cta.ctaid), tm.address, tuple(int(c[ln]) for c in cs)))
         return prefetch
     if p[3] != "tensor":
         raise ctx.unsupported(ins)

@@ -39,6 +39,19 @@ tile_n); the grouped kernel only overrides its work hooks:
   (GEMM1 cannot do the same: its work list comes from its own prerequisite.) The emulator records
   every global access before a warp's wait (:mod:`nvgemm.emulator.ptx.pdl`); the MoE emulator tests
   allow exactly the weights, their scales and (GEMM2) the work list there;
+* **L2 prefetch of GEMM2's weights** (``config.prefetch_next``, GEMM1): at decode the layer is launch-bound
+  and GEMM2 would start streaming its weights from DRAM only once it runs. GEMM1 is handed GEMM2's stacked
+  weights ``[E * H_p, I/2]`` and their 2-D swizzled scales, and builds prefetch-only TMA atoms over them --
+  made exactly like its own A / SFA atoms (GEMM2's A box, 128 rows x 256 K, has GEMM1's A box's shape), so a
+  prefetched box is a box GEMM2's TMA warp loads. After its last own weight load is issued (GEMM1's stream
+  first) and before its ``launch_dependents``, the TMA warp walks its work tiles again: work unit
+  ``u = row tile * split_k + split`` of the ``U = ceil(2I / 128) * split_k`` units of slot ``(e, p0, cnt)``
+  issues ``cp.async.bulk.prefetch.tensor`` of GEMM2 row tiles ``j = u, u + U, ...`` (< ceil(H / 128)) of
+  expert ``e``, every K tile, weights and scales, from one elected lane. Only the expert's first slot
+  prefetches (slots are grouped by expert, so that is ``j == 0`` or slot ``j - 1`` holds another expert),
+  an empty slot (``cnt == 0``) nothing: every routed expert's GEMM2 weights are prefetched exactly once.
+  All of it is after ``griddepcontrol.wait`` (the expert comes from the work list, GEMM1's predecessor's
+  output). A prefetch is a hint: GEMM2's numbers do not depend on it;
 * **fused finalize** (``config.finalize``, GEMM2): ``y`` (fp32 ``[slots * tile_n, H]``) is scratch; after a
   work tile's rows are stored (by the split-K reduction's CTA; an empty slot's tile too) the epilogue
   threads arrive at the row tile's counter (after the split-K counters); the CTA that arrives last -- all

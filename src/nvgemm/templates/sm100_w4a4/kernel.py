@@ -17,7 +17,8 @@ Warp roles (192 threads per CTA)
     warp 4     MMA: copies the scale factors smem -> TMEM (tcgen05.cp) and issues
                ``tcgen05.mma.kind::mxf4nvf4.block_scale`` (the leader CTA only, for 2-CTA tiles).
     warp 5     TMA: loads A, B, SFA, SFB tiles (multicast across the cluster), optional L2
-               prefetch of upcoming K tiles.
+               prefetch of upcoming K tiles (a grouped variant: of the next GEMM's weights after
+               its own last load, :meth:`Sm100Nvfp4GemmKernel._prefetch_next`).
 
 Pipelines
     ab   (PipelineTmaUmma, ``num_ab_stage`` deep): TMA warp -> MMA warp, smem stages.

@@ -98,7 +98,8 @@ def test_representative_configs_compile_without_spills(cfg, epi):
 
 
 def test_refused_specs_never_reach_the_compiler():
-    """A gated GEMM1 without the requant output, a bias, a non-sm100 arch: refused with the reason."""
+    """A gated GEMM1 without the requant output, a bias, a non-sm100 arch, GEMM2 with GEMM1's prefetch of the next
+    GEMM's weights: refused with the reason."""
     tpl = get_template(TID)
     no_q = make_spec(TID, C(), "sm_100a", epilogue=EpilogueSpec(alpha="scalar", activation="silu_mul"))
     assert "out_quant" in tpl.can_implement(no_q).reason
@@ -106,6 +107,8 @@ def test_refused_specs_never_reach_the_compiler():
     assert "bias" in tpl.can_implement(bias).reason
     sm90 = make_spec(TID, C(), "sm_90a", epilogue=EPI2)
     assert "sm_90a" in tpl.can_implement(sm90).reason
+    pf_on_gemm2 = make_spec(TID, C(prefetch_next=True), "sm_100a", epilogue=EPI2)
+    assert "prefetch_next is GEMM1's" in tpl.can_implement(pf_on_gemm2).reason
     with pytest.raises(ValueError, match="tile_n=128"):
         tpl.make_kernel(make_spec(TID, C(tile_n=128), "sm_100a", epilogue=EPI2))
 

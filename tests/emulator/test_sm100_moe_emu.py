@@ -12,7 +12,9 @@ K/N tails; one expert with every token, split-K, per-row alpha, shared_out + res
 writes scale rows past 32; batch invariance at M = 12) -- 6 kernels to build, about 16 emulated
 launches. Every exact call also checks each launch's PDL record (before ``griddepcontrol.wait``: GEMM1
 touches nothing, GEMM2 its work list and the L2 prefetch of its expert's weights and scales, never the
-activations). ``-m emulator_full`` adds
+activations). GEMM1 with ``prefetch_next`` (two more calls: one token top-8; split-K with an expert in two slots)
+must also L2-prefetch exactly the routed experts' GEMM2 weight and scale bytes, each box once (the emulator's
+``l2_prefetch_lines`` / ``l2_prefetch_boxes``). ``-m emulator_full`` adds
 tile_n 16/32/64, expert_map with router-weight-on-input in fp16, and batch invariance inside M = 64.
 """
 

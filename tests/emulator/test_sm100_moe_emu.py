@@ -187,6 +187,39 @@ def test_prefetch_next_split_k_expert_in_several_slots():
     assert t4[:, 0][t4[:, 2] > 0].tolist().count(1) == 2  # expert 1 holds two slots
 
 
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("h,i,sk,want", [(2048, 768, 1, {12: 32, 6: 64}), (7168, 256, 4, {8: 64, 6: 64})],
+                         ids=["qwen3-30b-a3b", "deepseek-v3-tp8"])
+def test_prefetch_next_per_cta_count_at_model_shapes(h, i, sk, want):
+    """One token top-8 at a model's H / I (8 experts, all routed; GEMM2 not run): prefetch instructions per GEMM1
+    CTA. Qwen3-30B-A3B (U = 12 units per slot, 16 GEMM2 row tiles, 3 K tiles): 32 CTAs issue 2 x 3 x 2 = 12, 64
+    issue 6; DeepSeek-V3 TP8 with split-K 4 (U = 16, 56 row tiles, 1 K tile): 64 issue 4 x 2 = 8, 64 issue 6;
+    the empty ninth slot's CTAs none."""
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.emulator.runner import prepare
+    from nvgemm.templates.sm100_moe.launch import moe_forward
+
+    ops = exact_moe_operands(1, 8, 8, h, i, ids=torch.tensor([[3, 0, 5, 1, 7, 2, 6, 4]], dtype=torch.int32), seed=1)
+    got = []
+
+    def launch(args):
+        if not got:
+            spec = make_spec("sm100_moe_nvfp4", args.config, "sm_100a", epilogue=args.spec)
+            got.append(prepare(spec).launch(*args.abi_values(), 0))
+
+    (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, emap, sh, res, odt) = ops
+    moe_forward(x, ids, emap, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, sh, res, odt,
+                C(tile_n=8, split_k=sk, prefetch_next=True), T8, launch)
+    boxes = got[0].ext["l2_prefetch_boxes"]
+    per_cta = {}
+    for cta, _a, _c in boxes:
+        per_cta[cta] = per_cta.get(cta, 0) + 1
+    hist = {}
+    for v in per_cta.values():
+        hist[v] = hist.get(v, 0) + 1
+    assert hist == want and len(set(boxes)) == len(boxes) == 8 * 2 * (h // 128) * -(-i // 256)
+
+
 def _batch_invariance(m_big, c1, c2, seed):
     ops = random_moe_operands(m_big, 2, 4, 64, 32, seed=seed)
     big = run_moe_emu(ops, c1, c2)

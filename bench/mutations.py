@@ -288,6 +288,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the grouped GEMM2's PDL prologue also touches the activations -- GEMM1's output -- before "
         "griddepcontrol.wait (an L2 prefetch of them)"),
     Mutation(
+        "sm100-moe-prefetch-next-skips-last-unit", "src/nvgemm/templates/sm100_moe/kernel.py",
+        "                    u = (coord[0] // v_size) * self.split_k + coord[2]\n",
+        "                    u = (coord[0] // v_size) * self.split_k + coord[2]\n"
+        "                    if u == units - 1:\n"
+        "                        u = n_tiles\n",
+        "GEMM1's L2 prefetch of GEMM2's weights (prefetch_next) leaves out the row tiles of each slot's last work "
+        "unit: GEMM2 streams them from DRAM"),
+    Mutation(
         "sm100-moe-prep-kb-tiles-rounded-down", "src/nvgemm/templates/sm100_moe/prep_triton.py",
         "kb_tiles = (K // 16 + 3) // 4",
         "kb_tiles = K // 64",

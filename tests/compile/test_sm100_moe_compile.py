@@ -65,7 +65,11 @@ def check_kernel(cfg, epi):
     assert ("griddepcontrol.wait" in ptx) == cfg.pdl
     # GEMM1: no weight load of an unknown expert before the wait; GEMM2 (early_weights): its first work slot's
     # expert's weight and scale K tiles are TMA-loaded into the smem ring before it
-    assert "cp.async.bulk.prefetch.tensor" not in ptx
+    # GEMM1 with prefetch_next: L2 prefetches of GEMM2's weights, all after the wait (the experts come from
+    # the work list)
+    assert ("cp.async.bulk.prefetch.tensor" in ptx) == cfg.prefetch_next
+    if cfg.prefetch_next:
+        assert ptx.index("cp.async.bulk.prefetch.tensor") > ptx.index("griddepcontrol.wait")
     if cfg.pdl:
         assert (ptx.index("cp.async.bulk.tensor") < ptx.index("griddepcontrol.wait")) == cfg.early_weights
     assert bool(re.search(r"atom\.[a-z_.:]*add", ptx)) == (cfg.split_k > 1 or cfg.finalize)  # split-K, finalize
@@ -83,7 +87,9 @@ def check_kernel(cfg, epi):
 DEFAULT = [(C(tile_n=8), epi13()), (C(tile_n=8, split_k=2, early_weights=True), EPI2),
            (C(tile_n=64, split_k=4), epi13("vector", torch.float16)),
            # GEMM2 with the top-k finalize (what a one- or two-token call runs; out_dtype = the finalize's rounding)
-           (C(tile_n=8, finalize=True, early_weights=True), EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16))]
+           (C(tile_n=8, finalize=True, early_weights=True), EpilogueSpec(alpha="scalar", out_dtype=torch.bfloat16)),
+           # GEMM1 prefetching GEMM2's weights into L2 (decode)
+           (C(tile_n=8, prefetch_next=True), epi13())]
 
 
 @pytest.mark.parametrize("cfg,epi", DEFAULT, ids=lambda v: v.name() if hasattr(v, "name") else v.activation)
@@ -92,7 +98,8 @@ def test_representative_configs_compile_without_spills(cfg, epi):
 
 
 def test_refused_specs_never_reach_the_compiler():
-    """A gated GEMM1 without the requant output, a bias, a non-sm100 arch: refused with the reason."""
+    """A gated GEMM1 without the requant output, a bias, a non-sm100 arch, GEMM2 with GEMM1's prefetch of the next
+    GEMM's weights: refused with the reason."""
     tpl = get_template(TID)
     no_q = make_spec(TID, C(), "sm_100a", epilogue=EpilogueSpec(alpha="scalar", activation="silu_mul"))
     assert "out_quant" in tpl.can_implement(no_q).reason
@@ -100,6 +107,8 @@ def test_refused_specs_never_reach_the_compiler():
     assert "bias" in tpl.can_implement(bias).reason
     sm90 = make_spec(TID, C(), "sm_90a", epilogue=EPI2)
     assert "sm_90a" in tpl.can_implement(sm90).reason
+    pf_on_gemm2 = make_spec(TID, C(prefetch_next=True), "sm_100a", epilogue=EPI2)
+    assert "prefetch_next is GEMM1's" in tpl.can_implement(pf_on_gemm2).reason
     with pytest.raises(ValueError, match="tile_n=128"):
         tpl.make_kernel(make_spec(TID, C(tile_n=128), "sm_100a", epilogue=EPI2))
 

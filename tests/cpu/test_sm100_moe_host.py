@@ -99,8 +99,13 @@ def test_alpha_table_per_expert_per_row_and_next_scale():
 
 def test_config_and_shape_rules():
     for c in (C(8), C(16, 2), C(32, 4), C(64, 8, False), C(8, finalize=True, early_weights=True),
-              C(16, 2, early_weights=True)):
+              C(16, 2, early_weights=True), C(8, prefetch_next=True), C(8, 4, prefetch_next=True),
+              C(16, 2, False, prefetch_next=True)):
         assert validate_moe_config(c) and moe_config_from_name(c.name()) == c
+    assert C(8).name() == "nvgemm_cutedsl_sm100_moe_t128x8x256_pdl"  # names without the flag are unchanged
+    assert C(8, 4, prefetch_next=True).name() == "nvgemm_cutedsl_sm100_moe_t128x8x256_sk4_pdl_pf2"
+    for bad in (C(8, finalize=True, prefetch_next=True), C(8, early_weights=True, prefetch_next=True)):
+        assert "prefetch_next" in validate_moe_config(bad).reason and "GEMM1" in validate_moe_config(bad).reason
     assert "needs pdl" in validate_moe_config(C(8, pdl=False, early_weights=True)).reason
     assert "tile_n" in validate_moe_config(C(128)).reason
     assert "split_k" in validate_moe_config(C(8, 3)).reason
@@ -110,6 +115,46 @@ def test_config_and_shape_rules():
     assert moe_shape_problem(C(8, 2), 2 * 32, 512, True) is None
     assert "spills" in moe_shape_problem(C(32, 8), 2 * 64, 4096, True)  # seen in the compile sweep
     assert moe_shape_problem(C(32, 8), 64, 4096, False) is None
+
+
+def test_prefetch_next_has_its_own_kernel_and_cache_key():
+    """The flag is codegen: another kernel name and AOT cache key; GEMM1's arguments carry GEMM2's stack (the ABI's
+    last four values before the stream) exactly when it is set."""
+    from nvgemm.aot.cache import compile_key
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.core.epilogue import EpilogueSpec
+
+    epi = EpilogueSpec(alpha="scalar", activation="silu_mul", out_dtype=torch.bfloat16, out_quant=True)
+    off, on = (make_spec("sm100_moe_nvfp4", C(8, prefetch_next=p), "sm_100a", epilogue=epi) for p in (False, True))
+    assert off.name() != on.name() and "_pf2" in on.name()
+    assert compile_key(off, "f") != compile_key(on, "f")
+    from nvgemm.templates.sm100_moe.kernel import TEMPLATE
+
+    names = [a.name for a in TEMPLATE.abi(on)]
+    assert names[-5:] == ["next_a_ptr", "next_sfa_ptr", "next_m", "next_a_rows", "stream"]
+
+
+def test_gemm1_args_carry_gemm2_stack_only_with_prefetch_next():
+    from nvgemm.templates.sm100_moe.launch import gemm1_args
+
+    g = torch.Generator().manual_seed(4)
+    e, h, i, tn = 3, 64, 32, 8
+    s13 = prepare_moe_stack(*_weights(g, e, 2 * i, h)[:2], True)
+    s2 = prepare_moe_stack(*_weights(g, e, h, i)[:2], False)
+    wl = build_work_list(torch.tensor([[0, 2]]), e, tn)
+    x = torch.randn(1, h, generator=g).to(torch.bfloat16)
+    b, sfb = slot_activations(x, wl, torch.full((e,), 0.01), tn)
+    alpha = torch.ones(e * 2)
+    args = gemm1_args(C(tn, prefetch_next=True), b, sfb, wl, s13, "scalar", alpha, x.dtype, next_stack=s2)
+    v = args.abi_values()
+    assert v[-4] is s2.weight and v[-3] is s2.scale and v[-2:] == (h, e * 128)
+    assert gemm1_args(C(tn), b, sfb, wl, s13, "scalar", alpha, x.dtype).abi_values()[-4:] == (0, 0, 0, 0)
+    with pytest.raises(ValueError, match="missing"):
+        gemm1_args(C(tn, prefetch_next=True), b, sfb, wl, s13, "scalar", alpha, x.dtype)
+    with pytest.raises(ValueError, match="without prefetch_next"):
+        gemm1_args(C(tn), b, sfb, wl, s13, "scalar", alpha, x.dtype, next_stack=s2)
+    with pytest.raises(ValueError, match="expected K = I = 32"):
+        gemm1_args(C(tn, prefetch_next=True), b, sfb, wl, s13, "scalar", alpha, x.dtype, next_stack=s13)
 
 
 def test_backend_problem_filter():

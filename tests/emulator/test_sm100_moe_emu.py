@@ -12,7 +12,9 @@ K/N tails; one expert with every token, split-K, per-row alpha, shared_out + res
 writes scale rows past 32; batch invariance at M = 12) -- 6 kernels to build, about 16 emulated
 launches. Every exact call also checks each launch's PDL record (before ``griddepcontrol.wait``: GEMM1
 touches nothing, GEMM2 its work list and the L2 prefetch of its expert's weights and scales, never the
-activations). ``-m emulator_full`` adds
+activations). GEMM1 with ``prefetch_next`` (two more calls: one token top-8; split-K with an expert in two slots)
+must also L2-prefetch exactly the routed experts' GEMM2 weight and scale bytes, each box once (the emulator's
+``l2_prefetch_lines`` / ``l2_prefetch_boxes``). ``-m emulator_full`` adds
 tile_n 16/32/64, expert_map with router-weight-on-input in fp16, and batch invariance inside M = 64.
 """
 
@@ -65,6 +67,7 @@ def _check_exact(ops, c1, c2, order="forward"):
                        early_weights=True)
     assert "a_ptr" in launches[1].ext["pdl_pre_wait_reads"]  # TMA loads into the smem ring, not an L2 prefetch
     assert keep["args2"].config.early_weights
+    keep.update(launch13=launches[0], launch2=launches[1])
     return keep
 
 
@@ -127,6 +130,94 @@ def test_exact_requant_past_32_tokens_in_a_slot():
     ids[:36] = 1
     keep = _check_exact(exact_moe_operands(40, 1, 2, 64, 32, ids=ids, seed=12), C(tile_n=64), C(tile_n=64))
     assert keep["work_list"].tiles.view(-1, 4)[:2, 2].tolist() == [4, 36]
+
+
+def _lines(lo, hi):
+    """128-byte lines of bytes [lo, hi)."""
+    return set(range(lo // 128, (hi - 1) // 128 + 1))
+
+
+def _check_prefetch_next(ids, e, h, i, c1, seed):
+    """GEMM1 with ``prefetch_next``: bit-exact as always, and its L2 prefetches name exactly GEMM2's weight and
+    weight-scale bytes of the routed experts (all rows padded to 128, all K) -- computed here from the ids and
+    the stack layout ([E * H_p, I/2] bytes; scales H_p x 4 ceil(I/64) bytes per expert) -- each (row tile, K
+    tile) box once, at most ceil(T2 / U) row tiles per CTA, nothing of any other allocation."""
+    keep = _check_exact(exact_moe_operands(ids.shape[0], ids.shape[1], e, h, i, ids=ids, seed=seed), c1, T8)
+    g1 = keep["launch13"]
+    hp = -(-h // 128) * 128
+    routed = sorted({int(x) for x in ids.reshape(-1).tolist() if x >= 0})
+    w_row, s_exp = i // 2, hp * 4 * -(-i // 64)
+    want_w = set().union(*(_lines(x * hp * w_row, (x + 1) * hp * w_row) for x in routed))
+    want_s = set().union(*(_lines(x * s_exp, (x + 1) * s_exp) for x in routed))
+    rec = g1.ext["l2_prefetch_lines"]
+    assert set(rec) == {"next_a_ptr", "next_sfa_ptr"}, sorted(rec)
+    assert rec["next_a_ptr"] == want_w, (sorted(rec["next_a_ptr"] - want_w)[:8], sorted(want_w - rec["next_a_ptr"])[:8])
+    assert rec["next_sfa_ptr"] == want_s, (sorted(rec["next_sfa_ptr"] - want_s)[:8],
+                                           sorted(want_s - rec["next_sfa_ptr"])[:8])
+    # every box once: (row tile, K tile) x (weights, scales) of each routed expert
+    t2, kt2 = hp // 128, -(-i // 256)
+    boxes = g1.ext["l2_prefetch_boxes"]
+    assert len(boxes) == 2 * len(routed) * t2 * kt2 and len(set(boxes)) == len(boxes)
+    units = -(-2 * i // 128) * c1.split_k
+    per_cta = {}
+    for cta, _addr, _c in boxes:
+        per_cta[cta] = per_cta.get(cta, 0) + 1
+    assert max(per_cta.values()) <= 2 * kt2 * -(-t2 // units)
+    assert not keep["launch2"].ext.get("l2_prefetch_lines")  # GEMM2 loads (early_weights), prefetches nothing
+    return keep
+
+
+def test_prefetch_next_one_token_top8():
+    """Decode: 1 token, top-8 over 10 experts with an empty (-1) slot and an expert picked twice; GEMM1 has two
+    128-row tiles per expert (I = 128: U = 2 work units per slot), GEMM2 three (H = 384), so unit 0 prefetches
+    GEMM2 row tiles 0 and 2 and unit 1 row tile 1 of the slot's expert."""
+    ids = torch.tensor([[3, 0, 9, -1, 7, 1, 3, 2]], dtype=torch.int32)
+    keep = _check_prefetch_next(ids, 10, 384, 128, C(tile_n=8, prefetch_next=True), seed=21)
+    assert keep["args13"].config.name().endswith("_pf2")
+
+
+def test_prefetch_next_split_k_expert_in_several_slots():
+    """M=11 top-2 over 5 experts, split-K 2 in GEMM1 (H = 512: U = 2 units per slot, I = 32: one row tile), expert
+    1 on 10 pairs (two work slots: only its first prefetches), expert 4 without tokens, -1 ids; GEMM2 has four row
+    tiles (H = 512)."""
+    ids = torch.tensor([[1, 0], [1, 2], [1, -1], [1, 3], [1, 0], [1, 2], [1, 0], [1, 3], [1, -1], [1, 2], [0, 3]],
+                       dtype=torch.int32)
+    keep = _check_prefetch_next(ids, 5, 512, 32, C(tile_n=8, split_k=2, prefetch_next=True), seed=22)
+    t4 = keep["work_list"].tiles.view(-1, 4)
+    assert t4[:, 0][t4[:, 2] > 0].tolist().count(1) == 2  # expert 1 holds two slots
+
+
+@pytest.mark.emulator_full
+@pytest.mark.parametrize("h,i,sk,want", [(2048, 768, 1, {12: 32, 6: 64}), (7168, 256, 4, {8: 64, 6: 64})],
+                         ids=["qwen3-30b-a3b", "deepseek-v3-tp8"])
+def test_prefetch_next_per_cta_count_at_model_shapes(h, i, sk, want):
+    """One token top-8 at a model's H / I (8 experts, all routed; GEMM2 not run): prefetch instructions per GEMM1
+    CTA. Qwen3-30B-A3B (U = 12 units per slot, 16 GEMM2 row tiles, 3 K tiles): 32 CTAs issue 2 x 3 x 2 = 12, 64
+    issue 6; DeepSeek-V3 TP8 with split-K 4 (U = 16, 56 row tiles, 1 K tile): 64 issue 4 x 2 = 8, 64 issue 6;
+    the empty ninth slot's CTAs none."""
+    from nvgemm.aot.compile_spec import make_spec
+    from nvgemm.emulator.runner import prepare
+    from nvgemm.templates.sm100_moe.launch import moe_forward
+
+    ops = exact_moe_operands(1, 8, 8, h, i, ids=torch.tensor([[3, 0, 5, 1, 7, 2, 6, 4]], dtype=torch.int32), seed=1)
+    got = []
+
+    def launch(args):
+        if not got:
+            spec = make_spec("sm100_moe_nvfp4", args.config, "sm_100a", epilogue=args.spec)
+            got.append(prepare(spec).launch(*args.abi_values(), 0))
+
+    (x, ids, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, emap, sh, res, odt) = ops
+    moe_forward(x, ids, emap, wts, w13, s13, g13, i13, w2, s2, g2, i2, act, rwi, sh, res, odt,
+                C(tile_n=8, split_k=sk, prefetch_next=True), T8, launch)
+    boxes = got[0].ext["l2_prefetch_boxes"]
+    per_cta = {}
+    for cta, _a, _c in boxes:
+        per_cta[cta] = per_cta.get(cta, 0) + 1
+    hist = {}
+    for v in per_cta.values():
+        hist[v] = hist.get(v, 0) + 1
+    assert hist == want and len(set(boxes)) == len(boxes) == 8 * 2 * (h // 128) * -(-i // 256)
 
 
 def _batch_invariance(m_big, c1, c2, seed):

@@ -45,7 +45,7 @@ import numpy as np
 from nvgemm.emulator.ptx.errors import EmulationError
 from nvgemm.emulator.ptx.machine import PARAM_WINDOW, SHARED_WINDOW, Wait
 from nvgemm.emulator.ptx.ops import opcode
-from nvgemm.emulator.ptx.ops.memory import cluster_target, note_pdl
+from nvgemm.emulator.ptx.ops.memory import L2_LINE, cluster_target, note_pdl, note_prefetch
 from nvgemm.emulator.ptx.parser import Operand
 from nvgemm.emulator.isa.errors import IsaError
 from nvgemm.emulator.isa.mbarrier import Mbarrier
@@ -295,15 +295,28 @@ def _bulk(ins, ctx):
                     run()
         return wait
     if p[3] == "prefetch":
-        # cp.async.bulk.prefetch{.tensor}: an L2 hint with no functional effect; the tensor form is recorded for
-        # the PDL record
+        # cp.async.bulk.prefetch{.tensor}.L2: an L2 hint with no functional effect. Every one is recorded with the
+        # bytes it names (``note_prefetch``: Launch.ext["l2_prefetch_lines"]); a tensor prefetch also as its box,
+        # (ctaid, global address of the map's tensor, coordinates) in Launch.ext["l2_prefetch_boxes"] (in issue
+        # order: a box prefetched twice shows), and one issued before the warp's griddepcontrol.wait for the PDL
+        # check
         if len(p) < 5 or p[4] != "tensor":
-            return lambda w, m: None
+            if len(ins.operands) != 2:
+                raise ctx.unsupported(ins, "cp.async.bulk.prefetch.L2.global takes [address], size")
+            _, paddr = ctx.addr(ins.operands[0])
+            psize = ctx.src(ins.operands[1], np.uint32)
+
+            def prefetch_bytes(w, m):
+                a, n = paddr(w), psize(w)
+                for ln in np.nonzero(m)[0]:
+                    addrs = np.arange(int(a[ln]), int(a[ln]) + int(n[ln]), L2_LINE, dtype=np.uint64)
+                    if int(n[ln]):
+                        addrs = np.append(addrs, np.uint64(int(a[ln]) + int(n[ln]) - 1))
+                    note_prefetch(w, addrs, lambda _i, ln=ln: w.where(ins, ln))
+            return prefetch_bytes
         pmap, pcoords = _tensor_operand(ctx, ins.operands[0], ins)
 
         def prefetch(w, m):
-            if w.ext.get("griddepcontrol.wait"):
-                return
             mp, cs = pmap(w), [g(w) for g in pcoords]
             for ln in np.nonzero(m)[0]:
                 tm = _read_map(w, mp[ln], ins, ln)
@@ -311,7 +324,11 @@ def _bulk(ins, ctx):
                     addrs = box_addresses(tm, [int(c[ln]) for c in cs])
                 except IsaError as e:
                     raise _err(e, w, ins, ln) from None
-                note_pdl(w, "prefetches", addrs)
+                if not w.ext.get("griddepcontrol.wait"):
+                    note_pdl(w, "prefetches", addrs)
+                note_prefetch(w, addrs, lambda _i, ln=ln: w.where(ins, ln))
+                w.cta.launch.ext.setdefault("l2_prefetch_boxes", []).append(
+                    (tuple(w.cta.ctaid), tm.address, tuple(int(c[ln]) for c in cs)))
         return prefetch
     if p[3] != "tensor":
         raise ctx.unsupported(ins)

@@ -128,6 +128,15 @@ class GridView:
     def names_of(self, addrs: np.ndarray) -> set[str]:
         return self.mem.names_of(addrs)
 
+    # the stream's allocation table as :func:`~.ops.memory.note_prefetch` reads it (an L2 prefetch is no access:
+    # no race check, no store buffer)
+    @property
+    def _bases(self) -> np.ndarray:
+        return self.mem._bases
+
+    def _locate(self, addrs: np.ndarray, width: int, where: Callable[[int], str]):
+        return self.mem._locate(addrs, width, where)
+
     def _split(self, addrs, width, where) -> "tuple[Allocation, np.ndarray] | None":
         """(allocation, byte indices [n, width]) or None when the lanes span several allocations."""
         try:

@@ -17,6 +17,11 @@ of :func:`nvgemm.templates.sm90_moe.launch.build_work_list` (tile_m there = tile
              ``griddepcontrol.wait`` (written by a grid that completed before GEMM1's wait returned), so
              the TMA warp reads its first work slot and TMA-loads that expert's first weight and
              weight-scale K tiles into the smem ring before the wait (:mod:`.kernel`)
+    prefetch_next  GEMM1 only (name suffix ``_pf2``): after its own last weight load is issued, GEMM1's
+             TMA warp L2-prefetches GEMM2's weight and weight-scale tiles of the experts in its work
+             slots (every GEMM2 row tile x K tile of each routed expert once, spread over the work units
+             of the expert's first slot), so GEMM2's weights stream into L2 while GEMM1 drains and
+             GEMM2 launches; the launcher passes GEMM2's stacked weights to GEMM1 (:mod:`.kernel`)
 
 Fixed: 1-CTA 128-row tiles, cluster 1x1, tile_k 256. Per expert the weight rows are padded to a
 multiple of 128 in the stack (a 128-row A tile never straddles two experts, and the stacked block
@@ -51,6 +56,7 @@ class Sm100MoeConfig:
     pdl: bool = True
     finalize: bool = False
     early_weights: bool = False
+    prefetch_next: bool = False
 
     family = MOE_FAMILY  # class attribute (not a field)
     tile_m = 128
@@ -68,6 +74,8 @@ class Sm100MoeConfig:
             s += "_fin"
         if self.early_weights:
             s += "_ew"
+        if self.prefetch_next:
+            s += "_pf2"
         return s
 
     def dense(self) -> Sm100Nvfp4GemmConfig:
@@ -85,6 +93,9 @@ def validate_moe_config(c: Sm100MoeConfig) -> Status:
         return Status.fail(f"moe split_k={c.split_k} not in {MOE_SPLIT_K}")
     if c.early_weights and not c.pdl:
         return Status.fail("moe early_weights (weight loads before griddepcontrol.wait) needs pdl=True")
+    if c.prefetch_next and (c.finalize or c.early_weights):
+        return Status.fail("moe prefetch_next (GEMM1 L2-prefetches GEMM2's weights) is GEMM1's: it cannot combine with "
+                           "GEMM2's finalize / early_weights (GEMM2 has no next GEMM)")
     return _validate_dense(c.dense())
 
 
@@ -112,7 +123,7 @@ def moe_shape_problem(c: Sm100MoeConfig, rows: int, k: int, gated: bool) -> str 
     return None
 
 
-_NAME_RE = re.compile(r"nvgemm_cutedsl_sm100_moe_t128x(\d+)x256(?:_sk(\d+))?(_pdl)?(_fin)?(_ew)?")
+_NAME_RE = re.compile(r"nvgemm_cutedsl_sm100_moe_t128x(\d+)x256(?:_sk(\d+))?(_pdl)?(_fin)?(_ew)?(_pf2)?")
 
 
 def moe_config_from_name(name: str) -> Sm100MoeConfig:
@@ -120,9 +131,9 @@ def moe_config_from_name(name: str) -> Sm100MoeConfig:
     m = _NAME_RE.fullmatch(name)
     if m is None:
         raise ValueError(f"not an sm100 MoE config name: {name!r}")
-    tn, sk, pdl, fin, ew = m.groups()
+    tn, sk, pdl, fin, ew, pf2 = m.groups()
     return Sm100MoeConfig(tile_n=int(tn), split_k=int(sk or 1), pdl=bool(pdl), finalize=bool(fin),
-                          early_weights=bool(ew))
+                          early_weights=bool(ew), prefetch_next=bool(pf2))
 
 
 __all__ = ["MOE_ARCHS", "MOE_FAMILY", "MOE_SPLIT_K", "MOE_TILE_N", "ROW_ALIGN", "Sm100MoeConfig",

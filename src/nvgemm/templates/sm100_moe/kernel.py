@@ -39,6 +39,19 @@ tile_n); the grouped kernel only overrides its work hooks:
   (GEMM1 cannot do the same: its work list comes from its own prerequisite.) The emulator records
   every global access before a warp's wait (:mod:`nvgemm.emulator.ptx.pdl`); the MoE emulator tests
   allow exactly the weights, their scales and (GEMM2) the work list there;
+* **L2 prefetch of GEMM2's weights** (``config.prefetch_next``, GEMM1): at decode the layer is launch-bound
+  and GEMM2 would start streaming its weights from DRAM only once it runs. GEMM1 is handed GEMM2's stacked
+  weights ``[E * H_p, I/2]`` and their 2-D swizzled scales, and builds prefetch-only TMA atoms over them --
+  made exactly like its own A / SFA atoms (GEMM2's A box, 128 rows x 256 K, has GEMM1's A box's shape), so a
+  prefetched box is a box GEMM2's TMA warp loads. After its last own weight load is issued (GEMM1's stream
+  first) and before its ``launch_dependents``, the TMA warp walks its work tiles again: work unit
+  ``u = row tile * split_k + split`` of the ``U = ceil(2I / 128) * split_k`` units of slot ``(e, p0, cnt)``
+  issues ``cp.async.bulk.prefetch.tensor`` of GEMM2 row tiles ``j = u, u + U, ...`` (< ceil(H / 128)) of
+  expert ``e``, every K tile, weights and scales, from one elected lane. Only the expert's first slot
+  prefetches (slots are grouped by expert, so that is ``j == 0`` or slot ``j - 1`` holds another expert),
+  an empty slot (``cnt == 0``) nothing: every routed expert's GEMM2 weights are prefetched exactly once.
+  All of it is after ``griddepcontrol.wait`` (the expert comes from the work list, GEMM1's predecessor's
+  output). A prefetch is a hint: GEMM2's numbers do not depend on it;
 * **fused finalize** (``config.finalize``, GEMM2): ``y`` (fp32 ``[slots * tile_n, H]``) is scratch; after a
   work tile's rows are stored (by the split-K reduction's CTA; an empty slot's tile too) the epilogue
   threads arrive at the row tile's counter (after the split-K counters); the CTA that arrives last -- all
@@ -59,6 +72,7 @@ import dataclasses
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.utils as utils
 import torch
 
 from nvgemm.core.epilogue import EpilogueSpec
@@ -81,6 +95,12 @@ class _Work:
         self.tiles_per_expert = tiles_per_expert
         self.m_gemm = m_gemm
         self.final, self.shared, self.resid, self.y_rows, self.wts, self.flags = fin
+        self.next = None
+
+    def set_next(self, tma_atom_a, tAgA, tma_atom_sfa, tAgSFA, tiles_per_expert, k_tiles):
+        """GEMM2's weights as GEMM1 prefetches them (``prefetch_next``): prefetch-only TMA atoms and their
+        partitions (box, row tile, K tile, L), GEMM2's row tiles per expert and K tiles."""
+        self.next = (tma_atom_a, tAgA, tma_atom_sfa, tAgSFA, tiles_per_expert, k_tiles)
 
 
 #: Slots of one token the fused finalize loads at once (top-k up to 8 in one round trip).
@@ -129,11 +149,17 @@ class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
         a_rows: cutlass.Int32,
         m_tok: cutlass.Int32,
         top_k: cutlass.Int32,
+        next_a_ptr: cute.Pointer,
+        next_sfa_ptr: cute.Pointer,
+        next_m: cutlass.Int32,
+        next_a_rows: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         """``m`` = weight rows per expert (unpadded), ``n`` = slots x tile_n, ``a_rows`` = rows of
         the stacked A operand (E x m padded to 128); ``m_tok`` / ``top_k``: the finalize's tokens and
-        slots (``finalize``; else unused, like its pointers)."""
+        slots (``finalize``; else unused, like its pointers); ``next_*``: GEMM2's stacked weights, their
+        scales, rows per expert (H) and stacked rows, which GEMM1 L2-prefetches (``prefetch_next``; K of
+        GEMM2 = I = m / 2; else unused)."""
         mTiles = cute.make_tensor(tiles_ptr, cute.make_layout((n // self.slot_n) * 4))
         fin = None
         if cutlass.const_expr(self.finalize):
@@ -142,9 +168,12 @@ class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
                    cute.make_tensor(resid_ptr, rows_major), cute.make_tensor(yrows_ptr, cute.make_layout(m_tok * top_k)),
                    cute.make_tensor(wts_ptr, cute.make_layout(m_tok * top_k)),
                    cute.make_tensor(flags_ptr, cute.make_layout(2)))
+        nxt = None
+        if cutlass.const_expr(self.moe_cfg.prefetch_next):
+            nxt = (next_a_ptr, next_sfa_ptr, next_m, next_a_rows, m // 2)
         # no bias in a grouped GEMM: alpha_ptr stands in for the (never read) bias pointer
         self._host_launch(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr, alpha_ptr, residual_ptr, workspace_ptr,
-                          counter_ptr, m, n, k, stream, mTiles=mTiles, a_rows=a_rows, fin=fin)
+                          counter_ptr, m, n, k, stream, mTiles=mTiles, a_rows=a_rows, fin=fin, nxt=nxt)
 
     # ------------------------------------------------------------------ work hooks
 
@@ -200,6 +229,41 @@ class Sm100MoeKernel(Sm100Nvfp4GemmKernel):
                 if has_resid != 0:
                     acc = fadd_rn(acc, mResid[t, f].to(cutlass.Float32))
                 mFinal[t, f] = acc.to(self.final_dtype)
+
+    @cute.jit
+    def _prefetch_next(self, sched_params, work, v_size):
+        """``prefetch_next`` (GEMM1): L2-prefetch GEMM2's weight and weight-scale tiles of this CTA's work
+        slots' experts (module docstring). Work unit ``u = row tile * split_k + split`` of ``U`` units of a
+        slot takes GEMM2 row tiles ``j = u, u + U, ...`` of the slot's expert, every K tile; only the
+        expert's first slot prefetches (slots are grouped by expert), empty slots nothing."""
+        if cutlass.const_expr(self.moe_cfg.prefetch_next):
+            tma_atom_na, tNgA, tma_atom_nsfa, tNgSFA, n_tiles, n_kt = work.next
+            units = work.tiles_per_expert * self.split_k
+            tile_sched = utils.StaticPersistentTileScheduler.create(
+                sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+            )
+            work_tile = tile_sched.initial_work_tile_info()
+            while work_tile.is_valid_tile:
+                coord = work_tile.tile_idx
+                slot = coord[1]
+                e = work.tiles[slot * 4]
+                first = cutlass.Int32(0)
+                if work.tiles[slot * 4 + 2] > 0:
+                    first = cutlass.Int32(1)
+                    if slot > 0:
+                        if work.tiles[(slot - 1) * 4] == e:
+                            first = cutlass.Int32(0)
+                if first != 0:
+                    u = (coord[0] // v_size) * self.split_k + coord[2]
+                    # one lane issues (a prefetch is per thread: a whole warp would request each box 32 times)
+                    with cute.arch.elect_one():
+                        for j in cutlass.range(u, n_tiles, units, unroll=1):
+                            row_tile = e * n_tiles + j
+                            for kt in cutlass.range(0, n_kt, 1, unroll=1):
+                                cute.prefetch(tma_atom_na, tNgA[(None, row_tile, kt, 0)])
+                                cute.prefetch(tma_atom_nsfa, tNgSFA[(None, row_tile, kt, 0)])
+                tile_sched.advance_to_next_work()
+                work_tile = tile_sched.get_current_work()
 
     def _a_tile(self, mma_m, coord, work):
         return work.tiles[coord[1] * 4] * work.tiles_per_expert + mma_m
@@ -260,7 +324,10 @@ class Sm100MoeTemplate:
         final, shared, resid  [m_tok, m] out dtype: the finalize's output, shared_out, residual (``finalize``)
         y_rows   int32 [m_tok * top_k]: row of ``c`` per pair, -1 = empty slot; wts fp32 [m_tok * top_k]
         flags    int32 [2]: (shared_out given, residual given)
-        m, n, k, a_rows, m_tok, top_k int32; stream
+        m, n, k, a_rows, m_tok, top_k int32
+        next_a   uint8 [E * H_padded, I/2]: GEMM2's stacked weights (``prefetch_next``: GEMM1 L2-prefetches
+                 them; else unused); next_sfa their 128x4-swizzled scales; next_m = H, next_a_rows int32
+        stream
     """
 
     template_id = TEMPLATE_ID
@@ -281,6 +348,8 @@ class Sm100MoeTemplate:
         if spec.config.finalize and (epi.gated or epi.out_quant or epi.activation != "none"
                                      or epi.out_dtype not in (torch.bfloat16, torch.float16)):
             return Status.fail("finalize is GEMM2's: no activation, rounding into bf16 / fp16 (y stays fp32)")
+        if spec.config.prefetch_next and not (epi.gated and epi.out_quant):
+            return Status.fail("prefetch_next is GEMM1's (gated, fused requant): it L2-prefetches GEMM2's weights")
         return Status.success()
 
     def abi(self, spec):
@@ -309,6 +378,10 @@ class Sm100MoeTemplate:
             ScalarArg("a_rows", "int32"),
             ScalarArg("m_tok", "int32"),
             ScalarArg("top_k", "int32"),
+            PointerArg("next_a_ptr", "Float4E2M1FN", assumed_align=16),
+            PointerArg("next_sfa_ptr", "Float8E4M3FN", assumed_align=16),
+            ScalarArg("next_m", "int32"),
+            ScalarArg("next_a_rows", "int32"),
             StreamArg("stream"),
         )
 

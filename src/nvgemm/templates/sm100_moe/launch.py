@@ -177,14 +177,17 @@ class Sm100MoeGemmArgs:
     spec: EpilogueSpec
     config: Sm100MoeConfig
     fin: Optional[FinalizeArgs] = None  # the finalize GEMM2 runs (``config.finalize``)
+    next_stack: Optional[Sm100MoeStack] = None  # GEMM2's weights GEMM1 L2-prefetches (``config.prefetch_next``)
 
     def abi_values(self) -> tuple:
         z = (lambda t: t if t is not None else 0)  # noqa: E731
         f = self.fin
         fin = (0, 0, 0, 0, 0, 0, 0, 0) if f is None else (
             f.out, f.shared, f.residual, f.y_rows, f.weights, f.flags, f.out.shape[0], f.y_rows.numel() // f.out.shape[0])
+        s2 = self.next_stack
+        nxt = (0, 0, 0, 0) if s2 is None else (s2.weight, s2.scale, s2.rows, s2.num_experts * s2.rows_padded)
         return (self.a, self.b, self.sfa, self.sfb, self.c, self.alpha, self.tiles, z(self.residual),
-                z(self.workspace), z(self.counters)) + fin[:6] + (self.m, self.n, self.k, self.a_rows) + fin[6:]
+                z(self.workspace), z(self.counters)) + fin[:6] + (self.m, self.n, self.k, self.a_rows) + fin[6:] + nxt
 
 
 def alpha_table(weight_scale_2: torch.Tensor, input_scale: torch.Tensor, stack: Sm100MoeStack,
@@ -279,14 +282,22 @@ def call_kernels(m: int, top_k: int, config13: Sm100MoeConfig, config2: Sm100Moe
 
 def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: MoeWorkList, stack: Sm100MoeStack,
                alpha_kind: str, alpha: torch.Tensor, x_dtype: torch.dtype, stream_id: int = 0,
-               out_scales: Optional[torch.Tensor] = None) -> Sm100MoeGemmArgs:
+               out_scales: Optional[torch.Tensor] = None,
+               next_stack: Optional[Sm100MoeStack] = None) -> Sm100MoeGemmArgs:
     """GEMM1 (gated, fused requant): output = GEMM2's B operand (codes + per-slot scale atoms).
     ``out_scales``: the scale atoms with their padding already zeroed (the prep kernel's); default
-    :func:`b2_scale_atoms_ref`."""
+    :func:`b2_scale_atoms_ref`. ``next_stack``: GEMM2's stacked weights, which GEMM1 L2-prefetches
+    (needed exactly when ``config.prefetch_next``)."""
     validate_moe_config(config).raise_if_failed("sm100 moe config")
     if why := moe_shape_problem(config, stack.rows, stack.k, True):
         raise ValueError(f"nvgemm sm100 moe: GEMM1 {config.name()}: {why}")
     i = stack.rows // 2
+    if config.prefetch_next != (next_stack is not None):
+        raise ValueError(f"nvgemm sm100 moe: GEMM1 {config.name()}: GEMM2's weights (next_stack) "
+                         f"{'missing' if config.prefetch_next else 'given to a GEMM1 without prefetch_next'}")
+    if next_stack is not None and (next_stack.k != i or next_stack.num_experts != stack.num_experts):
+        raise ValueError(f"nvgemm sm100 moe: GEMM1 {config.name()} prefetches GEMM2 weights of K={next_stack.k} over "
+                         f"{next_stack.num_experts} experts, expected K = I = {i} over {stack.num_experts}")
     n = wl.slots * config.tile_n
     dev = b.device
     codes = torch.empty((n, i // 2), dtype=torch.uint8, device=dev)  # empty slots: never written, never read
@@ -298,7 +309,8 @@ def gemm1_args(config: Sm100MoeConfig, b: torch.Tensor, sfb: torch.Tensor, wl: M
     spec = gemm1_epilogue(alpha_kind, x_dtype)
     ws, cnt = _split_k(config, stack.rows, n, dev, stream_id)
     return Sm100MoeGemmArgs(stack.weight, b, stack.scale, sfb, codes, alpha, wl.tiles, scales, ws, cnt,
-                            stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config)
+                            stack.rows, n, stack.k, stack.num_experts * stack.rows_padded, spec, config,
+                            next_stack=next_stack)
 
 
 def gemm2_args(config: Sm100MoeConfig, a1: Sm100MoeGemmArgs, wl: MoeWorkList, stack: Sm100MoeStack,
@@ -379,7 +391,8 @@ def moe_forward(x, topk_ids, expert_map, topk_weights, w13, w13_scale, w13_scale
         yrow = slot_rows_of_pairs(wl, tn)
         yfin = torch.where(wl.valid, yrow, torch.full_like(yrow, -1)).to(torch.int32).reshape(-1)
         sf2 = None
-    a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id, out_scales=sf2)
+    a1 = gemm1_args(config13, b1, sfb1, wl, s13, kind13, alpha13, x.dtype, stream_id, out_scales=sf2,
+                    next_stack=s2 if config13.prefetch_next else None)
     launch(a1)
     fuse = yfin is not None and fused_finalize_ok(x.shape[0], x.dtype, out_dtype, shared_out, residual)
     fin = None

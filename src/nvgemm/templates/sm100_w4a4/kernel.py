@@ -17,7 +17,8 @@ Warp roles (192 threads per CTA)
     warp 4     MMA: copies the scale factors smem -> TMEM (tcgen05.cp) and issues
                ``tcgen05.mma.kind::mxf4nvf4.block_scale`` (the leader CTA only, for 2-CTA tiles).
     warp 5     TMA: loads A, B, SFA, SFB tiles (multicast across the cluster), optional L2
-               prefetch of upcoming K tiles.
+               prefetch of upcoming K tiles (a grouped variant: of the next GEMM's weights after
+               its own last load, :meth:`Sm100Nvfp4GemmKernel._prefetch_next`).
 
 Pipelines
     ab   (PipelineTmaUmma, ``num_ab_stage`` deep): TMA warp -> MMA warp, smem stages.
@@ -286,11 +287,12 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
 
     @cute.jit
     def _host_launch(self, a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, alpha_ptr, bias_ptr, residual_ptr, workspace_ptr,
-                     counter_ptr, m, n, k, stream, mTiles=None, a_rows=None, fin=None):
+                     counter_ptr, m, n, k, stream, mTiles=None, a_rows=None, fin=None, nxt=None):
         """The body of :meth:`__call__` (traced inline). A grouped variant passes its work list
-        ``mTiles`` and the row count ``a_rows`` of its stacked A operand, and ``fin``, the tensors of a
-        finalize it runs after its tiles (:meth:`_tile_done`); the dense kernel passes none (see the work
-        hooks below)."""
+        ``mTiles`` and the row count ``a_rows`` of its stacked A operand, ``fin``, the tensors of a
+        finalize it runs after its tiles (:meth:`_tile_done`), and ``nxt`` = (A pointer, SFA pointer, rows,
+        stacked rows, K) of the next GEMM's weights, which its TMA warp L2-prefetches after its own loads
+        (:meth:`_prefetch_next`); the dense kernel passes none (see the work hooks below)."""
         if cutlass.const_expr(fin is None):
             fin = (None, None, None, None, None, None)
         self._setup_attributes()
@@ -365,6 +367,23 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         )
         if cutlass.const_expr(self.cta_tile_shape_mnk[1] == 192):
             tma_sfb = self._sfb_view_for_n192(tma_sfb)
+        # prefetch-only TMA atoms over the next GEMM's weights: the same box as A / SFA (128 rows x tile_k)
+        nxt_atoms = (None, None, None, None, None)
+        if cutlass.const_expr(nxt is not None):
+            na_ptr, nsfa_ptr, n_m, n_rows, n_k = nxt
+            nkk = cute.assume(n_k, divby=32)
+            mNA = cute.make_tensor(na_ptr, cute.make_ordered_layout((n_rows, nkk, 1), order=(1, 0, 2)))
+            mNSFA = cute.make_tensor(nsfa_ptr, blockscaled_utils.tile_atom_to_shape_SF(mNA.shape, self.sf_vec_size))
+            tma_atom_na, tma_na = cute.nvgpu.make_tiled_tma_atom_A(
+                sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, tiled_mma.thr_id),
+                mNA, a_smem_layout, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
+            )
+            tma_atom_nsfa, tma_nsfa = cute.nvgpu.make_tiled_tma_atom_A(
+                sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, tiled_mma.thr_id),
+                mNSFA, sfa_smem_layout, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
+                internal_type=cutlass.Int16,
+            )
+            nxt_atoms = (tma_atom_na, tma_na, tma_atom_nsfa, tma_nsfa, n_m)
 
         self.num_tma_load_bytes = (
             cute.size_in_bytes(self.a_dtype, a_smem_layout)
@@ -439,7 +458,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             self.cluster_layout_vmnk, self.cluster_layout_sfb_vmnk,
             self.a_smem_layout_staged, self.b_smem_layout_staged,
             self.sfa_smem_layout_staged, self.sfb_smem_layout_staged,
-            sched_params, num_tiles_n, mTiles, *fin,
+            sched_params, num_tiles_n, mTiles, *fin, *nxt_atoms,
         ).launch(
             grid=grid,
             block=[self.threads_per_cta, 1, 1],
@@ -500,6 +519,11 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         mYRows: cute.Tensor,
         mWts: cute.Tensor,
         mFlags: cute.Tensor,
+        tma_atom_na,
+        mNA_mkl,
+        tma_atom_nsfa,
+        mNSFA_mkl,
+        next_m,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -511,6 +535,9 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_sfa)
             cpasync.prefetch_descriptor(tma_atom_sfb)
+            if cutlass.const_expr(tma_atom_na is not None):
+                cpasync.prefetch_descriptor(tma_atom_na)
+                cpasync.prefetch_descriptor(tma_atom_nsfa)
 
         bidx, _, _ = cute.arch.block_idx()
         mma_tile_coord_v = bidx % v_size
@@ -599,6 +626,18 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         work = self._work(mTiles, m_gemm, (mFinal, mShared, mResid, mYRows, mWts, mFlags))
+        if cutlass.const_expr(tma_atom_na is not None):
+            # the next GEMM's weights, partitioned like A / SFA: (TMA box, row tile, K tile, L)
+            gNA = cute.local_tile(mNA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+            gNSFA = cute.local_tile(mNSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+            _sNA, tNgA = cpasync.tma_partition(
+                tma_atom_na, blk_vmnk[2], a_cta_layout, cute.group_modes(sA, 0, 3),
+                cute.group_modes(thr_mma.partition_A(gNA), 0, 3))
+            _sNSFA, tNgSFA = cpasync.tma_partition(
+                tma_atom_nsfa, blk_vmnk[2], a_cta_layout, cute.group_modes(sSFA, 0, 3),
+                cute.group_modes(thr_mma.partition_A(gNSFA), 0, 3))
+            work.set_next(tma_atom_na, tNgA, tma_atom_nsfa, cute.filter_zeros(tNgSFA), (next_m + 127) // 128,
+                          cute.size(gNA, mode=[3]))
 
         if warp_idx == self.tma_warp_id:
             self._tma_warp(
@@ -747,6 +786,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             if cutlass.const_expr(self.work_before_wait):
                 pre = cutlass.Int32(0)  # the early weight stages were the first work tile's only
 
+        self._prefetch_next(sched_params, work, v_size)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         ab_pipeline.producer_tail(prod_state)
@@ -766,6 +806,10 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
     def _work(self, mTiles, m_gemm, fin):
         """Per-kernel work-list context handed to the roles (None: a dense GEMM)."""
         return None
+
+    def _prefetch_next(self, sched_params, work, v_size):
+        """TMA warp, after its last load is issued, before ``launch_dependents``: L2 prefetches of the next
+        GEMM's weights (a grouped variant's; dense: nothing, no code)."""
 
     def _tile_done(self, coord, work, mC, mCnt, sFlag, tidx, m_gemm, num_tiles_n):
         """After the epilogue threads stored work tile ``coord`` (the split-K reduction's CTA only):

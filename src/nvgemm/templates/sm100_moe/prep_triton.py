@@ -283,4 +283,19 @@ def moe_prep_triton(x: torch.Tensor, topk_ids: torch.Tensor, expert_map, num_exp
     return SlotPrep(wl, codes, atoms.view(torch.float8_e4m3fn), yrow, yfin, sf2, launches)
 
 
-__all__ = ["FUSED_MAX_PAIRS", "SlotPrep", "b2_scale_numel", "moe_prep_triton"]
+#: Positions of the prefetch-only operands (GEMM1's stacked weight and scales) in ``_moe_prep_kernel``'s arguments.
+_PREFETCH_ARGS = (14, 15)
+
+
+def launch_bytes(kernel_name: str, args) -> int | None:
+    """Bytes one ``_moe_prep_kernel`` launch moves (the performance model's input): every tensor argument but the
+    prefetch-only GEMM1 weight stack and its scales, whose lines the prep only names (their DRAM stream is GEMM1's
+    routed weight bytes, priced with GEMM1). ``args``: the kernel's positional launch arguments. None for another
+    kernel."""
+    if kernel_name != "_moe_prep_kernel":
+        return None
+    return sum(a.numel() * a.element_size() for i, a in enumerate(args)
+               if isinstance(a, torch.Tensor) and i not in _PREFETCH_ARGS)
+
+
+__all__ = ["FUSED_MAX_PAIRS", "SlotPrep", "b2_scale_numel", "launch_bytes", "moe_prep_triton"]

@@ -21,6 +21,11 @@ def check_pdl_prologue(launch, weights, prefetch=True, routing=frozenset(), earl
     assert not ext.get("pdl_pre_wait_writes"), f"written before the wait: {sorted(ext['pdl_pre_wait_writes'])}"
     if prefetch:
         assert ext.get("pdl_pre_wait_prefetches"), "no weight prefetch before the wait: the PDL prologue is gone"
+    # a TMA prefetch is per thread: one lane issues it, not every lane of the warp (the emulator records a
+    # warp-wide instruction lane by lane, so a per-lane repeat is the same (CTA, tensor, box) twice in a row)
+    boxes = ext.get("l2_prefetch_boxes", [])
+    dup = sum(a == b for a, b in zip(boxes, boxes[1:]))
+    assert not dup, f"{dup} of {len(boxes)} TMA L2 prefetches repeat the box the same CTA just requested"
     if early_weights:
         assert early & set(weights), f"no weight read before the wait (early: {sorted(early)}): the prologue is gone"
 

@@ -725,12 +725,14 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
                 c0 = work_tile.tile_idx
                 kb0, kc0 = self._k_range(c0[2], k_tile_total)
                 for i in cutlass.range(0, cutlass.min(kc0, self.num_ab_stage), 1, unroll=1):
-                    if cutlass.const_expr(self.config.swap_ab):
-                        cute.prefetch(tma_atom_a, tAgA[(None, c0[0] // v_size, kb0 + i, 0)])
-                        cute.prefetch(tma_atom_sfa, tAgSFA[(None, c0[0] // v_size, kb0 + i, 0)])
-                    else:
-                        cute.prefetch(tma_atom_b, tBgB[(None, c0[1], kb0 + i, 0)])
-                        cute.prefetch(tma_atom_sfb, tBgSFB[(None, self._sfb_slice_n(c0[1]), kb0 + i, 0)])
+                    # one lane issues (a prefetch is per thread: a whole warp would request each box 32 times)
+                    with cute.arch.elect_one():
+                        if cutlass.const_expr(self.config.swap_ab):
+                            cute.prefetch(tma_atom_a, tAgA[(None, c0[0] // v_size, kb0 + i, 0)])
+                            cute.prefetch(tma_atom_sfa, tAgSFA[(None, c0[0] // v_size, kb0 + i, 0)])
+                        else:
+                            cute.prefetch(tma_atom_b, tBgB[(None, c0[1], kb0 + i, 0)])
+                            cute.prefetch(tma_atom_sfb, tBgSFB[(None, self._sfb_slice_n(c0[1]), kb0 + i, 0)])
             cute.arch.griddepcontrol_wait()
 
         while work_tile.is_valid_tile:
@@ -752,10 +754,11 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
                 if cutlass.const_expr(self.l2_prefetch):
                     if prod_state.count + self.num_ab_stage < k_cnt:
                         kf = kt + self.num_ab_stage
-                        cute.prefetch(tma_atom_a, tAgA_s[(None, kf)])
-                        cute.prefetch(tma_atom_b, tBgB_s[(None, kf)])
-                        cute.prefetch(tma_atom_sfa, tAgSFA_s[(None, kf)])
-                        cute.prefetch(tma_atom_sfb, tBgSFB_s[(None, kf)])
+                        with cute.arch.elect_one():  # one request per box, not one per lane
+                            cute.prefetch(tma_atom_a, tAgA_s[(None, kf)])
+                            cute.prefetch(tma_atom_b, tBgB_s[(None, kf)])
+                            cute.prefetch(tma_atom_sfa, tAgSFA_s[(None, kf)])
+                            cute.prefetch(tma_atom_sfb, tBgSFB_s[(None, kf)])
                 if cutlass.const_expr(self.work_before_wait):
                     if prod_state.count >= pre:  # else acquired, weights in flight: the activations only
                         ab_pipeline.producer_acquire(prod_state, peek)

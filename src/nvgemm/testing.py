@@ -365,3 +365,93 @@ def host_path_stand_in(family: str, *, record_ops: bool = True, capability=None,
         B._CHECKED.clear()
         B._CHECKED.update(checked)
 
+
+
+class TritonDriverLaunch(tuple):
+    """One launch that reached the driver's ``launch`` entry (what Triton's CUDA launcher hands
+    ``cuLaunchKernelEx``): ``(grid, stream, function, launch_cooperative_grid, launch_pdl, kernel_metadata,
+    launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch, kernel_signature, args)``."""
+
+
+@contextlib.contextmanager
+def triton_recording_driver(capability: tuple[int, int] = (10, 0), *, device: int = 0, stream: int = 0x5A5A0,
+                            record: bool = True):
+    """Triton's active driver replaced by one for a stand-in GPU of ``capability`` on this host (no CUDA
+    needed): ``JITFunction.run`` runs its real code -- binder, specialization, cache key, ``triton.compile``
+    for the explicit target (real PTX and cubin), ``CompiledKernel`` handles, launch metadata -- and Triton's
+    real CUDA launcher (``CudaLauncher``: scratch allocation, argument annotation, launch attributes from the
+    kernel's metadata) calls this driver's ``utils.launch`` where a GPU's would enter ``cuLaunchKernelEx``.
+    That entry records a :class:`TritonDriverLaunch` (``record=False``: does nothing, for timing) and runs
+    nothing. Yields the list of records. Tensors are CPU tensors (only their pointers are read); the driver
+    reports ``device`` as current and ``stream`` as its current stream (an int, as the CUDA driver's is)."""
+    from collections import namedtuple
+
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import driver as nvdriver
+    from triton.runtime.driver import driver as config
+
+    launches: list = []
+
+    class Utils:
+        def launch(self, gx, gy, gz, stream_, function, coop, pdl, kernel_metadata, launch_metadata, enter, exit_,
+                   global_scratch, profile_scratch, arg_annotations, kernel_signature, args):
+            if record:
+                launches.append(TritonDriverLaunch(((gx, gy, gz), stream_, function, coop, pdl, kernel_metadata,
+                                                    launch_metadata, enter, exit_, global_scratch, profile_scratch,
+                                                    kernel_signature, tuple(args))))
+
+        def build_signature_metadata(self, kernel_signature):
+            return tuple(kernel_signature)  # the C launcher's argument-width table: here the type names
+
+        def load_binary(self, name, kernel, shared, dev):
+            # (module, function, n_regs, n_spills, n_max_threads): stand-in handles, the function's tied to name
+            return 0x1000, 0x2000 + (hash(name) & 0xFFFF) * 16, 32, 0, 1024
+
+        def get_device_properties(self, dev):
+            return {"max_shared_mem": 232448, "multiprocessor_count": 148, "max_num_regs": 65536,
+                    "warpSize": 32, "sm_clock_rate": 1, "mem_clock_rate": 1, "mem_bus_width": 1}
+
+        def unload_module(self, module):
+            pass
+
+    class Driver:
+        def __init__(self):
+            self.utils = Utils()
+            self.launcher_cls = nvdriver.CudaLauncher
+
+        @staticmethod
+        def is_active():
+            return True
+
+        def get_current_target(self):
+            return GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
+
+        def get_device_capability(self, dev=None):
+            return capability
+
+        def get_current_device(self):
+            return device
+
+        def get_current_stream(self, dev=None):
+            return stream
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    # The launcher's argument annotations come from Triton's compiled cuda_utils module, which needs libcuda to
+    # build; without it the four names are None. Stand-ins with the same fields (the annotations only travel
+    # from the launcher to ``utils.launch``, recorded here) are put in place for the block.
+    kernel_arg = namedtuple("PyKernelArg", "nested_tuple type")
+    names = {"PyKernelArg": kernel_arg, "ARG_CONSTEXPR": "constexpr", "ARG_KERNEL": "kernel", "ARG_TUPLE": "tuple"}
+    saved_names = {n: getattr(nvdriver, n) for n in names}
+    saved = config._active
+    config.set_active(Driver())
+    for n, v in names.items():
+        if saved_names[n] is None:
+            setattr(nvdriver, n, v)
+    try:
+        yield launches
+    finally:
+        config._active = saved
+        for n, v in saved_names.items():
+            setattr(nvdriver, n, v)

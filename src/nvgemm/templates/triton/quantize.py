@@ -14,6 +14,8 @@ output), loads its x tile, then ``gdc_launch_dependents``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -32,6 +34,7 @@ from nvgemm.templates.triton._common import (
     use_gdc,
     is_interpreted,
 )
+from nvgemm.templates.triton.prebound import PreboundLaunch, prebindable
 
 __all__ = ["qdq_nvfp4_kernel", "qdq_nvfp4_triton", "quantize_nvfp4_kernel", "quantize_nvfp4_triton", "quantize_config"]
 
@@ -127,12 +130,28 @@ def quantize_nvfp4_triton(
     kp = ceil_div(k // 16, 4) * 64 if swizzle else k
     grid = (ceil_div(mp, block_m), ceil_div(kp, block_k))
     gdc = use_gdc(kernel, dev, pdl)
-    kernel[grid](
-        x, input_scale, packed, scale, m, k, x.stride(0), packed.stride(0),
-        SWIZZLE=swizzle, USE_GDC=gdc, BLOCK_M=block_m, BLOCK_K=block_k,
-        num_warps=num_warps, **launch_options(gdc),
-    )
+    if prebindable(kernel):  # compiled Triton: the problem's pre-bound launch (only the pointers change)
+        quantize_launch(kernel, grid, m, k, x.stride(0), packed.stride(0), swizzle, gdc, block_m, block_k,
+                        num_warps)(x, input_scale, packed, scale)
+    else:  # the interpreter, a kernel stand-in (the PTX emulator's)
+        kernel[grid](
+            x, input_scale, packed, scale, m, k, x.stride(0), packed.stride(0),
+            SWIZZLE=swizzle, USE_GDC=gdc, BLOCK_M=block_m, BLOCK_K=block_k,
+            num_warps=num_warps, **launch_options(gdc),
+        )
     return packed, scale.view(torch.float8_e4m3fn)
+
+
+@functools.lru_cache(maxsize=512)
+def quantize_launch(kernel, grid: tuple, m: int, k: int, stride_xm: int, stride_qm: int, swizzle: bool, gdc: bool,
+                    block_m: int, block_k: int, num_warps: int) -> PreboundLaunch:
+    """The pre-bound ``kernel[grid](x, input_scale, packed, scale, m, k, stride_xm, stride_qm, SWIZZLE=...,
+    USE_GDC=..., BLOCK_M=..., BLOCK_K=..., num_warps=..., launch_pdl=..., enable_fp_fusion=False)`` of one
+    problem: called with the four tensors. Bounded (least recently used problems drop out)."""
+    return PreboundLaunch(
+        kernel, grid, (None, None, None, None, m, k, stride_xm, stride_qm), (0, 1, 2, 3),
+        dict(SWIZZLE=swizzle, USE_GDC=gdc, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps,
+             **launch_options(gdc)))
 
 
 @triton.jit

@@ -367,6 +367,48 @@ def host_path_stand_in(family: str, *, record_ops: bool = True, capability=None,
 
 
 
+class _RecordingTritonUtils:
+    """The stand-in driver's ``utils``, one per process: Triton's launcher keeps the ``utils.launch`` it was built
+    with inside the compiled kernel (cached across blocks), so launches go to the innermost open block's list."""
+
+    _one = None
+
+    @classmethod
+    def instance(cls):
+        if cls._one is None:
+            cls._one = cls()
+        return cls._one
+
+    def __init__(self):
+        self.sinks: list = []
+        self.loads: list = []
+
+    def launch(self, gx, gy, gz, stream_, function, coop, pdl, kernel_metadata, launch_metadata, enter, exit_,
+               global_scratch, profile_scratch, arg_annotations, kernel_signature, args):
+        if not self.sinks:
+            raise RuntimeError("nvgemm triton_recording_driver: a launch outside the block (no GPU here)")
+        launches, record = self.sinks[-1]
+        if record:
+            launches.append(TritonDriverLaunch(((gx, gy, gz), stream_, function, coop, pdl, kernel_metadata,
+                                                launch_metadata, enter, exit_, global_scratch, profile_scratch,
+                                                kernel_signature, tuple(args))))
+
+    def build_signature_metadata(self, kernel_signature):
+        return tuple(kernel_signature)  # the C launcher's argument-width table: here the type names
+
+    def load_binary(self, name, kernel, shared, dev):
+        # (module, function, n_regs, n_spills, n_max_threads): stand-in handles, one per loaded binary
+        self.loads.append(name)
+        return 0x1000 + 16 * len(self.loads), 0x100000 + 16 * len(self.loads), 32, 0, 1024
+
+    def get_device_properties(self, dev):
+        return {"max_shared_mem": 232448, "multiprocessor_count": 148, "max_num_regs": 65536,
+                "warpSize": 32, "sm_clock_rate": 1, "mem_clock_rate": 1, "mem_bus_width": 1}
+
+    def unload_module(self, module):
+        pass
+
+
 class TritonDriverLaunch(tuple):
     """One launch that reached the driver's ``launch`` entry (what Triton's CUDA launcher hands
     ``cuLaunchKernelEx``): ``(grid, stream, function, launch_cooperative_grid, launch_pdl, kernel_metadata,
@@ -391,32 +433,11 @@ def triton_recording_driver(capability: tuple[int, int] = (10, 0), *, device: in
     from triton.runtime.driver import driver as config
 
     launches: list = []
-
-    class Utils:
-        def launch(self, gx, gy, gz, stream_, function, coop, pdl, kernel_metadata, launch_metadata, enter, exit_,
-                   global_scratch, profile_scratch, arg_annotations, kernel_signature, args):
-            if record:
-                launches.append(TritonDriverLaunch(((gx, gy, gz), stream_, function, coop, pdl, kernel_metadata,
-                                                    launch_metadata, enter, exit_, global_scratch, profile_scratch,
-                                                    kernel_signature, tuple(args))))
-
-        def build_signature_metadata(self, kernel_signature):
-            return tuple(kernel_signature)  # the C launcher's argument-width table: here the type names
-
-        def load_binary(self, name, kernel, shared, dev):
-            # (module, function, n_regs, n_spills, n_max_threads): stand-in handles, the function's tied to name
-            return 0x1000, 0x2000 + (hash(name) & 0xFFFF) * 16, 32, 0, 1024
-
-        def get_device_properties(self, dev):
-            return {"max_shared_mem": 232448, "multiprocessor_count": 148, "max_num_regs": 65536,
-                    "warpSize": 32, "sm_clock_rate": 1, "mem_clock_rate": 1, "mem_bus_width": 1}
-
-        def unload_module(self, module):
-            pass
+    utils = _RecordingTritonUtils.instance()
 
     class Driver:
         def __init__(self):
-            self.utils = Utils()
+            self.utils = utils
             self.launcher_cls = nvdriver.CudaLauncher
 
         @staticmethod
@@ -449,9 +470,11 @@ def triton_recording_driver(capability: tuple[int, int] = (10, 0), *, device: in
     for n, v in names.items():
         if saved_names[n] is None:
             setattr(nvdriver, n, v)
+    utils.sinks.append((launches, record))
     try:
         yield launches
     finally:
+        utils.sinks.pop()
         config._active = saved
         for n, v in saved_names.items():
             setattr(nvdriver, n, v)

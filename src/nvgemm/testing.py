@@ -302,6 +302,7 @@ def host_path_stand_in(family: str, *, record_ops: bool = True, capability=None,
         patch(sb, "_device_index", lambda dev: 0)
         patch(sb, "kernel_for", lambda cspec, cache=None: NullKernel(cspec))
         patch(sb, "quantize_nvfp4_cuda", quantize)
+        patch(sb, "bind_quantize_nvfp4_cuda", lambda m, k, dtype, device, input_scale: quantize)
         patch(occupancy, "query_max_active_clusters",
               lambda index, cluster_size, *a: aot_max_active_clusters("sm_100a", 148, cluster_size))
         kinds = [("linear", sb.BACKEND), (REQUANT, sb.REQUANT_BACKEND), (PREQUANT, sb.PREQUANT_BACKEND)]

@@ -206,3 +206,35 @@ def test_prebound_launch_rejects_bad_setup():
         PreboundLaunch(K, (1,), (None, t[1], None, None, 3, 256, 256, 128), (0, 2, 3), {})
     with pytest.raises(ValueError, match="varying"):
         PreboundLaunch(K, (1,), _fixed(t, 3), (0, 0), {})
+
+
+def test_bound_quantizer_launches_as_the_general_quantizer(monkeypatch, run_calls):
+    """``bind_quantize_nvfp4`` (what a bound sm100 launcher calls per step): the same driver records as
+    ``quantize_nvfp4_triton`` of the same tensors, and any other call shape / scale tensor goes to it."""
+    monkeypatch.setattr(tq, "check_device", lambda kernel, *t, op: t[0].device)  # CPU tensors on the stand-in GPU
+    tq.quantize_launch.cache_clear()
+    m, k = 3, 512
+    ins = torch.tensor(0.5)
+    dev = torch.device("cpu")
+    with triton_recording_driver() as rec:
+        quantize = tq.bind_quantize_nvfp4(m, k, torch.bfloat16, dev, ins, pdl=False)
+        for _ in range(3):
+            x = _problem(m, k)[0]
+            packed, scales = quantize(x, ins, True)
+            got = rec[-1]  # its launch wrote the returned buffers: the reference writes the same ones
+            n_run = len(run_calls)
+            tq.quantize_nvfp4_triton(x, ins, True, pdl=False, out=(packed, scales))
+            assert len(run_calls) == n_run  # the general path hit the same problem's pre-bound launch
+            _same(got, rec[-1])
+        assert run_calls.count("quantize_nvfp4_kernel") == 1
+        assert scales.dtype == torch.float8_e4m3fn and tuple(packed.shape) == (m, k // 2)
+        # another shape, dtype, layout or scale tensor: the general quantizer (checks, its own problem)
+        for what, args in [("M", (_problem(2, k)[0], ins)), ("dtype", (_problem(m, k, torch.float16)[0], ins)),
+                           ("scale tensor", (x, torch.tensor(0.5))), ("strides", (_problem(m, 2 * k)[0][:, :k], ins))]:
+            n = len(rec)
+            quantize(*args)
+            tq.quantize_nvfp4_triton(*args, True, pdl=False)
+            assert len(rec) == n + 2, what
+            assert rec[-2][0] == rec[-1][0] and rec[-2][12][4:] == rec[-1][12][4:], what
+    with pytest.raises(ValueError, match="K must be a multiple of 16"):
+        tq.bind_quantize_nvfp4(m, 24, torch.bfloat16, dev, ins)(torch.zeros(m, 24, dtype=torch.bfloat16), ins)

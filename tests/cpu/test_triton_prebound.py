@@ -238,3 +238,31 @@ def test_bound_quantizer_launches_as_the_general_quantizer(monkeypatch, run_call
             assert rec[-2][0] == rec[-1][0] and rec[-2][12][4:] == rec[-1][12][4:], what
     with pytest.raises(ValueError, match="K must be a multiple of 16"):
         tq.bind_quantize_nvfp4(m, 24, torch.bfloat16, dev, ins)(torch.zeros(m, 24, dtype=torch.bfloat16), ins)
+
+
+def test_quick_key_agrees_with_triton_specialization():
+    """The per-call tensor check (dtype, 16-byte aligned pointer) is sound against the installed Triton's
+    ``specialize_impl``: two tensors it calls the same, Triton specializes the same, for every dtype the kernels
+    take and each byte offset in 0..32 (a quick mismatch only costs a call of ``specialize_impl``). For a
+    parameter specialized on alignment (every nvgemm kernel's) it separates exactly what Triton separates."""
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import native_specialize_impl
+
+    from nvgemm.templates.triton.prebound import _quick_key
+
+    base = torch.empty(256, dtype=torch.uint8)
+    tensors = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.uint8, torch.float8_e4m3fn, torch.int32):
+        size = torch.empty((), dtype=dtype).element_size()
+        for off in range(0, 33, size):
+            tensors.append(base[off:off + 8 * size].view(dtype))
+    for flags in [(False, True, True), (False, True, False), (True, True, True)]:
+        specs = [native_specialize_impl(CUDABackend, t, *flags) for t in tensors]
+        keys = [_quick_key(t, s) for t, s in zip(tensors, specs)]
+        assert all(k is not None for k in keys)
+        for i in range(len(tensors)):
+            for j in range(len(tensors)):
+                if keys[i] == keys[j]:
+                    assert specs[i] == specs[j], (flags, keys[i], specs[i], specs[j])
+                elif flags[2]:
+                    assert specs[i] != specs[j], (flags, keys[i], keys[j], specs[i])

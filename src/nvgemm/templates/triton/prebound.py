@@ -11,7 +11,9 @@ up, checks the kernel's globals, builds the launch metadata and calls the compil
   them), the specialization of each per-call argument (by the binder's own ``specialize_impl``), the device,
   the driver and the knobs that enter the cache key;
 * a **repeat call** takes only the per-call values (pointers; any argument the caller declares as changing),
-  re-derives their specialization with Triton's function and compares it with the captured one, checks the
+  checks that their specialization is the captured one -- for a plain tensor its dtype and whether its data
+  pointer is 16-byte aligned (what Triton's ``specialize_impl`` reads of it), for anything else, or when those
+  differ, Triton's ``specialize_impl`` itself -- checks the
   device, driver, knobs and globals ``run`` would check, writes the values into a copy of the captured
   argument list and launches the captured kernel exactly as ``run`` does after its cache hit: the same
   launcher (``CompiledKernel.run``: the compiled function, ``launch_pdl`` / cooperative-grid attributes and
@@ -43,6 +45,7 @@ __all__ = ["PreboundLaunch", "prebindable"]
 
 
 _MISSING = object()
+_TENSOR = torch.Tensor
 
 
 def prebindable(kernel) -> bool:
@@ -54,12 +57,24 @@ def prebindable(kernel) -> bool:
 class _Captured:
     """What the first ``run`` of a :class:`PreboundLaunch` fixed (see the module doc)."""
 
-    __slots__ = ("compiled", "args", "driver", "device", "backend", "spec_impl", "flags", "specs", "knobs")
+    __slots__ = ("compiled", "args", "driver", "device", "backend", "spec_impl", "flags", "specs", "quick", "knobs")
 
-    def __init__(self, compiled, args, drv, device, backend, spec_impl, flags, specs, knobs_key):
+    def __init__(self, compiled, args, drv, device, backend, spec_impl, flags, specs, quick, knobs_key):
         self.compiled, self.args, self.driver, self.device = compiled, args, drv, device
         self.backend, self.spec_impl, self.flags, self.specs = backend, spec_impl, flags, specs
-        self.knobs = knobs_key
+        self.quick, self.knobs = quick, knobs_key
+
+
+def _quick_key(value, spec):
+    """A cheaper stand-in for Triton's specialization of a tensor argument: (dtype, 16-byte aligned data pointer)
+    -- what Triton's ``specialize_impl`` reads of a plain tensor (``("*<dtype>", "D" | "")``; ``None`` for
+    alignment when the parameter is not specialized). None (no quick key: every call asks ``specialize_impl``)
+    for anything else or a specialization of another form."""
+    if type(value) is not torch.Tensor or not isinstance(spec, tuple) or len(spec) != 2:
+        return None
+    if not (isinstance(spec[0], str) and spec[0].startswith("*")) or spec[1] not in ("D", "", None):
+        return None
+    return (value.dtype, (value.data_ptr() & 15) == 0 if spec[1] is not None else None)
 
 
 def _knobs_key(debug) -> tuple:
@@ -128,7 +143,7 @@ class PreboundLaunch:
         kwargs = dict(self._kwargs)
         bound, _specialization, _options = binder(*args, **kwargs)
         params = self.kernel.params
-        flags, specs = [], []
+        flags, specs, quick = [], [], []
         for i, v in zip(self._varying, values):
             kp = params[i]
             if kp.is_constexpr:
@@ -136,11 +151,12 @@ class PreboundLaunch:
             f = (kp.is_const, not kp.do_not_specialize, not kp.do_not_specialize_on_alignment)
             flags.append(f)
             specs.append(spec_impl(backend, v, *f))
+            quick.append(_quick_key(v, specs[-1]))
         with self._lock:
             if self._captured is None:
                 self._captured = _Captured(
                     compiled, tuple(bound.values()), drv, device, backend, spec_impl, tuple(flags), tuple(specs),
-                    _knobs_key(self._debug))
+                    tuple(quick), _knobs_key(self._debug))
 
     # ----------------------------------------------------------------- the per-call path
 
@@ -160,9 +176,11 @@ class PreboundLaunch:
         device = drv.get_current_device()
         if device != c.device or _knobs_key(self._debug) != c.knobs:
             return self.run(*values)
-        spec_impl, backend = c.spec_impl, c.backend
-        for v, f, want in zip(values, c.flags, c.specs):
-            if spec_impl(backend, v, *f) != want:
+        for v, q, f, want in zip(values, c.quick, c.flags, c.specs):
+            if q is not None and type(v) is _TENSOR and v.dtype is q[0] and (
+                    q[1] is None or ((v.data_ptr() & 15) == 0) is q[1]):
+                continue  # the captured dtype and alignment: the captured specialization
+            if c.spec_impl(c.backend, v, *f) != want:
                 return self.run(*values)  # another specialization: Triton picks (or compiles) its kernel
         used = self.kernel.used_global_vals
         if used:

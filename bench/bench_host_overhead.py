@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import json
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -122,6 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=2000, help="calls per round and case")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", metavar="PATH", help="write the results here")
+    ap.add_argument("--only", metavar="TEXT", action="append",
+                    help="run only the cases whose name contains TEXT (repeatable; empty_custom_op, the ratios' "
+                         "floor, always runs)")
     args = ap.parse_args(argv)
 
     import nvgemm  # noqa: F401  (registers the ops)
@@ -159,6 +163,10 @@ def main(argv=None) -> int:
                                                                                  "none", None)),
     }
     triton_cases = _triton_quantize_cases(m, k, x)
+    if args.only:
+        def keep(d):
+            return {n: v for n, v in d.items() if n == "empty_custom_op" or any(t in n for t in args.only)}
+        cases, host_cases, triton_cases = keep(cases), keep(host_cases), keep(triton_cases)
     times: dict[str, list[float]] = {name: [] for name in [*cases, *host_cases, *triton_cases]}
     null = B.Backend(name="bench_null", priority=10**9, supports=lambda p: None, run=null_run)
     triton_driver = None
@@ -191,7 +199,7 @@ def main(argv=None) -> int:
         med = statistics.median(ts)
         rows.append(dict(case=name, us_per_call=round(med, 2), min_us=round(min(ts), 2), max_us=round(max(ts), 2),
                          ratio_to_empty_custom_op=round(med / floor, 2)))
-        if name.startswith("nvfp4_linear_requant"):
+        if name.startswith("nvfp4_linear_requant") and "empty_custom_op_requant" in times:
             rows[-1]["ratio_to_empty_requant_op"] = round(med / statistics.median(times["empty_custom_op_requant"]), 2)
     print(f"host cost per call, CPU ({platform.processor() or platform.machine()}), M={m} N={n} K={k}, "
           f"median of {args.rounds} rounds x {args.iters} calls (measured on this CPU, not a GPU host)")
@@ -203,8 +211,8 @@ def main(argv=None) -> int:
               f"{r['ratio_to_empty_custom_op']:11.2f}{other}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(command="python bench/bench_host_overhead.py " + " ".join(sys.argv[1:] if argv is None
-                                                                                     else argv),
+            json.dump(dict(command="python bench/bench_host_overhead.py " + shlex.join(sys.argv[1:] if argv is None
+                                                                                      else argv),
                            torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
                            m=m, n=n, k=k, iters=args.iters, rounds=args.rounds, rows=rows), f, indent=1)
             f.write("\n")

@@ -256,7 +256,7 @@ def test_quick_key_agrees_with_triton_specialization():
         size = torch.empty((), dtype=dtype).element_size()
         for off in range(0, 33, size):
             tensors.append(base[off:off + 8 * size].view(dtype))
-    for flags in [(False, True, True), (False, True, False), (True, True, True)]:
+    for flags in [(False, True, True), (False, True, False), (False, False, True), (True, True, True)]:
         specs = [native_specialize_impl(CUDABackend, t, *flags) for t in tensors]
         keys = [_quick_key(t, s) for t, s in zip(tensors, specs)]
         assert all(k is not None for k in keys)

@@ -152,10 +152,13 @@ class PreboundLaunch:
             flags.append(f)
             specs.append(spec_impl(backend, v, *f))
             quick.append(_quick_key(v, specs[-1]))
+        captured_args = list(bound.values())
+        for i in self._varying:
+            captured_args[i] = None  # written per call; the first call's tensors are not kept alive
         with self._lock:
             if self._captured is None:
                 self._captured = _Captured(
-                    compiled, tuple(bound.values()), drv, device, backend, spec_impl, tuple(flags), tuple(specs),
+                    compiled, tuple(captured_args), drv, device, backend, spec_impl, tuple(flags), tuple(specs),
                     tuple(quick), _knobs_key(self._debug))
 
     # ----------------------------------------------------------------- the per-call path

@@ -266,3 +266,42 @@ def test_quick_key_agrees_with_triton_specialization():
                     assert specs[i] == specs[j], (flags, keys[i], specs[i], specs[j])
                 elif flags[2]:
                     assert specs[i] != specs[j], (flags, keys[i], keys[j], specs[i])
+
+
+@pytest.mark.parametrize("requant", [False, True], ids=["linear", "requant"])
+def test_sm100_bound_launchers_bind_their_quantizer(requant):
+    """The bound sm100 launcher gets its quantizer from ``bind_quantize_nvfp4_cuda`` once, at bind time, for the
+    layer's call shape and its device-resident input_scale, and calls that one per step (the unbound path calls
+    ``quantize_nvfp4_cuda``)."""
+    from nvgemm.core.formats import quantize_weight, to_blocked
+    from nvgemm.templates.sm100_w4a4 import backend as sb
+    from nvgemm.testing import host_path_stand_in
+
+    g = torch.Generator().manual_seed(0)
+    q = quantize_weight(torch.randn(256, 512, generator=g))
+    w, s, ws2, ins = q.packed, to_blocked(q.scale), q.global_scale.reshape(()).float(), torch.tensor(0.01)
+    x = torch.randn(2, 512).to(torch.bfloat16)
+    binds, bound_calls = [], []
+    with host_path_stand_in("sm100") as rec:
+        stand_in = sb.quantize_nvfp4_cuda  # the harness's recording quantizer
+
+        def bind(m, k, dtype, device, input_scale):
+            binds.append((m, k, dtype, device, input_scale))
+
+            def quantize(x2, scale, swizzle=True):
+                bound_calls.append(scale is input_scale)
+                return stand_in(x2, scale, swizzle)
+            return quantize
+
+        sb.bind_quantize_nvfp4_cuda = bind  # restored by the harness on exit
+        if requant:
+            nxt = torch.tensor(0.02)
+            call = lambda: torch.ops.nvgemm.nvfp4_linear_requant(x, w, s, ws2, ins, None, nxt, None)
+        else:
+            call = lambda: torch.ops.nvgemm.nvfp4_linear(x, w, s, ws2, ins, None, None, "none", None)
+        for _ in range(4):
+            call()
+    assert rec.events.count("quantize") == 4
+    assert len(binds) == 1 and binds[0][:4] == (2, 512, torch.bfloat16, torch.device("cpu"))
+    assert binds[0][4].dtype == torch.float32 and float(binds[0][4]) == pytest.approx(0.01)
+    assert bound_calls and all(bound_calls) and len(bound_calls) >= 2

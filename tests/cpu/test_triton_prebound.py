@@ -183,11 +183,10 @@ def test_quantizer_launches_as_kernel_grid_call(monkeypatch, run_calls):
     tq.quantize_launch.cache_clear()
     m, k = 2, 512
     with triton_recording_driver() as rec:
-        for i in range(2):
+        for _ in range(2):
             x, gs, packed, sf = _problem(m, k)
             tq.quantize_nvfp4_triton(x, gs, True, pdl=False, out=(packed, sf.view(torch.float8_e4m3fn)))
             got = rec[-1]
-            n_run = len(run_calls)
             bm, bk, nw = tq.quantize_config(m, k, True, False)
             K[(128 // bm, (k // 16 + 3) // 4 * 64 // bk)](x, gs, packed, sf, m, k, k, k // 2, SWIZZLE=True,
                                                            USE_GDC=False, BLOCK_M=bm, BLOCK_K=bk, num_warps=nw,

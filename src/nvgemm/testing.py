@@ -10,6 +10,8 @@ so nothing here runs the quantized model through ModelOpt), and the exporter nee
 
 ``sm90_stand_in`` lets CPU tests run the Hopper host path (the sm90 backend selected, weights
 prepared or held in its layout) with the launch replaced by the emulated op.
+``triton_recording_driver`` makes Triton's active driver a stand-in GPU: ``JITFunction.run`` and Triton's CUDA
+launcher run their real code and the driver's launch entry records what it would hand ``cuLaunchKernelEx``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ so nothing here runs the quantized model through ModelOpt), and the exporter nee
 
 ``sm90_stand_in`` lets CPU tests run the Hopper host path (the sm90 backend selected, weights
 prepared or held in its layout) with the launch replaced by the emulated op.
+``triton_recording_driver`` makes Triton's active driver a stand-in GPU: ``JITFunction.run`` and Triton's CUDA
+launcher run their real code and the driver's launch entry records what it would hand ``cuLaunchKernelEx``.
 """
 
 from __future__ import annotations
@@ -302,6 +304,7 @@ def host_path_stand_in(family: str, *, record_ops: bool = True, capability=None,
         patch(sb, "_device_index", lambda dev: 0)
         patch(sb, "kernel_for", lambda cspec, cache=None: NullKernel(cspec))
         patch(sb, "quantize_nvfp4_cuda", quantize)
+        patch(sb, "bind_quantize_nvfp4_cuda", lambda m, k, dtype, device, input_scale: quantize)
         patch(occupancy, "query_max_active_clusters",
               lambda index, cluster_size, *a: aot_max_active_clusters("sm_100a", 148, cluster_size))
         kinds = [("linear", sb.BACKEND), (REQUANT, sb.REQUANT_BACKEND), (PREQUANT, sb.PREQUANT_BACKEND)]
@@ -365,3 +368,116 @@ def host_path_stand_in(family: str, *, record_ops: bool = True, capability=None,
         B._CHECKED.clear()
         B._CHECKED.update(checked)
 
+
+
+class _RecordingTritonUtils:
+    """The stand-in driver's ``utils``, one per process: Triton's launcher keeps the ``utils.launch`` it was built
+    with inside the compiled kernel (cached across blocks), so launches go to the innermost open block's list."""
+
+    _one = None
+
+    @classmethod
+    def instance(cls):
+        if cls._one is None:
+            cls._one = cls()
+        return cls._one
+
+    def __init__(self):
+        self.sinks: list = []
+        self.loads: list = []
+
+    def launch(self, gx, gy, gz, stream_, function, coop, pdl, kernel_metadata, launch_metadata, enter, exit_,
+               global_scratch, profile_scratch, arg_annotations, kernel_signature, args):
+        if not self.sinks:
+            raise RuntimeError("nvgemm triton_recording_driver: a launch outside the block (no GPU here)")
+        launches, record = self.sinks[-1]
+        if record:
+            launches.append(TritonDriverLaunch(((gx, gy, gz), stream_, function, coop, pdl, kernel_metadata,
+                                                launch_metadata, enter, exit_, global_scratch, profile_scratch,
+                                                kernel_signature, tuple(args))))
+
+    def build_signature_metadata(self, kernel_signature):
+        return tuple(kernel_signature)  # the C launcher's argument-width table: here the type names
+
+    def load_binary(self, name, kernel, shared, dev):
+        # (module, function, n_regs, n_spills, n_max_threads): stand-in handles, one per loaded binary
+        self.loads.append(name)
+        return 0x1000 + 16 * len(self.loads), 0x100000 + 16 * len(self.loads), 32, 0, 1024
+
+    def get_device_properties(self, dev):
+        return {"max_shared_mem": 232448, "multiprocessor_count": 148, "max_num_regs": 65536,
+                "warpSize": 32, "sm_clock_rate": 1, "mem_clock_rate": 1, "mem_bus_width": 1}
+
+    def unload_module(self, module):
+        pass
+
+
+class TritonDriverLaunch(tuple):
+    """One launch that reached the driver's ``launch`` entry (what Triton's CUDA launcher hands
+    ``cuLaunchKernelEx``): ``(grid, stream, function, launch_cooperative_grid, launch_pdl, kernel_metadata,
+    launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch, kernel_signature, args)``."""
+
+
+@contextlib.contextmanager
+def triton_recording_driver(capability: tuple[int, int] = (10, 0), *, device: int = 0, stream: int = 0x5A5A0,
+                            record: bool = True):
+    """Triton's active driver replaced by one for a stand-in GPU of ``capability`` on this host (no CUDA
+    needed): ``JITFunction.run`` runs its real code -- binder, specialization, cache key, ``triton.compile``
+    for the explicit target (real PTX and cubin), ``CompiledKernel`` handles, launch metadata -- and Triton's
+    real CUDA launcher (``CudaLauncher``: scratch allocation, argument annotation, launch attributes from the
+    kernel's metadata) calls this driver's ``utils.launch`` where a GPU's would enter ``cuLaunchKernelEx``.
+    That entry records a :class:`TritonDriverLaunch` (``record=False``: does nothing, for timing) and runs
+    nothing. Yields the list of records. Tensors are CPU tensors (only their pointers are read); the driver
+    reports ``device`` as current and ``stream`` as its current stream (an int, as the CUDA driver's is)."""
+    from collections import namedtuple
+
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import driver as nvdriver
+    from triton.runtime.driver import driver as config
+
+    launches: list = []
+    utils = _RecordingTritonUtils.instance()
+
+    class Driver:
+        def __init__(self):
+            self.utils = utils
+            self.launcher_cls = nvdriver.CudaLauncher
+
+        @staticmethod
+        def is_active():
+            return True
+
+        def get_current_target(self):
+            return GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
+
+        def get_device_capability(self, dev=None):
+            return capability
+
+        def get_current_device(self):
+            return device
+
+        def get_current_stream(self, dev=None):
+            return stream
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    # The launcher's argument annotations come from Triton's compiled cuda_utils module, which needs libcuda to
+    # build; without it the four names are None. Stand-ins with the same fields (the annotations only travel
+    # from the launcher to ``utils.launch``, recorded here) are put in place for the block.
+    kernel_arg = namedtuple("PyKernelArg", "nested_tuple type")
+    names = {"PyKernelArg": kernel_arg, "ARG_CONSTEXPR": "constexpr", "ARG_KERNEL": "kernel", "ARG_TUPLE": "tuple"}
+    saved_names = {n: getattr(nvdriver, n) for n in names}
+    saved = config._active
+    config.set_active(Driver())
+    for n, v in names.items():
+        if saved_names[n] is None:
+            setattr(nvdriver, n, v)
+    utils.sinks.append((launches, record))
+    try:
+        yield launches
+    finally:
+        utils.sinks.pop()
+        config._active = saved
+        for n, v in saved_names.items():
+            setattr(nvdriver, n, v)

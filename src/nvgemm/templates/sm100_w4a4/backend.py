@@ -26,7 +26,7 @@ from nvgemm.templates.sm100_w4a4.launch import (
 )
 from nvgemm.templates.sm100_w4a4.validity import can_implement_problem
 from nvgemm.core.backend import Backend
-from nvgemm.templates.triton.fused_ops import quantize_nvfp4_cuda
+from nvgemm.templates.triton.fused_ops import bind_quantize_nvfp4_cuda, quantize_nvfp4_cuda
 from nvgemm.aot import cache as cache_mod
 from nvgemm.aot.abi import HardwareSpec
 from nvgemm.aot.compile_spec import make_spec
@@ -277,8 +277,10 @@ def bind_sm100(x, weight, weight_scale, weight_scale_2, input_scale, bias, resid
     stream = torch.cuda.current_stream(dev)
     args = prepare_sm100_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, residual, spec, config,
                               stream_id=stream.cuda_stream, quantize=_stand_in_quantized, checked=True)
-    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(),
-                           device_scalar(input_scale, dev), quantize_nvfp4_cuda, residual is not None, False)
+    ins_dev = device_scalar(input_scale, dev)
+    quantize = bind_quantize_nvfp4_cuda(x.numel() // x.shape[-1], x.shape[-1], x.dtype, dev, ins_dev)
+    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(), ins_dev, quantize,
+                           residual is not None, False)
 
 
 BACKEND = Backend(name="cutedsl_sm100", priority=100, supports=supports, run=run_sm100, bind=bind_sm100)
@@ -388,8 +390,10 @@ def bind_sm100_requant(x, weight, weight_scale, weight_scale_2, input_scale, bia
     _config, kernel = launch_plan(x.shape[0], weight.shape[0], weight.shape[1] * 2, spec, _device_index(dev), config)
     args = prepare_sm100_requant_args(x, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,
                                       spec, config, quantize=_stand_in_quantized, checked=True)
-    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(),
-                           device_scalar(input_scale, dev), quantize_nvfp4_cuda, False, True)
+    ins_dev = device_scalar(input_scale, dev)
+    quantize = bind_quantize_nvfp4_cuda(x.numel() // x.shape[-1], x.shape[-1], x.dtype, dev, ins_dev)
+    return _bound_launcher(args, kernel, dev, config, tuple(x.shape), x.is_contiguous(), ins_dev, quantize, False,
+                           True)
 
 
 def _bind_prequant_requant(quantized, weight, weight_scale, weight_scale_2, input_scale, bias, out_input_scale,

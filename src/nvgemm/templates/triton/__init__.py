@@ -3,6 +3,8 @@
 Importing this package imports nothing heavy; the modules are:
 
 * :mod:`.quantize` — activation quantizer (bf16/fp16/fp32 [M, K] -> packed E2M1 + swizzled e4m3);
+* :mod:`.prebound` — a pre-bound Triton launch (first call through ``JITFunction.run``, then only the
+  pointers change), used by the quantizer;
 * :mod:`.fused` — RMSNorm / add+RMSNorm / SiLU-mul fused with the quantizer;
 * :mod:`.gemm_w4a16` — weight-only NVFP4 GEMM with the full nvgemm epilogue (and W4A4 by
   in-kernel quantize-dequantize of x);

@@ -86,6 +86,20 @@ def quantize_nvfp4_cuda(x: torch.Tensor, input_scale: torch.Tensor, swizzle: boo
     return quantize_ref(x, input_scale, swizzle)
 
 
+def bind_quantize_nvfp4_cuda(m: int, k: int, dtype: torch.dtype, device: torch.device, input_scale: torch.Tensor):
+    """The activation quantizer a bound W4A4 launcher calls per step for x [m, k] of ``dtype`` on ``device`` and the
+    bound ``input_scale`` (fp32 scalar on ``device``): the Triton kernel's bound quantizer where it can run
+    (:func:`nvgemm.templates.triton.quantize.bind_quantize_nvfp4`: checks, block sizes, grid and the pre-bound
+    launch decided once), else :func:`quantize_nvfp4_cuda`. Same signature and bytes as
+    :func:`quantize_nvfp4_cuda`."""
+    if triton_unusable(device) is None:
+        # lazy: triton import cost (the Triton kernel module is loaded on first use)
+        from nvgemm.templates.triton.quantize import bind_quantize_nvfp4
+
+        return bind_quantize_nvfp4(m, k, dtype, device, input_scale)
+    return quantize_nvfp4_cuda
+
+
 def _scale_like(x: torch.Tensor, m: int, k: int, swizzle: bool) -> torch.Tensor:
     if swizzle:
         return x.new_empty((blocked_numel(m, k // 16),), dtype=torch.float8_e4m3fn)

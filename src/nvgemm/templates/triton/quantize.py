@@ -14,6 +14,8 @@ output), loads its x tile, then ``gdc_launch_dependents``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -32,8 +34,10 @@ from nvgemm.templates.triton._common import (
     use_gdc,
     is_interpreted,
 )
+from nvgemm.templates.triton.prebound import PreboundLaunch, prebindable
 
-__all__ = ["qdq_nvfp4_kernel", "qdq_nvfp4_triton", "quantize_nvfp4_kernel", "quantize_nvfp4_triton", "quantize_config"]
+__all__ = ["bind_quantize_nvfp4", "qdq_nvfp4_kernel", "qdq_nvfp4_triton", "quantize_nvfp4_kernel",
+           "quantize_nvfp4_triton", "quantize_config", "quantize_launch"]
 
 
 @triton.jit
@@ -127,12 +131,65 @@ def quantize_nvfp4_triton(
     kp = ceil_div(k // 16, 4) * 64 if swizzle else k
     grid = (ceil_div(mp, block_m), ceil_div(kp, block_k))
     gdc = use_gdc(kernel, dev, pdl)
-    kernel[grid](
-        x, input_scale, packed, scale, m, k, x.stride(0), packed.stride(0),
-        SWIZZLE=swizzle, USE_GDC=gdc, BLOCK_M=block_m, BLOCK_K=block_k,
-        num_warps=num_warps, **launch_options(gdc),
-    )
+    if prebindable(kernel):  # compiled Triton: the problem's pre-bound launch (only the pointers change)
+        quantize_launch(kernel, grid, m, k, x.stride(0), packed.stride(0), swizzle, gdc, block_m, block_k,
+                        num_warps)(x, input_scale, packed, scale)
+    else:  # the interpreter, a kernel stand-in (the PTX emulator's)
+        kernel[grid](
+            x, input_scale, packed, scale, m, k, x.stride(0), packed.stride(0),
+            SWIZZLE=swizzle, USE_GDC=gdc, BLOCK_M=block_m, BLOCK_K=block_k,
+            num_warps=num_warps, **launch_options(gdc),
+        )
     return packed, scale.view(torch.float8_e4m3fn)
+
+
+@functools.lru_cache(maxsize=512)
+def quantize_launch(kernel, grid: tuple, m: int, k: int, stride_xm: int, stride_qm: int, swizzle: bool, gdc: bool,
+                    block_m: int, block_k: int, num_warps: int) -> PreboundLaunch:
+    """The pre-bound ``kernel[grid](x, input_scale, packed, scale, m, k, stride_xm, stride_qm, SWIZZLE=...,
+    USE_GDC=..., BLOCK_M=..., BLOCK_K=..., num_warps=..., launch_pdl=..., enable_fp_fusion=False)`` of one
+    problem: called with the four tensors. Bounded (least recently used problems drop out)."""
+    return PreboundLaunch(
+        kernel, grid, (None, None, None, None, m, k, stride_xm, stride_qm), (0, 1, 2, 3),
+        dict(SWIZZLE=swizzle, USE_GDC=gdc, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=num_warps,
+             **launch_options(gdc)))
+
+
+def bind_quantize_nvfp4(m: int, k: int, dtype: torch.dtype, device: torch.device, input_scale: torch.Tensor, *,
+                        pdl: bool | None = None, kernel=None):
+    """The activation quantizer of one bound call shape: ``quantize(x2, input_scale, swizzle=True) -> (packed,
+    scales)`` for x2 [m, k] of ``dtype`` on ``device`` with contiguous rows and this ``input_scale`` tensor
+    (a fp32 scalar on ``device``), swizzled scales -- what a bound W4A4 launcher calls per step.
+
+    Decided here once: the checks, the block sizes, the grid, PDL and the problem's pre-bound launch
+    (:func:`quantize_launch`, shared with :func:`quantize_nvfp4_triton`); a call compares x2's dtype, shape,
+    strides and device and the scale tensor's identity with the bound ones, allocates the two outputs and
+    launches. Any other call (or a kernel that is not pre-bindable) is :func:`quantize_nvfp4_triton`'s."""
+    kernel = kernel or quantize_nvfp4_kernel
+    general = functools.partial(quantize_nvfp4_triton, pdl=pdl, kernel=kernel)
+    if (not prebindable(kernel) or m <= 0 or k <= 0 or k % NVFP4.block_size
+            or dtype not in (torch.bfloat16, torch.float16, torch.float32)
+            or input_scale.dtype != torch.float32 or input_scale.numel() != 1 or input_scale.device != device):
+        return general  # its checks name the problem
+    block_m, block_k, num_warps = quantize_config(m, k, True, False)
+    grid = (ceil_div(ceil_div(m, 128) * 128, block_m), ceil_div(ceil_div(k // 16, 4) * 64, block_k))
+    launch = quantize_launch(kernel, grid, m, k, k, k // 2, True, use_gdc(kernel, device, pdl), block_m, block_k,
+                             num_warps)
+    gs = input_scale.reshape(1)
+    shape, stride = torch.Size((m, k)), (k, 1)
+    packed_shape, scale_shape = (m, k // 2), (blocked_numel(m, k // 16),)
+    empty, u8, e4m3 = torch.empty, torch.uint8, torch.float8_e4m3fn
+
+    def quantize(x2: torch.Tensor, scale_in: torch.Tensor, swizzle: bool = True):
+        if (scale_in is not input_scale or swizzle is not True or x2.dtype is not dtype or x2.shape != shape
+                or x2.stride() != stride or x2.device != device):
+            return general(x2, scale_in, swizzle)
+        packed = empty(packed_shape, dtype=u8, device=device)
+        scale = empty(scale_shape, dtype=u8, device=device)
+        launch(x2, gs, packed, scale)
+        return packed, scale.view(e4m3)
+
+    return quantize
 
 
 @triton.jit

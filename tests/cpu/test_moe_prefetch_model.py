@@ -120,6 +120,9 @@ def test_one_token_has_its_own_moe_bucket():
     assert b[:3] == [(1, 1), (2, 8), (9, 16)] and b[-1][1] == 256
     assert all(lo == prev_hi + 1 for (lo, _), (_, prev_hi) in zip(b[1:], b[:-1]))
     assert bucket_of(1) == (1, 1) and bucket_of(2) == (2, 8) and bucket_of(8) == (2, 8)
+    # past 256 tokens the buckets keep doubling: never one ending at M itself (one pick per bucket)
+    assert bucket_of(300) == bucket_of(512) == (257, 512) and bucket_of(513) == bucket_of(1000) == (513, 1024)
+    assert bucket_of(5000) == (4097, 8192)
     # DeepSeek-V3 TP8 at one token: a routed expert has one row and four 128-row tiles, so GEMM1 splits K
     policy.pick_moe_configs.cache_clear()
     one = policy.pick_moe_configs(1, DSV3.num_experts, DSV3.top_k, DSV3.hidden, DSV3.inter)

@@ -168,8 +168,13 @@ def one_token_apart(buckets) -> list[tuple[int, int]]:
 
 
 def bucket_of(m: int, max_m: int = 256) -> tuple[int, int]:
-    """The MoE bucket (:func:`moe_buckets`) of ``m`` tokens: every M of it runs the configs picked at its upper M."""
-    for lo, hi in moe_buckets(max(max_m, m)):
+    """The MoE bucket (:func:`moe_buckets`) of ``m`` tokens: every M of it runs the configs picked at its upper M.
+    Past ``max_m`` the buckets keep doubling (257-512, 513-1024, ...): a bucket never ends at ``m`` itself, so a
+    prefill of 300 tokens runs what one of 400 does."""
+    top = max(max_m, 1)
+    while top < m:
+        top *= 2
+    for lo, hi in moe_buckets(top):
         if lo <= m <= hi:
             return lo, hi
     raise ValueError(f"M={m} outside the buckets")

@@ -347,18 +347,10 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         b_smem_layout = cute.slice_(self.b_smem_layout_staged, (None, None, None, 0))
         sfa_smem_layout = cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0))
         sfb_smem_layout = cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0))
-        tma_atom_a, tma_a = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, tiled_mma.thr_id),
-            mA, a_smem_layout, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
-        )
+        tma_atom_a, tma_a, tma_atom_sfa, tma_sfa = self._a_atoms(mA, mSFA, a_smem_layout, sfa_smem_layout, tiled_mma)
         tma_atom_b, tma_b = cute.nvgpu.make_tiled_tma_atom_B(
             sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, tiled_mma.thr_id),
             mB, b_smem_layout, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
-        )
-        tma_atom_sfa, tma_sfa = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, tiled_mma.thr_id),
-            mSFA, sfa_smem_layout, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
-            internal_type=cutlass.Int16,
         )
         tma_atom_sfb, tma_sfb = cute.nvgpu.make_tiled_tma_atom_B(
             sm100_utils.cluster_shape_to_tma_atom_SFB(self.cluster_shape_mn, tiled_mma.thr_id),
@@ -374,16 +366,7 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
             nkk = cute.assume(n_k, divby=32)
             mNA = cute.make_tensor(na_ptr, cute.make_ordered_layout((n_rows, nkk, 1), order=(1, 0, 2)))
             mNSFA = cute.make_tensor(nsfa_ptr, blockscaled_utils.tile_atom_to_shape_SF(mNA.shape, self.sf_vec_size))
-            tma_atom_na, tma_na = cute.nvgpu.make_tiled_tma_atom_A(
-                sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, tiled_mma.thr_id),
-                mNA, a_smem_layout, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
-            )
-            tma_atom_nsfa, tma_nsfa = cute.nvgpu.make_tiled_tma_atom_A(
-                sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, tiled_mma.thr_id),
-                mNSFA, sfa_smem_layout, self.mma_tiler, tiled_mma, self.cluster_layout_vmnk.shape,
-                internal_type=cutlass.Int16,
-            )
-            nxt_atoms = (tma_atom_na, tma_na, tma_atom_nsfa, tma_nsfa, n_m)
+            nxt_atoms = (*self._a_atoms(mNA, mNSFA, a_smem_layout, sfa_smem_layout, tiled_mma), n_m)
 
         self.num_tma_load_bytes = (
             cute.size_in_bytes(self.a_dtype, a_smem_layout)
@@ -932,6 +915,16 @@ class Sm100Nvfp4GemmKernel(Sm100EpilogueMixin):
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         acc_pipeline.producer_tail(acc_state)
+
+    def _a_atoms(self, mA, mSFA, a_smem_layout, sfa_smem_layout, tiled_mma):
+        """(atom, tensor) TMA pairs of an A-side weight operand and its scales (this GEMM's, or the next GEMM's
+        for L2 prefetches only: the same 128-row x tile_k box)."""
+        op = sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, tiled_mma.thr_id)
+        shape = self.cluster_layout_vmnk.shape
+        atom_a, tma_a = cute.nvgpu.make_tiled_tma_atom_A(op, mA, a_smem_layout, self.mma_tiler, tiled_mma, shape)
+        atom_sfa, tma_sfa = cute.nvgpu.make_tiled_tma_atom_A(op, mSFA, sfa_smem_layout, self.mma_tiler, tiled_mma,
+                                                             shape, internal_type=cutlass.Int16)
+        return atom_a, tma_a, atom_sfa, tma_sfa
 
     def _s2t_partition(self, sSF: cute.Tensor, tSF: cute.Tensor):
         """tcgen05.cp (4x32x128b, broadcast to the 4 lane quadrants) of one scale stage."""

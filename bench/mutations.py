@@ -296,6 +296,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         "GEMM1's L2 prefetch of GEMM2's weights (prefetch_next) leaves out the row tiles of each slot's last work "
         "unit: GEMM2 streams them from DRAM"),
     Mutation(
+        "sm100-moe-prep-prefetch-neighbour-expert", "src/nvgemm/templates/sm100_moe/prep_triton.py",
+        "_prefetch_l2(w13_ptr + e.to(tl.int64) * W13_LINES * L2_LINE",
+        "_prefetch_l2(w13_ptr + (e ^ 1).to(tl.int64) * W13_LINES * L2_LINE",
+        "the MoE prep L2-prefetches the GEMM1 weights of the neighbouring expert (e ^ 1) instead of the routed "
+        "one: GEMM1 streams its weights from DRAM and L2 fills with unused lines"),
+    Mutation(
+        "sm100-tma-prologue-prefetch-every-lane", "src/nvgemm/templates/sm100_w4a4/kernel.py",
+        "                    # one lane issues (a prefetch is per thread: a whole warp would request each box 32 times)\n"
+        "                    with cute.arch.elect_one():\n",
+        "                    if True:\n",
+        "the dense kernel's PDL-prologue L2 prefetches issued by every lane of the TMA warp: each box requested "
+        "32 times"),
+    Mutation(
         "sm100-moe-prep-kb-tiles-rounded-down", "src/nvgemm/templates/sm100_moe/prep_triton.py",
         "kb_tiles = (K // 16 + 3) // 4",
         "kb_tiles = K // 64",

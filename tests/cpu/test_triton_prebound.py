@@ -26,7 +26,8 @@ from nvgemm.templates.triton.prebound import PreboundLaunch, prebindable  # noqa
 from nvgemm.testing import triton_recording_driver  # noqa: E402
 
 K = tq.quantize_nvfp4_kernel
-pytestmark = pytest.mark.skipif(not prebindable(K), reason="Triton interpreter mode: nothing is pre-bound")
+pytestmark = pytest.mark.skipif(not prebindable(K), reason="Triton interpreter mode, or a Triton release the "
+                                "pre-bound launch was not checked against: nothing is pre-bound")
 
 
 def _problem(m, k=256, dtype=torch.bfloat16, offset=0):

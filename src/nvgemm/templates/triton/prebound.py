@@ -28,6 +28,11 @@ Nothing is captured when ``run`` returns something other than a compiled kernel 
 skips the launch, an asynchronous compile, a test double): every call then stays on ``run``.
 Only a plain ``JITFunction`` is pre-bound (:func:`prebindable`); the interpreter (``TRITON_INTERPRET=1``) and
 kernel stand-ins (the PTX emulator's) keep ``kernel[grid](...)``.
+
+What is captured and re-checked is Triton's private launch path (the binder's cache layout, the knobs folded
+into the cache key, ``CompiledKernel.run``'s arguments). It was checked against the Triton releases in
+:data:`CHECKED_TRITON`; with any other Triton nothing is pre-bound and every launch goes through the public
+``kernel[grid](...)`` (``run``), as before: slower on the host, never different on the device.
 """
 
 from __future__ import annotations
@@ -36,12 +41,24 @@ import threading
 from typing import Any, Sequence
 
 import torch
+import triton
 from triton import knobs
 from triton.compiler import CompiledKernel
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["PreboundLaunch", "prebindable"]
+__all__ = ["CHECKED_TRITON", "PreboundLaunch", "prebindable", "triton_checked"]
+
+#: Triton releases (major.minor) whose ``JITFunction.run`` internals this module was checked against.
+CHECKED_TRITON = ("3.9",)
+
+
+def triton_checked(version: str = triton.__version__) -> bool:
+    """Whether ``version`` is a Triton release :class:`PreboundLaunch` was checked against."""
+    return ".".join(version.split(".")[:2]) in CHECKED_TRITON
+
+
+_CHECKED = triton_checked()
 
 
 _MISSING = object()
@@ -50,8 +67,9 @@ _TENSOR = torch.Tensor
 
 def prebindable(kernel) -> bool:
     """True for a plain ``@triton.jit`` kernel (``JITFunction``) of a compiled-mode Triton; False for the
-    interpreter's ``InterpretedFunction``, autotuner / heuristics wrappers and kernel stand-ins."""
-    return type(kernel) is JITFunction
+    interpreter's ``InterpretedFunction``, autotuner / heuristics wrappers and kernel stand-ins -- and for every
+    kernel under a Triton release this module was not checked against (:data:`CHECKED_TRITON`)."""
+    return _CHECKED and type(kernel) is JITFunction
 
 
 class _Captured:

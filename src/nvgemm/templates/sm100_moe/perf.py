@@ -60,7 +60,7 @@ from nvgemm.templates.sm100_w4a4.perf import EPI_SUBTILE_CYCLES, persistent_ctas
 from nvgemm.heuristics.perfmodel.model import estimate, estimate_l2_fed
 from nvgemm.templates.sm90_moe.perf import (
     _with_pdl,
-    expected_tiles,
+    slot_corners,
     FINALIZE_KERNELS,
     NVFP4_BYTES_PER_ELEM,
     MoeGemmEstimate,
@@ -199,33 +199,32 @@ def prefetched_pair_us(config13, config2, m: int, top_k: int, num_experts: int, 
     (:func:`prefetch_timeline`), priced as :func:`moe_gemm_estimates` prices each GEMM -- the dense twin on the
     whole-slot problems around the expected work slots, interpolated, plus the grid's empty slots -- or None when
     the model has no estimate. With both prefetches off it is :func:`moe_gemm_estimates`' numbers."""
+    if config2.tile_n != config13.tile_n:
+        raise ValueError(f"nvgemm sm100 moe: GEMM1 and GEMM2 share one work list: tile_n {config13.tile_n} != "
+                         f"{config2.tile_n}")
+    c = slot_corners(m, top_k, num_experts, config13.tile_n, histogram)
+    if c is None:
+        return None
     pairs = m * top_k if histogram is None else sum(histogram)
     per = []
     for cfg, rows, k in ((config13, rows13, k13), (config2, rows2, k2)):
-        tiles = expected_tiles(m, top_k, num_experts, cfg.tile_n, histogram)
-        if tiles <= 0:
-            return None
-        per_tile = min(float(cfg.tile_n), pairs / tiles)
-        lo_t, hi_t = max(1, math.floor(tiles)), max(1, math.ceil(tiles))
         rows_p = -(-rows // 128) * 128
         dense = cfg.dense() if cfg.pdl else _with_pdl(cfg.dense())
         ests = {}
-        for t in {lo_t, hi_t}:
-            args = (dense, max(1, math.ceil(per_tile)), rows_p * t, k, gpu, sm_count)
+        for t in {c.lo, c.hi}:
+            args = (dense, c.m, rows_p * t, k, gpu, sm_count)
             e, el2 = estimate(*args), estimate_l2_fed(*args, l2_bw_over_dram=L2_BW_OVER_DRAM)
             if e is None or el2 is None:
                 return None
             ests[t] = (e, el2)
-        f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
-        extra = empty_slot_us(cfg, pairs, num_experts, tiles, rows_p, gpu, sm_count)
-        per.append((ests, lo_t, hi_t, f, extra))
-    (es1, lo1, hi1, f1, x1), (es2, lo2, hi2, f2, x2) = per
+        per.append((ests, empty_slot_us(cfg, pairs, num_experts, c.tiles, rows_p, gpu, sm_count)))
+    (es1, x1), (es2, x2) = per
     out1, out2 = [0.0, 0.0], [0.0, 0.0]
     # the two GEMMs share the work list (one tile_n): the same whole-slot corners
-    for t1, t2, w in ((lo1, lo2, (1 - f1)), (hi1, hi2, f1)):
+    for t, w in ((c.lo, 1 - c.f), (c.hi, c.f)):
         if w == 0.0:
             continue
-        a, b = prefetch_timeline(es1[t1][0], es1[t1][1], es2[t2][0], es2[t2][1], gpu, prep_prefetch, gemm1_prefetch)
+        a, b = prefetch_timeline(es1[t][0], es1[t][1], es2[t][0], es2[t][1], gpu, prep_prefetch, gemm1_prefetch)
         for i in range(2):
             out1[i] += w * a[i]
             out2[i] += w * b[i]

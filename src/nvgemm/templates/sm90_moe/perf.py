@@ -149,25 +149,18 @@ def grouped_gemm_times(jobs, m: int, top_k: int, num_experts: int, gpu: str, sm_
     :func:`nvgemm.heuristics.perfmodel.batch.gemm_totals` (the report's ``gemm_us``, bit for bit). What the
     policies call; ``tests/cpu/test_moe_policy_speed.py`` checks them against the per-config
     :func:`~nvgemm.heuristics.perfmodel.model.estimate` path."""
-    pairs = sum(histogram) if histogram is not None else m * top_k
     plans, requests = [], []
     for configs, denses, token_tile, rows, k in jobs:
-        tiles = expected_tiles(m, top_k, num_experts, token_tile, histogram)
-        if tiles <= 0:
+        c = slot_corners(m, top_k, num_experts, token_tile, histogram)
+        if c is None:
             plans.append(None)
             continue
-        per_tile = min(float(token_tile), pairs / tiles)
         # the SASS facts table holds the PDL variants (same loop)
         dense = denses if all(d.pdl for d in denses) else [_with_pdl(d) for d in denses]
-        # expected tiles are fractional: interpolate between the whole-tile problems around them
-        lo_t = max(1, math.floor(tiles))
-        hi_t = max(1, math.ceil(tiles))
-        mm = max(1, math.ceil(per_tile))
-        f = 0.0 if hi_t == lo_t else (tiles - lo_t) / (hi_t - lo_t)
-        plans.append((tiles, per_tile, f, len(requests), len(requests) + (hi_t != lo_t)))
-        requests.append((dense, mm, rows * lo_t, k))
-        if hi_t != lo_t:
-            requests.append((dense, mm, rows * hi_t, k))
+        plans.append((c.tiles, c.per_tile, c.f, len(requests), len(requests) + (c.hi != c.lo)))
+        requests.append((dense, c.m, rows * c.lo, k))
+        if c.hi != c.lo:
+            requests.append((dense, c.m, rows * c.hi, k))
     priced = gemm_totals(requests, gpu, sm_count)
     out = []
     for plan in plans:
@@ -180,6 +173,36 @@ def grouped_gemm_times(jobs, m: int, top_k: int, num_experts: int, gpu: str, sm_
                                       (g * lo[0] + f * hi[0], g * lo[1] + f * hi[1])
                                       for lo, hi in zip(priced[i_lo], priced[i_hi])]))
     return out
+
+
+@dataclass(frozen=True)
+class SlotCorners:
+    """The expected work slots of a grouped GEMM and the whole-slot problems the model prices around them:
+    ``tiles`` (fractional) lies between ``lo`` and ``hi`` slots, at ``f`` of the way; ``per_tile`` pairs per
+    slot (at most the token tile), ``m`` = its ceiling, the dense twin's M."""
+
+    tiles: float
+    per_tile: float
+    lo: int
+    hi: int
+    f: float
+
+    @property
+    def m(self) -> int:
+        return max(1, math.ceil(self.per_tile))
+
+
+def slot_corners(m: int, top_k: int, num_experts: int, token_tile: int, histogram=None) -> Optional[SlotCorners]:
+    """:class:`SlotCorners` of ``m`` tokens' routing (uniform, or a measured ``histogram``) over slots of
+    ``token_tile`` pairs; None when there is no work slot."""
+    tiles = expected_tiles(m, top_k, num_experts, token_tile, histogram)
+    if tiles <= 0:
+        return None
+    pairs = sum(histogram) if histogram is not None else m * top_k
+    # expected tiles are fractional: interpolate between the whole-tile problems around them
+    lo, hi = max(1, math.floor(tiles)), max(1, math.ceil(tiles))
+    f = 0.0 if hi == lo else (tiles - lo) / (hi - lo)
+    return SlotCorners(tiles, min(float(token_tile), pairs / tiles), lo, hi, f)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -225,4 +248,5 @@ def host_us(gpu: str = "H200", prep_kernels: int = PREP_KERNELS,
 
 __all__ = ["prep_kernels", "FIN_SLOTS", "FINALIZE_KERNELS", "finalize_kernels", "fused_finalize_tail_us", "sm90_finalize_rounds", "MoeGemmEstimate", "NVFP4_BYTES_PER_ELEM", "PREP_KERNELS", "byte_floor_us",
            "expected_active_experts", "expected_tiles", "grouped_gemm_estimate", "grouped_gemm_estimates",
-           "grouped_gemm_times", "host_us", "moe_gemm_estimate"]
+           "grouped_gemm_times", "host_us", "moe_gemm_estimate", "SlotCorners",
+           "slot_corners"]

@@ -34,6 +34,13 @@ def w4a4_moe_problem_reason(p, row_bytes: str) -> str | None:
         return "W4A16 MoE is not this kernel (W4A4 only: both input scales are needed)"
     if p.activation != "silu_mul":
         return f"activation {p.activation!r}: the grouped kernel implements silu_mul (fused NVFP4 requant) only"
+    return grouped_moe_shape_reason(p, row_bytes)
+
+
+def grouped_moe_shape_reason(p, row_bytes: str = "rows") -> str | None:
+    """The activation dtype and shape rules every grouped MoE kernel shares, or ``None``: bf16 / fp16 activations,
+    H and I multiples of 32 (``row_bytes`` names what the family's 16-byte rows of packed FP4 feed), at least one
+    token."""
     if p.x_dtype not in (torch.bfloat16, torch.float16):
         return f"x must be bfloat16 or float16, got {p.x_dtype}"
     if p.hidden % 32 or p.intermediate % 32:

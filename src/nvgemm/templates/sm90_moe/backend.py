@@ -24,7 +24,7 @@ from nvgemm.core.backend import Backend, MoeProblem
 from nvgemm.aot.abi import HardwareSpec
 from nvgemm.aot.cache import default_cache
 from nvgemm.aot.compile_spec import make_spec
-from nvgemm.templates.common.grouped_moe import problem_call_args
+from nvgemm.templates.common.grouped_moe import grouped_moe_shape_reason, problem_call_args
 from nvgemm.templates.sm90_moe.launch import call_kernels, moe_forward
 from nvgemm.templates.sm90_moe.policy import MoeShape, moe_candidates, pick_moe_configs
 from nvgemm.templates.sm90_w4a16.operand import kind_of
@@ -44,13 +44,7 @@ def supports(p: MoeProblem) -> Optional[str]:
         return "W4A4 MoE on sm_90 is not implemented by the grouped kernel (W4A16 only)"
     if p.activation not in ACTIVATIONS:
         return f"activation {p.activation!r} is not one of {ACTIVATIONS}"
-    if p.x_dtype not in (torch.bfloat16, torch.float16):
-        return f"x must be bfloat16 or float16, got {p.x_dtype}"
-    if p.hidden % 32 or p.intermediate % 32:
-        return f"H={p.hidden} and I={p.intermediate} must be multiples of 32 (16-byte rows of packed FP4)"
-    if p.m < 1:
-        return "empty input (M = 0)"
-    return None
+    return grouped_moe_shape_reason(p)
 
 
 def compile_spec_for(config, spec, x_dtype: torch.dtype, sm_count: int):

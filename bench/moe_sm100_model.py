@@ -70,7 +70,7 @@ def main() -> int:
     def prefetch_saving(shape, r):
         """The pair on the prefetch timeline - the same configs priced without the prefetches (mid, us)."""
         c1, c2 = moe_config_from_name(r["config13"]), moe_config_from_name(r["config2"])
-        if not getattr(c1, "prefetch_next", False):
+        if not c1.prefetch_next:
             return 0.0
         jobs = [([c1], [c1.dense()], c1.tile_n, 2 * shape.inter, shape.hidden),
                 ([c2], [c2.dense()], c2.tile_n, shape.hidden, shape.inter)]

@@ -149,7 +149,7 @@ def _ref_sm100(shape, m, gpu="B200", sm_count=None, histogram=None, limit=8):
         for c1, c2, _, _, t1 in ranked:
             us = sm100_moe.prefetched_pair_us(c1, c2, m, shape.top_k, shape.num_experts, 2 * shape.inter,
                                               shape.hidden, shape.hidden, shape.inter, gpu, sm_count, histogram)
-            out.append((replace(c1, prefetch_next=True) if hasattr(c1, "prefetch_next") else c1, c2, us[0], us[1], t1))
+            out.append((replace(c1, prefetch_next=True), c2, us[0], us[1], t1))
         ranked = sorted(out, key=key)
     return ranked[:limit]
 

@@ -885,7 +885,7 @@ def _model_moe_prefetch(launches: list, gpu: str) -> None:
         m, top_k, experts = g1.gemm["m"], mo["top_k"], mo["experts"]
         dims = (g1.gemm["n"], g1.gemm["k"], g2.gemm["n"], g2.gemm["k"])
         prep = sm100_moe_perf.prefetch_fits_l2(m * top_k, experts, *dims, get_hardware(gpu).l2_mb * 1e6)
-        pf2 = bool(getattr(c1, "prefetch_next", False))
+        pf2 = c1.prefetch_next
         if not (prep or pf2):
             continue
         us = sm100_moe_perf.prefetched_pair_us(c1, c2, m, top_k, experts, *dims, gpu, prep_prefetch=prep,

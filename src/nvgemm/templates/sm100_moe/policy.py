@@ -127,8 +127,7 @@ def _prefetched(p: MoeCandidate, shape: MoeShape, m: int, gpu: str, sm_count, hi
                             shape.hidden, shape.inter, gpu, sm_count, histogram)
     if us is None:
         return p
-    c1 = dataclasses.replace(p.config13, prefetch_next=True) if hasattr(p.config13, "prefetch_next") else p.config13
-    return MoeCandidate(c1, p.config2, us[0], us[1], p.tiles)
+    return MoeCandidate(dataclasses.replace(p.config13, prefetch_next=True), p.config2, us[0], us[1], p.tiles)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -153,7 +152,7 @@ def price_pair(shape: MoeShape, config13: Sm100MoeConfig, config2: Sm100MoeConfi
     n_pairs = m * shape.top_k if histogram is None else sum(histogram)
     rows13, k13, rows2, k2 = 2 * shape.inter, shape.hidden, shape.hidden, shape.inter
     prep_pf = prefetch_fits_l2(n_pairs, shape.num_experts, rows13, k13, rows2, k2, hw.l2_mb * 1e6)
-    g1_pf = bool(getattr(config13, "prefetch_next", False))
+    g1_pf = config13.prefetch_next
     if prep_pf or g1_pf:
         us = prefetched_pair_us(config13, config2, m, shape.top_k, shape.num_experts, rows13, k13, rows2, k2, gpu,
                                 sm_count, histogram, prep_prefetch=prep_pf, gemm1_prefetch=g1_pf)
